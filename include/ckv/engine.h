@@ -1,0 +1,119 @@
+// ckv/engine.h: a ckv store, opened.
+//
+// An Engine keeps the KV caches of prefixes on disk as ContiguousChunks. Put persists the whole
+// chunks of a prefix (skipping those already stored), Lookup tells how many leading chunks of a
+// token sequence are stored, ReadRecord reads one record (K then V of one chunk at one layer) with
+// its checksum verified, Delete drops a prefix, and Stats / ListPrefixes report.
+//
+// Promises:
+//   - Durable before visible: a Put's records are written and fdatasync'd before one synced
+//     catalog batch makes them visible. A Put that returned OK survives a crash; one that did not
+//     is entirely absent after reopen.
+//   - Checksums on read: a record whose bytes do not match its checksum is never returned; the
+//     call fails with DataLoss naming the record.
+//   - Hard cap: the segment bytes on disk never exceed max_disk_bytes. A Put that would pass it
+//     first evicts the lowest-score chunks no reader holds (ties: least recently used); when that
+//     cannot make room it fails with ResourceExhausted and stores nothing.
+//   - Foreign specs: data written under one ModelSpec is never served under another.
+//
+// Thread-safety: all methods are thread-safe; Puts, reads and deletes may run concurrently.
+#ifndef CKV_ENGINE_H_
+#define CKV_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckv/chunk_key.h"
+#include "ckv/kv.h"
+#include "ckv/model_spec.h"
+#include "ckv/options.h"
+#include "ckv/stats.h"
+
+namespace ckv {
+
+// What Verify found.
+struct VerifyReport {
+  uint64_t chunks_checked = 0;
+  uint64_t records_checked = 0;
+  uint64_t bytes_checked = 0;
+  uint64_t checksum_failures = 0;
+  // One line per problem, naming the record or catalog entry and the values that disagree.
+  std::vector<std::string> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+// Called by long operations with work done and total work (bytes), from the calling thread.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+struct PutResult {
+  uint64_t chunks = 0;           // whole chunks of the prefix, all stored now
+  uint64_t chunks_written = 0;   // of which this call wrote
+  uint64_t chunks_existing = 0;  // of which were stored already (deduplicated)
+  uint64_t tail_tokens = 0;      // tokens past the last whole chunk; not stored
+  uint64_t bytes_written = 0;    // segment bytes this call wrote
+  uint64_t chunks_evicted = 0;   // chunks this call evicted to stay under the cap
+  ChunkKey prefix_id;            // key of the last chunk: the id ListPrefixes reports
+};
+
+class Engine {
+ public:
+  // Opens (or creates, per options) the store in directory `path`. Reclaims segment space that no
+  // committed chunk references (left by a crash). Errors: NotFound when the store is missing and
+  // create_if_missing is false; AlreadyExists per error_if_exists; FailedPrecondition for a store
+  // of a newer format version; PermissionDenied for an unwritable directory; DataLoss when a
+  // segment the catalog names is missing.
+  static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options,
+                                                      const std::string& path);
+
+  virtual ~Engine() = default;
+
+  // Stores the whole chunks of the prefix `tokens` with their KV `kv` (kv.tokens ==
+  // tokens.size(), one K and one V tensor per layer, see ckv/kv.h). Chunks already stored are not
+  // written again. A tail shorter than chunk_tokens is not stored (PutResult::tail_tokens).
+  // Errors: InvalidArgument for a bad spec, fewer tokens than one chunk or tensors of the wrong
+  // shape; ResourceExhausted when the cap cannot be met or the disk is full; any I/O error. On
+  // error nothing of this Put is visible.
+  virtual absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                        const KvTensors& kv) = 0;
+
+  // The number of leading whole chunks of `tokens` that are stored under `spec` (0..size/c).
+  virtual absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
+                                          std::span<const int32_t> tokens) = 0;
+
+  // Reads the record of chunk `key` at `layer` into `out` (spec.RecordBytes() bytes: K
+  // [c, kv_heads, head_dim] then V, as in ckv/kv.h) and verifies its checksum.
+  // Errors: NotFound when the chunk is not stored; FailedPrecondition when it is stored under
+  // another spec; InvalidArgument for a bad layer or buffer size; DataLoss on a checksum mismatch.
+  virtual absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                                  std::span<std::byte> out) = 0;
+
+  // Drops the prefix `tokens` (a whole number of chunks that a Put stored as a prefix). Its chunks
+  // that no other stored prefix uses are freed. Errors: InvalidArgument when tokens is not a whole
+  // number of chunks; NotFound when no such prefix is stored.
+  virtual absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) = 0;
+  // The same, naming the prefix by the id ListPrefixes reports.
+  virtual absl::Status DeletePrefix(const ChunkKey& prefix_id) = 0;
+
+  // The stored prefixes, newest first.
+  virtual std::vector<PrefixInfo> ListPrefixes() = 0;
+  // The chunk keys of a stored prefix, first to last, and its spec.
+  virtual absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
+                                                             ModelSpec* spec) = 0;
+
+  // Reads every record of every stored chunk and checks its checksum, and checks the catalog's
+  // chains (every chunk's parent stored, child counts, prefix ends). Problems are reported, not
+  // repaired. Returns an error only when the check itself could not run.
+  virtual absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress = nullptr) = 0;
+
+  virtual EngineStats Stats() = 0;
+};
+
+}  // namespace ckv
+
+#endif  // CKV_ENGINE_H_

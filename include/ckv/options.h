@@ -1,0 +1,75 @@
+// ckv/options.h: how an Engine is opened.
+//
+// Thread-safety: plain structs.
+#ifndef CKV_OPTIONS_H_
+#define CKV_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+
+namespace ckv {
+
+class Logger;
+namespace storage {
+class FileSystem;
+}
+
+// How the records of a chunk are placed in a segment. Persisted per segment: do not renumber.
+enum class RecordLayout : uint8_t {
+  // Each layer is a band: the records of one layer for consecutive chunks are adjacent, so a layer
+  // of a run of chunks is one read.
+  kLayerMajor = 1,
+  // Each period of p layers is a band: one chunk's p records of a period are adjacent, so a chunk
+  // of a period is one read.
+  kPeriodMajor = 2,
+};
+
+// Which backend writes and reads segment data.
+enum class IoBackend : uint8_t {
+  kAuto = 0,      // io_uring when the kernel allows it, else kThreads (logged once).
+  kUring = 1,     // io_uring; Open fails with Unavailable when it cannot be set up.
+  kThreads = 2,   // positioned pread/pwrite; no io_uring.
+};
+
+struct EngineOptions {
+  // Create the store when `path` holds none. Default: true.
+  bool create_if_missing = true;
+  // Fail with AlreadyExists when `path` holds a store already. Default: false.
+  bool error_if_exists = false;
+
+  // Hard cap on the bytes of segment data on disk (the record data that the store holds, measured
+  // as allocated bytes of its segment files). 0 = unlimited. Unset = keep the store's persisted
+  // cap (0 for a new store); set = persist this value as the store's cap.
+  // Default: unset. The catalog (RocksDB) is outside the cap: about 100 bytes + 8 bytes per layer
+  // per chunk (see docs/format.md).
+  std::optional<uint64_t> max_disk_bytes;
+
+  // Layout of records in segments created from now on. Unset = the store's persisted layout
+  // (layer-major for a new store). Default: unset.
+  std::optional<RecordLayout> layout;
+
+  // Layers per period p, used by the period-major layout (a band is p layers). 1..1024.
+  // Persisted with each segment. Default: 8.
+  uint32_t period_layers = 8;
+
+  // Logical size of one segment file; a segment holds floor(segment_bytes / chunk bytes) chunks
+  // (at least one). Segment files are sparse: only live chunks occupy disk. Default: 16 GiB.
+  uint64_t segment_bytes = 16ull << 30;
+
+  // I/O backend for segment data. Default: kAuto.
+  IoBackend io_backend = IoBackend::kAuto;
+  // I/Os in flight per Put. 1..1024. Default: 16.
+  uint32_t io_queue_depth = 16;
+  // Largest single write a Put issues, bytes (a multiple of 4096). Default: 2 MiB.
+  uint32_t max_write_bytes = 2u << 20;
+
+  // Where data path files live. nullptr = the POSIX file system. Tests pass an in-memory or
+  // fault-injecting one. Not owned; must outlive the Engine.
+  storage::FileSystem* file_system = nullptr;
+  // Where log lines go. nullptr = stderr. Not owned; must outlive the Engine.
+  Logger* logger = nullptr;
+};
+
+}  // namespace ckv
+
+#endif  // CKV_OPTIONS_H_

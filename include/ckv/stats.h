@@ -1,0 +1,50 @@
+// ckv/stats.h: what an Engine has done and holds.
+//
+// Thread-safety: plain structs, returned by value.
+#ifndef CKV_STATS_H_
+#define CKV_STATS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "ckv/chunk_key.h"
+
+namespace ckv {
+
+struct EngineStats {
+  // Counters since the store was created (persisted in the catalog with every Put and eviction;
+  // read counters are since Open).
+  uint64_t puts = 0;                 // Put calls that returned OK
+  uint64_t chunks_written = 0;       // chunks whose records a Put wrote
+  uint64_t chunks_deduplicated = 0;  // chunks a Put found already stored and did not write
+  uint64_t bytes_written = 0;        // segment bytes written by Puts (records incl. padding)
+  uint64_t chunks_evicted = 0;       // chunks removed to keep the store under its cap
+  uint64_t bytes_evicted = 0;
+  uint64_t chunks_deleted = 0;       // chunks removed by Delete
+  uint64_t records_read = 0;         // records read from segments (since Open)
+  uint64_t bytes_read = 0;           // since Open
+  uint64_t checksum_failures = 0;    // records whose checksum did not match (since Open)
+
+  // What the store holds now.
+  uint64_t chunks = 0;
+  uint64_t prefixes = 0;
+  uint64_t segments = 0;
+  uint64_t disk_bytes_used = 0;  // allocated segment bytes: live chunks plus Puts in flight
+  uint64_t max_disk_bytes = 0;   // 0 = unlimited
+  uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
+};
+
+// One stored prefix: a chain of chunks that a Put ended at (or that eviction trimmed to).
+struct PrefixInfo {
+  ChunkKey id;                  // the key of its last chunk; names the prefix
+  std::string model_id;
+  ChunkKey model_fingerprint;
+  uint64_t chunks = 0;
+  uint64_t tokens = 0;          // chunks * chunk_tokens
+  uint64_t bytes = 0;           // segment bytes of all its chunks (shared chunks counted in each)
+  int64_t created_unix_ms = 0;  // when the Put that made it committed
+};
+
+}  // namespace ckv
+
+#endif  // CKV_STATS_H_

@@ -1,0 +1,49 @@
+// ckv/status.h: error helpers shared by every ckv module.
+//
+// Every fallible ckv call returns absl::Status or absl::StatusOr<T>; no exception crosses the API.
+// The status codes have fixed meanings across ckv:
+//   DataLoss            corruption: a checksum mismatch, a torn or truncated file
+//   ResourceExhausted   a full disk, a full queue, a cap that cannot be met
+//   InvalidArgument     bad caller input: wrong shapes, token counts, malformed values
+//   FailedPrecondition  a wrong model spec, a closed engine, a store of a newer format
+//   NotFound            the named prefix, chunk or file does not exist
+//   Unavailable         a retry might work
+//
+// Thread-safety: everything here is a pure function or a macro.
+#ifndef CKV_STATUS_H_
+#define CKV_STATUS_H_
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckv {
+
+// Maps an errno value to a Status. The one errno mapping in ckv: ENOSPC/EDQUOT/EFBIG →
+// ResourceExhausted, ENOENT → NotFound, EACCES/EPERM/EROFS → PermissionDenied, EIO → DataLoss when
+// reading, Internal otherwise; EINTR/EAGAIN → Unavailable. `context` names the thing that failed,
+// e.g. "write segment seg-000003.ckv at offset 4096".
+absl::Status ErrnoToStatus(int err, std::string_view context);
+
+}  // namespace ckv
+
+#define CKV_STATUS_CONCAT_INNER_(a, b) a##b
+#define CKV_STATUS_CONCAT_(a, b) CKV_STATUS_CONCAT_INNER_(a, b)
+
+// Returns from the enclosing function when `expr` (an absl::Status) is not OK.
+#define CKV_RETURN_IF_ERROR(expr)                     \
+  do {                                                \
+    ::absl::Status ckv_status_ = (expr);              \
+    if (!ckv_status_.ok()) return ckv_status_;        \
+  } while (false)
+
+// `lhs` = value of `rexpr` (an absl::StatusOr<T>), or returns its error.
+#define CKV_ASSIGN_OR_RETURN(lhs, rexpr) \
+  CKV_ASSIGN_OR_RETURN_IMPL_(CKV_STATUS_CONCAT_(ckv_statusor_, __LINE__), lhs, rexpr)
+#define CKV_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
+  auto statusor = (rexpr);                               \
+  if (!statusor.ok()) return std::move(statusor).status(); \
+  lhs = std::move(statusor).value()
+
+#endif  // CKV_STATUS_H_

@@ -1,0 +1,60 @@
+// tools/synthetic_kv.h: deterministic synthetic prefixes and their KV, for tests, kvctl and the
+// benchmarks. The model of the data is described in docs/generator.md.
+//
+// Tokens come from a seed. KV comes from the chunk keys: the record of chunk i at layer l is a
+// pure function of (key_i, l, spec), so any stored record can be checked against the generator
+// from its key alone, and two prefixes that share chunks generate identical KV for them (as a real
+// model would). Tail tokens past the last whole chunk get KV from (last whole chunk key, token
+// position, token id).
+//
+// Thread-safety: pure functions; SyntheticKv is a value type.
+#ifndef CKV_TOOLS_SYNTHETIC_KV_H_
+#define CKV_TOOLS_SYNTHETIC_KV_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ckv/chunk_key.h"
+#include "ckv/kv.h"
+#include "ckv/model_spec.h"
+
+namespace ckv::synth {
+
+// Vocabulary of the synthetic token ids (Qwen2.5's).
+inline constexpr int32_t kVocabSize = 151936;
+
+// `count` token ids in [0, kVocabSize), a pure function of (seed, position).
+std::vector<int32_t> Tokens(uint64_t seed, size_t count);
+
+// A prefix whose first `shared` tokens are Tokens(shared_seed, shared) and whose remaining
+// `count - shared` tokens are Tokens(seed, count - shared): conversations that share a system
+// prompt, or a prefix that shares its first chunks with another.
+std::vector<int32_t> TokensWithSharedPrefix(uint64_t shared_seed, size_t shared, uint64_t seed,
+                                            size_t count);
+
+// Writes the record of the chunk with key `key` at `layer` as ckv stores it: K [c, kv_heads,
+// head_dim] then V, spec.RecordBytes() bytes. REQUIRES: out.size() == spec.RecordBytes().
+// Values are finite (no NaN or Inf in any dtype), spread over about [-4, 4).
+void FillRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                std::span<std::byte> out);
+
+// The K and V tensors of a whole prefix, laid out as ckv/kv.h describes, owning their memory.
+class SyntheticKv {
+ public:
+  // Generates the KV of `tokens` under `spec` (spec must be valid).
+  SyntheticKv(const ModelSpec& spec, std::span<const int32_t> tokens);
+
+  // Views into this object's buffers; valid while it lives and is not moved.
+  const KvTensors& tensors() const { return tensors_; }
+  size_t bytes() const;
+
+ private:
+  std::vector<std::vector<std::byte>> k_, v_;
+  KvTensors tensors_;
+};
+
+}  // namespace ckv::synth
+
+#endif  // CKV_TOOLS_SYNTHETIC_KV_H_
