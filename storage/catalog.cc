@@ -1,0 +1,246 @@
+#include "storage/catalog.h"
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "ckv/status.h"
+#include "rocksdb/options.h"
+
+namespace ckv::storage {
+namespace {
+
+// Order of handles_: default first, then ours.
+enum CfIndex { kDefault = 0, kChunks, kPrefixes, kSegments, kStatistics, kMeta, kCfCount };
+const char* const kCfNames[kCfCount] = {"default", kCfChunks,
+                                        kCfPrefixes, kCfSegments, kCfStatistics, kCfMeta};
+
+rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+absl::string_view ToView(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
+
+template <typename Fn>
+absl::Status ScanCf(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* cf, absl::string_view name,
+                    Fn fn) {
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    CKV_RETURN_IF_ERROR(fn(ToView(it->key()), ToView(it->value())));
+  }
+  return FromRocks(it->status(), absl::StrCat("scan catalog column family ", name));
+}
+
+}  // namespace
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view context) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat(context, ": ", s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsIOError()) {
+    if (s.ToString().find("lock") != std::string::npos) {
+      return absl::UnavailableError(
+          absl::StrCat(context, ": the store is open in another process (", s.ToString(), ")"));
+    }
+    if (s.ToString().find("Permission denied") != std::string::npos) {
+      return absl::PermissionDeniedError(msg);
+    }
+    if (s.ToString().find("No space") != std::string::npos) {
+      return absl::ResourceExhaustedError(msg);
+    }
+  }
+  return absl::InternalError(msg);
+}
+
+void Catalog::Batch::PutChunk(const ChunkKey& key, const ChunkRecord& record) {
+  batch_.Put(catalog_->handles_[kChunks], EncodeChunkKey(key), EncodeChunkRecord(record));
+}
+void Catalog::Batch::DeleteChunk(const ChunkKey& key) {
+  batch_.Delete(catalog_->handles_[kChunks], EncodeChunkKey(key));
+}
+void Catalog::Batch::PutPrefix(const ChunkKey& key, const PrefixRecord& record) {
+  batch_.Put(catalog_->handles_[kPrefixes], EncodeChunkKey(key), EncodePrefixRecord(record));
+}
+void Catalog::Batch::DeletePrefix(const ChunkKey& key) {
+  batch_.Delete(catalog_->handles_[kPrefixes], EncodeChunkKey(key));
+}
+void Catalog::Batch::PutSegment(uint32_t id, const SegmentRecord& record) {
+  batch_.Put(catalog_->handles_[kSegments], EncodeSegmentKey(id), EncodeSegmentRecord(record));
+}
+void Catalog::Batch::DeleteSegment(uint32_t id) {
+  batch_.Delete(catalog_->handles_[kSegments], EncodeSegmentKey(id));
+}
+void Catalog::Batch::PutSpec(const ModelSpec& spec) {
+  batch_.Put(catalog_->handles_[kMeta],
+             absl::StrCat(kMetaSpecPrefix, spec.Fingerprint().ToHex()), EncodeModelSpec(spec));
+}
+void Catalog::Batch::PutCounters(const StoredCounters& counters) {
+  batch_.Put(catalog_->handles_[kStatistics], kStatsEngine, EncodeCounters(counters));
+}
+void Catalog::Batch::PutMeta(absl::string_view name, absl::string_view value) {
+  batch_.Put(catalog_->handles_[kMeta], ToSlice(name), ToSlice(value));
+}
+
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
+                                                       bool create_if_missing,
+                                                       bool error_if_exists, Contents* contents) {
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec);
+  if (!exists && !create_if_missing) {
+    return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
+  }
+  if (exists && error_if_exists) {
+    return absl::AlreadyExistsError(absl::StrCat("a ckv store already exists at ", dir));
+  }
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = !exists;
+  db_options.create_missing_column_families = !exists;
+  db_options.paranoid_checks = true;
+  db_options.max_open_files = 256;
+  db_options.keep_log_file_num = 2;
+  db_options.max_manifest_file_size = 16 << 20;
+  db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // The catalog is small; keep RocksDB's own memory and threads modest.
+  db_options.max_background_jobs = 2;
+  rocksdb::ColumnFamilyOptions cf_options;
+  cf_options.write_buffer_size = 8 << 20;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const char* name : kCfNames) descriptors.emplace_back(name, cf_options);
+
+  auto catalog = std::unique_ptr<Catalog>(new Catalog());
+  catalog->dir_ = dir;
+  rocksdb::DB* raw = nullptr;
+  CKV_RETURN_IF_ERROR(FromRocks(
+      rocksdb::DB::Open(db_options, dir, descriptors, &catalog->handles_, &raw),
+      absl::StrCat("open catalog ", dir)));
+  catalog->db_.reset(raw);
+
+  Contents c;
+  c.created = !exists;
+  rocksdb::DB* db = catalog->db_.get();
+  auto& h = catalog->handles_;
+  if (c.created) {
+    c.created_unix_ms = absl::ToUnixMillis(absl::Now());
+    Batch b = catalog->NewBatch();
+    b.PutMeta(kMetaFormatVersion, EncodeU32(kCatalogFormatVersion));
+    b.PutMeta(kMetaMaxDiskBytes, EncodeU64(0));
+    b.PutMeta(kMetaLayout, std::string(1, static_cast<char>(RecordLayout::kLayerMajor)));
+    b.PutMeta(kMetaCreatedMs, EncodeU64(static_cast<uint64_t>(c.created_unix_ms)));
+    b.PutCounters(StoredCounters{});
+    CKV_RETURN_IF_ERROR(catalog->Commit(b));
+    *contents = std::move(c);
+    return catalog;
+  }
+
+  std::string value;
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  rocksdb::Status s = db->Get(ro, h[kMeta], kMetaFormatVersion, &value);
+  if (s.IsNotFound()) {
+    return absl::DataLossError(absl::StrCat("catalog ", dir, " has no format version"));
+  }
+  CKV_RETURN_IF_ERROR(FromRocks(s, "read catalog format version"));
+  CKV_ASSIGN_OR_RETURN(c.format_version, DecodeU32(value, kMetaFormatVersion));
+  if (c.format_version > kCatalogFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "catalog ", dir, " has format version ", c.format_version,
+        ", newer than this build of ckv reads (", kCatalogFormatVersion, "); upgrade ckv"));
+  }
+  if (c.format_version == 0) {
+    return absl::DataLossError(absl::StrCat("catalog ", dir, " has format version 0"));
+  }
+
+  CKV_RETURN_IF_ERROR(ScanCf(db, h[kMeta], kCfMeta, [&](absl::string_view k, absl::string_view v)
+                                                          -> absl::Status {
+    if (k == kMetaMaxDiskBytes) {
+      CKV_ASSIGN_OR_RETURN(c.max_disk_bytes, DecodeU64(v, k));
+    } else if (k == kMetaLayout) {
+      if (v.size() != 1 || (v[0] != static_cast<char>(RecordLayout::kLayerMajor) &&
+                            v[0] != static_cast<char>(RecordLayout::kPeriodMajor))) {
+        return absl::DataLossError("catalog meta layout is not a known layout");
+      }
+      c.layout = static_cast<RecordLayout>(v[0]);
+    } else if (k == kMetaCreatedMs) {
+      CKV_ASSIGN_OR_RETURN(uint64_t ms, DecodeU64(v, k));
+      c.created_unix_ms = static_cast<int64_t>(ms);
+    } else if (absl::StartsWith(k, kMetaSpecPrefix)) {
+      CKV_ASSIGN_OR_RETURN(ModelSpec spec, DecodeModelSpec(v, k));
+      c.specs.push_back(std::move(spec));
+    }
+    return absl::OkStatus();
+  }));
+  CKV_RETURN_IF_ERROR(ScanCf(db, h[kStatistics], kCfStatistics,
+                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                               if (k == kStatsEngine) {
+                                 CKV_ASSIGN_OR_RETURN(c.counters, DecodeCounters(v, k));
+                               }
+                               return absl::OkStatus();
+                             }));
+  CKV_RETURN_IF_ERROR(ScanCf(db, h[kSegments], kCfSegments,
+                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                               CKV_ASSIGN_OR_RETURN(uint32_t id, DecodeSegmentKey(k));
+                               CKV_ASSIGN_OR_RETURN(
+                                   SegmentRecord r,
+                                   DecodeSegmentRecord(v, absl::StrCat("segment ", id)));
+                               c.segments.emplace_back(id, r);
+                               return absl::OkStatus();
+                             }));
+  CKV_RETURN_IF_ERROR(ScanCf(db, h[kPrefixes], kCfPrefixes,
+                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                               CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
+                               CKV_ASSIGN_OR_RETURN(
+                                   PrefixRecord r,
+                                   DecodePrefixRecord(v, absl::StrCat("prefix ", key.ToHex())));
+                               c.prefixes.emplace_back(key, r);
+                               return absl::OkStatus();
+                             }));
+  CKV_RETURN_IF_ERROR(ScanCf(db, h[kChunks], kCfChunks,
+                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                               CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
+                               CKV_ASSIGN_OR_RETURN(
+                                   ChunkRecord r,
+                                   DecodeChunkRecord(v, absl::StrCat("chunk ", key.ToHex())));
+                               c.chunks.emplace_back(key, std::move(r));
+                               return absl::OkStatus();
+                             }));
+  *contents = std::move(c);
+  return catalog;
+}
+
+Catalog::~Catalog() {
+  if (db_ == nullptr) return;
+  for (auto* h : handles_) {
+    // Destroying a handle cannot fail in a way we could act on during teardown.
+    db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  db_->Close().PermitUncheckedError();  // nothing is unsynced: every Commit is a synced write
+}
+
+absl::Status Catalog::Commit(Batch& batch) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Write(wo, &batch.batch_), absl::StrCat("commit to catalog ", dir_));
+}
+
+absl::StatusOr<ChunkRecord> Catalog::GetChunk(const ChunkKey& key) {
+  std::string value;
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  CKV_RETURN_IF_ERROR(FromRocks(db_->Get(ro, handles_[kChunks], EncodeChunkKey(key), &value),
+                                absl::StrCat("read chunk ", key.ToHex())));
+  return DecodeChunkRecord(value, absl::StrCat("chunk ", key.ToHex()));
+}
+
+uint64_t Catalog::ApproximateBytes() {
+  uint64_t sst = 0, memtables = 0;
+  db_->GetIntProperty(rocksdb::DB::Properties::kTotalSstFilesSize, &sst);
+  db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &memtables);
+  return sst + memtables;
+}
+
+}  // namespace ckv::storage

@@ -1,0 +1,94 @@
+// storage/catalog.h: the store's metadata on RocksDB.
+//
+// The catalog names every committed chunk, prefix, segment and model spec, with the store's meta
+// (format version, cap, layout) and persisted counters, in the column families of
+// storage/catalog_format.h. Every change is one WriteBatch written with sync=true, so a change is
+// durable when Commit returns and entirely absent after a crash before it.
+//
+// Thread-safety: Commit and Get may be called from any thread (RocksDB serialises writes).
+#ifndef CKV_STORAGE_CATALOG_H_
+#define CKV_STORAGE_CATALOG_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+#include "storage/catalog_format.h"
+
+namespace ckv::storage {
+
+class Catalog {
+ public:
+  // Everything the catalog holds, read once at open.
+  struct Contents {
+    bool created = false;  // the catalog was created by this Open
+    uint32_t format_version = kCatalogFormatVersion;
+    uint64_t max_disk_bytes = 0;
+    RecordLayout layout = RecordLayout::kLayerMajor;
+    int64_t created_unix_ms = 0;
+    std::vector<std::pair<ChunkKey, ChunkRecord>> chunks;
+    std::vector<std::pair<ChunkKey, PrefixRecord>> prefixes;
+    std::vector<std::pair<uint32_t, SegmentRecord>> segments;
+    std::vector<ModelSpec> specs;
+    StoredCounters counters;
+  };
+
+  // A set of changes committed together.
+  class Batch {
+   public:
+    void PutChunk(const ChunkKey& key, const ChunkRecord& record);
+    void DeleteChunk(const ChunkKey& key);
+    void PutPrefix(const ChunkKey& key, const PrefixRecord& record);
+    void DeletePrefix(const ChunkKey& key);
+    void PutSegment(uint32_t id, const SegmentRecord& record);
+    void DeleteSegment(uint32_t id);
+    void PutSpec(const ModelSpec& spec);
+    void PutCounters(const StoredCounters& counters);
+    void PutMeta(absl::string_view name, absl::string_view value);
+    bool empty() const { return batch_.Count() == 0; }
+
+   private:
+    friend class Catalog;
+    explicit Batch(Catalog* catalog) : catalog_(catalog) {}
+    Catalog* catalog_;
+    rocksdb::WriteBatch batch_;
+  };
+
+  // Opens the catalog in `dir` (a RocksDB directory), creating it when allowed. Errors:
+  // NotFound (missing, !create_if_missing), AlreadyExists (error_if_exists), FailedPrecondition
+  // (format version newer than this build), Unavailable (open in another process), DataLoss
+  // (corrupt), and the mapped I/O errors.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
+                                                       bool create_if_missing,
+                                                       bool error_if_exists, Contents* contents);
+  ~Catalog();
+
+  Batch NewBatch() { return Batch(this); }
+  // Writes the batch durably (WAL fsync) and atomically.
+  absl::Status Commit(Batch& batch);
+
+  // One chunk's full record (token ids included), read from the catalog.
+  absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);
+
+  // Bytes of RocksDB's table files plus memtables (an estimate, for reporting).
+  uint64_t ApproximateBytes();
+
+ private:
+  Catalog() = default;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexes: see kCfIndex in catalog.cc
+  std::string dir_;
+};
+
+// Maps a RocksDB status to absl, with `context` naming the operation.
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view context);
+
+}  // namespace ckv::storage
+
+#endif  // CKV_STORAGE_CATALOG_H_

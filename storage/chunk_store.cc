@@ -1,0 +1,1063 @@
+#include "storage/chunk_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <queue>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "ckv/status.h"
+#include "xxhash.h"
+
+namespace ckv::storage {
+namespace {
+
+constexpr char kCatalogDir[] = "catalog";
+constexpr char kSegmentsDir[] = "segments";
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
+
+FileSystem* ChooseFileSystem(const EngineOptions& options) {
+  if (options.file_system != nullptr) return options.file_system;
+  switch (options.io_backend) {
+    case IoBackend::kUring:
+      return PosixFileSystem(QueueBackend::kUring);
+    case IoBackend::kThreads:
+      return PosixFileSystem(QueueBackend::kThreads);
+    case IoBackend::kAuto:
+      break;
+  }
+  return PosixFileSystem(QueueBackend::kAuto);
+}
+
+}  // namespace
+
+ChunkStore::ChunkStore(const EngineOptions& options, std::string path, FileSystem* fs,
+                       Logger* logger)
+    : options_(options), path_(std::move(path)), fs_(fs), logger_(logger) {}
+
+ChunkStore::~ChunkStore() = default;
+
+std::string ChunkStore::SegmentPath(uint32_t id) const {
+  return absl::StrCat(path_, "/", kSegmentsDir, "/", Segment::FileName(id));
+}
+
+uint64_t ChunkStore::ChunkBytesOf(const ModelSpec& spec) const {
+  return uint64_t{spec.layers} * RoundUp(spec.RecordBytes(), kDirectIoAlignment);
+}
+
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions& options,
+                                                             const std::string& path_in) {
+  if (path_in.empty()) return absl::InvalidArgumentError("store path is empty");
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (options.io_queue_depth < 1 || options.io_queue_depth > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.io_queue_depth = ", options.io_queue_depth,
+                     ": must be in 1..1024"));
+  }
+  if (options.max_write_bytes < kDirectIoAlignment || options.max_write_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.max_write_bytes = ", options.max_write_bytes,
+                     ": must be a positive multiple of 4096"));
+  }
+  if (options.period_layers < 1 || options.period_layers > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EngineOptions.period_layers = ", options.period_layers, ": must be in 1..1024"));
+  }
+  if (options.io_backend == IoBackend::kUring && options.file_system == nullptr &&
+      !UringAvailable()) {
+    return absl::UnavailableError(
+        "EngineOptions.io_backend = io_uring, but io_uring cannot be set up in this process "
+        "(kernel.io_uring_disabled, a seccomp profile or an old kernel); use kAuto or kThreads");
+  }
+  FileSystem* fs = ChooseFileSystem(options);
+  Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
+
+  // The store directory: created when allowed, but never its parents, so that a mistyped path
+  // is an error rather than a new tree.
+  if (!fs->Exists(path)) {
+    if (!options.create_if_missing) {
+      return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
+    }
+    const size_t slash = path.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    if (!fs->Exists(parent)) {
+      return absl::NotFoundError(absl::StrCat("cannot create store ", path, ": directory ",
+                                              parent, " does not exist"));
+    }
+    CKV_RETURN_IF_ERROR(fs->CreateDir(path));
+    // The parent's entry for the store directory is made durable once its catalog exists.
+  }
+  CKV_RETURN_IF_ERROR(fs->CreateDir(absl::StrCat(path, "/", kSegmentsDir)));
+
+  auto store = std::unique_ptr<ChunkStore>(new ChunkStore(options, path, fs, logger));
+  Catalog::Contents contents;
+  CKV_ASSIGN_OR_RETURN(store->catalog_,
+                       Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
+                                     options.create_if_missing, options.error_if_exists,
+                                     &contents));
+  if (contents.created) CKV_RETURN_IF_ERROR(fs->SyncDir(path));
+  CKV_RETURN_IF_ERROR(store->Load(contents));
+  CKV_RETURN_IF_ERROR(store->ReclaimOrphans());
+
+  absl::MutexLock lock(&store->mu_);
+  Catalog::Batch batch = store->catalog_->NewBatch();
+  if (options.max_disk_bytes.has_value() && *options.max_disk_bytes != store->max_disk_bytes_) {
+    store->max_disk_bytes_ = *options.max_disk_bytes;
+    batch.PutMeta(kMetaMaxDiskBytes, EncodeU64(store->max_disk_bytes_));
+  }
+  if (options.layout.has_value() && *options.layout != store->layout_) {
+    store->layout_ = *options.layout;
+    batch.PutMeta(kMetaLayout, std::string(1, static_cast<char>(store->layout_)));
+  }
+  if (!batch.empty()) CKV_RETURN_IF_ERROR(store->catalog_->Commit(batch));
+  // A cap lowered since the last open takes effect now.
+  uint64_t evicted = 0;
+  CKV_RETURN_IF_ERROR(store->MakeRoomLocked(0, &evicted));
+  if (evicted > 0) {
+    store->logger_->Log(LogLevel::kInfo,
+                        absl::StrCat("evicted ", evicted, " chunks of ", path,
+                                     " to fit max_disk_bytes ", store->max_disk_bytes_));
+  }
+  return store;
+}
+
+absl::Status ChunkStore::Load(const Catalog::Contents& c) {
+  absl::MutexLock lock(&mu_);
+  max_disk_bytes_ = c.max_disk_bytes;
+  layout_ = c.layout;
+  counters_ = c.counters;
+  for (const ModelSpec& spec : c.specs) specs_.emplace(spec.Fingerprint(), spec);
+
+  for (const auto& [id, geometry] : c.segments) {
+    const std::string file_path = SegmentPath(id);
+    if (!fs_->Exists(file_path)) {
+      return absl::DataLossError(absl::StrCat("segment ", id, " (", file_path,
+                                              ") named by the catalog is missing"));
+    }
+    CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                         fs_->Open(file_path, FileSystem::OpenMode::kReadWrite));
+    segments_.emplace(id, std::make_unique<Segment>(id, geometry, std::move(file)));
+    next_segment_id_ = std::max(next_segment_id_, id + 1);
+  }
+
+  for (const auto& [key, r] : c.chunks) {
+    auto seg = segments_.find(r.segment);
+    std::string problem;
+    if (seg == segments_.end()) {
+      problem = absl::StrCat("chunk ", key.ToHex(), " names segment ", r.segment,
+                             ", which the catalog does not hold");
+    } else if (r.slot >= seg->second->geometry().capacity_slots) {
+      problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ",
+                             r.segment, ", which has ", seg->second->geometry().capacity_slots);
+    } else if (!(seg->second->geometry().fingerprint == r.fingerprint) ||
+               r.checksums.size() != seg->second->geometry().layers) {
+      problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
+                             r.segment);
+    } else if (!seg->second->MarkUsed(r.slot)) {
+      problem = absl::StrCat("chunk ", key.ToHex(), " shares slot ", r.slot, " of segment ",
+                             r.segment, " with another chunk");
+    }
+    if (!problem.empty()) {
+      // Such a chunk cannot be served safely; keep it out of the index and let Verify say so.
+      open_problems_.push_back(problem);
+      logger_->Log(LogLevel::kError, problem);
+      continue;
+    }
+    ChunkEntry e;
+    e.parent = r.parent;
+    e.fingerprint = r.fingerprint;
+    e.depth = r.depth;
+    e.segment = r.segment;
+    e.slot = r.slot;
+    e.put_seq = r.put_seq;
+    e.last_use = r.put_seq;
+    e.created_unix_ms = r.created_unix_ms;
+    e.importance = r.importance;
+    e.loads = r.loads;
+    e.checksums = r.checksums;
+    put_seq_ = std::max(put_seq_, r.put_seq);
+    used_bytes_ += seg->second->chunk_bytes();
+    chunks_.emplace(key, std::move(e));
+  }
+  use_clock_ = put_seq_;
+  for (auto& [key, e] : chunks_) {
+    if (e.parent.IsZero()) continue;
+    auto parent = chunks_.find(e.parent);
+    if (parent == chunks_.end()) {
+      open_problems_.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
+                                            " has no stored parent ", e.parent.ToHex()));
+      continue;
+    }
+    parent->second.children++;
+  }
+  for (const auto& [key, p] : c.prefixes) {
+    auto chunk = chunks_.find(key);
+    if (chunk == chunks_.end()) {
+      open_problems_.push_back(
+          absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored"));
+      continue;
+    }
+    chunk->second.prefix_end = true;
+    prefixes_.emplace(key, PrefixEntry{p.fingerprint, p.chunks, p.created_unix_ms});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ReclaimOrphans() {
+  absl::MutexLock lock(&mu_);
+  const std::string dir = absl::StrCat(path_, "/", kSegmentsDir);
+  CKV_ASSIGN_OR_RETURN(std::vector<std::string> names, fs_->ListDir(dir));
+  uint64_t reclaimed = 0;
+  bool deleted_any = false;
+  for (const std::string& name : names) {
+    uint32_t id = 0;
+    if (std::sscanf(name.c_str(), "seg-%08u.ckv", &id) == 1 && name == Segment::FileName(id) &&
+        segments_.contains(id)) {
+      continue;
+    }
+    // A file the catalog does not name: a segment whose creation did not commit. Its contents
+    // were never visible.
+    const std::string file_path = absl::StrCat(dir, "/", name);
+    auto file = fs_->Open(file_path, FileSystem::OpenMode::kReadWrite);
+    if (file.ok()) {
+      auto bytes = (*file)->AllocatedBytes();
+      if (bytes.ok()) reclaimed += *bytes;
+    }
+    CKV_RETURN_IF_ERROR(fs_->DeleteFile(file_path));
+    deleted_any = true;
+  }
+  if (deleted_any) CKV_RETURN_IF_ERROR(fs_->SyncDir(dir));
+  // Space inside segments that no committed chunk names: written by a Put that did not commit.
+  for (auto& [id, segment] : segments_) {
+    CKV_ASSIGN_OR_RETURN(uint64_t before, segment->file()->AllocatedBytes());
+    const uint64_t live = uint64_t{segment->used_slots()} * segment->chunk_bytes();
+    if (before <= live) continue;
+    for (const SlotRun& run : segment->FreeRuns()) {
+      absl::Status s = segment->PunchSlots(run);
+      if (absl::IsUnimplemented(s)) break;  // cannot punch here: space stays until reuse
+      CKV_RETURN_IF_ERROR(s);
+    }
+    CKV_ASSIGN_OR_RETURN(uint64_t after, segment->file()->AllocatedBytes());
+    if (after < before) reclaimed += before - after;
+  }
+  orphan_bytes_reclaimed_ = reclaimed;
+  if (reclaimed > 0) {
+    logger_->Log(LogLevel::kInfo, absl::StrCat("reclaimed ", reclaimed,
+                                               " bytes of uncommitted segment data in ", path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                     const KvTensors& kv) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  if (tokens.size() < spec.chunk_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Put of ", tokens.size(), " tokens: fewer than one chunk of ", spec.chunk_tokens));
+  }
+  if (kv.tokens != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvTensors.tokens = ", kv.tokens,
+                                                   " but the prefix has ", tokens.size(),
+                                                   " tokens"));
+  }
+  if (kv.k.size() != spec.layers || kv.v.size() != spec.layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvTensors has ", kv.k.size(), " K and ", kv.v.size(), " V tensors; ", spec.model_id,
+        " has ", spec.layers, " layers"));
+  }
+  const uint64_t want = uint64_t{kv.tokens} * spec.TokenBytesPerLayer();
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    for (const auto* side : {&kv.k, &kv.v}) {
+      const auto& t = (*side)[l];
+      if (t.size() != want || (t.data() == nullptr && want > 0)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s tensor of layer %u has %u bytes; [%u tokens, %u kv heads, %u head dim] of %s is "
+            "%u bytes",
+            side == &kv.k ? "K" : "V", l, t.size(), kv.tokens, spec.kv_heads, spec.head_dim,
+            DTypeName(spec.dtype), want));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ChunkStore::RemovableLocked(const ChunkKey& key, const ChunkEntry& e) const {
+  return e.children == 0 && e.put_pins == 0 && !inflight_.contains(key) &&
+         !read_pins_.contains(SlotId{e.segment, e.slot});
+}
+
+absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                          const KvTensors& kv) {
+  CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
+  const ChunkKey fp = spec.Fingerprint();
+  const uint32_t c = spec.chunk_tokens;
+  const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens);
+  const size_t n = keys.size();
+  const uint64_t chunk_bytes = ChunkBytesOf(spec);
+
+  PutResult result;
+  result.chunks = n;
+  result.tail_tokens = tokens.size() - n * c;
+  result.prefix_id = keys.back();
+
+  std::vector<PlannedRun> plan;
+  size_t m = 0;  // chunks stored already
+  bool new_spec = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // Wait for a concurrent Put of the same chunks to finish, then take what it stored.
+    for (;;) {
+      bool conflict = false;
+      for (const ChunkKey& k : keys) {
+        if (inflight_.contains(k)) {
+          conflict = true;
+          break;
+        }
+      }
+      if (!conflict) break;
+      inflight_cv_.Wait(&mu_);
+    }
+    while (m < n && chunks_.contains(keys[m])) ++m;
+    new_spec = !specs_.contains(fp);
+    const uint64_t tick = ++use_clock_;
+    for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
+    result.chunks_existing = m;
+
+    if (m == n) {
+      // Everything is stored; record the prefix end if this is a new one.
+      ChunkEntry& last = chunks_[keys[n - 1]];
+      if (!last.prefix_end) {
+        Catalog::Batch batch = catalog_->NewBatch();
+        PrefixEntry p{fp, n, NowMs()};
+        batch.PutPrefix(keys[n - 1], PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
+        StoredCounters next = counters_;
+        next.puts++;
+        next.chunks_deduplicated += n;
+        batch.PutCounters(next);
+        CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+        counters_ = next;
+        last.prefix_end = true;
+        prefixes_[keys[n - 1]] = p;
+      } else {
+        counters_.puts++;
+        counters_.chunks_deduplicated += n;
+      }
+      return result;
+    }
+
+    const uint64_t need = (n - m) * chunk_bytes;
+    if (max_disk_bytes_ > 0 && need > max_disk_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Put of ", n - m, " new chunks (", need, " bytes) of ", spec.model_id,
+          " exceeds the store's max_disk_bytes of ", max_disk_bytes_));
+    }
+    for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
+    if (m > 0) chunks_[keys[m - 1]].put_pins++;
+    auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
+      if (m > 0) chunks_[keys[m - 1]].put_pins--;
+      inflight_cv_.SignalAll();
+    };
+    absl::Status s = MakeRoomLocked(need, &result.chunks_evicted);
+    if (s.ok()) s = AllocateLocked(spec, n - m, &plan);
+    if (!s.ok()) {
+      undo();
+      return s;
+    }
+    used_bytes_ += need;
+  }
+
+  // Write the records, then make them durable.
+  std::vector<std::vector<uint64_t>> checksums(n - m, std::vector<uint64_t>(spec.layers));
+  uint64_t bytes_written = 0;
+  absl::Status s = WriteChunks(spec, kv, m, plan, &checksums, &bytes_written);
+  if (s.ok()) {
+    std::vector<Segment*> synced;
+    for (const PlannedRun& r : plan) {
+      if (std::find(synced.begin(), synced.end(), r.segment) != synced.end()) continue;
+      s = r.segment->file()->Sync();
+      if (!s.ok()) break;
+      synced.push_back(r.segment);
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  const int64_t now = NowMs();
+  const uint64_t seq = ++put_seq_;
+  StoredCounters next = counters_;
+  if (s.ok()) {
+    Catalog::Batch batch = catalog_->NewBatch();
+    if (new_spec && !specs_.contains(fp)) batch.PutSpec(spec);
+    for (const PlannedRun& r : plan) {
+      for (uint32_t i = 0; i < r.run.count; ++i) {
+        const size_t idx = m + r.first + i;
+        ChunkRecord rec;
+        rec.parent = idx == 0 ? ChunkKey{} : keys[idx - 1];
+        rec.fingerprint = fp;
+        rec.depth = static_cast<uint32_t>(idx);
+        rec.segment = r.segment->id();
+        rec.slot = r.run.start + i;
+        rec.put_seq = seq;
+        rec.created_unix_ms = now;
+        rec.tokens.assign(tokens.begin() + idx * c, tokens.begin() + (idx + 1) * c);
+        rec.checksums = checksums[r.first + i];
+        batch.PutChunk(keys[idx], rec);
+      }
+    }
+    batch.PutPrefix(keys[n - 1], PrefixRecord{fp, n, now});
+    next.puts++;
+    next.chunks_written += n - m;
+    next.chunks_deduplicated += m;
+    next.bytes_written += bytes_written;
+    batch.PutCounters(next);
+    s = catalog_->Commit(batch);
+  }
+  for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
+  if (m > 0) chunks_[keys[m - 1]].put_pins--;
+  inflight_cv_.SignalAll();
+  if (!s.ok()) {
+    // Nothing names the slots: free them and give their blocks back.
+    ReleasePlanLocked(plan);
+    used_bytes_ -= (n - m) * chunk_bytes;
+    return s;
+  }
+  counters_ = next;
+  if (new_spec) specs_.emplace(fp, spec);
+  const uint64_t tick = ++use_clock_;
+  for (const PlannedRun& r : plan) {
+    for (uint32_t i = 0; i < r.run.count; ++i) {
+      const size_t idx = m + r.first + i;
+      ChunkEntry e;
+      e.parent = idx == 0 ? ChunkKey{} : keys[idx - 1];
+      e.fingerprint = fp;
+      e.depth = static_cast<uint32_t>(idx);
+      e.segment = r.segment->id();
+      e.slot = r.run.start + i;
+      e.put_seq = seq;
+      e.last_use = tick;
+      e.created_unix_ms = now;
+      e.checksums = std::move(checksums[r.first + i]);
+      chunks_.emplace(keys[idx], std::move(e));
+    }
+  }
+  for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
+  chunks_[keys[n - 1]].prefix_end = true;
+  prefixes_[keys[n - 1]] = PrefixEntry{fp, n, now};
+  result.chunks_written = n - m;
+  result.bytes_written = bytes_written;
+  return result;
+}
+
+void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan) {
+  for (const PlannedRun& r : plan) {
+    absl::Status s = r.segment->PunchSlots(r.run);
+    if (!s.ok() && !absl::IsUnimplemented(s)) {
+      // The slots are free either way; their blocks are reclaimed on the next open.
+      logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of segment ",
+                                                    r.segment->id(), ": ", s.message()));
+    }
+    r.segment->Free(r.run);
+  }
+}
+
+absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec, size_t count,
+                                        std::vector<PlannedRun>* plan) {
+  const ChunkKey fp = spec.Fingerprint();
+  size_t done = 0;
+  // Segments of this spec in the current layout, oldest first, so space is reused before growth.
+  std::vector<Segment*> candidates;
+  for (auto& [id, seg] : segments_) {
+    const SegmentRecord& g = seg->geometry();
+    if (g.fingerprint == fp && g.layout == layout_ && seg->free_slots() > 0) {
+      candidates.push_back(seg.get());
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](Segment* a, Segment* b) { return a->id() < b->id(); });
+  size_t next_candidate = 0;
+  while (done < count) {
+    Segment* seg = nullptr;
+    if (next_candidate < candidates.size()) {
+      seg = candidates[next_candidate];
+    } else {
+      auto created = NewSegmentLocked(spec);
+      if (!created.ok()) {
+        ReleasePlanLocked(*plan);
+        plan->clear();
+        return created.status();
+      }
+      seg = *created;
+      candidates.push_back(seg);
+    }
+    SlotRun run = seg->Allocate(static_cast<uint32_t>(std::min<size_t>(count - done, UINT32_MAX)));
+    if (run.count == 0) {
+      ++next_candidate;
+      continue;
+    }
+    plan->push_back(PlannedRun{seg, run, done});
+    done += run.count;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec) {
+  const uint32_t id = next_segment_id_++;
+  const SegmentRecord g = Segment::GeometryFor(spec, layout_, options_.period_layers,
+                                               options_.segment_bytes, NowMs());
+  const std::string file_path = SegmentPath(id);
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs_->Open(file_path, FileSystem::OpenMode::kCreateReadWrite));
+  CKV_RETURN_IF_ERROR(fs_->SyncDir(absl::StrCat(path_, "/", kSegmentsDir)));
+  // The segment is committed empty before any chunk is written into it, so a crash can leave an
+  // empty segment but never a chunk in an unnamed file.
+  Catalog::Batch batch = catalog_->NewBatch();
+  batch.PutSegment(id, g);
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+  auto seg = std::make_unique<Segment>(id, g, std::move(file));
+  Segment* raw = seg.get();
+  segments_.emplace(id, std::move(seg));
+  return raw;
+}
+
+absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
+                                     size_t first_chunk, const std::vector<PlannedRun>& plan,
+                                     std::vector<std::vector<uint64_t>>* checksums,
+                                     uint64_t* bytes_written) {
+  const uint32_t c = spec.chunk_tokens;
+  const size_t token_bytes = spec.TokenBytesPerLayer();
+  const size_t half = size_t{c} * token_bytes;  // K (or V) bytes of one chunk at one layer
+  const size_t record_bytes = 2 * half;
+  const size_t depth = options_.io_queue_depth;
+  // Staging buffers, allocated as the pipeline needs them, at most `depth`. Declared before the
+  // queue so that they outlive it: nothing may free a buffer the kernel may still be reading.
+  std::vector<AlignedBuffer> buffers;
+  std::vector<size_t> free_buffers;
+  absl::Status first_error;
+  uint64_t written = 0;
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue,
+                       fs_->NewIoQueue(static_cast<uint32_t>(depth)));
+  // On an early return, wait for what is in flight before the buffers go.
+  struct DrainOnExit {
+    IoQueue* q;
+    ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already reported or returned
+  } drain_on_exit{queue.get()};
+
+  for (const PlannedRun& r : plan) {
+    Segment* seg = r.segment;
+    const uint64_t slot_stride = seg->geometry().record_slot_bytes;
+    for (uint32_t band = 0; band < seg->bands(); ++band) {
+      const uint64_t band_slot = seg->band_slot_bytes(band);
+      const uint32_t per_io = static_cast<uint32_t>(
+          std::max<uint64_t>(1, options_.max_write_bytes / band_slot));
+      const uint32_t first_layer = band * seg->geometry().band_layers;
+      const uint32_t layers = seg->layers_in_band(band);
+      for (uint32_t s0 = 0; s0 < r.run.count; s0 += per_io) {
+        const uint32_t count = std::min(per_io, r.run.count - s0);
+        const size_t io_bytes = count * band_slot;
+        if (free_buffers.empty() && buffers.size() >= depth) {
+          // Every buffer is in flight: wait for them (the ring is as deep as the pool).
+          CKV_RETURN_IF_ERROR(queue->Drain());
+        }
+        size_t bi;
+        if (!free_buffers.empty()) {
+          bi = free_buffers.back();
+          free_buffers.pop_back();
+        } else {
+          bi = buffers.size();
+          buffers.emplace_back(io_bytes, seg->file()->alignment());
+        }
+        if (buffers[bi].size() < io_bytes) {
+          buffers[bi] = AlignedBuffer(io_bytes, seg->file()->alignment());
+        }
+        std::byte* buf = buffers[bi].data();
+        for (uint32_t i = 0; i < count; ++i) {
+          const size_t new_index = r.first + s0 + i;
+          const size_t token_offset = (first_chunk + new_index) * c;
+          for (uint32_t j = 0; j < layers; ++j) {
+            const uint32_t layer = first_layer + j;
+            std::byte* dst = buf + i * band_slot + j * slot_stride;
+            std::memcpy(dst, kv.k[layer].data() + token_offset * token_bytes, half);
+            std::memcpy(dst + half, kv.v[layer].data() + token_offset * token_bytes, half);
+            if (slot_stride > record_bytes) std::memset(dst + record_bytes, 0, slot_stride - record_bytes);
+            (*checksums)[new_index][layer] = XXH3_64bits(dst, record_bytes);
+          }
+        }
+        IoOp op;
+        op.kind = IoOp::Kind::kWrite;
+        op.file = seg->file();
+        op.offset = seg->BandOffset(band, r.run.start + s0);
+        op.buffer = buf;
+        op.length = io_bytes;
+        CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, io_bytes](const absl::Status& st) {
+          if (!st.ok() && first_error.ok()) first_error = st;
+          if (st.ok()) written += io_bytes;
+          free_buffers.push_back(bi);
+        }));
+        if (!first_error.ok()) break;
+      }
+      if (!first_error.ok()) break;
+    }
+    if (!first_error.ok()) break;
+  }
+  CKV_RETURN_IF_ERROR(queue->Drain());
+  CKV_RETURN_IF_ERROR(first_error);
+  *bytes_written = written;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
+  if (max_disk_bytes_ == 0 || used_bytes_ + need <= max_disk_bytes_) return absl::OkStatus();
+  const uint64_t target = max_disk_bytes_ - std::min(need, max_disk_bytes_);
+  // Plan: pop the lowest leaf, let its parent compete once it becomes a leaf, until enough
+  // bytes would be free. Nothing changes until the plan is known to succeed.
+  struct HeapItem {
+    EvictionCandidate c;
+    bool operator<(const HeapItem& o) const {  // priority_queue pops the "largest"
+      return EvictionPolicy::EvictBefore(o.c, c);
+    }
+  };
+  std::priority_queue<HeapItem> heap;
+  auto candidate = [&](const ChunkKey& key, const ChunkEntry& e) {
+    return HeapItem{EvictionCandidate{EvictionPolicy::Score(e.importance, e.loads), e.last_use, key}};
+  };
+  for (const auto& [key, e] : chunks_) {
+    if (RemovableLocked(key, e)) heap.push(candidate(key, e));
+  }
+  absl::flat_hash_map<ChunkKey, uint32_t> children_left;
+  std::vector<ChunkKey> victims;
+  uint64_t freed = 0;
+  while (used_bytes_ - freed > target && !heap.empty()) {
+    const ChunkKey key = heap.top().c.key;
+    heap.pop();
+    const ChunkEntry& e = chunks_.at(key);
+    victims.push_back(key);
+    freed += segments_.at(e.segment)->chunk_bytes();
+    if (e.parent.IsZero()) continue;
+    auto parent = chunks_.find(e.parent);
+    if (parent == chunks_.end()) continue;
+    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
+    if (--it->second == 0) {
+      const ChunkEntry& p = parent->second;
+      if (p.put_pins == 0 && !inflight_.contains(e.parent) &&
+          !read_pins_.contains(SlotId{p.segment, p.slot})) {
+        heap.push(candidate(e.parent, p));
+      }
+    }
+  }
+  if (used_bytes_ - freed > target) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_, ": ",
+        used_bytes_, " bytes in use, of which ", freed,
+        " can be evicted (the rest is held by readers or Puts in flight)"));
+  }
+  Catalog::Batch batch = catalog_->NewBatch();
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, /*evicted=*/true));
+  *evicted += victims.size();
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
+                                            Catalog::Batch& batch, bool evicted) {
+  if (victims.empty()) {
+    if (!batch.empty()) return catalog_->Commit(batch);
+    return absl::OkStatus();
+  }
+  absl::flat_hash_set<ChunkKey> gone(victims.begin(), victims.end());
+  absl::flat_hash_map<ChunkKey, uint32_t> children_left;
+  std::vector<std::pair<ChunkKey, PrefixEntry>> new_prefix_ends;
+  StoredCounters next = counters_;
+  const int64_t now = NowMs();
+  for (const ChunkKey& key : victims) {
+    const ChunkEntry& e = chunks_.at(key);
+    batch.DeleteChunk(key);
+    if (e.prefix_end) batch.DeletePrefix(key);
+    const uint64_t bytes = segments_.at(e.segment)->chunk_bytes();
+    if (evicted) {
+      next.chunks_evicted++;
+      next.bytes_evicted += bytes;
+    } else {
+      next.chunks_deleted++;
+    }
+    if (e.parent.IsZero() || gone.contains(e.parent)) continue;
+    auto parent = chunks_.find(e.parent);
+    if (parent == chunks_.end()) continue;
+    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
+    --it->second;
+    // An evicted prefix end leaves its parent as the end of the (shorter) prefix when nothing
+    // else extends the parent. A deleted one does not: the caller asked for it to go.
+    if (evicted && e.prefix_end && it->second == 0 && !parent->second.prefix_end) {
+      PrefixEntry p{e.fingerprint, uint64_t{parent->second.depth} + 1, now};
+      batch.PutPrefix(e.parent, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
+      new_prefix_ends.emplace_back(e.parent, p);
+    }
+  }
+  batch.PutCounters(next);
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+  counters_ = next;
+  // Committed: apply to memory and give the space back.
+  for (const ChunkKey& key : victims) {
+    auto it = chunks_.find(key);
+    const ChunkEntry e = std::move(it->second);
+    chunks_.erase(it);
+    if (e.prefix_end) prefixes_.erase(key);
+    auto parent = chunks_.find(e.parent);
+    if (parent != chunks_.end()) parent->second.children--;
+    used_bytes_ -= segments_.at(e.segment)->chunk_bytes();
+    const SlotId slot{e.segment, e.slot};
+    if (read_pins_.contains(slot)) {
+      deferred_free_.insert(slot);
+    } else {
+      FreeSlotLocked(e.segment, e.slot);
+    }
+  }
+  for (auto& [key, p] : new_prefix_ends) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) continue;
+    it->second.prefix_end = true;
+    prefixes_[key] = p;
+  }
+  return absl::OkStatus();
+}
+
+void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
+  Segment* seg = segments_.at(segment).get();
+  absl::Status s = seg->PunchSlots(SlotRun{slot, 1});
+  if (!s.ok() && !absl::IsUnimplemented(s)) {
+    logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of slot ", slot,
+                                                  " of segment ", segment, ": ", s.message()));
+  }
+  seg->Free(SlotRun{slot, 1});
+}
+
+absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec,
+                                            std::span<const int32_t> tokens) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  absl::MutexLock lock(&mu_);
+  const uint64_t tick = ++use_clock_;
+  uint64_t matched = 0;
+  for (const ChunkKey& k : keys) {
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) break;
+    it->second.last_use = tick;
+    ++matched;
+  }
+  return matched;
+}
+
+void ChunkStore::PinLocked(SlotId slot) { read_pins_[slot]++; }
+
+void ChunkStore::Unpin(SlotId slot) {
+  absl::MutexLock lock(&mu_);
+  auto it = read_pins_.find(slot);
+  if (it == read_pins_.end()) return;
+  if (--it->second > 0) return;
+  read_pins_.erase(it);
+  if (deferred_free_.erase(slot) > 0) FreeSlotLocked(slot.first, slot.second);
+}
+
+absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t layer,
+                                       uint64_t expected, const ChunkKey& key,
+                                       std::span<std::byte> out) {
+  const SegmentRecord& g = seg->geometry();
+  thread_local AlignedBuffer buffer;
+  if (buffer.size() < g.record_slot_bytes) buffer = AlignedBuffer(g.record_slot_bytes, seg->file()->alignment());
+  const uint64_t offset = seg->RecordOffset(slot, layer);
+  CKV_RETURN_IF_ERROR(
+      seg->file()->ReadAt(offset, std::span<std::byte>(buffer.data(), g.record_slot_bytes)));
+  records_read_.fetch_add(1, std::memory_order_relaxed);
+  bytes_read_.fetch_add(g.record_slot_bytes, std::memory_order_relaxed);
+  const uint64_t actual = XXH3_64bits(buffer.data(), g.record_bytes);
+  if (actual != expected) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    return absl::DataLossError(absl::StrFormat(
+        "record %s/L%u (segment %u slot %u, offset %u of %s): checksum 0x%016x != 0x%016x",
+        ShortKey(key), layer, seg->id(), slot, offset, seg->file()->path(), actual, expected));
+  }
+  if (!out.empty()) std::memcpy(out.data(), buffer.data(), g.record_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                                    std::span<std::byte> out) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  const ChunkKey fp = spec.Fingerprint();
+  Segment* seg = nullptr;
+  SlotId slot;
+  uint64_t expected = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) {
+      return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
+    }
+    ChunkEntry& e = it->second;
+    if (!(e.fingerprint == fp)) {
+      auto owner = specs_.find(e.fingerprint);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", key.ToHex(), " is stored under model ",
+          owner == specs_.end() ? e.fingerprint.ToHex() : owner->second.DebugString(),
+          ", not ", spec.DebugString()));
+    }
+    if (layer >= spec.layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range: ", spec.model_id, " has ", spec.layers));
+    }
+    if (out.size() != spec.RecordBytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("record buffer of ", out.size(),
+                                                     " bytes; a record of ", spec.model_id,
+                                                     " is ", spec.RecordBytes()));
+    }
+    e.last_use = ++use_clock_;
+    seg = segments_.at(e.segment).get();
+    slot = SlotId{e.segment, e.slot};
+    expected = e.checksums[layer];
+    PinLocked(slot);
+  }
+  absl::Status s = ReadAndVerify(seg, slot.second, layer, expected, key, out);
+  Unpin(slot);
+  if (absl::IsDataLoss(s)) logger_->Log(LogLevel::kError, std::string(s.message()));
+  return s;
+}
+
+absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> tokens) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  if (tokens.empty() || tokens.size() % spec.chunk_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Delete of ", tokens.size(), " tokens: a stored prefix is a whole number of chunks of ",
+        spec.chunk_tokens, " tokens"));
+  }
+  const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  return DeletePrefix(keys.back());
+}
+
+absl::Status ChunkStore::DeletePrefix(const ChunkKey& prefix_id) {
+  absl::MutexLock lock(&mu_);
+  auto p = prefixes_.find(prefix_id);
+  if (p == prefixes_.end()) {
+    return absl::NotFoundError(absl::StrCat("no stored prefix ", prefix_id.ToHex()));
+  }
+  Catalog::Batch batch = catalog_->NewBatch();
+  batch.DeletePrefix(prefix_id);
+  // Walk up from the prefix's end while chunks become unused.
+  std::vector<ChunkKey> victims;
+  ChunkKey key = prefix_id;
+  uint32_t removed_children = 0;
+  while (!key.IsZero()) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) break;
+    const ChunkEntry& e = it->second;
+    const bool is_end = e.prefix_end && !(key == prefix_id);
+    if (is_end || e.children != removed_children || e.put_pins > 0 || inflight_.contains(key)) {
+      break;
+    }
+    victims.push_back(key);
+    key = e.parent;
+    removed_children = 1;
+  }
+  // The prefix entry goes whether or not its chunks do (others may still use them).
+  const PrefixEntry entry = p->second;
+  chunks_.at(prefix_id).prefix_end = false;
+  prefixes_.erase(p);
+  absl::Status s = RemoveChunksLocked(victims, batch, /*evicted=*/false);
+  if (!s.ok()) {
+    chunks_.at(prefix_id).prefix_end = true;
+    prefixes_.emplace(prefix_id, entry);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+PrefixInfo ChunkStore::MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) const {
+  PrefixInfo info;
+  info.id = id;
+  info.model_fingerprint = p.fingerprint;
+  auto spec = specs_.find(p.fingerprint);
+  if (spec != specs_.end()) {
+    info.model_id = spec->second.model_id;
+    info.tokens = p.chunks * spec->second.chunk_tokens;
+    info.bytes = p.chunks * ChunkBytesOf(spec->second);
+  }
+  info.chunks = p.chunks;
+  info.created_unix_ms = p.created_unix_ms;
+  return info;
+}
+
+std::vector<PrefixInfo> ChunkStore::ListPrefixes() {
+  absl::MutexLock lock(&mu_);
+  std::vector<PrefixInfo> out;
+  out.reserve(prefixes_.size());
+  for (const auto& [id, p] : prefixes_) out.push_back(MakePrefixInfo(id, p));
+  std::sort(out.begin(), out.end(), [](const PrefixInfo& a, const PrefixInfo& b) {
+    if (a.created_unix_ms != b.created_unix_ms) return a.created_unix_ms > b.created_unix_ms;
+    return a.id < b.id;
+  });
+  return out;
+}
+
+absl::StatusOr<std::vector<ChunkKey>> ChunkStore::PrefixChunks(const ChunkKey& prefix_id,
+                                                               ModelSpec* spec) {
+  absl::MutexLock lock(&mu_);
+  auto p = prefixes_.find(prefix_id);
+  if (p == prefixes_.end()) {
+    return absl::NotFoundError(absl::StrCat("no stored prefix ", prefix_id.ToHex()));
+  }
+  std::vector<ChunkKey> keys;
+  ChunkKey key = prefix_id;
+  while (!key.IsZero()) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) {
+      return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(), " is missing chunk ",
+                                              key.ToHex()));
+    }
+    keys.push_back(key);
+    key = it->second.parent;
+  }
+  std::reverse(keys.begin(), keys.end());
+  if (spec != nullptr) {
+    auto s = specs_.find(p->second.fingerprint);
+    if (s == specs_.end()) {
+      return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(),
+                                              " names an unknown model spec"));
+    }
+    *spec = s->second;
+  }
+  return keys;
+}
+
+absl::StatusOr<ChunkStore::RecordLocation> ChunkStore::LocateRecord(const ChunkKey& key,
+                                                                    uint32_t layer) {
+  absl::MutexLock lock(&mu_);
+  auto it = chunks_.find(key);
+  if (it == chunks_.end()) {
+    return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
+  }
+  const Segment& seg = *segments_.at(it->second.segment);
+  if (layer >= seg.geometry().layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  return RecordLocation{SegmentPath(seg.id()), seg.RecordOffset(it->second.slot, layer),
+                        seg.geometry().record_bytes};
+}
+
+absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
+  VerifyReport report;
+  struct Item {
+    ChunkKey key;
+    ChunkKey parent;
+    ChunkKey fingerprint;
+    uint32_t depth;
+  };
+  std::vector<Item> items;
+  uint64_t total_bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    report.problems = open_problems_;
+    items.reserve(chunks_.size());
+    for (const auto& [key, e] : chunks_) {
+      items.push_back({key, e.parent, e.fingerprint, e.depth});
+      total_bytes += segments_.at(e.segment)->chunk_bytes();
+      if (!specs_.contains(e.fingerprint)) {
+        report.problems.push_back(
+            absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
+      }
+      if (!e.parent.IsZero()) {
+        auto parent = chunks_.find(e.parent);
+        if (parent == chunks_.end()) {
+          report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
+        } else if (parent->second.depth + 1 != e.depth) {
+          report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
+                                                 " has a parent at depth ",
+                                                 parent->second.depth));
+        }
+      } else if (e.depth != 0) {
+        report.problems.push_back(
+            absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth, " has no parent"));
+      }
+    }
+    for (const auto& [id, p] : prefixes_) {
+      auto it = chunks_.find(id);
+      if (it == chunks_.end() || it->second.depth + 1 != p.chunks) {
+        report.problems.push_back(absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
+                                               " chunks does not end at a stored chunk of that "
+                                               "depth"));
+      }
+    }
+  }
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.key < b.key; });
+  uint64_t done_bytes = 0;
+  for (const Item& item : items) {
+    // The catalog's own record: its key must be the hash of its parent, spec and tokens.
+    auto record = catalog_->GetChunk(item.key);
+    if (!record.ok()) {
+      if (absl::IsNotFound(record.status())) continue;  // removed while we verified
+      report.problems.push_back(std::string(record.status().message()));
+      continue;
+    }
+    if (!(ChainChunkKey(record->parent, record->fingerprint, record->tokens) == item.key)) {
+      report.problems.push_back(absl::StrCat("chunk ", item.key.ToHex(),
+                                             ": key does not match the hash of its parent, "
+                                             "model and tokens"));
+    }
+    Segment* seg = nullptr;
+    SlotId slot;
+    std::vector<uint64_t> checksums;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = chunks_.find(item.key);
+      if (it == chunks_.end()) continue;
+      seg = segments_.at(it->second.segment).get();
+      slot = SlotId{it->second.segment, it->second.slot};
+      checksums = it->second.checksums;
+      PinLocked(slot);
+    }
+    report.chunks_checked++;
+    for (uint32_t layer = 0; layer < checksums.size(); ++layer) {
+      absl::Status s = ReadAndVerify(seg, slot.second, layer, checksums[layer], item.key, {});
+      report.records_checked++;
+      report.bytes_checked += seg->geometry().record_bytes;
+      if (!s.ok()) {
+        if (absl::IsDataLoss(s) && s.message().find("checksum") != std::string_view::npos) {
+          report.checksum_failures++;
+        }
+        report.problems.push_back(std::string(s.message()));
+      }
+    }
+    Unpin(slot);
+    done_bytes += seg->chunk_bytes();
+    if (progress) progress(done_bytes, total_bytes);
+  }
+  return report;
+}
+
+EngineStats ChunkStore::Stats() {
+  absl::MutexLock lock(&mu_);
+  EngineStats s;
+  s.puts = counters_.puts;
+  s.chunks_written = counters_.chunks_written;
+  s.chunks_deduplicated = counters_.chunks_deduplicated;
+  s.bytes_written = counters_.bytes_written;
+  s.chunks_evicted = counters_.chunks_evicted;
+  s.bytes_evicted = counters_.bytes_evicted;
+  s.chunks_deleted = counters_.chunks_deleted;
+  s.records_read = records_read_.load(std::memory_order_relaxed);
+  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
+  s.chunks = chunks_.size();
+  s.prefixes = prefixes_.size();
+  s.segments = segments_.size();
+  s.disk_bytes_used = used_bytes_;
+  s.max_disk_bytes = max_disk_bytes_;
+  s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;
+  return s;
+}
+
+}  // namespace ckv::storage

@@ -1,0 +1,175 @@
+// storage/chunk_store.h: the ContiguousChunk store: chunks on segment files, named by the catalog.
+//
+// ChunkStore implements what ckv::Engine promises about data at rest (see include/ckv/engine.h):
+// dedup by hash-chained chunk keys, durable-before-visible Puts, checksums on every read, the hard
+// disk cap with score-ordered eviction of leaves, and reclamation of orphaned space on open.
+//
+// Life of a Put:
+//   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
+//      the same chunks waits); hold the parent so nothing removes it; evict to make room (one
+//      synced catalog batch, then the slots are punched); allocate slots, creating segments.
+//   2. unlocked: copy each record into aligned staging buffers, checksum it, write with the
+//      IoQueue (io_uring, O_DIRECT); fdatasync every segment written.
+//   3. under mu_: one synced catalog batch names the chunks, the prefix and the counters; only
+//      then are the chunks published in memory and visible to Lookup and reads.
+// A failure at any step frees the slots (punched) and leaves the catalog as it was.
+//
+// Readers pin the slot they read; a chunk removed while pinned keeps its slot until unpinned, so
+// a slot is never reused under a reader.
+//
+// Thread-safety: thread-safe. mu_ guards the in-memory index; data I/O runs outside it.
+#ifndef CKV_STORAGE_CHUNK_STORE_H_
+#define CKV_STORAGE_CHUNK_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ckv/engine.h"
+#include "ckv/log.h"
+#include "ckv/options.h"
+#include "storage/catalog.h"
+#include "storage/eviction_policy.h"
+#include "storage/file_system.h"
+#include "storage/segment.h"
+
+namespace ckv::storage {
+
+class ChunkStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const EngineOptions& options,
+                                                          const std::string& path);
+  ~ChunkStore();
+
+  absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                const KvTensors& kv);
+  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens);
+  absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                          std::span<std::byte> out);
+  absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens);
+  absl::Status DeletePrefix(const ChunkKey& prefix_id);
+  std::vector<PrefixInfo> ListPrefixes();
+  absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id, ModelSpec* spec);
+  absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
+  EngineStats Stats();
+
+  // Where a chunk's record lives (for tests that corrupt a byte and for kvctl show).
+  struct RecordLocation {
+    std::string segment_path;
+    uint64_t offset = 0;
+    uint64_t length = 0;  // record bytes (without padding)
+  };
+  absl::StatusOr<RecordLocation> LocateRecord(const ChunkKey& key, uint32_t layer);
+
+ private:
+  struct ChunkEntry {
+    ChunkKey parent;
+    ChunkKey fingerprint;
+    uint32_t depth = 0;
+    uint32_t segment = 0;
+    uint32_t slot = 0;
+    uint32_t children = 0;   // stored chunks whose parent this is (derived on open)
+    uint32_t put_pins = 0;   // Puts extending this chunk: it must not be removed
+    bool prefix_end = false; // a stored prefix ends here
+    uint64_t put_seq = 0;
+    uint64_t last_use = 0;
+    int64_t created_unix_ms = 0;
+    double importance = 0;
+    uint64_t loads = 0;
+    std::vector<uint64_t> checksums;  // per layer
+  };
+  struct PrefixEntry {
+    ChunkKey fingerprint;
+    uint64_t chunks = 0;
+    int64_t created_unix_ms = 0;
+  };
+  // A run of slots in one segment holding new chunks [first, first + run.count) of a Put.
+  struct PlannedRun {
+    Segment* segment = nullptr;
+    SlotRun run;
+    size_t first = 0;  // index into the Put's new chunks
+  };
+  using SlotId = std::pair<uint32_t, uint32_t>;  // segment, slot
+
+  ChunkStore(const EngineOptions& options, std::string path, FileSystem* fs, Logger* logger);
+
+  absl::Status Load(const Catalog::Contents& contents);
+  absl::Status ReclaimOrphans();
+  static absl::Status ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                  const KvTensors& kv);
+
+  // Evicts leaves until `need` more bytes fit under the cap. Commits the removal.
+  absl::Status MakeRoomLocked(uint64_t need, uint64_t* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `victims` (each a leaf once the ones before it are gone) from the catalog and from
+  // memory, moving prefix ends to parents that become leaves. `batch` may carry more changes.
+  absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
+                                  bool evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeSlotLocked(uint32_t segment, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RemovableLocked(const ChunkKey& key, const ChunkEntry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AllocateLocked(const ModelSpec& spec, size_t count, std::vector<PlannedRun>* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Segment*> NewSegmentLocked(const ModelSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePlanLocked(const std::vector<PlannedRun>& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Status WriteChunks(const ModelSpec& spec, const KvTensors& kv, size_t first_chunk,
+                           const std::vector<PlannedRun>& plan,
+                           std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
+
+  // Pins / unpins the slot of a chunk being read.
+  void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(SlotId slot);
+  absl::Status ReadAndVerify(Segment* segment, uint32_t slot, uint32_t layer,
+                             uint64_t expected_checksum, const ChunkKey& key,
+                             std::span<std::byte> out);
+
+  uint64_t ChunkBytesOf(const ModelSpec& spec) const;
+  std::string SegmentPath(uint32_t id) const;
+  PrefixInfo MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const EngineOptions options_;
+  const std::string path_;
+  FileSystem* const fs_;
+  Logger* const logger_;
+  std::unique_ptr<Catalog> catalog_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar inflight_cv_;
+  absl::flat_hash_map<ChunkKey, ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ChunkKey, PrefixEntry> prefixes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ChunkKey, ModelSpec> specs_ ABSL_GUARDED_BY(mu_);  // by fingerprint
+  absl::flat_hash_map<uint32_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<ChunkKey> inflight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SlotId, uint32_t> read_pins_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<SlotId> deferred_free_ ABSL_GUARDED_BY(mu_);  // removed while pinned
+  uint32_t next_segment_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // live chunks + in-flight reservations
+  uint64_t max_disk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  RecordLayout layout_ ABSL_GUARDED_BY(mu_) = RecordLayout::kLayerMajor;
+  uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t put_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  StoredCounters counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t orphan_bytes_reclaimed_ = 0;  // set during Open
+  std::vector<std::string> open_problems_;  // found while loading; reported by Verify
+
+  std::atomic<uint64_t> records_read_{0};
+  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> checksum_failures_{0};
+};
+
+}  // namespace ckv::storage
+
+#endif  // CKV_STORAGE_CHUNK_STORE_H_

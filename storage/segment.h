@@ -1,0 +1,91 @@
+// storage/segment.h: one segment file, its geometry and its free slots.
+//
+// A segment holds the records of up to capacity_slots chunks of one ModelSpec. A chunk occupies
+// one slot, the same slot index in every band. A band is a group of layers: one layer
+// (layer-major) or one period of p layers (period-major). The file is a sequence of band regions:
+//
+//   band b region at  b * capacity_slots * band_stride        (band_stride = p * record_slot)
+//   chunk slot s      at  region + s * layers_in_band(b) * record_slot
+//   layer l record    at  slot + (l - first layer of b) * record_slot
+//
+// so in layer-major, layer l of consecutive slots is one contiguous run, and in period-major one
+// chunk's records of a period are. record_slot is the record size rounded up to 4096 for direct
+// I/O. Files are sparse: a slot's blocks exist only while a chunk lives in it (freed slots are
+// punched), so the allocated bytes of a segment are its live chunks. See docs/format.md.
+//
+// Thread-safety: geometry methods are const and thread-safe. The allocator (Allocate/Free) is not
+// synchronised: ChunkStore calls it under its mutex. The File is thread-safe.
+#ifndef CKV_STORAGE_SEGMENT_H_
+#define CKV_STORAGE_SEGMENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/catalog_format.h"
+#include "storage/file_system.h"
+
+namespace ckv::storage {
+
+// A run of consecutive slots.
+struct SlotRun {
+  uint32_t start = 0;
+  uint32_t count = 0;
+};
+
+class Segment {
+ public:
+  Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<File> file);
+
+  // "seg-00000007.ckv".
+  static std::string FileName(uint32_t id);
+  // The geometry a new segment for `spec` gets.
+  static SegmentRecord GeometryFor(const ModelSpec& spec, RecordLayout layout,
+                                   uint32_t period_layers, uint64_t segment_bytes,
+                                   int64_t now_unix_ms);
+
+  uint32_t id() const { return id_; }
+  const SegmentRecord& geometry() const { return geometry_; }
+  File* file() const { return file_.get(); }
+
+  uint32_t bands() const { return (geometry_.layers + geometry_.band_layers - 1) / geometry_.band_layers; }
+  uint32_t band_of(uint32_t layer) const { return layer / geometry_.band_layers; }
+  uint32_t layers_in_band(uint32_t band) const;
+  // Bytes one chunk occupies in band `band`.
+  uint64_t band_slot_bytes(uint32_t band) const {
+    return uint64_t{layers_in_band(band)} * geometry_.record_slot_bytes;
+  }
+  // Bytes one chunk occupies over all bands.
+  uint64_t chunk_bytes() const { return uint64_t{geometry_.layers} * geometry_.record_slot_bytes; }
+  // Offset of slot `slot` in band `band`.
+  uint64_t BandOffset(uint32_t band, uint32_t slot) const;
+  // Offset of the record of the chunk in `slot` at `layer`.
+  uint64_t RecordOffset(uint32_t slot, uint32_t layer) const;
+
+  // Allocator. Marks `slot` used (while loading the catalog). False when it was used already.
+  bool MarkUsed(uint32_t slot);
+  // Takes up to `count` slots, as one run where one is free, else the first free run. Returns an
+  // empty run when the segment is full.
+  SlotRun Allocate(uint32_t count);
+  void Free(SlotRun run);
+  uint32_t used_slots() const { return used_slots_; }
+  uint32_t free_slots() const { return geometry_.capacity_slots - used_slots_; }
+  // The free runs, for reclaiming their space.
+  std::vector<SlotRun> FreeRuns() const;
+
+  // Frees the blocks of `run` in every band.
+  absl::Status PunchSlots(SlotRun run);
+
+ private:
+  uint32_t id_;
+  SegmentRecord geometry_;
+  std::unique_ptr<File> file_;
+  std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
+  uint32_t used_slots_ = 0;
+};
+
+}  // namespace ckv::storage
+
+#endif  // CKV_STORAGE_SEGMENT_H_
