@@ -7,7 +7,8 @@
 // model would). Tail tokens past the last whole chunk get KV from (last whole chunk key, token
 // position, token id).
 //
-// Thread-safety: pure functions; SyntheticKv is a value type.
+// Thread-safety: pure functions; a SyntheticKv is immutable once built (const access from any
+// thread is safe).
 #ifndef CKV_TOOLS_SYNTHETIC_KV_H_
 #define CKV_TOOLS_SYNTHETIC_KV_H_
 
@@ -46,7 +47,14 @@ class SyntheticKv {
   // Generates the KV of `tokens` under `spec` (spec must be valid).
   SyntheticKv(const ModelSpec& spec, std::span<const int32_t> tokens);
 
-  // Views into this object's buffers; valid while it lives and is not moved.
+  // Move-only: tensors() views this object's heap buffers, which a move hands over intact but a
+  // copy would not (the copy's views would point into the original).
+  SyntheticKv(const SyntheticKv&) = delete;
+  SyntheticKv& operator=(const SyntheticKv&) = delete;
+  SyntheticKv(SyntheticKv&&) = default;
+  SyntheticKv& operator=(SyntheticKv&&) = default;
+
+  // Views into this object's buffers; valid while it (or the object it is moved into) lives.
   const KvTensors& tensors() const { return tensors_; }
   size_t bytes() const;
 

@@ -20,10 +20,12 @@
 
 namespace ckv {
 
-// Maps an errno value to a Status. The one errno mapping in ckv: ENOSPC/EDQUOT/EFBIG →
-// ResourceExhausted, ENOENT → NotFound, EACCES/EPERM/EROFS → PermissionDenied, EIO → DataLoss when
-// reading, Internal otherwise; EINTR/EAGAIN → Unavailable. `context` names the thing that failed,
-// e.g. "write segment seg-000003.ckv at offset 4096".
+// Maps an errno value to a Status. The one errno mapping in ckv: ENOSPC/EDQUOT/EFBIG/ENOMEM →
+// ResourceExhausted, ENOENT → NotFound, EEXIST → AlreadyExists, EACCES/EPERM/EROFS →
+// PermissionDenied, EIO → DataLoss when reading (`context` starts with "read", case-insensitive)
+// and Internal otherwise, EINTR/EAGAIN/EBUSY → Unavailable, ENOSYS/EOPNOTSUPP → Unimplemented,
+// anything else → Internal. `context` names the thing that failed, e.g. "write segment
+// seg-000003.ckv at offset 4096"; the message is "<context>: <strerror text> (errno N)".
 absl::Status ErrnoToStatus(int err, std::string_view context);
 
 }  // namespace ckv

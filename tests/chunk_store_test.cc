@@ -1,0 +1,478 @@
+// Tests of the ContiguousChunk store through the public Engine API (and ChunkStore where a test
+// needs to know where bytes live).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "ckv/engine.h"
+#include "rocksdb/db.h"
+#include "storage/catalog_format.h"
+#include "storage/chunk_store.h"
+#include "tests/test_util.h"
+
+namespace ckv {
+namespace {
+
+using ::ckv::testing::CountBadRecords;
+using ::ckv::testing::PutSynthetic;
+using ::ckv::testing::TempDir;
+
+std::unique_ptr<Engine> OpenOrDie(const std::string& path, EngineOptions options = {}) {
+  auto engine = Engine::Open(options, path);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+uint64_t ChunkBytes(const ModelSpec& spec) {
+  return uint64_t{spec.layers} * ((spec.RecordBytes() + 4095) / 4096 * 4096);
+}
+
+// Allocated bytes of every segment file of a store.
+uint64_t SegmentBlocksBytes(const std::string& store) {
+  uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+struct RoundTripCase {
+  std::string preset;
+  DType dtype;
+  RecordLayout layout;
+};
+
+class RoundTripTest : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(RoundTripTest, EveryRecordComesBackBitExactAfterReopen) {
+  const RoundTripCase& p = GetParam();
+  auto spec = ModelSpec::Preset(p.preset, p.dtype);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  TempDir dir;
+  EngineOptions options;
+  options.layout = p.layout;
+  // 3 whole chunks and a 5-token tail.
+  const auto tokens = synth::Tokens(7, 3 * spec->chunk_tokens + 5);
+  {
+    auto engine = OpenOrDie(dir.path(), options);
+    ASSERT_NE(engine, nullptr);
+    auto put = PutSynthetic(*engine, *spec, tokens);
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->chunks, 3u);
+    EXPECT_EQ(put->chunks_written, 3u);
+    EXPECT_EQ(put->tail_tokens, 5u);
+    EXPECT_EQ(put->bytes_written, 3 * ChunkBytes(*spec));
+    EXPECT_EQ(CountBadRecords(*engine, *spec, tokens, 3), 0);
+  }
+  auto engine = OpenOrDie(dir.path());
+  ASSERT_NE(engine, nullptr);
+  auto matched = engine->Lookup(*spec, tokens);
+  ASSERT_TRUE(matched.ok());
+  EXPECT_EQ(*matched, 3u);
+  EXPECT_EQ(CountBadRecords(*engine, *spec, tokens, 3), 0);
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+  EXPECT_EQ(report->records_checked, 3u * spec->layers);
+}
+
+std::vector<RoundTripCase> AllRoundTripCases() {
+  std::vector<RoundTripCase> cases;
+  for (const std::string& preset : ModelSpec::PresetNames()) {
+    for (DType dtype : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+      for (RecordLayout layout : {RecordLayout::kLayerMajor, RecordLayout::kPeriodMajor}) {
+        cases.push_back({preset, dtype, layout});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PresetsDtypesLayouts, RoundTripTest, ::testing::ValuesIn(AllRoundTripCases()),
+    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+      std::string name = info.param.preset + "_" + std::string(DTypeName(info.param.dtype)) +
+                         (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period");
+      for (char& ch : name) {
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return name;
+    });
+
+TEST(ChunkStoreTest, SharedLeadingChunksAreWrittenOnce) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  auto engine = OpenOrDie(dir.path());
+  const size_t c = spec.chunk_tokens;
+  const auto a = synth::TokensWithSharedPrefix(1, 12 * c, 2, 16 * c);
+  const auto b = synth::TokensWithSharedPrefix(1, 12 * c, 3, 16 * c);  // 75% shared with a
+  auto put_a = PutSynthetic(*engine, spec, a);
+  ASSERT_TRUE(put_a.ok()) << put_a.status();
+  EXPECT_EQ(put_a->bytes_written, 16 * ChunkBytes(spec));
+  const uint64_t before = engine->Stats().bytes_written;
+  auto put_b = PutSynthetic(*engine, spec, b);
+  ASSERT_TRUE(put_b.ok()) << put_b.status();
+  EXPECT_EQ(put_b->chunks_existing, 12u);
+  EXPECT_EQ(put_b->chunks_written, 4u);
+  EXPECT_EQ(put_b->bytes_written, 4 * ChunkBytes(spec));
+  EXPECT_EQ(engine->Stats().bytes_written - before, 4 * ChunkBytes(spec));
+  EXPECT_EQ(engine->Stats().chunks, 20u);
+  EXPECT_EQ(engine->Stats().disk_bytes_used, 20 * ChunkBytes(spec));
+  EXPECT_EQ(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec));
+  // A Put of a stored prefix writes nothing.
+  auto again = PutSynthetic(*engine, spec, a);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->bytes_written, 0u);
+  EXPECT_EQ(CountBadRecords(*engine, spec, a, 16), 0);
+  EXPECT_EQ(CountBadRecords(*engine, spec, b, 16), 0);
+}
+
+TEST(ChunkStoreTest, ConcurrentPutsOfOnePrefixWriteItOnce) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  auto engine = OpenOrDie(dir.path());
+  const auto tokens = synth::Tokens(5, 32 * spec.chunk_tokens);
+  synth::SyntheticKv kv(spec, tokens);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      if (!engine->Put(spec, tokens, kv.tensors()).ok()) failures++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(engine->Stats().chunks_written, 32u);
+  EXPECT_EQ(engine->Stats().bytes_written, 32 * ChunkBytes(spec));
+  EXPECT_EQ(CountBadRecords(*engine, spec, tokens, 32), 0);
+}
+
+TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto tokens = synth::Tokens(11, 4 * spec.chunk_tokens);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  const uint32_t bad_chunk = 2, bad_layer = 5;
+  {
+    EngineOptions options;
+    auto store = storage::ChunkStore::Open(options, dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    synth::SyntheticKv kv(spec, tokens);
+    ASSERT_TRUE((*store)->Put(spec, tokens, kv.tensors()).ok());
+    auto loc = (*store)->LocateRecord(keys[bad_chunk], bad_layer);
+    ASSERT_TRUE(loc.ok()) << loc.status();
+    // Flip one byte in the middle of the record, through the page cache.
+    std::fstream f(loc->segment_path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    const uint64_t at = loc->offset + loc->length / 2;
+    f.seekg(at);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x40;
+    f.seekp(at);
+    f.write(&byte, 1);
+    f.close();
+  }
+  auto engine = OpenOrDie(dir.path());
+  std::vector<std::byte> out(spec.RecordBytes()), want(spec.RecordBytes());
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      std::fill(out.begin(), out.end(), std::byte{0x5a});
+      absl::Status s = engine->ReadRecord(spec, keys[i], l, out);
+      if (i == bad_chunk && l == bad_layer) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        EXPECT_NE(s.message().find("checksum"), absl::string_view::npos) << s;
+        // Nothing of the corrupt record reached the caller.
+        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+      } else {
+        ASSERT_TRUE(s.ok()) << "chunk " << i << " layer " << l << ": " << s;
+        synth::FillRecord(spec, keys[i], l, want);
+        EXPECT_EQ(out, want);
+      }
+    }
+  }
+  EXPECT_EQ(engine->Stats().checksum_failures, 1u);
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->checksum_failures, 1u);
+  ASSERT_EQ(report->problems.size(), 1u);
+  EXPECT_NE(report->problems[0].find(keys[bad_chunk].ToHex().substr(0, 16) + "/L5"),
+            std::string::npos)
+      << report->problems[0];
+}
+
+TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const uint64_t chunk = ChunkBytes(spec);
+  EngineOptions options;
+  options.max_disk_bytes = 40 * chunk;
+  auto engine = OpenOrDie(dir.path(), options);
+  uint64_t put_bytes = 0;
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int i = 0; put_bytes < 5 * *options.max_disk_bytes; ++i) {
+    // Prefixes of 3..10 chunks, some sharing a system prompt of 2 chunks.
+    const size_t chunks = 3 + (i * 7) % 8;
+    auto tokens = (i % 3 == 0) ? synth::TokensWithSharedPrefix(99, 2 * spec.chunk_tokens, 1000 + i,
+                                                                chunks * spec.chunk_tokens)
+                               : synth::Tokens(1000 + i, chunks * spec.chunk_tokens);
+    auto put = PutSynthetic(*engine, spec, tokens);
+    ASSERT_TRUE(put.ok()) << "put " << i << ": " << put.status();
+    put_bytes += put->bytes_written;
+    const EngineStats stats = engine->Stats();
+    ASSERT_LE(stats.disk_bytes_used, *options.max_disk_bytes) << "after put " << i;
+    ASSERT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes) << "after put " << i;
+    // The newest prefix is whole: eviction takes the least recently used first.
+    ASSERT_EQ(*engine->Lookup(spec, tokens), chunks);
+    prefixes.push_back(std::move(tokens));
+  }
+  const EngineStats stats = engine->Stats();
+  EXPECT_GT(stats.chunks_evicted, 0u);
+  EXPECT_EQ(stats.disk_bytes_used, stats.chunks * chunk);
+  // What is still listed is whole and bit-exact.
+  for (const PrefixInfo& p : engine->ListPrefixes()) {
+    ModelSpec got_spec;
+    auto keys = engine->PrefixChunks(p.id, &got_spec);
+    ASSERT_TRUE(keys.ok());
+    EXPECT_EQ(keys->size(), p.chunks);
+  }
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+  // A prefix larger than the whole cap is refused, and the store is left as it was.
+  const auto huge = synth::Tokens(5, 41 * spec.chunk_tokens);
+  const uint64_t chunks_before = engine->Stats().chunks;
+  auto put = PutSynthetic(*engine, spec, huge);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  EXPECT_EQ(engine->Stats().chunks, chunks_before);
+  EXPECT_EQ(*engine->Lookup(spec, huge), 0u);
+}
+
+TEST(ChunkStoreTest, LoweringTheCapOnOpenEvictsDownToIt) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const uint64_t chunk = ChunkBytes(spec);
+  {
+    auto engine = OpenOrDie(dir.path());
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(PutSynthetic(*engine, spec, synth::Tokens(i, 4 * spec.chunk_tokens)).ok());
+    }
+  }
+  EngineOptions options;
+  options.max_disk_bytes = 10 * chunk;
+  auto engine = OpenOrDie(dir.path(), options);
+  EXPECT_LE(engine->Stats().disk_bytes_used, 10 * chunk);
+  EXPECT_LE(SegmentBlocksBytes(dir.path()), 10 * chunk);
+  engine.reset();
+  // The cap persists.
+  engine = OpenOrDie(dir.path());
+  EXPECT_EQ(engine->Stats().max_disk_bytes, 10 * chunk);
+}
+
+TEST(ChunkStoreTest, DeleteFreesOnlyWhatNoOtherPrefixUses) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  auto engine = OpenOrDie(dir.path());
+  const size_t c = spec.chunk_tokens;
+  const auto a = synth::TokensWithSharedPrefix(1, 4 * c, 2, 6 * c);
+  const auto b = synth::TokensWithSharedPrefix(1, 4 * c, 3, 8 * c);
+  ASSERT_TRUE(PutSynthetic(*engine, spec, a).ok());
+  ASSERT_TRUE(PutSynthetic(*engine, spec, b).ok());
+  EXPECT_EQ(engine->Stats().chunks, 10u);
+  CKV_EXPECT_OK(engine->Delete(spec, b));
+  EXPECT_EQ(engine->Stats().chunks, 6u);
+  EXPECT_EQ(*engine->Lookup(spec, b), 4u);
+  EXPECT_EQ(*engine->Lookup(spec, a), 6u);
+  EXPECT_EQ(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec));
+  EXPECT_EQ(engine->Delete(spec, b).code(), absl::StatusCode::kNotFound);
+  CKV_EXPECT_OK(engine->Delete(spec, a));
+  EXPECT_EQ(engine->Stats().chunks, 0u);
+  EXPECT_EQ(engine->Stats().disk_bytes_used, 0u);
+  EXPECT_TRUE(engine->ListPrefixes().empty());
+}
+
+// --- Bad input: a clear error, and the store as it was. ---
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
+    tokens_ = synth::Tokens(3, 4 * spec_.chunk_tokens);
+    engine_ = OpenOrDie(dir_.path());
+    ASSERT_NE(engine_, nullptr);
+    ASSERT_TRUE(PutSynthetic(*engine_, spec_, tokens_).ok());
+  }
+  void ExpectIntact() {
+    EXPECT_EQ(engine_->Stats().chunks, 4u);
+    EXPECT_EQ(engine_->ListPrefixes().size(), 1u);
+    EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens_, 4), 0);
+    auto report = engine_->Verify();
+    ASSERT_TRUE(report.ok());
+    EXPECT_TRUE(report->ok());
+  }
+  TempDir dir_;
+  ModelSpec spec_;
+  std::vector<int32_t> tokens_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(BadInputTest, WrongShapesAreInvalidArgument) {
+  const auto other = synth::Tokens(4, 2 * spec_.chunk_tokens);
+  synth::SyntheticKv kv(spec_, other);
+  KvTensors t = kv.tensors();
+  t.k.pop_back();  // a layer short
+  auto put = engine_->Put(spec_, other, t);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(put.status().message().find("24 layers"), absl::string_view::npos) << put.status();
+
+  t = kv.tensors();
+  t.v[3] = t.v[3].subspan(0, t.v[3].size() - 2);  // one element short
+  put = engine_->Put(spec_, other, t);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(put.status().message().find("V tensor of layer 3"), absl::string_view::npos)
+      << put.status();
+
+  t = kv.tensors();
+  t.tokens = other.size() + 1;
+  EXPECT_EQ(engine_->Put(spec_, other, t).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ModelSpec bad = spec_;
+  bad.kv_heads = 0;
+  EXPECT_EQ(engine_->Put(bad, other, kv.tensors()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectIntact();
+}
+
+TEST_F(BadInputTest, AForeignSpecIsNeverServed) {
+  ModelSpec foreign = spec_;
+  foreign.model_id = "another-finetune";  // same shape, other weights
+  EXPECT_EQ(*engine_->Lookup(foreign, tokens_), 0u);
+  const auto keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, tokens_);
+  std::vector<std::byte> out(foreign.RecordBytes());
+  absl::Status s = engine_->ReadRecord(foreign, keys[0], 0, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("qwen2.5-0.5b"), absl::string_view::npos) << s;
+  ModelSpec fp32 = spec_;
+  fp32.dtype = DType::kFp32;
+  std::vector<std::byte> out32(fp32.RecordBytes());
+  EXPECT_EQ(engine_->ReadRecord(fp32, keys[0], 0, out32).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->ReadRecord(spec_, keys[0], spec_.layers, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<std::byte> small(spec_.RecordBytes() - 1);
+  EXPECT_EQ(engine_->ReadRecord(spec_, keys[0], 0, small).code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectIntact();
+}
+
+TEST_F(BadInputTest, TokenCountsThatAreNotWholeChunks) {
+  // Fewer tokens than one chunk: nothing to store.
+  const auto short_tokens = synth::Tokens(9, spec_.chunk_tokens - 1);
+  synth::SyntheticKv kv(spec_, short_tokens);
+  auto put = engine_->Put(spec_, short_tokens, kv.tensors());
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument);
+  // A prefix to delete is a whole number of chunks.
+  std::vector<int32_t> partial(tokens_.begin(), tokens_.end() - 3);
+  absl::Status s = engine_->Delete(spec_, partial);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("whole number of chunks"), absl::string_view::npos) << s;
+  ExpectIntact();
+}
+
+TEST(OpenTest, MissingDirectoryIsNotFound) {
+  TempDir dir;
+  auto engine = Engine::Open(EngineOptions{}, dir.Sub("no/such/parent/store"));
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kNotFound) << engine.status();
+  EXPECT_NE(engine.status().message().find("does not exist"), absl::string_view::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("no")));
+  EngineOptions no_create;
+  no_create.create_if_missing = false;
+  engine = Engine::Open(no_create, dir.Sub("store"));
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kNotFound) << engine.status();
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("store")));
+}
+
+TEST(OpenTest, UnwritableDirectoryIsPermissionDenied) {
+  TempDir dir;
+  std::string path;
+  if (geteuid() == 0) {
+    // root ignores mode bits; sysfs refuses new directories even to root.
+    if (!std::filesystem::exists("/sys/kernel")) GTEST_SKIP() << "no /sys to test against";
+    path = "/sys/kernel/ckv-test-store";
+  } else {
+    std::filesystem::create_directory(dir.Sub("ro"));
+    ::chmod(dir.Sub("ro").c_str(), 0500);
+    path = dir.Sub("ro/store");
+  }
+  auto engine = Engine::Open(EngineOptions{}, path);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kPermissionDenied) << engine.status();
+  EXPECT_NE(engine.status().message().find(path), absl::string_view::npos) << engine.status();
+}
+
+TEST(OpenTest, ACatalogOfANewerFormatIsRefusedAndLeftIntact) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto tokens = synth::Tokens(1, 2 * spec.chunk_tokens);
+  {
+    auto engine = OpenOrDie(dir.path());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+  }
+  auto set_version = [&](uint32_t version) {
+    rocksdb::DBOptions db_options;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+    for (const char* name : {"default", storage::kCfChunks, storage::kCfPrefixes,
+                             storage::kCfSegments, storage::kCfStatistics, storage::kCfMeta}) {
+      cfs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(db_options, dir.Sub("catalog"), cfs, &handles, &db).ok());
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    ASSERT_TRUE(db->Put(wo, handles[5], storage::kMetaFormatVersion,
+                        storage::EncodeU32(version)).ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    delete db;
+  };
+  set_version(storage::kCatalogFormatVersion + 1);
+  auto engine = Engine::Open(EngineOptions{}, dir.path());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
+  EXPECT_NE(engine.status().message().find("newer"), absl::string_view::npos);
+  // Nothing was touched: with the version restored, everything is there.
+  set_version(storage::kCatalogFormatVersion);
+  auto reopened = OpenOrDie(dir.path());
+  EXPECT_EQ(CountBadRecords(*reopened, spec, tokens, 2), 0);
+}
+
+TEST(OpenTest, ASecondOpenOfAnOpenStoreIsUnavailable) {
+  TempDir dir;
+  auto first = OpenOrDie(dir.path());
+  auto second = Engine::Open(EngineOptions{}, dir.path());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+}
+
+TEST(OpenTest, OrphanSegmentFilesAreReclaimed) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto tokens = synth::Tokens(1, 2 * spec.chunk_tokens);
+  {
+    auto engine = OpenOrDie(dir.path());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+  }
+  {
+    std::ofstream orphan(dir.Sub("segments/seg-00000099.ckv"), std::ios::binary);
+    std::string junk(1 << 20, 'x');
+    orphan.write(junk.data(), junk.size());
+  }
+  auto engine = OpenOrDie(dir.path());
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("segments/seg-00000099.ckv")));
+  EXPECT_GE(engine->Stats().orphan_bytes_reclaimed, 1u << 20);
+  EXPECT_EQ(CountBadRecords(*engine, spec, tokens, 2), 0);
+}
+
+}  // namespace
+}  // namespace ckv
