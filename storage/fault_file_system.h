@@ -1,0 +1,163 @@
+// storage/fault_file_system.h: a FileSystem wrapper that injects I/O faults, for tests.
+//
+// FaultInjectingFileSystem forwards every call to a target FileSystem, as LevelDB's EnvWrapper
+// does, and injects faults into the files whose path matches one of its rules, each with the
+// rule's probability per operation, drawn from a generator seeded at construction: the same seed
+// and the same sequence of operations inject the same faults.
+//
+//   fault           ops                      the op's Status                      effect
+//   kReadEio        ReadAt, queued reads     DataLoss (EIO while reading)         nothing read
+//   kShortRead      ReadAt, queued reads     DataLoss "short read of <path> at    the first X bytes
+//                                            offset N: got X of Y bytes           are read, the
+//                                            (injected)"                          rest untouched
+//   kWriteEio       WriteAt, queued writes   Internal (EIO while writing)         nothing written
+//   kWriteEnospc    WriteAt, queued writes   ResourceExhausted (ENOSPC)           nothing written
+//   kTornWrite      WriteAt, queued writes   Internal (EIO), or OK when the rule  only the first X
+//                                            says torn_write_reports_ok           bytes are written
+//   kSyncFail       Sync                     ErrnoToStatus(rule.sync_errno)       no sync
+//   kPunchHoleFail  PunchHole                ErrnoToStatus(rule.punch_hole_errno) nothing freed
+//   kLatency        ReadAt, WriteAt, Sync,   unchanged                            the sleeper is
+//                   PunchHole, queued ops                                         called first
+//
+// X, the bytes a short read or torn write transfers, is a random multiple of 4 KiB (of the
+// file's alignment when larger) below Y, the op's length: 0 when Y is at most 4 KiB. A short read
+// is thus "fewer bytes, then DataLoss", as a truncated file gives. An op gets at most one fault
+// besides latency; a read draws kReadEio then kShortRead, a write kWriteEio, kWriteEnospc then
+// kTornWrite. Messages of injected faults contain "(injected)"; the context of a failed read
+// starts with "read", so EIO maps to DataLoss as a real one does.
+//
+// Queues: NewIoQueue wraps a queue of the target. The wrapper accepts only Files opened by this
+// file system, translates them to the target's Files and applies faults per op: a partial
+// transfer is delegated with the shortened length and its Status replaced on completion; an op
+// that transfers nothing is not delegated, and its callback runs with the fault's Status from
+// the wrapper's Drain (or from Submit when `depth` of them are waiting). Callbacks still run
+// exactly once, never nested, never inside a submission.
+//
+// Not simulated: loss of unsynced data on a crash.
+//
+// Example:
+//   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42);
+//   fs.SetSleeper([&](uint64_t us) { fake_clock.Advance(us); });  // tests never sleep
+//   fs.AddRule({.path_substring = "seg-", .read_eio = 0.01, .torn_write = 0.05});
+//   options.file_system = &fs;
+//   ... run; then check fs.injected(FaultKind::kTornWrite) ...
+//
+// Thread-safety: every method is thread-safe (the Files and the rules share one mutex); a
+// queue is used by one thread at a time. The target must outlive this file system, and this file
+// system every File and queue it returns.
+#ifndef CKV_STORAGE_FAULT_FILE_SYSTEM_H_
+#define CKV_STORAGE_FAULT_FILE_SYSTEM_H_
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/file_system.h"
+
+namespace ckv::storage {
+
+enum class FaultKind : uint8_t {
+  kReadEio,
+  kShortRead,
+  kWriteEio,
+  kWriteEnospc,
+  kTornWrite,
+  kSyncFail,
+  kPunchHoleFail,
+  kLatency,
+};
+inline constexpr size_t kNumFaultKinds = 8;
+// "read_eio", "short_read", ...
+const char* FaultKindName(FaultKind kind);
+
+// Which files a rule covers and how often each fault hits them. Probabilities are per operation,
+// in [0, 1]: 0 never, 1 always.
+struct FaultRule {
+  // The rule covers files whose path contains this. Default: "" (every file).
+  std::string path_substring = "";
+  double read_eio = 0;
+  double short_read = 0;
+  double write_eio = 0;
+  double write_enospc = 0;
+  double torn_write = 0;
+  double sync_fail = 0;
+  double punch_hole_fail = 0;
+  // errno of a failed Sync. Default: EIO (Internal).
+  int sync_errno = EIO;
+  // errno of a failed PunchHole; EOPNOTSUPP makes it Unimplemented. Default: EIO (Internal).
+  int punch_hole_errno = EIO;
+  // A torn write reports OK (the device lied) instead of Internal (EIO). Default: false.
+  bool torn_write_reports_ok = false;
+  // Added to every op on covered files through the sleeper, microseconds. Default: 0.
+  uint64_t latency_us = 0;
+};
+
+class FaultInjectingFileSystem final : public FileSystem {
+ public:
+  // Receives the latency to add to an op; by default it sleeps for it. Tests that use latency
+  // install one that advances a fake clock. Called without any lock held.
+  using Sleeper = std::function<void(uint64_t latency_us)>;
+
+  // `target` is not owned. No rule is set: everything is forwarded unchanged.
+  explicit FaultInjectingFileSystem(FileSystem* target, uint64_t seed = 0);
+  ~FaultInjectingFileSystem() override;
+
+  FileSystem* target() const { return target_; }
+
+  // Adds a rule. An op uses the first rule, in the order added, that covers its file.
+  void AddRule(FaultRule rule);
+  void ClearRules();
+  void SetSleeper(Sleeper sleeper);
+
+  // Faults injected so far, per kind and in all.
+  uint64_t injected(FaultKind kind) const;
+  uint64_t total_injected() const;
+  void ResetCounters();
+
+  // FileSystem. Open wraps the target's File; the other calls are forwarded unchanged.
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override;
+  absl::Status CreateDir(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+  absl::Status DeleteFile(const std::string& path) override;
+  absl::Status SyncDir(const std::string& path) override;
+  bool Exists(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) override;
+
+ private:
+  friend class FaultFile;
+  friend class FaultIoQueue;
+
+  // What to do with one op.
+  struct Decision {
+    std::optional<FaultKind> fault;  // the fault besides latency, if any
+    uint64_t latency_us = 0;
+    size_t partial_bytes = 0;  // X of a short read or torn write
+    int err = 0;               // errno of the fault
+    bool torn_write_reports_ok = false;
+  };
+  enum class OpType : uint8_t { kRead, kWrite, kSync, kPunchHole };
+  // Draws the faults of an op on `path` and counts them; `length` and `granule` (the unit of X)
+  // matter for reads and writes. Then calls the sleeper for the latency.
+  Decision Decide(const std::string& path, OpType type, size_t length, size_t granule);
+
+  FileSystem* const target_;
+  mutable absl::Mutex mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
+  Sleeper sleeper_ ABSL_GUARDED_BY(mu_);
+  std::array<uint64_t, kNumFaultKinds> injected_ ABSL_GUARDED_BY(mu_){};
+};
+
+}  // namespace ckv::storage
+
+#endif  // CKV_STORAGE_FAULT_FILE_SYSTEM_H_
