@@ -1,5 +1,9 @@
 #include "storage/catalog.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -85,6 +89,45 @@ void Catalog::Batch::PutMeta(absl::string_view name, absl::string_view value) {
   batch_.Put(catalog_->handles_[kMeta], ToSlice(name), ToSlice(value));
 }
 
+namespace {
+
+absl::Status SyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open directory ", path));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("fsync directory ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Catalog::CreateEmpty(const std::string& dir) {
+  // Built aside and renamed into place, so that a crash during creation (RocksDB creates column
+  // families one by one) leaves either no catalog or a complete one.
+  const std::string aside = dir + ".creating";
+  std::error_code ec;
+  std::filesystem::remove_all(aside, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("remove ", aside));
+  {
+    auto catalog = OpenDb(aside, /*create=*/true);
+    if (!catalog.ok()) return catalog.status();
+    Batch b = (*catalog)->NewBatch();
+    b.PutMeta(kMetaFormatVersion, EncodeU32(kCatalogFormatVersion));
+    b.PutMeta(kMetaMaxDiskBytes, EncodeU64(0));
+    b.PutMeta(kMetaLayout, std::string(1, static_cast<char>(RecordLayout::kLayerMajor)));
+    b.PutMeta(kMetaCreatedMs, EncodeU64(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))));
+    b.PutCounters(StoredCounters{});
+    CKV_RETURN_IF_ERROR((*catalog)->Commit(b));
+  }
+  if (::rename(aside.c_str(), dir.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", aside, " to ", dir));
+  }
+  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  return SyncDirectory(parent.empty() ? "." : parent);
+}
+
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                                        bool create_if_missing,
                                                        bool error_if_exists, Contents* contents) {
@@ -96,9 +139,17 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   if (exists && error_if_exists) {
     return absl::AlreadyExistsError(absl::StrCat("a ckv store already exists at ", dir));
   }
+  if (!exists) CKV_RETURN_IF_ERROR(CreateEmpty(dir));
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<Catalog> catalog, OpenDb(dir, /*create=*/false));
+  CKV_RETURN_IF_ERROR(catalog->Load(contents));
+  contents->created = !exists;
+  return catalog;
+}
+
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir, bool create) {
   rocksdb::DBOptions db_options;
-  db_options.create_if_missing = !exists;
-  db_options.create_missing_column_families = !exists;
+  db_options.create_if_missing = create;
+  db_options.create_missing_column_families = create;
   db_options.paranoid_checks = true;
   db_options.max_open_files = 256;
   db_options.keep_log_file_num = 2;
@@ -120,23 +171,14 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
       absl::StrCat("open catalog ", dir)));
   catalog->db_.reset(raw);
 
-  Contents c;
-  c.created = !exists;
-  rocksdb::DB* db = catalog->db_.get();
-  auto& h = catalog->handles_;
-  if (c.created) {
-    c.created_unix_ms = absl::ToUnixMillis(absl::Now());
-    Batch b = catalog->NewBatch();
-    b.PutMeta(kMetaFormatVersion, EncodeU32(kCatalogFormatVersion));
-    b.PutMeta(kMetaMaxDiskBytes, EncodeU64(0));
-    b.PutMeta(kMetaLayout, std::string(1, static_cast<char>(RecordLayout::kLayerMajor)));
-    b.PutMeta(kMetaCreatedMs, EncodeU64(static_cast<uint64_t>(c.created_unix_ms)));
-    b.PutCounters(StoredCounters{});
-    CKV_RETURN_IF_ERROR(catalog->Commit(b));
-    *contents = std::move(c);
-    return catalog;
-  }
+  return catalog;
+}
 
+absl::Status Catalog::Load(Contents* contents) {
+  const std::string& dir = dir_;
+  Contents c;
+  rocksdb::DB* db = db_.get();
+  auto& h = handles_;
   std::string value;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
@@ -209,7 +251,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                return absl::OkStatus();
                              }));
   *contents = std::move(c);
-  return catalog;
+  return absl::OkStatus();
 }
 
 Catalog::~Catalog() {

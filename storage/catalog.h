@@ -81,6 +81,9 @@ class Catalog {
 
  private:
   Catalog() = default;
+  static absl::Status CreateEmpty(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create);
+  absl::Status Load(Contents* contents);
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexes: see kCfIndex in catalog.cc
   std::string dir_;
