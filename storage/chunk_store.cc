@@ -353,10 +353,11 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
     }
 
     const uint64_t need = (n - m) * chunk_bytes;
-    if (max_disk_bytes_ > 0 && need > max_disk_bytes_) {
+    if (max_disk_bytes_ > 0 && need > DataCapLocked()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "Put of ", n - m, " new chunks (", need, " bytes) of ", spec.model_id,
-          " exceeds the store's max_disk_bytes of ", max_disk_bytes_));
+          " exceeds the store's max_disk_bytes of ", max_disk_bytes_, " (", DataCapLocked(),
+          " bytes of data after the file system's metadata allowance)"));
     }
     for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
     if (m > 0) chunks_[keys[m - 1]].put_pins++;
@@ -612,9 +613,21 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   return absl::OkStatus();
 }
 
+uint64_t ChunkStore::DataCapLocked() const {
+  // The cap bounds the blocks the segment files occupy. Besides the data, a sparse file's extent
+  // tree takes blocks (ext4: one 4 KiB block per ~340 extents, and a punched slot can split an
+  // extent): reserve one block per segment (one more for a segment a Put may create) and 1/256
+  // of the data, several times the worst case of one extent per record.
+  const uint64_t per_segment = (segments_.size() + 1) * kDirectIoAlignment;
+  if (max_disk_bytes_ <= per_segment) return 0;
+  return (max_disk_bytes_ - per_segment) / 257 * 256;
+}
+
 absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
-  if (max_disk_bytes_ == 0 || used_bytes_ + need <= max_disk_bytes_) return absl::OkStatus();
-  const uint64_t target = max_disk_bytes_ - std::min(need, max_disk_bytes_);
+  if (max_disk_bytes_ == 0) return absl::OkStatus();
+  const uint64_t data_cap = DataCapLocked();
+  if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  const uint64_t target = data_cap - std::min(need, data_cap);
   // Plan: pop the lowest leaf, let its parent compete once it becomes a leaf, until enough
   // bytes would be free. Nothing changes until the plan is known to succeed.
   struct HeapItem {

@@ -108,6 +108,9 @@ class ChunkStore {
   static absl::Status ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
                                   const KvTensors& kv);
 
+  // The bytes of chunk data that fit under max_disk_bytes once the file system's metadata for
+  // the segment files is allowed for. REQUIRES: max_disk_bytes_ > 0.
+  uint64_t DataCapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts leaves until `need` more bytes fit under the cap. Commits the removal.
   absl::Status MakeRoomLocked(uint64_t need, uint64_t* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
