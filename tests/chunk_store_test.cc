@@ -26,6 +26,9 @@ std::unique_ptr<Engine> OpenOrDie(const std::string& path, EngineOptions options
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
+// Blocks an ext4 extent tree may add to segment files holding `data` bytes: see DataCapLocked.
+uint64_t FsMetadataSlack(uint64_t data) { return 64 * 1024 + data / 256; }
+
 uint64_t ChunkBytes(const ModelSpec& spec) {
   return uint64_t{spec.layers} * ((spec.RecordBytes() + 4095) / 4096 * 4096);
 }
@@ -122,7 +125,8 @@ TEST(ChunkStoreTest, SharedLeadingChunksAreWrittenOnce) {
   EXPECT_EQ(engine->Stats().bytes_written - before, 4 * ChunkBytes(spec));
   EXPECT_EQ(engine->Stats().chunks, 20u);
   EXPECT_EQ(engine->Stats().disk_bytes_used, 20 * ChunkBytes(spec));
-  EXPECT_EQ(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec));
+  EXPECT_GE(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec));
+  EXPECT_LE(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec) + FsMetadataSlack(20 * ChunkBytes(spec)));
   // A Put of a stored prefix writes nothing.
   auto again = PutSynthetic(*engine, spec, a);
   ASSERT_TRUE(again.ok());
@@ -287,7 +291,8 @@ TEST(ChunkStoreTest, DeleteFreesOnlyWhatNoOtherPrefixUses) {
   EXPECT_EQ(engine->Stats().chunks, 6u);
   EXPECT_EQ(*engine->Lookup(spec, b), 4u);
   EXPECT_EQ(*engine->Lookup(spec, a), 6u);
-  EXPECT_EQ(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec));
+  EXPECT_GE(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec));
+  EXPECT_LE(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec) + FsMetadataSlack(6 * ChunkBytes(spec)));
   EXPECT_EQ(engine->Delete(spec, b).code(), absl::StatusCode::kNotFound);
   CKV_EXPECT_OK(engine->Delete(spec, a));
   EXPECT_EQ(engine->Stats().chunks, 0u);

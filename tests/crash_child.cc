@@ -5,6 +5,7 @@
 // Opens STORE and loops forever over synthetic Puts (and now and then a Delete) of a small model,
 // writing one line to stdout after each call returns OK, before the next begins:
 //   put <seed> <chunks> <shared_chunks>
+//   deleting <seed> <chunks> <shared_chunks>   (before a Delete begins)
 //   del <seed> <chunks> <shared_chunks>
 // The parent treats a printed line as acknowledged: after the kill, every acknowledged Put not
 // later deleted must be present and bit-exact.
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
     if (!acked.empty() && next() % 5 == 0) {
       const size_t victim = next() % acked.size();
       const ckv::crash::Prefix p = acked[victim];
+      // Announced first: a kill between the Delete's commit and its acknowledgement leaves the
+      // parent unsure whether it happened.
+      Say(ckv::crash::Format("deleting", p));
       absl::Status s = (*engine)->Delete(spec, ckv::crash::TokensOf(spec, p));
       if (!s.ok()) {
         std::fprintf(stderr, "delete: %s\n", std::string(s.message()).c_str());

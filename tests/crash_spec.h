@@ -49,9 +49,9 @@ inline std::string Format(const char* verb, const Prefix& p) {
 
 // Parses a line Format wrote; false for anything else (a line cut short by the kill).
 inline bool Parse(const std::string& line, std::string* verb, Prefix* p) {
-  char v[8];
+  char v[16];
   unsigned long long seed, chunks, shared;
-  if (std::sscanf(line.c_str(), "%7s %llu %llu %llu", v, &seed, &chunks, &shared) != 4) {
+  if (std::sscanf(line.c_str(), "%15s %llu %llu %llu", v, &seed, &chunks, &shared) != 4) {
     return false;
   }
   *verb = v;

@@ -2,7 +2,7 @@
 // random moments, reopens the store and checks that every acknowledged Put is present and
 // bit-exact, that nothing partial is visible, and that no orphaned space remains.
 //
-// CKV_CRASH_KILLS overrides the number of kills (default 60).
+// CKV_CRASH_KILLS overrides the number of kills (default 100).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -82,13 +82,14 @@ uint64_t SegmentBlocksBytes(const std::string& store) {
 }
 
 TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial) {
-  int kills = 60;
+  int kills = 100;
   if (const char* env = std::getenv("CKV_CRASH_KILLS")) kills = std::atoi(env);
   const ModelSpec spec = crash::Spec();
   const uint64_t chunk_bytes = uint64_t{spec.layers} * spec.RecordBytes();
   TempDir dir;
   std::string store;
-  std::map<uint64_t, crash::Prefix> expected;  // acknowledged and not deleted, by seed
+  std::map<uint64_t, crash::Prefix> expected;   // acknowledged and not deleted, by seed
+  std::map<uint64_t, crash::Prefix> uncertain;  // a Delete began but was not acknowledged
   uint64_t rng = 0x5eed;
   auto next = [&rng]() {
     rng ^= rng << 13;
@@ -102,6 +103,7 @@ TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial)
       // A fresh store now and then keeps each run's verification small.
       store = dir.Sub("store" + std::to_string(k));
       expected.clear();
+      uncertain.clear();
     }
     Child child = Spawn(store, k + 1);
     // Let it acknowledge a few operations, then kill it at a random moment after that.
@@ -111,10 +113,16 @@ TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial)
       std::string verb;
       crash::Prefix p;
       ASSERT_TRUE(crash::Parse(line, &verb, &p)) << line;
+      if (verb == "deleting") {
+        // Until acknowledged, the Delete may or may not have happened.
+        expected.erase(p.seed);
+        uncertain[p.seed] = p;
+        return;
+      }
       if (verb == "put") {
         expected[p.seed] = p;
       } else {
-        expected.erase(p.seed);
+        uncertain.erase(p.seed);
       }
       ++acks;
       ++total_acks;
@@ -155,6 +163,16 @@ TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial)
       ASSERT_EQ(CountBadRecords(**engine, spec, tokens, p.chunks), 0)
           << "run " << k << ": acknowledged prefix " << seed;
     }
+    // A Delete cut short either happened or did not: the prefix is whole or no longer listed.
+    for (auto it = uncertain.begin(); it != uncertain.end();) {
+      const auto tokens = crash::TokensOf(spec, it->second);
+      if (*(*engine)->Lookup(spec, tokens) == it->second.chunks) {
+        ASSERT_EQ(CountBadRecords(**engine, spec, tokens, it->second.chunks), 0);
+        ++it;  // (the next run's child does not know of it; leave it uncertain)
+      } else {
+        it = uncertain.erase(it);
+      }
+    }
     // Whatever is listed (acknowledged or not) is whole.
     for (const PrefixInfo& info : (*engine)->ListPrefixes()) {
       ModelSpec got;
@@ -168,7 +186,11 @@ TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial)
     // No space is held by anything uncommitted.
     const EngineStats stats = (*engine)->Stats();
     ASSERT_EQ(stats.disk_bytes_used, stats.chunks * chunk_bytes);
-    ASSERT_EQ(SegmentBlocksBytes(store), stats.disk_bytes_used) << "run " << k;
+    // (ext4 may add a few blocks of extent tree to a sparse file: allowed up to 64 KiB + 1/256.)
+    const uint64_t blocks = SegmentBlocksBytes(store);
+    ASSERT_GE(blocks, stats.disk_bytes_used) << "run " << k;
+    ASSERT_LE(blocks, stats.disk_bytes_used + 64 * 1024 + stats.disk_bytes_used / 256)
+        << "run " << k << ": uncommitted space was not reclaimed";
   }
   EXPECT_EQ(killed_mid_run, kills);
   EXPECT_GT(total_acks, kills);
