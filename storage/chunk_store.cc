@@ -536,8 +536,11 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   const size_t half = size_t{c} * token_bytes;  // K (or V) bytes of one chunk at one layer
   const size_t record_bytes = 2 * half;
   const size_t depth = options_.io_queue_depth;
-  // Staging buffers, allocated as the pipeline needs them, at most `depth`. Declared before the
-  // queue so that they outlive it: nothing may free a buffer the kernel may still be reading.
+  // Staging buffers, allocated as the pipeline needs them, at most depth + 1: a Submit into a
+  // full queue first reaps a completion (whose callback returns its buffer), so with one buffer
+  // more than the queue holds, one is always free to fill while `depth` writes are in flight.
+  // Declared before the queue so that they outlive it: nothing may free a buffer the kernel may
+  // still be reading.
   std::vector<AlignedBuffer> buffers;
   std::vector<size_t> free_buffers;
   absl::Status first_error;
@@ -550,6 +553,16 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
     ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already reported or returned
   } drain_on_exit{queue.get()};
 
+  // Reserve the blocks first: one fallocate per band run instead of block-by-block allocation
+  // under each direct write, and a full disk is found before any data moves.
+  for (const PlannedRun& r : plan) {
+    for (uint32_t band = 0; band < r.segment->bands(); ++band) {
+      absl::Status s = r.segment->file()->Allocate(r.segment->BandOffset(band, r.run.start),
+                                                   r.run.count * r.segment->band_slot_bytes(band));
+      if (absl::IsUnimplemented(s)) break;  // the writes allocate instead
+      CKV_RETURN_IF_ERROR(s);
+    }
+  }
   for (const PlannedRun& r : plan) {
     Segment* seg = r.segment;
     const uint64_t slot_stride = seg->geometry().record_slot_bytes;
@@ -562,8 +575,9 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
       for (uint32_t s0 = 0; s0 < r.run.count; s0 += per_io) {
         const uint32_t count = std::min(per_io, r.run.count - s0);
         const size_t io_bytes = count * band_slot;
-        if (free_buffers.empty() && buffers.size() >= depth) {
-          // Every buffer is in flight: wait for them (the ring is as deep as the pool).
+        if (free_buffers.empty() && buffers.size() > depth) {
+          // Not reached while the queue keeps its promise (below); waiting for everything is
+          // the safe answer if it does not.
           CKV_RETURN_IF_ERROR(queue->Drain());
         }
         size_t bi;

@@ -131,6 +131,12 @@ class FaultFile final : public File {
     return inner_->PunchHole(offset, length);
   }
 
+  absl::Status Allocate(uint64_t offset, uint64_t length) override {
+    const Decision d = fs_->Decide(path(), FaultInjectingFileSystem::OpType::kAllocate, 0, 0);
+    if (d.fault) return FaultStatus(d, path(), offset, length);
+    return inner_->Allocate(offset, length);
+  }
+
   absl::Status Truncate(uint64_t size) override { return inner_->Truncate(size); }
   absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
   absl::StatusOr<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
@@ -314,6 +320,10 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
         break;
       case OpType::kSync:
         if (hit(rule->sync_fail)) fault(FaultKind::kSyncFail, rule->sync_errno);
+        break;
+      case OpType::kAllocate:
+        // A full disk shows up first where a Put reserves its blocks.
+        if (hit(rule->write_enospc)) fault(FaultKind::kWriteEnospc, ENOSPC);
         break;
       case OpType::kPunchHole:
         if (hit(rule->punch_hole_fail)) fault(FaultKind::kPunchHoleFail, rule->punch_hole_errno);

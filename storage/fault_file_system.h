@@ -11,7 +11,7 @@
 //                                            offset N: got X of Y bytes           are read, the
 //                                            (injected)"                          rest untouched
 //   kWriteEio       WriteAt, queued writes   Internal (EIO while writing)         nothing written
-//   kWriteEnospc    WriteAt, queued writes   ResourceExhausted (ENOSPC)           nothing written
+//   kWriteEnospc    WriteAt, writes, Allocate ResourceExhausted (ENOSPC)           nothing written
 //   kTornWrite      WriteAt, queued writes   Internal (EIO), or OK when the rule  only the first X
 //                                            says torn_write_reports_ok           bytes are written
 //   kSyncFail       Sync                     ErrnoToStatus(rule.sync_errno)       no sync
@@ -145,7 +145,7 @@ class FaultInjectingFileSystem final : public FileSystem {
     int err = 0;               // errno of the fault
     bool torn_write_reports_ok = false;
   };
-  enum class OpType : uint8_t { kRead, kWrite, kSync, kPunchHole };
+  enum class OpType : uint8_t { kRead, kWrite, kSync, kPunchHole, kAllocate };
   // Draws the faults of an op on `path` and counts them; `length` and `granule` (the unit of X)
   // matter for reads and writes. Then calls the sleeper for the latency.
   Decision Decide(const std::string& path, OpType type, size_t length, size_t granule);

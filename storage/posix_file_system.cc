@@ -133,6 +133,16 @@ absl::Status PosixFile::PunchHole(uint64_t offset, uint64_t length) {
   return absl::OkStatus();
 }
 
+absl::Status PosixFile::Allocate(uint64_t offset, uint64_t length) {
+  if (length == 0) return absl::OkStatus();
+  if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(length)) != 0) {
+    return ErrnoToStatus(
+        errno, absl::StrCat("allocate in ", path_, " at offset ", offset, " length ", length));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PosixFile::Truncate(uint64_t size) {
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("truncate ", path_, " to ", size, " bytes"));

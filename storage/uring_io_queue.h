@@ -34,6 +34,7 @@ class PosixFile final : public File {
   absl::Status WriteAt(uint64_t offset, std::span<const std::byte> data) override;
   absl::Status Sync() override;
   absl::Status PunchHole(uint64_t offset, uint64_t length) override;
+  absl::Status Allocate(uint64_t offset, uint64_t length) override;
   absl::Status Truncate(uint64_t size) override;
   absl::StatusOr<uint64_t> Size() override;
   absl::StatusOr<uint64_t> AllocatedBytes() override;

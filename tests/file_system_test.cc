@@ -67,6 +67,7 @@ class FakeFile final : public File {
   absl::Status WriteAt(uint64_t, std::span<const std::byte>) override { return absl::OkStatus(); }
   absl::Status Sync() override { return absl::OkStatus(); }
   absl::Status PunchHole(uint64_t, uint64_t) override { return absl::OkStatus(); }
+  absl::Status Allocate(uint64_t, uint64_t) override { return absl::OkStatus(); }
   absl::Status Truncate(uint64_t) override { return absl::OkStatus(); }
   absl::StatusOr<uint64_t> Size() override { return 0; }
   absl::StatusOr<uint64_t> AllocatedBytes() override { return 0; }
