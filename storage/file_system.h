@@ -45,9 +45,10 @@ class File {
   // Frees the blocks of [offset, offset + length) (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE); reads of the
   // range return zeros. Unimplemented when the file system cannot.
   virtual absl::Status PunchHole(uint64_t offset, uint64_t length) = 0;
-  // Allocates the blocks of [offset, offset + length) without writing them (fallocate with
-  // FALLOC_FL_KEEP_SIZE), so that later direct writes into a hole need not allocate block by
-  // block. ResourceExhausted when the disk is full; Unimplemented when the file system cannot.
+  // Allocates the blocks of [offset, offset + length) without writing them (fallocate mode 0; the
+  // file's size grows to cover the range, and the range reads as zeros), so that later direct
+  // writes into a hole need not allocate block by block. ResourceExhausted when the disk is full;
+  // Unimplemented when the file system cannot.
   virtual absl::Status Allocate(uint64_t offset, uint64_t length) = 0;
   virtual absl::Status Truncate(uint64_t size) = 0;
   // Logical size.

@@ -135,7 +135,9 @@ absl::Status PosixFile::PunchHole(uint64_t offset, uint64_t length) {
 
 absl::Status PosixFile::Allocate(uint64_t offset, uint64_t length) {
   if (length == 0) return absl::OkStatus();
-  if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+  // Mode 0, which extends the file's size over the range: ext4 punches holes only below the size,
+  // so blocks reserved past it with KEEP_SIZE could not be given back by PunchHole.
+  if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(length)) != 0) {
     return ErrnoToStatus(
         errno, absl::StrCat("allocate in ", path_, " at offset ", offset, " length ", length));

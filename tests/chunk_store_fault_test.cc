@@ -1,0 +1,150 @@
+// Faults beneath the store, injected through the fault-injecting file system: a failed Put leaves
+// nothing visible and no space held; a disk that lies is caught by the checksums.
+#include <sys/stat.h>
+
+#include "ckv/engine.h"
+#include "storage/fault_file_system.h"
+#include "tests/test_util.h"
+
+namespace ckv {
+namespace {
+
+using ::ckv::storage::FaultInjectingFileSystem;
+using ::ckv::storage::FaultRule;
+using ::ckv::testing::CountBadRecords;
+using ::ckv::testing::PutSynthetic;
+using ::ckv::testing::TempDir;
+
+uint64_t SegmentBlocksBytes(const std::string& store) {
+  uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+class StoreFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
+    EngineOptions options;
+    options.file_system = &fs_;
+    auto engine = Engine::Open(options, dir_.path());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    base_ = synth::Tokens(1, 4 * spec_.chunk_tokens);
+    ASSERT_TRUE(PutSynthetic(*engine_, spec_, base_).ok());
+    base_blocks_ = SegmentBlocksBytes(dir_.path());
+  }
+
+  // A failed Put: the given code, nothing new visible, no space held, the rest intact; and once
+  // the fault is gone the same Put succeeds.
+  void ExpectPutFailsCleanly(const FaultRule& rule, absl::StatusCode code) {
+    const auto tokens = synth::Tokens(2, 8 * spec_.chunk_tokens);
+    fs_.AddRule(rule);
+    auto put = PutSynthetic(*engine_, spec_, tokens);
+    fs_.ClearRules();
+    EXPECT_EQ(put.status().code(), code) << put.status();
+    EXPECT_GT(fs_.total_injected(), 0u);
+    EXPECT_EQ(*engine_->Lookup(spec_, tokens), 0u);
+    const EngineStats stats = engine_->Stats();
+    EXPECT_EQ(stats.chunks, 4u);
+    EXPECT_EQ(stats.prefixes, 1u);
+    EXPECT_EQ(stats.disk_bytes_used, 4 * uint64_t{spec_.layers} * spec_.RecordBytes());
+    EXPECT_EQ(SegmentBlocksBytes(dir_.path()), base_blocks_);
+    EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
+    auto again = PutSynthetic(*engine_, spec_, tokens);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);
+  }
+
+  TempDir dir_;
+  FaultInjectingFileSystem fs_{storage::PosixFileSystem(), /*seed=*/7};
+  ModelSpec spec_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<int32_t> base_;
+  uint64_t base_blocks_ = 0;
+};
+
+TEST_F(StoreFaultTest, WriteEioFailsThePutAndLeavesNothing) {
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.write_eio = 0.3;
+  ExpectPutFailsCleanly(rule, absl::StatusCode::kInternal);
+}
+
+TEST_F(StoreFaultTest, AFullDiskIsResourceExhaustedAndLeavesNothing) {
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.write_enospc = 1;
+  ExpectPutFailsCleanly(rule, absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(StoreFaultTest, AFailedSyncFailsThePutAndLeavesNothing) {
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.sync_fail = 1;
+  ExpectPutFailsCleanly(rule, absl::StatusCode::kInternal);
+}
+
+TEST_F(StoreFaultTest, ATornWriteTheDiskCalledGoodIsCaughtOnRead) {
+  // The device acknowledges writes it only partly did: the Put succeeds, but no read may return
+  // the torn bytes.
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.torn_write = 1;
+  rule.torn_write_reports_ok = true;
+  const auto tokens = synth::Tokens(3, 8 * spec_.chunk_tokens);
+  fs_.AddRule(rule);
+  auto put = PutSynthetic(*engine_, spec_, tokens);
+  fs_.ClearRules();
+  ASSERT_TRUE(put.ok()) << put.status();
+  const auto keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, tokens);
+  std::vector<std::byte> got(spec_.RecordBytes()), want(spec_.RecordBytes());
+  int data_loss = 0, served = 0;
+  for (const ChunkKey& key : keys) {
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      absl::Status s = engine_->ReadRecord(spec_, key, l, got);
+      if (s.ok()) {
+        synth::FillRecord(spec_, key, l, want);
+        ASSERT_EQ(got, want) << "wrong bytes served for " << key.ToHex() << "/L" << l;
+        ++served;
+      } else {
+        ASSERT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        ++data_loss;
+      }
+    }
+  }
+  // Every write was torn; a record survives only when its part was written before the tear.
+  EXPECT_GT(data_loss, 0);
+  EXPECT_GT(served, 0);
+  EXPECT_EQ(engine_->Stats().checksum_failures, static_cast<uint64_t>(data_loss));
+  auto report = engine_->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->checksum_failures, static_cast<uint64_t>(data_loss));
+  std::printf("torn writes: %d records refused, %d intact records served\n", data_loss, served);
+}
+
+TEST_F(StoreFaultTest, AReadErrorIsAnErrorNotData) {
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.read_eio = 1;
+  fs_.AddRule(rule);
+  const auto keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, base_);
+  std::vector<std::byte> got(spec_.RecordBytes());
+  absl::Status s = engine_->ReadRecord(spec_, keys[0], 0, got);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("seg-"), absl::string_view::npos) << s;
+  rule.read_eio = 0;
+  rule.short_read = 1;
+  fs_.ClearRules();
+  fs_.AddRule(rule);
+  s = engine_->ReadRecord(spec_, keys[1], 3, got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  fs_.ClearRules();
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
+}
+
+}  // namespace
+}  // namespace ckv
