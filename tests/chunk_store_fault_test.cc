@@ -13,16 +13,8 @@ using ::ckv::storage::FaultInjectingFileSystem;
 using ::ckv::storage::FaultRule;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
+using ::ckv::testing::SegmentBlocksBytes;
 using ::ckv::testing::TempDir;
-
-uint64_t SegmentBlocksBytes(const std::string& store) {
-  uint64_t total = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
-    struct stat st;
-    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
-  }
-  return total;
-}
 
 class StoreFaultTest : public ::testing::Test {
  protected:

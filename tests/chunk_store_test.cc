@@ -18,6 +18,7 @@ namespace {
 
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
+using ::ckv::testing::SegmentBlocksBytes;
 using ::ckv::testing::TempDir;
 
 std::unique_ptr<Engine> OpenOrDie(const std::string& path, EngineOptions options = {}) {
@@ -31,16 +32,6 @@ uint64_t FsMetadataSlack(uint64_t data) { return 64 * 1024 + data / 256; }
 
 uint64_t ChunkBytes(const ModelSpec& spec) {
   return uint64_t{spec.layers} * ((spec.RecordBytes() + 4095) / 4096 * 4096);
-}
-
-// Allocated bytes of every segment file of a store.
-uint64_t SegmentBlocksBytes(const std::string& store) {
-  uint64_t total = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
-    struct stat st;
-    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
-  }
-  return total;
 }
 
 struct RoundTripCase {

@@ -27,6 +27,7 @@ namespace ckv {
 namespace {
 
 using ::ckv::testing::CountBadRecords;
+using ::ckv::testing::SegmentBlocksBytes;
 using ::ckv::testing::TempDir;
 
 struct Child {
@@ -70,15 +71,6 @@ bool Pump(Child& child, int timeout_ms, Fn line) {
     child.pending.erase(0, nl + 1);
   }
   return true;
-}
-
-uint64_t SegmentBlocksBytes(const std::string& store) {
-  uint64_t total = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
-    struct stat st;
-    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
-  }
-  return total;
 }
 
 TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial) {

@@ -2,6 +2,7 @@
 #ifndef CKV_TESTS_TEST_UTIL_H_
 #define CKV_TESTS_TEST_UTIL_H_
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -50,6 +51,16 @@ class TempDir {
     const ::absl::Status ckv_test_status_ = (expr);              \
     EXPECT_TRUE(ckv_test_status_.ok()) << ckv_test_status_;     \
   } while (false)
+
+// Bytes of disk blocks allocated to the segment files of the store at `store` (st_blocks).
+inline uint64_t SegmentBlocksBytes(const std::string& store) {
+  uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(store + "/segments")) {
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) == 0) total += uint64_t(st.st_blocks) * 512;
+  }
+  return total;
+}
 
 // Reads every record of the first `chunks` chunks of `tokens` and compares each with the
 // generator, bit for bit. Returns the number of records that differ or failed to read.
