@@ -1,0 +1,989 @@
+// kvctl: create, populate and inspect ckv stores from the command line.
+//
+//   kvctl init STORE [--max-disk-bytes N] [--layout layer-major|period-major]
+//   kvctl put STORE --model PRESET --tokens N --seed S [--shared-tokens K --shared-seed S2]
+//                   [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json]
+//   kvctl ls STORE [--json]
+//   kvctl verify STORE [--synthetic] [--json]
+//
+// Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
+// Results go to stdout (a table, or one JSON object with --json); errors and progress bars go to
+// stderr, progress bars only when stderr is a terminal.
+//
+// kvctl uses only the public API (include/ckv/) and the synthetic generator (tools/).
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckv/chunk_key.h"
+#include "ckv/engine.h"
+#include "ckv/kv.h"
+#include "ckv/model_spec.h"
+#include "ckv/options.h"
+#include "ckv/stats.h"
+#include "tools/json_writer.h"
+#include "tools/synthetic_kv.h"
+
+namespace ckv::kvctl {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitProblems = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitStoreError = 3;
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+int UsageError(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "kvctl: %s\n", message.c_str());
+  if (command.empty()) {
+    std::fprintf(stderr, "Run 'kvctl help' for usage.\n");
+  } else {
+    std::fprintf(stderr, "Run 'kvctl %s --help' for usage.\n", command.c_str());
+  }
+  return kExitUsage;
+}
+
+// "kvctl: <what>: <status message>", exit 3.
+int StoreError(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "kvctl: %s: %s\n", what.c_str(), status.ToString().c_str());
+  return kExitStoreError;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers
+
+// A decimal integer in [0, 2^64): digits only (no sign, space or trailing text), no overflow.
+bool ParseUint(std::string_view text, uint64_t* out) {
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return false;
+  *out = value;
+  return true;
+}
+
+// A byte count: a decimal integer, optionally followed by K, M, G or T (powers of 1024, either
+// case), optionally followed by "B" or "iB": 4096, 64K, 2GiB, 1T. No overflow.
+bool ParseBytes(std::string_view text, uint64_t* out) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  uint64_t value = 0;
+  if (!ParseUint(text.substr(0, digits), &value)) return false;
+  std::string_view suffix = text.substr(digits);
+  int shift = 0;
+  if (!suffix.empty()) {
+    switch (suffix[0]) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      case 't': case 'T': shift = 40; break;
+      default: return false;
+    }
+    suffix.remove_prefix(1);
+    if (!suffix.empty() && suffix != "B" && suffix != "iB") return false;
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
+  *out = value << shift;
+  return true;
+}
+
+// "1.5 GiB", "512 B".
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 6) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", value, kUnits[unit]);
+  return buf;
+}
+
+std::string FormatRate(double bytes_per_second) {
+  if (!(bytes_per_second > 0)) return "-";
+  return FormatBytes(static_cast<uint64_t>(bytes_per_second)) + "/s";
+}
+
+std::string FormatDuration(double seconds) {
+  char buf[32];
+  if (seconds < 60) {
+    std::snprintf(buf, sizeof(buf), "%.1fs", seconds);
+  } else {
+    const uint64_t s = static_cast<uint64_t>(seconds);
+    std::snprintf(buf, sizeof(buf), "%llum%02llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  }
+  return buf;
+}
+
+// Local time, "2026-01-20 14:03:11".
+std::string FormatLocalTime(int64_t unix_ms) {
+  const time_t t = static_cast<time_t>(unix_ms / 1000);
+  struct tm tm_local;
+  if (localtime_r(&t, &tm_local) == nullptr) return "-";
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm_local);
+  return buf;
+}
+
+// UTC, ISO 8601 with milliseconds: "2026-01-20T13:03:11.123Z".
+std::string FormatIsoUtc(int64_t unix_ms) {
+  const time_t t = static_cast<time_t>(unix_ms / 1000);
+  struct tm tm_utc;
+  if (gmtime_r(&t, &tm_utc) == nullptr) return "";
+  char buf[40];
+  const size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm_utc);
+  std::snprintf(buf + n, sizeof(buf) - n, ".%03dZ", static_cast<int>(unix_ms % 1000));
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress on stderr, only on a terminal.
+
+bool StderrIsTty() {
+  static const bool tty = isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+
+// A bar with percentage, bytes, rate and ETA, redrawn at most 10 times a second.
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, uint64_t total_bytes)
+      : label_(std::move(label)), total_(total_bytes), enabled_(StderrIsTty()),
+        start_(Clock::now()) {}
+  ~ProgressBar() { Finish(); }
+
+  void Update(uint64_t done) {
+    if (!enabled_ || finished_) return;
+    const auto now = Clock::now();
+    if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    Draw(done);
+  }
+
+  // Clears the bar's line.
+  void Finish() {
+    if (!enabled_ || finished_) return;
+    finished_ = true;
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  void Draw(uint64_t done) {
+    constexpr int kWidth = 24;
+    const double fraction =
+        total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total_));
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.append(static_cast<size_t>(kWidth - filled), '.');
+    const double elapsed = SecondsSince(start_);
+    // A rate over the first instants is noise: show none until a quarter second has passed.
+    const double rate = elapsed >= 0.25 ? static_cast<double>(done) / elapsed : 0;
+    std::string eta = "-";
+    if (rate > 0 && done < total_) {
+      eta = FormatDuration(static_cast<double>(total_ - done) / rate);
+    } else if (done >= total_) {
+      eta = "0.0s";
+    }
+    std::fprintf(stderr, "\r\033[K%s [%s] %3d%%  %s / %s  %s  ETA %s", label_.c_str(), bar.c_str(),
+                 static_cast<int>(fraction * 100), FormatBytes(done).c_str(),
+                 FormatBytes(total_).c_str(), FormatRate(rate).c_str(), eta.c_str());
+    std::fflush(stderr);
+  }
+
+  std::string label_;
+  uint64_t total_;
+  bool enabled_;
+  bool finished_ = false;
+  Clock::time_point start_;
+  Clock::time_point last_draw_{};
+};
+
+// For a phase that reports no progress (Engine::Put): shows the label and the time elapsed until
+// destroyed.
+class ElapsedTicker {
+ public:
+  explicit ElapsedTicker(std::string label) : label_(std::move(label)) {
+    if (!StderrIsTty()) return;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ElapsedTicker() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  void Run() {
+    const auto start = Clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      std::fprintf(stderr, "\r\033[K%s ... %s", label_.c_str(),
+                   FormatDuration(SecondsSince(start)).c_str());
+      std::fflush(stderr);
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_; });
+    }
+  }
+
+  std::string label_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+
+struct OptionSpec {
+  std::string_view name;   // "--tokens"
+  std::string_view value;  // "N" for an option that takes a value, "" for a flag
+  std::string_view help;
+};
+
+struct CommandSpec {
+  std::string_view name;
+  std::string_view synopsis;
+  std::string_view summary;
+  std::string_view details;
+  std::vector<OptionSpec> options;
+};
+
+struct ParsedArgs {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string, std::less<>> values;
+  std::set<std::string, std::less<>> flags;
+  bool help = false;
+
+  bool Has(std::string_view name) const {
+    return values.find(name) != values.end() || flags.find(name) != flags.end();
+  }
+  const std::string* Value(std::string_view name) const {
+    auto it = values.find(name);
+    return it == values.end() ? nullptr : &it->second;
+  }
+};
+
+void PrintCommandHelp(const CommandSpec& cmd, FILE* out) {
+  std::fprintf(out, "Usage: kvctl %.*s\n\n%.*s\n", static_cast<int>(cmd.synopsis.size()),
+               cmd.synopsis.data(), static_cast<int>(cmd.summary.size()), cmd.summary.data());
+  if (!cmd.details.empty()) {
+    std::fprintf(out, "\n%.*s\n", static_cast<int>(cmd.details.size()), cmd.details.data());
+  }
+  std::fprintf(out, "\nOptions:\n");
+  for (const OptionSpec& opt : cmd.options) {
+    std::string left(opt.name);
+    if (!opt.value.empty()) {
+      left += ' ';
+      left += opt.value;
+    }
+    std::fprintf(out, "  %-26s %.*s\n", left.c_str(), static_cast<int>(opt.help.size()),
+                 opt.help.data());
+  }
+  std::fprintf(out, "  %-26s %s\n", "-h, --help", "show this help");
+}
+
+// Parses `args` (after the command name) against `cmd`'s options: "--name value",
+// "--name=value", flags, positionals, "--" ends options. Returns false with `*error` set on a
+// usage error.
+bool ParseArgs(const CommandSpec& cmd, const std::vector<std::string>& args, ParsedArgs* parsed,
+               std::string* error) {
+  bool options_done = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (options_done || arg.size() < 2 || arg[0] != '-') {
+      parsed->positional.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      options_done = true;
+      continue;
+    }
+    if (arg == "-h" || arg == "--help") {
+      parsed->help = true;
+      continue;
+    }
+    std::string name = arg;
+    std::string inline_value;
+    bool has_inline_value = false;
+    if (const size_t eq = arg.find('='); eq != std::string::npos && arg.rfind("--", 0) == 0) {
+      name = arg.substr(0, eq);
+      inline_value = arg.substr(eq + 1);
+      has_inline_value = true;
+    }
+    const auto it = std::find_if(cmd.options.begin(), cmd.options.end(),
+                                 [&](const OptionSpec& o) { return o.name == name; });
+    if (it == cmd.options.end()) {
+      *error = "unknown option " + name + " for '" + std::string(cmd.name) + "'";
+      return false;
+    }
+    if (parsed->Has(name)) {
+      *error = "option " + name + " given twice";
+      return false;
+    }
+    if (it->value.empty()) {
+      if (has_inline_value) {
+        *error = "option " + name + " takes no value";
+        return false;
+      }
+      parsed->flags.insert(name);
+      continue;
+    }
+    if (has_inline_value) {
+      parsed->values[name] = inline_value;
+    } else if (i + 1 < args.size()) {
+      parsed->values[name] = args[++i];
+    } else {
+      *error = "option " + name + " needs a value (" + std::string(it->value) + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Reads option `name` as an integer (bytes: with K/M/G/T suffixes). Returns false with `*error`
+// set when present and malformed; leaves `*out` alone when absent.
+bool OptionUint(const ParsedArgs& args, std::string_view name, bool bytes, uint64_t* out,
+                std::string* error) {
+  const std::string* text = args.Value(name);
+  if (text == nullptr) return true;
+  const bool ok = bytes ? ParseBytes(*text, out) : ParseUint(*text, out);
+  if (!ok) {
+    *error = std::string(name) + ": '" + *text + "' is not " +
+             (bytes ? "a byte count (an integer, optionally with a K/M/G/T suffix)"
+                    : "a non-negative integer");
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store access
+
+absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path) {
+  EngineOptions options;
+  options.create_if_missing = false;
+  return Engine::Open(options, path);
+}
+
+void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
+  w.BeginObject()
+      .Key("puts").Uint(s.puts)
+      .Key("chunks_written").Uint(s.chunks_written)
+      .Key("chunks_deduplicated").Uint(s.chunks_deduplicated)
+      .Key("bytes_written").Uint(s.bytes_written)
+      .Key("chunks_evicted").Uint(s.chunks_evicted)
+      .Key("bytes_evicted").Uint(s.bytes_evicted)
+      .Key("chunks_deleted").Uint(s.chunks_deleted)
+      .Key("records_read").Uint(s.records_read)
+      .Key("bytes_read").Uint(s.bytes_read)
+      .Key("checksum_failures").Uint(s.checksum_failures)
+      .Key("chunks").Uint(s.chunks)
+      .Key("prefixes").Uint(s.prefixes)
+      .Key("segments").Uint(s.segments)
+      .Key("disk_bytes_used").Uint(s.disk_bytes_used)
+      .Key("max_disk_bytes").Uint(s.max_disk_bytes)
+      .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
+      .EndObject();
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl init
+
+const CommandSpec kInit = {
+    "init",
+    "init STORE [--max-disk-bytes N] [--layout layer-major|period-major]",
+    "Create an empty store in directory STORE (the directory is created if missing).",
+    "Fails (exit 3) when STORE already holds a store. The cap and the layout are persisted:\n"
+    "later commands keep them.",
+    {
+        {"--max-disk-bytes", "N",
+         "hard cap on segment bytes; K/M/G/T suffixes (powers of 1024); 0 = unlimited (default)"},
+        {"--layout", "L", "record layout of segments: layer-major (default) or period-major"},
+    },
+};
+
+int RunInit(const ParsedArgs& args) {
+  std::string error;
+  if (args.positional.size() != 1) return UsageError("init", "init needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  EngineOptions options;
+  options.create_if_missing = true;
+  options.error_if_exists = true;
+  uint64_t cap = 0;
+  if (!OptionUint(args, "--max-disk-bytes", /*bytes=*/true, &cap, &error)) {
+    return UsageError("init", error);
+  }
+  options.max_disk_bytes = cap;
+  RecordLayout layout = RecordLayout::kLayerMajor;
+  if (const std::string* text = args.Value("--layout")) {
+    if (*text == "layer-major") {
+      layout = RecordLayout::kLayerMajor;
+    } else if (*text == "period-major") {
+      layout = RecordLayout::kPeriodMajor;
+    } else {
+      return UsageError("init", "--layout: '" + *text + "' is not layer-major or period-major");
+    }
+  }
+  options.layout = layout;
+
+  auto engine = Engine::Open(options, store);
+  if (absl::IsAlreadyExists(engine.status())) {
+    std::fprintf(stderr, "kvctl: init %s: store already exists\n", store.c_str());
+    return kExitStoreError;
+  }
+  if (!engine.ok()) return StoreError("init " + store, engine.status());
+  std::printf("initialized store %s (layout %s, cap %s)\n", store.c_str(),
+              layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major",
+              cap == 0 ? "unlimited" : FormatBytes(cap).c_str());
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl put
+
+const CommandSpec kPut = {
+    "put",
+    "put STORE --model PRESET --tokens N --seed S [--shared-tokens K --shared-seed S2]\n"
+    "                 [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json]",
+    "Store a synthetic prefix of N tokens and its KV (see docs/generator.md).",
+    "Tokens come from --seed; with --shared-tokens K and --shared-seed S2 the first K tokens come\n"
+    "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the whole\n"
+    "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
+    "Example: kvctl put ./store --model qwen2.5-7b --tokens 4096 --seed 1",
+    {
+        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        {"--tokens", "N", "prefix length in tokens; a multiple of the chunk size"},
+        {"--seed", "S", "seed of the tokens"},
+        {"--shared-tokens", "K", "the first K tokens come from --shared-seed (K <= N)"},
+        {"--shared-seed", "S2", "seed of the shared first K tokens"},
+        {"--dtype", "T", "element type: fp16 (default), bf16, fp32"},
+        {"--model-id", "ID", "model id bound into every chunk key (default: the preset name)"},
+        {"--chunk-tokens", "C", "tokens per chunk (default 16)"},
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// The KV of `tokens` (whole chunks only) laid out as ckv/kv.h says, generated record by record
+// with synth::FillRecord so that generation can show progress. For whole chunks this is exactly
+// what synth::SyntheticKv generates: a record is a pure function of (chunk key, layer, spec).
+class GeneratedKv {
+ public:
+  GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens) {
+    const size_t c = spec.chunk_tokens;
+    const size_t chunks = tokens.size() / c;
+    const size_t token_bytes = spec.TokenBytesPerLayer();
+    const size_t half = c * token_bytes;  // bytes of K (or V) of one chunk at one layer
+    const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+    const size_t tensor_bytes = tokens.size() * token_bytes;
+    total_bytes_ = 2 * tensor_bytes * spec.layers;
+
+    ProgressBar bar("generate", total_bytes_);
+    std::vector<std::byte> record(spec.RecordBytes());
+    tensors_.tokens = tokens.size();
+    uint64_t done = 0;
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      k_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+      v_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+      std::byte* k = k_.back().get();
+      std::byte* v = v_.back().get();
+      for (size_t i = 0; i < chunks; ++i) {
+        synth::FillRecord(spec, keys[i], layer, record);
+        std::memcpy(k + i * half, record.data(), half);
+        std::memcpy(v + i * half, record.data() + half, half);
+        done += record.size();
+        bar.Update(done);
+      }
+      tensors_.k.emplace_back(k, tensor_bytes);
+      tensors_.v.emplace_back(v, tensor_bytes);
+    }
+    bar.Finish();
+  }
+
+  const KvTensors& tensors() const { return tensors_; }
+  uint64_t bytes() const { return total_bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> k_, v_;
+  KvTensors tensors_;
+  uint64_t total_bytes_ = 0;
+};
+
+int RunPut(const ParsedArgs& args) {
+  std::string error;
+  if (args.positional.size() != 1) return UsageError("put", "put needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  for (std::string_view required : {"--model", "--tokens", "--seed"}) {
+    if (!args.Has(required)) return UsageError("put", "put needs " + std::string(required));
+  }
+  if (args.Has("--shared-tokens") != args.Has("--shared-seed")) {
+    return UsageError("put", "--shared-tokens and --shared-seed go together");
+  }
+  uint64_t tokens_n = 0, seed = 0, shared_tokens = 0, shared_seed = 0, chunk_tokens = 16;
+  if (!OptionUint(args, "--tokens", false, &tokens_n, &error) ||
+      !OptionUint(args, "--seed", false, &seed, &error) ||
+      !OptionUint(args, "--shared-tokens", false, &shared_tokens, &error) ||
+      !OptionUint(args, "--shared-seed", false, &shared_seed, &error) ||
+      !OptionUint(args, "--chunk-tokens", false, &chunk_tokens, &error)) {
+    return UsageError("put", error);
+  }
+  DType dtype = DType::kFp16;
+  if (const std::string* text = args.Value("--dtype")) {
+    auto parsed = ParseDType(*text);
+    if (!parsed.ok()) return UsageError("put", "--dtype: '" + *text + "' is not fp16, bf16 or fp32");
+    dtype = *parsed;
+  }
+  const std::string& preset = *args.Value("--model");
+  const std::vector<std::string> presets = ModelSpec::PresetNames();
+  if (std::find(presets.begin(), presets.end(), preset) == presets.end()) {
+    std::string list;
+    for (const std::string& p : presets) list += (list.empty() ? "" : ", ") + p;
+    return UsageError("put", "--model: unknown preset '" + preset + "' (known: " + list + ")");
+  }
+  if (chunk_tokens == 0 || chunk_tokens > 4096) {
+    return UsageError("put", "--chunk-tokens: " + std::to_string(chunk_tokens) +
+                                 " is out of range 1..4096");
+  }
+  auto spec_or = ModelSpec::Preset(preset, dtype, static_cast<uint32_t>(chunk_tokens));
+  if (!spec_or.ok()) return UsageError("put", std::string(spec_or.status().message()));
+  ModelSpec spec = *std::move(spec_or);
+  if (const std::string* id = args.Value("--model-id")) spec.model_id = *id;
+  if (absl::Status valid = spec.Validate(); !valid.ok()) {
+    return UsageError("put", std::string(valid.message()));
+  }
+  if (tokens_n == 0 || tokens_n % chunk_tokens != 0) {
+    return UsageError("put", "--tokens: " + std::to_string(tokens_n) +
+                                 " is not a positive multiple of the chunk size " +
+                                 std::to_string(chunk_tokens));
+  }
+  // Keep the generated KV addressable (and sane) on any host: 1 TiB of KV is far past a demo.
+  if (tokens_n > (uint64_t{1} << 40) / spec.KvBytesPerToken()) {
+    return UsageError("put", "--tokens: " + std::to_string(tokens_n) +
+                                 " tokens would need more than 1 TiB of KV");
+  }
+  if (shared_tokens > tokens_n) {
+    return UsageError("put", "--shared-tokens " + std::to_string(shared_tokens) +
+                                 " is more than --tokens " + std::to_string(tokens_n));
+  }
+  const bool json = args.Has("--json");
+
+  // Open first: a missing store is reported before generating gigabytes.
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+
+  const auto gen_start = Clock::now();
+  const std::vector<int32_t> tokens =
+      args.Has("--shared-tokens")
+          ? synth::TokensWithSharedPrefix(shared_seed, shared_tokens, seed, tokens_n)
+          : synth::Tokens(seed, tokens_n);
+  GeneratedKv kv(spec, tokens);
+  const double gen_seconds = SecondsSince(gen_start);
+
+  const auto put_start = Clock::now();
+  absl::StatusOr<PutResult> result;
+  {
+    ElapsedTicker ticker("write " + FormatBytes(kv.bytes()));
+    result = (*engine)->Put(spec, tokens, kv.tensors());
+  }
+  const double put_seconds = SecondsSince(put_start);
+  if (!result.ok()) return StoreError("put " + store, result.status());
+
+  if (json) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("prefix_id").String(result->prefix_id.ToHex())
+        .Key("model").String(preset)
+        .Key("model_id").String(spec.model_id)
+        .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("chunk_tokens").Uint(spec.chunk_tokens)
+        .Key("tokens").Uint(tokens_n)
+        .Key("seed").Uint(seed);
+    if (args.Has("--shared-tokens")) {
+      w.Key("shared_tokens").Uint(shared_tokens).Key("shared_seed").Uint(shared_seed);
+    }
+    w.Key("kv_bytes").Uint(kv.bytes())
+        .Key("chunks").Uint(result->chunks)
+        .Key("chunks_written").Uint(result->chunks_written)
+        .Key("chunks_deduplicated").Uint(result->chunks_existing)
+        .Key("tail_tokens").Uint(result->tail_tokens)
+        .Key("bytes_written").Uint(result->bytes_written)
+        .Key("chunks_evicted").Uint(result->chunks_evicted)
+        .Key("generate_seconds").Double(gen_seconds)
+        .Key("put_seconds").Double(put_seconds)
+        .EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("put %s: %s, %llu tokens (%llu chunks)\n", result->prefix_id.ToHex().c_str(),
+              spec.DebugString().c_str(), static_cast<unsigned long long>(tokens_n),
+              static_cast<unsigned long long>(result->chunks));
+  std::printf("  chunks written       %llu (%s)\n",
+              static_cast<unsigned long long>(result->chunks_written),
+              FormatBytes(result->bytes_written).c_str());
+  std::printf("  chunks deduplicated  %llu (already stored)\n",
+              static_cast<unsigned long long>(result->chunks_existing));
+  std::printf("  chunks evicted       %llu\n", static_cast<unsigned long long>(result->chunks_evicted));
+  std::printf("  time                 generate %.2fs, put %.2fs (%s)\n", gen_seconds, put_seconds,
+              FormatRate(put_seconds > 0 ? static_cast<double>(result->bytes_written) / put_seconds
+                                         : 0)
+                  .c_str());
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl ls
+
+const CommandSpec kLs = {
+    "ls",
+    "ls STORE [--json]",
+    "List the stored prefixes, newest first, with totals and disk use.",
+    "BYTES counts every chunk of a prefix, so chunks shared by several prefixes are counted in\n"
+    "each; the footer's disk figure counts them once.",
+    {
+        {"--json", "", "print one JSON object instead of a table"},
+    },
+};
+
+int RunLs(const ParsedArgs& args) {
+  if (args.positional.size() != 1) return UsageError("ls", "ls needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  const std::vector<PrefixInfo> prefixes = (*engine)->ListPrefixes();
+  const EngineStats stats = (*engine)->Stats();
+  uint64_t total_tokens = 0, total_chunks = 0, total_bytes = 0;
+  for (const PrefixInfo& p : prefixes) {
+    total_tokens += p.tokens;
+    total_chunks += p.chunks;
+    total_bytes += p.bytes;
+  }
+
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject().Key("store").String(store).Key("prefixes").BeginArray();
+    for (const PrefixInfo& p : prefixes) {
+      w.BeginObject()
+          .Key("id").String(p.id.ToHex())
+          .Key("model_id").String(p.model_id)
+          .Key("model_fingerprint").String(p.model_fingerprint.ToHex())
+          .Key("tokens").Uint(p.tokens)
+          .Key("chunks").Uint(p.chunks)
+          .Key("bytes").Uint(p.bytes)
+          .Key("created_unix_ms").Int(p.created_unix_ms)
+          .Key("created").String(FormatIsoUtc(p.created_unix_ms))
+          .EndObject();
+    }
+    w.EndArray()
+        .Key("totals").BeginObject()
+        .Key("prefixes").Uint(prefixes.size())
+        .Key("tokens").Uint(total_tokens)
+        .Key("chunks").Uint(total_chunks)
+        .Key("bytes").Uint(total_bytes)
+        .Key("stored_chunks").Uint(stats.chunks)
+        .Key("disk_bytes_used").Uint(stats.disk_bytes_used)
+        .Key("max_disk_bytes").Uint(stats.max_disk_bytes)
+        .EndObject()
+        .Key("stats");
+    WriteStatsJson(w, stats);
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+
+  std::printf("%-16s  %-24s  %10s  %8s  %11s  %s\n", "PREFIX", "MODEL", "TOKENS", "CHUNKS",
+              "BYTES", "CREATED");
+  for (const PrefixInfo& p : prefixes) {
+    std::string model = p.model_id;
+    if (model.size() > 24) model = model.substr(0, 23) + "~";
+    std::printf("%-16s  %-24s  %10llu  %8llu  %11s  %s\n", p.id.ToHex().substr(0, 16).c_str(),
+                model.c_str(), static_cast<unsigned long long>(p.tokens),
+                static_cast<unsigned long long>(p.chunks), FormatBytes(p.bytes).c_str(),
+                FormatLocalTime(p.created_unix_ms).c_str());
+  }
+  std::printf("%zu prefix%s, %llu tokens, %llu chunks, %s (shared chunks counted per prefix)\n",
+              prefixes.size(), prefixes.size() == 1 ? "" : "es",
+              static_cast<unsigned long long>(total_tokens),
+              static_cast<unsigned long long>(total_chunks), FormatBytes(total_bytes).c_str());
+  std::string cap = "unlimited";
+  if (stats.max_disk_bytes > 0) {
+    char pct[32];
+    std::snprintf(pct, sizeof(pct), " (%.1f%% used)",
+                  100.0 * static_cast<double>(stats.disk_bytes_used) /
+                      static_cast<double>(stats.max_disk_bytes));
+    cap = FormatBytes(stats.max_disk_bytes) + pct;
+  }
+  std::printf("stored: %llu chunks in %llu segment%s; disk used %s, cap %s\n",
+              static_cast<unsigned long long>(stats.chunks),
+              static_cast<unsigned long long>(stats.segments), stats.segments == 1 ? "" : "s",
+              FormatBytes(stats.disk_bytes_used).c_str(), cap.c_str());
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl verify
+
+const CommandSpec kVerify = {
+    "verify",
+    "verify STORE [--synthetic] [--json]",
+    "Read back every record, check its checksum, and check the catalog.",
+    "Exit 0 when clean, 1 when a problem was found (each is listed), 3 when the check could not\n"
+    "run. With --synthetic, also compare every record byte for byte with what the synthetic\n"
+    "generator makes for its chunk key (for stores that kvctl put populated).",
+    {
+        {"--synthetic", "", "also compare every record with the synthetic generator"},
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+struct ContentReport {
+  uint64_t records_compared = 0;
+  uint64_t bytes_compared = 0;
+  std::vector<std::string> problems;
+};
+
+// Reads every record of every stored prefix once and compares it with synth::FillRecord.
+absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
+  ContentReport report;
+  struct Work {
+    ChunkKey prefix;
+    ModelSpec spec;
+    std::vector<ChunkKey> chunks;
+  };
+  std::vector<Work> work;
+  uint64_t total_bytes = 0;
+  std::set<std::pair<ChunkKey, ChunkKey>> seen;  // (fingerprint, chunk): shared chunks once
+  for (const PrefixInfo& p : engine.ListPrefixes()) {
+    Work w;
+    w.prefix = p.id;
+    auto chunks = engine.PrefixChunks(p.id, &w.spec);
+    if (absl::IsNotFound(chunks.status())) continue;  // evicted or deleted meanwhile
+    if (!chunks.ok()) return chunks.status();
+    const ChunkKey fingerprint = w.spec.Fingerprint();
+    for (const ChunkKey& key : *chunks) {
+      if (seen.insert({fingerprint, key}).second) w.chunks.push_back(key);
+    }
+    total_bytes += static_cast<uint64_t>(w.chunks.size()) * w.spec.layers * w.spec.RecordBytes();
+    work.push_back(std::move(w));
+  }
+
+  ProgressBar bar("compare", total_bytes);
+  uint64_t done = 0;
+  for (const Work& w : work) {
+    std::vector<std::byte> stored(w.spec.RecordBytes()), expected(w.spec.RecordBytes());
+    for (size_t i = 0; i < w.chunks.size(); ++i) {
+      for (uint32_t layer = 0; layer < w.spec.layers; ++layer) {
+        const absl::Status read = engine.ReadRecord(w.spec, w.chunks[i], layer, stored);
+        done += stored.size();
+        bar.Update(done);
+        if (absl::IsNotFound(read)) continue;  // evicted meanwhile
+        // A checksum mismatch is already among Verify's problems: do not list it twice.
+        if (absl::IsDataLoss(read)) continue;
+        if (!read.ok()) {
+          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" +
+                                    std::to_string(layer) + " of prefix " + w.prefix.ToHex() +
+                                    ": " + read.ToString());
+          continue;
+        }
+        synth::FillRecord(w.spec, w.chunks[i], layer, expected);
+        ++report.records_compared;
+        report.bytes_compared += stored.size();
+        if (stored != expected) {
+          const auto mismatch = std::mismatch(stored.begin(), stored.end(), expected.begin());
+          report.problems.push_back(
+              "record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) + " of prefix " +
+              w.prefix.ToHex() + " (chunk " + std::to_string(i) + "): differs from the generator at byte " +
+              std::to_string(mismatch.first - stored.begin()));
+        }
+      }
+    }
+  }
+  bar.Finish();
+  return report;
+}
+
+int RunVerify(const ParsedArgs& args) {
+  if (args.positional.size() != 1) return UsageError("verify", "verify needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+
+  const auto start = Clock::now();
+  absl::StatusOr<VerifyReport> report;
+  {
+    uint64_t last_total = 0;
+    std::unique_ptr<ProgressBar> sized;
+    report = (*engine)->Verify([&](uint64_t done, uint64_t total) {
+      if (!sized || total != last_total) {
+        sized = std::make_unique<ProgressBar>("verify", total);
+        last_total = total;
+      }
+      sized->Update(done);
+    });
+    if (sized) sized->Finish();
+  }
+  if (!report.ok()) return StoreError("verify " + store, report.status());
+  std::vector<std::string> problems = report->problems;
+
+  ContentReport content;
+  const bool synthetic = args.Has("--synthetic");
+  if (synthetic) {
+    auto compared = CompareWithGenerator(**engine);
+    if (!compared.ok()) return StoreError("verify " + store, compared.status());
+    content = *std::move(compared);
+    problems.insert(problems.end(), content.problems.begin(), content.problems.end());
+  }
+  const double seconds = SecondsSince(start);
+
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("ok").Bool(problems.empty())
+        .Key("chunks_checked").Uint(report->chunks_checked)
+        .Key("records_checked").Uint(report->records_checked)
+        .Key("bytes_checked").Uint(report->bytes_checked)
+        .Key("checksum_failures").Uint(report->checksum_failures);
+    if (synthetic) {
+      w.Key("records_compared").Uint(content.records_compared)
+          .Key("bytes_compared").Uint(content.bytes_compared);
+    }
+    w.Key("seconds").Double(seconds).Key("problems").BeginArray();
+    for (const std::string& p : problems) w.String(p);
+    w.EndArray().EndObject();
+    std::printf("%s\n", w.str().c_str());
+  } else {
+    std::printf("verified %s: %llu chunks, %llu records, %s in %.2fs; %llu checksum failure%s\n",
+                store.c_str(), static_cast<unsigned long long>(report->chunks_checked),
+                static_cast<unsigned long long>(report->records_checked),
+                FormatBytes(report->bytes_checked).c_str(), seconds,
+                static_cast<unsigned long long>(report->checksum_failures),
+                report->checksum_failures == 1 ? "" : "s");
+    if (synthetic) {
+      std::printf("compared %llu records (%s) with the synthetic generator\n",
+                  static_cast<unsigned long long>(content.records_compared),
+                  FormatBytes(content.bytes_compared).c_str());
+    }
+    if (problems.empty()) {
+      std::printf("clean\n");
+    } else {
+      std::printf("%zu problem%s:\n", problems.size(), problems.size() == 1 ? "" : "s");
+      for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
+    }
+  }
+  return problems.empty() ? kExitOk : kExitProblems;
+}
+
+// ---------------------------------------------------------------------------------------------
+// main
+
+struct Command {
+  const CommandSpec* spec;
+  int (*run)(const ParsedArgs&);
+};
+
+const Command kCommands[] = {
+    {&kInit, RunInit},
+    {&kPut, RunPut},
+    {&kLs, RunLs},
+    {&kVerify, RunVerify},
+};
+
+void PrintHelp(FILE* out) {
+  std::fprintf(out,
+               "kvctl: create, populate and inspect ckv stores.\n\n"
+               "Usage: kvctl COMMAND [ARGS]\n\nCommands:\n");
+  for (const Command& c : kCommands) {
+    std::fprintf(out, "  %-8.*s %.*s\n", static_cast<int>(c.spec->name.size()),
+                 c.spec->name.data(), static_cast<int>(c.spec->summary.size()),
+                 c.spec->summary.data());
+  }
+  std::fprintf(out,
+               "  %-8s %s\n\n"
+               "Run 'kvctl COMMAND --help' for a command's options.\n"
+               "Exit codes: 0 ok, 1 problems found, 2 usage error, 3 I/O or store error.\n",
+               "help", "show this help, or 'kvctl help COMMAND' for one command");
+}
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& c : kCommands) {
+    if (c.spec->name == name) return &c;
+  }
+  return nullptr;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2) {
+    PrintHelp(stderr);
+    return kExitUsage;
+  }
+  const std::string_view name = argv[1];
+  if (name == "help" || name == "-h" || name == "--help") {
+    if (argc >= 3) {
+      const Command* cmd = FindCommand(argv[2]);
+      if (cmd == nullptr) return UsageError("", "unknown command '" + std::string(argv[2]) + "'");
+      PrintCommandHelp(*cmd->spec, stdout);
+      return kExitOk;
+    }
+    PrintHelp(stdout);
+    return kExitOk;
+  }
+  const Command* cmd = FindCommand(name);
+  if (cmd == nullptr) return UsageError("", "unknown command '" + std::string(name) + "'");
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  ParsedArgs parsed;
+  std::string error;
+  if (!ParseArgs(*cmd->spec, args, &parsed, &error)) return UsageError(std::string(name), error);
+  if (parsed.help) {
+    PrintCommandHelp(*cmd->spec, stdout);
+    return kExitOk;
+  }
+  return cmd->run(parsed);
+}
+
+}  // namespace
+}  // namespace ckv::kvctl
+
+int main(int argc, char** argv) { return ckv::kvctl::Main(argc, argv); }
