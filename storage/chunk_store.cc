@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "ckv/status.h"
-#include "xxhash.h"
+#include "storage/record_checksum.h"
 
 namespace ckv::storage {
 namespace {
@@ -601,7 +601,7 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
             std::memcpy(dst, kv.k[layer].data() + token_offset * token_bytes, half);
             std::memcpy(dst + half, kv.v[layer].data() + token_offset * token_bytes, half);
             if (slot_stride > record_bytes) std::memset(dst + record_bytes, 0, slot_stride - record_bytes);
-            (*checksums)[new_index][layer] = XXH3_64bits(dst, record_bytes);
+            (*checksums)[new_index][layer] = RecordChecksum(dst, record_bytes);
           }
         }
         IoOp op;
@@ -801,7 +801,7 @@ absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t lay
       seg->file()->ReadAt(offset, std::span<std::byte>(buffer.data(), g.record_slot_bytes)));
   records_read_.fetch_add(1, std::memory_order_relaxed);
   bytes_read_.fetch_add(g.record_slot_bytes, std::memory_order_relaxed);
-  const uint64_t actual = XXH3_64bits(buffer.data(), g.record_bytes);
+  const uint64_t actual = RecordChecksum(buffer.data(), g.record_bytes);
   if (actual != expected) {
     checksum_failures_.fetch_add(1, std::memory_order_relaxed);
     return absl::DataLossError(absl::StrFormat(
