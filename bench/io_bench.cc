@@ -1,0 +1,413 @@
+// io_bench: read throughput and CPU cost of the prefetch read engine (prefetch/read_engine.h).
+//
+//   io_bench --file F [--file-size 2G] [--pattern random|runs] [--io-size 32K] [--qd 64]
+//            [--seconds 5] [--backend auto|uring|threads] [--run-records 8] [--io-threads 1]
+//            [--backlog 2] [--poll-us 50] [--no-verify] [--no-register] [--seed S] [--json]
+//
+// Creates F at --file-size when it does not exist (written sequentially with O_DIRECT, 8 MiB at a
+// time, then fdatasync'd; every 4 KiB block holds a seeded pattern), then for --seconds keeps the
+// engine busy with reads of records of --io-size bytes:
+//   random  reads at random io-size-aligned offsets (fio's randread);
+//   runs    runs of --run-records adjacent records, each record submitted as a separate
+//           requests (SubmitBatch) that the engine coalesces into one read of
+//           run-records x io-size bytes (the "coalesced size"; max_io_bytes is set to it).
+// Each record's XXH3-64 is checked by the engine as it lands (the expected values are computed
+// from the generator once and cached beside F in F.sums-<io-size>), unless --no-verify.
+// --poll-us sets ReadEngineOptions::poll_before_sleep_us; --no-register reads without registered
+// buffers and files (plain IORING_OP_READ).
+// The engine keeps --qd reads in the device (its queue_depth, fio's --iodepth); the program keeps
+// --backlog x --qd units (reads or runs) submitted, resubmitting each from its completion
+// callback, so that the engine always has queued work, as a prefetcher does. Prints MB/s (10^6 bytes), device reads per second (IOPS),
+// requests per second and CPU seconds per GB (getrusage user+system of the whole process over
+// the run, divided by 10^9-byte GB read), plus the engine's counters; --json prints one JSON
+// object instead. bench/io_vs_fio.sh runs this beside fio on the same file.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prefetch/read_engine.h"
+#include "storage/file_system.h"
+#include "tools/json_writer.h"
+#include "xxhash.h"
+
+namespace ckv::bench {
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitError = 3;
+constexpr size_t kBlock = 4096;
+
+struct Flags {
+  std::string file;
+  uint64_t file_size = uint64_t{2} << 30;
+  std::string pattern = "random";
+  uint64_t io_size = 32 * 1024;
+  uint32_t qd = 64;
+  double seconds = 5;
+  prefetch::ReadBackend backend = prefetch::ReadBackend::kAuto;
+  uint32_t run_records = 8;
+  uint32_t io_threads = 1;
+  uint32_t backlog = 2;
+  uint32_t poll_us = 50;
+  bool register_with_ring = true;
+  bool verify = true;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+void Usage(FILE* out) {
+  std::fputs(
+      "Usage: io_bench --file F [--file-size 2G] [--pattern random|runs] [--io-size 32K]\n"
+      "                [--qd 64] [--seconds 5] [--backend auto|uring|threads]\n"
+      "                [--run-records 8] [--io-threads 1] [--backlog 2] [--poll-us 50]\n"
+      "                [--no-verify] [--no-register] [--seed S] [--json]\n",
+      out);
+}
+
+bool ParseSize(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  uint64_t mult = 1;
+  const char last = s.back();
+  if (last == 'K' || last == 'k') mult = uint64_t{1} << 10;
+  if (last == 'M' || last == 'm') mult = uint64_t{1} << 20;
+  if (last == 'G' || last == 'g') mult = uint64_t{1} << 30;
+  if (mult != 1) s.remove_suffix(1);
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  *out = v * mult;
+  return *out > 0;
+}
+
+// The content of 4 KiB block `b` of a bench file.
+void FillBlock(uint64_t b, std::byte* out) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * (b + 1);
+  for (size_t o = 0; o < kBlock; o += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(out + o, &x, 8);
+  }
+}
+
+absl::Status CreateFile(storage::File* f, uint64_t size) {
+  constexpr size_t kChunk = 8 << 20;
+  storage::AlignedBuffer buf(kChunk);
+  for (uint64_t off = 0; off < size; off += kChunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, size - off));
+    for (size_t o = 0; o < n; o += kBlock) FillBlock((off + o) / kBlock, buf.data() + o);
+    absl::Status s = f->WriteAt(off, std::span<const std::byte>(buf.data(), n));
+    if (!s.ok()) return s;
+  }
+  return f->Sync();
+}
+
+// XXH3-64 of every io_size record, cached in `<file>.sums-<io_size>`.
+std::vector<uint64_t> RecordChecksums(const std::string& file, uint64_t file_size, uint64_t io_size) {
+  const uint64_t records = file_size / io_size;
+  const std::string cache = absl::StrCat(file, ".sums-", io_size);
+  std::vector<uint64_t> sums(records);
+  {
+    std::ifstream in(cache, std::ios::binary);
+    uint64_t header[2] = {0, 0};
+    if (in.read(reinterpret_cast<char*>(header), sizeof(header)) && header[0] == file_size &&
+        header[1] == io_size &&
+        in.read(reinterpret_cast<char*>(sums.data()), static_cast<std::streamsize>(records * 8))) {
+      return sums;
+    }
+  }
+  std::vector<std::byte> rec(io_size);
+  for (uint64_t r = 0; r < records; ++r) {
+    for (uint64_t o = 0; o < io_size; o += kBlock) FillBlock((r * io_size + o) / kBlock, rec.data() + o);
+    sums[r] = XXH3_64bits(rec.data(), io_size);
+  }
+  std::ofstream out(cache, std::ios::binary | std::ios::trunc);
+  const uint64_t header[2] = {file_size, io_size};
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(sums.data()), static_cast<std::streamsize>(records * 8));
+  return sums;
+}
+
+double CpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+int Run(const Flags& fl) {
+  storage::FileSystem* fs = storage::PosixFileSystem();
+  const bool exists = fs->Exists(fl.file);
+  auto opened = fs->Open(fl.file, storage::FileSystem::OpenMode::kCreateReadWrite);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "io_bench: %s\n", std::string(opened.status().message()).c_str());
+    return kExitError;
+  }
+  std::unique_ptr<storage::File> file = std::move(*opened);
+  uint64_t size = 0;
+  if (auto s = file->Size(); s.ok()) size = *s;
+  if (!exists || size < fl.file_size) {
+    if (exists) std::fprintf(stderr, "io_bench: %s is smaller than --file-size; rewriting it\n", fl.file.c_str());
+    std::fprintf(stderr, "io_bench: creating %s (%llu bytes, O_DIRECT)\n", fl.file.c_str(),
+                 static_cast<unsigned long long>(fl.file_size));
+    if (absl::Status s = CreateFile(file.get(), fl.file_size); !s.ok()) {
+      std::fprintf(stderr, "io_bench: %s\n", std::string(s.message()).c_str());
+      return kExitError;
+    }
+    size = fl.file_size;
+  }
+  const bool runs = fl.pattern == "runs";
+  const uint32_t per_unit = runs ? fl.run_records : 1;
+  const uint64_t unit_bytes = fl.io_size * per_unit;
+  const uint64_t units_in_file = size / unit_bytes;
+  if (units_in_file == 0) {
+    std::fprintf(stderr, "io_bench: file too small\n");
+    return kExitError;
+  }
+  std::vector<uint64_t> sums;
+  if (fl.verify) sums = RecordChecksums(fl.file, size, fl.io_size);
+
+  const uint32_t units = fl.qd * std::max<uint32_t>(1, fl.backlog);
+  prefetch::ReadEngineOptions o;
+  o.backend = fl.backend;
+  o.queue_depth = fl.qd;
+  o.io_threads = fl.io_threads;
+  o.poll_before_sleep_us = fl.poll_us;
+  o.register_with_ring = fl.register_with_ring;
+  o.max_io_bytes = static_cast<uint32_t>(unit_bytes);
+  o.max_outstanding_requests = (units + 2 * fl.qd) * per_unit + 16;  // + reads landed, not yet released
+  auto created = prefetch::ReadEngine::Create(o);
+  if (!created.ok()) {
+    std::fprintf(stderr, "io_bench: %s\n", std::string(created.status().message()).c_str());
+    return kExitError;
+  }
+  std::unique_ptr<prefetch::ReadEngine> engine = std::move(*created);
+  auto fid = engine->RegisterFile(file.get());
+  if (!fid.ok()) {
+    std::fprintf(stderr, "io_bench: %s\n", std::string(fid.status().message()).c_str());
+    return kExitError;
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> outstanding_units{0};
+  std::atomic<uint64_t> bytes{0}, requests{0}, failures{0};
+  std::vector<std::atomic<uint32_t>> remaining(units);
+  std::vector<std::mt19937_64> rngs;
+  for (uint32_t u = 0; u < units; ++u) rngs.emplace_back(fl.seed * 1000003 + u);
+  absl::Mutex error_mu;
+  std::string first_error;
+
+  std::function<void(uint32_t)> submit_unit;
+  submit_unit = [&](uint32_t slot) {
+    const uint64_t unit = rngs[slot]() % units_in_file;
+    std::vector<prefetch::ReadRequest> batch(per_unit);
+    for (uint32_t k = 0; k < per_unit; ++k) {
+      const uint64_t record = unit * per_unit + k;
+      prefetch::ReadRequest& r = batch[k];
+      r.file = *fid;
+      r.offset = record * fl.io_size;
+      r.length = static_cast<uint32_t>(fl.io_size);
+      r.priority = prefetch::Priority::kDemand;
+      if (fl.verify) {
+        r.verify_checksum = true;
+        r.expected_checksum = sums[record];
+      }
+      r.callback = [&, slot](const prefetch::ReadResult& res) {
+        if (res.status.ok()) {
+          bytes.fetch_add(res.data.size(), std::memory_order_relaxed);
+        } else {
+          if (failures.fetch_add(1) == 0) {
+            absl::MutexLock lock(&error_mu);
+            first_error = std::string(res.status.message());
+          }
+        }
+        requests.fetch_add(1, std::memory_order_relaxed);
+        if (remaining[slot].fetch_sub(1) == 1) {
+          if (!stop.load(std::memory_order_relaxed)) {
+            submit_unit(slot);
+          } else {
+            outstanding_units.fetch_sub(1);
+          }
+        }
+      };
+    }
+    remaining[slot].store(per_unit);
+    auto ids = engine->SubmitBatch(batch);
+    if (!ids.ok()) {
+      if (failures.fetch_add(1) == 0) {
+        absl::MutexLock lock(&error_mu);
+        first_error = std::string(ids.status().message());
+      }
+      outstanding_units.fetch_sub(1);
+    }
+  };
+
+  const double cpu0 = CpuSeconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  outstanding_units.store(units);
+  for (uint32_t u = 0; u < units; ++u) submit_unit(u);
+  std::this_thread::sleep_for(std::chrono::duration<double>(fl.seconds));
+  stop.store(true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (outstanding_units.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  const double cpu = CpuSeconds() - cpu0;
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
+  if (outstanding_units.load() > 0) {
+    std::fprintf(stderr, "io_bench: reads still outstanding 30 s after the run\n");
+    return kExitError;
+  }
+  const prefetch::ReadEngineStats st = engine->stats();
+  const double gb = static_cast<double>(bytes.load()) / 1e9;
+  const double mbps = static_cast<double>(bytes.load()) / 1e6 / secs;
+  const double iops = static_cast<double>(st.ios_issued) / secs;
+  const double rps = static_cast<double>(requests.load()) / secs;
+  const double cpu_per_gb = gb > 0 ? cpu / gb : 0;
+
+  if (fl.json) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("backend").String(engine->backend())
+        .Key("fixed_buffers").Bool(engine->uses_fixed_buffers())
+        .Key("pattern").String(fl.pattern)
+        .Key("io_size").Int(static_cast<int64_t>(fl.io_size))
+        .Key("coalesced_size").Int(static_cast<int64_t>(unit_bytes))
+        .Key("qd").Int(fl.qd)
+        .Key("backlog").Int(fl.backlog)
+        .Key("seconds").Double(secs)
+        .Key("bytes").Int(static_cast<int64_t>(bytes.load()))
+        .Key("mb_per_s").Double(mbps)
+        .Key("iops").Double(iops)
+        .Key("requests_per_s").Double(rps)
+        .Key("cpu_seconds").Double(cpu)
+        .Key("cpu_s_per_gb").Double(cpu_per_gb)
+        .Key("verify").Bool(fl.verify)
+        .Key("failures").Int(static_cast<int64_t>(failures.load()))
+        .Key("read_amplification").Double(st.read_amplification())
+        .Key("mean_queue_depth").Double(st.mean_queue_depth)
+        .Key("idle_with_pending_s").Double(st.idle_with_pending_seconds)
+        .Key("ios").Int(static_cast<int64_t>(st.ios_issued))
+        .Key("requests_coalesced").Int(static_cast<int64_t>(st.requests_coalesced))
+        .EndObject();
+    std::puts(w.str().c_str());
+  } else {
+    std::printf("io_bench: %s%s, pattern %s, io %llu B (reads of %llu B), qd %u, %.2f s%s\n",
+                engine->backend(), engine->uses_fixed_buffers() ? " (fixed buffers and files)" : "",
+                fl.pattern.c_str(), static_cast<unsigned long long>(fl.io_size),
+                static_cast<unsigned long long>(unit_bytes), fl.qd, secs,
+                fl.verify ? ", checksums verified" : "");
+    std::printf("%10s %10s %12s %10s %9s %8s %12s\n", "MB/s", "IOPS", "requests/s", "CPU s/GB",
+                "read amp", "mean qd", "idle+pend s");
+    std::printf("%10.1f %10.0f %12.0f %10.4f %9.3f %8.1f %12.4f\n", mbps, iops, rps, cpu_per_gb,
+                st.read_amplification(), st.mean_queue_depth, st.idle_with_pending_seconds);
+  }
+  if (failures.load() > 0) {
+    absl::MutexLock lock(&error_mu);
+    std::fprintf(stderr, "io_bench: %llu requests failed; first: %s\n",
+                 static_cast<unsigned long long>(failures.load()), first_error.c_str());
+    return kExitError;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckv::bench
+
+int main(int argc, char** argv) {
+  using ckv::bench::Flags;
+  Flags fl;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&](std::string_view* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string_view v;
+    bool ok = true;
+    if (a == "--help" || a == "-h") {
+      ckv::bench::Usage(stdout);
+      return 0;
+    } else if (a == "--json") {
+      fl.json = true;
+    } else if (a == "--no-verify") {
+      fl.verify = false;
+    } else if (a == "--no-register") {
+      fl.register_with_ring = false;
+    } else if (!value(&v)) {
+      ok = false;
+    } else if (a == "--file") {
+      fl.file = std::string(v);
+    } else if (a == "--file-size") {
+      ok = ckv::bench::ParseSize(v, &fl.file_size);
+    } else if (a == "--pattern") {
+      fl.pattern = std::string(v);
+      ok = fl.pattern == "random" || fl.pattern == "runs";
+    } else if (a == "--io-size") {
+      ok = ckv::bench::ParseSize(v, &fl.io_size) && fl.io_size % 4096 == 0;
+    } else if (a == "--qd") {
+      uint64_t q = 0;
+      ok = ckv::bench::ParseSize(v, &q) && q <= 1024;
+      fl.qd = static_cast<uint32_t>(q);
+    } else if (a == "--seconds") {
+      fl.seconds = std::atof(std::string(v).c_str());
+      ok = fl.seconds > 0;
+    } else if (a == "--backend") {
+      if (v == "auto") fl.backend = ckv::prefetch::ReadBackend::kAuto;
+      else if (v == "uring") fl.backend = ckv::prefetch::ReadBackend::kUring;
+      else if (v == "threads") fl.backend = ckv::prefetch::ReadBackend::kThreads;
+      else ok = false;
+    } else if (a == "--run-records") {
+      uint64_t n = 0;
+      ok = ckv::bench::ParseSize(v, &n) && n <= 256;
+      fl.run_records = static_cast<uint32_t>(n);
+    } else if (a == "--io-threads") {
+      uint64_t n = 0;
+      ok = ckv::bench::ParseSize(v, &n) && n <= 64;
+      fl.io_threads = static_cast<uint32_t>(n);
+    } else if (a == "--backlog") {
+      uint64_t n = 0;
+      ok = ckv::bench::ParseSize(v, &n) && n <= 64;
+      fl.backlog = static_cast<uint32_t>(n);
+    } else if (a == "--poll-us") {
+      uint64_t n = 0;
+      ok = ckv::bench::ParseSize(v, &n) || v == "0";
+      fl.poll_us = static_cast<uint32_t>(n);
+    } else if (a == "--seed") {
+      ok = ckv::bench::ParseSize(v, &fl.seed);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "io_bench: bad flag or value: %s\n", std::string(a).c_str());
+      ckv::bench::Usage(stderr);
+      return ckv::bench::kExitUsage;
+    }
+  }
+  if (fl.file.empty()) {
+    ckv::bench::Usage(stderr);
+    return ckv::bench::kExitUsage;
+  }
+  return ckv::bench::Run(fl);
+}

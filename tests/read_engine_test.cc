@@ -1,0 +1,601 @@
+// Tests of prefetch/read_engine.h, run for both backends (io_uring and the pread thread pool):
+// exact bytes, checksums, coalescing, priorities under a backlog, injected faults, cancellation
+// racing completions, bounded queues and waits.
+#include "prefetch/read_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "storage/fault_file_system.h"
+#include "storage/file_system.h"
+#include "tests/test_util.h"
+#include "xxhash.h"
+
+namespace ckv::prefetch {
+namespace {
+
+using ::ckv::testing::TempDir;
+
+constexpr uint32_t kRecord = 16 * 1024;
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+// The bytes of record `i`: a seeded pattern that differs in every 8 bytes and every record.
+void FillPattern(uint64_t i, std::span<std::byte> out) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * (i + 1);
+  for (size_t o = 0; o + 8 <= out.size(); o += 8) {
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    uint64_t v = x + o;
+    std::memcpy(out.data() + o, &v, 8);
+  }
+}
+
+std::vector<std::byte> Pattern(uint64_t i, size_t bytes = kRecord) {
+  std::vector<std::byte> v(bytes);
+  FillPattern(i, v);
+  return v;
+}
+
+// A file of `records` records of kRecord bytes, with the pattern above.
+struct TestFile {
+  TestFile(storage::FileSystem* fs, const std::string& path, uint32_t records) : records(records) {
+    auto f = fs->Open(path, storage::FileSystem::OpenMode::kCreateReadWrite);
+    EXPECT_TRUE(f.ok()) << f.status();
+    file = std::move(*f);
+    storage::AlignedBuffer buf(size_t{records} * kRecord);
+    for (uint32_t i = 0; i < records; ++i) {
+      FillPattern(i, std::span<std::byte>(buf.data() + size_t{i} * kRecord, kRecord));
+      checksums.push_back(XXH3_64bits(buf.data() + size_t{i} * kRecord, kRecord));
+    }
+    EXPECT_TRUE(file->WriteAt(0, buf.span()).ok());
+  }
+  uint32_t records;
+  std::unique_ptr<storage::File> file;
+  std::vector<uint64_t> checksums;
+};
+
+ReadRequest RecordRequest(FileId id, const TestFile& f, uint32_t i, Priority p = Priority::kDemand) {
+  ReadRequest r;
+  r.file = id;
+  r.offset = uint64_t{i} * kRecord;
+  r.length = kRecord;
+  r.priority = p;
+  r.verify_checksum = true;
+  r.expected_checksum = f.checksums[i];
+  r.name = "record " + std::to_string(i);
+  return r;
+}
+
+class ReadEngineTest : public ::testing::TestWithParam<ReadBackend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == ReadBackend::kUring && !storage::UringAvailable()) {
+      GTEST_SKIP() << "io_uring unavailable: " << "the threads backend runs the same tests";
+    }
+  }
+  ReadEngineOptions Options() {
+    ReadEngineOptions o;
+    o.backend = GetParam();
+    o.queue_depth = 16;
+    o.max_io_bytes = 128 * 1024;
+    return o;
+  }
+  std::unique_ptr<ReadEngine> Make(const ReadEngineOptions& o) {
+    auto e = ReadEngine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+  TempDir dir_;
+};
+
+// Waits (bounded) until `counter` reaches `target`.
+bool WaitFor(const std::atomic<int>& counter, int target, absl::Duration timeout = kWait) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (counter.load() < target) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 512);
+  auto engine = Make(Options());
+  ASSERT_NE(engine, nullptr);
+  EXPECT_STREQ(engine->backend(), GetParam() == ReadBackend::kUring ? "io_uring" : "threads");
+  if (GetParam() == ReadBackend::kUring) {
+    EXPECT_TRUE(engine->uses_fixed_buffers());
+  }
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+
+  std::mt19937_64 rng(7);
+  std::vector<uint32_t> order(f.records);
+  for (uint32_t i = 0; i < f.records; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  // Every record twice: once into dest (with a future), once viewed in the callback.
+  std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
+  std::vector<std::shared_ptr<ReadFuture>> futures;
+  std::atomic<int> viewed_ok{0}, viewed_bad{0}, done{0};
+  for (uint32_t i : order) {
+    ReadRequest a = RecordRequest(*id, f, i, static_cast<Priority>(rng() % 3));
+    a.dest = dest[i];
+    auto fut = engine->SubmitWithFuture(std::move(a));
+    ASSERT_TRUE(fut.ok()) << fut.status();
+    futures.push_back(*fut);
+    ReadRequest b = RecordRequest(*id, f, i, static_cast<Priority>(rng() % 3));
+    b.callback = [&, i](const ReadResult& r) {
+      const auto want = Pattern(i);
+      if (r.status.ok() && r.data.size() == kRecord &&
+          std::memcmp(r.data.data(), want.data(), kRecord) == 0) {
+        ++viewed_ok;
+      } else {
+        ++viewed_bad;
+      }
+      ++done;
+    };
+    ASSERT_TRUE(engine->Submit(std::move(b)).ok());
+  }
+  for (auto& fut : futures) CKV_EXPECT_OK(fut->Wait(kWait));
+  ASSERT_TRUE(WaitFor(done, static_cast<int>(f.records)));
+  EXPECT_EQ(viewed_ok.load(), static_cast<int>(f.records));
+  EXPECT_EQ(viewed_bad.load(), 0);
+  for (uint32_t i = 0; i < f.records; ++i) EXPECT_EQ(dest[i], Pattern(i)) << "record " << i;
+
+  const ReadEngineStats s = engine->stats();
+  EXPECT_EQ(s.requests_ok, 2u * f.records);
+  EXPECT_EQ(s.requests_failed, 0u);
+  EXPECT_EQ(s.bytes_read, s.bytes_requested);
+  EXPECT_DOUBLE_EQ(s.read_amplification(), 1.0);
+  EXPECT_GE(s.ios_issued, 1u);
+  uint64_t sampled = 0;
+  for (uint64_t c : s.queue_depth_histogram) sampled += c;
+  EXPECT_EQ(sampled + s.requests_coalesced, 2u * f.records);
+}
+
+TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  ReadEngineOptions o = Options();
+  o.start_paused = true;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  // Records 8..15 submitted out of order; record 11's expected checksum is wrong.
+  absl::Mutex mu;
+  std::map<uint32_t, ReadResult> results;
+  std::atomic<int> done{0};
+  for (uint32_t i : {12u, 8u, 9u, 15u, 10u, 11u, 14u, 13u}) {
+    ReadRequest r = RecordRequest(*id, f, i);
+    if (i == 11) r.expected_checksum ^= 1;
+    r.callback = [&, i](const ReadResult& res) {
+      ReadResult copy = res;
+      if (res.status.ok()) {
+        copy.data = {};
+        EXPECT_EQ(std::memcmp(res.data.data(), Pattern(i).data(), kRecord), 0) << i;
+      }
+      absl::MutexLock lock(&mu);
+      results[i] = copy;
+      ++done;
+    };
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  engine->Resume();
+  ASSERT_TRUE(WaitFor(done, 8));
+  // 8 records of 16 KiB = 128 KiB = max_io_bytes: one read.
+  for (auto& [i, r] : results) {
+    EXPECT_EQ(r.coalesced, 8u) << i;
+    EXPECT_EQ(r.issue_seq, results[8].issue_seq) << i;
+    if (i == 11) {
+      EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss);
+      EXPECT_NE(r.status.message().find("record 11"), absl::string_view::npos) << r.status;
+      EXPECT_NE(r.status.message().find("checksum"), absl::string_view::npos) << r.status;
+    } else {
+      CKV_EXPECT_OK(r.status);
+    }
+  }
+  const ReadEngineStats s = engine->stats();
+  EXPECT_EQ(s.requests_coalesced, 7u);
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.requests_failed, 1u);
+  EXPECT_EQ(s.bytes_requested, 8u * kRecord);
+  EXPECT_GT(s.idle_with_pending_seconds, 0.0);  // paused with work queued
+}
+
+TEST_P(ReadEngineTest, CoalescingStopsAtMaxIoBytes) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  ReadEngineOptions o = Options();
+  o.start_paused = true;
+  o.max_io_bytes = 64 * 1024;  // 4 records
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  std::vector<std::shared_ptr<ReadFuture>> futures;
+  std::vector<std::vector<std::byte>> dest(10, std::vector<std::byte>(kRecord));
+  for (uint32_t i = 0; i < 10; ++i) {
+    ReadRequest r = RecordRequest(*id, f, 20 + i, Priority::kIntraPeriod);
+    r.dest = dest[i];
+    futures.push_back(*engine->SubmitWithFuture(std::move(r)));
+  }
+  engine->Resume();
+  for (auto& fut : futures) CKV_EXPECT_OK(fut->Wait(kWait));
+  for (uint32_t i = 0; i < 10; ++i) EXPECT_EQ(dest[i], Pattern(20 + i));
+  const ReadEngineStats s = engine->stats();
+  EXPECT_EQ(s.requests_coalesced, 10u - 3u);  // reads of 4, 4 and 2 records
+}
+
+TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
+  ReadEngineOptions o = Options();
+  o.queue_depth = 1;
+  o.coalesce = false;
+  o.start_paused = true;
+  o.max_outstanding_requests = 70;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  absl::Mutex mu;
+  std::map<uint32_t, uint64_t> seq;  // record -> issue_seq
+  std::atomic<int> done{0};
+  auto submit = [&](uint32_t i, Priority p) {
+    ReadRequest r = RecordRequest(*id, f, i, p);
+    r.callback = [&, i](const ReadResult& res) {
+      EXPECT_TRUE(res.status.ok()) << res.status;
+      absl::MutexLock lock(&mu);
+      seq[i] = res.issue_seq;
+      ++done;
+    };
+    return engine->Submit(std::move(r));
+  };
+  for (uint32_t i = 0; i < 50; ++i) ASSERT_TRUE(submit(i, Priority::kSpeculative).ok());
+  for (uint32_t i = 50; i < 60; ++i) ASSERT_TRUE(submit(i, Priority::kIntraPeriod).ok());
+  for (uint32_t i = 60; i < 70; ++i) ASSERT_TRUE(submit(i, Priority::kDemand).ok());
+  // The queue is full: the 71st request is refused.
+  auto refused = submit(70, Priority::kDemand);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  engine->Resume();
+  ASSERT_TRUE(WaitFor(done, 70));
+  absl::MutexLock lock(&mu);
+  for (uint32_t i = 60; i < 70; ++i) EXPECT_LE(seq[i], 10u) << "demand " << i;
+  for (uint32_t i = 50; i < 60; ++i) EXPECT_TRUE(seq[i] > 10 && seq[i] <= 20) << "intra " << i;
+  for (uint32_t i = 0; i < 50; ++i) EXPECT_GT(seq[i], 20u) << "speculative " << i;
+  // FIFO within a priority.
+  for (uint32_t i = 1; i < 50; ++i) EXPECT_LT(seq[i - 1], seq[i]);
+}
+
+TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
+  // Not paused: speculation is already being read (slowly) when demand arrives.
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
+  ReadEngineOptions o = Options();
+  o.queue_depth = 2;
+  o.coalesce = false;
+  o.fault_hook = [](const std::string&, uint64_t, uint32_t) { return IoFault{.latency_us = 500}; };
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  std::vector<std::shared_ptr<ReadFuture>> spec;
+  std::atomic<uint64_t> max_demand_seq{0};
+  std::atomic<int> done{0};
+  for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
+  for (uint32_t i = 60; i < 65; ++i) {
+    ReadRequest r = RecordRequest(*id, f, i, Priority::kDemand);
+    r.callback = [&](const ReadResult& res) {
+      EXPECT_TRUE(res.status.ok()) << res.status;
+      uint64_t prev = max_demand_seq.load();
+      while (prev < res.issue_seq && !max_demand_seq.compare_exchange_weak(prev, res.issue_seq)) {}
+      ++done;
+    };
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  ASSERT_TRUE(WaitFor(done, 5));
+  for (auto& fut : spec) CKV_EXPECT_OK(fut->Wait(kWait));
+  // Issued well before the 60 speculative reads queued ahead of them were.
+  EXPECT_LT(max_demand_seq.load(), 40u);
+}
+
+TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  ReadEngineOptions o = Options();
+  o.coalesce = false;  // one request per device read, so each fault maps to one request
+  absl::Mutex mu;
+  std::mt19937_64 rng(1234);
+  std::map<uint32_t, std::string> fatal;  // record -> "eio" | "eof"
+  int eintr = 0, partial = 0;
+  o.fault_hook = [&](const std::string&, uint64_t offset, uint32_t length) {
+    absl::MutexLock lock(&mu);
+    const uint32_t record = static_cast<uint32_t>(offset / kRecord);
+    const uint64_t dice = rng() % 100;
+    IoFault fault;
+    if (dice < 10) {
+      fault.error = EIO;
+      fatal[record] = "eio";
+    } else if (dice < 15) {
+      fault.transfer_limit = 0;
+      fatal[record] = "eof";
+    } else if (dice < 25) {
+      fault.error = EINTR;
+      ++eintr;
+    } else if (dice < 45 && length > 4096) {
+      fault.transfer_limit = 4096 * static_cast<int64_t>(1 + rng() % (length / 4096 - 1));
+      ++partial;
+    } else if (dice < 50) {
+      fault.latency_us = 300;
+    }
+    return fault;
+  };
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
+  std::vector<std::shared_ptr<ReadFuture>> futures;
+  for (uint32_t i = 0; i < f.records; ++i) {
+    ReadRequest r = RecordRequest(*id, f, i);
+    r.dest = dest[i];
+    futures.push_back(*engine->SubmitWithFuture(std::move(r)));
+  }
+  int ok = 0;
+  for (uint32_t i = 0; i < f.records; ++i) {
+    const absl::Status s = futures[i]->Wait(kWait);
+    ASSERT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << "record " << i << " hangs";
+    absl::MutexLock lock(&mu);
+    auto it = fatal.find(i);
+    if (it == fatal.end()) {
+      EXPECT_TRUE(s.ok()) << i << ": " << s;
+      EXPECT_EQ(dest[i], Pattern(i)) << "record " << i;
+      ++ok;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << i << ": " << s;
+      EXPECT_NE(s.message().find("record " + std::to_string(i)), absl::string_view::npos) << s;
+      const char* want = it->second == "eio" ? "Input/output error" : "short read";
+      EXPECT_NE(s.message().find(want), absl::string_view::npos) << s;
+    }
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_GT(eintr, 0);
+  EXPECT_GT(partial, 0);
+  EXPECT_GT(ok, 100);
+  EXPECT_GT(fatal.size(), 10u);
+  const ReadEngineStats s = engine->stats();
+  EXPECT_EQ(s.requests_failed, fatal.size());
+  EXPECT_EQ(s.requests_ok, static_cast<uint64_t>(ok));
+}
+
+TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  ReadEngineOptions o = Options();
+  o.max_outstanding_requests = 256;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  // Each request copies into a heap buffer that is freed as soon as the request is over: at
+  // its callback, or right after a successful Cancel. A write after Cancel would hit freed
+  // memory (ASAN reports it; without ASAN the pattern check below catches most).
+  std::atomic<int> completed{0}, cancelled{0}, calls{0}, bad{0};
+  std::mt19937_64 rng(99);
+  int submitted = 0;
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::pair<RequestId, std::byte*>> ids;
+    for (int k = 0; k < 100; ++k) {
+      const uint32_t i = static_cast<uint32_t>(rng() % f.records);
+      auto* buf = new std::byte[kRecord];
+      ReadRequest r = RecordRequest(*id, f, i, static_cast<Priority>(rng() % 3));
+      r.dest = std::span<std::byte>(buf, kRecord);
+      r.callback = [&, i, buf](const ReadResult& res) {
+        if (res.status.ok()) {
+          if (std::memcmp(buf, Pattern(i).data(), kRecord) != 0) ++bad;
+          ++completed;
+          delete[] buf;
+        } else if (res.status.code() == absl::StatusCode::kCancelled) {
+          ++cancelled;  // the canceller frees buf
+        } else {
+          ++bad;
+          delete[] buf;
+        }
+        ++calls;  // last: the test waits on it
+      };
+      auto rid = engine->Submit(std::move(r));
+      if (!rid.ok()) {  // full: the callback will not run
+        EXPECT_EQ(rid.status().code(), absl::StatusCode::kResourceExhausted);
+        delete[] buf;
+        continue;
+      }
+      ++submitted;
+      ids.emplace_back(*rid, buf);
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(ids.size() / 2);  // cancel half, in random order, while the rest are read
+    for (auto& [rid, buf] : ids) {
+      const absl::Status s = engine->Cancel(rid);
+      if (s.ok()) {
+        std::memset(buf, 0xEE, kRecord);  // would corrupt a read still landing here
+        delete[] buf;
+      } else {
+        EXPECT_TRUE(s.code() == absl::StatusCode::kFailedPrecondition ||
+                    s.code() == absl::StatusCode::kNotFound)
+            << s;
+      }
+    }
+  }
+  ASSERT_TRUE(WaitFor(calls, submitted));
+  EXPECT_EQ(completed.load() + cancelled.load(), submitted);
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(cancelled.load(), 0);
+  EXPECT_GT(completed.load(), 0);
+  const ReadEngineStats s = engine->stats();
+  EXPECT_EQ(s.requests_cancelled, static_cast<uint64_t>(cancelled.load()));
+}
+
+TEST_P(ReadEngineTest, DestroyingWithReadsInFlightCompletesOrCancelsEach) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  std::atomic<int> calls{0}, ok{0}, cancelled{0};
+  {
+    ReadEngineOptions o = Options();
+    o.fault_hook = [](const std::string&, uint64_t, uint32_t) { return IoFault{.latency_us = 100}; };
+    auto engine = Make(o);
+    ASSERT_NE(engine, nullptr);
+    auto id = engine->RegisterFile(f.file.get());
+    ASSERT_TRUE(id.ok());
+    for (uint32_t i = 0; i < 256; ++i) {
+      ReadRequest r = RecordRequest(*id, f, i, Priority::kSpeculative);
+      r.callback = [&](const ReadResult& res) {
+        ++calls;
+        if (res.status.ok()) ++ok;
+        if (res.status.code() == absl::StatusCode::kCancelled) ++cancelled;
+      };
+      ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+    }
+  }
+  EXPECT_EQ(calls.load(), 256);
+  EXPECT_EQ(ok.load() + cancelled.load(), 256);
+}
+
+TEST_P(ReadEngineTest, WaitsAreBoundedAndRequestsAreValidated) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 8);
+  ReadEngineOptions o = Options();
+  o.start_paused = true;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  auto fut = engine->SubmitWithFuture(RecordRequest(*id, f, 3));
+  ASSERT_TRUE(fut.ok());
+  EXPECT_EQ((*fut)->Wait(absl::Milliseconds(20)).code(), absl::StatusCode::kDeadlineExceeded);
+  engine->Resume();
+  CKV_EXPECT_OK((*fut)->Wait(kWait));
+  // Completed: NotFound, or FailedPrecondition while its read's slot is being released.
+  const absl::StatusCode late = engine->Cancel((*fut)->id()).code();
+  EXPECT_TRUE(late == absl::StatusCode::kNotFound || late == absl::StatusCode::kFailedPrecondition);
+
+  ReadRequest misaligned = RecordRequest(*id, f, 1);
+  misaligned.offset += 100;
+  EXPECT_EQ(engine->Submit(misaligned).status().code(), absl::StatusCode::kInvalidArgument);
+  ReadRequest too_long = RecordRequest(*id, f, 1);
+  too_long.length = o.max_io_bytes + 4096;
+  EXPECT_EQ(engine->Submit(too_long).status().code(), absl::StatusCode::kInvalidArgument);
+  ReadRequest unknown = RecordRequest(*id, f, 1);
+  unknown.file = 77;
+  EXPECT_EQ(engine->Submit(unknown).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Past the end of the file: DataLoss "short read".
+  ReadRequest past = RecordRequest(*id, f, 0);
+  past.offset = uint64_t{f.records} * kRecord;
+  past.verify_checksum = false;
+  auto pf = engine->SubmitWithFuture(past);
+  ASSERT_TRUE(pf.ok());
+  const absl::Status s = (*pf)->Wait(kWait);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("short read"), absl::string_view::npos) << s;
+  CKV_EXPECT_OK(engine->UnregisterFile(*id));
+  EXPECT_EQ(engine->Submit(RecordRequest(*id, f, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(ReadEngineTest, SeveralIoThreadsDeliverEverything) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  ReadEngineOptions o = Options();
+  o.io_threads = 3;
+  o.queue_depth = 4;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok());
+  std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
+  std::vector<std::shared_ptr<ReadFuture>> futures;
+  for (uint32_t i = 0; i < f.records; i += 2) {  // every other record: nothing coalesces
+    ReadRequest r = RecordRequest(*id, f, i);
+    r.dest = dest[i];
+    futures.push_back(*engine->SubmitWithFuture(std::move(r)));
+  }
+  for (auto& fut : futures) CKV_EXPECT_OK(fut->Wait(kWait));
+  for (uint32_t i = 0; i < f.records; i += 2) EXPECT_EQ(dest[i], Pattern(i)) << i;
+  EXPECT_EQ(engine->stats().requests_coalesced, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ReadEngineTest,
+                         ::testing::Values(ReadBackend::kUring, ReadBackend::kThreads),
+                         [](const ::testing::TestParamInfo<ReadBackend>& info) {
+                           return std::string(info.param == ReadBackend::kUring ? "Uring" : "Threads");
+                         });
+
+// The fault-injecting file system under the threads backend (the io_uring backend needs real
+// descriptors; its faults come from the hook above).
+TEST(ReadEngineFaultFsTest, EioAndShortReadsFromTheFaultFileSystem) {
+  TempDir dir;
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), /*seed=*/5);
+  TestFile f(&fs, dir.Sub("seg-1"), 256);
+  fs.AddRule({.path_substring = "seg-", .read_eio = 0.1, .short_read = 0.1});
+  fs.ResetCounters();
+  ReadEngineOptions o;
+  o.backend = ReadBackend::kThreads;
+  o.queue_depth = 8;
+  o.coalesce = false;
+  auto engine = ReadEngine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto id = (*engine)->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
+  std::vector<std::shared_ptr<ReadFuture>> futures;
+  for (uint32_t i = 0; i < f.records; ++i) {
+    ReadRequest r = RecordRequest(*id, f, i);
+    r.dest = dest[i];
+    futures.push_back(*(*engine)->SubmitWithFuture(std::move(r)));
+  }
+  uint64_t failed = 0;
+  for (uint32_t i = 0; i < f.records; ++i) {
+    const absl::Status s = futures[i]->Wait(kWait);
+    if (s.ok()) {
+      EXPECT_EQ(dest[i], Pattern(i)) << i;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("(injected)"), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find("record " + std::to_string(i)), absl::string_view::npos) << s;
+      ++failed;
+    }
+  }
+  EXPECT_GT(failed, 0u);
+  EXPECT_EQ(failed, fs.injected(storage::FaultKind::kReadEio) +
+                        fs.injected(storage::FaultKind::kShortRead));
+}
+
+// kAuto takes io_uring where the kernel allows it, else threads (with one log line).
+TEST(ReadEngineAutoTest, AutoPicksUringWhenAvailable) {
+  ReadEngineOptions o;
+  o.queue_depth = 2;
+  auto engine = ReadEngine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_STREQ((*engine)->backend(), storage::UringAvailable() ? "io_uring" : "threads");
+  o.queue_depth = 0;
+  EXPECT_EQ(ReadEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReadEngineFaultFsTest, UringBackendRefusesWrappedFiles) {
+  if (!storage::UringAvailable()) GTEST_SKIP() << "io_uring unavailable";
+  TempDir dir;
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 1);
+  TestFile f(&fs, dir.Sub("seg-1"), 2);
+  ReadEngineOptions o;
+  o.backend = ReadBackend::kUring;
+  o.queue_depth = 4;
+  auto engine = ReadEngine::Create(o);
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->RegisterFile(f.file.get()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ckv::prefetch
