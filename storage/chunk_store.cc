@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
 
   // The store directory: created when allowed, but never its parents, so that a mistyped path
   // is an error rather than a new tree.
+  std::string created_parent;  // set when this Open made the store directory
   if (!fs->Exists(path)) {
     if (!options.create_if_missing) {
       return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
@@ -92,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
                                               parent, " does not exist"));
     }
     CKV_RETURN_IF_ERROR(fs->CreateDir(path));
-    // The parent's entry for the store directory is made durable once its catalog exists.
+    created_parent = parent;
   }
   CKV_RETURN_IF_ERROR(fs->CreateDir(absl::StrCat(path, "/", kSegmentsDir)));
 
@@ -102,7 +103,9 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
                        Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
                                      options.create_if_missing, options.error_if_exists,
                                      &contents));
-  if (contents.created) CKV_RETURN_IF_ERROR(fs->SyncDir(path));
+  // The parent's entry for a store directory made here must be durable before any Put is
+  // acknowledged in it.
+  if (!created_parent.empty()) CKV_RETURN_IF_ERROR(fs->SyncDir(created_parent));
   CKV_RETURN_IF_ERROR(store->Load(contents));
   CKV_RETURN_IF_ERROR(store->ReclaimOrphans());
 
@@ -325,6 +328,15 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
       inflight_cv_.Wait(&mu_);
     }
     while (m < n && chunks_.contains(keys[m])) ++m;
+    for (size_t i = m; i < n; ++i) {
+      if (chunks_.contains(keys[i])) {
+        // Stored chunks always include their parents; only a catalog damaged before this open
+        // (a chunk Load had to drop) breaks that. Writing here would shadow the stored record.
+        return absl::DataLossError(absl::StrCat(
+            "chunk ", keys[i].ToHex(), " (", i, " of this prefix) is stored but chunk ",
+            keys[m].ToHex(), " before it is not; run kvctl verify"));
+      }
+    }
     new_spec = !specs_.contains(fp);
     const uint64_t tick = ++use_clock_;
     for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
@@ -698,6 +710,10 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
   }
   absl::flat_hash_set<ChunkKey> gone(victims.begin(), victims.end());
   absl::flat_hash_map<ChunkKey, uint32_t> children_left;
+  // Chunks that end an evicted prefix: a victim that ended one, or whose removed descendants did,
+  // hands the end on to its parent (evicting C then B of A<-B<-C leaves A as the end).
+  absl::flat_hash_set<ChunkKey> carries_end;
+  absl::flat_hash_set<ChunkKey> parent_gets_end;
   std::vector<std::pair<ChunkKey, PrefixEntry>> new_prefix_ends;
   StoredCounters next = counters_;
   const int64_t now = NowMs();
@@ -712,14 +728,20 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     } else {
       next.chunks_deleted++;
     }
-    if (e.parent.IsZero() || gone.contains(e.parent)) continue;
+    // An evicted prefix end leaves its parent as the end of the (shorter) prefix when nothing
+    // else extends the parent. A deleted one does not: the caller asked for it to go.
+    const bool ends = evicted && (e.prefix_end || carries_end.contains(key));
+    if (e.parent.IsZero()) continue;
+    if (gone.contains(e.parent)) {
+      if (ends) carries_end.insert(e.parent);
+      continue;
+    }
     auto parent = chunks_.find(e.parent);
     if (parent == chunks_.end()) continue;
     auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
     --it->second;
-    // An evicted prefix end leaves its parent as the end of the (shorter) prefix when nothing
-    // else extends the parent. A deleted one does not: the caller asked for it to go.
-    if (evicted && e.prefix_end && it->second == 0 && !parent->second.prefix_end) {
+    if (ends) parent_gets_end.insert(e.parent);
+    if (it->second == 0 && parent_gets_end.contains(e.parent) && !parent->second.prefix_end) {
       PrefixEntry p{e.fingerprint, uint64_t{parent->second.depth} + 1, now};
       batch.PutPrefix(e.parent, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
       new_prefix_ends.emplace_back(e.parent, p);
@@ -736,7 +758,6 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     if (e.prefix_end) prefixes_.erase(key);
     auto parent = chunks_.find(e.parent);
     if (parent != chunks_.end()) parent->second.children--;
-    used_bytes_ -= segments_.at(e.segment)->chunk_bytes();
     const SlotId slot{e.segment, e.slot};
     if (read_pins_.contains(slot)) {
       deferred_free_.insert(slot);
@@ -761,6 +782,9 @@ void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
                                                   " of segment ", segment, ": ", s.message()));
   }
   seg->Free(SlotRun{slot, 1});
+  // Counted until here, not until the catalog forgot the chunk: a slot a reader still holds keeps
+  // its blocks on disk, so it keeps counting against the cap.
+  used_bytes_ -= seg->chunk_bytes();
 }
 
 absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec,

@@ -247,6 +247,37 @@ TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
   EXPECT_EQ(*engine->Lookup(spec, huge), 0u);
 }
 
+// Regression: evicting two levels of a chain (D, then C of A<-B<-C<-D) lost the prefix end
+// instead of moving it to B, leaving chunks that no listed prefix reached.
+TEST(ChunkStoreTest, EvictingSeveralLevelsOfAChainMovesItsEndToTheSurvivor) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const uint64_t chunk = ChunkBytes(spec);
+  EngineOptions options;
+  // Room for 6.5 chunks of data once the metadata allowance of one segment is set aside.
+  options.max_disk_bytes = (13 * chunk / 2) * 257 / 256 + 2 * 4096 + 257;
+  auto engine = OpenOrDie(dir.path(), options);
+  const auto p = synth::Tokens(1, 4 * spec.chunk_tokens);
+  const auto q = synth::Tokens(2, 4 * spec.chunk_tokens);
+  ASSERT_TRUE(PutSynthetic(*engine, spec, p).ok());
+  auto put_q = PutSynthetic(*engine, spec, q);
+  ASSERT_TRUE(put_q.ok()) << put_q.status();
+  EXPECT_EQ(put_q->chunks_evicted, 2u);
+  EXPECT_EQ(*engine->Lookup(spec, p), 2u);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, p);
+  bool found = false;
+  for (const PrefixInfo& info : engine->ListPrefixes()) {
+    if (info.id == keys[1]) {
+      found = true;
+      EXPECT_EQ(info.chunks, 2u);
+    }
+  }
+  EXPECT_TRUE(found) << "the trimmed prefix is not listed";
+  // It can be deleted like any prefix, which frees its chunks.
+  CKV_EXPECT_OK(engine->DeletePrefix(keys[1]));
+  EXPECT_EQ(engine->Stats().chunks, 4u);
+}
+
 TEST(ChunkStoreTest, LoweringTheCapOnOpenEvictsDownToIt) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;
