@@ -13,17 +13,21 @@
 //
 // bench/put_vs_fio.sh runs this program and fio back to back on the same filesystem.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +54,7 @@ struct Flags {
   RecordLayout layout = RecordLayout::kLayerMajor;
   IoBackend io_backend = IoBackend::kAuto;
   bool keep = false;
+  double settle_seconds = 3;
   bool print_bytes = false;
 };
 
@@ -69,6 +74,8 @@ void PrintUsage(FILE* out) {
       "  --layout L         record layout of the stores (default layer-major)\n"
       "  --io-backend B     auto (default), uring, threads\n"
       "  --keep             keep the last store instead of removing it\n"
+      "  --settle S         seconds to wait (after a sync) between repeats, so that the discards\n"
+      "                     of the deleted previous store finish outside the timing (default 3)\n"
       "  --print-bytes      print the KV bytes of the prefix and exit (for fio's --size)\n",
       out);
 }
@@ -94,6 +101,15 @@ int ParseFlags(int argc, char** argv, Flags* f) {
     if (arg == "-h" || arg == "--help") {
       PrintUsage(stdout);
       return 0;
+    }
+    if (arg == "--settle") {
+      if (i + 1 >= argc) return Usage("--settle needs a value");
+      char* end = nullptr;
+      f->settle_seconds = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || !(f->settle_seconds >= 0)) {
+        return Usage("--settle takes a number of seconds >= 0");
+      }
+      continue;
     }
     if (arg == "--keep") {
       f->keep = true;
@@ -214,6 +230,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "put_bench: remove %s: %s\n", stale.c_str(), ec.message().c_str());
         return kExitError;
       }
+    }
+    if (i > 1 && f.settle_seconds > 0) {
+      // The previous store was just deleted: on a file system mounted with online discard its
+      // freed blocks go to the device now. Let that finish outside the timed Put.
+      ::sync();
+      std::this_thread::sleep_for(std::chrono::duration<double>(f.settle_seconds));
     }
     EngineOptions options;
     options.create_if_missing = true;

@@ -21,6 +21,7 @@ DIR="$PWD/ckv-put-vs-fio"
 MODEL=qwen2.5-7b
 TOKENS=16384
 ROUNDS=3
+SETTLE_SECONDS=3
 JSON=""
 PLOT=""
 BUILD_DIR="$REPO_ROOT/build"
@@ -40,6 +41,8 @@ to back on the same directory, R rounds, and prints put/fio throughput ratios.
   --model PRESET  model preset of the prefix (default qwen2.5-7b)
   --tokens N      prefix length in tokens (default 16384, ~0.94 GB for qwen2.5-7b)
   --rounds R      rounds of fio + put (default 3)
+  --settle S      seconds to wait, after a sync, before each timed run, so that the discards of
+                  the previous run's deleted files (ext4 -o discard) finish first (default 3)
   --json FILE     write the rounds and the summary as one JSON object
   --plot PNG      draw GB/s per round for both with gnuplot (needs gnuplot)
   --build DIR     ckv build directory holding bench/put_bench (default <repo>/build)
@@ -52,6 +55,7 @@ while (($# > 0)); do
     --model) MODEL="${2:?--model needs a value}"; shift 2 ;;
     --tokens) TOKENS="${2:?--tokens needs a value}"; shift 2 ;;
     --rounds) ROUNDS="${2:?--rounds needs a value}"; shift 2 ;;
+    --settle) SETTLE_SECONDS="${2:?--settle needs a value}"; shift 2 ;;
     --json) JSON="${2:?--json needs a value}"; shift 2 ;;
     --plot) PLOT="${2:?--plot needs a value}"; shift 2 ;;
     --build) BUILD_DIR="${2:?--build needs a value}"; shift 2 ;;
@@ -90,8 +94,17 @@ trap cleanup EXIT
 
 say "$ROUNDS rounds on $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 " on " $1 }')), $BYTES bytes each"
 
+# Lets the device go quiet before a timed run. A file system mounted with online discard (ext4
+# -o discard) sends the freed blocks of the previous run's deleted file to the device after the
+# deletion; those discards would otherwise land inside the next timed run, of either tool.
+settle() {
+  sync -f "$DIR"
+  sleep "$SETTLE_SECONDS"
+}
+
 run_fio() {
   local round="$1"
+  settle
   fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size="$BYTES" \
     --iodepth=16 --filename="$DIR/fio.dat" --output-format=json >"$WORK/fio-$round.json"
   rm -f "$DIR/fio.dat"
@@ -99,6 +112,7 @@ run_fio() {
 
 run_put() {
   local round="$1"
+  settle
   "$PUT_BENCH" --store "$DIR" --model "$MODEL" --tokens "$TOKENS" --repeat 1 \
     --json "$WORK/put-$round.json" >"$WORK/put-$round.txt"
 }
