@@ -379,7 +379,18 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
       inflight_cv_.SignalAll();
     };
     absl::Status s = MakeRoomLocked(need, &result.chunks_evicted);
+    const size_t segments_before = segments_.size();
     if (s.ok()) s = AllocateLocked(spec, n - m, &plan);
+    if (s.ok() && max_disk_bytes_ > 0 && segments_.size() > segments_before + 1 &&
+        used_bytes_ + need > DataCapLocked()) {
+      // The room was made for one new segment's metadata and the Put needed more segments: make
+      // room again now that they exist (the slots are taken already and do not count yet).
+      s = MakeRoomLocked(need, &result.chunks_evicted);
+      if (!s.ok()) {
+        ReleasePlanLocked(plan);
+        plan.clear();
+      }
+    }
     if (!s.ok()) {
       undo();
       return s;

@@ -278,6 +278,29 @@ TEST(ChunkStoreTest, EvictingSeveralLevelsOfAChainMovesItsEndToTheSurvivor) {
   EXPECT_EQ(engine->Stats().chunks, 4u);
 }
 
+TEST(ChunkStoreTest, CapHoldsWhenPutsCreateManySmallSegments) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const uint64_t chunk = ChunkBytes(spec);
+  EngineOptions options;
+  options.segment_bytes = chunk;  // one chunk per segment: a Put makes several segments
+  options.max_disk_bytes = 12 * chunk;
+  auto engine = OpenOrDie(dir.path(), options);
+  for (int i = 0; i < 15; ++i) {
+    auto put = PutSynthetic(*engine, spec, synth::Tokens(500 + i, 8 * spec.chunk_tokens));
+    ASSERT_TRUE(put.ok()) << "put " << i << ": " << put.status();
+    const EngineStats stats = engine->Stats();
+    // The data stays within the bound docs/format.md states (the metadata allowance of every
+    // segment set aside)...
+    ASSERT_LE(stats.disk_bytes_used,
+              (*options.max_disk_bytes - (stats.segments + 1) * 4096) / 257 * 256)
+        << "after put " << i << " with " << stats.segments << " segments";
+    // ...and so do the blocks the files really occupy.
+    ASSERT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes) << "after put " << i;
+  }
+  EXPECT_GT(engine->Stats().segments, 2u);
+}
+
 TEST(ChunkStoreTest, LoweringTheCapOnOpenEvictsDownToIt) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;
