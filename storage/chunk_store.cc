@@ -1044,6 +1044,19 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
             absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth, " has no parent"));
       }
     }
+    // Child counts are derived state: they must agree with the parent links they count.
+    absl::flat_hash_map<ChunkKey, uint32_t> linked_children;
+    for (const auto& [key, e] : chunks_) {
+      if (!e.parent.IsZero() && chunks_.contains(e.parent)) linked_children[e.parent]++;
+    }
+    for (const auto& [key, e] : chunks_) {
+      auto linked = linked_children.find(key);
+      const uint32_t want = linked == linked_children.end() ? 0 : linked->second;
+      if (e.children != want) {
+        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " counts ", e.children,
+                                               " children; ", want, " stored chunks name it"));
+      }
+    }
     for (const auto& [id, p] : prefixes_) {
       auto it = chunks_.find(id);
       if (it == chunks_.end() || it->second.depth + 1 != p.chunks) {
