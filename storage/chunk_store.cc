@@ -173,21 +173,9 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
       logger_->Log(LogLevel::kError, problem);
       continue;
     }
-    ChunkEntry e;
-    e.parent = r.parent;
-    e.fingerprint = r.fingerprint;
-    e.depth = r.depth;
-    e.segment = r.segment;
-    e.slot = r.slot;
-    e.put_seq = r.put_seq;
-    e.last_use = r.put_seq;
-    e.created_unix_ms = r.created_unix_ms;
-    e.importance = r.importance;
-    e.loads = r.loads;
-    e.checksums = r.checksums;
     put_seq_ = std::max(put_seq_, r.put_seq);
     used_bytes_ += seg->second->chunk_bytes();
-    chunks_.emplace(key, std::move(e));
+    chunks_.emplace(key, EntryFromRecord(r, /*last_use=*/r.put_seq));
   }
   use_clock_ = put_seq_;
   for (auto& [key, e] : chunks_) {
@@ -291,9 +279,25 @@ absl::Status ChunkStore::ValidatePut(const ModelSpec& spec, std::span<const int3
   return absl::OkStatus();
 }
 
-bool ChunkStore::RemovableLocked(const ChunkKey& key, const ChunkEntry& e) const {
-  return e.children == 0 && e.put_pins == 0 && !inflight_.contains(key) &&
-         !read_pins_.contains(SlotId{e.segment, e.slot});
+ChunkStore::ChunkEntry ChunkStore::EntryFromRecord(const ChunkRecord& r, uint64_t last_use) {
+  ChunkEntry e;
+  e.parent = r.parent;
+  e.fingerprint = r.fingerprint;
+  e.depth = r.depth;
+  e.segment = r.segment;
+  e.slot = r.slot;
+  e.put_seq = r.put_seq;
+  e.last_use = last_use;
+  e.created_unix_ms = r.created_unix_ms;
+  e.importance = r.importance;
+  e.loads = r.loads;
+  e.checksums = r.checksums;
+  return e;
+}
+
+bool ChunkStore::HeldLocked(const ChunkKey& key, const ChunkEntry& e) const {
+  return e.put_pins > 0 || inflight_.contains(key) ||
+         read_pins_.contains(SlotId{e.segment, e.slot});
 }
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
@@ -416,13 +420,15 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   const int64_t now = NowMs();
   const uint64_t seq = ++put_seq_;
   StoredCounters next = counters_;
+  std::vector<std::pair<size_t, ChunkRecord>> records;  // (index in keys, what the batch names)
   if (s.ok()) {
     Catalog::Batch batch = catalog_->NewBatch();
     if (new_spec && !specs_.contains(fp)) batch.PutSpec(spec);
+    records.reserve(n - m);
     for (const PlannedRun& r : plan) {
       for (uint32_t i = 0; i < r.run.count; ++i) {
         const size_t idx = m + r.first + i;
-        ChunkRecord rec;
+        ChunkRecord& rec = records.emplace_back(idx, ChunkRecord{}).second;
         rec.parent = idx == 0 ? ChunkKey{} : keys[idx - 1];
         rec.fingerprint = fp;
         rec.depth = static_cast<uint32_t>(idx);
@@ -431,7 +437,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
         rec.put_seq = seq;
         rec.created_unix_ms = now;
         rec.tokens.assign(tokens.begin() + idx * c, tokens.begin() + (idx + 1) * c);
-        rec.checksums = checksums[r.first + i];
+        rec.checksums = std::move(checksums[r.first + i]);
         batch.PutChunk(keys[idx], rec);
       }
     }
@@ -455,22 +461,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   counters_ = next;
   if (new_spec) specs_.emplace(fp, spec);
   const uint64_t tick = ++use_clock_;
-  for (const PlannedRun& r : plan) {
-    for (uint32_t i = 0; i < r.run.count; ++i) {
-      const size_t idx = m + r.first + i;
-      ChunkEntry e;
-      e.parent = idx == 0 ? ChunkKey{} : keys[idx - 1];
-      e.fingerprint = fp;
-      e.depth = static_cast<uint32_t>(idx);
-      e.segment = r.segment->id();
-      e.slot = r.run.start + i;
-      e.put_seq = seq;
-      e.last_use = tick;
-      e.created_unix_ms = now;
-      e.checksums = std::move(checksums[r.first + i]);
-      chunks_.emplace(keys[idx], std::move(e));
-    }
-  }
+  for (const auto& [idx, rec] : records) chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
   chunks_[keys[n - 1]].prefix_end = true;
   prefixes_[keys[n - 1]] = PrefixEntry{fp, n, now};
@@ -678,7 +669,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
     return HeapItem{EvictionCandidate{EvictionPolicy::Score(e.importance, e.loads), e.last_use, key}};
   };
   for (const auto& [key, e] : chunks_) {
-    if (RemovableLocked(key, e)) heap.push(candidate(key, e));
+    if (e.children == 0 && !HeldLocked(key, e)) heap.push(candidate(key, e));
   }
   absl::flat_hash_map<ChunkKey, uint32_t> children_left;
   std::vector<ChunkKey> victims;
@@ -694,11 +685,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
     if (parent == chunks_.end()) continue;
     auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
     if (--it->second == 0) {
-      const ChunkEntry& p = parent->second;
-      if (p.put_pins == 0 && !inflight_.contains(e.parent) &&
-          !read_pins_.contains(SlotId{p.segment, p.slot})) {
-        heap.push(candidate(e.parent, p));
-      }
+      if (!HeldLocked(e.parent, parent->second)) heap.push(candidate(e.parent, parent->second));
     }
   }
   if (used_bytes_ - freed > target) {

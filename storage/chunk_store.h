@@ -119,8 +119,10 @@ class ChunkStore {
   absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
                                   bool evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeSlotLocked(uint32_t segment, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool RemovableLocked(const ChunkKey& key, const ChunkEntry& e) const
+  // True when a Put extends the chunk, a Put is writing it, or a reader holds its slot.
+  bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static ChunkEntry EntryFromRecord(const ChunkRecord& record, uint64_t last_use);
   absl::Status AllocateLocked(const ModelSpec& spec, size_t count, std::vector<PlannedRun>* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Segment*> NewSegmentLocked(const ModelSpec& spec)
