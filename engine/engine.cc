@@ -1,7 +1,9 @@
-// The Engine facade: today a thin layer over storage::ChunkStore. Re-Prefill sessions, tiers and
+// The Engine facade: today a thin layer over storage::ChunkStore that adds the key summaries
+// to every Put. Re-Prefill sessions, tiers and
 // the prefetch planner join it here.
 #include "ckv/engine.h"
 
+#include "engine/summaries.h"
 #include "storage/chunk_store.h"
 
 namespace ckv {
@@ -13,7 +15,8 @@ class EngineImpl final : public Engine {
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
-    return store_->Put(spec, tokens, kv);
+    const storage::AuxRecords summaries = engine::SummaryRecords(spec, kv);
+    return store_->Put(spec, tokens, kv, &summaries);
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {

@@ -13,6 +13,9 @@ namespace {
 constexpr uint8_t kChunkRecordV1 = 1;
 constexpr uint8_t kPrefixRecordV1 = 1;
 constexpr uint8_t kSegmentRecordV1 = 1;
+constexpr uint8_t kSegmentRecordV2 = 2;  // adds aux_record_bytes
+// Auxiliary records a segment may declare.
+constexpr uint32_t kMaxAuxRecords = 16;
 constexpr uint8_t kModelSpecV1 = 1;
 constexpr uint8_t kCountersV1 = 1;
 
@@ -180,7 +183,7 @@ absl::StatusOr<ChunkRecord> DecodeChunkRecord(absl::string_view bytes, absl::str
   c.tokens.resize(n);
   for (auto& t : c.tokens) CKV_RETURN_IF_ERROR(r.Get(&t));
   CKV_RETURN_IF_ERROR(r.Get(&n));
-  if (n == 0 || n > kMaxLayers) {
+  if (n == 0 || n > kMaxLayers + kMaxAuxRecords) {
     return absl::DataLossError(absl::StrCat("catalog entry ", what, ": ", n, " checksums"));
   }
   c.checksums.resize(n);
@@ -211,7 +214,7 @@ absl::StatusOr<PrefixRecord> DecodePrefixRecord(absl::string_view bytes, absl::s
 
 std::string EncodeSegmentRecord(const SegmentRecord& s) {
   Writer w;
-  w.Put(kSegmentRecordV1);
+  w.Put(kSegmentRecordV2);
   w.PutKey(s.fingerprint);
   w.Put(static_cast<uint8_t>(s.layout));
   w.Put(s.layers);
@@ -220,13 +223,20 @@ std::string EncodeSegmentRecord(const SegmentRecord& s) {
   w.Put(s.record_slot_bytes);
   w.Put(s.capacity_slots);
   w.Put(s.created_unix_ms);
+  w.Put(static_cast<uint32_t>(s.aux_record_bytes.size()));
+  for (uint32_t b : s.aux_record_bytes) w.Put(b);
   return w.Take();
 }
 
 absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl::string_view what) {
   Reader r(bytes, what);
   SegmentRecord s;
-  CKV_RETURN_IF_ERROR(r.Version(kSegmentRecordV1));
+  uint8_t version = 0;
+  CKV_RETURN_IF_ERROR(r.Get(&version));
+  if (version != kSegmentRecordV1 && version != kSegmentRecordV2) {
+    return absl::DataLossError(absl::StrCat("catalog entry ", what, ": encoding version ", version,
+                                            " is not 1 or 2 (written by another ckv version?)"));
+  }
   CKV_RETURN_IF_ERROR(r.GetKey(&s.fingerprint));
   uint8_t layout = 0;
   CKV_RETURN_IF_ERROR(r.Get(&layout));
@@ -241,6 +251,21 @@ absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl:
   CKV_RETURN_IF_ERROR(r.Get(&s.record_slot_bytes));
   CKV_RETURN_IF_ERROR(r.Get(&s.capacity_slots));
   CKV_RETURN_IF_ERROR(r.Get(&s.created_unix_ms));
+  if (version == kSegmentRecordV2) {
+    uint32_t n = 0;
+    CKV_RETURN_IF_ERROR(r.Get(&n));
+    if (n > kMaxAuxRecords) {
+      return absl::DataLossError(absl::StrCat("catalog entry ", what, ": ", n, " aux records"));
+    }
+    s.aux_record_bytes.resize(n);
+    for (auto& b : s.aux_record_bytes) {
+      CKV_RETURN_IF_ERROR(r.Get(&b));
+      if (b == 0 || b > (1u << 30)) {
+        return absl::DataLossError(
+            absl::StrCat("catalog entry ", what, ": aux record of ", b, " bytes"));
+      }
+    }
+  }
   CKV_RETURN_IF_ERROR(r.Finish());
   if (s.layers == 0 || s.layers > kMaxLayers || s.band_layers == 0 ||
       s.band_layers > s.layers || s.record_bytes == 0 || s.record_slot_bytes < s.record_bytes ||

@@ -23,7 +23,9 @@ namespace ckv::storage {
 
 // The catalog format this build writes and the newest it reads. Stored in meta under
 // kMetaFormatVersion. Bump on any incompatible change to this file.
-inline constexpr uint32_t kCatalogFormatVersion = 1;
+// Version 2 added auxiliary records (key summaries) to segments; version 1 stores are read as
+// stores whose chunks have none.
+inline constexpr uint32_t kCatalogFormatVersion = 2;
 
 // Column families.
 inline constexpr char kCfChunks[] = "chunks";          // chunk key (16 B) -> ChunkRecord
@@ -53,7 +55,9 @@ struct ChunkRecord {
   double importance = 0;  // I: accumulated attention over Re-Prefills
   uint64_t loads = 0;     // F: times loaded into a faster tier
   std::vector<int32_t> tokens;      // the chunk's c token ids
-  std::vector<uint64_t> checksums;  // XXH3-64 of each layer's record (record bytes, no padding)
+  // XXH3-64 of each record (record bytes, no padding): the L layers' records, then the segment's
+  // auxiliary records in their order.
+  std::vector<uint64_t> checksums;
 };
 
 // A stored prefix, keyed by the key of its last chunk.
@@ -73,6 +77,10 @@ struct SegmentRecord {
   uint32_t record_slot_bytes = 0;  // record_bytes rounded up to 4096
   uint32_t capacity_slots = 0;  // chunks the segment can hold
   int64_t created_unix_ms = 0;
+  // Bytes of each auxiliary record a chunk has besides its layers' records (the key summaries
+  // the engine computes at Put time; storage does not interpret them). Each is stored in a band
+  // of its own after the layer bands, in a slot rounded up to 4096. Empty in version 1 segments.
+  std::vector<uint32_t> aux_record_bytes;
 };
 
 // Counters persisted with every Put, eviction and delete.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <queue>
 
 #include "absl/strings/str_cat.h"
@@ -17,8 +18,6 @@ constexpr char kCatalogDir[] = "catalog";
 constexpr char kSegmentsDir[] = "segments";
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
 
@@ -47,8 +46,10 @@ std::string ChunkStore::SegmentPath(uint32_t id) const {
   return absl::StrCat(path_, "/", kSegmentsDir, "/", Segment::FileName(id));
 }
 
-uint64_t ChunkStore::ChunkBytesOf(const ModelSpec& spec) const {
-  return uint64_t{spec.layers} * RoundUp(spec.RecordBytes(), kDirectIoAlignment);
+uint64_t ChunkStore::ChunkBytesOf(const ModelSpec& spec,
+                                  const std::vector<uint32_t>& aux_bytes) const {
+  return Segment::ChunkBytes(Segment::GeometryFor(spec, RecordLayout::kLayerMajor, 1,
+                                                  options_.segment_bytes, 0, aux_bytes));
 }
 
 absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions& options,
@@ -119,6 +120,10 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
     store->layout_ = *options.layout;
     batch.PutMeta(kMetaLayout, std::string(1, static_cast<char>(store->layout_)));
   }
+  if (contents.format_version < kCatalogFormatVersion) {
+    // New segments are written in the current encoding: older builds must refuse the store now.
+    batch.PutMeta(kMetaFormatVersion, EncodeU32(kCatalogFormatVersion));
+  }
   if (!batch.empty()) CKV_RETURN_IF_ERROR(store->catalog_->Commit(batch));
   // A cap lowered since the last open takes effect now.
   uint64_t evicted = 0;
@@ -160,7 +165,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
       problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ",
                              r.segment, ", which has ", seg->second->geometry().capacity_slots);
     } else if (!(seg->second->geometry().fingerprint == r.fingerprint) ||
-               r.checksums.size() != seg->second->geometry().layers) {
+               r.checksums.size() != seg->second->records()) {
       problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
                              r.segment);
     } else if (!seg->second->MarkUsed(r.slot)) {
@@ -301,13 +306,28 @@ bool ChunkStore::HeldLocked(const ChunkKey& key, const ChunkEntry& e) const {
 }
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                          const KvTensors& kv) {
+                                          const KvTensors& kv, const AuxRecords* aux) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
+  const std::vector<uint32_t> aux_bytes = aux != nullptr ? aux->record_bytes
+                                                         : std::vector<uint32_t>{};
+  if (aux != nullptr) {
+    if (aux_bytes.empty() || aux_bytes.size() > 16 || !aux->fill) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put with ", aux_bytes.size(), " auxiliary records", aux->fill ? "" : " and no fill",
+          ": 1..16 records and a fill function are needed"));
+    }
+    for (uint32_t b : aux_bytes) {
+      if (b == 0 || b > (1u << 30)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("auxiliary record of ", b, " bytes: must be 1 B..1 GiB"));
+      }
+    }
+  }
   const ChunkKey fp = spec.Fingerprint();
   const uint32_t c = spec.chunk_tokens;
   const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens);
   const size_t n = keys.size();
-  const uint64_t chunk_bytes = ChunkBytesOf(spec);
+  const uint64_t chunk_bytes = ChunkBytesOf(spec, aux_bytes);
 
   PutResult result;
   result.chunks = n;
@@ -384,7 +404,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
     };
     absl::Status s = MakeRoomLocked(need, &result.chunks_evicted);
     const size_t segments_before = segments_.size();
-    if (s.ok()) s = AllocateLocked(spec, n - m, &plan);
+    if (s.ok()) s = AllocateLocked(spec, aux_bytes, n - m, &plan);
     if (s.ok() && max_disk_bytes_ > 0 && segments_.size() > segments_before + 1 &&
         used_bytes_ + need > DataCapLocked()) {
       // The room was made for one new segment's metadata and the Put needed more segments: make
@@ -402,10 +422,31 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
     used_bytes_ += need;
   }
 
+  // Compute the auxiliary records on a second thread while the layers' records are written.
+  // The future's destructor waits, so nothing it uses goes away under it on any return path.
+  std::vector<std::vector<std::byte>> aux_data(aux_bytes.size());
+  for (size_t a = 0; a < aux_bytes.size(); ++a) aux_data[a].resize((n - m) * aux_bytes[a]);
+  std::future<void> aux_future;
+  if (aux != nullptr) {
+    aux_future = std::async(std::launch::async, [&] {
+      std::vector<std::span<std::byte>> out(aux_bytes.size());
+      for (size_t i = 0; i < n - m; ++i) {
+        for (size_t a = 0; a < aux_bytes.size(); ++a) {
+          out[a] = std::span<std::byte>(aux_data[a].data() + i * aux_bytes[a], aux_bytes[a]);
+        }
+        aux->fill(m + i, out);
+      }
+    });
+  }
+  auto aux_ready = [&] {
+    if (aux_future.valid()) aux_future.wait();
+  };
+
   // Write the records, then make them durable.
-  std::vector<std::vector<uint64_t>> checksums(n - m, std::vector<uint64_t>(spec.layers));
+  std::vector<std::vector<uint64_t>> checksums(
+      n - m, std::vector<uint64_t>(spec.layers + aux_bytes.size()));
   uint64_t bytes_written = 0;
-  absl::Status s = WriteChunks(spec, kv, m, plan, &checksums, &bytes_written);
+  absl::Status s = WriteChunks(spec, kv, m, plan, aux_data, aux_ready, &checksums, &bytes_written);
   if (s.ok()) {
     std::vector<Segment*> synced;
     for (const PlannedRun& r : plan) {
@@ -482,7 +523,8 @@ void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan) {
   }
 }
 
-absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec, size_t count,
+absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec,
+                                        const std::vector<uint32_t>& aux_bytes, size_t count,
                                         std::vector<PlannedRun>* plan) {
   const ChunkKey fp = spec.Fingerprint();
   size_t done = 0;
@@ -490,7 +532,8 @@ absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec, size_t count,
   std::vector<Segment*> candidates;
   for (auto& [id, seg] : segments_) {
     const SegmentRecord& g = seg->geometry();
-    if (g.fingerprint == fp && g.layout == layout_ && seg->free_slots() > 0) {
+    if (g.fingerprint == fp && g.layout == layout_ && g.aux_record_bytes == aux_bytes &&
+        seg->free_slots() > 0) {
       candidates.push_back(seg.get());
     }
   }
@@ -502,7 +545,7 @@ absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec, size_t count,
     if (next_candidate < candidates.size()) {
       seg = candidates[next_candidate];
     } else {
-      auto created = NewSegmentLocked(spec);
+      auto created = NewSegmentLocked(spec, aux_bytes);
       if (!created.ok()) {
         ReleasePlanLocked(*plan);
         plan->clear();
@@ -522,10 +565,11 @@ absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec, size_t count,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec) {
+absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec,
+                                                      const std::vector<uint32_t>& aux_bytes) {
   const uint32_t id = next_segment_id_++;
   const SegmentRecord g = Segment::GeometryFor(spec, layout_, options_.period_layers,
-                                               options_.segment_bytes, NowMs());
+                                               options_.segment_bytes, NowMs(), aux_bytes);
   const std::string file_path = SegmentPath(id);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                        fs_->Open(file_path, FileSystem::OpenMode::kCreateReadWrite));
@@ -543,12 +587,13 @@ absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec) {
 
 absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
                                      size_t first_chunk, const std::vector<PlannedRun>& plan,
+                                     const std::vector<std::vector<std::byte>>& aux_data,
+                                     const std::function<void()>& aux_ready,
                                      std::vector<std::vector<uint64_t>>* checksums,
                                      uint64_t* bytes_written) {
   const uint32_t c = spec.chunk_tokens;
   const size_t token_bytes = spec.TokenBytesPerLayer();
   const size_t half = size_t{c} * token_bytes;  // K (or V) bytes of one chunk at one layer
-  const size_t record_bytes = 2 * half;
   const size_t depth = options_.io_queue_depth;
   // Staging buffers, allocated as the pipeline needs them, at most depth + 1: a Submit into a
   // full queue first reaps a completion (whose callback returns its buffer), so with one buffer
@@ -577,15 +622,21 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
       CKV_RETURN_IF_ERROR(s);
     }
   }
+  bool aux_waited = false;
   for (const PlannedRun& r : plan) {
     Segment* seg = r.segment;
-    const uint64_t slot_stride = seg->geometry().record_slot_bytes;
     for (uint32_t band = 0; band < seg->bands(); ++band) {
+      const bool aux_band = band >= seg->layer_bands();
+      if (aux_band && !aux_waited) {
+        aux_ready();
+        aux_waited = true;
+      }
+      const uint64_t slot_stride = seg->record_stride(band);
       const uint64_t band_slot = seg->band_slot_bytes(band);
       const uint32_t per_io = static_cast<uint32_t>(
           std::max<uint64_t>(1, options_.max_write_bytes / band_slot));
-      const uint32_t first_layer = band * seg->geometry().band_layers;
-      const uint32_t layers = seg->layers_in_band(band);
+      const uint32_t first_record = seg->first_record_of_band(band);
+      const uint32_t records = seg->records_in_band(band);
       for (uint32_t s0 = 0; s0 < r.run.count; s0 += per_io) {
         const uint32_t count = std::min(per_io, r.run.count - s0);
         const size_t io_bytes = count * band_slot;
@@ -609,13 +660,19 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
         for (uint32_t i = 0; i < count; ++i) {
           const size_t new_index = r.first + s0 + i;
           const size_t token_offset = (first_chunk + new_index) * c;
-          for (uint32_t j = 0; j < layers; ++j) {
-            const uint32_t layer = first_layer + j;
+          for (uint32_t j = 0; j < records; ++j) {
+            const uint32_t record = first_record + j;
+            const size_t bytes = seg->record_bytes(record);
             std::byte* dst = buf + i * band_slot + j * slot_stride;
-            std::memcpy(dst, kv.k[layer].data() + token_offset * token_bytes, half);
-            std::memcpy(dst + half, kv.v[layer].data() + token_offset * token_bytes, half);
-            if (slot_stride > record_bytes) std::memset(dst + record_bytes, 0, slot_stride - record_bytes);
-            (*checksums)[new_index][layer] = RecordChecksum(dst, record_bytes);
+            if (aux_band) {
+              const size_t a = record - spec.layers;
+              std::memcpy(dst, aux_data[a].data() + new_index * bytes, bytes);
+            } else {
+              std::memcpy(dst, kv.k[record].data() + token_offset * token_bytes, half);
+              std::memcpy(dst + half, kv.v[record].data() + token_offset * token_bytes, half);
+            }
+            if (slot_stride > bytes) std::memset(dst + bytes, 0, slot_stride - bytes);
+            (*checksums)[new_index][record] = RecordChecksum(dst, bytes);
           }
         }
         IoOp op;
@@ -812,25 +869,35 @@ void ChunkStore::Unpin(SlotId slot) {
   if (deferred_free_.erase(slot) > 0) FreeSlotLocked(slot.first, slot.second);
 }
 
-absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t layer,
+std::string ChunkStore::RecordName(const Segment& seg, const ChunkKey& key, uint32_t record) {
+  if (record < seg.geometry().layers) return absl::StrFormat("%s/L%u", ShortKey(key), record);
+  return absl::StrFormat("%s/aux%u", ShortKey(key), record - seg.geometry().layers);
+}
+
+absl::Status ChunkStore::CheckRecord(const Segment& seg, uint32_t slot, uint32_t record,
+                                     uint64_t expected, const ChunkKey& key,
+                                     const std::byte* data) {
+  const uint64_t actual = RecordChecksum(data, seg.record_bytes(record));
+  if (actual == expected) return absl::OkStatus();
+  checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+  return absl::DataLossError(absl::StrFormat(
+      "record %s (segment %u slot %u, offset %u of %s): checksum 0x%016x != 0x%016x",
+      RecordName(seg, key, record), seg.id(), slot, seg.RecordOffset(slot, record),
+      seg.file()->path(), actual, expected));
+}
+
+absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t record,
                                        uint64_t expected, const ChunkKey& key,
                                        std::span<std::byte> out) {
-  const SegmentRecord& g = seg->geometry();
+  const uint64_t stride = seg->record_stride(seg->band_of(record));
   thread_local AlignedBuffer buffer;
-  if (buffer.size() < g.record_slot_bytes) buffer = AlignedBuffer(g.record_slot_bytes, seg->file()->alignment());
-  const uint64_t offset = seg->RecordOffset(slot, layer);
-  CKV_RETURN_IF_ERROR(
-      seg->file()->ReadAt(offset, std::span<std::byte>(buffer.data(), g.record_slot_bytes)));
+  if (buffer.size() < stride) buffer = AlignedBuffer(stride, seg->file()->alignment());
+  CKV_RETURN_IF_ERROR(seg->file()->ReadAt(seg->RecordOffset(slot, record),
+                                          std::span<std::byte>(buffer.data(), stride)));
   records_read_.fetch_add(1, std::memory_order_relaxed);
-  bytes_read_.fetch_add(g.record_slot_bytes, std::memory_order_relaxed);
-  const uint64_t actual = RecordChecksum(buffer.data(), g.record_bytes);
-  if (actual != expected) {
-    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    return absl::DataLossError(absl::StrFormat(
-        "record %s/L%u (segment %u slot %u, offset %u of %s): checksum 0x%016x != 0x%016x",
-        ShortKey(key), layer, seg->id(), slot, offset, seg->file()->path(), actual, expected));
-  }
-  if (!out.empty()) std::memcpy(out.data(), buffer.data(), g.record_bytes);
+  bytes_read_.fetch_add(stride, std::memory_order_relaxed);
+  CKV_RETURN_IF_ERROR(CheckRecord(*seg, slot, record, expected, key, buffer.data()));
+  if (!out.empty()) std::memcpy(out.data(), buffer.data(), seg->record_bytes(record));
   return absl::OkStatus();
 }
 
@@ -874,6 +941,151 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
   Unpin(slot);
   if (absl::IsDataLoss(s)) logger_->Log(LogLevel::kError, std::string(s.message()));
   return s;
+}
+
+absl::StatusOr<uint32_t> ChunkStore::AuxBytes(const ChunkKey& key, uint32_t aux) {
+  absl::MutexLock lock(&mu_);
+  auto it = chunks_.find(key);
+  if (it == chunks_.end()) {
+    return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
+  }
+  const Segment& seg = *segments_.at(it->second.segment);
+  if (aux >= seg.geometry().aux_record_bytes.size()) {
+    return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " has no auxiliary record ",
+                                            aux, " (it has ",
+                                            seg.geometry().aux_record_bytes.size(), ")"));
+  }
+  return seg.geometry().aux_record_bytes[aux];
+}
+
+absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys,
+                                 uint32_t aux, std::span<std::byte> out, uint64_t max_io_bytes) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  const ChunkKey fp = spec.Fingerprint();
+  const uint32_t record = spec.layers + aux;
+  struct Item {
+    size_t index;  // in keys
+    Segment* seg;
+    uint32_t slot;
+    uint64_t checksum;
+  };
+  std::vector<Item> items;
+  items.reserve(keys.size());
+  uint32_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = chunks_.find(keys[i]);
+      if (it == chunks_.end()) {
+        return absl::NotFoundError(absl::StrCat("chunk ", keys[i].ToHex(), " is not stored"));
+      }
+      const ChunkEntry& e = it->second;
+      if (!(e.fingerprint == fp)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "chunk ", keys[i].ToHex(), " is not stored under ", spec.DebugString()));
+      }
+      Segment* seg = segments_.at(e.segment).get();
+      if (record >= seg->records()) {
+        return absl::NotFoundError(absl::StrCat("chunk ", keys[i].ToHex(),
+                                                " has no auxiliary record ", aux,
+                                                " (stored by a ckv that did not write it)"));
+      }
+      const uint32_t b = seg->record_bytes(record);
+      if (bytes != 0 && b != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "auxiliary record ", aux, " of chunk ", keys[i].ToHex(), " has ", b,
+            " bytes; chunk ", keys[0].ToHex(), "'s has ", bytes));
+      }
+      bytes = b;
+      items.push_back(Item{i, seg, e.slot, e.checksums[record]});
+    }
+    if (out.size() != keys.size() * size_t{bytes}) {
+      return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(),
+                                                     " bytes; ", keys.size(), " records of ",
+                                                     bytes, " bytes need ",
+                                                     keys.size() * size_t{bytes}));
+    }
+    for (const Item& item : items) PinLocked(SlotId{item.seg->id(), item.slot});
+  }
+  struct UnpinOnExit {
+    ChunkStore* store;
+    const std::vector<Item>& items;
+    ~UnpinOnExit() {
+      for (const Item& item : items) store->Unpin(SlotId{item.seg->id(), item.slot});
+    }
+  } unpin_on_exit{this, items};
+  if (items.empty()) return absl::OkStatus();
+
+  // Runs of consecutive slots of one segment become one read each.
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.seg, a.slot, a.index) < std::tie(b.seg, b.slot, b.index);
+  });
+  const uint64_t stride = items[0].seg->record_stride(items[0].seg->band_of(record));
+  const size_t per_io = std::max<uint64_t>(1, max_io_bytes / stride);
+  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) in items
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!runs.empty() && i - runs.back().first < per_io && items[i].seg == items[i - 1].seg &&
+        items[i].slot == items[i - 1].slot + 1) {
+      runs.back().second = i + 1;
+    } else {
+      runs.emplace_back(i, i + 1);
+    }
+  }
+
+  // As in WriteChunks: depth + 1 buffers, declared before the queue so they outlive it.
+  const size_t depth = options_.io_queue_depth;
+  std::vector<AlignedBuffer> buffers;
+  std::vector<size_t> free_buffers;
+  absl::Status first_error;
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue,
+                       fs_->NewIoQueue(static_cast<uint32_t>(depth)));
+  struct DrainOnExit {
+    IoQueue* q;
+    ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already returned
+  } drain_on_exit{queue.get()};
+  for (const auto& [begin, end] : runs) {
+    const Item& first = items[begin];
+    const size_t io_bytes = (end - begin) * stride;
+    if (free_buffers.empty() && buffers.size() > depth) CKV_RETURN_IF_ERROR(queue->Drain());
+    size_t bi;
+    if (!free_buffers.empty()) {
+      bi = free_buffers.back();
+      free_buffers.pop_back();
+    } else {
+      bi = buffers.size();
+      buffers.emplace_back(per_io * stride, first.seg->file()->alignment());
+    }
+    IoOp op;
+    op.kind = IoOp::Kind::kRead;
+    op.file = first.seg->file();
+    op.offset = first.seg->RecordOffset(first.slot, record);
+    op.buffer = buffers[bi].data();
+    op.length = io_bytes;
+    CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, begin, end](const absl::Status& st) {
+      free_buffers.push_back(bi);
+      records_read_.fetch_add(end - begin, std::memory_order_relaxed);
+      bytes_read_.fetch_add((end - begin) * stride, std::memory_order_relaxed);
+      if (!st.ok()) {
+        if (first_error.ok()) first_error = st;
+        return;
+      }
+      for (size_t i = begin; i < end; ++i) {
+        const Item& item = items[i];
+        const std::byte* data = buffers[bi].data() + (i - begin) * stride;
+        absl::Status check = CheckRecord(*item.seg, item.slot, record, item.checksum,
+                                         keys[item.index], data);
+        if (!check.ok()) {
+          if (first_error.ok()) first_error = check;
+          continue;
+        }
+        std::memcpy(out.data() + item.index * bytes, data, bytes);
+      }
+    }));
+    if (!first_error.ok()) break;
+  }
+  CKV_RETURN_IF_ERROR(queue->Drain());
+  if (absl::IsDataLoss(first_error)) logger_->Log(LogLevel::kError, std::string(first_error.message()));
+  return first_error;
 }
 
 absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> tokens) {
@@ -932,8 +1144,9 @@ PrefixInfo ChunkStore::MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) 
   if (spec != specs_.end()) {
     info.model_id = spec->second.model_id;
     info.tokens = p.chunks * spec->second.chunk_tokens;
-    info.bytes = p.chunks * ChunkBytesOf(spec->second);
   }
+  auto last = chunks_.find(id);
+  if (last != chunks_.end()) info.bytes = p.chunks * segments_.at(last->second.segment)->chunk_bytes();
   info.chunks = p.chunks;
   info.created_unix_ms = p.created_unix_ms;
   return info;
@@ -982,18 +1195,19 @@ absl::StatusOr<std::vector<ChunkKey>> ChunkStore::PrefixChunks(const ChunkKey& p
 }
 
 absl::StatusOr<ChunkStore::RecordLocation> ChunkStore::LocateRecord(const ChunkKey& key,
-                                                                    uint32_t layer) {
+                                                                    uint32_t record) {
   absl::MutexLock lock(&mu_);
   auto it = chunks_.find(key);
   if (it == chunks_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
   }
   const Segment& seg = *segments_.at(it->second.segment);
-  if (layer >= seg.geometry().layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  if (record >= seg.records()) {
+    return absl::InvalidArgumentError(absl::StrCat("record ", record, " out of range: chunk ",
+                                                   key.ToHex(), " has ", seg.records()));
   }
-  return RecordLocation{SegmentPath(seg.id()), seg.RecordOffset(it->second.slot, layer),
-                        seg.geometry().record_bytes};
+  return RecordLocation{SegmentPath(seg.id()), seg.RecordOffset(it->second.slot, record),
+                        seg.record_bytes(record)};
 }
 
 absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
@@ -1085,7 +1299,7 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
     for (uint32_t layer = 0; layer < checksums.size(); ++layer) {
       absl::Status s = ReadAndVerify(seg, slot.second, layer, checksums[layer], item.key, {});
       report.records_checked++;
-      report.bytes_checked += seg->geometry().record_bytes;
+      report.bytes_checked += seg->record_bytes(layer);
       if (!s.ok()) {
         if (absl::IsDataLoss(s) && s.message().find("checksum") != std::string_view::npos) {
           report.checksum_failures++;

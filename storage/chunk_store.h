@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,14 +46,27 @@
 
 namespace ckv::storage {
 
+// Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
+// Storage does not interpret them; it places, checksums, reads and frees them with the chunk.
+struct AuxRecords {
+  // Bytes of each auxiliary record, in order. 1..16 records of 1 B..1 GiB each.
+  std::vector<uint32_t> record_bytes;
+  // Fills the auxiliary records of chunk `chunk` (its index in the Put's prefix): out[a] has
+  // record_bytes[a] bytes. Called once per new chunk, on a thread of the store's, while the
+  // Put's data is being written; the Put waits for it.
+  std::function<void(size_t chunk, std::span<const std::span<std::byte>> out)> fill;
+};
+
 class ChunkStore {
  public:
   static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const EngineOptions& options,
                                                           const std::string& path);
   ~ChunkStore();
 
+  // `aux` (optional) adds auxiliary records to each new chunk. Chunks are placed only in
+  // segments whose auxiliary records have the same sizes.
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                const KvTensors& kv);
+                                const KvTensors& kv, const AuxRecords* aux = nullptr);
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens);
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out);
@@ -63,13 +77,26 @@ class ChunkStore {
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
   EngineStats Stats();
 
-  // Where a chunk's record lives (for tests that corrupt a byte and for kvctl show).
+  // Reads auxiliary record `aux` of each chunk in `keys` into `out` (keys.size() records of
+  // the same size, back to back) and verifies their checksums. Records of consecutive slots are
+  // read together, up to max_io_bytes per read, queue depth reads in flight: the summaries of a
+  // prefix written by one Put take a few large reads. Errors: NotFound for a chunk not stored or
+  // stored without auxiliary record `aux`; FailedPrecondition for a chunk of another spec;
+  // InvalidArgument when the records differ in size or `out` has the wrong size; DataLoss on a
+  // checksum mismatch.
+  absl::Status ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys, uint32_t aux,
+                       std::span<std::byte> out, uint64_t max_io_bytes = 1 << 20);
+  // Bytes of auxiliary record `aux` of chunk `key`, or NotFound.
+  absl::StatusOr<uint32_t> AuxBytes(const ChunkKey& key, uint32_t aux);
+
+  // Where a chunk's record lives (for tests that corrupt a byte and for kvctl show). `record` is
+  // a layer, or layers + a for auxiliary record a.
   struct RecordLocation {
     std::string segment_path;
     uint64_t offset = 0;
     uint64_t length = 0;  // record bytes (without padding)
   };
-  absl::StatusOr<RecordLocation> LocateRecord(const ChunkKey& key, uint32_t layer);
+  absl::StatusOr<RecordLocation> LocateRecord(const ChunkKey& key, uint32_t record);
 
  private:
   struct ChunkEntry {
@@ -86,7 +113,7 @@ class ChunkStore {
     int64_t created_unix_ms = 0;
     double importance = 0;
     uint64_t loads = 0;
-    std::vector<uint64_t> checksums;  // per layer
+    std::vector<uint64_t> checksums;  // per record: layers, then auxiliary records
   };
   struct PrefixEntry {
     ChunkKey fingerprint;
@@ -123,24 +150,36 @@ class ChunkStore {
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static ChunkEntry EntryFromRecord(const ChunkRecord& record, uint64_t last_use);
-  absl::Status AllocateLocked(const ModelSpec& spec, size_t count, std::vector<PlannedRun>* plan)
+  absl::Status AllocateLocked(const ModelSpec& spec, const std::vector<uint32_t>& aux_bytes,
+                              size_t count, std::vector<PlannedRun>* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Segment*> NewSegmentLocked(const ModelSpec& spec)
+  absl::StatusOr<Segment*> NewSegmentLocked(const ModelSpec& spec,
+                                            const std::vector<uint32_t>& aux_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePlanLocked(const std::vector<PlannedRun>& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // `aux_data[a]` holds auxiliary record a of every new chunk, back to back; `aux_ready` is
+  // waited for before the first auxiliary band is written.
   absl::Status WriteChunks(const ModelSpec& spec, const KvTensors& kv, size_t first_chunk,
                            const std::vector<PlannedRun>& plan,
+                           const std::vector<std::vector<std::byte>>& aux_data,
+                           const std::function<void()>& aux_ready,
                            std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
 
   // Pins / unpins the slot of a chunk being read.
   void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(SlotId slot);
-  absl::Status ReadAndVerify(Segment* segment, uint32_t slot, uint32_t layer,
+  // "9f3c…/L7" or "9f3c…/aux0".
+  static std::string RecordName(const Segment& seg, const ChunkKey& key, uint32_t record);
+  // Checks a record's bytes against its checksum; DataLoss naming it on a mismatch.
+  absl::Status CheckRecord(const Segment& seg, uint32_t slot, uint32_t record, uint64_t expected,
+                           const ChunkKey& key, const std::byte* data);
+  absl::Status ReadAndVerify(Segment* segment, uint32_t slot, uint32_t record,
                              uint64_t expected_checksum, const ChunkKey& key,
                              std::span<std::byte> out);
 
-  uint64_t ChunkBytesOf(const ModelSpec& spec) const;
+  // Bytes a chunk of `spec` with auxiliary records of `aux_bytes` occupies in a new segment.
+  uint64_t ChunkBytesOf(const ModelSpec& spec, const std::vector<uint32_t>& aux_bytes) const;
   std::string SegmentPath(uint32_t id) const;
   PrefixInfo MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -14,37 +14,76 @@ Segment::Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<Fil
 
 std::string Segment::FileName(uint32_t id) { return absl::StrFormat("seg-%08u.ckv", id); }
 
+namespace {
+uint64_t RoundUp4K(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+}  // namespace
+
 SegmentRecord Segment::GeometryFor(const ModelSpec& spec, RecordLayout layout,
                                    uint32_t period_layers, uint64_t segment_bytes,
-                                   int64_t now_unix_ms) {
+                                   int64_t now_unix_ms,
+                                   const std::vector<uint32_t>& aux_record_bytes) {
   SegmentRecord g;
   g.fingerprint = spec.Fingerprint();
   g.layout = layout;
   g.layers = spec.layers;
   g.band_layers = layout == RecordLayout::kLayerMajor ? 1 : std::min(period_layers, spec.layers);
   g.record_bytes = static_cast<uint32_t>(spec.RecordBytes());
-  g.record_slot_bytes = static_cast<uint32_t>((spec.RecordBytes() + 4095) / 4096 * 4096);
-  const uint64_t chunk = uint64_t{g.layers} * g.record_slot_bytes;
+  g.record_slot_bytes = static_cast<uint32_t>(RoundUp4K(spec.RecordBytes()));
+  g.aux_record_bytes = aux_record_bytes;
   g.capacity_slots = static_cast<uint32_t>(
-      std::clamp<uint64_t>(segment_bytes / chunk, 1, uint64_t{1} << 30));
+      std::clamp<uint64_t>(segment_bytes / ChunkBytes(g), 1, uint64_t{1} << 30));
   g.created_unix_ms = now_unix_ms;
   return g;
 }
 
-uint32_t Segment::layers_in_band(uint32_t band) const {
+uint64_t Segment::ChunkBytes(const SegmentRecord& g) {
+  uint64_t bytes = uint64_t{g.layers} * g.record_slot_bytes;
+  for (uint32_t aux : g.aux_record_bytes) bytes += RoundUp4K(aux);
+  return bytes;
+}
+
+uint32_t Segment::record_bytes(uint32_t record) const {
+  return record < geometry_.layers ? geometry_.record_bytes
+                                   : geometry_.aux_record_bytes[record - geometry_.layers];
+}
+
+uint32_t Segment::band_of(uint32_t record) const {
+  return record < geometry_.layers ? record / geometry_.band_layers
+                                   : layer_bands() + (record - geometry_.layers);
+}
+
+uint32_t Segment::records_in_band(uint32_t band) const {
+  if (band >= layer_bands()) return 1;
   const uint32_t first = band * geometry_.band_layers;
   return std::min(geometry_.band_layers, geometry_.layers - first);
 }
 
-uint64_t Segment::BandOffset(uint32_t band, uint32_t slot) const {
-  const uint64_t band_stride = uint64_t{geometry_.band_layers} * geometry_.record_slot_bytes;
-  return uint64_t{band} * geometry_.capacity_slots * band_stride + slot * band_slot_bytes(band);
+uint32_t Segment::first_record_of_band(uint32_t band) const {
+  return band < layer_bands() ? band * geometry_.band_layers
+                              : geometry_.layers + (band - layer_bands());
 }
 
-uint64_t Segment::RecordOffset(uint32_t slot, uint32_t layer) const {
-  const uint32_t band = band_of(layer);
-  return BandOffset(band, slot) +
-         uint64_t{layer - band * geometry_.band_layers} * geometry_.record_slot_bytes;
+uint64_t Segment::record_stride(uint32_t band) const {
+  return band < layer_bands() ? geometry_.record_slot_bytes
+                              : RoundUp4K(geometry_.aux_record_bytes[band - layer_bands()]);
+}
+
+uint64_t Segment::BandOffset(uint32_t band, uint32_t slot) const {
+  // Every layer band but the last has the same region size; the last may hold fewer layers.
+  const uint64_t layer_band_region =
+      uint64_t{geometry_.capacity_slots} * geometry_.band_layers * geometry_.record_slot_bytes;
+  if (band < layer_bands()) return band * layer_band_region + slot * band_slot_bytes(band);
+  uint64_t offset = uint64_t{geometry_.capacity_slots} * geometry_.layers *
+                    geometry_.record_slot_bytes;
+  for (uint32_t b = layer_bands(); b < band; ++b) {
+    offset += uint64_t{geometry_.capacity_slots} * band_slot_bytes(b);
+  }
+  return offset + slot * band_slot_bytes(band);
+}
+
+uint64_t Segment::RecordOffset(uint32_t slot, uint32_t record) const {
+  const uint32_t band = band_of(record);
+  return BandOffset(band, slot) + uint64_t{record - first_record_of_band(band)} * record_stride(band);
 }
 
 bool Segment::MarkUsed(uint32_t slot) {

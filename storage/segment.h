@@ -8,7 +8,9 @@
 //   chunk slot s      at  region + s * layers_in_band(b) * record_slot
 //   layer l record    at  slot + (l - first layer of b) * record_slot
 //
-// so in layer-major, layer l of consecutive slots is one contiguous run, and in period-major one
+// After the layer bands come the auxiliary bands, one per auxiliary record (the key summaries),
+// each with slots of that record's size rounded up to 4096, so the summaries of consecutive slots
+// are one contiguous run too. In layer-major, layer l of consecutive slots is one contiguous run, and in period-major one
 // chunk's records of a period are. record_slot is the record size rounded up to 4096 for direct
 // I/O. Files are sparse: a slot's blocks exist only while a chunk lives in it (freed slots are
 // punched), so the allocated bytes of a segment are its live chunks. See docs/format.md.
@@ -41,28 +43,49 @@ class Segment {
 
   // "seg-00000007.ckv".
   static std::string FileName(uint32_t id);
-  // The geometry a new segment for `spec` gets.
+  // The geometry a new segment for `spec` gets; each chunk also has one auxiliary record of
+  // each size in `aux_record_bytes`.
   static SegmentRecord GeometryFor(const ModelSpec& spec, RecordLayout layout,
                                    uint32_t period_layers, uint64_t segment_bytes,
-                                   int64_t now_unix_ms);
+                                   int64_t now_unix_ms,
+                                   const std::vector<uint32_t>& aux_record_bytes);
+  // Bytes one chunk occupies over all bands of a segment of geometry `g`.
+  static uint64_t ChunkBytes(const SegmentRecord& g);
 
   uint32_t id() const { return id_; }
   const SegmentRecord& geometry() const { return geometry_; }
   File* file() const { return file_.get(); }
 
-  uint32_t bands() const { return (geometry_.layers + geometry_.band_layers - 1) / geometry_.band_layers; }
-  uint32_t band_of(uint32_t layer) const { return layer / geometry_.band_layers; }
-  uint32_t layers_in_band(uint32_t band) const;
+  // Records of a chunk: its layers' records (index = layer), then its auxiliary records.
+  uint32_t records() const {
+    return geometry_.layers + static_cast<uint32_t>(geometry_.aux_record_bytes.size());
+  }
+  // Bytes of record `record` (without padding).
+  uint32_t record_bytes(uint32_t record) const;
+
+  // Bands: the layer bands, then one band per auxiliary record.
+  uint32_t layer_bands() const {
+    return (geometry_.layers + geometry_.band_layers - 1) / geometry_.band_layers;
+  }
+  uint32_t bands() const {
+    return layer_bands() + static_cast<uint32_t>(geometry_.aux_record_bytes.size());
+  }
+  uint32_t band_of(uint32_t record) const;
+  // Records a chunk has in band `band` (1 for an auxiliary band), and the first of them.
+  uint32_t records_in_band(uint32_t band) const;
+  uint32_t first_record_of_band(uint32_t band) const;
+  // Bytes between consecutive records of a chunk in band `band`.
+  uint64_t record_stride(uint32_t band) const;
   // Bytes one chunk occupies in band `band`.
   uint64_t band_slot_bytes(uint32_t band) const {
-    return uint64_t{layers_in_band(band)} * geometry_.record_slot_bytes;
+    return records_in_band(band) * record_stride(band);
   }
   // Bytes one chunk occupies over all bands.
-  uint64_t chunk_bytes() const { return uint64_t{geometry_.layers} * geometry_.record_slot_bytes; }
+  uint64_t chunk_bytes() const { return ChunkBytes(geometry_); }
   // Offset of slot `slot` in band `band`.
   uint64_t BandOffset(uint32_t band, uint32_t slot) const;
-  // Offset of the record of the chunk in `slot` at `layer`.
-  uint64_t RecordOffset(uint32_t slot, uint32_t layer) const;
+  // Offset of record `record` of the chunk in `slot`.
+  uint64_t RecordOffset(uint32_t slot, uint32_t record) const;
 
   // Allocator. Marks `slot` used (while loading the catalog). False when it was used already.
   bool MarkUsed(uint32_t slot);

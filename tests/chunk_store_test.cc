@@ -16,6 +16,8 @@
 namespace ckv {
 namespace {
 
+using ::ckv::testing::ChunkDiskBytes;
+using ::ckv::testing::RecordsPerChunk;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
 using ::ckv::testing::SegmentBlocksBytes;
@@ -30,9 +32,7 @@ std::unique_ptr<Engine> OpenOrDie(const std::string& path, EngineOptions options
 // Blocks an ext4 extent tree may add to segment files holding `data` bytes: see DataCapLocked.
 uint64_t FsMetadataSlack(uint64_t data) { return 64 * 1024 + data / 256; }
 
-uint64_t ChunkBytes(const ModelSpec& spec) {
-  return uint64_t{spec.layers} * ((spec.RecordBytes() + 4095) / 4096 * 4096);
-}
+uint64_t ChunkBytes(const ModelSpec& spec) { return ChunkDiskBytes(spec); }
 
 struct RoundTripCase {
   std::string preset;
@@ -71,7 +71,7 @@ TEST_P(RoundTripTest, EveryRecordComesBackBitExactAfterReopen) {
   auto report = engine->Verify();
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->ok()) << report->problems.front();
-  EXPECT_EQ(report->records_checked, 3u * spec->layers);
+  EXPECT_EQ(report->records_checked, 3u * RecordsPerChunk(*spec));
 }
 
 std::vector<RoundTripCase> AllRoundTripCases() {
@@ -463,6 +463,38 @@ TEST(OpenTest, UnwritableDirectoryIsPermissionDenied) {
   EXPECT_NE(engine.status().message().find(path), absl::string_view::npos) << engine.status();
 }
 
+// Opens the catalog of the closed store in `store` with RocksDB itself and lets `edit` change it
+// (handles in the order default, chunks, prefixes, segments, statistics, meta).
+void EditCatalog(const TempDir& store,
+                 const std::function<void(rocksdb::DB*,
+                                          const std::vector<rocksdb::ColumnFamilyHandle*>&)>& edit) {
+  rocksdb::DBOptions db_options;
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  for (const char* name : {"default", storage::kCfChunks, storage::kCfPrefixes,
+                           storage::kCfSegments, storage::kCfStatistics, storage::kCfMeta}) {
+    cfs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(db_options, store.Sub("catalog"), cfs, &handles, &db).ok());
+  edit(db, handles);
+  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  delete db;
+}
+
+rocksdb::WriteOptions SyncedWrite() {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return wo;
+}
+
+void SetFormatVersion(const TempDir& store, uint32_t version) {
+  EditCatalog(store, [&](rocksdb::DB* db, const auto& handles) {
+    ASSERT_TRUE(db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion,
+                        storage::EncodeU32(version)).ok());
+  });
+}
+
 TEST(OpenTest, ACatalogOfANewerFormatIsRefusedAndLeftIntact) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;
@@ -471,31 +503,57 @@ TEST(OpenTest, ACatalogOfANewerFormatIsRefusedAndLeftIntact) {
     auto engine = OpenOrDie(dir.path());
     ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
   }
-  auto set_version = [&](uint32_t version) {
-    rocksdb::DBOptions db_options;
-    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-    for (const char* name : {"default", storage::kCfChunks, storage::kCfPrefixes,
-                             storage::kCfSegments, storage::kCfStatistics, storage::kCfMeta}) {
-      cfs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-    }
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* db = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(db_options, dir.Sub("catalog"), cfs, &handles, &db).ok());
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    ASSERT_TRUE(db->Put(wo, handles[5], storage::kMetaFormatVersion,
-                        storage::EncodeU32(version)).ok());
-    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-    delete db;
-  };
-  set_version(storage::kCatalogFormatVersion + 1);
+  SetFormatVersion(dir, storage::kCatalogFormatVersion + 1);
   auto engine = Engine::Open(EngineOptions{}, dir.path());
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
   EXPECT_NE(engine.status().message().find("newer"), absl::string_view::npos);
   // Nothing was touched: with the version restored, everything is there.
-  set_version(storage::kCatalogFormatVersion);
+  SetFormatVersion(dir, storage::kCatalogFormatVersion);
   auto reopened = OpenOrDie(dir.path());
   EXPECT_EQ(CountBadRecords(*reopened, spec, tokens, 2), 0);
+}
+
+TEST(OpenTest, AVersion1StoreIsReadAndUpgradedOnOpen) {
+  // Version 1 had no summaries: its segment records are the version 1 encoding (no auxiliary
+  // records) and its chunks have one checksum per layer.
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto tokens = synth::Tokens(1, 3 * spec.chunk_tokens);
+  {
+    auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    synth::SyntheticKv kv(spec, tokens);
+    ASSERT_TRUE((*store)->Put(spec, tokens, kv.tensors()).ok());
+  }
+  EditCatalog(dir, [&](rocksdb::DB* db, const auto& handles) {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[3]));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      auto g = storage::DecodeSegmentRecord(it->value().ToString(), "segment");
+      ASSERT_TRUE(g.ok()) << g.status();
+      std::string v1 = storage::EncodeSegmentRecord(*g);
+      v1[0] = 1;                // encoding version 1...
+      v1.resize(v1.size() - 4);  // ...without the auxiliary record count
+      ASSERT_TRUE(db->Put(SyncedWrite(), handles[3], it->key(), v1).ok());
+    }
+    ASSERT_TRUE(db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion,
+                        storage::EncodeU32(1)).ok());
+  });
+  {
+    auto engine = OpenOrDie(dir.path());
+    ASSERT_NE(engine, nullptr);
+    EXPECT_EQ(CountBadRecords(*engine, spec, tokens, 3), 0);
+    // New Puts get summaries, in a segment of their own.
+    ASSERT_TRUE(PutSynthetic(*engine, spec, synth::Tokens(2, 2 * spec.chunk_tokens)).ok());
+    EXPECT_EQ(engine->Stats().segments, 2u);
+    auto report = engine->Verify();
+    ASSERT_TRUE(report.ok());
+    EXPECT_TRUE(report->ok()) << report->problems.front();
+  }
+  EditCatalog(dir, [&](rocksdb::DB* db, const auto& handles) {
+    std::string v;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), handles[5], storage::kMetaFormatVersion, &v).ok());
+    EXPECT_EQ(*storage::DecodeU32(v, "version"), storage::kCatalogFormatVersion);
+  });
 }
 
 TEST(OpenTest, ASecondOpenOfAnOpenStoreIsUnavailable) {

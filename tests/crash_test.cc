@@ -26,6 +26,7 @@
 namespace ckv {
 namespace {
 
+using ::ckv::testing::ChunkDiskBytes;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::SegmentBlocksBytes;
 using ::ckv::testing::TempDir;
@@ -77,7 +78,7 @@ TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial)
   int kills = 100;
   if (const char* env = std::getenv("CKV_CRASH_KILLS")) kills = std::atoi(env);
   const ModelSpec spec = crash::Spec();
-  const uint64_t chunk_bytes = uint64_t{spec.layers} * spec.RecordBytes();
+  const uint64_t chunk_bytes = ChunkDiskBytes(spec);
   TempDir dir;
   std::string store;
   std::map<uint64_t, crash::Prefix> expected;   // acknowledged and not deleted, by seed

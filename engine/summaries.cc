@@ -1,0 +1,40 @@
+#include "engine/summaries.h"
+
+#include "ckv/status.h"
+
+namespace ckv::engine {
+
+storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
+  const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
+  storage::AuxRecords aux;
+  aux.record_bytes = {static_cast<uint32_t>(f.MinMaxBytes()), static_cast<uint32_t>(f.MeanBytes())};
+  const size_t chunk_key_bytes = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
+  aux.fill = [spec, &kv, chunk_key_bytes](size_t chunk, std::span<const std::span<std::byte>> out) {
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      kernels::SummarizeChunkLayer(spec, layer,
+                                   kv.k[layer].subspan(chunk * chunk_key_bytes, chunk_key_bytes),
+                                   out[static_cast<size_t>(SummaryPart::kMinMax)],
+                                   out[static_cast<size_t>(SummaryPart::kMean)]);
+    }
+  };
+  return aux;
+}
+
+std::vector<const std::byte*> ChunkSummaries::Pointers() const {
+  std::vector<const std::byte*> p(chunks());
+  for (size_t i = 0; i < p.size(); ++i) p[i] = chunk(i);
+  return p;
+}
+
+absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
+                                             std::span<const ChunkKey> keys, SummaryPart part) {
+  ChunkSummaries s;
+  s.format = kernels::SummaryFormat::For(spec);
+  s.part = part;
+  s.record_bytes = part == SummaryPart::kMinMax ? s.format.MinMaxBytes() : s.format.MeanBytes();
+  s.data.resize(keys.size() * s.record_bytes);
+  CKV_RETURN_IF_ERROR(store.ReadAux(spec, keys, static_cast<uint32_t>(part), s.data));
+  return s;
+}
+
+}  // namespace ckv::engine
