@@ -967,7 +967,7 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
     size_t index;  // in keys
     Segment* seg;
     uint32_t slot;
-    uint64_t checksum;
+    std::vector<uint64_t> checksums;
   };
   std::vector<Item> items;
   items.reserve(keys.size());
@@ -997,7 +997,7 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
             " bytes; chunk ", keys[0].ToHex(), "'s has ", bytes));
       }
       bytes = b;
-      items.push_back(Item{i, seg, e.slot, e.checksums[record]});
+      items.push_back(Item{i, seg, e.slot, e.checksums});
     }
     if (out.size() != keys.size() * size_t{bytes}) {
       return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(),
@@ -1016,27 +1016,55 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
   } unpin_on_exit{this, items};
   if (items.empty()) return absl::OkStatus();
 
-  // Runs of consecutive slots of one segment become one read each.
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return std::tie(a.seg, a.slot, a.index) < std::tie(b.seg, b.slot, b.index);
+  std::vector<BandRead> reads;
+  reads.reserve(items.size());
+  for (const Item& item : items) {
+    reads.push_back(BandRead{item.seg, item.slot, item.seg->band_of(record), &keys[item.index],
+                             &item.checksums, item.index});
+  }
+  absl::Status first_error;
+  CKV_RETURN_IF_ERROR(ReadBands(std::move(reads), max_io_bytes,
+                                [&](const BandRead& read, uint32_t, const absl::Status& st,
+                                    const std::byte* data) {
+                                  if (!st.ok()) {
+                                    if (first_error.ok()) first_error = st;
+                                    return;
+                                  }
+                                  std::memcpy(out.data() + read.tag * bytes, data, bytes);
+                                }));
+  if (absl::IsDataLoss(first_error)) {
+    logger_->Log(LogLevel::kError, std::string(first_error.message()));
+  }
+  return first_error;
+}
+
+absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_bytes,
+                                   const RecordFn& on_record) {
+  if (reads.empty()) return absl::OkStatus();
+  std::sort(reads.begin(), reads.end(), [](const BandRead& a, const BandRead& b) {
+    return std::tie(a.seg, a.band, a.slot, a.tag) < std::tie(b.seg, b.band, b.slot, b.tag);
   });
-  const uint64_t stride = items[0].seg->record_stride(items[0].seg->band_of(record));
-  const size_t per_io = std::max<uint64_t>(1, max_io_bytes / stride);
-  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) in items
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (!runs.empty() && i - runs.back().first < per_io && items[i].seg == items[i - 1].seg &&
-        items[i].slot == items[i - 1].slot + 1) {
-      runs.back().second = i + 1;
-    } else {
-      runs.emplace_back(i, i + 1);
+  // Runs of consecutive slots of one band of one segment become one read each.
+  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) in reads
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const BandRead& r = reads[i];
+    const uint64_t band_slot = r.seg->band_slot_bytes(r.band);
+    if (!runs.empty()) {
+      const BandRead& prev = reads[i - 1];
+      const size_t run_length = i - runs.back().first;
+      if (prev.seg == r.seg && prev.band == r.band && prev.slot + 1 == r.slot &&
+          (run_length + 1) * band_slot <= max_io_bytes) {
+        runs.back().second = i + 1;
+        continue;
+      }
     }
+    runs.emplace_back(i, i + 1);
   }
 
   // As in WriteChunks: depth + 1 buffers, declared before the queue so they outlive it.
   const size_t depth = options_.io_queue_depth;
   std::vector<AlignedBuffer> buffers;
   std::vector<size_t> free_buffers;
-  absl::Status first_error;
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue,
                        fs_->NewIoQueue(static_cast<uint32_t>(depth)));
   struct DrainOnExit {
@@ -1044,8 +1072,9 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
     ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already returned
   } drain_on_exit{queue.get()};
   for (const auto& [begin, end] : runs) {
-    const Item& first = items[begin];
-    const size_t io_bytes = (end - begin) * stride;
+    const BandRead& first = reads[begin];
+    const uint64_t band_slot = first.seg->band_slot_bytes(first.band);
+    const size_t io_bytes = (end - begin) * band_slot;
     if (free_buffers.empty() && buffers.size() > depth) CKV_RETURN_IF_ERROR(queue->Drain());
     size_t bi;
     if (!free_buffers.empty()) {
@@ -1053,39 +1082,41 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
       free_buffers.pop_back();
     } else {
       bi = buffers.size();
-      buffers.emplace_back(per_io * stride, first.seg->file()->alignment());
+      buffers.emplace_back(io_bytes, first.seg->file()->alignment());
+    }
+    if (buffers[bi].size() < io_bytes) {
+      buffers[bi] = AlignedBuffer(io_bytes, first.seg->file()->alignment());
     }
     IoOp op;
     op.kind = IoOp::Kind::kRead;
     op.file = first.seg->file();
-    op.offset = first.seg->RecordOffset(first.slot, record);
+    op.offset = first.seg->BandOffset(first.band, first.slot);
     op.buffer = buffers[bi].data();
     op.length = io_bytes;
-    CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, begin, end](const absl::Status& st) {
+    CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, begin, end, band_slot](const absl::Status& st) {
       free_buffers.push_back(bi);
-      records_read_.fetch_add(end - begin, std::memory_order_relaxed);
-      bytes_read_.fetch_add((end - begin) * stride, std::memory_order_relaxed);
-      if (!st.ok()) {
-        if (first_error.ok()) first_error = st;
-        return;
-      }
+      bytes_read_.fetch_add((end - begin) * band_slot, std::memory_order_relaxed);
       for (size_t i = begin; i < end; ++i) {
-        const Item& item = items[i];
-        const std::byte* data = buffers[bi].data() + (i - begin) * stride;
-        absl::Status check = CheckRecord(*item.seg, item.slot, record, item.checksum,
-                                         keys[item.index], data);
-        if (!check.ok()) {
-          if (first_error.ok()) first_error = check;
-          continue;
+        const BandRead& r = reads[i];
+        const std::byte* chunk = buffers[bi].data() + (i - begin) * band_slot;
+        const uint32_t first_record = r.seg->first_record_of_band(r.band);
+        const uint64_t stride = r.seg->record_stride(r.band);
+        for (uint32_t j = 0; j < r.seg->records_in_band(r.band); ++j) {
+          const uint32_t record = first_record + j;
+          records_read_.fetch_add(1, std::memory_order_relaxed);
+          const std::byte* data = chunk + j * stride;
+          if (!st.ok()) {
+            on_record(r, record, st, nullptr);
+            continue;
+          }
+          absl::Status check =
+              CheckRecord(*r.seg, r.slot, record, (*r.checksums)[record], *r.key, data);
+          on_record(r, record, check, check.ok() ? data : nullptr);
         }
-        std::memcpy(out.data() + item.index * bytes, data, bytes);
       }
     }));
-    if (!first_error.ok()) break;
   }
-  CKV_RETURN_IF_ERROR(queue->Drain());
-  if (absl::IsDataLoss(first_error)) logger_->Log(LogLevel::kError, std::string(first_error.message()));
-  return first_error;
+  return queue->Drain();
 }
 
 absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> tokens) {
@@ -1269,13 +1300,13 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
   }
   std::sort(items.begin(), items.end(),
             [](const Item& a, const Item& b) { return a.key < b.key; });
-  uint64_t done_bytes = 0;
+  // The catalog's own record: its key must be the hash of its parent, spec and tokens.
   for (const Item& item : items) {
-    // The catalog's own record: its key must be the hash of its parent, spec and tokens.
     auto record = catalog_->GetChunk(item.key);
     if (!record.ok()) {
-      if (absl::IsNotFound(record.status())) continue;  // removed while we verified
-      report.problems.push_back(std::string(record.status().message()));
+      if (!absl::IsNotFound(record.status())) {  // NotFound: removed while we verified
+        report.problems.push_back(std::string(record.status().message()));
+      }
       continue;
     }
     if (!(ChainChunkKey(record->parent, record->fingerprint, record->tokens) == item.key)) {
@@ -1283,32 +1314,55 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
                                              ": key does not match the hash of its parent, "
                                              "model and tokens"));
     }
-    Segment* seg = nullptr;
-    SlotId slot;
+  }
+  // Every record, read in batches of chunks in slot order, so that the bands of neighbouring
+  // slots are read together; a batch's chunks are pinned while it is read.
+  constexpr size_t kBatchChunks = 1024;
+  constexpr uint64_t kMaxIoBytes = 1 << 20;
+  struct Pinned {
+    ChunkKey key;
+    Segment* seg;
+    uint32_t slot;
     std::vector<uint64_t> checksums;
+  };
+  uint64_t done_bytes = 0;
+  for (size_t begin = 0; begin < items.size(); begin += kBatchChunks) {
+    const size_t end = std::min(items.size(), begin + kBatchChunks);
+    std::vector<Pinned> pinned;
+    pinned.reserve(end - begin);
     {
       absl::MutexLock lock(&mu_);
-      auto it = chunks_.find(item.key);
-      if (it == chunks_.end()) continue;
-      seg = segments_.at(it->second.segment).get();
-      slot = SlotId{it->second.segment, it->second.slot};
-      checksums = it->second.checksums;
-      PinLocked(slot);
-    }
-    report.chunks_checked++;
-    for (uint32_t layer = 0; layer < checksums.size(); ++layer) {
-      absl::Status s = ReadAndVerify(seg, slot.second, layer, checksums[layer], item.key, {});
-      report.records_checked++;
-      report.bytes_checked += seg->record_bytes(layer);
-      if (!s.ok()) {
-        if (absl::IsDataLoss(s) && s.message().find("checksum") != std::string_view::npos) {
-          report.checksum_failures++;
-        }
-        report.problems.push_back(std::string(s.message()));
+      for (size_t i = begin; i < end; ++i) {
+        auto it = chunks_.find(items[i].key);
+        if (it == chunks_.end()) continue;  // removed while we verified
+        const ChunkEntry& e = it->second;
+        pinned.push_back(Pinned{it->first, segments_.at(e.segment).get(), e.slot, e.checksums});
+        PinLocked(SlotId{e.segment, e.slot});
       }
     }
-    Unpin(slot);
-    done_bytes += seg->chunk_bytes();
+    std::vector<BandRead> reads;
+    for (size_t i = 0; i < pinned.size(); ++i) {
+      for (uint32_t band = 0; band < pinned[i].seg->bands(); ++band) {
+        reads.push_back(BandRead{pinned[i].seg, pinned[i].slot, band, &pinned[i].key,
+                                 &pinned[i].checksums, i});
+      }
+    }
+    absl::Status s = ReadBands(std::move(reads), kMaxIoBytes,
+                               [&](const BandRead& read, uint32_t record, const absl::Status& st,
+                                   const std::byte*) {
+                                 report.records_checked++;
+                                 report.bytes_checked += read.seg->record_bytes(record);
+                                 done_bytes += read.seg->record_stride(read.band);
+                                 if (st.ok()) return;
+                                 if (absl::IsDataLoss(st) &&
+                                     st.message().find("checksum") != std::string_view::npos) {
+                                   report.checksum_failures++;
+                                 }
+                                 report.problems.push_back(std::string(st.message()));
+                               });
+    for (const Pinned& p : pinned) Unpin(SlotId{p.seg->id(), p.slot});
+    CKV_RETURN_IF_ERROR(s);
+    report.chunks_checked += pinned.size();
     if (progress) progress(done_bytes, total_bytes);
   }
   return report;

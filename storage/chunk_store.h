@@ -174,6 +174,24 @@ class ChunkStore {
   // Checks a record's bytes against its checksum; DataLoss naming it on a mismatch.
   absl::Status CheckRecord(const Segment& seg, uint32_t slot, uint32_t record, uint64_t expected,
                            const ChunkKey& key, const std::byte* data);
+  // One band of one chunk to read and check (ReadBands).
+  struct BandRead {
+    Segment* seg = nullptr;
+    uint32_t slot = 0;
+    uint32_t band = 0;
+    const ChunkKey* key = nullptr;
+    const std::vector<uint64_t>* checksums = nullptr;  // the chunk's, all records
+    size_t tag = 0;                                     // the caller's
+  };
+  // Called for every record of every band read: its status (the read's error, or the checksum
+  // check's result) and, when OK, its bytes.
+  using RecordFn = std::function<void(const BandRead& read, uint32_t record,
+                                      const absl::Status& status, const std::byte* data)>;
+  // Reads the given bands, the bands of consecutive slots of one segment together (up to
+  // max_io_bytes per read, io_queue_depth reads in flight), and checks every record. The caller
+  // pins the slots. Returns an error only when the reads could not be issued.
+  absl::Status ReadBands(std::vector<BandRead> reads, uint64_t max_io_bytes,
+                         const RecordFn& on_record);
   absl::Status ReadAndVerify(Segment* segment, uint32_t slot, uint32_t record,
                              uint64_t expected_checksum, const ChunkKey& key,
                              std::span<std::byte> out);
