@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/ckv.sh: the single entry point of ckv.
 #
-#   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest)
+#   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest), then
+#                        again under AddressSanitizer and UndefinedBehaviorSanitizer
+#   tools/ckv.sh sanitize  only the sanitizer run
 #   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store
 #   tools/ckv.sh build   install what is missing, build
 #   tools/ckv.sh help    this text
@@ -16,6 +18,7 @@ readonly ORIG_PWD="$PWD"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly BUILD_DIR="$REPO_ROOT/build"
+readonly ASAN_BUILD_DIR="$REPO_ROOT/build-asan"
 
 # Debian packages the build, the tests and the benchmarks need.
 readonly PACKAGES=(
@@ -32,7 +35,10 @@ usage() {
 Usage: tools/ckv.sh COMMAND
 
 Commands:
-  test    install missing Debian packages, build into build/, run the whole suite with ctest
+  test    install missing Debian packages, build into build/, run the whole suite with ctest;
+          then build into build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer and
+          run the suite again there (any report fails it)
+  sanitize  only the second half of test
   demo    install missing Debian packages, build, then on a fresh store ./ckv-demo-store (in the
           current directory): kvctl init, put synthetic prefixes (one sharing chunks with
           another), ls, verify, and a summary of what it did
@@ -43,6 +49,7 @@ Environment:
   CI=true             build with warnings as errors (as CI does)
   CKV_WERROR=ON|OFF   choose warnings-as-errors yourself
   CKV_SKIP_INSTALL=1  do not check or install Debian packages
+  CKV_SANITIZE=0      test: skip the sanitizer run
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
 EOF
 }
@@ -79,34 +86,54 @@ install_packages() {
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
 
-build() {
+# build DIR DESCRIPTION [CMAKE ARGS...]: configures DIR with Ninja and builds it.
+build_in() {
+  local dir="$1" what="$2"
+  shift 2
   install_packages
   local werror="${CKV_WERROR:-}"
   if [[ -z "$werror" ]]; then
     if [[ "${CI:-}" == true ]]; then werror=ON; else werror=OFF; fi
   fi
   # A build tree made by another generator cannot be reused by Ninja: start it afresh.
-  if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] &&
-    ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$BUILD_DIR/CMakeCache.txt"; then
-    say "build/ was configured with another generator; reconfiguring it with Ninja"
-    rm -rf "$BUILD_DIR/CMakeCache.txt" "$BUILD_DIR/CMakeFiles"
+  if [[ -f "$dir/CMakeCache.txt" ]] &&
+    ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$dir/CMakeCache.txt"; then
+    say "$(basename "$dir")/ was configured with another generator; reconfiguring it with Ninja"
+    rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
   fi
   local jobs
   jobs="$(nproc 2>/dev/null || echo 2)"
-  say "configuring build/ (Release, Ninja, CKV_WERROR=$werror)"
-  cmake -S "$REPO_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCKV_WERROR="$werror" >&2
+  say "configuring $(basename "$dir")/ ($what, Ninja, CKV_WERROR=$werror)"
+  cmake -S "$REPO_ROOT" -B "$dir" -G Ninja -DCKV_WERROR="$werror" "$@" >&2
   say "building with $jobs jobs"
-  cmake --build "$BUILD_DIR" -j "$jobs" >&2
+  cmake --build "$dir" -j "$jobs" >&2
+}
+
+build() { build_in "$BUILD_DIR" Release -DCMAKE_BUILD_TYPE=Release; }
+
+ctest_in() {
+  local dir="$1" what="$2" rc=0
+  say "running the test suite ($what)"
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j2 || rc=$?
+  if ((rc == 0)); then say "all tests passed ($what)"; else say "tests failed ($what, ctest exit $rc)"; fi
+  return "$rc"
+}
+
+# The suite again with AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer: -O1 and
+# line tables only, which build in about a third of the time of -O2 -g.
+run_sanitized() {
+  build_in "$ASAN_BUILD_DIR" "ASan+UBSan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
+    -DCKV_SANITIZE=address,undefined -DCKV_BUILD_BENCH=OFF
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  ctest_in "$ASAN_BUILD_DIR" "ASan+UBSan"
 }
 
 run_tests() {
   build
-  say "running the test suite"
-  local rc=0
-  ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j2 || rc=$?
-  if ((rc == 0)); then say "all tests passed"; else say "tests failed (ctest exit $rc)"; fi
-  return "$rc"
+  ctest_in "$BUILD_DIR" Release
+  if [[ "${CKV_SANITIZE:-1}" != 0 ]]; then run_sanitized; fi
 }
 
 # The value of "key":NUMBER in one line of kvctl's JSON (kvctl writes no spaces).
@@ -183,6 +210,7 @@ main() {
   cd "$REPO_ROOT"
   case "$cmd" in
     test) run_tests ;;
+    sanitize) run_sanitized ;;
     demo) run_demo ;;
     build) build ;;
     help | -h | --help) usage ;;
