@@ -263,9 +263,9 @@ Catalog::~Catalog() {
   db_->Close().PermitUncheckedError();  // nothing is unsynced: every Commit is a synced write
 }
 
-absl::Status Catalog::Commit(Batch& batch) {
+absl::Status Catalog::Commit(Batch& batch, bool sync) {
   rocksdb::WriteOptions wo;
-  wo.sync = true;
+  wo.sync = sync;
   return FromRocks(db_->Write(wo, &batch.batch_), absl::StrCat("commit to catalog ", dir_));
 }
 

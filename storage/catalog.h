@@ -71,7 +71,9 @@ class Catalog {
 
   Batch NewBatch() { return Batch(this); }
   // Writes the batch durably (WAL fsync) and atomically.
-  absl::Status Commit(Batch& batch);
+  // `sync` false: durable once a later synced commit returns (RocksDB's WAL is ordered), for
+  // statistics that may lag after a crash.
+  absl::Status Commit(Batch& batch, bool sync = true);
 
   // One chunk's full record (token ids included), read from the catalog.
   absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);

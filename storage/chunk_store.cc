@@ -958,69 +958,110 @@ absl::StatusOr<uint32_t> ChunkStore::AuxBytes(const ChunkKey& key, uint32_t aux)
   return seg.geometry().aux_record_bytes[aux];
 }
 
-absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys,
-                                 uint32_t aux, std::span<std::byte> out, uint64_t max_io_bytes) {
+PinnedChunks::~PinnedChunks() {
+  for (const Chunk& c : chunks_) store_->Unpin(ChunkStore::SlotId{c.segment->id(), c.slot});
+}
+
+PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) const {
+  const Chunk& c = chunks_[chunk];
+  const Segment& seg = *c.segment;
+  const uint32_t band = seg.band_of(record);
+  return Location{seg.file(), seg.RecordOffset(c.slot, record), seg.record_bytes(record),
+                  static_cast<uint32_t>(seg.band_slot_bytes(band)), c.checksums[record]};
+}
+
+absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::Pin(const ModelSpec& spec,
+                                                              std::span<const ChunkKey> keys) {
   CKV_RETURN_IF_ERROR(spec.Validate());
   const ChunkKey fp = spec.Fingerprint();
-  const uint32_t record = spec.layers + aux;
-  struct Item {
-    size_t index;  // in keys
-    Segment* seg;
-    uint32_t slot;
-    std::vector<uint64_t> checksums;
-  };
-  std::vector<Item> items;
-  items.reserve(keys.size());
-  uint32_t bytes = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto it = chunks_.find(keys[i]);
-      if (it == chunks_.end()) {
-        return absl::NotFoundError(absl::StrCat("chunk ", keys[i].ToHex(), " is not stored"));
-      }
-      const ChunkEntry& e = it->second;
-      if (!(e.fingerprint == fp)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "chunk ", keys[i].ToHex(), " is not stored under ", spec.DebugString()));
-      }
-      Segment* seg = segments_.at(e.segment).get();
-      if (record >= seg->records()) {
-        return absl::NotFoundError(absl::StrCat("chunk ", keys[i].ToHex(),
-                                                " has no auxiliary record ", aux,
-                                                " (stored by a ckv that did not write it)"));
-      }
-      const uint32_t b = seg->record_bytes(record);
-      if (bytes != 0 && b != bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "auxiliary record ", aux, " of chunk ", keys[i].ToHex(), " has ", b,
-            " bytes; chunk ", keys[0].ToHex(), "'s has ", bytes));
-      }
-      bytes = b;
-      items.push_back(Item{i, seg, e.slot, e.checksums});
+  std::vector<PinnedChunks::Chunk> chunks;
+  chunks.reserve(keys.size());
+  absl::MutexLock lock(&mu_);
+  for (const ChunkKey& key : keys) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) {
+      return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
     }
-    if (out.size() != keys.size() * size_t{bytes}) {
-      return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(),
-                                                     " bytes; ", keys.size(), " records of ",
-                                                     bytes, " bytes need ",
-                                                     keys.size() * size_t{bytes}));
+    const ChunkEntry& e = it->second;
+    if (!(e.fingerprint == fp)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", key.ToHex(), " is not stored under ", spec.DebugString()));
     }
-    for (const Item& item : items) PinLocked(SlotId{item.seg->id(), item.slot});
+    chunks.push_back(PinnedChunks::Chunk{key, segments_.at(e.segment).get(), e.slot, e.checksums,
+                                         e.importance, e.loads});
   }
-  struct UnpinOnExit {
-    ChunkStore* store;
-    const std::vector<Item>& items;
-    ~UnpinOnExit() {
-      for (const Item& item : items) store->Unpin(SlotId{item.seg->id(), item.slot});
-    }
-  } unpin_on_exit{this, items};
-  if (items.empty()) return absl::OkStatus();
+  const uint64_t tick = ++use_clock_;
+  for (const auto& c : chunks) {
+    PinLocked(SlotId{c.segment->id(), c.slot});
+    chunks_[c.key].last_use = tick;
+  }
+  return std::unique_ptr<PinnedChunks>(new PinnedChunks(this, std::move(chunks)));
+}
 
+absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
+  // The immutable fields come from the catalog; I and F from memory, updated and written under
+  // mu_, so that concurrent additions do not lose each other.
+  std::vector<std::pair<const Usage*, ChunkRecord>> records;
+  for (const Usage& u : usage) {
+    auto record = catalog_->GetChunk(u.key);
+    if (absl::IsNotFound(record.status())) continue;
+    CKV_RETURN_IF_ERROR(record.status());
+    records.emplace_back(&u, std::move(*record));
+  }
+  absl::MutexLock lock(&mu_);
+  Catalog::Batch batch = catalog_->NewBatch();
+  std::vector<std::pair<ChunkEntry*, const Usage*>> applied;
+  for (auto& [u, record] : records) {
+    auto it = chunks_.find(u->key);
+    // Only a chunk still stored in the same place: one deleted meanwhile must not come back.
+    if (it == chunks_.end() || it->second.segment != record.segment ||
+        it->second.slot != record.slot) {
+      continue;
+    }
+    record.importance = it->second.importance + u->importance;
+    record.loads = it->second.loads + u->loads;
+    batch.PutChunk(u->key, record);
+    applied.emplace_back(&it->second, u);
+  }
+  if (applied.empty()) return absl::OkStatus();
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/false));
+  for (auto& [entry, u] : applied) {
+    entry->importance += u->importance;
+    entry->loads += u->loads;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys,
+                                 uint32_t aux, std::span<std::byte> out, uint64_t max_io_bytes) {
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<PinnedChunks> pinned, Pin(spec, keys));
+  const uint32_t record = spec.layers + aux;
+  uint32_t bytes = 0;
+  for (const PinnedChunks::Chunk& c : pinned->chunks()) {
+    if (record >= c.segment->records()) {
+      return absl::NotFoundError(absl::StrCat("chunk ", c.key.ToHex(),
+                                              " has no auxiliary record ", aux,
+                                              " (stored by a ckv that did not write it)"));
+    }
+    const uint32_t b = c.segment->record_bytes(record);
+    if (bytes != 0 && b != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "auxiliary record ", aux, " of chunk ", c.key.ToHex(), " has ", b, " bytes; chunk ",
+          keys[0].ToHex(), "'s has ", bytes));
+    }
+    bytes = b;
+  }
+  if (out.size() != keys.size() * size_t{bytes}) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(), " bytes; ",
+                                                   keys.size(), " records of ", bytes,
+                                                   " bytes need ", keys.size() * size_t{bytes}));
+  }
   std::vector<BandRead> reads;
-  reads.reserve(items.size());
-  for (const Item& item : items) {
-    reads.push_back(BandRead{item.seg, item.slot, item.seg->band_of(record), &keys[item.index],
-                             &item.checksums, item.index});
+  reads.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const PinnedChunks::Chunk& c = pinned->chunks()[i];
+    reads.push_back(
+        BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, &c.checksums, i});
   }
   absl::Status first_error;
   CKV_RETURN_IF_ERROR(ReadBands(std::move(reads), max_io_bytes,

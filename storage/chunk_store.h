@@ -57,6 +57,46 @@ struct AuxRecords {
   std::function<void(size_t chunk, std::span<const std::span<std::byte>> out)> fill;
 };
 
+class ChunkStore;
+
+// Chunks pinned for reading: while the handle lives, their slots are not reused, even if the
+// chunks are deleted or evicted meanwhile, so the locations it gives stay valid. Thread-safe to
+// read from any thread; destroyed once (unpins).
+class PinnedChunks {
+ public:
+  struct Chunk {
+    ChunkKey key;
+    Segment* segment = nullptr;
+    uint32_t slot = 0;
+    std::vector<uint64_t> checksums;  // per record: layers, then auxiliary records
+    double importance = 0;            // I and F when pinned
+    uint64_t loads = 0;
+  };
+  // Where one record is, and how to check it.
+  struct Location {
+    File* file = nullptr;
+    uint64_t offset = 0;
+    uint32_t length = 0;         // record bytes
+    uint32_t stride = 0;         // bytes between this record and the next slot's same record
+    uint64_t checksum = 0;       // XXH3-64 of the record bytes
+  };
+
+  ~PinnedChunks();
+  PinnedChunks(const PinnedChunks&) = delete;
+  PinnedChunks& operator=(const PinnedChunks&) = delete;
+
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  // REQUIRES: chunk < chunks().size(), record < that chunk's segment's records().
+  Location RecordAt(size_t chunk, uint32_t record) const;
+
+ private:
+  friend class ChunkStore;
+  PinnedChunks(ChunkStore* store, std::vector<Chunk> chunks)
+      : store_(store), chunks_(std::move(chunks)) {}
+  ChunkStore* store_;
+  std::vector<Chunk> chunks_;
+};
+
 class ChunkStore {
  public:
   static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const EngineOptions& options,
@@ -86,6 +126,21 @@ class ChunkStore {
   // checksum mismatch.
   absl::Status ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys, uint32_t aux,
                        std::span<std::byte> out, uint64_t max_io_bytes = 1 << 20);
+  // Pins `keys` (a prefix's chunks, say) for reading. Errors: NotFound naming the first chunk not
+  // stored; FailedPrecondition for one stored under another spec.
+  absl::StatusOr<std::unique_ptr<PinnedChunks>> Pin(const ModelSpec& spec,
+                                                    std::span<const ChunkKey> keys);
+
+  // Adds attention importance (I) and loads (F) to chunks, in memory and in the catalog (one
+  // batch, not synced: a crash may lose the latest additions, never a chunk). Chunks no longer
+  // stored are skipped.
+  struct Usage {
+    ChunkKey key;
+    double importance = 0;
+    uint64_t loads = 0;
+  };
+  absl::Status AddUsage(std::span<const Usage> usage);
+
   // Bytes of auxiliary record `aux` of chunk `key`, or NotFound.
   absl::StatusOr<uint32_t> AuxBytes(const ChunkKey& key, uint32_t aux);
 
@@ -166,6 +221,7 @@ class ChunkStore {
                            const std::function<void()>& aux_ready,
                            std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
 
+  friend class PinnedChunks;
   // Pins / unpins the slot of a chunk being read.
   void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(SlotId slot);

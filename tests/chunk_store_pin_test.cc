@@ -1,0 +1,95 @@
+// Tests of ChunkStore::Pin (what Re-Prefill sessions read through) and AddUsage (I and F).
+#include "storage/chunk_store.h"
+#include "storage/record_checksum.h"
+#include "tests/test_util.h"
+
+namespace ckv {
+namespace {
+
+using ::ckv::testing::TempDir;
+
+class PinTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Open();
+    spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
+    tokens_ = synth::Tokens(3, 6 * spec_.chunk_tokens);
+    keys_ = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, tokens_);
+    synth::SyntheticKv kv(spec_, tokens_);
+    ASSERT_TRUE(store_->Put(spec_, tokens_, kv.tensors()).ok());
+  }
+  void Open() {
+    store_.reset();
+    auto store = storage::ChunkStore::Open(EngineOptions{}, dir_.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  // Reads the record at `where` and checks it against the generator.
+  void ExpectRecord(const storage::PinnedChunks::Location& where, size_t chunk, uint32_t layer) {
+    storage::AlignedBuffer buf((where.length + 4095) / 4096 * 4096, where.file->alignment());
+    ASSERT_TRUE(where.file->ReadAt(where.offset, std::span(buf.data(), buf.size())).ok());
+    EXPECT_EQ(storage::RecordChecksum(buf.data(), where.length), where.checksum);
+    std::vector<std::byte> want(spec_.RecordBytes());
+    synth::FillRecord(spec_, keys_[chunk], layer, want);
+    EXPECT_EQ(0, std::memcmp(buf.data(), want.data(), want.size())) << chunk << "/L" << layer;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<storage::ChunkStore> store_;
+  ModelSpec spec_;
+  std::vector<int32_t> tokens_;
+  std::vector<ChunkKey> keys_;
+};
+
+TEST_F(PinTest, PinnedLocationsStayReadableAfterTheirPrefixIsDeleted) {
+  auto pinned = store_->Pin(spec_, keys_);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ((*pinned)->chunks().size(), keys_.size());
+  ASSERT_TRUE(store_->DeletePrefix(keys_.back()).ok());
+  // A new Put would reuse freed slots: the pinned ones must not be among them.
+  const auto other = synth::Tokens(4, 6 * spec_.chunk_tokens);
+  synth::SyntheticKv kv(spec_, other);
+  ASSERT_TRUE(store_->Put(spec_, other, kv.tensors()).ok());
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    for (uint32_t l : {0u, spec_.layers - 1}) ExpectRecord((*pinned)->RecordAt(i, l), i, l);
+  }
+  // The deleted chunks' slots still count against the cap while pinned, and are freed on unpin.
+  const uint64_t chunk_bytes = uint64_t{spec_.layers} * spec_.RecordBytes();  // no summaries
+  EXPECT_EQ(store_->Stats().disk_bytes_used, 12 * chunk_bytes);
+  pinned->reset();
+  EXPECT_EQ(store_->Stats().disk_bytes_used, 6 * chunk_bytes);
+}
+
+TEST_F(PinTest, PinRefusesMissingAndForeignChunks) {
+  const ChunkKey absent = ChainChunkKey(ChunkKey{}, spec_.Fingerprint(), synth::Tokens(9, 16));
+  std::vector<ChunkKey> keys = {keys_[0], absent};
+  EXPECT_EQ(store_->Pin(spec_, keys).status().code(), absl::StatusCode::kNotFound);
+  const ModelSpec other = *ModelSpec::Preset("qwen2.5-7b");
+  EXPECT_EQ(store_->Pin(other, keys_).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PinTest, UsageAddsUpAndSurvivesAReopen) {
+  std::vector<storage::ChunkStore::Usage> usage = {{keys_[0], 0.5, 1}, {keys_[2], 0.25, 2}};
+  ASSERT_TRUE(store_->AddUsage(usage).ok());
+  ASSERT_TRUE(store_->AddUsage(usage).ok());
+  Open();
+  auto pinned = store_->Pin(spec_, keys_);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_DOUBLE_EQ((*pinned)->chunks()[0].importance, 1.0);
+  EXPECT_EQ((*pinned)->chunks()[0].loads, 2u);
+  EXPECT_DOUBLE_EQ((*pinned)->chunks()[2].importance, 0.5);
+  EXPECT_EQ((*pinned)->chunks()[2].loads, 4u);
+  EXPECT_EQ((*pinned)->chunks()[1].loads, 0u);
+}
+
+TEST_F(PinTest, UsageOfADeletedChunkDoesNotBringItBack) {
+  ASSERT_TRUE(store_->DeletePrefix(keys_.back()).ok());
+  std::vector<storage::ChunkStore::Usage> usage = {{keys_[0], 1.0, 1}};
+  ASSERT_TRUE(store_->AddUsage(usage).ok());
+  Open();
+  EXPECT_EQ(store_->Stats().chunks, 0u);
+  EXPECT_EQ(store_->Pin(spec_, keys_).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ckv
