@@ -1,0 +1,152 @@
+// kernels/simd.h: the few vector primitives the CPU kernels are built from, each in a scalar
+// form and an AVX2/FMA form (chosen by the caller through UseAvx2()). Internal to kernels/.
+#ifndef CKV_KERNELS_SIMD_H_
+#define CKV_KERNELS_SIMD_H_
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace ckv::kernels::simd {
+
+#define CKV_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+inline float DotScalar(const float* a, const float* b, size_t n) {
+  float s = 0;
+  for (size_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+CKV_AVX2 inline float HorizontalSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+CKV_AVX2 inline float DotAvx2(const float* a, const float* b, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = HorizontalSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Scores of 4 queries (rows of q, stride n) against one key: out[r] = q_r . k.
+CKV_AVX2 inline void Dot4Avx2(const float* q, size_t n, const float* k, float* out) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+         s3 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 kv = _mm256_loadu_ps(k + i);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + n + i), kv, s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 2 * n + i), kv, s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 3 * n + i), kv, s3);
+  }
+  out[0] = HorizontalSum(s0);
+  out[1] = HorizontalSum(s1);
+  out[2] = HorizontalSum(s2);
+  out[3] = HorizontalSum(s3);
+  for (; i < n; ++i) {
+    for (int r = 0; r < 4; ++r) out[r] += q[r * n + i] * k[i];
+  }
+}
+
+// a . (q * scale) for int8 q: the decoded dot product of a float vector with a quantised one.
+inline float DotI8Scalar(const float* a, const int8_t* q, size_t n) {
+  float s = 0;
+  for (size_t i = 0; i < n; ++i) s += a[i] * static_cast<float>(q[i]);
+  return s;
+}
+
+CKV_AVX2 inline float DotI8Avx2(const float* a, const int8_t* q, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), lo, s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), hi, s1);
+  }
+  float s = HorizontalSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * static_cast<float>(q[i]);
+  return s;
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the max), to about 2 ulp; exp(-88) and below
+// flush to 0.
+CKV_AVX2 inline __m256 ExpNonPositiveAvx2(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  // exp(x) = 2^n * exp(r), r = x - n ln2 in [-ln2/2, ln2/2].
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(dead, result);
+}
+
+// In place: v[i] = exp(v[i] - max); returns the sum.
+inline float ExpSubScalar(float* v, size_t n, float max) {
+  float sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - max);
+    sum += v[i];
+  }
+  return sum;
+}
+
+CKV_AVX2 inline float ExpSubAvx2(float* v, size_t n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 s = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = ExpNonPositiveAvx2(_mm256_sub_ps(_mm256_loadu_ps(v + i), m));
+    _mm256_storeu_ps(v + i, e);
+    s = _mm256_add_ps(s, e);
+  }
+  float sum = HorizontalSum(s);
+  for (; i < n; ++i) {
+    v[i] = std::exp(v[i] - max);
+    sum += v[i];
+  }
+  return sum;
+}
+
+// y += a * x
+CKV_AVX2 inline void AxpyAvx2(float a, const float* x, float* y, size_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+inline void AxpyScalar(float a, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace ckv::kernels::simd
+
+#endif  // CKV_KERNELS_SIMD_H_
