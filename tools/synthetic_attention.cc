@@ -65,8 +65,14 @@ void Swap(std::vector<uint32_t>& set, double fraction, size_t chunks, size_t fir
   std::vector<bool> in(chunks, false);
   for (uint32_t j : set) in[j] = true;
   const size_t candidates = first_recent > 1 ? first_recent - 1 : 0;  // chunks 1..first_recent-1
-  for (size_t s = 0; s < swaps && set.size() < candidates; ++s) {
-    const size_t out = rng.Below(set.size());
+  // Distinct members go out: the first `swaps` positions of a random permutation.
+  std::vector<size_t> order(set.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  for (size_t i = 0; i < std::min(swaps, order.size()); ++i) {
+    std::swap(order[i], order[i + rng.Below(order.size() - i)]);
+  }
+  for (size_t s = 0; s < swaps && s < set.size() && set.size() < candidates; ++s) {
+    const size_t out = order[s];
     uint32_t j;
     do {
       j = static_cast<uint32_t>(1 + rng.Below(candidates));

@@ -45,7 +45,7 @@ struct AttentionParams {
   double layer_drift = 0.05;      // swapped per layer within a period
   double head_disagreement = 0.2; // swapped per kv head (the same for a whole period)
   uint32_t sink_tokens = 4;
-  double sink_strength = 7.0;
+  double sink_strength = 8.0;
   uint32_t recent_chunks = 4;
   double recent_strength = 3.5;
   double recent_decay = 0.7;

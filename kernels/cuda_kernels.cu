@@ -1,0 +1,328 @@
+// kernels/cuda_kernels.cu: CUDA versions of quest and mean-key scoring, exact attention and
+// gather, with the semantics of the CPU code (see cuda_kernels.h and cuda_launch.h). Built when
+// nvcc is found.
+//
+// Each call copies its inputs into device buffers, runs on its own stream and copies the result
+// back. The reductions (sums over channels, softmax maxima and sums) are done in float like the
+// CPU path, in a different order, so results agree to rounding, not bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_launch.h"
+
+namespace ckv::kernels::cuda_launch {
+namespace {
+
+constexpr int kThreads = 256;
+
+std::string CudaError(cudaError_t e, const char* what) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+#define CKV_CUDA(call)                                                      \
+  do {                                                                      \
+    const cudaError_t ckv_cuda_err = (call);                                \
+    if (ckv_cuda_err != cudaSuccess) return CudaError(ckv_cuda_err, #call); \
+  } while (0)
+
+#define CKV_TRY(expr)                      \
+  do {                                     \
+    std::string ckv_try_err = (expr);      \
+    if (!ckv_try_err.empty()) return ckv_try_err; \
+  } while (0)
+
+// A device buffer freed on scope exit.
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  std::string Allocate(size_t n) {
+    count = n;
+    if (n == 0) return "";
+    CKV_CUDA(cudaMalloc(reinterpret_cast<void**>(&ptr), n * sizeof(T)));
+    return "";
+  }
+  std::string Upload(const T* host, size_t n, cudaStream_t s) {
+    CKV_TRY(Allocate(n));
+    if (n > 0) CKV_CUDA(cudaMemcpyAsync(ptr, host, n * sizeof(T), cudaMemcpyHostToDevice, s));
+    return "";
+  }
+};
+
+// A stream destroyed on scope exit.
+struct Stream {
+  cudaStream_t s = nullptr;
+  ~Stream() {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+};
+
+__device__ float Element(const unsigned char* p, size_t index, int dtype) {
+  switch (dtype) {
+    case 1: {  // fp16
+      __half h;
+      memcpy(&h, p + 2 * index, 2);
+      return __half2float(h);
+    }
+    case 2: {  // bf16
+      unsigned short b;
+      memcpy(&b, p + 2 * index, 2);
+      return __uint_as_float(static_cast<unsigned int>(b) << 16);
+    }
+    default: {
+      float f;
+      memcpy(&f, p + 4 * index, 4);
+      return f;
+    }
+  }
+}
+
+__device__ float HalfAt(const unsigned char* p) {
+  __half h;
+  memcpy(&h, p, 2);
+  return __half2float(h);
+}
+
+// Block-wide sum of one value per thread (blockDim.x == kThreads).
+__device__ float BlockSum(float v) {
+  __shared__ float partial[kThreads];
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float total = partial[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ float BlockMax(float v) {
+  __shared__ float partial[kThreads];
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const float total = partial[0];
+  __syncthreads();
+  return total;
+}
+
+// One block per chunk: sum over kv heads of pos . max * scale_max + neg . min * scale_min.
+__global__ void QuestKernel(const unsigned char* minmax, size_t part_bytes, int layer,
+                            int kv_heads, int head_dim, const float* pos, const float* neg,
+                            float scale, float* scores) {
+  const size_t j = blockIdx.x;
+  const size_t entry = 4 + 2 * static_cast<size_t>(head_dim);
+  float acc = 0;
+  for (int i = threadIdx.x; i < kv_heads * head_dim; i += blockDim.x) {
+    const int h = i / head_dim, d = i % head_dim;
+    const unsigned char* e = minmax + j * part_bytes + (static_cast<size_t>(layer) * kv_heads + h) * entry;
+    const float s_min = HalfAt(e), s_max = HalfAt(e + 2);
+    const auto* q_min = reinterpret_cast<const signed char*>(e + 4);
+    const auto* q_max = q_min + head_dim;
+    acc += pos[h * head_dim + d] * q_max[d] * s_max + neg[h * head_dim + d] * q_min[d] * s_min;
+  }
+  const float total = BlockSum(acc);
+  if (threadIdx.x == 0) scores[j] = total * scale;
+}
+
+// One block per chunk: logits[g * n + j] = qbar_g . mean_{j, h(g)} * scale_mean * scale.
+__global__ void MeanLogitsKernel(const unsigned char* mean, size_t part_bytes, int layer,
+                                 int q_heads, int kv_heads, int head_dim, const float* qbar,
+                                 float scale, size_t n, float* logits) {
+  const size_t j = blockIdx.x;
+  const size_t entry = 2 + static_cast<size_t>(head_dim);
+  const int group = q_heads / kv_heads;
+  for (int g = 0; g < q_heads; ++g) {
+    const unsigned char* e =
+        mean + j * part_bytes + (static_cast<size_t>(layer) * kv_heads + g / group) * entry;
+    const auto* q = reinterpret_cast<const signed char*>(e + 2);
+    float acc = 0;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) acc += qbar[g * head_dim + d] * q[d];
+    const float total = BlockSum(acc);
+    if (threadIdx.x == 0) logits[g * n + j] = total * HalfAt(e) * scale;
+  }
+}
+
+// One block per row: its max and the sum of exp(x - max).
+__global__ void RowStatsKernel(const float* x, size_t n, float* row_max, float* row_sum) {
+  const float* row = x + blockIdx.x * n;
+  float m = -INFINITY;
+  for (size_t t = threadIdx.x; t < n; t += blockDim.x) m = fmaxf(m, row[t]);
+  m = BlockMax(m);
+  float s = 0;
+  for (size_t t = threadIdx.x; t < n; t += blockDim.x) s += expf(row[t] - m);
+  s = BlockSum(s);
+  if (threadIdx.x == 0) {
+    row_max[blockIdx.x] = m;
+    row_sum[blockIdx.x] = s;
+  }
+}
+
+// out[t] = norm * sum over rows of exp(x[r][t] - max[r]) / sum[r].
+__global__ void ColumnSoftmaxSumKernel(const float* x, size_t n, int rows, const float* row_max,
+                                       const float* row_sum, float norm, float* out) {
+  const size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (t >= n) return;
+  float acc = 0;
+  for (int r = 0; r < rows; ++r) acc += expf(x[r * n + t] - row_max[r]) / row_sum[r];
+  out[t] = acc * norm;
+}
+
+// scores[r * tokens + t] = q_r . k_{t, h(r)} * scale; row r = (head index hi, query i).
+__global__ void TokenScoresKernel(const unsigned char* records, size_t record_bytes, int dtype,
+                                  int chunk_tokens, int kv_heads, int head_dim, int group,
+                                  const float* queries, int q_heads, const int* heads, int window,
+                                  size_t tokens, float scale, float* scores) {
+  const size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const int r = blockIdx.y;
+  if (t >= tokens) return;
+  const int g = heads[r / window], i = r % window, h = g / group;
+  const unsigned char* rec = records + (t / chunk_tokens) * record_bytes;
+  const size_t base = ((t % chunk_tokens) * kv_heads + h) * static_cast<size_t>(head_dim);
+  const float* q = queries + (static_cast<size_t>(i) * q_heads + g) * head_dim;
+  float acc = 0;
+  for (int d = 0; d < head_dim; ++d) acc += q[d] * Element(rec, base + d, dtype);
+  scores[static_cast<size_t>(r) * tokens + t] = acc * scale;
+}
+
+// out[i * row + e] = element e of the K (or V) of chunk chunks[i / chunk_elems]...
+__global__ void GatherKernel(const unsigned char* records, size_t record_bytes, int dtype,
+                             size_t half_elements, const unsigned* chunks, size_t count,
+                             float* k, float* v) {
+  const size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (e >= count * half_elements) return;
+  const size_t i = e / half_elements, within = e % half_elements;
+  const unsigned char* rec = records + chunks[i] * record_bytes;
+  k[e] = Element(rec, within, dtype);
+  v[e] = Element(rec, half_elements + within, dtype);
+}
+
+}  // namespace
+
+std::string DeviceCount(int* count) {
+  CKV_CUDA(cudaGetDeviceCount(count));
+  return "";
+}
+
+std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
+                        int kv_heads, int head_dim, const float* pos, const float* neg,
+                        float scale, float* scores) {
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  DeviceBuffer<unsigned char> d_parts;
+  DeviceBuffer<float> d_pos, d_neg, d_scores;
+  const size_t vec = static_cast<size_t>(kv_heads) * head_dim;
+  CKV_TRY(d_parts.Upload(parts, chunks * part_bytes, stream.s));
+  CKV_TRY(d_pos.Upload(pos, vec, stream.s));
+  CKV_TRY(d_neg.Upload(neg, vec, stream.s));
+  CKV_TRY(d_scores.Allocate(chunks));
+  QuestKernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream.s>>>(
+      d_parts.ptr, part_bytes, layer, kv_heads, head_dim, d_pos.ptr, d_neg.ptr, scale,
+      d_scores.ptr);
+  CKV_CUDA(cudaGetLastError());
+  CKV_CUDA(cudaMemcpyAsync(scores, d_scores.ptr, chunks * sizeof(float), cudaMemcpyDeviceToHost,
+                           stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes,
+                          int layer, int q_heads, int kv_heads, int head_dim, const float* qbar,
+                          float scale, float* scores) {
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  DeviceBuffer<unsigned char> d_parts;
+  DeviceBuffer<float> d_qbar, d_logits, d_max, d_sum, d_scores;
+  CKV_TRY(d_parts.Upload(parts, chunks * part_bytes, stream.s));
+  CKV_TRY(d_qbar.Upload(qbar, static_cast<size_t>(q_heads) * head_dim, stream.s));
+  CKV_TRY(d_logits.Allocate(static_cast<size_t>(q_heads) * chunks));
+  CKV_TRY(d_max.Allocate(q_heads));
+  CKV_TRY(d_sum.Allocate(q_heads));
+  CKV_TRY(d_scores.Allocate(chunks));
+  MeanLogitsKernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream.s>>>(
+      d_parts.ptr, part_bytes, layer, q_heads, kv_heads, head_dim, d_qbar.ptr, scale, chunks,
+      d_logits.ptr);
+  RowStatsKernel<<<q_heads, kThreads, 0, stream.s>>>(d_logits.ptr, chunks, d_max.ptr, d_sum.ptr);
+  ColumnSoftmaxSumKernel<<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0,
+                           stream.s>>>(d_logits.ptr, chunks, q_heads, d_max.ptr, d_sum.ptr,
+                                       1.0f / static_cast<float>(q_heads), d_scores.ptr);
+  CKV_CUDA(cudaGetLastError());
+  CKV_CUDA(cudaMemcpyAsync(scores, d_scores.ptr, chunks * sizeof(float), cudaMemcpyDeviceToHost,
+                           stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+std::string TokenAttention(const unsigned char* records, size_t chunks, size_t record_bytes,
+                           int dtype, int chunk_tokens, int kv_heads, int head_dim,
+                           const float* queries, int q_heads, const int* heads, int head_count,
+                           int window, float scale, float* mass) {
+  const size_t tokens = chunks * chunk_tokens;
+  const int rows = head_count * window;
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  DeviceBuffer<unsigned char> d_records;
+  DeviceBuffer<float> d_queries, d_scores, d_max, d_sum, d_mass;
+  DeviceBuffer<int> d_heads;
+  CKV_TRY(d_records.Upload(records, chunks * record_bytes, stream.s));
+  CKV_TRY(d_queries.Upload(queries, static_cast<size_t>(window) * q_heads * head_dim, stream.s));
+  CKV_TRY(d_heads.Upload(heads, head_count, stream.s));
+  CKV_TRY(d_scores.Allocate(static_cast<size_t>(rows) * tokens));
+  CKV_TRY(d_max.Allocate(rows));
+  CKV_TRY(d_sum.Allocate(rows));
+  CKV_TRY(d_mass.Allocate(tokens));
+  const dim3 grid(static_cast<unsigned>((tokens + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(rows));
+  TokenScoresKernel<<<grid, kThreads, 0, stream.s>>>(
+      d_records.ptr, record_bytes, dtype, chunk_tokens, kv_heads, head_dim, q_heads / kv_heads,
+      d_queries.ptr, q_heads, d_heads.ptr, window, tokens, scale, d_scores.ptr);
+  RowStatsKernel<<<rows, kThreads, 0, stream.s>>>(d_scores.ptr, tokens, d_max.ptr, d_sum.ptr);
+  ColumnSoftmaxSumKernel<<<static_cast<unsigned>((tokens + kThreads - 1) / kThreads), kThreads, 0,
+                           stream.s>>>(d_scores.ptr, tokens, rows, d_max.ptr, d_sum.ptr,
+                                       1.0f / static_cast<float>(rows), d_mass.ptr);
+  CKV_CUDA(cudaGetLastError());
+  CKV_CUDA(cudaMemcpyAsync(mass, d_mass.ptr, tokens * sizeof(float), cudaMemcpyDeviceToHost,
+                           stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+std::string Gather(const unsigned char* records, size_t chunks, size_t record_bytes, int dtype,
+                   size_t half_elements, const unsigned* list, size_t count, float* k, float* v) {
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  DeviceBuffer<unsigned char> d_records;
+  DeviceBuffer<unsigned> d_list;
+  DeviceBuffer<float> d_k, d_v;
+  CKV_TRY(d_records.Upload(records, chunks * record_bytes, stream.s));
+  CKV_TRY(d_list.Upload(list, count, stream.s));
+  CKV_TRY(d_k.Allocate(count * half_elements));
+  CKV_TRY(d_v.Allocate(count * half_elements));
+  GatherKernel<<<static_cast<unsigned>((count * half_elements + kThreads - 1) / kThreads),
+                 kThreads, 0, stream.s>>>(d_records.ptr, record_bytes, dtype, half_elements,
+                                          d_list.ptr, count, d_k.ptr, d_v.ptr);
+  CKV_CUDA(cudaGetLastError());
+  CKV_CUDA(cudaMemcpyAsync(k, d_k.ptr, count * half_elements * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream.s));
+  CKV_CUDA(cudaMemcpyAsync(v, d_v.ptr, count * half_elements * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+}  // namespace ckv::kernels::cuda_launch

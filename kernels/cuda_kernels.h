@@ -1,0 +1,42 @@
+// kernels/cuda_kernels.h: the CUDA implementations of the selectors' scoring, exact attention and
+// gather, with the semantics of their CPU counterparts (selector.h, attention.h).
+//
+// Each function copies its inputs to the device, runs, and copies the result back: the form the
+// tests use to compare with the CPU path. When ckv is built without CUDA (nvcc not found), or no
+// device is present, every function returns Unavailable with the reason.
+//
+// Thread-safety: thread-safe (each call uses its own stream and buffers).
+#ifndef CKV_KERNELS_CUDA_KERNELS_H_
+#define CKV_KERNELS_CUDA_KERNELS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention.h"
+#include "kernels/selector.h"
+
+namespace ckv::kernels::cuda {
+
+// True when this build of ckv has the CUDA kernels.
+bool Built();
+// OK when a CUDA device can be used; Unavailable naming the reason otherwise.
+absl::Status DeviceAvailable();
+
+// ScoreChunks(kQuest / kMeanKey, ...) on the device.
+absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput& input);
+absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput& input);
+// TokenAttention on the device.
+absl::StatusOr<std::vector<float>> TokenAttention(const KvShape& shape,
+                                                  std::span<const float> queries, uint32_t window,
+                                                  ChunkRecords records,
+                                                  std::span<const uint32_t> heads = {});
+// Gather on the device (K and V converted to float32).
+absl::StatusOr<GatheredKv> Gather(const KvShape& shape, ChunkRecords records,
+                                  std::span<const uint32_t> chunks);
+
+}  // namespace ckv::kernels::cuda
+
+#endif  // CKV_KERNELS_CUDA_KERNELS_H_

@@ -1,0 +1,40 @@
+// kernels/cuda_launch.h: the device side of kernels/cuda_kernels.h, in the C++17 that nvcc
+// compiles here (CMake 3.25 cannot ask nvcc for C++20, which ckv's headers need): raw host
+// pointers in, raw host pointers out. Each function copies its inputs to the device, runs on a
+// stream of its own, copies the result back, and returns "" or the CUDA error it met.
+// Internal to kernels/; only built with CUDA.
+#ifndef CKV_KERNELS_CUDA_LAUNCH_H_
+#define CKV_KERNELS_CUDA_LAUNCH_H_
+
+#include <cstddef>
+#include <string>
+
+namespace ckv::kernels::cuda_launch {
+
+std::string DeviceCount(int* count);
+
+// scores[j] = scale * sum_h pos_h . max_jh * s_max + neg_h . min_jh * s_min over `chunks`
+// min/max parts of `part_bytes` each, back to back in `parts`.
+std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
+                        int kv_heads, int head_dim, const float* pos, const float* neg,
+                        float scale, float* scores);
+
+// scores[j] = sum_g softmax_j(qbar_g . mean_{j,h(g)} * scale) / q_heads.
+std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes,
+                          int layer, int q_heads, int kv_heads, int head_dim, const float* qbar,
+                          float scale, float* scores);
+
+// mass[t] = mean over (head in heads, query) of softmax_t(q . k_t * scale), over the records of
+// `chunks` chunks back to back (K first, dtype 1 fp16, 2 bf16, 3 fp32).
+std::string TokenAttention(const unsigned char* records, size_t chunks, size_t record_bytes,
+                           int dtype, int chunk_tokens, int kv_heads, int head_dim,
+                           const float* queries, int q_heads, const int* heads, int head_count,
+                           int window, float scale, float* mass);
+
+// k, v [count * half_elements]: the K and V of records list[i], as float.
+std::string Gather(const unsigned char* records, size_t chunks, size_t record_bytes, int dtype,
+                   size_t half_elements, const unsigned* list, size_t count, float* k, float* v);
+
+}  // namespace ckv::kernels::cuda_launch
+
+#endif  // CKV_KERNELS_CUDA_LAUNCH_H_

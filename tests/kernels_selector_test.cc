@@ -1,0 +1,347 @@
+// Tests of the selectors (kernels/selector.h) against scalar references written here, on random
+// and planted data, on both CPU paths.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/attention.h"
+#include "kernels/cpu_path.h"
+#include "kernels/fidelity.h"
+#include "kernels/selector.h"
+#include "kernels/summary.h"
+
+namespace ckv::kernels {
+namespace {
+
+// A small GQA model: 4 q heads over 2 kv heads, head dim 64, 16-token chunks, 3 layers.
+ModelSpec SmallSpec(DType dtype = DType::kFp16) {
+  ModelSpec s;
+  s.model_id = "small";
+  s.layers = 3;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.dtype = dtype;
+  s.chunk_tokens = 16;
+  return s;
+}
+
+// One layer of a prefix: records (as ckv stores them), summaries of every layer (only `layer`
+// filled), and queries.
+struct Prefix {
+  ModelSpec spec;
+  uint32_t layer = 1;
+  uint32_t window = 8;
+  size_t chunks = 0;
+  std::vector<std::vector<std::byte>> records, minmax, mean;
+  std::vector<const std::byte*> record_ptr, minmax_ptr, mean_ptr;
+  std::vector<float> queries;
+
+  SelectorInput Input() const {
+    SelectorInput in;
+    in.shape = KvShape::Of(spec);
+    in.layers = spec.layers;
+    in.layer = layer;
+    in.queries = queries;
+    in.window = window;
+    in.chunks = chunks;
+    in.minmax = minmax_ptr;
+    in.mean = mean_ptr;
+    in.records = record_ptr;
+    return in;
+  }
+};
+
+// Random keys and values; chunks in `planted` get keys aligned with the queries' direction.
+Prefix MakePrefix(size_t chunks, uint64_t seed, std::vector<uint32_t> planted = {},
+                  DType dtype = DType::kFp16) {
+  Prefix p;
+  p.spec = SmallSpec(dtype);
+  p.chunks = chunks;
+  const KvShape s = KvShape::Of(p.spec);
+  const SummaryFormat f = SummaryFormat::For(p.spec);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> dir(s.head_dim);
+  for (float& x : dir) x = normal(rng);
+  const size_t row = size_t{s.kv_heads} * s.head_dim;
+  const size_t elems = size_t{s.chunk_tokens} * row;
+  std::vector<float> kv(2 * elems);
+  for (size_t j = 0; j < chunks; ++j) {
+    const bool hot = std::find(planted.begin(), planted.end(), j) != planted.end();
+    for (size_t i = 0; i < kv.size(); ++i) {
+      kv[i] = normal(rng);
+      if (hot && i < elems) kv[i] += 2.5f * dir[i % s.head_dim];
+    }
+    std::vector<std::byte> rec(s.record_bytes());
+    FromFloat(dtype, kv.data(), kv.size(), rec.data());
+    p.records.push_back(std::move(rec));
+    p.minmax.emplace_back(f.MinMaxBytes());
+    p.mean.emplace_back(f.MeanBytes());
+    SummarizeChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
+                        p.minmax.back(), p.mean.back());
+  }
+  for (size_t j = 0; j < chunks; ++j) {
+    p.record_ptr.push_back(p.records[j].data());
+    p.minmax_ptr.push_back(p.minmax[j].data());
+    p.mean_ptr.push_back(p.mean[j].data());
+  }
+  p.queries.resize(size_t{p.window} * s.q_heads * s.head_dim);
+  for (size_t i = 0; i < p.queries.size(); ++i) {
+    p.queries[i] = 0.5f * normal(rng) + (planted.empty() ? 0.0f : dir[i % s.head_dim]);
+  }
+  return p;
+}
+
+// The keys of chunk j, head h, token t, as float.
+float Key(const Prefix& p, size_t j, uint32_t t, uint32_t h, uint32_t d) {
+  const KvShape s = KvShape::Of(p.spec);
+  float x;
+  ToFloat(s.dtype, p.records[j].data() + ((size_t{t} * s.kv_heads + h) * s.head_dim + d) *
+                                             ElementBytes(s.dtype),
+          1, &x);
+  return x;
+}
+
+const float* Query(const Prefix& p, uint32_t i, uint32_t g) {
+  return p.queries.data() + (size_t{i} * p.spec.q_heads + g) * p.spec.head_dim;
+}
+
+// Exact attention mass per token in double precision, over q heads `heads` (all when empty).
+std::vector<double> ReferenceTokenMass(const Prefix& p, std::vector<uint32_t> heads = {}) {
+  const KvShape s = KvShape::Of(p.spec);
+  if (heads.empty()) {
+    for (uint32_t g = 0; g < s.q_heads; ++g) heads.push_back(g);
+  }
+  const size_t tokens = p.chunks * s.chunk_tokens;
+  std::vector<double> mass(tokens, 0.0), logit(tokens);
+  for (uint32_t g : heads) {
+    const uint32_t h = g / s.group();
+    for (uint32_t i = 0; i < p.window; ++i) {
+      double max = -1e300;
+      for (size_t t = 0; t < tokens; ++t) {
+        double dot = 0;
+        for (uint32_t d = 0; d < s.head_dim; ++d) {
+          dot += double{Query(p, i, g)[d]} * Key(p, t / s.chunk_tokens, t % s.chunk_tokens, h, d);
+        }
+        logit[t] = dot / std::sqrt(double(s.head_dim));
+        max = std::max(max, logit[t]);
+      }
+      double sum = 0;
+      for (double& x : logit) sum += (x = std::exp(x - max));
+      for (size_t t = 0; t < tokens; ++t) mass[t] += logit[t] / sum / (p.window * heads.size());
+    }
+  }
+  return mass;
+}
+
+std::vector<double> ReferenceChunkScores(SelectorKind kind, const Prefix& p) {
+  const KvShape s = KvShape::Of(p.spec);
+  const SummaryFormat f = SummaryFormat::For(p.spec);
+  const uint32_t d_n = s.head_dim;
+  std::vector<double> scores(p.chunks, 0.0);
+  std::vector<float> mn(d_n), mx(d_n), mean(d_n);
+  if (kind == SelectorKind::kQuest) {
+    for (size_t j = 0; j < p.chunks; ++j) {
+      for (uint32_t g = 0; g < s.q_heads; ++g) {
+        DecodeMinMax(MinMaxAt(f, p.minmax_ptr[j], p.layer, g / s.group()), d_n, mn.data(),
+                     mx.data());
+        for (uint32_t i = 0; i < p.window; ++i) {
+          for (uint32_t d = 0; d < d_n; ++d) {
+            const double q = Query(p, i, g)[d];
+            scores[j] += std::max(q * mx[d], q * mn[d]) / std::sqrt(double(d_n));
+          }
+        }
+      }
+    }
+    return scores;
+  }
+  if (kind == SelectorKind::kMeanKey) {
+    for (uint32_t g = 0; g < s.q_heads; ++g) {
+      std::vector<double> qbar(d_n, 0.0), logit(p.chunks);
+      for (uint32_t i = 0; i < p.window; ++i) {
+        for (uint32_t d = 0; d < d_n; ++d) qbar[d] += Query(p, i, g)[d] / p.window;
+      }
+      double max = -1e300;
+      for (size_t j = 0; j < p.chunks; ++j) {
+        DecodeMean(MeanAt(f, p.mean_ptr[j], p.layer, g / s.group()), d_n, mean.data());
+        double dot = 0;
+        for (uint32_t d = 0; d < d_n; ++d) dot += qbar[d] * mean[d];
+        logit[j] = dot / std::sqrt(double(d_n));
+        max = std::max(max, logit[j]);
+      }
+      double sum = 0;
+      for (double& x : logit) sum += (x = std::exp(x - max));
+      for (size_t j = 0; j < p.chunks; ++j) scores[j] += logit[j] / sum / s.q_heads;
+    }
+    return scores;
+  }
+  std::vector<uint32_t> heads;
+  if (kind == SelectorKind::kImpress) heads = {0, s.q_heads / 3, 2 * s.q_heads / 3};
+  const auto mass = ReferenceTokenMass(p, heads);
+  for (size_t t = 0; t < mass.size(); ++t) scores[t / s.chunk_tokens] += mass[t];
+  return scores;
+}
+
+class SelectorTest : public ::testing::TestWithParam<CpuPath> {
+ protected:
+  void SetUp() override { SetCpuPath(GetParam()); }
+  void TearDown() override { SetCpuPath(CpuPath::kAuto); }
+};
+
+TEST_P(SelectorTest, ScoresMatchTheScalarReferenceOnRandomData) {
+  for (DType dtype : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    const Prefix p = MakePrefix(40, 7, {}, dtype);
+    for (SelectorKind kind : AllSelectorKinds()) {
+      auto got = ScoreChunks(kind, p.Input(), SelectOptions{});
+      ASSERT_TRUE(got.ok()) << got.status();
+      const auto want = ReferenceChunkScores(kind, p);
+      double scale = 0;
+      for (double w : want) scale = std::max(scale, std::fabs(w));
+      for (size_t j = 0; j < p.chunks; ++j) {
+        EXPECT_NEAR((*got)[j], want[j], 2e-4 * scale + 1e-7)
+            << SelectorName(kind) << " chunk " << j << " " << DTypeName(dtype);
+      }
+    }
+  }
+}
+
+TEST_P(SelectorTest, SelectionsHoldTheInvariantsAndFollowTheScores) {
+  const Prefix p = MakePrefix(50, 11);
+  for (double budget : {0.02, 0.1, 0.25, 0.5, 1.0}) {
+    SelectOptions o;
+    o.budget_fraction = budget;
+    o.recent_chunks = 2;
+    for (SelectorKind kind : AllSelectorKinds()) {
+      auto sel = Select(kind, p.Input(), o);
+      ASSERT_TRUE(sel.ok()) << sel.status();
+      const auto& c = sel->chunks;
+      SCOPED_TRACE(testing::Message() << SelectorName(kind) << " at " << budget);
+      ASSERT_TRUE(std::is_sorted(c.begin(), c.end()));
+      ASSERT_EQ(std::adjacent_find(c.begin(), c.end()), c.end());
+      ASSERT_FALSE(c.empty());
+      EXPECT_EQ(c.front(), 0u);  // sink
+      EXPECT_EQ(c.back(), p.chunks - 1);
+      EXPECT_TRUE(std::binary_search(c.begin(), c.end(), p.chunks - 2));  // 2 recent chunks
+      if (kind == SelectorKind::kImpress || kind == SelectorKind::kH2o) {
+        // Token-level: the budget is in tokens; whole chunks or 64-token blocks are loaded.
+        const size_t want_tokens = static_cast<size_t>(std::floor(budget * 50 * 16 + 0.5));
+        EXPECT_EQ(sel->tokens.size(), std::max<size_t>(want_tokens, 1));
+        for (uint32_t t : sel->tokens) {
+          EXPECT_TRUE(std::binary_search(c.begin(), c.end(), t / 16)) << "token " << t;
+        }
+        if (kind == SelectorKind::kImpress) {
+          for (uint32_t t : sel->tokens) {
+            for (uint32_t j = t / 64 * 4; j < std::min<uint32_t>(50, t / 64 * 4 + 4); ++j) {
+              EXPECT_TRUE(std::binary_search(c.begin(), c.end(), j)) << "block chunk " << j;
+            }
+          }
+        }
+        continue;
+      }
+      EXPECT_EQ(c.size(), BudgetChunks(50, o));
+      // Every chosen chunk (bar the forced ones) scores at least as high as every other.
+      float worst_in = INFINITY, best_out = -INFINITY;
+      for (uint32_t j = 1; j + 2 < p.chunks; ++j) {
+        const bool in = std::binary_search(c.begin(), c.end(), j);
+        if (in) worst_in = std::min(worst_in, sel->scores[j]);
+        if (!in) best_out = std::max(best_out, sel->scores[j]);
+      }
+      EXPECT_GE(worst_in, best_out);
+    }
+  }
+}
+
+TEST_P(SelectorTest, EverySelectorFindsAPlantedChunk) {
+  const std::vector<uint32_t> planted = {17, 33};
+  const Prefix p = MakePrefix(64, 3, planted);
+  SelectOptions o;
+  o.budget_fraction = 0.1;  // 6 chunks: the sink, the last, and 4 more
+  for (SelectorKind kind : AllSelectorKinds()) {
+    auto sel = Select(kind, p.Input(), o);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    for (uint32_t j : planted) {
+      EXPECT_TRUE(std::binary_search(sel->chunks.begin(), sel->chunks.end(), j))
+          << SelectorName(kind) << " missed planted chunk " << j;
+    }
+  }
+}
+
+TEST_P(SelectorTest, OracleHasRecallOneAtFullBudgetAndEveryOtherAtMost) {
+  const Prefix p = MakePrefix(30, 5);
+  const auto mass = PerChunk(*TokenAttention(KvShape::Of(p.spec), p.queries, p.window,
+                                             p.record_ptr), 16);
+  double total = 0;
+  for (float m : mass) total += m;
+  EXPECT_NEAR(total, 1.0, 1e-4);
+  SelectOptions full;
+  full.budget_fraction = 1.0;
+  auto oracle = Select(SelectorKind::kOracle, p.Input(), full);
+  ASSERT_TRUE(oracle.ok());
+  EXPECT_EQ(oracle->chunks.size(), 30u);
+  EXPECT_NEAR(AttentionRecall(mass, oracle->chunks), 1.0, 1e-6);
+  SelectOptions tenth;
+  const double best = AttentionRecall(mass, Select(SelectorKind::kOracle, p.Input(), tenth)->chunks);
+  for (SelectorKind kind : {SelectorKind::kQuest, SelectorKind::kMeanKey}) {
+    EXPECT_LE(AttentionRecall(mass, Select(kind, p.Input(), tenth)->chunks), best + 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuPaths, SelectorTest,
+                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2),
+                         [](const auto& info) {
+                           return info.param == CpuPath::kScalar ? "scalar" : "avx2";
+                         });
+
+TEST(BudgetTest, RoundsHalfUpAndKeepsTheForcedChunks) {
+  SelectOptions o;
+  o.budget_fraction = 0.1;
+  EXPECT_EQ(BudgetChunks(512, o), 51u);  // 51.2
+  EXPECT_EQ(BudgetChunks(25, o), 3u);    // 2.5 rounds up
+  EXPECT_EQ(BudgetChunks(5, o), 2u);     // sink + recent at least
+  EXPECT_EQ(BudgetChunks(1, o), 1u);     // never more than there are
+  o.budget_fraction = 1.0;
+  EXPECT_EQ(BudgetChunks(77, o), 77u);
+}
+
+TEST(TopKTest, ForcedChunksFirstThenHighestWithTiesToTheLowerIndex) {
+  const std::vector<float> scores = {0, 5, 3, 5, 9, 1, 5, 0};
+  EXPECT_EQ(TopKChunks(scores, 4, 1, 1), (std::vector<uint32_t>{0, 1, 4, 7}));
+  EXPECT_EQ(TopKChunks(scores, 5, 1, 1), (std::vector<uint32_t>{0, 1, 3, 4, 7}));
+  EXPECT_EQ(TopKChunks(scores, 3, 0, 0), (std::vector<uint32_t>{1, 3, 4}));
+  const std::vector<float> nan = {NAN, 1, NAN, 2};
+  EXPECT_EQ(TopKChunks(nan, 2, 0, 0), (std::vector<uint32_t>{1, 3}));
+}
+
+TEST(SelectorErrorsTest, BadInputsAreInvalidArgument) {
+  Prefix p = MakePrefix(10, 1);
+  SelectOptions o;
+  o.budget_fraction = 0;
+  EXPECT_EQ(Select(SelectorKind::kQuest, p.Input(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.budget_fraction = 0.5;
+  SelectorInput in = p.Input();
+  in.queries = std::span(p.queries).first(10);
+  EXPECT_EQ(Select(SelectorKind::kOracle, in, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  in = p.Input();
+  in.minmax = std::span(p.minmax_ptr).first(3);
+  EXPECT_EQ(Select(SelectorKind::kQuest, in, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  in = p.Input();
+  in.layer = 3;  // of 3 layers
+  EXPECT_EQ(Select(SelectorKind::kMeanKey, in, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  in = p.Input();
+  in.records = {};
+  EXPECT_EQ(Select(SelectorKind::kH2o, in, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseSelectorKind("best").status().code(), absl::StatusCode::kInvalidArgument);
+  for (SelectorKind kind : AllSelectorKinds()) {
+    EXPECT_EQ(*ParseSelectorKind(SelectorName(kind)), kind);
+  }
+}
+
+}  // namespace
+}  // namespace ckv::kernels
