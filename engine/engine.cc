@@ -3,15 +3,23 @@
 // the prefetch planner join it here.
 #include "ckv/engine.h"
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/session.h"
 #include "engine/summaries.h"
+#include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
 
 namespace ckv {
 namespace {
 
-class EngineImpl final : public Engine {
+class EngineImpl final : public Engine, public engine::SessionHost {
  public:
-  explicit EngineImpl(std::unique_ptr<storage::ChunkStore> store) : store_(std::move(store)) {}
+  EngineImpl(const EngineOptions& options, std::unique_ptr<storage::ChunkStore> store)
+      : options_(options), store_(std::move(store)) {}
+  // Sessions must be finished or destroyed before the engine; the read engine goes first so
+  // that no read lands after the store is closed.
+  ~EngineImpl() override { reads_.reset(); }
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
@@ -42,8 +50,50 @@ class EngineImpl final : public Engine {
   }
   EngineStats Stats() override { return store_->Stats(); }
 
+  absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
+      const ModelSpec& spec, std::span<const int32_t> tokens,
+      const ReprefillOptions& options) override {
+    return engine::BeginSession(*this, spec, tokens, options);
+  }
+
+  // engine::SessionHost
+  storage::ChunkStore& store() override { return *store_; }
+
+  absl::StatusOr<prefetch::ReadEngine*> reads() override {
+    absl::MutexLock lock(&mu_);
+    if (reads_ == nullptr) {
+      prefetch::ReadEngineOptions o;
+      // io_uring reads need the store's own files; a caller's file system (the fault-injecting
+      // one in tests) is read through the thread pool.
+      if (options_.file_system != nullptr || options_.io_backend == IoBackend::kThreads) {
+        o.backend = prefetch::ReadBackend::kThreads;
+      } else if (options_.io_backend == IoBackend::kUring) {
+        o.backend = prefetch::ReadBackend::kUring;
+      }
+      o.logger = options_.logger;
+      auto created = prefetch::ReadEngine::Create(o);
+      if (!created.ok()) return created.status();
+      reads_ = std::move(*created);
+    }
+    return reads_.get();
+  }
+
+  absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) override {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(file);
+    if (it != files_.end()) return it->second;
+    auto id = reads_->RegisterFile(file);
+    if (!id.ok()) return id.status();
+    files_.emplace(file, *id);
+    return *id;
+  }
+
  private:
+  const EngineOptions options_;
   std::unique_ptr<storage::ChunkStore> store_;
+  absl::Mutex mu_;
+  std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -52,7 +102,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
                                                      const std::string& path) {
   auto store = storage::ChunkStore::Open(options, path);
   if (!store.ok()) return store.status();
-  return std::unique_ptr<Engine>(new EngineImpl(std::move(*store)));
+  return std::unique_ptr<Engine>(new EngineImpl(options, std::move(*store)));
 }
 
 }  // namespace ckv

@@ -33,6 +33,7 @@
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "ckv/session.h"
 #include "ckv/stats.h"
 
 namespace ckv {
@@ -110,6 +111,14 @@ class Engine {
   // chains (every chunk's parent stored, child counts, prefix ends). Problems are reported, not
   // repaired. Returns an error only when the check itself could not run.
   virtual absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress = nullptr) = 0;
+
+  // Starts a Re-Prefill of the stored leading chunks of `tokens` (see ckv/session.h). The
+  // session pins those chunks: a Delete or an eviction meanwhile does not take them from it.
+  // Errors: InvalidArgument for bad options or spec; the summaries' read error (DataLoss for a
+  // corrupt one; NotFound for chunks stored by a ckv that wrote none) for quest and mean-key.
+  virtual absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
+      const ModelSpec& spec, std::span<const int32_t> tokens,
+      const ReprefillOptions& options = {}) = 0;
 
   virtual EngineStats Stats() = 0;
 };

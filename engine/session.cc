@@ -1,0 +1,489 @@
+// engine/session.cc: Re-Prefill sessions (see engine/session.h and ckv/session.h).
+#include "engine/session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "ckv/status.h"
+#include "engine/summaries.h"
+#include "kernels/selector.h"
+
+namespace ckv {
+
+// ---------------------------------------------------------------------------------------------
+// Selector names and LayerView (public API).
+
+std::string_view SelectorName(Selector selector) {
+  switch (selector) {
+    case Selector::kPeriodExact: return "period-exact";
+    case Selector::kQuest: return "quest";
+    case Selector::kMeanKey: return "mean-key";
+    case Selector::kOracle: return "oracle";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Selector> ParseSelector(std::string_view name) {
+  for (Selector s : {Selector::kPeriodExact, Selector::kQuest, Selector::kMeanKey,
+                     Selector::kOracle}) {
+    if (SelectorName(s) == name) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown selector '", std::string(name),
+                                                 "' (period-exact, quest, mean-key, oracle)"));
+}
+
+LayerView::LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins)
+    : layer_(layer), records_(std::move(records)), pins_(std::move(pins)) {}
+LayerView::LayerView(LayerView&&) noexcept = default;
+LayerView& LayerView::operator=(LayerView&&) noexcept = default;
+LayerView::~LayerView() = default;
+void LayerView::Release() {
+  pins_.reset();
+  records_.clear();
+}
+
+namespace engine {
+namespace {
+
+kernels::SelectorKind KindOf(Selector s) {
+  switch (s) {
+    case Selector::kPeriodExact: return kernels::SelectorKind::kPeriodExact;
+    case Selector::kQuest: return kernels::SelectorKind::kQuest;
+    case Selector::kMeanKey: return kernels::SelectorKind::kMeanKey;
+    case Selector::kOracle: return kernels::SelectorKind::kOracle;
+  }
+  return kernels::SelectorKind::kOracle;
+}
+
+// One record a session asked for: its buffer, shared with the read callback and with the views
+// that show it, so that neither outlives it.
+struct Slot {
+  enum class State { kQueued, kLanded, kFailed, kCancelled };
+  explicit Slot(size_t bytes) : data(bytes) {}
+  std::vector<std::byte> data;
+  State state = State::kQueued;
+  absl::Status status;
+  prefetch::RequestId id = 0;
+  prefetch::Priority priority = prefetch::Priority::kDemand;
+  uint32_t read_bytes = 0;  // the device read's length
+  bool served = false;      // shown in a view
+};
+
+// Keeps the slots of one view alive.
+class SlotPins final : public LayerView::Pins {
+ public:
+  explicit SlotPins(std::vector<std::shared_ptr<Slot>> slots) : slots_(std::move(slots)) {}
+
+ private:
+  std::vector<std::shared_ptr<Slot>> slots_;
+};
+
+class SessionImpl final : public ReprefillSession {
+ public:
+  SessionImpl(SessionHost& host, const ModelSpec& spec, const ReprefillOptions& options,
+              std::vector<ChunkKey> keys, std::unique_ptr<storage::PinnedChunks> pinned,
+              prefetch::ReadEngine* reads)
+      : host_(host),
+        spec_(spec),
+        options_(options),
+        kind_(KindOf(options.selector)),
+        keys_(std::move(keys)),
+        pinned_(std::move(pinned)),
+        reads_(reads),
+        selections_(spec.layers),
+        scores_(spec.layers),
+        submitted_(spec.layers, false) {
+    select_options_.budget_fraction = options.budget_fraction;
+    select_options_.sink_chunks = options.sink_chunks;
+    select_options_.recent_chunks = options.recent_chunks;
+    stats_.matched_chunks = keys_.size();
+  }
+
+  ~SessionImpl() override { CancelQueued(); }
+
+  absl::Status LoadSummaries() {
+    if (keys_.empty() || !kernels::ReadsSummaries(kind_)) return absl::OkStatus();
+    const SummaryPart part =
+        kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
+    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, keys_, part));
+    stats_.summary_bytes_read += summaries_.data.size();
+    stats_.bytes_read += summaries_.data.size();
+    summary_ptrs_ = summaries_.Pointers();
+    return absl::OkStatus();
+  }
+
+  uint64_t matched_chunks() const override { return keys_.size(); }
+
+  absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) override {
+    if (finished_) return absl::FailedPreconditionError("SubmitQueries after Finish");
+    if (layer >= spec_.layers || submitted_[layer]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SubmitQueries for layer ", layer, ": ", spec_.model_id, " has ", spec_.layers,
+          " layers and each is submitted once"));
+    }
+    const size_t want = size_t{options_.window} * spec_.q_heads * spec_.head_dim;
+    if (queries.size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "queries of layer ", layer, ": ", queries.size(), " floats; window ", options_.window,
+          " x ", spec_.q_heads, " q heads x ", spec_.head_dim, " = ", want));
+    }
+    submitted_[layer] = true;
+    if (keys_.empty()) return absl::OkStatus();
+    const uint32_t n = static_cast<uint32_t>(keys_.size());
+    const uint32_t p = std::max<uint32_t>(1, options_.period_layers);
+    const bool per_layer = kernels::ReadsSummaries(kind_) || kind_ == kernels::SelectorKind::kOracle;
+    const uint32_t head = per_layer ? layer : kernels::PeriodHead(layer, p);
+
+    if (layer == head) {
+      std::vector<uint32_t> chosen;
+      if (kernels::ReadsSummaries(kind_)) {
+        CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
+        chosen = std::move(sel.chunks);
+        scores_[layer] = std::move(sel.scores);
+      } else {
+        // Exact scoring reads the whole layer: every chunk's record, on demand.
+        std::vector<uint32_t> all(n);
+        for (uint32_t j = 0; j < n; ++j) all[j] = j;
+        CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand));
+        CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, all));
+        std::vector<const std::byte*> records(n);
+        for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->data.data();
+        CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
+        chosen = std::move(sel.chunks);
+        scores_[layer] = std::move(sel.scores);
+      }
+      selections_[layer] = chosen;
+      CancelUnneeded(layer, chosen);
+      CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
+      if (options_.prefetch) {
+        if (per_layer) {
+          if (layer + 1 < spec_.layers) {
+            CKV_RETURN_IF_ERROR(Request(layer + 1, chosen, prefetch::Priority::kSpeculative));
+          }
+        } else {
+          // The rest of the period at once; the next period (after its head) on speculation.
+          for (uint32_t l = layer + 1; l < std::min(spec_.layers, layer + p); ++l) {
+            CancelUnneeded(l, chosen);
+            CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kIntraPeriod));
+          }
+          for (uint32_t l = layer + p + 1; l < std::min(spec_.layers, layer + 2 * p); ++l) {
+            CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kSpeculative));
+          }
+        }
+      }
+      return absl::OkStatus();
+    }
+    // A layer inside a period: the head's selection serves it.
+    if (!submitted_[head]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "queries of layer ", layer, " before those of its period head ", head));
+    }
+    selections_[layer] = selections_[head];
+    CancelUnneeded(layer, selections_[layer]);
+    return Request(layer, selections_[layer], prefetch::Priority::kDemand);
+  }
+
+  absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {
+    if (layer >= spec_.layers || !submitted_[layer]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("AwaitLayer(", layer, ") before SubmitQueries for it"));
+    }
+    if (keys_.empty()) return LayerView(layer, {}, nullptr);
+    const std::vector<uint32_t>& chosen = selections_[layer];
+    const absl::Time start = absl::Now();
+    CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, chosen));
+    stats_.await_blocked_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    std::vector<LayerView::Record> records;
+    records.reserve(chosen.size());
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < chosen.size(); ++i) {
+        Slot& s = *slots[i];
+        if (!s.served) {
+          s.served = true;
+          stats_.records_served++;
+          stats_.bytes_needed += spec_.RecordBytes();
+          if (s.priority != prefetch::Priority::kDemand) {
+            stats_.prefetched_bytes_used += s.read_bytes;
+          }
+        }
+        records.push_back(LayerView::Record{chosen[i], chosen[i] * spec_.chunk_tokens,
+                                            s.data.data(), LayerView::Tier::kSession});
+      }
+    }
+    stats_.layers_served++;
+    return LayerView(layer, std::move(records), std::make_unique<SlotPins>(std::move(slots)));
+  }
+
+  absl::StatusOr<SessionStats> Finish() override {
+    if (finished_) return stats_;
+    finished_ = true;
+    CancelQueued();
+    // Wait for reads in flight, so that the figures are final.
+    {
+      absl::MutexLock lock(&mu_);
+      auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (const auto& [key, slot] : slots_) {
+          if (slot->state == Slot::State::kQueued) return false;
+        }
+        return true;
+      };
+      while (!settled()) cv_.Wait(&mu_);
+      for (const auto& [key, slot] : slots_) {
+        if (slot->state == Slot::State::kLanded && !slot->served &&
+            slot->priority != prefetch::Priority::kDemand) {
+          stats_.prefetched_bytes_wasted += slot->read_bytes;
+        }
+      }
+    }
+    // I: each chunk's share of the selectors' scores, averaged over the scored layers;
+    // F: one load per chunk this session served.
+    std::vector<double> importance(keys_.size(), 0.0);
+    int scored = 0;
+    for (const auto& scores : scores_) {
+      if (scores.size() != keys_.size()) continue;
+      double total = 0;
+      for (float s : scores) total += std::max(0.0f, s);
+      if (total <= 0) continue;
+      for (size_t j = 0; j < scores.size(); ++j) importance[j] += std::max(0.0f, scores[j]) / total;
+      ++scored;
+    }
+    std::vector<bool> loaded(keys_.size(), false);
+    for (const auto& sel : selections_) {
+      for (uint32_t j : sel) loaded[j] = true;
+    }
+    std::vector<storage::ChunkStore::Usage> usage;
+    for (size_t j = 0; j < keys_.size(); ++j) {
+      if (loaded[j] || importance[j] > 0) {
+        usage.push_back({keys_[j], scored > 0 ? importance[j] / scored : 0.0, loaded[j] ? 1u : 0u});
+      }
+    }
+    CKV_RETURN_IF_ERROR(host_.store().AddUsage(usage));
+    return stats_;
+  }
+
+ private:
+  using SlotKey = std::pair<uint32_t, uint32_t>;  // layer, chunk
+
+  absl::StatusOr<kernels::Selection> Select(uint32_t layer, std::span<const float> queries,
+                                            std::span<const std::byte* const> records) {
+    kernels::SelectorInput in;
+    in.shape = kernels::KvShape::Of(spec_);
+    in.layers = spec_.layers;
+    in.layer = layer;
+    in.queries = queries;
+    in.window = options_.window;
+    in.chunks = keys_.size();
+    if (kind_ == kernels::SelectorKind::kQuest) in.minmax = summary_ptrs_;
+    if (kind_ == kernels::SelectorKind::kMeanKey) in.mean = summary_ptrs_;
+    in.records = records;
+    return kernels::Select(kind_, in, select_options_);
+  }
+
+  // Requests (layer, chunk) for each chunk not requested yet; a queued request of lower priority
+  // that is now needed on demand is resubmitted as a demand read.
+  absl::Status Request(uint32_t layer, std::span<const uint32_t> chunks,
+                       prefetch::Priority priority) {
+    std::vector<prefetch::ReadRequest> batch;
+    std::vector<std::shared_ptr<Slot>> new_slots;
+    {
+      absl::MutexLock lock(&mu_);
+      for (uint32_t j : chunks) {
+        auto it = slots_.find(SlotKey{layer, j});
+        if (it != slots_.end()) {
+          Slot& s = *it->second;
+          const bool upgrade = priority == prefetch::Priority::kDemand &&
+                               s.priority != prefetch::Priority::kDemand &&
+                               s.state == Slot::State::kQueued;
+          const bool retry = s.state == Slot::State::kCancelled;
+          if (!upgrade && !retry) continue;
+          if (upgrade) {
+            // Only a queued request can be taken back; one in flight is simply waited for.
+            const prefetch::RequestId id = s.id;
+            mu_.Unlock();
+            const absl::Status cancelled = reads_->Cancel(id);
+            mu_.Lock();
+            if (!cancelled.ok()) continue;
+            it = slots_.find(SlotKey{layer, j});
+          }
+        }
+        auto slot = std::make_shared<Slot>(spec_.RecordBytes());
+        slot->priority = priority;
+        slots_[SlotKey{layer, j}] = slot;
+        new_slots.push_back(slot);
+        const storage::PinnedChunks::Location where = pinned_->RecordAt(j, layer);
+        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host_.FileIdOf(where.file));
+        prefetch::ReadRequest r;
+        r.file = file;
+        r.offset = where.offset;
+        r.length = static_cast<uint32_t>((where.length + 4095) / 4096 * 4096);
+        r.priority = priority;
+        r.verify_checksum = true;
+        r.expected_checksum = where.checksum;
+        r.checksum_bytes = where.length;
+        r.name = absl::StrCat("record ", keys_[j].ToHex().substr(0, 16), "/L", layer);
+        r.dest = std::span<std::byte>(slot->data);
+        slot->read_bytes = r.length;
+        r.callback = [this, slot](const prefetch::ReadResult& result) {
+          absl::MutexLock lock(&mu_);
+          if (result.status.ok()) {
+            slot->state = Slot::State::kLanded;
+            stats_.bytes_read += slot->read_bytes;
+            stats_.nvme_records++;
+          } else if (absl::IsCancelled(result.status)) {
+            slot->state = Slot::State::kCancelled;
+          } else {
+            slot->state = Slot::State::kFailed;
+            slot->status = result.status;
+          }
+          cv_.SignalAll();
+        };
+        batch.push_back(std::move(r));
+      }
+    }
+    if (batch.empty()) return absl::OkStatus();
+    auto ids = reads_->SubmitBatch(batch);
+    absl::MutexLock lock(&mu_);
+    if (!ids.ok()) {
+      for (auto& slot : new_slots) {
+        slot->state = Slot::State::kFailed;
+        slot->status = ids.status();
+      }
+      cv_.SignalAll();
+      return ids.status();
+    }
+    for (size_t i = 0; i < new_slots.size(); ++i) new_slots[i]->id = (*ids)[i];
+    return absl::OkStatus();
+  }
+
+  // Waits for (layer, chunk) of every chunk to land. A cancelled one is requested again on
+  // demand. Errors: the first failed record's.
+  absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer,
+                                                           std::span<const uint32_t> chunks) {
+    for (;;) {
+      std::vector<uint32_t> again;
+      {
+        absl::MutexLock lock(&mu_);
+        bool pending = true;
+        while (pending) {
+          pending = false;
+          again.clear();
+          for (uint32_t j : chunks) {
+            auto it = slots_.find(SlotKey{layer, j});
+            if (it == slots_.end() || it->second->state == Slot::State::kCancelled) {
+              again.push_back(j);
+            } else if (it->second->state == Slot::State::kFailed) {
+              return it->second->status;
+            } else if (it->second->state == Slot::State::kQueued) {
+              pending = true;
+            }
+          }
+          if (!again.empty()) break;
+          if (pending) cv_.Wait(&mu_);
+        }
+        if (again.empty()) {
+          std::vector<std::shared_ptr<Slot>> out;
+          out.reserve(chunks.size());
+          for (uint32_t j : chunks) out.push_back(slots_.at(SlotKey{layer, j}));
+          return out;
+        }
+      }
+      CKV_RETURN_IF_ERROR(Request(layer, again, prefetch::Priority::kDemand));
+    }
+  }
+
+  // Cancels queued requests of `layer` for chunks not in `chosen` (sorted).
+  void CancelUnneeded(uint32_t layer, std::span<const uint32_t> chosen) {
+    std::vector<prefetch::RequestId> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = slots_.lower_bound(SlotKey{layer, 0});
+           it != slots_.end() && it->first.first == layer; ++it) {
+        if (it->second->state == Slot::State::kQueued &&
+            !std::binary_search(chosen.begin(), chosen.end(), it->first.second)) {
+          ids.push_back(it->second->id);
+        }
+      }
+    }
+    // NotFound / FailedPrecondition: it landed or is in flight; it will count as wasted.
+    for (prefetch::RequestId id : ids) reads_->Cancel(id).IgnoreError();
+  }
+
+  void CancelQueued() {
+    std::vector<prefetch::RequestId> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [key, slot] : slots_) {
+        if (slot->state == Slot::State::kQueued && slot->id != 0) ids.push_back(slot->id);
+      }
+    }
+    for (prefetch::RequestId id : ids) reads_->Cancel(id).IgnoreError();  // see CancelUnneeded
+    // Callbacks capture `this`: wait for every read of this session before it goes.
+    absl::MutexLock lock(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& [key, slot] : slots_) {
+        if (slot->state == Slot::State::kQueued) return false;
+      }
+      return true;
+    };
+    while (!settled()) cv_.Wait(&mu_);
+  }
+
+  SessionHost& host_;
+  const ModelSpec spec_;
+  const ReprefillOptions options_;
+  const kernels::SelectorKind kind_;
+  kernels::SelectOptions select_options_;
+  const std::vector<ChunkKey> keys_;
+  const std::unique_ptr<storage::PinnedChunks> pinned_;
+  prefetch::ReadEngine* const reads_;
+  ChunkSummaries summaries_;
+  std::vector<const std::byte*> summary_ptrs_;
+  std::vector<std::vector<uint32_t>> selections_;  // per layer
+  std::vector<std::vector<float>> scores_;          // per scored layer
+  std::vector<bool> submitted_;
+  bool finished_ = false;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<SlotKey, std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  SessionStats stats_;  // counters touched by callbacks are updated under mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
+                                                                const ModelSpec& spec,
+                                                                std::span<const int32_t> tokens,
+                                                                const ReprefillOptions& options) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  if (!(options.budget_fraction > 0 && options.budget_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.budget_fraction = ",
+                                                   options.budget_fraction,
+                                                   ": must be in (0, 1]"));
+  }
+  if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||
+      options.period_layers > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions: window ", options.window,
+                                                   " (1..4096), period_layers ",
+                                                   options.period_layers, " (1..1024)"));
+  }
+  CKV_ASSIGN_OR_RETURN(uint64_t matched, host.store().Lookup(spec, tokens));
+  std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  keys.resize(matched);
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<storage::PinnedChunks> pinned,
+                       host.store().Pin(spec, keys));
+  CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
+  auto session = std::make_unique<SessionImpl>(host, spec, options, std::move(keys),
+                                               std::move(pinned), reads);
+  CKV_RETURN_IF_ERROR(session->LoadSummaries());
+  return session;
+}
+
+}  // namespace engine
+}  // namespace ckv

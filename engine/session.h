@@ -1,0 +1,54 @@
+// engine/session.h: the Re-Prefill session behind ckv/session.h, and what it needs of the engine.
+//
+// A session pins the matched chunks of its prefix (storage::PinnedChunks), loads the summaries
+// its selector reads, and per layer selects chunks (kernels/selector.h) and reads their records
+// through the engine's read engine into buffers of its own, which LayerViews share. The planner
+// part of it decides what to request when and at which priority:
+//   - period-exact: a period head reads its whole layer (demand), is scored, and then the other
+//     layers of the period are requested for the selection at once (intra-period); the layers of
+//     the next period (after its head) are requested speculatively for the same selection;
+//   - per-layer selectors (quest, mean-key): the selection of layer l is read on demand and
+//     requested speculatively for layer l + 1;
+//   - oracle: every layer is read whole and scored.
+// When a selection is known, queued requests for records it does not need are cancelled; a
+// queued prefetch that becomes needed is resubmitted as a demand read. Prefetched bytes that no
+// view used are wasted.
+//
+// Not yet: the GPU and CPU tiers (every record comes from NVMe into session memory, Tier
+// kSession) and the device-idle (bubble) figure.
+//
+// Thread-safety: as ckv/session.h; the read engine's callbacks run on its threads and touch only
+// the shared record slots, under the session's mutex.
+#ifndef CKV_ENGINE_SESSION_H_
+#define CKV_ENGINE_SESSION_H_
+
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "ckv/model_spec.h"
+#include "ckv/session.h"
+#include "prefetch/read_engine.h"
+#include "storage/chunk_store.h"
+
+namespace ckv::engine {
+
+// What a session needs of the engine: the store, a read engine, and file registration.
+class SessionHost {
+ public:
+  virtual ~SessionHost() = default;
+  virtual storage::ChunkStore& store() = 0;
+  // The engine's read engine, created on first use.
+  virtual absl::StatusOr<prefetch::ReadEngine*> reads() = 0;
+  // The read engine's id for a segment file, registering it on first use.
+  virtual absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
+                                                                const ModelSpec& spec,
+                                                                std::span<const int32_t> tokens,
+                                                                const ReprefillOptions& options);
+
+}  // namespace ckv::engine
+
+#endif  // CKV_ENGINE_SESSION_H_

@@ -1,0 +1,170 @@
+// ckv/session.h: a Re-Prefill session, one per request that reuses a stored prefix.
+//
+// A serving system that finds a stored prefix for a request asks ckv for that prefix's KV layer
+// by layer and receives only the important chunks of each layer, while the next layers are
+// already being read:
+//
+//   auto session = engine->BeginReprefill(spec, prompt_tokens, options);   // matched chunks
+//   for (uint32_t l = 0; l < spec.layers; ++l) {
+//     session->SubmitQueries(l, queries_of_layer_l);  // the suffix's last w queries
+//     auto view = session->AwaitLayer(l);            // the selected chunks' K/V, pinned
+//     ... attention over view->records ...
+//   }                                                // views released
+//   auto stats = session->Finish();                  // adds this request's attention to I, loads to F
+//
+// Selection. Per layer, a selector (ReprefillOptions::selector) turns the queries into a set of
+// chunks under the budget (a fraction of the matched chunks, exact in chunks), always keeping the
+// first (sink) chunk and the last chunk(s). `period-exact` (the published method) scores the head
+// layer of each period from its exact keys and serves the period's p layers with one selection;
+// `quest` and `mean-key` score every layer from the chunk summaries stored at Put time, reading
+// no KV to do so; `oracle` scores every layer from its exact keys (evaluation only).
+//
+// Prefetch. As soon as a period head is scored, the records of every layer of the period are
+// requested; the last selection is prefetched speculatively for the next period (or, with a
+// per-layer selector, for the next layer), and only the difference is read once the real
+// selection is known. Demand reads outrank prefetches, which outrank speculation. Prefetched
+// bytes that no view used are counted as wasted.
+//
+// Tiers. Records come from the GPU tier (device memory), the CPU tier (host memory) or NVMe, in
+// that order; records read from NVMe enter the tiers by their chunk's score S = I x F.
+//
+// Thread-safety: one session is driven by one thread at a time (its calls may come from
+// different threads, one after the other). Many sessions may run at once on one Engine.
+#ifndef CKV_SESSION_H_
+#define CKV_SESSION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckv/chunk_key.h"
+
+namespace ckv {
+
+// How a session picks the chunks of a layer.
+enum class Selector : uint8_t {
+  kPeriodExact = 1,  // ContiguousKV: exact attention at each period's head layer
+  kQuest = 2,        // Quest's upper bound from the min/max summaries, every layer
+  kMeanKey = 3,      // softmax over q . mean key per chunk, every layer
+  kOracle = 4,       // exact attention at every layer (reads every key: for evaluation)
+};
+
+// "period-exact", "quest", "mean-key", "oracle".
+std::string_view SelectorName(Selector selector);
+absl::StatusOr<Selector> ParseSelector(std::string_view name);
+
+struct ReprefillOptions {
+  // Fraction of the matched chunks loaded per layer, in (0, 1]. The count is
+  // round(budget_fraction * chunks), at least sink_chunks + recent_chunks, at most all.
+  // Default: 0.1.
+  double budget_fraction = 0.1;
+  Selector selector = Selector::kPeriodExact;
+  // Layers that share one selection under kPeriodExact (the first is the period's head).
+  // 1..1024 (a period past the last layer ends there). Default: 8.
+  uint32_t period_layers = 8;
+  // Suffix queries per layer that SubmitQueries receives (the last w tokens). 1..4096.
+  // Default: 32.
+  uint32_t window = 32;
+  // Chunks at the start and at the end of the prefix that every selection keeps. Default: 1, 1.
+  uint32_t sink_chunks = 1;
+  uint32_t recent_chunks = 1;
+  // Prefetch the rest of a period, and speculate on the next one. Off: every read is a demand
+  // read issued by SubmitQueries. Default: on.
+  bool prefetch = true;
+};
+
+// What AwaitLayer returns: the selected chunks of one layer, pinned where they are until the view
+// is destroyed (or reset). Move-only.
+class LayerView {
+ public:
+  // Where a record is.
+  enum class Tier : uint8_t { kGpu = 0, kCpu = 1, kSession = 2 };
+
+  struct Record {
+    uint32_t chunk = 0;              // index of the chunk in the prefix (0 = first)
+    uint32_t first_token = 0;        // position of its first token: chunk * chunk_tokens
+    const std::byte* data = nullptr; // K [c, kv_heads, head_dim] then V, in the spec's dtype
+    Tier tier = Tier::kSession;      // kGpu: a device pointer (the host backend: host memory)
+  };
+
+  LayerView() = default;
+  LayerView(LayerView&&) noexcept;
+  LayerView& operator=(LayerView&&) noexcept;
+  LayerView(const LayerView&) = delete;
+  LayerView& operator=(const LayerView&) = delete;
+  ~LayerView();
+
+  uint32_t layer() const { return layer_; }
+  // The selected chunks, in prefix order.
+  const std::vector<Record>& records() const { return records_; }
+  // Unpins now (the destructor does it otherwise).
+  void Release();
+
+  // Internal: built by the session.
+  class Pins {
+   public:
+    virtual ~Pins() = default;
+  };
+  LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins);
+
+ private:
+  uint32_t layer_ = 0;
+  std::vector<Record> records_;
+  std::unique_ptr<Pins> pins_;
+};
+
+// A session's figures (also summed into EngineStats by Finish).
+struct SessionStats {
+  uint64_t matched_chunks = 0;     // leading chunks of the prompt found stored
+  uint64_t layers_served = 0;      // AwaitLayer calls that returned a view
+  uint64_t records_served = 0;     // records in those views
+  uint64_t bytes_needed = 0;       // record bytes in those views
+  uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
+  uint64_t summary_bytes_read = 0; // of which summaries
+  uint64_t gpu_hits = 0;           // records served from the GPU tier
+  uint64_t cpu_hits = 0;           // records served from the CPU tier
+  uint64_t nvme_records = 0;       // records read from NVMe
+  uint64_t prefetched_bytes_used = 0;    // prefetched (or speculated) and then served
+  uint64_t prefetched_bytes_wasted = 0;  // prefetched (or speculated) and never served
+  double await_blocked_seconds = 0;      // time AwaitLayer waited for I/O
+  double device_idle_seconds = 0;        // time no read of this session was in flight while it
+                                         // had records it could have requested (bubbles)
+  // bytes_read / bytes_needed (0 when nothing was needed).
+  double read_amplification() const {
+    return bytes_needed == 0 ? 0.0 : static_cast<double>(bytes_read) / bytes_needed;
+  }
+};
+
+class ReprefillSession {
+ public:
+  virtual ~ReprefillSession() = default;
+
+  // Leading whole chunks of the prompt that are stored (0 when none: every layer then serves an
+  // empty view).
+  virtual uint64_t matched_chunks() const = 0;
+
+  // Hands over layer `layer`'s suffix queries: float32 [window, q_heads, head_dim]. Starts the
+  // layer's selection and its reads. Layers are submitted in order, each once.
+  // Errors: InvalidArgument for a wrong layer or shape; FailedPrecondition after Finish.
+  virtual absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) = 0;
+
+  // Waits until every selected record of `layer` is readable and returns them, pinned.
+  // REQUIRES: SubmitQueries(layer) was called. Errors: DataLoss for a record that failed its
+  // checksum; NotFound when a chunk the session needed was deleted before the session pinned it;
+  // the read's error otherwise.
+  virtual absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) = 0;
+
+  // Ends the session: cancels what is still queued, adds this request's attention to each
+  // chunk's importance I and its loads to F (persisted), and returns the figures. Views may
+  // outlive Finish. Calling it twice returns the same figures.
+  virtual absl::StatusOr<SessionStats> Finish() = 0;
+};
+
+}  // namespace ckv
+
+#endif  // CKV_SESSION_H_

@@ -1,0 +1,328 @@
+// Tests of Re-Prefill sessions (ckv/session.h) through the public Engine API.
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "ckv/engine.h"
+#include "kernels/attention.h"
+#include "kernels/half.h"
+#include "kernels/selector.h"
+#include "kernels/summary.h"
+#include "storage/chunk_store.h"
+#include "storage/fault_file_system.h"
+#include "tests/test_util.h"
+#include "tools/synthetic_attention.h"
+
+namespace ckv {
+namespace {
+
+using ::ckv::testing::TempDir;
+
+// A prefix from the planted-attention generator, its per-layer data kept for checking.
+struct Planted {
+  ModelSpec spec;
+  std::vector<int32_t> tokens;
+  std::vector<synth::SyntheticAttention::Layer> layers;
+  std::vector<std::vector<std::byte>> records;  // per layer, chunk after chunk
+
+  Planted(size_t n_tokens, uint64_t seed) {
+    spec = *ModelSpec::Preset("qwen2.5-0.5b");
+    tokens = synth::Tokens(seed, n_tokens);
+    synth::AttentionParams p;
+    p.seed = seed;
+    const synth::SyntheticAttention gen(spec, n_tokens, p);
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      layers.push_back(gen.Generate(l));
+      records.push_back(gen.Records(layers.back()));
+    }
+  }
+  size_t chunks() const { return tokens.size() / spec.chunk_tokens; }
+  const std::byte* Record(uint32_t layer, size_t chunk) const {
+    return records[layer].data() + chunk * spec.RecordBytes();
+  }
+  absl::StatusOr<PutResult> Put(Engine& engine) const {
+    std::vector<std::vector<std::byte>> k(spec.layers), v(spec.layers);
+    KvTensors kv;
+    kv.tokens = tokens.size();
+    const size_t n = tokens.size() * spec.kv_heads * spec.head_dim;
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      k[l].resize(n * 2);
+      v[l].resize(n * 2);
+      kernels::FromFloat(spec.dtype, layers[l].k.data(), n, k[l].data());
+      kernels::FromFloat(spec.dtype, layers[l].v.data(), n, v[l].data());
+      kv.k.emplace_back(k[l]);
+      kv.v.emplace_back(v[l]);
+    }
+    return engine.Put(spec, tokens, kv);
+  }
+  // What the selector picks at `layer` (from the data itself, as the session must).
+  std::vector<uint32_t> Expected(kernels::SelectorKind kind, uint32_t layer,
+                                 const ReprefillOptions& o) const {
+    const kernels::KvShape shape = kernels::KvShape::Of(spec);
+    const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
+    std::vector<std::vector<std::byte>> minmax(chunks(), std::vector<std::byte>(f.MinMaxBytes())),
+        mean(chunks(), std::vector<std::byte>(f.MeanBytes()));
+    std::vector<const std::byte*> rec, mm, me;
+    for (size_t j = 0; j < chunks(); ++j) {
+      rec.push_back(Record(layer, j));
+      kernels::SummarizeChunkLayer(spec, layer, std::span(Record(layer, j), shape.half_record_bytes()),
+                                   minmax[j], mean[j]);
+      mm.push_back(minmax[j].data());
+      me.push_back(mean[j].data());
+    }
+    kernels::SelectorInput in;
+    in.shape = shape;
+    in.layers = spec.layers;
+    in.layer = layer;
+    in.queries = layers[layer].q;
+    in.window = o.window;
+    in.chunks = chunks();
+    in.minmax = mm;
+    in.mean = me;
+    in.records = rec;
+    kernels::SelectOptions so;
+    so.budget_fraction = o.budget_fraction;
+    return kernels::Select(kind, in, so)->chunks;
+  }
+};
+
+const Planted& Data() {
+  static const Planted planted(1024, 5);  // 64 chunks
+  return planted;
+}
+
+std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {}) {
+  auto engine = Engine::Open(options, dir);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+struct SessionCase {
+  Selector selector;
+  RecordLayout layout;
+};
+
+class SessionTest : public ::testing::TestWithParam<SessionCase> {};
+
+TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
+  const Planted& d = Data();
+  TempDir dir;
+  EngineOptions eo;
+  eo.layout = GetParam().layout;
+  auto engine = Open(dir.path(), eo);
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = GetParam().selector;
+  o.budget_fraction = 0.25;
+  // The prompt: the stored prefix and a suffix the store has never seen.
+  std::vector<int32_t> prompt = d.tokens;
+  for (int32_t t : synth::Tokens(77, 40)) prompt.push_back(t);
+  auto session = engine->BeginReprefill(d.spec, prompt, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_EQ((*session)->matched_chunks(), d.chunks());
+  const auto kind = *kernels::ParseSelectorKind(SelectorName(o.selector));
+  std::vector<uint32_t> expected;
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    if (o.selector != Selector::kPeriodExact || l % o.period_layers == 0) {
+      expected = d.Expected(kind, l, o);
+    }
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_EQ(view->records().size(), expected.size()) << "layer " << l;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& r = view->records()[i];
+      ASSERT_EQ(r.chunk, expected[i]) << "layer " << l;
+      ASSERT_EQ(r.first_token, expected[i] * d.spec.chunk_tokens);
+      ASSERT_EQ(0, std::memcmp(r.data, d.Record(l, expected[i]), d.spec.RecordBytes()))
+          << "layer " << l << " chunk " << r.chunk;
+    }
+  }
+  auto stats = (*session)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->layers_served, d.spec.layers);
+  EXPECT_EQ(stats->bytes_needed, stats->records_served * d.spec.RecordBytes());
+  EXPECT_GE(stats->read_amplification(), 1.0);
+  if (o.selector == Selector::kQuest || o.selector == Selector::kMeanKey) {
+    EXPECT_GT(stats->summary_bytes_read, 0u);
+    EXPECT_GT(stats->prefetched_bytes_used, 0u) << "layer l's selection predicts layer l+1's";
+  }
+  if (o.selector == Selector::kPeriodExact) {
+    EXPECT_GT(stats->prefetched_bytes_used, 0u) << "the period's layers come by prefetch";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SelectorsAndLayouts, SessionTest,
+    ::testing::Values(SessionCase{Selector::kPeriodExact, RecordLayout::kLayerMajor},
+                      SessionCase{Selector::kPeriodExact, RecordLayout::kPeriodMajor},
+                      SessionCase{Selector::kQuest, RecordLayout::kLayerMajor},
+                      SessionCase{Selector::kQuest, RecordLayout::kPeriodMajor},
+                      SessionCase{Selector::kMeanKey, RecordLayout::kLayerMajor},
+                      SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor},
+                      SessionCase{Selector::kOracle, RecordLayout::kLayerMajor}),
+    [](const auto& info) {
+      std::string name(SelectorName(info.param.selector));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period");
+    });
+
+TEST(SessionLifeTest, APrefixDeletedMidSessionIsServedFromWhatTheSessionPinned) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kMeanKey;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(engine->Delete(d.spec, d.tokens).ok());
+  // New data may now take the freed space; the session's chunks are pinned.
+  ASSERT_TRUE(Planted(1024, 6).Put(*engine).ok());
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    for (const auto& r : view->records()) {
+      ASSERT_EQ(0, std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()));
+    }
+  }
+  EXPECT_TRUE((*session)->Finish().ok());
+  EXPECT_EQ(*engine->Lookup(d.spec, d.tokens), 0u);
+}
+
+TEST(SessionLifeTest, ImportanceAndLoadsSurviveARestart) {
+  const Planted& d = Data();
+  TempDir dir;
+  {
+    auto engine = Open(dir.path());
+    ASSERT_TRUE(d.Put(*engine).ok());
+    for (int round = 0; round < 2; ++round) {
+      auto session = engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
+      ASSERT_TRUE(session.ok());
+      for (uint32_t l = 0; l < d.spec.layers; ++l) {
+        ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+        ASSERT_TRUE((*session)->AwaitLayer(l).ok());
+      }
+      ASSERT_TRUE((*session)->Finish().ok());
+    }
+  }
+  auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+  ASSERT_TRUE(store.ok());
+  const auto keys = ChainChunkKeys(d.spec.Fingerprint(), d.spec.chunk_tokens, d.tokens);
+  auto pinned = (*store)->Pin(d.spec, keys);
+  ASSERT_TRUE(pinned.ok());
+  const auto& chunks = (*pinned)->chunks();
+  EXPECT_EQ(chunks.front().loads, 2u) << "the sink chunk is loaded by every session";
+  EXPECT_EQ(chunks.back().loads, 2u);
+  double total = 0;
+  for (const auto& c : chunks) total += c.importance;
+  EXPECT_NEAR(total, 2.0, 1e-3) << "each session adds one unit of attention, spread over chunks";
+  EXPECT_GT(chunks.front().importance, 1.0 / d.chunks()) << "the sink holds more than its share";
+}
+
+TEST(SessionLifeTest, ErrorsAreClear) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions bad;
+  bad.budget_fraction = 0;
+  EXPECT_EQ(engine->BeginReprefill(d.spec, d.tokens, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto session = engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ((*session)->AwaitLayer(0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*session)->SubmitQueries(0, std::vector<float>(7)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->SubmitQueries(99, d.layers[0].q).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->SubmitQueries(1, d.layers[1].q).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a layer before its period head";
+  // A prompt that matches nothing serves empty views.
+  auto none = engine->BeginReprefill(d.spec, synth::Tokens(99, 64), ReprefillOptions{});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ((*none)->matched_chunks(), 0u);
+  ASSERT_TRUE((*none)->SubmitQueries(0, d.layers[0].q).ok());
+  EXPECT_TRUE((*none)->AwaitLayer(0)->records().empty());
+}
+
+TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
+  const Planted& d = Data();
+  TempDir dir;
+  {
+    auto engine = Open(dir.path());
+    ASSERT_TRUE(d.Put(*engine).ok());
+  }
+  // Corrupt layer 0 of the sink chunk, which every selection keeps.
+  const auto keys = ChainChunkKeys(d.spec.Fingerprint(), d.spec.chunk_tokens, d.tokens);
+  {
+    auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+    ASSERT_TRUE(store.ok());
+    auto where = (*store)->LocateRecord(keys[0], 0);
+    ASSERT_TRUE(where.ok());
+    std::fstream f(where->segment_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(where->offset + 5));
+    f.put('\x42');
+  }
+  auto engine = Open(dir.path());
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->SubmitQueries(0, d.layers[0].q).ok());
+  auto view = (*session)->AwaitLayer(0);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kDataLoss) << view.status();
+  EXPECT_TRUE((*session)->Finish().ok());
+}
+
+TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
+  // Slow reads (a fixed latency per read, through the fault seam) and a simulated compute per
+  // layer: with prefetch, the session's wall time is close to the larger of the two plus about a
+  // period's reads, not their sum. period-exact: once a head is scored, the rest of its period
+  // is read while the caller computes.
+  const Planted& d = Data();
+  TempDir dir;
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(storage::QueueBackend::kThreads));
+  EngineOptions eo;
+  eo.file_system = &fs;
+  auto engine = Open(dir.path(), eo);
+  ASSERT_TRUE(d.Put(*engine).ok());
+  storage::FaultRule slow;
+  slow.path_substring = "seg-";
+  slow.latency_us = 4000;
+  fs.AddRule(slow);
+  const auto compute = std::chrono::milliseconds(6);
+  auto run = [&](bool prefetch, bool with_compute) {
+    ReprefillOptions o;
+    o.selector = Selector::kPeriodExact;
+    o.budget_fraction = 0.25;
+    o.prefetch = prefetch;
+    auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+    EXPECT_TRUE(session.ok());
+    const auto start = std::chrono::steady_clock::now();
+    for (uint32_t l = 0; l < d.spec.layers; ++l) {
+      EXPECT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+      EXPECT_TRUE((*session)->AwaitLayer(l).ok());
+      if (with_compute) std::this_thread::sleep_for(compute);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_TRUE((*session)->Finish().ok());
+    return s;
+  };
+  const double io_only = run(/*prefetch=*/false, /*with_compute=*/false);
+  const double compute_only = d.spec.layers * std::chrono::duration<double>(compute).count();
+  const double serial = run(/*prefetch=*/false, /*with_compute=*/true);
+  const double overlapped = run(/*prefetch=*/true, /*with_compute=*/true);
+  std::printf("io %.3fs, compute %.3fs, serial %.3fs, overlapped %.3fs\n", io_only, compute_only,
+              serial, overlapped);
+  EXPECT_GT(serial, 0.9 * (io_only + compute_only));
+  // Wide margins for a shared machine: overlapped well under the sum, near the larger part.
+  EXPECT_LT(overlapped, 0.8 * serial);
+  EXPECT_LT(overlapped, std::max(io_only, compute_only) + 0.75 * std::min(io_only, compute_only) +
+                            io_only / d.spec.layers * 2);
+}
+
+}  // namespace
+}  // namespace ckv
