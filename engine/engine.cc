@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/session.h"
 #include "engine/summaries.h"
+#include "kernels/cuda_kernels.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
 
@@ -71,6 +72,13 @@ class EngineImpl final : public Engine, public engine::SessionHost {
         o.backend = prefetch::ReadBackend::kUring;
       }
       o.logger = options_.logger;
+      if (kernels::cuda::DeviceAvailable().ok()) {
+        // Staging buffers a GPU tier can copy from by DMA.
+        o.pin_memory = [](void* address, size_t bytes) {
+          return kernels::cuda::PinHostMemory(address, bytes);
+        };
+        o.unpin_memory = [](void* address, size_t) { kernels::cuda::UnpinHostMemory(address); };
+      }
       auto created = prefetch::ReadEngine::Create(o);
       if (!created.ok()) return created.status();
       reads_ = std::move(*created);

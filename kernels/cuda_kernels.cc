@@ -56,6 +56,16 @@ absl::Status DeviceAvailable() {
   return absl::OkStatus();
 }
 
+absl::Status PinHostMemory(void* address, size_t bytes) {
+  if (auto st = DeviceAvailable(); !st.ok()) return st;
+  return FromLaunch(cuda_launch::HostRegister(address, bytes));
+}
+
+void UnpinHostMemory(void* address) {
+  // Nothing to do about a failure: the range is freed right after, registered or not.
+  cuda_launch::HostUnregister(address);
+}
+
 absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput& in) {
   if (auto st = CheckSummaryInput(in, SelectorKind::kQuest); !st.ok()) return st;
   const KvShape& s = in.shape;
@@ -180,6 +190,8 @@ absl::Status NotBuilt() {
 
 bool Built() { return false; }
 absl::Status DeviceAvailable() { return NotBuilt(); }
+absl::Status PinHostMemory(void*, size_t) { return NotBuilt(); }
+void UnpinHostMemory(void*) {}
 absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput&) { return NotBuilt(); }
 absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput&) { return NotBuilt(); }
 absl::StatusOr<std::vector<float>> TokenAttention(const KvShape&, std::span<const float>,

@@ -219,6 +219,16 @@ std::string DeviceCount(int* count) {
   return "";
 }
 
+std::string HostRegister(void* address, size_t bytes) {
+  CKV_CUDA(cudaHostRegister(address, bytes, cudaHostRegisterDefault));
+  return "";
+}
+
+std::string HostUnregister(void* address) {
+  CKV_CUDA(cudaHostUnregister(address));
+  return "";
+}
+
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
                         int kv_heads, int head_dim, const float* pos, const float* neg,
                         float scale, float* scores) {

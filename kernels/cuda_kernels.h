@@ -25,6 +25,11 @@ bool Built();
 // OK when a CUDA device can be used; Unavailable naming the reason otherwise.
 absl::Status DeviceAvailable();
 
+// Page-locks a host range so that the device can copy from it by DMA (cudaHostRegister), and
+// releases it. The read engine's staging arena is pinned this way where a device is present.
+absl::Status PinHostMemory(void* address, size_t bytes);
+void UnpinHostMemory(void* address);
+
 // ScoreChunks(kQuest / kMeanKey, ...) on the device.
 absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput& input);
 absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput& input);

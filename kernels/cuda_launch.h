@@ -13,6 +13,10 @@ namespace ckv::kernels::cuda_launch {
 
 std::string DeviceCount(int* count);
 
+// cudaHostRegister / cudaHostUnregister of a host range (page-locks it for DMA).
+std::string HostRegister(void* address, size_t bytes);
+std::string HostUnregister(void* address);
+
 // scores[j] = scale * sum_h pos_h . max_jh * s_max + neg_h . min_jh * s_min over `chunks`
 // min/max parts of `part_bytes` each, back to back in `parts`.
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
