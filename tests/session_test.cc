@@ -277,7 +277,16 @@ TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
   EXPECT_TRUE((*session)->Finish().ok());
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
+  // Under a sanitizer the CPU work (exact scoring of the period heads) swamps the simulated
+  // I/O and compute, so the timing says nothing; the release suite runs it.
+  if (kSanitized) GTEST_SKIP() << "timing test: meaningless in a sanitizer build";
   // Slow reads (a fixed latency per read, through the fault seam) and a simulated compute per
   // layer: with prefetch, the session's wall time is close to the larger of the two plus about a
   // period's reads, not their sum. period-exact: once a head is scored, the rest of its period
