@@ -8,6 +8,7 @@
 #include "engine/session.h"
 #include "engine/summaries.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/device_memory.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
 
@@ -17,7 +18,15 @@ namespace {
 class EngineImpl final : public Engine, public engine::SessionHost {
  public:
   EngineImpl(const EngineOptions& options, std::unique_ptr<storage::ChunkStore> store)
-      : options_(options), store_(std::move(store)) {}
+      : options_(options), store_(std::move(store)) {
+    if (options.gpu_tier_bytes > 0 || options.cpu_tier_bytes > 0) {
+      // The GPU tier is device memory where a device is present, host memory otherwise.
+      auto cuda = kernels::NewCudaMemory();
+      tiers_ = std::make_unique<engine::TierCache>(
+          options.gpu_tier_bytes, options.cpu_tier_bytes,
+          cuda.ok() ? std::move(*cuda) : kernels::NewHostMemory(), kernels::NewHostMemory());
+    }
+  }
   // Sessions must be finished or destroyed before the engine; the read engine goes first so
   // that no read lands after the store is closed.
   ~EngineImpl() override { reads_.reset(); }
@@ -59,6 +68,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   // engine::SessionHost
   storage::ChunkStore& store() override { return *store_; }
+  engine::TierCache* tiers() override { return tiers_.get(); }
 
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
@@ -102,6 +112,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<engine::TierCache> tiers_;
 };
 
 }  // namespace

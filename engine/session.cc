@@ -64,14 +64,23 @@ kernels::SelectorKind KindOf(Selector s) {
 // that show it, so that neither outlives it.
 struct Slot {
   enum class State { kQueued, kLanded, kFailed, kCancelled };
-  explicit Slot(size_t bytes) : data(bytes) {}
-  std::vector<std::byte> data;
+  std::vector<std::byte> data;       // the read's destination, when read from NVMe
+  TierCache::Handle tier;            // where the record is cached, when it is
+  // The record's bytes: tier.data() when cached, else data.data().
+  const std::byte* bytes() const { return tier ? tier.data() : data.data(); }
+  // Its bytes on the host (a period head's scoring): our copy when we read it.
+  const std::byte* host_bytes() const { return data.empty() ? tier.data() : data.data(); }
+  LayerView::Tier where() const {
+    if (!tier) return LayerView::Tier::kSession;
+    return tier.level() == TierLevel::kGpu ? LayerView::Tier::kGpu : LayerView::Tier::kCpu;
+  }
   State state = State::kQueued;
   absl::Status status;
   prefetch::RequestId id = 0;
   prefetch::Priority priority = prefetch::Priority::kDemand;
   uint32_t read_bytes = 0;  // the device read's length
   bool served = false;      // shown in a view
+  bool hit = false;         // found in a tier, not read
 };
 
 // Keeps the slots of one view alive.
@@ -149,10 +158,10 @@ class SessionImpl final : public ReprefillSession {
         // Exact scoring reads the whole layer: every chunk's record, on demand.
         std::vector<uint32_t> all(n);
         for (uint32_t j = 0; j < n; ++j) all[j] = j;
-        CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand));
+        CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand, /*need_host=*/true));
         CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, all));
         std::vector<const std::byte*> records(n);
-        for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->data.data();
+        for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->host_bytes();
         CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
         chosen = std::move(sel.chunks);
         scores_[layer] = std::move(sel.scores);
@@ -208,12 +217,14 @@ class SessionImpl final : public ReprefillSession {
           s.served = true;
           stats_.records_served++;
           stats_.bytes_needed += spec_.RecordBytes();
-          if (s.priority != prefetch::Priority::kDemand) {
+          if (s.hit) {
+            (s.tier.level() == TierLevel::kGpu ? stats_.gpu_hits : stats_.cpu_hits)++;
+          } else if (s.priority != prefetch::Priority::kDemand) {
             stats_.prefetched_bytes_used += s.read_bytes;
           }
         }
         records.push_back(LayerView::Record{chosen[i], chosen[i] * spec_.chunk_tokens,
-                                            s.data.data(), LayerView::Tier::kSession});
+                                            s.bytes(), s.where()});
       }
     }
     stats_.layers_served++;
@@ -258,12 +269,21 @@ class SessionImpl final : public ReprefillSession {
       for (uint32_t j : sel) loaded[j] = true;
     }
     std::vector<storage::ChunkStore::Usage> usage;
+    std::vector<size_t> chunk_of;  // usage[i] is chunk chunk_of[i]
     for (size_t j = 0; j < keys_.size(); ++j) {
       if (loaded[j] || importance[j] > 0) {
         usage.push_back({keys_[j], scored > 0 ? importance[j] / scored : 0.0, loaded[j] ? 1u : 0u});
+        chunk_of.push_back(j);
       }
     }
     CKV_RETURN_IF_ERROR(host_.store().AddUsage(usage));
+    if (TierCache* tiers = host_.tiers()) {
+      for (size_t i = 0; i < usage.size(); ++i) {
+        const auto& c = pinned_->chunks()[chunk_of[i]];
+        tiers->UpdateScore(usage[i].key,
+                           (c.importance + usage[i].importance) * double(c.loads + usage[i].loads));
+      }
+    }
     return stats_;
   }
 
@@ -288,7 +308,7 @@ class SessionImpl final : public ReprefillSession {
   // Requests (layer, chunk) for each chunk not requested yet; a queued request of lower priority
   // that is now needed on demand is resubmitted as a demand read.
   absl::Status Request(uint32_t layer, std::span<const uint32_t> chunks,
-                       prefetch::Priority priority) {
+                       prefetch::Priority priority, bool need_host = false) {
     std::vector<prefetch::ReadRequest> batch;
     std::vector<std::shared_ptr<Slot>> new_slots;
     {
@@ -312,9 +332,20 @@ class SessionImpl final : public ReprefillSession {
             it = slots_.find(SlotKey{layer, j});
           }
         }
-        auto slot = std::make_shared<Slot>(spec_.RecordBytes());
+        auto slot = std::make_shared<Slot>();
         slot->priority = priority;
         slots_[SlotKey{layer, j}] = slot;
+        if (TierCache* tiers = host_.tiers()) {
+          TierCache::Handle hit = tiers->Lookup(RecordId{keys_[j], layer});
+          // Scoring reads a head layer's bytes on the host: a device pointer will not do.
+          if (hit && !(hit.device_pointer() && need_host)) {
+            slot->tier = std::move(hit);
+            slot->state = Slot::State::kLanded;
+            slot->hit = true;
+            continue;
+          }
+        }
+        slot->data.resize(spec_.RecordBytes());
         new_slots.push_back(slot);
         const storage::PinnedChunks::Location where = pinned_->RecordAt(j, layer);
         CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host_.FileIdOf(where.file));
@@ -329,9 +360,18 @@ class SessionImpl final : public ReprefillSession {
         r.name = absl::StrCat("record ", keys_[j].ToHex().substr(0, 16), "/L", layer);
         r.dest = std::span<std::byte>(slot->data);
         slot->read_bytes = r.length;
-        r.callback = [this, slot](const prefetch::ReadResult& result) {
+        const RecordId record_id{keys_[j], layer};
+        const double score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
+        r.callback = [this, slot, record_id, score](const prefetch::ReadResult& result) {
+          // Offered to the tiers before anyone can see it; served from where it lands.
+          TierCache::Handle cached;
+          if (TierCache* tiers = host_.tiers(); tiers != nullptr && result.status.ok()) {
+            auto admitted = tiers->Admit(record_id, slot->data, score);
+            if (admitted.ok()) cached = std::move(*admitted);  // else: served from our copy
+          }
           absl::MutexLock lock(&mu_);
           if (result.status.ok()) {
+            slot->tier = std::move(cached);
             slot->state = Slot::State::kLanded;
             stats_.bytes_read += slot->read_bytes;
             stats_.nvme_records++;

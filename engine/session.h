@@ -14,8 +14,13 @@
 // queued prefetch that becomes needed is resubmitted as a demand read. Prefetched bytes that no
 // view used are wasted.
 //
-// Not yet: the GPU and CPU tiers (every record comes from NVMe into session memory, Tier
-// kSession) and the device-idle (bubble) figure.
+// Tiers: before reading a record from NVMe the session looks it up in the tiers (a hit does no
+// I/O); a record read from NVMe is offered to them with its chunk's S = I x F and served from
+// where it landed, or from the session's own buffer when no tier took it. Finish re-ranks the
+// session's chunks with their new scores.
+//
+// Not yet: the device-idle (bubble) figure; a session needs host bytes of a period head's
+// records to score them, so with a CUDA GPU tier (device pointers) those are read from NVMe.
 //
 // Thread-safety: as ckv/session.h; the read engine's callbacks run on its threads and touch only
 // the shared record slots, under the session's mutex.
@@ -29,6 +34,7 @@
 #include "ckv/model_spec.h"
 #include "ckv/session.h"
 #include "prefetch/read_engine.h"
+#include "engine/tier_cache.h"
 #include "storage/chunk_store.h"
 
 namespace ckv::engine {
@@ -42,6 +48,8 @@ class SessionHost {
   virtual absl::StatusOr<prefetch::ReadEngine*> reads() = 0;
   // The read engine's id for a segment file, registering it on first use.
   virtual absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) = 0;
+  // The GPU and CPU tiers, or null when both budgets are 0.
+  virtual TierCache* tiers() = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,

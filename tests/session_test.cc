@@ -1,5 +1,6 @@
 // Tests of Re-Prefill sessions (ckv/session.h) through the public Engine API.
 #include <chrono>
+#include <map>
 #include <fstream>
 #include <thread>
 
@@ -166,6 +167,82 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name + (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period");
     });
+
+// Runs a whole session over `d`, checking every record served against the generator, and
+// returns its figures.
+SessionStats RunChecked(Engine& engine, const Planted& d, const ReprefillOptions& o,
+                        std::map<LayerView::Tier, int>* tiers_seen = nullptr) {
+  auto session = engine.BeginReprefill(d.spec, d.tokens, o);
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return {};
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    EXPECT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    auto view = (*session)->AwaitLayer(l);
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) continue;
+    for (const auto& r : view->records()) {
+      EXPECT_EQ(0, std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()))
+          << "layer " << l << " chunk " << r.chunk;
+      if (tiers_seen != nullptr) (*tiers_seen)[r.tier]++;
+    }
+  }
+  auto stats = (*session)->Finish();
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return stats.ok() ? *stats : SessionStats{};
+}
+
+TEST(SessionTierTest, ASecondSessionIsServedFromTheTiersWithoutIo) {
+  const Planted& d = Data();
+  TempDir dir;
+  EngineOptions eo;
+  eo.gpu_tier_bytes = 64ull << 20;
+  eo.cpu_tier_bytes = 64ull << 20;
+  auto engine = Open(dir.path(), eo);
+  ASSERT_TRUE(d.Put(*engine).ok());
+  for (Selector sel : {Selector::kMeanKey, Selector::kPeriodExact}) {
+    ReprefillOptions o;
+    o.selector = sel;
+    const SessionStats first = RunChecked(*engine, d, o);
+    EXPECT_GT(first.nvme_records, 0u);
+    std::map<LayerView::Tier, int> seen;
+    const SessionStats second = RunChecked(*engine, d, o, &seen);
+    SCOPED_TRACE(std::string(SelectorName(sel)));
+    EXPECT_EQ(second.nvme_records, 0u) << "every record was a tier hit";
+    EXPECT_EQ(second.bytes_read, second.summary_bytes_read) << "no record bytes were read";
+    EXPECT_EQ(second.gpu_hits + second.cpu_hits, second.records_served);
+    EXPECT_EQ(seen[LayerView::Tier::kSession], 0);
+    EXPECT_GT(seen[LayerView::Tier::kGpu], 0);
+  }
+}
+
+TEST(SessionTierTest, ASmallGpuTierSpillsToTheCpuTierAndBudgetsHold) {
+  const Planted& d = Data();
+  TempDir dir;
+  EngineOptions eo;
+  eo.gpu_tier_bytes = 40 * d.spec.RecordBytes();
+  eo.cpu_tier_bytes = 80 * d.spec.RecordBytes();
+  auto engine = Open(dir.path(), eo);
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;  // 16 chunks x 24 layers = 384 records: more than both tiers hold
+  RunChecked(*engine, d, o);
+  std::map<LayerView::Tier, int> seen;
+  const SessionStats second = RunChecked(*engine, d, o, &seen);
+  EXPECT_GT(second.gpu_hits, 0u);
+  EXPECT_GT(second.cpu_hits, 0u);
+  EXPECT_GT(second.nvme_records, 0u);
+  EXPECT_LE(second.gpu_hits, 40u);
+  // What no tier kept is served from the session's own copy.
+  EXPECT_GT(seen[LayerView::Tier::kSession], 0);
+  EXPECT_LE(seen[LayerView::Tier::kSession], static_cast<int>(second.nvme_records));
+  EXPECT_EQ(seen[LayerView::Tier::kSession] + seen[LayerView::Tier::kGpu] +
+                seen[LayerView::Tier::kCpu],
+            static_cast<int>(second.records_served));
+  // Hits are records found in a tier; records read now and cached are served from it too.
+  EXPECT_LE(second.gpu_hits, static_cast<uint64_t>(seen[LayerView::Tier::kGpu]));
+  EXPECT_LE(second.cpu_hits, static_cast<uint64_t>(seen[LayerView::Tier::kCpu]));
+}
 
 TEST(SessionLifeTest, APrefixDeletedMidSessionIsServedFromWhatTheSessionPinned) {
   const Planted& d = Data();

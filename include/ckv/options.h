@@ -63,6 +63,13 @@ struct EngineOptions {
   // Largest single write a Put issues, bytes (a multiple of 4096). Default: 2 MiB.
   uint32_t max_write_bytes = 2u << 20;
 
+  // Byte budgets of the tiers that Re-Prefill sessions load records into (ckv/session.h): the
+  // GPU tier (device memory where ckv is built with CUDA and a device is present, host memory
+  // otherwise) and the CPU tier (host memory). Records are ranked by their chunk's S = I x F;
+  // see docs/tiers.md. 0 disables a tier. Default: 0 and 0 (records land in session memory).
+  uint64_t gpu_tier_bytes = 0;
+  uint64_t cpu_tier_bytes = 0;
+
   // Where data path files live. nullptr = the POSIX file system. Tests pass an in-memory or
   // fault-injecting one. Not owned; must outlive the Engine.
   storage::FileSystem* file_system = nullptr;
