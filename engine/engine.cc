@@ -58,7 +58,31 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
     return store_->Verify(progress);
   }
-  EngineStats Stats() override { return store_->Stats(); }
+  EngineStats Stats() override {
+    EngineStats s = store_->Stats();
+    absl::MutexLock lock(&mu_);
+    const EngineStats& t = session_totals_;
+    s.sessions = t.sessions;
+    s.session_records_served = t.session_records_served;
+    s.session_bytes_needed = t.session_bytes_needed;
+    s.session_bytes_read = t.session_bytes_read;
+    s.gpu_hits = t.gpu_hits;
+    s.cpu_hits = t.cpu_hits;
+    s.summary_cache_hits = t.summary_cache_hits;
+    s.prefetched_bytes_used = t.prefetched_bytes_used;
+    s.prefetched_bytes_wasted = t.prefetched_bytes_wasted;
+    s.await_blocked_seconds = t.await_blocked_seconds;
+    if (reads_ != nullptr) s.read_idle_with_pending_seconds = reads_->stats().idle_with_pending_seconds;
+    if (tiers_ != nullptr) {
+      const engine::TierStats gpu = tiers_->stats(engine::TierLevel::kGpu);
+      const engine::TierStats cpu = tiers_->stats(engine::TierLevel::kCpu);
+      s.gpu_tier_budget_bytes = gpu.budget_bytes;
+      s.gpu_tier_resident_bytes = gpu.resident_bytes;
+      s.cpu_tier_budget_bytes = cpu.budget_bytes;
+      s.cpu_tier_resident_bytes = cpu.resident_bytes;
+    }
+    return s;
+  }
 
   absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
       const ModelSpec& spec, std::span<const int32_t> tokens,
@@ -69,6 +93,21 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   // engine::SessionHost
   storage::ChunkStore& store() override { return *store_; }
   engine::TierCache* tiers() override { return tiers_.get(); }
+
+  void RecordSession(const SessionStats& st) override {
+    absl::MutexLock lock(&mu_);
+    EngineStats& t = session_totals_;
+    t.sessions++;
+    t.session_records_served += st.records_served;
+    t.session_bytes_needed += st.bytes_needed;
+    t.session_bytes_read += st.bytes_read;
+    t.gpu_hits += st.gpu_hits;
+    t.cpu_hits += st.cpu_hits;
+    t.summary_cache_hits += st.summary_cache_hits;
+    t.prefetched_bytes_used += st.prefetched_bytes_used;
+    t.prefetched_bytes_wasted += st.prefetched_bytes_wasted;
+    t.await_blocked_seconds += st.await_blocked_seconds;
+  }
 
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
@@ -113,6 +152,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<engine::TierCache> tiers_;
+  EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
 };
 
 }  // namespace

@@ -111,18 +111,48 @@ class SessionImpl final : public ReprefillSession {
     select_options_.sink_chunks = options.sink_chunks;
     select_options_.recent_chunks = options.recent_chunks;
     stats_.matched_chunks = keys_.size();
+    idle_at_begin_ = reads_->stats().idle_with_pending_seconds;
   }
 
   ~SessionImpl() override { CancelQueued(); }
 
+  // The summaries the selector reads: from the CPU tier where cached there, the rest read from
+  // NVMe in a few large reads and then cached (ahead of records: every Re-Prefill of the prefix
+  // reads them).
   absl::Status LoadSummaries() {
     if (keys_.empty() || !kernels::ReadsSummaries(kind_)) return absl::OkStatus();
     const SummaryPart part =
         kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
-    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, keys_, part));
+    const uint32_t summary_record = kSummaryRecord + static_cast<uint32_t>(part);
+    TierCache* tiers = host_.tiers();
+    summary_ptrs_.assign(keys_.size(), nullptr);
+    std::vector<ChunkKey> missing;
+    std::vector<size_t> missing_index;
+    for (size_t j = 0; j < keys_.size(); ++j) {
+      TierCache::Handle h;
+      if (tiers != nullptr) h = tiers->Lookup(RecordId{keys_[j], summary_record});
+      if (h) {
+        summary_ptrs_[j] = h.data();
+        summary_pins_.push_back(std::move(h));
+        stats_.summary_cache_hits++;
+      } else {
+        missing.push_back(keys_[j]);
+        missing_index.push_back(j);
+      }
+    }
+    if (missing.empty()) return absl::OkStatus();
+    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, missing, part));
     stats_.summary_bytes_read += summaries_.data.size();
     stats_.bytes_read += summaries_.data.size();
-    summary_ptrs_ = summaries_.Pointers();
+    for (size_t i = 0; i < missing.size(); ++i) {
+      const size_t j = missing_index[i];
+      summary_ptrs_[j] = summaries_.chunk(i);
+      if (tiers == nullptr) continue;
+      auto cached = tiers->Admit(RecordId{keys_[j], summary_record},
+                                 std::span(summaries_.chunk(i), summaries_.record_bytes),
+                                 kSummaryScore, TierLevel::kCpu);
+      if (cached.ok() && *cached) summary_pins_.push_back(std::move(*cached));
+    }
     return absl::OkStatus();
   }
 
@@ -276,6 +306,8 @@ class SessionImpl final : public ReprefillSession {
         chunk_of.push_back(j);
       }
     }
+    stats_.device_idle_seconds = reads_->stats().idle_with_pending_seconds - idle_at_begin_;
+    host_.RecordSession(stats_);
     CKV_RETURN_IF_ERROR(host_.store().AddUsage(usage));
     if (TierCache* tiers = host_.tiers()) {
       for (size_t i = 0; i < usage.size(); ++i) {
@@ -482,12 +514,14 @@ class SessionImpl final : public ReprefillSession {
   const std::vector<ChunkKey> keys_;
   const std::unique_ptr<storage::PinnedChunks> pinned_;
   prefetch::ReadEngine* const reads_;
-  ChunkSummaries summaries_;
-  std::vector<const std::byte*> summary_ptrs_;
+  ChunkSummaries summaries_;                    // those read from NVMe
+  std::vector<TierCache::Handle> summary_pins_;  // those in the CPU tier, pinned
+  std::vector<const std::byte*> summary_ptrs_;   // per chunk, wherever it is
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   std::vector<std::vector<float>> scores_;          // per scored layer
   std::vector<bool> submitted_;
   bool finished_ = false;
+  double idle_at_begin_ = 0;
 
   absl::Mutex mu_;
   absl::CondVar cv_;

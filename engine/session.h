@@ -19,8 +19,11 @@
 // where it landed, or from the session's own buffer when no tier took it. Finish re-ranks the
 // session's chunks with their new scores.
 //
-// Not yet: the device-idle (bubble) figure; a session needs host bytes of a period head's
-// records to score them, so with a CUDA GPU tier (device pointers) those are read from NVMe.
+// Bubbles: SessionStats::device_idle_seconds is the read engine's idle-with-work time during the
+// session (engine-wide: with several sessions at once it is shared, not split).
+//
+// Not yet: a session needs host bytes of a period head's records to score them, so with a CUDA
+// GPU tier (device pointers) those are read from NVMe.
 //
 // Thread-safety: as ckv/session.h; the read engine's callbacks run on its threads and touch only
 // the shared record slots, under the session's mutex.
@@ -50,6 +53,8 @@ class SessionHost {
   virtual absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) = 0;
   // The GPU and CPU tiers, or null when both budgets are 0.
   virtual TierCache* tiers() = 0;
+  // Adds a finished session's figures to the engine's.
+  virtual void RecordSession(const SessionStats& stats) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,

@@ -149,7 +149,7 @@ absl::Status TierCache::DisplaceLocked(Entry* e) {
 
 absl::StatusOr<TierCache::Handle> TierCache::Admit(const RecordId& id,
                                                    std::span<const std::byte> bytes,
-                                                   double score) {
+                                                   double score, TierLevel first) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it != entries_.end()) {
@@ -161,6 +161,7 @@ absl::StatusOr<TierCache::Handle> TierCache::Admit(const RecordId& id,
     return to.memory->CopyFromHost(dst, bytes.data(), bytes.size());
   };
   for (TierLevel level : {TierLevel::kGpu, TierLevel::kCpu}) {
+    if (level < first) continue;
     CKV_ASSIGN_OR_RETURN(Entry * e, PlaceLocked(level, id, bytes.size(), score, tick, from_host));
     if (e != nullptr) {
       PinLocked(e);
@@ -176,6 +177,7 @@ void TierCache::UpdateScore(const ChunkKey& chunk, double score) {
   auto it = by_chunk_.find(chunk);
   if (it == by_chunk_.end()) return;
   for (uint32_t record : it->second) {
+    if (record >= kSummaryRecord) continue;  // summaries keep their rank
     Entry* e = entries_.at(RecordId{chunk, record}).get();
     if (e->pins == 0) L(e->level).unpinned.erase(Rank{e->score, e->tick, e});
     e->score = score;

@@ -43,7 +43,11 @@ namespace ckv::engine {
 enum class TierLevel : uint8_t { kGpu = 0, kCpu = 1 };
 inline constexpr size_t kTierLevels = 2;
 
-// A record: a chunk's record at one layer.
+// A record: a chunk's record at one layer, or (record >= kSummaryRecord) one of its summary
+// parts, which sessions cache in the CPU tier ahead of records.
+inline constexpr uint32_t kSummaryRecord = 0x80000000u;
+// The rank summaries get: above any record's S.
+inline constexpr double kSummaryScore = 1e300;
 struct RecordId {
   ChunkKey chunk;
   uint32_t record = 0;
@@ -102,12 +106,13 @@ class TierCache {
   // The record pinned where it is, or an empty Handle (a miss).
   Handle Lookup(const RecordId& id);
 
-  // Offers a record just read from NVMe (host bytes) with its chunk's score. Returns it pinned
-  // where it landed, or an empty Handle when no tier took it. A record already cached is
-  // returned where it is. Errors: a copy's error.
-  absl::StatusOr<Handle> Admit(const RecordId& id, std::span<const std::byte> bytes, double score);
+  // Offers a record just read from NVMe (host bytes) with its chunk's score, to the tiers from
+  // `first` down. Returns it pinned where it landed, or an empty Handle when no tier took it. A
+  // record already cached is returned where it is. Errors: a copy's error.
+  absl::StatusOr<Handle> Admit(const RecordId& id, std::span<const std::byte> bytes, double score,
+                               TierLevel first = TierLevel::kGpu);
 
-  // Re-ranks every cached record of `chunk`.
+  // Re-ranks every cached record of `chunk` (not its summaries).
   void UpdateScore(const ChunkKey& chunk, double score);
   // Removes every cached record of `chunk` (pinned ones once released).
   void Erase(const ChunkKey& chunk);

@@ -126,14 +126,16 @@ struct SessionStats {
   uint64_t bytes_needed = 0;       // record bytes in those views
   uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
   uint64_t summary_bytes_read = 0; // of which summaries
+  uint64_t summary_cache_hits = 0; // chunks whose summaries came from the CPU tier
   uint64_t gpu_hits = 0;           // records served from the GPU tier
   uint64_t cpu_hits = 0;           // records served from the CPU tier
   uint64_t nvme_records = 0;       // records read from NVMe
   uint64_t prefetched_bytes_used = 0;    // prefetched (or speculated) and then served
   uint64_t prefetched_bytes_wasted = 0;  // prefetched (or speculated) and never served
   double await_blocked_seconds = 0;      // time AwaitLayer waited for I/O
-  double device_idle_seconds = 0;        // time no read of this session was in flight while it
-                                         // had records it could have requested (bubbles)
+  double device_idle_seconds = 0;        // bubbles: time the read engine had no read in flight
+                                         // while requests were queued, during the session
+                                         // (engine-wide: shared by concurrent sessions)
   // bytes_read / bytes_needed (0 when nothing was needed).
   double read_amplification() const {
     return bytes_needed == 0 ? 0.0 : static_cast<double>(bytes_read) / bytes_needed;

@@ -32,6 +32,25 @@ struct EngineStats {
   uint64_t disk_bytes_used = 0;  // allocated segment bytes: live chunks plus Puts in flight
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
+
+  // Re-Prefill sessions finished since Open, their figures summed (see SessionStats).
+  uint64_t sessions = 0;
+  uint64_t session_records_served = 0;
+  uint64_t session_bytes_needed = 0;
+  uint64_t session_bytes_read = 0;
+  uint64_t gpu_hits = 0;
+  uint64_t cpu_hits = 0;
+  uint64_t summary_cache_hits = 0;
+  uint64_t prefetched_bytes_used = 0;
+  uint64_t prefetched_bytes_wasted = 0;
+  double await_blocked_seconds = 0;
+  // Seconds the read engine had no read in flight while requests were queued (since Open).
+  double read_idle_with_pending_seconds = 0;
+  // The tiers now (0 when disabled).
+  uint64_t gpu_tier_budget_bytes = 0;
+  uint64_t gpu_tier_resident_bytes = 0;
+  uint64_t cpu_tier_budget_bytes = 0;
+  uint64_t cpu_tier_resident_bytes = 0;
 };
 
 // One stored prefix: a chain of chunks that a Put ended at (or that eviction trimmed to).
