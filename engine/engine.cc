@@ -58,6 +58,10 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
     return store_->Verify(progress);
   }
+  absl::StatusOr<RepairReport> Repair(const ProgressFn& progress) override {
+    return store_->Repair(progress);
+  }
+  absl::StatusOr<GcReport> Gc() override { return store_->Gc(); }
   EngineStats Stats() override {
     EngineStats s = store_->Stats();
     absl::MutexLock lock(&mu_);

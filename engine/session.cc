@@ -547,11 +547,10 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
                                                    " (1..4096), period_layers ",
                                                    options.period_layers, " (1..1024)"));
   }
-  CKV_ASSIGN_OR_RETURN(uint64_t matched, host.store().Lookup(spec, tokens));
   std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
-  keys.resize(matched);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<storage::PinnedChunks> pinned,
-                       host.store().Pin(spec, keys));
+                       host.store().PinLeading(spec, keys));
+  keys.resize(pinned->chunks().size());
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   auto session = std::make_unique<SessionImpl>(host, spec, options, std::move(keys),
                                                std::move(pinned), reads);

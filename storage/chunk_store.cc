@@ -175,6 +175,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     if (!problem.empty()) {
       // Such a chunk cannot be served safely; keep it out of the index and let Verify say so.
       open_problems_.push_back(problem);
+      dropped_chunks_.push_back(key);
       logger_->Log(LogLevel::kError, problem);
       continue;
     }
@@ -198,6 +199,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     if (chunk == chunks_.end()) {
       open_problems_.push_back(
           absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored"));
+      dropped_prefixes_.push_back(key);
       continue;
     }
     chunk->second.prefix_end = true;
@@ -752,13 +754,15 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
         " can be evicted (the rest is held by readers or Puts in flight)"));
   }
   Catalog::Batch batch = catalog_->NewBatch();
-  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, /*evicted=*/true));
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, Removal::kEvict));
   *evicted += victims.size();
   return absl::OkStatus();
 }
 
 absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
-                                            Catalog::Batch& batch, bool evicted) {
+                                            Catalog::Batch& batch, Removal why) {
+  const bool evicted = why == Removal::kEvict;
+  const bool carry_ends = why != Removal::kDelete;
   if (victims.empty()) {
     if (!batch.empty()) return catalog_->Commit(batch);
     return absl::OkStatus();
@@ -783,9 +787,9 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     } else {
       next.chunks_deleted++;
     }
-    // An evicted prefix end leaves its parent as the end of the (shorter) prefix when nothing
-    // else extends the parent. A deleted one does not: the caller asked for it to go.
-    const bool ends = evicted && (e.prefix_end || carries_end.contains(key));
+    // An evicted (or repaired) prefix end leaves its parent as the end of the (shorter) prefix
+    // when nothing else extends the parent. A deleted one does not: the caller asked for it.
+    const bool ends = carry_ends && (e.prefix_end || carries_end.contains(key));
     if (e.parent.IsZero()) continue;
     if (gone.contains(e.parent)) {
       if (ends) carries_end.insert(e.parent);
@@ -970,13 +974,29 @@ PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) con
                   static_cast<uint32_t>(seg.band_slot_bytes(band)), c.checksums[record]};
 }
 
+absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(
+    const ModelSpec& spec, std::span<const ChunkKey> keys) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  size_t m = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    while (m < keys.size() && chunks_.contains(keys[m])) ++m;
+    return PinLocked(spec, keys.first(m));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::Pin(const ModelSpec& spec,
                                                               std::span<const ChunkKey> keys) {
   CKV_RETURN_IF_ERROR(spec.Validate());
+  absl::MutexLock lock(&mu_);
+  return PinLocked(spec, keys);
+}
+
+absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
+    const ModelSpec& spec, std::span<const ChunkKey> keys) {
   const ChunkKey fp = spec.Fingerprint();
   std::vector<PinnedChunks::Chunk> chunks;
   chunks.reserve(keys.size());
-  absl::MutexLock lock(&mu_);
   for (const ChunkKey& key : keys) {
     auto it = chunks_.find(key);
     if (it == chunks_.end()) {
@@ -1199,7 +1219,7 @@ absl::Status ChunkStore::DeletePrefix(const ChunkKey& prefix_id) {
   const PrefixEntry entry = p->second;
   chunks_.at(prefix_id).prefix_end = false;
   prefixes_.erase(p);
-  absl::Status s = RemoveChunksLocked(victims, batch, /*evicted=*/false);
+  absl::Status s = RemoveChunksLocked(victims, batch, Removal::kDelete);
   if (!s.ok()) {
     chunks_.at(prefix_id).prefix_end = true;
     prefixes_.emplace(prefix_id, entry);
@@ -1283,6 +1303,12 @@ absl::StatusOr<ChunkStore::RecordLocation> ChunkStore::LocateRecord(const ChunkK
 }
 
 absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
+  return VerifyInternal(progress, nullptr, nullptr);
+}
+
+absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progress,
+                                                        absl::flat_hash_set<ChunkKey>* corrupt,
+                                                        std::vector<std::string>* unreadable) {
   VerifyReport report;
   struct Item {
     ChunkKey key;
@@ -1307,6 +1333,7 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
         auto parent = chunks_.find(e.parent);
         if (parent == chunks_.end()) {
           report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
+          if (corrupt != nullptr) corrupt->insert(key);
         } else if (parent->second.depth + 1 != e.depth) {
           report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
                                                  " has a parent at depth ",
@@ -1354,6 +1381,7 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
       report.problems.push_back(absl::StrCat("chunk ", item.key.ToHex(),
                                              ": key does not match the hash of its parent, "
                                              "model and tokens"));
+      if (corrupt != nullptr) corrupt->insert(item.key);
     }
   }
   // Every record, read in batches of chunks in slot order, so that the bands of neighbouring
@@ -1398,6 +1426,9 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
                                  if (absl::IsDataLoss(st) &&
                                      st.message().find("checksum") != std::string_view::npos) {
                                    report.checksum_failures++;
+                                   if (corrupt != nullptr) corrupt->insert(*read.key);
+                                 } else if (unreadable != nullptr) {
+                                   unreadable->push_back(std::string(st.message()));
                                  }
                                  report.problems.push_back(std::string(st.message()));
                                });
@@ -1406,6 +1437,106 @@ absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
     report.chunks_checked += pinned.size();
     if (progress) progress(done_bytes, total_bytes);
   }
+  return report;
+}
+
+absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
+  RepairReport report;
+  absl::flat_hash_set<ChunkKey> corrupt;
+  CKV_ASSIGN_OR_RETURN(report.verify, VerifyInternal(progress, &corrupt, &report.remaining));
+  absl::MutexLock lock(&mu_);
+  // Victims: each corrupt chunk and everything after it, descendants before ancestors, so that
+  // each is a leaf once the ones before it are gone (RemoveChunksLocked).
+  absl::flat_hash_map<ChunkKey, std::vector<ChunkKey>> children;
+  for (const auto& [key, e] : chunks_) {
+    if (!e.parent.IsZero()) children[e.parent].push_back(key);
+  }
+  std::vector<ChunkKey> victims;
+  absl::flat_hash_set<ChunkKey> taken;
+  std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key) -> bool {
+    if (taken.contains(key)) return true;
+    const ChunkEntry& e = chunks_.at(key);
+    if (e.put_pins > 0 || inflight_.contains(key)) {
+      report.remaining.push_back(
+          absl::StrCat("chunk ", key.ToHex(), " is being extended by a Put; run repair again"));
+      return false;
+    }
+    bool all = true;
+    auto kids = children.find(key);
+    if (kids != children.end()) {
+      for (const ChunkKey& child : kids->second) all = take(child) && all;
+    }
+    if (!all) return false;
+    taken.insert(key);
+    victims.push_back(key);
+    report.removed.push_back(absl::StrCat(
+        "chunk ", key.ToHex(), " (depth ", e.depth, ")",
+        corrupt.contains(key) ? ": failed a check" : ": follows a chunk that failed a check"));
+    return true;
+  };
+  for (const ChunkKey& key : corrupt) {
+    if (chunks_.contains(key)) take(key);
+  }
+  // Catalog entries Load could not serve, and prefixes that end at no stored chunk.
+  Catalog::Batch batch = catalog_->NewBatch();
+  for (const ChunkKey& key : dropped_chunks_) {
+    if (chunks_.contains(key)) continue;  // a later Put stored it again, soundly
+    batch.DeleteChunk(key);
+    report.removed.push_back(absl::StrCat("catalog entry of chunk ", key.ToHex(),
+                                          ": could not be loaded"));
+  }
+  for (const ChunkKey& key : dropped_prefixes_) {
+    if (chunks_.contains(key)) continue;
+    batch.DeletePrefix(key);
+    report.removed.push_back(
+        absl::StrCat("prefix ", key.ToHex(), ": ends at a chunk that is not stored"));
+  }
+  report.chunks_removed = victims.size();
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, Removal::kRepair));
+  dropped_chunks_.clear();
+  dropped_prefixes_.clear();
+  open_problems_.clear();
+  if (!report.removed.empty()) {
+    logger_->Log(LogLevel::kWarning, absl::StrCat("repair of ", path_, " removed ",
+                                                  report.removed.size(), " entries"));
+  }
+  return report;
+}
+
+absl::StatusOr<GcReport> ChunkStore::Gc() {
+  GcReport report;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint32_t> empty;
+  for (auto& [id, segment] : segments_) {
+    CKV_ASSIGN_OR_RETURN(uint64_t before, segment->file()->AllocatedBytes());
+    if (segment->used_slots() == 0) {
+      empty.push_back(id);
+      report.bytes_reclaimed += before;
+      continue;
+    }
+    const uint64_t live = uint64_t{segment->used_slots()} * segment->chunk_bytes();
+    if (before <= live) continue;
+    for (const SlotRun& run : segment->FreeRuns()) {
+      absl::Status s = segment->PunchSlots(run);
+      if (absl::IsUnimplemented(s)) break;  // cannot punch here: space stays until reuse
+      CKV_RETURN_IF_ERROR(s);
+    }
+    CKV_ASSIGN_OR_RETURN(uint64_t after, segment->file()->AllocatedBytes());
+    if (after < before) report.bytes_reclaimed += before - after;
+  }
+  if (empty.empty()) return report;
+  // A segment with no used slot has no chunk, no Put writing into it (allocation marks slots
+  // used under mu_) and no reader (a pinned slot stays used until unpinned). The catalog forgets
+  // it first, so a crash in between leaves a file Open reclaims as an orphan.
+  Catalog::Batch batch = catalog_->NewBatch();
+  for (uint32_t id : empty) batch.DeleteSegment(id);
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+  for (uint32_t id : empty) {
+    segments_.erase(id);
+    CKV_RETURN_IF_ERROR(fs_->DeleteFile(SegmentPath(id)));
+    report.segments_removed++;
+  }
+  CKV_RETURN_IF_ERROR(fs_->SyncDir(absl::StrCat(path_, "/", kSegmentsDir)));
   return report;
 }
 

@@ -115,6 +115,8 @@ class ChunkStore {
   std::vector<PrefixInfo> ListPrefixes();
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id, ModelSpec* spec);
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
+  absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
+  absl::StatusOr<GcReport> Gc();
   EngineStats Stats();
 
   // Reads auxiliary record `aux` of each chunk in `keys` into `out` (keys.size() records of
@@ -130,6 +132,10 @@ class ChunkStore {
   // stored; FailedPrecondition for one stored under another spec.
   absl::StatusOr<std::unique_ptr<PinnedChunks>> Pin(const ModelSpec& spec,
                                                     std::span<const ChunkKey> keys);
+  // Pins the longest stored leading run of `keys` (a prompt's chunk keys), atomically: no Delete
+  // can slip between finding the chunks and pinning them.
+  absl::StatusOr<std::unique_ptr<PinnedChunks>> PinLeading(const ModelSpec& spec,
+                                                           std::span<const ChunkKey> keys);
 
   // Adds attention importance (I) and loads (F) to chunks, in memory and in the catalog (one
   // batch, not synced: a crash may lose the latest additions, never a chunk). Chunks no longer
@@ -198,8 +204,16 @@ class ChunkStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `victims` (each a leaf once the ones before it are gone) from the catalog and from
   // memory, moving prefix ends to parents that become leaves. `batch` may carry more changes.
+  // Why chunks go: eviction and repair hand a removed prefix end on to the surviving parent; a
+  // delete does not. Eviction counts as evicted, the others as deleted.
+  enum class Removal { kEvict, kDelete, kRepair };
   absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
-                                  bool evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  Removal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Verify's work; with `corrupt`, also the chunks that failed a check that Repair may act on,
+  // and in `unreadable` the records whose read failed otherwise (EIO may pass: not repaired).
+  absl::StatusOr<VerifyReport> VerifyInternal(const ProgressFn& progress,
+                                              absl::flat_hash_set<ChunkKey>* corrupt,
+                                              std::vector<std::string>* unreadable);
   void FreeSlotLocked(uint32_t segment, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a Put extends the chunk, a Put is writing it, or a reader holds its slot.
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
@@ -222,6 +236,9 @@ class ChunkStore {
                            std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
 
   friend class PinnedChunks;
+  absl::StatusOr<std::unique_ptr<PinnedChunks>> PinLocked(const ModelSpec& spec,
+                                                          std::span<const ChunkKey> keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pins / unpins the slot of a chunk being read.
   void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(SlotId slot);
@@ -282,6 +299,9 @@ class ChunkStore {
   StoredCounters counters_ ABSL_GUARDED_BY(mu_);
   uint64_t orphan_bytes_reclaimed_ = 0;  // set during Open
   std::vector<std::string> open_problems_;  // found while loading; reported by Verify
+  // Catalog entries Load could not serve (damaged); Repair deletes them.
+  std::vector<ChunkKey> dropped_chunks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk
 
   std::atomic<uint64_t> records_read_{0};
   std::atomic<uint64_t> bytes_read_{0};

@@ -49,6 +49,25 @@ struct VerifyReport {
   bool ok() const { return problems.empty(); }
 };
 
+// What Repair did.
+struct RepairReport {
+  // Chunks removed from the store: those that failed a check (a record's checksum, the key's
+  // hash, a missing parent, a catalog entry Open could not load) and every chunk after them in
+  // their prefixes (a chunk's KV depends on all before it). One line each, naming the chunk.
+  std::vector<std::string> removed;
+  uint64_t chunks_removed = 0;
+  // Problems Repair left alone: read errors (EIO may pass), chunks a Put was still writing.
+  std::vector<std::string> remaining;
+  // The Verify that found them.
+  VerifyReport verify;
+};
+
+// What Gc did.
+struct GcReport {
+  uint64_t bytes_reclaimed = 0;   // segment blocks given back to the file system
+  uint64_t segments_removed = 0;  // segment files that held no chunk, deleted
+};
+
 // Called by long operations with work done and total work (bytes), from the calling thread.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
@@ -111,6 +130,15 @@ class Engine {
   // chains (every chunk's parent stored, child counts, prefix ends). Problems are reported, not
   // repaired. Returns an error only when the check itself could not run.
   virtual absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress = nullptr) = 0;
+
+  // Verifies the store (as Verify) and removes what is corrupt: each chunk that failed a check,
+  // with the chunks after it in its prefixes; a prefix that ran through a removed chunk ends at
+  // the last good chunk before it. Everything else is left as it was. Returns what it removed.
+  virtual absl::StatusOr<RepairReport> Repair(const ProgressFn& progress = nullptr) = 0;
+
+  // Gives back segment space no chunk uses (freed slots whose blocks are still allocated, e.g.
+  // after a failed punch) and deletes segment files that hold no chunk. Does not move chunks.
+  virtual absl::StatusOr<GcReport> Gc() = 0;
 
   // Starts a Re-Prefill of the stored leading chunks of `tokens` (see ckv/session.h). The
   // session pins those chunks: a Delete or an eviction meanwhile does not take them from it.
