@@ -264,17 +264,9 @@ class SessionImpl final : public ReprefillSession {
   absl::StatusOr<SessionStats> Finish() override {
     if (finished_) return stats_;
     finished_ = true;
-    CancelQueued();
-    // Wait for reads in flight, so that the figures are final.
+    CancelQueued();  // returns once no read of this session is outstanding: figures are final
     {
       absl::MutexLock lock(&mu_);
-      auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        for (const auto& [key, slot] : slots_) {
-          if (slot->state == Slot::State::kQueued) return false;
-        }
-        return true;
-      };
-      while (!settled()) cv_.Wait(&mu_);
       for (const auto& [key, slot] : slots_) {
         if (slot->state == Slot::State::kLanded && !slot->served &&
             slot->priority != prefetch::Priority::kDemand) {

@@ -208,6 +208,19 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> ChunkStore::PunchFreeRuns(Segment& segment) {
+  CKV_ASSIGN_OR_RETURN(uint64_t before, segment.file()->AllocatedBytes());
+  const uint64_t live = uint64_t{segment.used_slots()} * segment.chunk_bytes();
+  if (before <= live) return 0;
+  for (const SlotRun& run : segment.FreeRuns()) {
+    absl::Status s = segment.PunchSlots(run);
+    if (absl::IsUnimplemented(s)) break;  // cannot punch here: space stays until reuse
+    CKV_RETURN_IF_ERROR(s);
+  }
+  CKV_ASSIGN_OR_RETURN(uint64_t after, segment.file()->AllocatedBytes());
+  return after < before ? before - after : 0;
+}
+
 absl::Status ChunkStore::ReclaimOrphans() {
   absl::MutexLock lock(&mu_);
   const std::string dir = absl::StrCat(path_, "/", kSegmentsDir);
@@ -234,16 +247,8 @@ absl::Status ChunkStore::ReclaimOrphans() {
   if (deleted_any) CKV_RETURN_IF_ERROR(fs_->SyncDir(dir));
   // Space inside segments that no committed chunk names: written by a Put that did not commit.
   for (auto& [id, segment] : segments_) {
-    CKV_ASSIGN_OR_RETURN(uint64_t before, segment->file()->AllocatedBytes());
-    const uint64_t live = uint64_t{segment->used_slots()} * segment->chunk_bytes();
-    if (before <= live) continue;
-    for (const SlotRun& run : segment->FreeRuns()) {
-      absl::Status s = segment->PunchSlots(run);
-      if (absl::IsUnimplemented(s)) break;  // cannot punch here: space stays until reuse
-      CKV_RETURN_IF_ERROR(s);
-    }
-    CKV_ASSIGN_OR_RETURN(uint64_t after, segment->file()->AllocatedBytes());
-    if (after < before) reclaimed += before - after;
+    CKV_ASSIGN_OR_RETURN(uint64_t freed, PunchFreeRuns(*segment));
+    reclaimed += freed;
   }
   orphan_bytes_reclaimed_ = reclaimed;
   if (reclaimed > 0) {
@@ -1508,21 +1513,14 @@ absl::StatusOr<GcReport> ChunkStore::Gc() {
   absl::MutexLock lock(&mu_);
   std::vector<uint32_t> empty;
   for (auto& [id, segment] : segments_) {
-    CKV_ASSIGN_OR_RETURN(uint64_t before, segment->file()->AllocatedBytes());
     if (segment->used_slots() == 0) {
+      CKV_ASSIGN_OR_RETURN(uint64_t bytes, segment->file()->AllocatedBytes());
       empty.push_back(id);
-      report.bytes_reclaimed += before;
+      report.bytes_reclaimed += bytes;
       continue;
     }
-    const uint64_t live = uint64_t{segment->used_slots()} * segment->chunk_bytes();
-    if (before <= live) continue;
-    for (const SlotRun& run : segment->FreeRuns()) {
-      absl::Status s = segment->PunchSlots(run);
-      if (absl::IsUnimplemented(s)) break;  // cannot punch here: space stays until reuse
-      CKV_RETURN_IF_ERROR(s);
-    }
-    CKV_ASSIGN_OR_RETURN(uint64_t after, segment->file()->AllocatedBytes());
-    if (after < before) report.bytes_reclaimed += before - after;
+    CKV_ASSIGN_OR_RETURN(uint64_t freed, PunchFreeRuns(*segment));
+    report.bytes_reclaimed += freed;
   }
   if (empty.empty()) return report;
   // A segment with no used slot has no chunk, no Put writing into it (allocation marks slots

@@ -193,6 +193,9 @@ class ChunkStore {
 
   absl::Status Load(const Catalog::Contents& contents);
   absl::Status ReclaimOrphans();
+  // Punches the free runs of `segment` when it holds more blocks than its live chunks need;
+  // returns the bytes given back. REQUIRES: mu_ held (the free runs must not change).
+  static absl::StatusOr<uint64_t> PunchFreeRuns(Segment& segment);
   static absl::Status ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
                                   const KvTensors& kv);
 
