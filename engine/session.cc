@@ -126,7 +126,6 @@ class SessionImpl final : public ReprefillSession {
     const uint32_t summary_record = kSummaryRecord + static_cast<uint32_t>(part);
     TierCache* tiers = host_.tiers();
     summary_ptrs_.assign(keys_.size(), nullptr);
-    std::vector<ChunkKey> missing;
     std::vector<size_t> missing_index;
     for (size_t j = 0; j < keys_.size(); ++j) {
       TierCache::Handle h;
@@ -136,15 +135,15 @@ class SessionImpl final : public ReprefillSession {
         summary_pins_.push_back(std::move(h));
         stats_.summary_cache_hits++;
       } else {
-        missing.push_back(keys_[j]);
         missing_index.push_back(j);
       }
     }
-    if (missing.empty()) return absl::OkStatus();
-    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, missing, part));
+    if (missing_index.empty()) return absl::OkStatus();
+    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, *pinned_,
+                                                           missing_index, part));
     stats_.summary_bytes_read += summaries_.data.size();
     stats_.bytes_read += summaries_.data.size();
-    for (size_t i = 0; i < missing.size(); ++i) {
+    for (size_t i = 0; i < missing_index.size(); ++i) {
       const size_t j = missing_index[i];
       summary_ptrs_[j] = summaries_.chunk(i);
       if (tiers == nullptr) continue;

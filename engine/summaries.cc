@@ -26,14 +26,31 @@ std::vector<const std::byte*> ChunkSummaries::Pointers() const {
   return p;
 }
 
-absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
-                                             std::span<const ChunkKey> keys, SummaryPart part) {
+namespace {
+
+ChunkSummaries EmptySummaries(const ModelSpec& spec, size_t chunks, SummaryPart part) {
   ChunkSummaries s;
   s.format = kernels::SummaryFormat::For(spec);
   s.part = part;
   s.record_bytes = part == SummaryPart::kMinMax ? s.format.MinMaxBytes() : s.format.MeanBytes();
-  s.data.resize(keys.size() * s.record_bytes);
+  s.data.resize(chunks * s.record_bytes);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
+                                             std::span<const ChunkKey> keys, SummaryPart part) {
+  ChunkSummaries s = EmptySummaries(spec, keys.size(), part);
   CKV_RETURN_IF_ERROR(store.ReadAux(spec, keys, static_cast<uint32_t>(part), s.data));
+  return s;
+}
+
+absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
+                                             const storage::PinnedChunks& pinned,
+                                             std::span<const size_t> which, SummaryPart part) {
+  ChunkSummaries s = EmptySummaries(spec, which.size(), part);
+  CKV_RETURN_IF_ERROR(store.ReadAux(spec, pinned, which, static_cast<uint32_t>(part), s.data));
   return s;
 }
 

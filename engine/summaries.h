@@ -50,6 +50,11 @@ struct ChunkSummaries {
 // reads when the chunks were written by few Puts. Errors as ChunkStore::ReadAux.
 absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
                                              std::span<const ChunkKey> keys, SummaryPart part);
+// As above, for chunks `which` (indices) of chunks pinned under `spec`: what a session reads, so
+// that a Delete after its pin cannot fail it.
+absl::StatusOr<ChunkSummaries> LoadSummaries(storage::ChunkStore& store, const ModelSpec& spec,
+                                             const storage::PinnedChunks& pinned,
+                                             std::span<const size_t> which, SummaryPart part);
 
 }  // namespace ckv::engine
 

@@ -1060,9 +1060,23 @@ absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
 absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys,
                                  uint32_t aux, std::span<std::byte> out, uint64_t max_io_bytes) {
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<PinnedChunks> pinned, Pin(spec, keys));
+  std::vector<size_t> all(keys.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return ReadAux(spec, *pinned, all, aux, out, max_io_bytes);
+}
+
+absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinned,
+                                 std::span<const size_t> which, uint32_t aux,
+                                 std::span<std::byte> out, uint64_t max_io_bytes) {
   const uint32_t record = spec.layers + aux;
   uint32_t bytes = 0;
-  for (const PinnedChunks::Chunk& c : pinned->chunks()) {
+  const ChunkKey* first = nullptr;
+  for (const size_t i : which) {
+    if (i >= pinned.chunks().size()) {
+      return absl::InvalidArgumentError(absl::StrCat("ReadAux of pinned chunk ", i, "; only ",
+                                                     pinned.chunks().size(), " are pinned"));
+    }
+    const PinnedChunks::Chunk& c = pinned.chunks()[i];
     if (record >= c.segment->records()) {
       return absl::NotFoundError(absl::StrCat("chunk ", c.key.ToHex(),
                                               " has no auxiliary record ", aux,
@@ -1072,19 +1086,20 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey
     if (bytes != 0 && b != bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "auxiliary record ", aux, " of chunk ", c.key.ToHex(), " has ", b, " bytes; chunk ",
-          keys[0].ToHex(), "'s has ", bytes));
+          first->ToHex(), "'s has ", bytes));
     }
     bytes = b;
+    first = &c.key;
   }
-  if (out.size() != keys.size() * size_t{bytes}) {
+  if (out.size() != which.size() * size_t{bytes}) {
     return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(), " bytes; ",
-                                                   keys.size(), " records of ", bytes,
-                                                   " bytes need ", keys.size() * size_t{bytes}));
+                                                   which.size(), " records of ", bytes,
+                                                   " bytes need ", which.size() * size_t{bytes}));
   }
   std::vector<BandRead> reads;
-  reads.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const PinnedChunks::Chunk& c = pinned->chunks()[i];
+  reads.reserve(which.size());
+  for (size_t i = 0; i < which.size(); ++i) {
+    const PinnedChunks::Chunk& c = pinned.chunks()[which[i]];
     reads.push_back(
         BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, &c.checksums, i});
   }

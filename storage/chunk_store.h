@@ -128,6 +128,12 @@ class ChunkStore {
   // checksum mismatch.
   absl::Status ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys, uint32_t aux,
                        std::span<std::byte> out, uint64_t max_io_bytes = 1 << 20);
+  // As above, for chunks `which` (indices into pinned.chunks()) of chunks already pinned under
+  // `spec`: no second lookup, so a Delete since the pin cannot fail the read. Errors as above,
+  // less NotFound for a chunk not stored and FailedPrecondition.
+  absl::Status ReadAux(const ModelSpec& spec, const PinnedChunks& pinned,
+                       std::span<const size_t> which, uint32_t aux, std::span<std::byte> out,
+                       uint64_t max_io_bytes = 1 << 20);
   // Pins `keys` (a prefix's chunks, say) for reading. Errors: NotFound naming the first chunk not
   // stored; FailedPrecondition for one stored under another spec.
   absl::StatusOr<std::unique_ptr<PinnedChunks>> Pin(const ModelSpec& spec,

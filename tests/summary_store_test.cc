@@ -93,6 +93,40 @@ TEST_P(SummaryStoreTest, EveryChunkGetsItsSummariesBitExactAcrossPutsAndReopen) 
   EXPECT_EQ(0, std::memcmp(some->chunk(3), mean->chunk(5), bytes));
 }
 
+// A session reads the summaries of the chunks it pinned. A Delete between the pin and the read
+// must not fail the read (it did when the read looked the chunks up again), and the bytes must
+// still be the chunks' own.
+TEST_P(SummaryStoreTest, SummariesOfPinnedChunksReadAfterTheirPrefixIsDeleted) {
+  TempDir dir;
+  EngineOptions options;
+  options.layout = GetParam();
+  const ModelSpec spec = Spec("qwen2.5-0.5b");
+  const uint32_t c = spec.chunk_tokens;
+  const auto tokens = synth::Tokens(3, 8 * c);
+  auto store = OpenStore(dir.path(), options);
+  ASSERT_TRUE(PutWithSummaries(*store, spec, tokens).ok());
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), c, tokens);
+  auto pinned = store->PinLeading(spec, keys);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ((*pinned)->chunks().size(), keys.size());
+  ASSERT_TRUE(store->Delete(spec, tokens).ok());
+  EXPECT_EQ(LoadSummaries(*store, spec, keys, SummaryPart::kMinMax).status().code(),
+            absl::StatusCode::kNotFound);
+
+  const std::vector<size_t> which = {6, 1, 2};
+  auto minmax = LoadSummaries(*store, spec, **pinned, which, SummaryPart::kMinMax);
+  ASSERT_TRUE(minmax.ok()) << minmax.status();
+  ASSERT_EQ(minmax->chunks(), which.size());
+  synth::SyntheticKv kv(spec, tokens);
+  for (size_t i = 0; i < which.size(); ++i) {
+    const auto want = Expected(spec, kv.tensors(), which[i]).first;
+    EXPECT_EQ(0, std::memcmp(minmax->chunk(i), want.data(), want.size())) << which[i];
+  }
+  const std::vector<size_t> beyond = {8};
+  EXPECT_EQ(LoadSummaries(*store, spec, **pinned, beyond, SummaryPart::kMean).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, SummaryStoreTest,
                          ::testing::Values(RecordLayout::kLayerMajor, RecordLayout::kPeriodMajor),
                          [](const auto& info) {
