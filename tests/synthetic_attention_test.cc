@@ -1,118 +1,375 @@
 // Tests of the planted-attention generator (tools/synthetic_attention.h): determinism, shapes,
-// and that the exact attention over its data shows the structure it plants.
+// dtype conversion, and that exact attention over its data shows the structure it plants.
+//
+// The exact reference is written here (not taken from kernels/), so that the generator's tests
+// stand on their own: softmax(q K^T / sqrt(D)) per q head over its kv head's keys.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/attention.h"
-#include "kernels/fidelity.h"
-#include "kernels/selector.h"
+#include "kernels/half.h"
 #include "tools/synthetic_attention.h"
 
 namespace ckv::synth {
 namespace {
 
-ModelSpec Spec() { return *ModelSpec::Preset("qwen2.5-0.5b"); }
+ModelSpec Spec(const char* name = "qwen2.5-0.5b", DType dtype = DType::kFp16) {
+  return *ModelSpec::Preset(name, dtype);
+}
 
-// Exact attention mass per chunk of `layer` over q heads `heads` (all when empty).
-std::vector<float> ChunkMass(const SyntheticAttention& gen, const SyntheticAttention::Layer& l,
-                             std::vector<uint32_t> heads = {}) {
-  const auto records = gen.Records(l);
-  const kernels::KvShape s = kernels::KvShape::Of(gen.spec());
-  std::vector<const std::byte*> ptr;
-  for (size_t j = 0; j < gen.chunks(); ++j) ptr.push_back(records.data() + j * s.record_bytes());
-  auto mass = kernels::TokenAttention(s, l.q, gen.params().window, ptr, heads);
-  EXPECT_TRUE(mass.ok()) << mass.status();
-  return kernels::PerChunk(*mass, s.chunk_tokens);
+// Exact attention mass per token for every q head: row g is the softmax of q head g's scores
+// over all tokens, averaged over the window's queries (each row sums to 1).
+std::vector<std::vector<double>> TokenMass(const SyntheticAttention& gen,
+                                           const SyntheticAttention::Layer& l) {
+  const ModelSpec& s = gen.spec();
+  const uint32_t d_n = s.head_dim, h_n = s.kv_heads, g_n = s.q_heads, w = gen.params().window;
+  const size_t n = gen.tokens();
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d_n));
+  std::vector<std::vector<double>> mass(g_n, std::vector<double>(n, 0.0));
+  std::vector<float> scores(size_t{w} * n);  // [query, token]
+  std::vector<float> q_t(size_t{d_n} * w), dots(w);
+  for (uint32_t g = 0; g < g_n; ++g) {
+    const uint32_t h = g / (g_n / h_n);
+    // The window's queries transposed to [channel, query], so that the inner loop runs over
+    // queries: plain element-wise code the compiler vectorises (a dot product is a reduction,
+    // which it does not vectorise without -ffast-math).
+    for (uint32_t i = 0; i < w; ++i) {
+      for (uint32_t d = 0; d < d_n; ++d) q_t[d * w + i] = l.q[(size_t{i} * g_n + g) * d_n + d];
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const float* k = l.k.data() + (t * h_n + h) * d_n;
+      std::fill(dots.begin(), dots.end(), 0.0f);
+      for (uint32_t d = 0; d < d_n; ++d) {
+        for (uint32_t i = 0; i < w; ++i) dots[i] += q_t[d * w + i] * k[d];
+      }
+      for (uint32_t i = 0; i < w; ++i) scores[i * n + t] = dots[i];
+    }
+    for (uint32_t i = 0; i < w; ++i) {
+      float* row = scores.data() + i * n;
+      const float top = *std::max_element(row, row + n);
+      double z = 0;
+      for (size_t t = 0; t < n; ++t) z += (row[t] = std::exp((row[t] - top) * inv_sqrt_d));
+      for (size_t t = 0; t < n; ++t) mass[g][t] += row[t] / z / w;
+    }
+  }
+  return mass;
+}
+
+std::vector<double> PerChunk(const std::vector<double>& per_token, uint32_t c) {
+  std::vector<double> out(per_token.size() / c, 0.0);
+  for (size_t t = 0; t < out.size() * c; ++t) out[t / c] += per_token[t];
+  return out;
+}
+
+// Mass per chunk over all q heads (sums to 1 over whole chunks and the tail).
+std::vector<double> ChunkMass(const SyntheticAttention& gen,
+                              const std::vector<std::vector<double>>& token_mass) {
+  std::vector<double> all(gen.tokens(), 0.0);
+  for (const auto& row : token_mass) {
+    for (size_t t = 0; t < row.size(); ++t) all[t] += row[t] / token_mass.size();
+  }
+  return PerChunk(all, gen.spec().chunk_tokens);
+}
+
+// The k chunks of highest mass (ties to the lower index), sorted: the oracle selection.
+std::vector<uint32_t> Top(const std::vector<double>& mass, size_t k) {
+  std::vector<uint32_t> idx(mass.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return mass[a] > mass[b]; });
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+double Held(const std::vector<double>& mass, const std::vector<uint32_t>& chosen) {
+  double s = 0;
+  for (uint32_t j : chosen) s += mass[j];
+  return s;
+}
+
+// |a ∩ b| / |a| for sorted sets of equal size.
+double Overlap(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  std::vector<uint32_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return static_cast<double>(both.size()) / static_cast<double>(a.size());
+}
+
+bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+size_t Budget(size_t chunks, double fraction) {
+  return std::max<size_t>(1, static_cast<size_t>(std::lround(fraction * chunks)));
 }
 
 TEST(SyntheticAttentionTest, IsDeterministicWithTheDocumentedShapes) {
+  const ModelSpec spec = Spec();
   AttentionParams p;
-  const SyntheticAttention a(Spec(), 512, p), b(Spec(), 512, p);
-  const auto la = a.Generate(3), lb = b.Generate(3);
-  EXPECT_EQ(la.k, lb.k);
-  EXPECT_EQ(la.v, lb.v);
-  EXPECT_EQ(la.q, lb.q);
-  EXPECT_EQ(la.k.size(), 512u * 2 * 64);
+  const size_t n = 520;  // 32 whole chunks and an 8-token tail
+  const SyntheticAttention a(spec, n, p), b(spec, n, p);
+  const SyntheticAttention::Layer la = a.Generate(3), lb = b.Generate(3);
+  EXPECT_TRUE(SameBytes(la.k, lb.k));
+  EXPECT_TRUE(SameBytes(la.v, lb.v));
+  EXPECT_TRUE(SameBytes(la.q, lb.q));
+  EXPECT_EQ(la.k.size(), n * 2 * 64);
+  EXPECT_EQ(la.v.size(), n * 2 * 64);
   EXPECT_EQ(la.q.size(), size_t{p.window} * 14 * 64);
-  for (float x : la.k) ASSERT_TRUE(std::isfinite(x));
-  EXPECT_NE(a.Generate(4).k, la.k);
+  EXPECT_EQ(a.chunks(), 32u);
+  for (const auto* values : {&la.k, &la.v, &la.q}) {
+    for (float x : *values) ASSERT_TRUE(std::isfinite(x));
+  }
+  EXPECT_TRUE(SameBytes(a.Queries(3), la.q));
+  SyntheticAttention::Layer reused = a.Generate(9);  // a buffer of the same shape, other values
+  a.Generate(3, reused);
+  EXPECT_TRUE(SameBytes(reused.k, la.k));
+  EXPECT_TRUE(SameBytes(reused.v, la.v));
+  EXPECT_TRUE(SameBytes(reused.q, la.q));
+  // Golden values of the parts that use no libm call (values, queries): a change to the streams
+  // shows here first.
+  EXPECT_EQ(la.v[0], 1.05523062f);
+  EXPECT_EQ(la.v[1], 0.379916847f);
+  EXPECT_EQ(la.v.back(), -1.64073861f);
+  EXPECT_EQ(la.q[0], -0.241152078f);
+
+  EXPECT_FALSE(SameBytes(a.Generate(4).k, la.k));
   p.seed = 2;
-  EXPECT_NE(SyntheticAttention(Spec(), 512, p).Generate(3).k, la.k);
-  EXPECT_EQ(a.Records(la).size(), 32u * Spec().RecordBytes());
+  const SyntheticAttention other(spec, n, p);
+  EXPECT_FALSE(SameBytes(other.Generate(3).k, la.k));
+  EXPECT_FALSE(SameBytes(other.Generate(3).v, la.v));
+  EXPECT_FALSE(SameBytes(other.Generate(3).q, la.q));
+  // The noise is the documented unit normal: check its moments on the values.
+  double sum = 0, sum_sq = 0;
+  for (float x : la.v) {
+    sum += x;
+    sum_sq += double{x} * x;
+  }
+  EXPECT_NEAR(sum / la.v.size(), 0.0, 0.01);
+  EXPECT_NEAR(sum_sq / la.v.size(), 1.0, 0.02);
 }
 
-TEST(SyntheticAttentionTest, PlantedSetsDriftAsConfigured) {
+TEST(SyntheticAttentionTest, ConvertsToEveryDTypeRoundingToNearest) {
+  for (DType dtype : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    const ModelSpec spec = Spec("qwen2.5-0.5b", dtype);
+    const SyntheticAttention gen(spec, 64, AttentionParams{});
+    const SyntheticAttention::Layer l = gen.Generate(1);
+    const std::vector<std::byte> k = gen.ToDType(l.k);
+    ASSERT_EQ(k.size(), l.k.size() * DTypeBytes(dtype));
+    std::vector<float> back(l.k.size());
+    kernels::ToFloat(dtype, k.data(), back.size(), back.data());
+    // Round to nearest: within half a unit in the last place (fp16: 11 significant bits and
+    // subnormals spaced 2^-24; bf16: 8 bits); fp32 is exact.
+    const double rel = dtype == DType::kFp16 ? 0x1p-11 : dtype == DType::kBf16 ? 0x1p-8 : 0;
+    const double abs_tol = dtype == DType::kFp16 ? 0x1p-25 : 0;
+    for (size_t i = 0; i < back.size(); ++i) {
+      ASSERT_LE(std::abs(back[i] - l.k[i]), rel * std::abs(l.k[i]) + abs_tol)
+          << DTypeName(dtype) << " element " << i;
+    }
+    // Records: chunk after chunk, K rows then V rows, the same bytes as the converted tensors.
+    const std::vector<std::byte> records = gen.Records(l);
+    const std::vector<std::byte> v = gen.ToDType(l.v);
+    ASSERT_EQ(records.size(), gen.chunks() * spec.RecordBytes());
+    const size_t half = spec.RecordBytes() / 2;
+    for (size_t j = 0; j < gen.chunks(); ++j) {
+      EXPECT_TRUE(std::equal(k.begin() + j * half, k.begin() + (j + 1) * half,
+                             records.begin() + 2 * j * half));
+      EXPECT_TRUE(std::equal(v.begin() + j * half, v.begin() + (j + 1) * half,
+                             records.begin() + (2 * j + 1) * half));
+    }
+  }
+}
+
+TEST(SyntheticAttentionTest, PlantedKvHoldsEveryLayerForPut) {
+  const ModelSpec spec = Spec();
+  const SyntheticAttention gen(spec, 100, AttentionParams{});
+  PlantedKv held(gen);
+  const PlantedKv kv = std::move(held);  // the views survive a move
+  const KvTensors& t = kv.tensors();
+  EXPECT_EQ(t.tokens, 100u);
+  ASSERT_EQ(t.k.size(), spec.layers);
+  ASSERT_EQ(t.v.size(), spec.layers);
+  EXPECT_EQ(kv.bytes(), 2 * spec.layers * 100 * spec.TokenBytesPerLayer());
+  const SyntheticAttention::Layer l = gen.Generate(7);
+  const std::vector<std::byte> k = gen.ToDType(l.k), v = gen.ToDType(l.v);
+  EXPECT_TRUE(std::equal(t.k[7].begin(), t.k[7].end(), k.begin(), k.end()));
+  EXPECT_TRUE(std::equal(t.v[7].begin(), t.v[7].end(), v.begin(), v.end()));
+}
+
+// The planted properties, measured with exact attention on qwen2.5-0.5b and 4096 tokens (256
+// chunks). The defaults are calibrated on qwen2.5-7b and 8192 tokens (DISABLED_Report below);
+// a smaller prefix has less background to spread attention over, so it is more concentrated.
+TEST(SyntheticAttentionTest, SinkRecencyAndARealisticConcentration) {
+  const SyntheticAttention gen(Spec(), 4096, AttentionParams{});
+  const size_t n = gen.chunks();
+  for (uint32_t layer : {0u, 5u, 13u}) {
+    const std::vector<double> mass = ChunkMass(gen, TokenMass(gen, gen.Generate(layer)));
+    EXPECT_GT(mass[0], 0.25) << "the sink chunk holds a large share, layer " << layer;
+    const std::vector<uint32_t> top10 = Top(mass, Budget(n, 0.1));
+    EXPECT_TRUE(std::binary_search(top10.begin(), top10.end(), n - 1))
+        << "the last chunk is among the top 10%, layer " << layer;
+    double previous = 0;
+    for (double budget : {0.05, 0.1, 0.25, 0.5}) {
+      const double held = Held(mass, Top(mass, Budget(n, budget)));
+      EXPECT_GT(held, previous) << "every budget adds attention, layer " << layer;
+      previous = held;
+      if (budget == 0.1) {
+        EXPECT_GT(held, 0.6) << "layer " << layer;
+        EXPECT_LT(held, 0.92) << "not trivially concentrated, layer " << layer;
+      }
+    }
+    EXPECT_LT(previous, 0.98) << "half the chunks still miss some attention, layer " << layer;
+  }
+}
+
+// The mean overlap of the oracle's top-10% chunks between adjacent period heads, over 512 chunks
+// (with fewer, the sink and recent chunks, in every selection, are a larger part of it).
+double AdjacentHeadOverlap(const AttentionParams& p) {
+  const SyntheticAttention gen(Spec(), 8192, p);
+  const size_t k = Budget(gen.chunks(), 0.1);
+  std::vector<std::vector<uint32_t>> heads;
+  for (uint32_t l = 0; l < gen.spec().layers; l += p.period_layers) {
+    heads.push_back(Top(ChunkMass(gen, TokenMass(gen, gen.Generate(l))), k));
+  }
+  double sum = 0;
+  for (size_t i = 1; i < heads.size(); ++i) sum += Overlap(heads[i - 1], heads[i]);
+  return sum / static_cast<double>(heads.size() - 1);
+}
+
+TEST(SyntheticAttentionTest, AdjacentPeriodHeadsOverlapAtTheConfiguredFraction) {
+  double previous = 0;
   for (double overlap : {0.3, 0.6, 0.9}) {
     AttentionParams p;
     p.period_overlap = overlap;
-    p.heavy_fraction = 0.1;
-    p.head_disagreement = 0;  // measured alone: the per-head swaps blur it (see below)
-    p.layer_drift = 0;
-    const SyntheticAttention gen(Spec(), 8192, p);  // 512 chunks, 51 heavy hitters
-    double kept = 0;
-    int pairs = 0;
-    for (uint32_t l = 8; l < Spec().layers; l += 8) {
-      // Head disagreement is per period: compare kv head 0 of adjacent period heads.
-      const auto before = gen.HeavyHitters(l - 8, 0), after = gen.HeavyHitters(l, 0);
-      const double j = kernels::Jaccard(before, after);
-      kept += 2 * j / (1 + j);
-      ++pairs;
+    // Two seeds: 24 layers hold only 2 pairs of period heads.
+    double measured = 0;
+    for (uint64_t seed : {1, 2}) {
+      p.seed = seed;
+      measured += AdjacentHeadOverlap(p) / 2;
     }
-    EXPECT_NEAR(kept / pairs, overlap, 0.03) << "period_overlap " << overlap;
+    // The sink and the recent chunks are in every selection, so the measure sits a little above
+    // the knob at low overlaps.
+    EXPECT_NEAR(measured, overlap, 0.15) << "period_overlap " << overlap;
+    EXPECT_GT(measured, previous + 0.1) << "the knob moves it, period_overlap " << overlap;
+    previous = measured;
   }
-  // With the defaults, one kv head's sets of adjacent periods keep about half of their chunks
-  // (0.6 kept by the period, then each period's own 20% per-head swaps).
-  const SyntheticAttention gen(Spec(), 8192, AttentionParams{});
-  const double j = kernels::Jaccard(gen.HeavyHitters(0, 1), gen.HeavyHitters(8, 1));
-  EXPECT_NEAR(2 * j / (1 + j), 0.45, 0.15);
 }
 
-TEST(SyntheticAttentionTest, ExactAttentionShowsTheSinkRecencyAndHeavyHitters) {
-  const AttentionParams p;
-  const SyntheticAttention gen(Spec(), 4096, p);  // 256 chunks
-  const size_t n = gen.chunks();
-  double sink = 0, held = 0;
-  int last_in_top = 0, heavy_found = 0, heavy_total = 0;
-  const uint32_t layers[] = {0, 5, 11};
-  for (uint32_t layer : layers) {
-    const auto l = gen.Generate(layer);
-    const auto mass = ChunkMass(gen, l);
-    sink += mass[0];
-    kernels::SelectOptions o;
-    const auto top = kernels::TopKChunks(mass, kernels::BudgetChunks(n, o), 0, 0);
-    held += kernels::AttentionRecall(mass, top);
-    last_in_top += std::binary_search(top.begin(), top.end(), n - 1);
-    for (uint32_t h = 0; h < Spec().kv_heads; ++h) {
-      for (uint32_t j : gen.HeavyHitters(layer, h)) {
-        heavy_found += std::binary_search(top.begin(), top.end(), j);
-        ++heavy_total;
+// Mean overlap of the q heads' own top-10% chunk sets: pairs in one GQA group, pairs across.
+struct Agreement {
+  double in_group = 0, across = 0;
+};
+Agreement HeadAgreement(const SyntheticAttention& gen, uint32_t layer) {
+  const ModelSpec& s = gen.spec();
+  const auto token_mass = TokenMass(gen, gen.Generate(layer));
+  const size_t k = Budget(gen.chunks(), 0.1);
+  std::vector<std::vector<uint32_t>> top;
+  for (const auto& row : token_mass) top.push_back(Top(PerChunk(row, s.chunk_tokens), k));
+  const uint32_t m = s.q_heads / s.kv_heads;
+  Agreement a;
+  int in = 0, across = 0;
+  for (uint32_t g = 0; g < s.q_heads; ++g) {
+    for (uint32_t f = g + 1; f < s.q_heads; ++f) {
+      const double o = Overlap(top[g], top[f]);
+      if (g / m == f / m) {
+        a.in_group += o;
+        ++in;
+      } else {
+        a.across += o;
+        ++across;
       }
     }
   }
-  const double layers_n = std::size(layers);
-  EXPECT_GT(sink / layers_n, 0.1) << "the sink chunk holds a large share";
-  EXPECT_EQ(last_in_top, 3) << "the last chunk is always among the top 10%";
-  EXPECT_GT(double(heavy_found) / heavy_total, 0.6) << "planted chunks are where attention goes";
-  // Realistic concentration: the best 10% of chunks hold most, not all, of the attention.
-  EXPECT_GT(held / layers_n, 0.6);
-  EXPECT_LT(held / layers_n, 0.97);
+  a.in_group /= in;
+  a.across /= across;
+  return a;
 }
 
-TEST(SyntheticAttentionTest, QHeadsOfAGroupAgreeMoreThanHeadsOfDifferentGroups) {
+TEST(SyntheticAttentionTest, QHeadsOfAGroupAgreeAndGroupsMostlyAgree) {
   const SyntheticAttention gen(Spec(), 4096, AttentionParams{});
-  const auto l = gen.Generate(2);
-  kernels::SelectOptions o;
-  const size_t k = kernels::BudgetChunks(gen.chunks(), o);
-  std::vector<std::vector<uint32_t>> top;
-  for (uint32_t g : {0u, 1u, 7u}) {  // 0 and 1 share kv head 0; 7 reads kv head 1
-    top.push_back(kernels::TopKChunks(ChunkMass(gen, l, {g}), k, 0, 0));
+  const Agreement a = HeadAgreement(gen, 2);
+  const double random = 0.1;  // two random 10% sets share 10% of their members
+  EXPECT_GT(a.in_group, 0.5);
+  EXPECT_GT(a.in_group, a.across + 0.05);
+  EXPECT_GT(a.across, random + 0.2);
+  // The knobs move it: disagreeing more within groups brings in-group agreement down.
+  AttentionParams p;
+  p.q_head_disagreement = 0.5;
+  EXPECT_LT(HeadAgreement(SyntheticAttention(Spec(), 4096, p), 2).in_group, a.in_group - 0.1);
+}
+
+// Only some tokens of a heavy hitter carry its weight, so the best tokens and the best chunks
+// differ: within the chunks that the oracle picks for their content (not the sink or the recent
+// ones), half of each chunk's tokens hold most of its mass, unlike with every token hot.
+double TopHalfShare(double hot_token_fraction) {
+  AttentionParams p;
+  p.hot_token_fraction = hot_token_fraction;
+  const SyntheticAttention gen(Spec(), 4096, p);
+  const uint32_t c = gen.spec().chunk_tokens;
+  const auto token_mass = TokenMass(gen, gen.Generate(4));
+  std::vector<double> all(gen.tokens(), 0.0);
+  for (const auto& row : token_mass) {
+    for (size_t t = 0; t < row.size(); ++t) all[t] += row[t];
   }
-  const double same = kernels::Jaccard(top[0], top[1]);
-  const double other = kernels::Jaccard(top[0], top[2]);
-  EXPECT_GT(same, 0.5);
-  EXPECT_GT(same, other);
-  EXPECT_GT(other, 0.2) << "groups still share most heavy hitters";
+  const std::vector<double> mass = PerChunk(all, c);
+  double share = 0;
+  int chunks = 0;
+  for (uint32_t j : Top(mass, Budget(gen.chunks(), 0.05))) {
+    if (j == 0 || j + 8 >= gen.chunks()) continue;  // the sink and the recent chunks
+    std::vector<double> tokens(all.begin() + size_t{j} * c, all.begin() + size_t{j + 1} * c);
+    std::sort(tokens.rbegin(), tokens.rend());
+    share += std::accumulate(tokens.begin(), tokens.begin() + c / 2, 0.0) / mass[j];
+    ++chunks;
+  }
+  EXPECT_GT(chunks, 3);
+  return share / chunks;
+}
+
+TEST(SyntheticAttentionTest, HeavyHittersAreCarriedBySomeOfTheirTokens) {
+  const double half_hot = TopHalfShare(0.5), all_hot = TopHalfShare(1.0);
+  EXPECT_GT(half_hot, 0.85);
+  EXPECT_LT(all_hot, half_hot - 0.1);
+}
+
+// The calibration shape: qwen2.5-7b, 8192 tokens, every layer, defaults. Prints what
+// docs/generator.md reports; not run by default (about a minute in Release):
+//   ckv_tests --gtest_also_run_disabled_tests --gtest_filter='SyntheticAttentionTest.DISABLED_*'
+TEST(SyntheticAttentionTest, DISABLED_ReportAtTheCalibrationShape) {
+  const AttentionParams p;
+  const SyntheticAttention gen(Spec("qwen2.5-7b"), 8192, p);
+  const size_t n = gen.chunks();
+  const double budgets[] = {0.05, 0.1, 0.25, 0.5};
+  double held[4] = {}, sink = 0, overlap = 0, in_group = 0, across = 0;
+  int heads = 0;
+  std::vector<uint32_t> previous_head;
+  const uint32_t layers = gen.spec().layers;
+  for (uint32_t l = 0; l < layers; ++l) {
+    const auto token_mass = TokenMass(gen, gen.Generate(l));
+    const std::vector<double> mass = ChunkMass(gen, token_mass);
+    sink += mass[0] / layers;
+    for (int b = 0; b < 4; ++b) held[b] += Held(mass, Top(mass, Budget(n, budgets[b]))) / layers;
+    if (l % p.period_layers == 0) {
+      const auto top = Top(mass, Budget(n, 0.1));
+      if (l > 0) {
+        overlap += Overlap(previous_head, top);
+        ++heads;
+      }
+      previous_head = top;
+      const Agreement a = HeadAgreement(gen, l);
+      in_group += a.in_group / ((layers + p.period_layers - 1) / p.period_layers);
+      across += a.across / ((layers + p.period_layers - 1) / p.period_layers);
+    }
+  }
+  std::printf("qwen2.5-7b, 8192 tokens, defaults, %u layers:\n", layers);
+  std::printf("  sink chunk share              %.3f\n", sink);
+  std::printf("  oracle mass at 5/10/25/50%%    %.3f %.3f %.3f %.3f\n", held[0], held[1],
+              held[2], held[3]);
+  std::printf("  adjacent period heads overlap %.3f (top 10%%, %d pairs)\n", overlap / heads,
+              heads);
+  std::printf("  q heads' top-10%% overlap      %.3f in a group, %.3f across groups\n", in_group,
+              across);
 }
 
 }  // namespace

@@ -1,80 +1,132 @@
 // tools/synthetic_attention.h: synthetic K, V and suffix queries with planted attention
-// structure, for the selectors' tests and the fidelity benchmark. docs/generator.md describes the
-// model of the data and its parameters.
+// structure, for the selectors' tests and the fidelity benchmark. docs/generator.md ("Planted
+// attention") describes the model of the data, its parameters and what it leaves out.
 //
-// Per (layer, kv head) there is a unit "topic" direction u. Keys are noise plus a boost b_t along
-// u; queries point along u (per q head, u tilted by a small head-specific direction). A token's
-// attention logit is therefore about b_t plus unit-variance noise, so the planted boosts decide
-// where attention goes:
-//   - sink: the first `sink_tokens` tokens of chunk 0 get `sink_strength`;
-//   - recency: every token of the last `recent_chunks` chunks gets recent_strength * decay^d
-//     (d = distance from the end, in chunks);
-//   - heavy hitters: `heavy_fraction` of the chunks, each with a strength drawn from
-//     heavy_strength + Exp(1) * heavy_tail; only `hot_token_fraction` of a heavy chunk's tokens
-//     (chosen per chunk) carry it. The set drifts: each period of `period_layers` layers keeps
-//     `period_overlap` of the previous period's set; each layer of a period swaps
-//     `layer_drift` of the period's set; each kv head swaps `head_disagreement` of the layer's
-//     (the same swaps for every layer of a period).
-// Values are unit Gaussian noise.
+// In short: per (layer, kv head) there are orthonormal directions u_0 (shared by the kv head's
+// group of q heads) and u_1..u_m (one per q head of the group). A key is Gaussian noise plus a
+// logit boost along u_0 (what all q heads of the group see) and corrections along u_i (what only
+// q head i sees); a query of q head i is sqrt(D) * (u_0 + u_i) plus noise. So the attention logit
+// q . k / sqrt(D) of a token is its planted boost for that q head plus noise, and the boosts
+// decide where attention goes:
+//   - a sink: the first tokens of the prefix;
+//   - recency: the last chunks, decaying with distance;
+//   - content: every chunk has an importance draw: a few percent are heavy hitters (heavy-tailed
+//     strength, carried by only some of the chunk's tokens), the rest a mild chunk-level
+//     background level. Draws persist across the layers of a period, carry over to the next
+//     period with probability `period_overlap`, drift a little per layer, and differ on a
+//     fraction of the chunks per kv head and per q head.
 //
 // Everything is a pure function of (spec, tokens, params, layer): layers are generated one at a
-// time, on demand.
+// time, on demand (a 7b-shaped 32K-token prefix is 134 MB of float K and V per layer, 3.8 GB over
+// all layers). Generating a layer costs one 64-bit hash per generated value.
 //
-// Thread-safety: a SyntheticAttention is immutable after construction; Generate may be called
-// from several threads at once.
+// Thread-safety: a SyntheticAttention is immutable after construction; its const methods may be
+// called from several threads at once. PlantedKv is immutable once built.
 #ifndef CKV_TOOLS_SYNTHETIC_ATTENTION_H_
 #define CKV_TOOLS_SYNTHETIC_ATTENTION_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "ckv/kv.h"
 #include "ckv/model_spec.h"
 
 namespace ckv::synth {
 
+// The knobs of the planted structure. Strengths are in logit units (q . k / sqrt(D)): a token
+// whose boost is larger by 1 gets e = 2.7x the attention weight. The defaults are calibrated on
+// qwen2.5-7b with an 8K-token prefix (docs/generator.md lists what they produce there).
 struct AttentionParams {
+  // Seed of everything. Default: 1.
   uint64_t seed = 1;
-  uint32_t window = 32;           // suffix queries per layer
-  uint32_t period_layers = 8;
-  double heavy_fraction = 0.05;   // of the chunks
-  double heavy_strength = 3.0;    // logit boost of a heavy hitter's hot tokens (minimum)
-  double heavy_tail = 1.5;        // scale of the exponential tail added to it
-  double hot_token_fraction = 0.5;
-  double period_overlap = 0.6;    // heavy hitters kept from one period to the next
-  double layer_drift = 0.05;      // swapped per layer within a period
-  double head_disagreement = 0.2; // swapped per kv head (the same for a whole period)
+  // Suffix queries per layer, w (the queries of the suffix's last w tokens). >= 1. Default: 32.
+  uint32_t window = 32;
+
+  // Attention sink: the first `sink_tokens` tokens of the prefix get `sink_strength`, in every
+  // head and layer. Default: 4 tokens, 8.0.
   uint32_t sink_tokens = 4;
   double sink_strength = 8.0;
-  uint32_t recent_chunks = 4;
-  double recent_strength = 3.5;
-  double recent_decay = 0.7;
-  double query_head_spread = 0.3; // tilt of each q head's direction away from its group's u
-  double query_noise = 1.0;       // std of the query noise, in units of the logit
-  double key_noise = 1.0;         // std of each key channel's noise
+  // Recency: a token d tokens before the end of the prefix gets
+  // recent_strength * recent_decay^(d / chunk_tokens): the last chunk gets the most and the
+  // effect fades over a few chunks. Default: 5.0, 0.6 per chunk.
+  double recent_strength = 5.0;
+  double recent_decay = 0.6;
+
+  // Content. Each chunk has an importance draw. With probability `heavy_fraction` it is a heavy
+  // hitter of strength heavy_strength + heavy_tail * Exp(1) (so its attention weight is
+  // Pareto-distributed with tail index 1 / heavy_tail), carried by each of its tokens with
+  // probability `hot_token_fraction` (at least one): token-level and chunk-level importance
+  // differ. Every chunk, heavy or not, also has a chunk-level background level
+  // N(0, background_spread^2) on all of its tokens, which orders the chunks beyond the heavy
+  // hitters (it is what a 25-50% budget picks from).
+  // Defaults: 0.05, 3.3, 0.7, 0.5, 0.5.
+  double heavy_fraction = 0.05;
+  double heavy_strength = 3.3;
+  double heavy_tail = 0.7;
+  double hot_token_fraction = 0.5;
+  double background_spread = 0.5;
+
+  // Drift across layers. Layers [P * period_layers, (P + 1) * period_layers) form period P (the
+  // ModelSpec has no period). Draws hold for a whole period; at each period head each chunk keeps
+  // its draw with probability `period_overlap` and is redrawn otherwise, so the important chunks
+  // of adjacent period heads overlap by about that fraction. Within a period, each layer redraws
+  // each chunk with probability `layer_drift` (cumulatively, until the next period head).
+  // Defaults: 8 layers, 0.6 (ContiguousKV measured 52-64% on real models), 0.02.
+  uint32_t period_layers = 8;
+  double period_overlap = 0.6;
+  double layer_drift = 0.02;
+
+  // GQA. A kv head follows its own draws (instead of the layer's) on a fraction
+  // `kv_head_disagreement` of the chunks, and each q head its own (instead of its kv head's) on
+  // a fraction `q_head_disagreement`; which chunks is fixed per head, and those draws carry over
+  // between periods like the shared ones. So the q heads of a group share most of their heavy
+  // hitters, and groups share most with each other. Defaults: 0.2, 0.1.
+  double kv_head_disagreement = 0.2;
+  double q_head_disagreement = 0.1;
+
+  // Noise, as standard deviations of the logit. `token_noise`: per token and q head, the same
+  // for every query (from the key's noise along the query's direction); `query_noise`: per
+  // (query, token) pair. Both spread attention over the whole prefix, so that it is not
+  // trivially concentrated. Defaults: 1.0, 0.5.
+  double token_noise = 1.0;
+  double query_noise = 0.5;
 };
 
 class SyntheticAttention {
  public:
-  // REQUIRES: spec valid, tokens a positive multiple of spec.chunk_tokens.
+  // A prefix of `tokens` tokens (a tail past the last whole chunk is generated like any other
+  // token; it is not part of Records()).
+  // REQUIRES (aborts otherwise): spec.Validate().ok(); tokens >= 1;
+  // spec.q_heads / spec.kv_heads + 1 <= spec.head_dim (room for the orthogonal directions);
+  // params.window >= 1, params.period_layers >= 1, probabilities in [0, 1], strengths, spreads
+  // and noise finite and (where a standard deviation) >= 0.
   SyntheticAttention(const ModelSpec& spec, size_t tokens, const AttentionParams& params);
 
+  // One layer in float32.
   struct Layer {
     std::vector<float> k;  // [tokens, kv_heads, head_dim]
-    std::vector<float> v;  // [tokens, kv_heads, head_dim]
-    std::vector<float> q;  // [window, q_heads, head_dim]
+    std::vector<float> v;  // [tokens, kv_heads, head_dim], unit Gaussian noise
+    std::vector<float> q;  // [window, q_heads, head_dim], the suffix queries
   };
+  // REQUIRES: layer < spec().layers.
   Layer Generate(uint32_t layer) const;
+  // The same into `out`, reusing its buffers: a caller that walks the layers saves the page
+  // faults of fresh tensors, about half the cost of a layer.
+  void Generate(uint32_t layer, Layer& out) const;
+  // Generate(layer).q alone, without generating the keys and values (cheap).
+  std::vector<float> Queries(uint32_t layer) const;
 
-  // The planted heavy-hitter chunks of (layer, kv head), sorted.
-  std::vector<uint32_t> HeavyHitters(uint32_t layer, uint32_t kv_head) const;
-
-  // The records of a generated layer as ckv stores them: per chunk K [c, kv_heads, head_dim]
-  // then V, in spec.dtype, chunk after chunk (chunks * RecordBytes() bytes).
+  // `values` converted to spec().dtype, round to nearest even (fp16, bf16; fp32 is a copy).
+  std::vector<std::byte> ToDType(std::span<const float> values) const;
+  // The whole chunks of a generated layer as ckv stores them: per chunk, K [c, kv_heads,
+  // head_dim] then V, in spec().dtype; chunks() * spec().RecordBytes() bytes.
   std::vector<std::byte> Records(const Layer& layer) const;
 
   const ModelSpec& spec() const { return spec_; }
   size_t tokens() const { return tokens_; }
+  // Whole chunks of the prefix.
   size_t chunks() const { return tokens_ / spec_.chunk_tokens; }
   const AttentionParams& params() const { return params_; }
 
@@ -82,8 +134,25 @@ class SyntheticAttention {
   ModelSpec spec_;
   size_t tokens_;
   AttentionParams params_;
-  std::vector<std::vector<uint32_t>> period_sets_;  // heavy hitters of each period
-  std::vector<float> strength_;                     // per chunk, used when it is a heavy hitter
+};
+
+// Every layer's K and V in the spec's dtype, as ckv::KvTensors for Engine::Put, owning their
+// memory: for prefixes small enough to hold (2 * layers * tokens * TokenBytesPerLayer() bytes).
+// Move-only, as SyntheticKv: tensors() views this object's buffers.
+class PlantedKv {
+ public:
+  explicit PlantedKv(const SyntheticAttention& gen);
+  PlantedKv(const PlantedKv&) = delete;
+  PlantedKv& operator=(const PlantedKv&) = delete;
+  PlantedKv(PlantedKv&&) = default;
+  PlantedKv& operator=(PlantedKv&&) = default;
+
+  const KvTensors& tensors() const { return tensors_; }
+  size_t bytes() const;
+
+ private:
+  std::vector<std::vector<std::byte>> k_, v_;
+  KvTensors tensors_;
 };
 
 }  // namespace ckv::synth
