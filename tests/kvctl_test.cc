@@ -1,13 +1,21 @@
 // kvctl, driven end to end as an operator would: exit codes and --json output.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "ckv/engine.h"
+#include "gmock/gmock.h"
 #include "storage/chunk_store.h"
 #include "tests/test_util.h"
+#include "tools/safetensors.h"
 
 #ifndef CKV_KVCTL_PATH
 #error "CKV_KVCTL_PATH must name the kvctl binary"
@@ -17,6 +25,7 @@ namespace ckv {
 namespace {
 
 using ::ckv::testing::TempDir;
+using ::testing::HasSubstr;
 
 struct KvctlRun {
   int exit_code = -1;
@@ -103,6 +112,247 @@ TEST(KvctlTest, UsageAndStoreErrorsHaveTheirExitCodes) {
   r = Kvctl("ls " + store + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"prefixes\":[]"), std::string::npos) << r.out;
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFileBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The value of the first "key":"..." string member in `json`.
+std::string JsonString(const std::string& json, const std::string& key) {
+  const std::string open = "\"" + key + "\":\"";
+  const size_t at = json.find(open);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + open.size();
+  return json.substr(begin, json.find('"', begin) - begin);
+}
+
+// A KV file as ExportKv writes it, of `tokens` synthetic tokens of `spec`.
+void ExportSynthetic(const std::string& path, const ModelSpec& spec, size_t tokens,
+                     uint64_t seed) {
+  const std::vector<int32_t> ids = synth::Tokens(seed, tokens);
+  const synth::SyntheticKv kv(spec, ids);
+  CKV_ASSERT_OK(safetensors::ExportKv(path, spec, ids, kv.tensors()));
+}
+
+TEST(KvctlTest, ImportListExportRoundTripIsBitExact) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b", DType::kBf16);
+  spec.model_id = "Org/Model-0.5B";
+  const std::string file = dir.Sub("in.safetensors");
+  ExportSynthetic(file, spec, 48, /*seed=*/5);
+
+  // A bare preset: dtype and model id come from the file.
+  KvctlRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"chunks_written\":3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"tail_tokens\":0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"dtype\":\"bf16\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"layout\":\"tokens-first\""), std::string::npos) << r.out;
+  const std::string id = JsonString(r.out, "prefix_id");
+  ASSERT_EQ(id.size(), 32u) << r.out;
+
+  r = Kvctl("ls " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(id.substr(0, 16) + "  Org/Model-0.5B"), std::string::npos) << r.out;
+
+  // Export by the id ls prints: the same file, byte for byte.
+  const std::string out = dir.Sub("out.safetensors");
+  r = Kvctl("export " + store + " " + id.substr(0, 16) + " " + out + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"tokens\":48"), std::string::npos) << r.out;
+  EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(file));
+
+  // Importing it again stores nothing new.
+  r = Kvctl("import " + store + " " + out + " --model qwen2.5-0.5b --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"chunks_deduplicated\":3"), std::string::npos) << r.out;
+}
+
+TEST(KvctlTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const std::vector<int32_t> ids = synth::Tokens(9, 35);  // 2 chunks and a 3-token tail
+  const synth::SyntheticKv kv(spec, ids);
+  const size_t row = spec.head_dim * 2;
+  std::vector<std::vector<std::byte>> moved;
+  std::vector<safetensors::TensorData> tensors;
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    for (const bool key : {true, false}) {
+      const std::span<const std::byte> data = key ? kv.tensors().k[l] : kv.tensors().v[l];
+      std::vector<std::byte>& t = moved.emplace_back(data.size());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (size_t h = 0; h < spec.kv_heads; ++h) {
+          std::memcpy(t.data() + (h * ids.size() + i) * row,
+                      data.data() + (i * spec.kv_heads + h) * row, row);
+        }
+      }
+      tensors.push_back({key ? safetensors::KeyTensorName(l) : safetensors::ValueTensorName(l),
+                         safetensors::Dtype::kF16,
+                         {spec.kv_heads, ids.size(), spec.head_dim},
+                         t});
+    }
+  }
+  const std::string file = dir.Sub("heads.safetensors");
+  CKV_ASSERT_OK(safetensors::WriteFile(file, tensors, {}));
+  std::string json = "[";
+  for (size_t i = 0; i < ids.size(); ++i) json += (i ? "," : "") + std::to_string(ids[i]);
+  WriteFileBytes(dir.Sub("ids.json"), json + "]");
+
+  KvctlRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --tokens-file " +
+                     dir.Sub("ids.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("chunks written       2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tail tokens          3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[kv_heads, tokens, head_dim], transposed"), std::string::npos) << r.out;
+
+  // The stored chunks are the synthetic KV of the first 32 tokens.
+  r = Kvctl("ls " + store + " --json");
+  const std::string id = JsonString(r.out, "id");
+  const std::string out = dir.Sub("out.safetensors");
+  ASSERT_EQ(Kvctl("export " + store + " " + id + " " + out).exit_code, 0);
+  const std::string expected = dir.Sub("expected.safetensors");
+  ExportSynthetic(expected, spec, 32, /*seed=*/9);
+  EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(expected));
+}
+
+TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  ASSERT_EQ(Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 32 --seed 1").exit_code, 0);
+  const std::string before = Kvctl("ls " + store + " --json").out;
+
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const std::string good = dir.Sub("good.safetensors");
+  ExportSynthetic(good, spec, 32, /*seed=*/2);
+  const std::string bytes = ReadFileBytes(good);
+  uint64_t header_bytes;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_bytes);
+  auto with_header = [&](std::string h) {  // same length, so offsets stay valid
+    h.resize(header_bytes, ' ');
+    return bytes.substr(0, 8) + h + bytes.substr(8 + header_bytes);
+  };
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string h = header;
+    const size_t at = h.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return with_header(h.replace(at, from.size(), to));
+  };
+  std::string lying_length = bytes;
+  const uint64_t too_long = bytes.size();
+  std::memcpy(lying_length.data(), &too_long, 8);
+
+  struct Case {
+    std::string name;
+    std::string contents;
+    std::string extra_args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"truncated", bytes.substr(0, bytes.size() - 100), "", "DATA_LOSS"},
+      {"length-past-end", lying_length, "", "bytes follow it: truncated"},
+      {"not-json", with_header("this is not JSON"), "", "header: JSON at byte 0"},
+      {"f64", replace("\"dtype\":\"F16\"", "\"dtype\":\"F64\""), "",
+       "dtype 'F64' is not supported"},
+      {"missing-layer", replace("layers.23.value", "layers.99.value"), "",
+       "tensor 'layers.99.value': layer 99 is past the spec's 24 layers"},
+      {"token-ids-size-lie", replace("\"shape\":[32]", "\"shape\":[31]"), "",
+       "tensor 'token_ids': data_offsets [393216, 393344] hold 128 bytes but shape [31] of I32 "
+       "needs 124"},
+      {"dtype-mismatch", bytes, "--spec " + dir.Sub("bf16.json"), "FAILED_PRECONDITION"},
+      {"bad-spec", bytes, "--spec " + dir.Sub("bad.json"), "spec field \"rope\" is unknown"},
+      {"bad-tokens-file", bytes, "--tokens-file " + dir.Sub("bad-ids.json"), "is not a token id"},
+      {"less-than-a-chunk", bytes.substr(0, 0), "", ""},
+  };
+  WriteFileBytes(dir.Sub("bf16.json"), R"({"model_id":"m","layers":24,"q_heads":14,"kv_heads":2,
+                                           "head_dim":64,"dtype":"bf16"})");
+  WriteFileBytes(dir.Sub("bad.json"), R"({"model_id":"m","layers":24,"rope":1})");
+  WriteFileBytes(dir.Sub("bad-ids.json"), "[1, -1]");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string file = dir.Sub(c.name + ".safetensors");
+    if (c.name == "less-than-a-chunk") {
+      ExportSynthetic(file, spec, 15, /*seed=*/3);
+    } else {
+      WriteFileBytes(file, c.contents);
+    }
+    const std::string model = c.extra_args.rfind("--spec", 0) == 0 ? "" : " --model qwen2.5-0.5b";
+    const KvctlRun r = Kvctl("import " + store + " " + file + model + " " + c.extra_args);
+    EXPECT_EQ(r.exit_code, 3) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_EQ(r.out.rfind("kvctl: import", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
+    EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
+  }
+
+  // Usage errors are exit 2, a prefix that is not stored exit 3.
+  EXPECT_EQ(Kvctl("import " + store + " " + good).exit_code, 2);
+  EXPECT_EQ(Kvctl("import " + store + " " + good + " --model qwen2.5-0.5b --spec " +
+                  dir.Sub("bf16.json"))
+                .exit_code,
+            2);
+  EXPECT_EQ(Kvctl("export " + store + " xyz " + dir.Sub("o.safetensors")).exit_code, 2);
+  EXPECT_EQ(Kvctl("export " + store + " " + std::string(32, '0') + " " + dir.Sub("o.safetensors"))
+                .exit_code,
+            3);
+  EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
+}
+
+// Regression: export to a missing directory or onto a directory read the whole prefix first
+// and then failed with "INTERNAL: rename OUT.tmp to OUT: Is a directory".
+TEST(KvctlTest, ExportFailuresNameTheFileAndLeaveItAsItWas) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string id = JsonString(r.out, "prefix_id");
+  ASSERT_FALSE(id.empty()) << r.out;
+
+  r = Kvctl("export " + store + " " + id + " " + dir.Sub("no-such-dir/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("directory " + dir.Sub("no-such-dir") + " does not exist"));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+
+  ASSERT_EQ(::mkdir(dir.Sub("a-dir").c_str(), 0755), 0);
+  r = Kvctl("export " + store + " " + id + " " + dir.Sub("a-dir"));
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(dir.Sub("a-dir") + " is a directory"));
+
+  r = Kvctl("import " + store + " " + dir.Sub("a-dir") + " --model qwen2.5-0.5b");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(dir.Sub("a-dir") + " is not a regular file"));
+
+  // A write that fails part way (as on a full disk; here a file size limit, EFBIG) leaves the
+  // old OUT as it was and no OUT.tmp behind.
+  const std::string out = dir.Sub("out.safetensors");
+  WriteFileBytes(out, "the old file");
+  const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 64; exec " +
+                          std::string(CKV_KVCTL_PATH) + " export " + store + " " + id + " " +
+                          out + "\" 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << text;
+  EXPECT_THAT(text, HasSubstr("RESOURCE_EXHAUSTED: write " + out + ".tmp: File too large"));
+  EXPECT_EQ(ReadFileBytes(out), "the old file");
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
 }
 
 }  // namespace

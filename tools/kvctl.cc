@@ -5,12 +5,17 @@
 //                   [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json]
 //   kvctl ls STORE [--json]
 //   kvctl verify STORE [--synthetic] [--json]
+//   kvctl import STORE FILE (--model PRESET | --spec FILE) [--model-id ID] [--tokens-file F]
+//                [--json]
+//   kvctl export STORE PREFIX OUT.safetensors [--json]
 //
 // Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
 // Results go to stdout (a table, or one JSON object with --json); errors and progress bars go to
 // stderr, progress bars only when stderr is a terminal.
 //
-// kvctl uses only the public API (include/ckv/) and the synthetic generator (tools/).
+// kvctl uses the public API (include/ckv/) and tools/ (the synthetic generator, safetensors),
+// with one exception: export reads a prefix's token ids from the catalog, which the Engine API
+// does not expose (see ReadPrefixTokens).
 
 #include <unistd.h>
 
@@ -18,11 +23,13 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cctype>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,7 +49,10 @@
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
 #include "ckv/stats.h"
+#include "storage/catalog.h"
 #include "tools/json_writer.h"
+#include "tools/model_spec_json.h"
+#include "tools/safetensors.h"
 #include "tools/synthetic_kv.h"
 
 namespace ckv::kvctl {
@@ -917,6 +927,342 @@ int RunVerify(const ParsedArgs& args) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// kvctl import
+
+const CommandSpec kImport = {
+    "import",
+    "import STORE FILE (--model PRESET | --spec SPEC.json) [--model-id ID]\n"
+    "                 [--tokens-file F] [--json]",
+    "Store the KV of a prefix read from a safetensors file.",
+    "FILE holds token_ids (I32 or I64, [tokens]) and, for every layer l of the model,\n"
+    "layers.{l}.key and layers.{l}.value, each [tokens, kv_heads, head_dim] or each\n"
+    "[kv_heads, tokens, head_dim] (detected from the shapes; tokens-first when tokens ==\n"
+    "kv_heads), all F16, all BF16 or all F32. The whole chunks are stored (those stored already\n"
+    "are not written again); a tail shorter than a chunk is not.\n"
+    "What the options leave open comes from FILE: the dtype from its tensors, the model id and\n"
+    "the chunk size from its __metadata__ (as 'kvctl export' writes them), else the preset's\n"
+    "name and 16. A --spec file is a JSON object of ModelSpec's fields: model_id, layers,\n"
+    "q_heads, kv_heads, head_dim (required), dtype and chunk_tokens (optional; a dtype given\n"
+    "must be FILE's). With --tokens-file the token ids come from F, a JSON array of integers,\n"
+    "and FILE must hold no token_ids. A malformed FILE, spec or token file exits 3 with the\n"
+    "store unchanged. The prefix's whole KV is held in memory while it is stored (about\n"
+    "FILE's size; the store takes a prefix in one Put).\n"
+    "Example: kvctl import ./store prefix.safetensors --model qwen2.5-7b",
+    {
+        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        {"--spec", "SPEC.json", "model shape from a JSON spec file instead of a preset"},
+        {"--model-id", "ID", "model id bound into every chunk key (default: see above)"},
+        {"--tokens-file", "F", "token ids from F, a JSON array of integers"},
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// A ProgressBar for a callback that reports its total with every call.
+class ProgressFnBar {
+ public:
+  explicit ProgressFnBar(std::string label) : label_(std::move(label)) {}
+  ProgressFn fn() {
+    return [this](uint64_t done, uint64_t total) {
+      if (!bar_) bar_ = std::make_unique<ProgressBar>(label_, total);
+      bar_->Update(done);
+    };
+  }
+  void Finish() {
+    if (bar_) bar_->Finish();
+  }
+
+ private:
+  std::string label_;
+  std::unique_ptr<ProgressBar> bar_;
+};
+
+int RunImport(const ParsedArgs& args) {
+  if (args.positional.size() != 2) return UsageError("import", "import needs STORE and FILE");
+  const std::string& store = args.positional[0];
+  const std::string& file = args.positional[1];
+  if (args.Has("--model") == args.Has("--spec")) {
+    return UsageError("import", "import needs one of --model and --spec");
+  }
+  // The spec, and which of its fields the file may fill in (see kImport's details).
+  tools::ModelSpecJson given;
+  if (const std::string* preset = args.Value("--model")) {
+    auto spec = ModelSpec::Preset(*preset);
+    if (!spec.ok()) return UsageError("import", "--model: " + std::string(spec.status().message()));
+    given.spec = *std::move(spec);
+  } else {
+    auto spec = tools::ReadModelSpecFile(*args.Value("--spec"));
+    if (!spec.ok()) return StoreError("import --spec", spec.status());
+    given = *std::move(spec);
+  }
+  safetensors::ImportOptions options;
+  options.dtype_from_file = !given.has_dtype;
+  options.chunk_tokens_from_file = !given.has_chunk_tokens;
+  options.model_id_from_file = args.Has("--model");
+  if (const std::string* id = args.Value("--model-id")) {
+    given.spec.model_id = *id;
+    options.model_id_from_file = false;
+    if (absl::Status valid = given.spec.Validate(); !valid.ok()) {
+      return UsageError("import", "--model-id: " + std::string(valid.message()));
+    }
+  }
+  const bool json = args.Has("--json");
+
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  if (const std::string* path = args.Value("--tokens-file")) {
+    auto ids = safetensors::ReadTokenIdsFile(*path);
+    if (!ids.ok()) return StoreError("import --tokens-file", ids.status());
+    options.token_ids = *std::move(ids);
+  }
+
+  const auto read_start = Clock::now();
+  auto reader = safetensors::Reader::OpenFile(file);
+  if (!reader.ok()) return StoreError("import " + file, reader.status());
+  ProgressFnBar bar("read");
+  options.progress = bar.fn();
+  auto imported = safetensors::ImportKv(**reader, given.spec, options);
+  bar.Finish();
+  if (!imported.ok()) return StoreError("import " + file, imported.status());
+  const double read_seconds = SecondsSince(read_start);
+  const ModelSpec& spec = imported->spec;
+  const uint64_t tokens = imported->token_ids.size();
+  const uint64_t kv_bytes = tokens * spec.KvBytesPerToken();
+
+  const auto put_start = Clock::now();
+  absl::StatusOr<PutResult> result;
+  {
+    ElapsedTicker ticker("write " + FormatBytes(kv_bytes));
+    result = (*engine)->Put(spec, imported->token_ids, imported->kv);
+  }
+  const double put_seconds = SecondsSince(put_start);
+  if (!result.ok()) return StoreError("import " + file, result.status());
+
+  const bool heads_first = imported->file_layout == safetensors::KvLayout::kHeadsFirst;
+  if (json) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("file").String(file)
+        .Key("prefix_id").String(result->prefix_id.ToHex())
+        .Key("model_id").String(spec.model_id)
+        .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("chunk_tokens").Uint(spec.chunk_tokens)
+        .Key("tokens").Uint(tokens)
+        .Key("layout").String(heads_first ? "heads-first" : "tokens-first")
+        .Key("layout_ambiguous").Bool(imported->layout_ambiguous)
+        .Key("kv_bytes").Uint(kv_bytes)
+        .Key("chunks").Uint(result->chunks)
+        .Key("chunks_written").Uint(result->chunks_written)
+        .Key("chunks_deduplicated").Uint(result->chunks_existing)
+        .Key("tail_tokens").Uint(result->tail_tokens)
+        .Key("bytes_written").Uint(result->bytes_written)
+        .Key("chunks_evicted").Uint(result->chunks_evicted)
+        .Key("read_seconds").Double(read_seconds)
+        .Key("put_seconds").Double(put_seconds)
+        .EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("imported %s from %s: %s, %llu tokens (%llu chunks)\n",
+              result->prefix_id.ToHex().c_str(), file.c_str(), spec.DebugString().c_str(),
+              static_cast<unsigned long long>(tokens),
+              static_cast<unsigned long long>(result->chunks));
+  std::printf("  chunks written       %llu (%s)\n",
+              static_cast<unsigned long long>(result->chunks_written),
+              FormatBytes(result->bytes_written).c_str());
+  std::printf("  chunks deduplicated  %llu (already stored)\n",
+              static_cast<unsigned long long>(result->chunks_existing));
+  std::printf("  tail tokens          %llu (not stored: less than a chunk)\n",
+              static_cast<unsigned long long>(result->tail_tokens));
+  std::printf("  chunks evicted       %llu\n",
+              static_cast<unsigned long long>(result->chunks_evicted));
+  std::printf("  layout               %s%s\n",
+              heads_first ? "[kv_heads, tokens, head_dim], transposed"
+                          : "[tokens, kv_heads, head_dim]",
+              imported->layout_ambiguous
+                  ? " (tokens == kv_heads: both layouts fit; read as tokens-first)"
+                  : "");
+  std::printf("  time                 read %.2fs, put %.2fs (%s)\n", read_seconds, put_seconds,
+              FormatRate(put_seconds > 0 ? static_cast<double>(result->bytes_written) / put_seconds
+                                         : 0)
+                  .c_str());
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl export
+
+const CommandSpec kExport = {
+    "export",
+    "export STORE PREFIX OUT.safetensors [--json]",
+    "Write a stored prefix's token ids and KV to a safetensors file.",
+    "PREFIX is a prefix id as 'kvctl ls' prints it (its first 16 hex digits), or any leading\n"
+    "part of the full id ('kvctl ls --json' prints it whole) that names one stored prefix.\n"
+    "Every record is read with its checksum verified. OUT holds token_ids (I32 [tokens]) and,\n"
+    "for every layer l, layers.{l}.key and layers.{l}.value ([tokens, kv_heads, head_dim] in\n"
+    "the store's dtype), with the model id, dtype and chunk size in its __metadata__: 'kvctl\n"
+    "import' stores it back as the same chunks. OUT is written as OUT.tmp, synced, and renamed.\n"
+    "The prefix's whole KV is held in memory while OUT is written (about OUT's size).\n"
+    "Example: kvctl export ./store 9f3c0a17b2d4e6f8 prefix.safetensors",
+    {
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// The token ids of the chunks `keys` of a prefix stored under `spec`, from the catalog of the
+// store at `store`. The Engine API does not return token ids, so export reads them here, with
+// the Engine closed (RocksDB admits one opener at a time). Chunk keys hash the tokens, so the
+// ids are checked against the keys: they are the ones the records were stored under.
+absl::StatusOr<std::vector<int32_t>> ReadPrefixTokens(const std::string& store,
+                                                      const ModelSpec& spec,
+                                                      const std::vector<ChunkKey>& keys) {
+  storage::Catalog::Contents contents;
+  // The catalog's directory in a store: docs/format.md.
+  auto catalog = storage::Catalog::Open(store + "/catalog", /*create_if_missing=*/false,
+                                        /*error_if_exists=*/false, &contents);
+  if (!catalog.ok()) return catalog.status();
+  std::vector<int32_t> tokens;
+  tokens.reserve(keys.size() * spec.chunk_tokens);
+  for (const ChunkKey& key : keys) {
+    auto chunk = (*catalog)->GetChunk(key);
+    if (!chunk.ok()) return chunk.status();
+    tokens.insert(tokens.end(), chunk->tokens.begin(), chunk->tokens.end());
+  }
+  if (ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens) != keys) {
+    return absl::DataLossError("the catalog's token ids of prefix " + keys.back().ToHex() +
+                               " do not hash to its chunk keys");
+  }
+  return tokens;
+}
+
+int RunExport(const ParsedArgs& args) {
+  if (args.positional.size() != 3) {
+    return UsageError("export", "export needs STORE, PREFIX and OUT.safetensors");
+  }
+  const std::string& store = args.positional[0];
+  std::string wanted = args.positional[1];
+  const std::string& out = args.positional[2];
+  if (wanted.empty() || wanted.size() > 32 ||
+      !std::all_of(wanted.begin(), wanted.end(),
+                   [](unsigned char c) { return std::isxdigit(c) != 0; })) {
+    return UsageError("export", "PREFIX: '" + wanted +
+                                    "' is not a prefix id (1 to 32 hex digits, as 'kvctl ls' "
+                                    "prints it)");
+  }
+  std::transform(wanted.begin(), wanted.end(), wanted.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool json = args.Has("--json");
+  // Fail before reading the whole prefix when OUT cannot be written where it is asked for.
+  {
+    std::error_code ec;
+    std::string dir = std::filesystem::path(out).parent_path().string();
+    if (dir.empty()) dir = ".";
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return StoreError("export " + out,
+                        absl::NotFoundError("directory " + dir + " does not exist"));
+    }
+    if (std::filesystem::is_directory(out, ec)) {
+      return StoreError("export " + out,
+                        absl::InvalidArgumentError(out + " is a directory, not a file name"));
+    }
+  }
+
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  std::vector<ChunkKey> matches;
+  for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
+    if (p.id.ToHex().rfind(wanted, 0) == 0) matches.push_back(p.id);
+  }
+  if (matches.empty()) {
+    return StoreError("export " + store,
+                      absl::NotFoundError("no stored prefix id starts with " + wanted));
+  }
+  if (matches.size() > 1) {
+    return UsageError("export", "PREFIX " + wanted + " is ambiguous: " +
+                                    std::to_string(matches.size()) +
+                                    " stored prefix ids start with it; give more digits");
+  }
+  const ChunkKey prefix_id = matches[0];
+  ModelSpec spec;
+  auto keys = (*engine)->PrefixChunks(prefix_id, &spec);
+  if (!keys.ok()) return StoreError("export " + prefix_id.ToHex(), keys.status());
+
+  // K and V of every layer, [tokens, kv_heads, head_dim], from the records (K then V of one
+  // chunk at one layer). Layer by layer: a layer's records of consecutive chunks are adjacent in
+  // layer-major segments.
+  const auto read_start = Clock::now();
+  const size_t tokens = keys->size() * spec.chunk_tokens;
+  const size_t half = spec.RecordBytes() / 2;
+  const size_t tensor_bytes = tokens * spec.TokenBytesPerLayer();
+  std::vector<std::unique_ptr<std::byte[]>> buffers;
+  KvTensors kv;
+  kv.tokens = tokens;
+  std::vector<std::byte> record(spec.RecordBytes());
+  {
+    ProgressBar bar("read", uint64_t{spec.layers} * keys->size() * record.size());
+    uint64_t done = 0;
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      std::byte* k =
+          buffers.emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
+      std::byte* v =
+          buffers.emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
+      for (size_t i = 0; i < keys->size(); ++i) {
+        const absl::Status read = (*engine)->ReadRecord(spec, (*keys)[i], layer, record);
+        if (!read.ok()) {
+          return StoreError("export " + prefix_id.ToHex() + ": record " + std::to_string(i) +
+                                "/L" + std::to_string(layer),
+                            read);
+        }
+        std::memcpy(k + i * half, record.data(), half);
+        std::memcpy(v + i * half, record.data() + half, half);
+        done += record.size();
+        bar.Update(done);
+      }
+      kv.k.emplace_back(k, tensor_bytes);
+      kv.v.emplace_back(v, tensor_bytes);
+    }
+  }
+  engine->reset();  // ReadPrefixTokens opens the catalog
+  auto token_ids = ReadPrefixTokens(store, spec, *keys);
+  if (!token_ids.ok()) return StoreError("export " + prefix_id.ToHex(), token_ids.status());
+  const double read_seconds = SecondsSince(read_start);
+
+  const auto write_start = Clock::now();
+  ProgressFnBar bar("write");
+  const absl::Status written = safetensors::ExportKv(out, spec, *token_ids, kv, bar.fn());
+  bar.Finish();
+  if (!written.ok()) return StoreError("export " + out, written);
+  const double write_seconds = SecondsSince(write_start);
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(out, ec);
+
+  if (json) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("prefix_id").String(prefix_id.ToHex())
+        .Key("file").String(out)
+        .Key("model_id").String(spec.model_id)
+        .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("chunk_tokens").Uint(spec.chunk_tokens)
+        .Key("tokens").Uint(tokens)
+        .Key("chunks").Uint(keys->size())
+        .Key("kv_bytes").Uint(2 * uint64_t{spec.layers} * tensor_bytes)
+        .Key("file_bytes").Uint(file_bytes)
+        .Key("read_seconds").Double(read_seconds)
+        .Key("write_seconds").Double(write_seconds)
+        .EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("exported %s to %s: %s, %zu tokens (%zu chunks), %s\n", prefix_id.ToHex().c_str(),
+              out.c_str(), spec.DebugString().c_str(), tokens, keys->size(),
+              FormatBytes(file_bytes).c_str());
+  std::printf("  time                 read %.2fs, write %.2fs\n", read_seconds, write_seconds);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
 // main
 
 struct Command {
@@ -929,6 +1275,8 @@ const Command kCommands[] = {
     {&kPut, RunPut},
     {&kLs, RunLs},
     {&kVerify, RunVerify},
+    {&kImport, RunImport},
+    {&kExport, RunExport},
 };
 
 void PrintHelp(FILE* out) {

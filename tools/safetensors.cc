@@ -1,0 +1,760 @@
+// safetensors files and KV import/export (see tools/safetensors.h).
+#include "tools/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckv/status.h"
+#include "tools/json_reader.h"
+#include "tools/json_writer.h"
+
+namespace ckv::safetensors {
+namespace {
+
+// Tensor bytes are copied as they are, and safetensors is little-endian.
+static_assert(std::endian::native == std::endian::little, "ckv assumes a little-endian host");
+
+// The installed Abseil has its own absl::string_view, which std::string_view does not convert to.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+// Largest single read or write: progress moves, and Linux transfers at most ~2 GiB a call anyway.
+constexpr size_t kIoPieceBytes = size_t{64} << 20;
+
+struct DtypeEntry {
+  Dtype dtype;
+  std::string_view name;
+  size_t bytes;
+};
+constexpr DtypeEntry kDtypes[] = {
+    {Dtype::kF16, "F16", 2}, {Dtype::kBF16, "BF16", 2}, {Dtype::kF32, "F32", 4},
+    {Dtype::kI32, "I32", 4}, {Dtype::kI64, "I64", 8},
+};
+
+// A name for messages: escaped, and cut (a hostile header may hold megabyte names).
+std::string Quoted(std::string_view name) {
+  constexpr size_t kMax = 64;
+  return absl::StrCat("'", absl::CHexEscape(Sv(name.substr(0, kMax))),
+                      name.size() > kMax ? "...'" : "'");
+}
+
+std::string ShapeString(std::span<const uint64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+absl::Status TensorError(std::string_view name, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", Quoted(name), ": ", Sv(what)));
+}
+
+// Elements and bytes of a tensor of `shape` and `dtype`, or nullopt when they overflow 64 bits.
+std::optional<uint64_t> TensorBytes(std::span<const uint64_t> shape, Dtype dtype) {
+  uint64_t n = DtypeBytes(dtype);
+  for (uint64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+// A JSON value as a message shows it: "= " and the number, or what it is ("(an array)").
+std::string ValueText(const tools::JsonValue& v) {
+  if (const int64_t* i = v.AsInt()) return absl::StrCat(*i);
+  if (const double* d = v.AsDouble()) return absl::StrCat(*d);
+  return absl::StrCat("(", Sv(v.TypeName()), ")");
+}
+
+absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name, const tools::JsonValue& v) {
+  const tools::JsonValue::Object* entry = v.AsObject();
+  if (entry == nullptr) {
+    return TensorError(name, absl::StrCat("entry is ", Sv(v.TypeName()), ", not an object"));
+  }
+  for (const auto& [key, value] : *entry) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return TensorError(name, absl::StrCat("unknown field ", Quoted(key)));
+    }
+  }
+  TensorInfo t;
+  t.name = name;
+
+  const tools::JsonValue* dtype = v.Find("dtype");
+  if (dtype == nullptr) return TensorError(name, "no dtype");
+  const std::string* dtype_name = dtype->AsString();
+  if (dtype_name == nullptr) {
+    return TensorError(name, absl::StrCat("dtype is ", Sv(dtype->TypeName()), ", not a string"));
+  }
+  const auto known = std::find_if(std::begin(kDtypes), std::end(kDtypes),
+                                  [&](const DtypeEntry& e) { return e.name == *dtype_name; });
+  if (known == std::end(kDtypes)) {
+    return TensorError(name, absl::StrCat("dtype ", Quoted(*dtype_name),
+                                          " is not supported (supported: F16, BF16, F32, I32, "
+                                          "I64)"));
+  }
+  t.dtype = known->dtype;
+
+  const tools::JsonValue* shape = v.Find("shape");
+  if (shape == nullptr) return TensorError(name, "no shape");
+  const tools::JsonValue::Array* dims = shape->AsArray();
+  if (dims == nullptr) {
+    return TensorError(name, absl::StrCat("shape is ", Sv(shape->TypeName()), ", not an array"));
+  }
+  if (dims->size() > kMaxRank) {
+    return TensorError(name,
+                       absl::StrCat("rank ", dims->size(), " is over the limit of ", kMaxRank));
+  }
+  for (size_t i = 0; i < dims->size(); ++i) {
+    const int64_t* d = (*dims)[i].AsInt();
+    if (d == nullptr || *d < 0 || static_cast<uint64_t>(*d) > kMaxDimension) {
+      return TensorError(name, absl::StrCat("shape[", i, "] ", ValueText((*dims)[i]),
+                                            " is not an integer in 0..2^40"));
+    }
+    t.shape.push_back(static_cast<uint64_t>(*d));
+  }
+  const std::optional<uint64_t> bytes = TensorBytes(t.shape, t.dtype);
+  if (!bytes) {
+    return TensorError(name, absl::StrCat("shape ", ShapeString(t.shape), " of ", Sv(known->name),
+                                          " has more than 2^64 bytes"));
+  }
+
+  const tools::JsonValue* offsets = v.Find("data_offsets");
+  if (offsets == nullptr) return TensorError(name, "no data_offsets");
+  const tools::JsonValue::Array* pair = offsets->AsArray();
+  const int64_t* begin = pair != nullptr && pair->size() == 2 ? (*pair)[0].AsInt() : nullptr;
+  const int64_t* end = pair != nullptr && pair->size() == 2 ? (*pair)[1].AsInt() : nullptr;
+  if (begin == nullptr || end == nullptr || *begin < 0 || *end < 0) {
+    if (pair == nullptr) {
+      return TensorError(name, absl::StrCat("data_offsets is ", Sv(offsets->TypeName()),
+                                            ", not [BEGIN, END]"));
+    }
+    const std::string given = absl::StrJoin(
+        *pair, ", ",
+        [](std::string* out, const tools::JsonValue& e) { out->append(ValueText(e)); });
+    return TensorError(name, absl::StrCat("data_offsets [", given,
+                                          "] is not [BEGIN, END] with integers in 0..2^63"));
+  }
+  t.data_begin = static_cast<uint64_t>(*begin);
+  t.data_end = static_cast<uint64_t>(*end);
+  if (t.data_end < t.data_begin) {
+    return TensorError(name, absl::StrCat("data_offsets [", t.data_begin, ", ", t.data_end,
+                                          "] end before they begin"));
+  }
+  if (t.bytes() != *bytes) {
+    return TensorError(
+        name, absl::StrCat("data_offsets [", t.data_begin, ", ", t.data_end, "] hold ", t.bytes(),
+                           " bytes but shape ", ShapeString(t.shape), " of ", Sv(known->name),
+                           " needs ", *bytes));
+  }
+  return t;
+}
+
+// The ckv dtype of a K/V tensor's dtype; nullopt for the integer dtypes.
+std::optional<DType> KvDtype(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kF16: return DType::kFp16;
+    case Dtype::kBF16: return DType::kBf16;
+    case Dtype::kF32: return DType::kFp32;
+    default: return std::nullopt;
+  }
+}
+
+Dtype FileDtype(DType dtype) {
+  switch (dtype) {
+    case DType::kFp16: return Dtype::kF16;
+    case DType::kBf16: return Dtype::kBF16;
+    case DType::kFp32: break;
+  }
+  return Dtype::kF32;
+}
+
+std::string_view LayoutName(KvLayout layout) {
+  return layout == KvLayout::kTokensFirst ? "[tokens, kv_heads, head_dim]"
+                                          : "[kv_heads, tokens, head_dim]";
+}
+
+// "layers.{l}.key" / "layers.{l}.value" with l in canonical decimal (no sign, no leading zero).
+bool ParseKvName(std::string_view name, uint32_t* layer, bool* is_key) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return false;
+  name.remove_prefix(kPrefix.size());
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos) return false;
+  const std::string_view number = name.substr(0, dot);
+  const std::string_view part = name.substr(dot + 1);
+  if (part != "key" && part != "value") return false;
+  if (number.empty() || (number.size() > 1 && number[0] == '0')) return false;
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), *layer);
+  if (ec != std::errc() || end != number.data() + number.size()) return false;
+  *is_key = part == "key";
+  return true;
+}
+
+absl::Status WriteAll(int fd, const std::string& path, std::span<const std::byte> data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), std::min(data.size(), kIoPieceBytes));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path));
+    data = data.subspan(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// fsync of the directory holding `path`, so that a rename into it is durable.
+absl::Status SyncParentDir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("sync directory ", dir));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view DtypeName(Dtype dtype) { return kDtypes[static_cast<size_t>(dtype)].name; }
+size_t DtypeBytes(Dtype dtype) { return kDtypes[static_cast<size_t>(dtype)].bytes; }
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+absl::StatusOr<std::unique_ptr<Reader>> Reader::OpenFile(const std::string& path) {
+  std::unique_ptr<Reader> r(new Reader());
+  r->path_ = path;
+  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  struct stat st;
+  if (::fstat(r->fd_, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  CKV_RETURN_IF_ERROR(r->Init(static_cast<uint64_t>(st.st_size)));
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Reader>> Reader::FromBuffer(std::span<const std::byte> bytes) {
+  std::unique_ptr<Reader> r(new Reader());
+  r->path_ = "<memory>";
+  r->buffer_ = bytes;
+  CKV_RETURN_IF_ERROR(r->Init(bytes.size()));
+  return r;
+}
+
+Reader::~Reader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status Reader::Init(uint64_t size) {
+  if (size < 8) {
+    return absl::DataLossError(
+        absl::StrCat("file of ", size, " bytes, shorter than the 8-byte header length: truncated"));
+  }
+  uint64_t header_bytes = 0;
+  CKV_RETURN_IF_ERROR(ReadAt(0, std::as_writable_bytes(std::span(&header_bytes, 1))));
+  if (header_bytes > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("header length ", header_bytes,
+                                                   " is over the limit of ", kMaxHeaderBytes,
+                                                   " bytes (not a safetensors file?)"));
+  }
+  if (header_bytes > size - 8) {
+    return absl::DataLossError(absl::StrCat("header length ", header_bytes, " but only ", size - 8,
+                                            " bytes follow it: truncated"));
+  }
+  std::string header(header_bytes, '\0');
+  CKV_RETURN_IF_ERROR(ReadAt(8, std::as_writable_bytes(std::span(header))));
+  data_start_ = 8 + header_bytes;
+  return ParseHeader(header, size - data_start_);
+}
+
+absl::Status Reader::ParseHeader(std::string_view header, uint64_t data_bytes) {
+  tools::JsonLimits limits;
+  limits.max_bytes = kMaxHeaderBytes;
+  limits.max_depth = 8;  // a valid header nests 3 deep; the checks below name what is wrong
+  absl::StatusOr<tools::JsonValue> json = tools::ParseJson(header, limits);
+  if (!json.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("header: ", json.status().message()));
+  }
+  const tools::JsonValue::Object* root = json->AsObject();
+  if (root == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header is ", Sv(json->TypeName()), ", not a JSON object"));
+  }
+  for (const auto& [name, value] : *root) {
+    if (name == kMetadataKey) {
+      const tools::JsonValue::Object* entries = value.AsObject();
+      if (entries == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("__metadata__ is ", Sv(value.TypeName()), ", not an object"));
+      }
+      for (const auto& [key, text] : *entries) {
+        if (text.AsString() == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat("__metadata__ ", Quoted(key), " is ",
+                                                         Sv(text.TypeName()), ", not a string"));
+        }
+        metadata_.emplace(key, *text.AsString());
+      }
+      continue;
+    }
+    if (name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    CKV_ASSIGN_OR_RETURN(TensorInfo t, ParseTensorEntry(name, value));
+    tensors_.push_back(std::move(t));
+  }
+
+  // The tensors must tile the data area: sorted by offset, each begins where the previous ends.
+  std::vector<const TensorInfo*> by_offset;
+  by_offset.reserve(tensors_.size());
+  for (const TensorInfo& t : tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return std::pair(a->data_begin, a->data_end) < std::pair(b->data_begin, b->data_end);
+  });
+  uint64_t end = 0;
+  const TensorInfo* previous = nullptr;
+  const TensorInfo* first_past_end = nullptr;
+  for (const TensorInfo* t : by_offset) {
+    const std::string range = absl::StrCat("data_offsets [", t->data_begin, ", ", t->data_end, "]");
+    if (t->data_begin < end) {
+      return TensorError(t->name,
+                         absl::StrCat(range, " overlap tensor ", Quoted(previous->name), " at [",
+                                      previous->data_begin, ", ", previous->data_end, "]"));
+    }
+    if (t->data_begin > end) {
+      if (t->data_begin > data_bytes) {
+        return TensorError(t->name, absl::StrCat(range, " start past the end of the data area (",
+                                                 data_bytes, " bytes)"));
+      }
+      return TensorError(t->name, absl::StrCat(range, " leave bytes [", end, ", ", t->data_begin,
+                                               ") of the data area unused (tensors must be "
+                                               "contiguous)"));
+    }
+    if (first_past_end == nullptr && t->data_end > data_bytes) first_past_end = t;
+    end = t->data_end;
+    previous = t;
+  }
+  if (first_past_end != nullptr) {
+    return absl::DataLossError(absl::StrCat(
+        "the tensors need ", end, " bytes of data but the file holds ", data_bytes, " (tensor ",
+        Quoted(first_past_end->name), " ends at ", first_past_end->data_end, "): truncated"));
+  }
+  if (end < data_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(data_bytes - end,
+                                                   " bytes after the last tensor's data (the "
+                                                   "tensors end at ",
+                                                   end, " of ", data_bytes, ")"));
+  }
+  std::sort(tensors_.begin(), tensors_.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  return absl::OkStatus();
+}
+
+const TensorInfo* Reader::Find(std::string_view name) const {
+  const auto it =
+      std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                       [](const TensorInfo& t, std::string_view n) { return t.name < n; });
+  return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+absl::Status Reader::Read(const TensorInfo& tensor, std::span<std::byte> out) const {
+  return ReadAt(data_start_ + tensor.data_begin, out);
+}
+
+absl::Status Reader::ReadAt(uint64_t offset, std::span<std::byte> out) const {
+  if (fd_ < 0) {
+    if (offset > buffer_.size() || out.size() > buffer_.size() - offset) {
+      return absl::DataLossError(
+          absl::StrCat("read ", path_, " at offset ", offset, ": past the end of the buffer"));
+    }
+    // memcpy with a null pointer is undefined even for 0 bytes, and empty spans may hold one.
+    if (!out.empty()) std::memcpy(out.data(), buffer_.data() + offset, out.size());
+    return absl::OkStatus();
+  }
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd_, out.data() + done, std::min(out.size() - done, kIoPieceBytes),
+                              static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return ErrnoToStatus(errno, absl::StrCat("read ", path_, " at offset ", offset + done));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("read ", path_, ": the file ends at byte ",
+                                              offset + done, ", before ", offset + out.size(),
+                                              " (it shrank since it was opened)"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+absl::Status WriteFile(const std::string& path, std::vector<TensorData> tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const ProgressFn& progress) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorData& a, const TensorData& b) { return a.name < b.name; });
+  uint64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorData& t = tensors[i];
+    if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    if (t.name == kMetadataKey || !tools::IsValidUtf8(t.name)) {
+      return TensorError(t.name, "not a valid tensor name (UTF-8, not __metadata__)");
+    }
+    if (i > 0 && t.name == tensors[i - 1].name) return TensorError(t.name, "given twice");
+    const std::optional<uint64_t> bytes = TensorBytes(t.shape, t.dtype);
+    if (!bytes || *bytes != t.data.size()) {
+      return TensorError(
+          t.name, absl::StrCat(t.data.size(), " bytes of data for shape ", ShapeString(t.shape),
+                               " of ", Sv(DtypeName(t.dtype))));
+    }
+    total += *bytes;
+  }
+  for (const auto& [key, value] : metadata) {
+    if (!tools::IsValidUtf8(key) || !tools::IsValidUtf8(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("__metadata__ ", Quoted(key), ": key or value is not UTF-8"));
+    }
+  }
+
+  tools::JsonWriter w;
+  w.BeginObject();
+  if (!metadata.empty()) {
+    w.Key(kMetadataKey).BeginObject();
+    for (const auto& [key, value] : metadata) w.Key(key).String(value);
+    w.EndObject();
+  }
+  uint64_t offset = 0;
+  for (const TensorData& t : tensors) {
+    w.Key(t.name).BeginObject().Key("dtype").String(DtypeName(t.dtype)).Key("shape").BeginArray();
+    for (uint64_t d : t.shape) w.Uint(d);
+    w.EndArray().Key("data_offsets").BeginArray().Uint(offset).Uint(offset + t.data.size());
+    w.EndArray().EndObject();
+    offset += t.data.size();
+  }
+  w.EndObject();
+  std::string header = w.str();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  if (header.size() > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header of ", header.size(), " bytes: over the limit of ", kMaxHeaderBytes));
+  }
+  const uint64_t header_bytes = header.size();
+
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  absl::Status status = WriteAll(fd, tmp, std::as_bytes(std::span(&header_bytes, 1)));
+  if (status.ok()) status = WriteAll(fd, tmp, std::as_bytes(std::span(header)));
+  uint64_t done = 0;
+  for (const TensorData& t : tensors) {
+    for (size_t at = 0; status.ok() && at < t.data.size(); at += kIoPieceBytes) {
+      const std::span<const std::byte> piece =
+          t.data.subspan(at, std::min(kIoPieceBytes, t.data.size() - at));
+      status = WriteAll(fd, tmp, piece);
+      done += piece.size();
+      if (progress) progress(done, total);
+    }
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = ErrnoToStatus(errno, absl::StrCat("sync ", tmp));
+  if (::close(fd) != 0 && status.ok()) status = ErrnoToStatus(errno, absl::StrCat("close ", tmp));
+  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());  // best effort: the error being returned is the one that matters
+    return status;
+  }
+  return SyncParentDir(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV import and export
+
+std::string KeyTensorName(uint32_t layer) { return absl::StrCat("layers.", layer, ".key"); }
+std::string ValueTensorName(uint32_t layer) { return absl::StrCat("layers.", layer, ".value"); }
+
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> ReadTokenIdsTensor(const Reader& file, const TensorInfo& t) {
+  if (t.dtype != Dtype::kI32 && t.dtype != Dtype::kI64) {
+    return TensorError(t.name, absl::StrCat("dtype ", Sv(DtypeName(t.dtype)), ", not I32 or I64"));
+  }
+  if (t.shape.size() != 1) {
+    return TensorError(t.name,
+                       absl::StrCat("shape ", ShapeString(t.shape), " is not [tokens] (rank 1)"));
+  }
+  std::vector<std::byte> raw(t.bytes());
+  CKV_RETURN_IF_ERROR(file.Read(t, raw));
+  std::vector<int32_t> ids(t.shape[0]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int64_t id;
+    if (t.dtype == Dtype::kI32) {
+      int32_t v;
+      std::memcpy(&v, raw.data() + 4 * i, 4);
+      id = v;
+    } else {
+      std::memcpy(&id, raw.data() + 8 * i, 8);
+    }
+    if (id < 0 || id > INT32_MAX) {
+      return TensorError(
+          t.name, absl::StrCat("token_ids[", i, "] = ", id, " is not a token id in [0, 2^31)"));
+    }
+    ids[i] = static_cast<int32_t>(id);
+  }
+  return ids;
+}
+
+// Applies the file's __metadata__ model id and chunk size to `spec`, where `options` asks.
+absl::Status ApplyMetadata(const Reader& file, const ImportOptions& options, ModelSpec* spec) {
+  const auto& metadata = file.metadata();
+  if (const auto it = metadata.find(std::string(kMetaModelId));
+      options.model_id_from_file && it != metadata.end()) {
+    spec->model_id = it->second;
+  }
+  if (const auto it = metadata.find(std::string(kMetaChunkTokens));
+      options.chunk_tokens_from_file && it != metadata.end()) {
+    const std::string& text = it->second;
+    uint32_t c = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), c);
+    if (ec != std::errc() || end != text.data() + text.size() || c < 1 || c > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("__metadata__ chunk_tokens ", Quoted(text),
+                                                     " is not an integer in 1..4096"));
+    }
+    spec->chunk_tokens = c;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
+                                    const ImportOptions& options) {
+  ImportedKv out;
+  out.spec = spec;
+  CKV_RETURN_IF_ERROR(ApplyMetadata(file, options, &out.spec));
+  // Validate the shape fields now: the checks below divide the file by them.
+  CKV_RETURN_IF_ERROR(out.spec.Validate());
+  const uint32_t layers = out.spec.layers;
+
+  // Sort the tensors into token ids and per-layer K and V; anything else does not belong.
+  const TensorInfo* token_tensor = nullptr;
+  std::vector<const TensorInfo*> k(layers, nullptr), v(layers, nullptr);
+  for (const TensorInfo& t : file.tensors()) {
+    if (t.name == kTokenIdsTensor) {
+      token_tensor = &t;
+      continue;
+    }
+    uint32_t layer;
+    bool is_key;
+    if (!ParseKvName(t.name, &layer, &is_key)) {
+      return TensorError(t.name,
+                         "unexpected (a KV file holds token_ids, layers.{l}.key and "
+                         "layers.{l}.value)");
+    }
+    if (layer >= layers) {
+      return TensorError(t.name,
+                         absl::StrCat("layer ", layer, " is past the spec's ", layers, " layers"));
+    }
+    (is_key ? k : v)[layer] = &t;
+  }
+  size_t missing = 0;
+  std::string first_missing;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (const bool is_key : {true, false}) {
+      if ((is_key ? k : v)[l] != nullptr) continue;
+      if (missing++ == 0) first_missing = is_key ? KeyTensorName(l) : ValueTensorName(l);
+    }
+  }
+  if (missing > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing ", missing, " K/V tensor", missing == 1 ? "" : "s", ", the first ",
+                     Quoted(first_missing), " (the spec has ", layers, " layers)"));
+  }
+
+  // One dtype for all K and V.
+  const Dtype file_dtype = k[0]->dtype;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (const TensorInfo* t : {k[l], v[l]}) {
+      if (!KvDtype(t->dtype).has_value()) {
+        return TensorError(t->name, absl::StrCat("dtype ", Sv(DtypeName(t->dtype)),
+                                                 " is not a K/V dtype (F16, BF16 or F32)"));
+      }
+      if (t->dtype != file_dtype) {
+        return TensorError(
+            t->name,
+            absl::StrCat("dtype ", Sv(DtypeName(t->dtype)), " differs from ", Quoted(k[0]->name),
+                         "'s ", Sv(DtypeName(file_dtype)), " (K and V must share one dtype)"));
+      }
+    }
+  }
+  const DType dtype = *KvDtype(file_dtype);
+  if (options.dtype_from_file) {
+    out.spec.dtype = dtype;
+  } else if (dtype != out.spec.dtype) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the file's K/V dtype is ", Sv(DTypeName(dtype)), " (", Sv(DtypeName(file_dtype)),
+        ") but the spec's is ", Sv(DTypeName(out.spec.dtype))));
+  }
+
+  // Token ids: from the file or from the caller, not both.
+  if (options.token_ids.has_value()) {
+    if (token_tensor != nullptr) {
+      return absl::InvalidArgumentError(
+          "token ids were given apart from the file, which holds a token_ids tensor too: use one");
+    }
+    out.token_ids = *options.token_ids;
+  } else {
+    if (token_tensor == nullptr) {
+      return absl::InvalidArgumentError(
+          "no token_ids tensor in the file and no token ids given apart from it");
+    }
+    CKV_ASSIGN_OR_RETURN(out.token_ids, ReadTokenIdsTensor(file, *token_tensor));
+  }
+  if (out.token_ids.empty()) return absl::InvalidArgumentError("no tokens: token_ids is empty");
+
+  // Layout: every K/V tensor [tokens, kv_heads, head_dim], or every one [kv_heads, tokens, ...].
+  const uint64_t tokens = out.token_ids.size();
+  const uint64_t heads = out.spec.kv_heads;
+  const uint64_t dim = out.spec.head_dim;
+  const std::vector<uint64_t> tokens_first = {tokens, heads, dim};
+  const std::vector<uint64_t> heads_first = {heads, tokens, dim};
+  std::optional<KvLayout> layout;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (const TensorInfo* t : {k[l], v[l]}) {
+      const bool fits_tokens_first = t->shape == tokens_first;
+      if (!fits_tokens_first && t->shape != heads_first) {
+        return TensorError(
+            t->name,
+            absl::StrCat("shape ", ShapeString(t->shape),
+                         " fits neither [tokens, kv_heads, head_dim] = ", ShapeString(tokens_first),
+                         " nor [kv_heads, tokens, head_dim] = ", ShapeString(heads_first), " (",
+                         tokens, " token ids; kv_heads ", heads, " and head_dim ", dim,
+                         " from the spec)"));
+      }
+      const KvLayout this_layout =
+          fits_tokens_first ? KvLayout::kTokensFirst : KvLayout::kHeadsFirst;
+      if (!layout) layout = this_layout;
+      if (this_layout != *layout) {
+        return TensorError(
+            t->name, absl::StrCat("shape ", ShapeString(t->shape), " is ",
+                                  Sv(LayoutName(this_layout)), " but ", Quoted(k[0]->name), " is ",
+                                  Sv(LayoutName(*layout)), " (one layout for all K and V)"));
+      }
+    }
+  }
+  out.file_layout = *layout;
+  out.layout_ambiguous = tokens == heads;
+
+  // Read every tensor straight into its buffer; heads-first ones through one scratch tensor.
+  const size_t tensor_bytes = tokens * out.spec.TokenBytesPerLayer();
+  const size_t row_bytes = dim * DTypeBytes(dtype);
+  std::unique_ptr<std::byte[]> scratch;
+  if (out.file_layout == KvLayout::kHeadsFirst) {
+    scratch = std::make_unique_for_overwrite<std::byte[]>(tensor_bytes);
+  }
+  const uint64_t total = uint64_t{2} * layers * tensor_bytes;
+  uint64_t done = 0;
+  out.kv.tokens = tokens;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (const TensorInfo* t : {k[l], v[l]}) {
+      std::byte* buffer =
+          out.buffers.emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
+      if (out.file_layout == KvLayout::kTokensFirst) {
+        CKV_RETURN_IF_ERROR(file.Read(*t, std::span(buffer, tensor_bytes)));
+      } else {
+        CKV_RETURN_IF_ERROR(file.Read(*t, std::span(scratch.get(), tensor_bytes)));
+        for (uint64_t h = 0; h < heads; ++h) {
+          for (uint64_t i = 0; i < tokens; ++i) {
+            std::memcpy(buffer + (i * heads + h) * row_bytes,
+                        scratch.get() + (h * tokens + i) * row_bytes, row_bytes);
+          }
+        }
+      }
+      (t == k[l] ? out.kv.k : out.kv.v).emplace_back(buffer, tensor_bytes);
+      done += tensor_bytes;
+      if (options.progress) options.progress(done, total);
+    }
+  }
+  return out;
+}
+
+absl::Status ExportKv(const std::string& path, const ModelSpec& spec,
+                      std::span<const int32_t> token_ids, const KvTensors& kv,
+                      const ProgressFn& progress) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  if (token_ids.size() != kv.tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(token_ids.size(), " token ids for KV of ", kv.tokens, " tokens"));
+  }
+  if (kv.k.size() != spec.layers || kv.v.size() != spec.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("KV of ", kv.k.size(), " K and ", kv.v.size(),
+                                                   " V tensors for a spec of ", spec.layers,
+                                                   " layers"));
+  }
+  const std::vector<uint64_t> shape = {kv.tokens, spec.kv_heads, spec.head_dim};
+  const Dtype dtype = FileDtype(spec.dtype);
+  std::vector<TensorData> tensors;
+  tensors.push_back(
+      {std::string(kTokenIdsTensor), Dtype::kI32, {token_ids.size()}, std::as_bytes(token_ids)});
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    tensors.push_back({KeyTensorName(l), dtype, shape, kv.k[l]});
+    tensors.push_back({ValueTensorName(l), dtype, shape, kv.v[l]});
+  }
+  const std::map<std::string, std::string> metadata = {
+      {std::string(kMetaModelId), spec.model_id},
+      {std::string(kMetaDtype), std::string(DTypeName(spec.dtype))},
+      {std::string(kMetaChunkTokens), absl::StrCat(spec.chunk_tokens)},
+  };
+  return WriteFile(path, std::move(tensors), metadata, progress);
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadTokenIdsFile(const std::string& path) {
+  constexpr size_t kMaxTokens = size_t{1} << 24;
+  tools::JsonLimits limits;
+  limits.max_bytes = size_t{256} << 20;  // 2^24 ids of up to 10 digits, with separators
+  limits.max_depth = 1;
+  limits.max_values = kMaxTokens + 1;  // the array itself counts
+  CKV_ASSIGN_OR_RETURN(const tools::JsonValue json, tools::ReadJsonFile(path, limits));
+  const tools::JsonValue::Array* array = json.AsArray();
+  if (array == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", Sv(json.TypeName()), ", not a JSON array of token ids"));
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(array->size());
+  for (size_t i = 0; i < array->size(); ++i) {
+    const int64_t* id = (*array)[i].AsInt();
+    if (id == nullptr || *id < 0 || *id > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": entry ", i,
+                                                     " is not a token id (an integer in "
+                                                     "[0, 2^31))"));
+    }
+    ids.push_back(static_cast<int32_t>(*id));
+  }
+  return ids;
+}
+
+}  // namespace ckv::safetensors
