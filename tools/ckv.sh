@@ -5,6 +5,7 @@
 #                        again under AddressSanitizer + UndefinedBehaviorSanitizer, and under
 #                        ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
+#   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
 #   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store
 #   tools/ckv.sh build   install what is missing, build
 #   tools/ckv.sh help    this text
@@ -42,6 +43,9 @@ Commands:
           into build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
           fails it; the TSan run leaves out the crash test, whose children it would only slow)
   sanitize  only the sanitizer runs of test
+  fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
+          safetensors/JSON libFuzzer target into build-fuzz/ and run it for CKV_FUZZ_SECONDS
+          (tests/fuzz/run_fuzz.sh); fails when it finds a crash, a sanitizer report or a leak
   demo    install missing Debian packages, build, then on a fresh store ./ckv-demo-store (in the
           current directory): kvctl init, put synthetic prefixes (one sharing chunks with
           another), ls, verify, and a summary of what it did
@@ -54,27 +58,30 @@ Environment:
   CKV_SKIP_INSTALL=1  do not check or install Debian packages
   CKV_SANITIZE=0      test: skip the sanitizer runs
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
+  CKV_FUZZ_SECONDS=N  fuzz: how long to run the fuzzer (default 120)
 EOF
 }
 
-# Installs the packages of PACKAGES that dpkg does not list as installed, and only those.
+# Installs the packages of PACKAGES (and any given as arguments) that dpkg does not list as
+# installed, and only those.
 install_packages() {
+  local wanted=("${PACKAGES[@]}" "$@")
   if [[ "${CKV_SKIP_INSTALL:-0}" == 1 ]]; then
     say "skipping the package check (CKV_SKIP_INSTALL=1)"
     return
   fi
   if ! command -v dpkg-query >/dev/null 2>&1; then
-    say "warning: dpkg-query not found (not Debian?); install these yourself: ${PACKAGES[*]}"
+    say "warning: dpkg-query not found (not Debian?); install these yourself: ${wanted[*]}"
     return
   fi
   local missing=() pkg
-  for pkg in "${PACKAGES[@]}"; do
+  for pkg in "${wanted[@]}"; do
     if [[ "$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)" != installed ]]; then
       missing+=("$pkg")
     fi
   done
   if ((${#missing[@]} == 0)); then
-    say "all ${#PACKAGES[@]} Debian packages are installed"
+    say "all ${#wanted[@]} Debian packages are installed"
     return
   fi
   local sudo=()
@@ -143,6 +150,13 @@ run_sanitized() {
   sanitize_in "$TSAN_BUILD_DIR" "TSan" thread
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$REPO_ROOT/tests/tsan.supp" \
     ctest_in "$TSAN_BUILD_DIR" "TSan" -E '^CrashTest\.'
+}
+
+# The libFuzzer target is built by clang outside CMake (tests/fuzz/run_fuzz.sh), so the default
+# build never needs clang.
+run_fuzz() {
+  install_packages clang libclang-rt-14-dev
+  "$REPO_ROOT/tests/fuzz/run_fuzz.sh" "$REPO_ROOT/build-fuzz" "${CKV_FUZZ_SECONDS:-120}"
 }
 
 run_tests() {
@@ -226,6 +240,7 @@ main() {
   case "$cmd" in
     test) run_tests ;;
     sanitize) run_sanitized ;;
+    fuzz) run_fuzz ;;
     demo) run_demo ;;
     build) build ;;
     help | -h | --help) usage ;;
