@@ -229,23 +229,6 @@ std::string HostUnregister(void* address) {
   return "";
 }
 
-std::string DeviceAllocate(void** p, size_t bytes) {
-  CKV_CUDA(cudaMalloc(p, bytes));
-  return "";
-}
-
-void DeviceFree(void* p) { cudaFree(p); }
-
-std::string CopyToDevice(void* dst, const void* src, size_t bytes) {
-  CKV_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  return "";
-}
-
-std::string CopyToHost(void* dst, const void* src, size_t bytes) {
-  CKV_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-  return "";
-}
-
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
                         int kv_heads, int head_dim, const float* pos, const float* neg,
                         float scale, float* scores) {

@@ -17,12 +17,6 @@ std::string DeviceCount(int* count);
 std::string HostRegister(void* address, size_t bytes);
 std::string HostUnregister(void* address);
 
-// cudaMalloc / cudaFree / synchronous cudaMemcpy, for the device tier's memory.
-std::string DeviceAllocate(void** p, size_t bytes);
-void DeviceFree(void* p);
-std::string CopyToDevice(void* dst, const void* src, size_t bytes);
-std::string CopyToHost(void* dst, const void* src, size_t bytes);
-
 // scores[j] = scale * sum_h pos_h . max_jh * s_max + neg_h . min_jh * s_min over `chunks`
 // min/max parts of `part_bytes` each, back to back in `parts`.
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
