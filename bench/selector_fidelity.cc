@@ -143,16 +143,15 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
           sum += quest ? std::max(qi[d] * b[d], qi[d] * b[d_n + d]) : qi[d] * b[2 * d_n + d];
         }
       }
-      logits[j] = static_cast<float>(sum / std::sqrt(double(d_n)) / (quest ? 1 : window));
-    }
-    if (quest) {
-      for (size_t j = 0; j < chunks; ++j) scores[j] += logits[j];
-      continue;
+      // Both are per-q-head softmaxes of the window's mean logit (kernels/selector.h).
+      logits[j] = static_cast<float>(sum / std::sqrt(double(d_n)) / window);
     }
     const float max = *std::max_element(logits.begin(), logits.end());
     double total = 0;
     for (float& x : logits) total += (x = std::exp(x - max));
-    for (size_t j = 0; j < chunks; ++j) scores[j] += static_cast<float>(logits[j] / total);
+    for (size_t j = 0; j < chunks; ++j) {
+      scores[j] += static_cast<float>(logits[j] / total / s.q_heads);
+    }
   }
   return scores;
 }

@@ -1,12 +1,10 @@
 // kernels/attention.cc: exact attention, gather and reference attention (see attention.h).
 #include "kernels/attention.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu_path.h"
+#include "kernels/matmul.h"
 #include "kernels/simd.h"
 
 namespace ckv::kernels {
@@ -22,61 +20,17 @@ absl::Status CheckQueries(const KvShape& s, std::span<const float> queries, uint
   return absl::OkStatus();
 }
 
-// Kv head `h` of K (or V, with `v` set) of every chunk in `records`, as float [tokens, D].
-void HeadRows(const KvShape& s, ChunkRecords records, uint32_t h, bool v, std::vector<float>& out) {
+// The keys of kv head `h` of every chunk in `records`, as float [tokens, D]: converted once per
+// kv head, then read by each of its q heads.
+void HeadKeys(const KvShape& s, ChunkRecords records, uint32_t h, std::vector<float>& out) {
   const uint32_t c = s.chunk_tokens, d_n = s.head_dim;
   const size_t elem = ElementBytes(s.dtype);
   out.resize(records.size() * c * d_n);
   for (size_t j = 0; j < records.size(); ++j) {
-    const std::byte* base = records[j] + (v ? s.half_record_bytes() : 0);
     for (uint32_t t = 0; t < c; ++t) {
-      const std::byte* row = base + (size_t{t} * s.kv_heads + h) * d_n * elem;
+      const std::byte* row = records[j] + (size_t{t} * s.kv_heads + h) * d_n * elem;
       ToFloat(s.dtype, row, d_n, out.data() + (j * c + t) * d_n);
     }
-  }
-}
-
-// scores[r][t] = q_r . k_t * scale for `rows` queries (stride D) against `tokens` keys.
-void Scores(const float* q, uint32_t rows, const float* k, size_t tokens, uint32_t d_n,
-            float scale, float* scores) {
-  const bool avx2 = UseAvx2();
-  uint32_t r = 0;
-  if (avx2) {
-    float out[4];
-    for (; r + 4 <= rows; r += 4) {
-      for (size_t t = 0; t < tokens; ++t) {
-        simd::Dot4Avx2(q + size_t{r} * d_n, d_n, k + t * d_n, out);
-        for (int i = 0; i < 4; ++i) scores[(r + i) * tokens + t] = out[i] * scale;
-      }
-    }
-  }
-  for (; r < rows; ++r) {
-    for (size_t t = 0; t < tokens; ++t) {
-      const float dot = avx2 ? simd::DotAvx2(q + size_t{r} * d_n, k + t * d_n, d_n)
-                             : simd::DotScalar(q + size_t{r} * d_n, k + t * d_n, d_n);
-      scores[r * tokens + t] = dot * scale;
-    }
-  }
-}
-
-// In place: each row of `rows` x `n` becomes its softmax.
-void SoftmaxRows(float* scores, uint32_t rows, size_t n) {
-  const bool avx2 = UseAvx2();
-  for (uint32_t r = 0; r < rows; ++r) {
-    float* row = scores + r * n;
-    const float max = *std::max_element(row, row + n);
-    const float sum = avx2 ? simd::ExpSubAvx2(row, n, max) : simd::ExpSubScalar(row, n, max);
-    const float inv = 1.0f / sum;
-    for (size_t t = 0; t < n; ++t) row[t] *= inv;
-  }
-}
-
-// The queries of q head g, [w, D], copied out of [w, q_heads, D].
-void HeadQueries(const KvShape& s, std::span<const float> queries, uint32_t window, uint32_t g,
-                 float* out) {
-  for (uint32_t i = 0; i < window; ++i) {
-    std::copy_n(queries.data() + (size_t{i} * s.q_heads + g) * s.head_dim, s.head_dim,
-                out + size_t{i} * s.head_dim);
   }
 }
 
@@ -110,27 +64,23 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape& s, std::span<co
   const size_t tokens = records.size() * s.chunk_tokens;
   std::vector<float> mass(tokens, 0.0f);
   if (tokens == 0) return mass;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const uint32_t d_n = s.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d_n));
   const float norm = 1.0f / (static_cast<float>(window) * heads.size());
-  std::vector<float> k, q(size_t{window} * s.head_dim), p(size_t{window} * tokens);
+  std::vector<float> k, p(size_t{window} * tokens);
   for (uint32_t h = 0; h < s.kv_heads; ++h) {
     bool loaded = false;
     for (uint32_t g : heads) {
       if (g / s.group() != h) continue;
       if (!loaded) {
-        HeadRows(s, records, h, /*v=*/false, k);
+        HeadKeys(s, records, h, k);
         loaded = true;
       }
-      HeadQueries(s, queries, window, g, q.data());
-      Scores(q.data(), window, k.data(), tokens, s.head_dim, scale, p.data());
-      SoftmaxRows(p.data(), window, tokens);
+      ScoresQK(queries.data() + size_t{g} * d_n, size_t{s.q_heads} * d_n, window, k.data(), d_n,
+               tokens, d_n, scale, p.data(), tokens);
       for (uint32_t i = 0; i < window; ++i) {
-        const float* row = p.data() + size_t{i} * tokens;
-        if (UseAvx2()) {
-          simd::AxpyAvx2(norm, row, mass.data(), tokens);
-        } else {
-          simd::AxpyScalar(norm, row, mass.data(), tokens);
-        }
+        float* row = p.data() + size_t{i} * tokens;
+        simd::Axpy(norm / simd::SoftmaxNumerators(row, tokens), row, mass.data(), tokens);
       }
     }
   }
@@ -176,32 +126,30 @@ absl::StatusOr<std::vector<float>> ReferenceAttention(const KvShape& s,
   if (auto st = CheckQueries(s, queries, window); !st.ok()) return st;
   const uint32_t d_n = s.head_dim;
   const size_t tokens = kv.tokens;
-  std::vector<float> out(size_t{window} * s.q_heads * d_n, 0.0f);
+  const size_t want = tokens * s.kv_heads * d_n;
+  if (kv.k.size() != want || kv.v.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("gathered kv of ", kv.k.size(), " + ",
+                                                   kv.v.size(), " floats; ", tokens, " tokens x ",
+                                                   s.kv_heads, " x ", d_n, " need ", want));
+  }
+  // Queries, keys, values and outputs are read in place, with the strides of their layouts.
+  const size_t ldq = size_t{s.q_heads} * d_n, ldkv = size_t{s.kv_heads} * d_n;
+  std::vector<float> out(size_t{window} * ldq, 0.0f);
   if (tokens == 0) return out;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_n));
-  const bool avx2 = UseAvx2();
-  std::vector<float> k(tokens * d_n), v(tokens * d_n), q(size_t{window} * d_n),
-      p(size_t{window} * tokens);
-  for (uint32_t h = 0; h < s.kv_heads; ++h) {
-    for (size_t t = 0; t < tokens; ++t) {
-      std::copy_n(kv.k.data() + (t * s.kv_heads + h) * d_n, d_n, k.data() + t * d_n);
-      std::copy_n(kv.v.data() + (t * s.kv_heads + h) * d_n, d_n, v.data() + t * d_n);
+  std::vector<float> p(size_t{window} * tokens), inv(window);
+  for (uint32_t g = 0; g < s.q_heads; ++g) {
+    const size_t h = g / s.group();
+    ScoresQK(queries.data() + size_t{g} * d_n, ldq, window, kv.k.data() + h * d_n, ldkv, tokens,
+             d_n, scale, p.data(), tokens);
+    for (uint32_t i = 0; i < window; ++i) {
+      inv[i] = 1.0f / simd::SoftmaxNumerators(p.data() + size_t{i} * tokens, tokens);
     }
-    for (uint32_t g = h * s.group(); g < (h + 1) * s.group(); ++g) {
-      HeadQueries(s, queries, window, g, q.data());
-      Scores(q.data(), window, k.data(), tokens, d_n, scale, p.data());
-      SoftmaxRows(p.data(), window, tokens);
-      for (uint32_t i = 0; i < window; ++i) {
-        float* o = out.data() + (size_t{i} * s.q_heads + g) * d_n;
-        const float* row = p.data() + size_t{i} * tokens;
-        for (size_t t = 0; t < tokens; ++t) {
-          if (avx2) {
-            simd::AxpyAvx2(row[t], v.data() + t * d_n, o, d_n);
-          } else {
-            simd::AxpyScalar(row[t], v.data() + t * d_n, o, d_n);
-          }
-        }
-      }
+    // The unnormalised weights times V, then each output row divided by its denominator.
+    float* o = out.data() + size_t{g} * d_n;
+    AccumulatePV(p.data(), tokens, window, kv.v.data() + h * d_n, ldkv, tokens, d_n, o, ldq);
+    for (uint32_t i = 0; i < window; ++i) {
+      for (uint32_t d = 0; d < d_n; ++d) o[i * ldq + d] *= inv[i];
     }
   }
   return out;

@@ -1,5 +1,6 @@
 // kernels/attention.h: exact attention over a prefix's keys, gather of selected chunks, and the
-// reference attention output, on the CPU (AVX2/FMA/F16C where present, scalar otherwise).
+// reference attention output, on the CPU (AVX2/FMA/F16C where present, scalar otherwise; both
+// built on kernels/matmul.h).
 //
 // Conventions shared by every kernel:
 //   - Queries of one layer are float32 [w, q_heads, head_dim] (the suffix's last w tokens).
@@ -61,7 +62,9 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape& shape,
 std::vector<float> PerChunk(std::span<const float> per_token, uint32_t chunk_tokens);
 
 // The K and V of some chunks, converted to float32 and laid out [tokens, kv_heads, head_dim],
-// with each token's position in the prefix.
+// with each token's position in the prefix. Float32 (not the spec's dtype) because the only
+// consumer on the CPU is ReferenceAttention, which computes in float32: converting once here
+// keeps the conversion out of its inner loops. The conversion is exact.
 struct GatheredKv {
   uint32_t tokens = 0;
   std::vector<float> k;
@@ -69,12 +72,16 @@ struct GatheredKv {
   std::vector<uint32_t> positions;
 };
 // Gathers chunks `chunks` (indices into `records`, any order) in the order given.
-// Errors: InvalidArgument for an index out of range.
+// Errors: InvalidArgument for a bad shape or an index out of range.
 absl::StatusOr<GatheredKv> Gather(const KvShape& shape, ChunkRecords records,
                                   std::span<const uint32_t> chunks);
 
-// softmax(q K^T / sqrt(D)) V with GQA over `kv` (any subset of a prefix), for every query and q
-// head: float32 [w, q_heads, head_dim].
+// softmax(q K^T / sqrt(D)) V with GQA over `kv` (all of a prefix's chunks or any subset, in any
+// order), for every query and q head: float32 [w, q_heads, head_dim]. No mask: every prefix token
+// precedes every suffix query, and stored keys already carry their positions (RoPE), so
+// kv.positions are not read. Over no tokens the output is zeros.
+// Errors: InvalidArgument for a bad shape, queries of the wrong size, or k / v not
+// kv.tokens * kv_heads * head_dim floats.
 absl::StatusOr<std::vector<float>> ReferenceAttention(const KvShape& shape,
                                                       std::span<const float> queries,
                                                       uint32_t window, const GatheredKv& kv);

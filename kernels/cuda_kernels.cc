@@ -34,7 +34,7 @@ absl::Status CheckSummaryInput(const SelectorInput& in, SelectorKind kind) {
   if (auto st = in.shape.Validate(); !st.ok()) return st;
   const auto& parts = kind == SelectorKind::kQuest ? in.minmax : in.mean;
   const size_t want = size_t{in.window} * in.shape.q_heads * in.shape.head_dim;
-  if (in.chunks == 0 || parts.size() != in.chunks || in.queries.size() != want ||
+  if (in.window == 0 || in.chunks == 0 || parts.size() != in.chunks || in.queries.size() != want ||
       in.layer >= in.layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         std::string(SelectorName(kind)), " on the device: ", parts.size(), " summaries for ",
@@ -66,26 +66,21 @@ void UnpinHostMemory(void* address) {
   cuda_launch::HostUnregister(address);
 }
 
+// Both take their query rows from selector.h, as the CPU path does, so that only the summary
+// side (one block per chunk, then a softmax per q head) runs differently.
 absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput& in) {
   if (auto st = CheckSummaryInput(in, SelectorKind::kQuest); !st.ok()) return st;
   const KvShape& s = in.shape;
   const SummaryFormat f{in.layers, s.kv_heads, s.head_dim};
-  // The positive and negative parts of each kv group's queries, summed (see selector.h).
-  std::vector<float> pos(size_t{s.kv_heads} * s.head_dim, 0.0f), neg(pos.size(), 0.0f);
-  for (uint32_t i = 0; i < in.window; ++i) {
-    for (uint32_t g = 0; g < s.q_heads; ++g) {
-      const float* q = in.queries.data() + (size_t{i} * s.q_heads + g) * s.head_dim;
-      for (uint32_t d = 0; d < s.head_dim; ++d) {
-        (q[d] > 0 ? pos : neg)[size_t{g / s.group()} * s.head_dim + d] += q[d];
-      }
-    }
-  }
+  const auto rows = QuestQueryRows(in);
   const auto parts = Concatenate(in.minmax, f.MinMaxBytes());
   std::vector<float> scores(in.chunks);
   if (auto st = FromLaunch(cuda_launch::QuestScores(
           parts.data(), in.chunks, f.MinMaxBytes(), static_cast<int>(in.layer),
-          static_cast<int>(s.kv_heads), static_cast<int>(s.head_dim), pos.data(), neg.data(),
-          1.0f / std::sqrt(static_cast<float>(s.head_dim)), scores.data()));
+          static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads),
+          static_cast<int>(s.head_dim), rows.data(),
+          1.0f / (static_cast<float>(in.window) * std::sqrt(static_cast<float>(s.head_dim))),
+          scores.data()));
       !st.ok()) {
     return st;
   }
@@ -96,11 +91,7 @@ absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput& in) {
   if (auto st = CheckSummaryInput(in, SelectorKind::kMeanKey); !st.ok()) return st;
   const KvShape& s = in.shape;
   const SummaryFormat f{in.layers, s.kv_heads, s.head_dim};
-  std::vector<float> qbar(size_t{s.q_heads} * s.head_dim, 0.0f);
-  for (uint32_t i = 0; i < in.window; ++i) {
-    for (size_t x = 0; x < qbar.size(); ++x) qbar[x] += in.queries[size_t{i} * qbar.size() + x];
-  }
-  for (float& x : qbar) x /= static_cast<float>(in.window);
+  const auto qbar = MeanQueryRows(in);
   const auto parts = Concatenate(in.mean, f.MeanBytes());
   std::vector<float> scores(in.chunks);
   if (auto st = FromLaunch(cuda_launch::MeanKeyScores(

@@ -121,23 +121,29 @@ __device__ float BlockMax(float v) {
   return total;
 }
 
-// One block per chunk: sum over kv heads of pos . max * scale_max + neg . min * scale_min.
-__global__ void QuestKernel(const unsigned char* minmax, size_t part_bytes, int layer,
-                            int kv_heads, int head_dim, const float* pos, const float* neg,
-                            float scale, float* scores) {
+// One block per chunk: logits[g * n + j] = (neg_g . min_{j, h(g)} * scale_min +
+// pos_g . max_{j, h(g)} * scale_max) * scale, with rows[g] = [neg_g, pos_g] (2 * head_dim floats).
+__global__ void QuestLogitsKernel(const unsigned char* minmax, size_t part_bytes, int layer,
+                                  int q_heads, int kv_heads, int head_dim, const float* rows,
+                                  float scale, size_t n, float* logits) {
   const size_t j = blockIdx.x;
   const size_t entry = 4 + 2 * static_cast<size_t>(head_dim);
-  float acc = 0;
-  for (int i = threadIdx.x; i < kv_heads * head_dim; i += blockDim.x) {
-    const int h = i / head_dim, d = i % head_dim;
-    const unsigned char* e = minmax + j * part_bytes + (static_cast<size_t>(layer) * kv_heads + h) * entry;
+  const int group = q_heads / kv_heads;
+  for (int g = 0; g < q_heads; ++g) {
+    const unsigned char* e =
+        minmax + j * part_bytes + (static_cast<size_t>(layer) * kv_heads + g / group) * entry;
     const float s_min = HalfAt(e), s_max = HalfAt(e + 2);
     const auto* q_min = reinterpret_cast<const signed char*>(e + 4);
     const auto* q_max = q_min + head_dim;
-    acc += pos[h * head_dim + d] * q_max[d] * s_max + neg[h * head_dim + d] * q_min[d] * s_min;
+    const float* neg = rows + static_cast<size_t>(g) * 2 * head_dim;
+    const float* pos = neg + head_dim;
+    float acc = 0;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      acc += neg[d] * (q_min[d] * s_min) + pos[d] * (q_max[d] * s_max);
+    }
+    const float total = BlockSum(acc);
+    if (threadIdx.x == 0) logits[g * n + j] = total * scale;
   }
-  const float total = BlockSum(acc);
-  if (threadIdx.x == 0) scores[j] = total * scale;
 }
 
 // One block per chunk: logits[g * n + j] = qbar_g . mean_{j, h(g)} * scale_mean * scale.
@@ -230,20 +236,25 @@ std::string HostUnregister(void* address) {
 }
 
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
-                        int kv_heads, int head_dim, const float* pos, const float* neg,
-                        float scale, float* scores) {
+                        int q_heads, int kv_heads, int head_dim, const float* rows, float scale,
+                        float* scores) {
   Stream stream;
   CKV_CUDA(cudaStreamCreate(&stream.s));
   DeviceBuffer<unsigned char> d_parts;
-  DeviceBuffer<float> d_pos, d_neg, d_scores;
-  const size_t vec = static_cast<size_t>(kv_heads) * head_dim;
+  DeviceBuffer<float> d_rows, d_logits, d_max, d_sum, d_scores;
   CKV_TRY(d_parts.Upload(parts, chunks * part_bytes, stream.s));
-  CKV_TRY(d_pos.Upload(pos, vec, stream.s));
-  CKV_TRY(d_neg.Upload(neg, vec, stream.s));
+  CKV_TRY(d_rows.Upload(rows, static_cast<size_t>(q_heads) * 2 * head_dim, stream.s));
+  CKV_TRY(d_logits.Allocate(static_cast<size_t>(q_heads) * chunks));
+  CKV_TRY(d_max.Allocate(q_heads));
+  CKV_TRY(d_sum.Allocate(q_heads));
   CKV_TRY(d_scores.Allocate(chunks));
-  QuestKernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream.s>>>(
-      d_parts.ptr, part_bytes, layer, kv_heads, head_dim, d_pos.ptr, d_neg.ptr, scale,
-      d_scores.ptr);
+  QuestLogitsKernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream.s>>>(
+      d_parts.ptr, part_bytes, layer, q_heads, kv_heads, head_dim, d_rows.ptr, scale, chunks,
+      d_logits.ptr);
+  RowStatsKernel<<<q_heads, kThreads, 0, stream.s>>>(d_logits.ptr, chunks, d_max.ptr, d_sum.ptr);
+  ColumnSoftmaxSumKernel<<<static_cast<unsigned>((chunks + kThreads - 1) / kThreads), kThreads, 0,
+                           stream.s>>>(d_logits.ptr, chunks, q_heads, d_max.ptr, d_sum.ptr,
+                                       1.0f / static_cast<float>(q_heads), d_scores.ptr);
   CKV_CUDA(cudaGetLastError());
   CKV_CUDA(cudaMemcpyAsync(scores, d_scores.ptr, chunks * sizeof(float), cudaMemcpyDeviceToHost,
                            stream.s));

@@ -17,11 +17,12 @@ std::string DeviceCount(int* count);
 std::string HostRegister(void* address, size_t bytes);
 std::string HostUnregister(void* address);
 
-// scores[j] = scale * sum_h pos_h . max_jh * s_max + neg_h . min_jh * s_min over `chunks`
-// min/max parts of `part_bytes` each, back to back in `parts`.
+// scores[j] = sum_g softmax_j(rows_g . [min, max]_{j,h(g)} * scale) / q_heads, over `chunks`
+// min/max parts of `part_bytes` each, back to back in `parts`; rows [q_heads, 2 * head_dim] as
+// QuestQueryRows (selector.h) makes them.
 std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
-                        int kv_heads, int head_dim, const float* pos, const float* neg,
-                        float scale, float* scores);
+                        int q_heads, int kv_heads, int head_dim, const float* rows, float scale,
+                        float* scores);
 
 // scores[j] = sum_g softmax_j(qbar_g . mean_{j,h(g)} * scale) / q_heads.
 std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes,

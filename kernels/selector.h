@@ -5,26 +5,43 @@
 //
 //   budget   k = clamp(round(budget_fraction * n), min(n, sink + recent), n) chunks, exactly
 //            (round half up).
-//   period-exact  (ContiguousKV) exact attention of the queries over every token of the layer,
-//            summed per chunk. The caller scores the head layer of each period (PeriodHead) and
-//            serves the period's p layers with that selection; it needs the head layer's keys.
+//   period-exact  (ContiguousKV) exact attention of the queries over every token of the layer:
+//            per (query, q head) the softmax over all tokens, averaged over queries and q heads,
+//            summed per chunk (TokenAttention, PerChunk). The caller scores the head layer of
+//            each period (PeriodHead) and serves the period's p layers with that selection; it
+//            needs the head layer's keys.
 //   oracle   the same scoring at every layer: the evaluation reference.
-//   quest    Quest's bound sum_d max(q_d M_d, q_d m_d) from each chunk's quantised channel-wise
-//            min m and max M (kernels/summary.h), summed over the window's queries and the q
-//            heads of each GQA group, and over groups. The sum over queries collapses exactly:
-//            sum_q max(q_d M_d, q_d m_d) = (sum_q q+_d) M_d + (sum_q q-_d) m_d with q+ = max(q, 0)
-//            and q- = min(q, 0), so scoring costs two dot products per (chunk, kv head).
-//            Reads no KV.
+//   quest    Quest's bound on a query's logits, sum_d max(q_d M_d, q_d m_d) / sqrt(D), from each
+//            chunk's quantised channel-wise min m and max M (kernels/summary.h). Per q head, the
+//            window's mean bound; its softmax over the chunks; the mean of those over the q
+//            heads. The mean over queries collapses exactly: sum_q max(q_d M_d, q_d m_d) =
+//            (sum_q q+_d) M_d + (sum_q q-_d) m_d with q+ = max(q, 0) and q- = min(q, 0), so a
+//            layer costs one dot product of 2D per (chunk, q head). Reads no KV.
+//            Why a softmax per q head and not the raw bounds summed over heads: the attention
+//            mass to be caught is a mean of per-head distributions, each summing to 1, and raw
+//            bounds let the heads with the largest logits decide alone (the regression test
+//            AHeadWithLargeLogitsDoesNotDecideAlone builds such a case). On the planted data of
+//            tools/synthetic_attention.h (qwen2.5-7b, seed 1, 10% budget) the raw sum reached
+//            0.987x of the oracle's recall at 8K tokens and 0.985x at 32K (first 8 layers), the
+//            per-head softmax 0.996x at both (bench/selector_fidelity --tokens N --budgets 0.1
+//            [--layers 8]).
 //   mean-key per q head, the softmax over chunks of (mean query of the window) . (chunk's mean
-//            key) / sqrt(D), summed over q heads (ShadowKV-style landmarks). Averaging the
-//            window's queries before the softmax makes a layer cost one dot product per
-//            (chunk, q head). Reads no KV.
-//   impress  (baseline) exact attention over all keys for 3 probe q heads (spread over the kv
-//            groups: heads g * q_heads / 3), token-level top-k at budget_fraction of the tokens;
-//            each selected token's 64-token block (4 chunks at c = 16) is loaded whole, so it
-//            loads more chunks than the budget: that is its read amplification.
+//            key) / sqrt(D) (ShadowKV-style landmarks); the mean of those over the q heads.
+//            Averaging the window's queries before the softmax makes a layer cost one dot
+//            product per (chunk, q head), where a softmax per query (as period-exact takes)
+//            would cost w of them. Reads no KV.
+//   Both are distributions over the chunks (they sum to 1), as every selector's scores are.
+//   impress  (baseline) exact attention over all keys for 3 fixed probe q heads, i * q_heads / 3
+//            for i = 0, 1, 2 (qwen2.5-7b: 0, 9, 18, in kv groups 0, 1, 2: one probe per group, as
+//            probes inside one group are known to fail), token-level top-k at budget_fraction of
+//            the tokens; each selected token's 64-token block (4 chunks at c = 16) is loaded
+//            whole, so it loads more chunks than the budget: that is its read amplification
+//            (chunks.size() against BudgetChunks). IMPRESS's gate that falls back to every head
+//            when the probes disagree is not modelled.
 //   h2o      (baseline) exact attention over all keys and heads, token-level top-k at
 //            budget_fraction of the tokens; the chunks holding a selected token are loaded.
+//   Both token-level baselines select k_tokens = clamp(round(budget_fraction * n * c), 1, n * c)
+//   tokens (round half up) and also load the sink and recent chunks.
 //
 // Ties in a top-k go to the lower index. Output chunks are sorted and unique.
 //
@@ -57,36 +74,46 @@ bool ReadsKeys(SelectorKind kind);
 
 struct SelectOptions {
   // Fraction of the chunks (token-level baselines: of the tokens) to select, in (0, 1].
+  // Default: 0.1.
   double budget_fraction = 0.1;
+  // The first and the last chunks of the prefix, always selected. Default: 1 and 1.
   uint32_t sink_chunks = 1;
   uint32_t recent_chunks = 1;
-  // impress: tokens per block loaded for a selected token. Multiple of chunk_tokens.
+  // impress: tokens per block loaded for a selected token; a multiple of chunk_tokens.
+  // Default: 64 (IMPRESS's block).
   uint32_t impress_block_tokens = 64;
-  // impress: probe q heads.
+  // impress: probe q heads, 1..q_heads. Default: 3.
   uint32_t impress_probe_heads = 3;
 };
 
 // The chunks k selectors keep out of n (see the header comment).
 size_t BudgetChunks(size_t n, const SelectOptions& options);
 
-// One layer's inputs. Summary selectors read `minmax` / `mean` (one pointer per chunk to its
-// summary part) and `layer`; key selectors read `records`.
+// One layer's inputs. Summary selectors (ReadsSummaries) read `minmax` or `mean`, and `layers`
+// and `layer`; key selectors read `records`. Every pointer must stay valid for the call.
 struct SelectorInput {
   KvShape shape;
-  uint32_t layers = 0;  // of the model (summary parts hold every layer)
-  uint32_t layer = 0;
-  std::span<const float> queries;  // [window, q_heads, head_dim]
-  uint32_t window = 0;
-  size_t chunks = 0;
+  uint32_t layers = 0;  // of the model: a summary part holds every layer's entries
+  uint32_t layer = 0;   // the layer scored, < layers
+  std::span<const float> queries;  // [window, q_heads, head_dim] float32
+  uint32_t window = 0;             // w >= 1
+  size_t chunks = 0;               // n >= 1
+  // quest: n pointers, each to a chunk's min/max part (SummaryFormat::MinMaxBytes()).
   std::span<const std::byte* const> minmax;
+  // mean-key: n pointers, each to a chunk's mean part (SummaryFormat::MeanBytes()).
   std::span<const std::byte* const> mean;
+  // period-exact, oracle, impress, h2o: n pointers, each to a chunk's record at this layer.
   ChunkRecords records;
 };
 
 struct Selection {
-  std::vector<uint32_t> chunks;   // sorted, unique
-  std::vector<float> scores;      // per chunk of the prefix (token selectors: summed per chunk)
-  std::vector<uint32_t> tokens;   // token selectors: the selected tokens, sorted
+  // The chunks to load: sorted, unique. Our selectors: exactly BudgetChunks(n) of them.
+  std::vector<uint32_t> chunks;
+  // Every chunk's score: n floats summing to 1, the selector's estimate of the share of the
+  // layer's attention that each chunk holds (impress: of its probe heads' attention).
+  std::vector<float> scores;
+  // impress and h2o: the selected tokens (indices into the prefix), sorted; empty otherwise.
+  std::vector<uint32_t> tokens;
 };
 
 // Errors: InvalidArgument for inputs of the wrong size or a budget outside (0, 1].
@@ -102,7 +129,19 @@ absl::StatusOr<std::vector<float>> ScoreChunks(SelectorKind kind, const Selector
 std::vector<uint32_t> TopKChunks(std::span<const float> scores, size_t k, uint32_t sink,
                                  uint32_t recent);
 
-// The head layer of `layer`'s period of `period_layers` layers.
+// The query side of quest and mean-key, shared by the CPU and the device paths
+// (kernels/cuda_kernels.h) so that both score the same thing. REQUIRES: `input` valid (Select's
+// checks passed).
+//
+// quest: per q head g, the row [sum over the window of min(q, 0), sum of max(q, 0)] (2 x D
+// floats; [q_heads, 2D] in all). Its dot product with a chunk's [min, max] entry is the window's
+// summed bound.
+std::vector<float> QuestQueryRows(const SelectorInput& input);
+// mean-key: per q head, the mean query of the window ([q_heads, D]).
+std::vector<float> MeanQueryRows(const SelectorInput& input);
+
+// The head layer of `layer`'s period of `period_layers` layers: period-exact scores that layer
+// and every layer of the period uses its selection. REQUIRES: period_layers > 0.
 inline uint32_t PeriodHead(uint32_t layer, uint32_t period_layers) {
   return layer - layer % period_layers;
 }

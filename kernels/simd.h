@@ -1,13 +1,17 @@
-// kernels/simd.h: the few vector primitives the CPU kernels are built from, each in a scalar
-// form and an AVX2/FMA form (chosen by the caller through UseAvx2()). Internal to kernels/.
+// kernels/simd.h: the few vector primitives the CPU kernels are built from, most in a scalar
+// form and an AVX2/FMA form, and the forms that choose between them through UseAvx2().
+// Internal to kernels/.
 #ifndef CKV_KERNELS_SIMD_H_
 #define CKV_KERNELS_SIMD_H_
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cpu_path.h"
 
 namespace ckv::kernels::simd {
 
@@ -27,60 +31,33 @@ CKV_AVX2 inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-CKV_AVX2 inline float DotAvx2(const float* a, const float* b, size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = HorizontalSum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+// out[i] = q[i] * scale: an int8 vector decoded.
+inline void DecodeI8Scalar(const int8_t* q, float scale, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
 }
 
-// Scores of 4 queries (rows of q, stride n) against one key: out[r] = q_r . k.
-CKV_AVX2 inline void Dot4Avx2(const float* q, size_t n, const float* k, float* out) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
-         s3 = _mm256_setzero_ps();
+CKV_AVX2 inline void DecodeI8Avx2(const int8_t* q, float scale, size_t n, float* out) {
+  const __m256 sv = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 kv = _mm256_loadu_ps(k + i);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + n + i), kv, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 2 * n + i), kv, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 3 * n + i), kv, s3);
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), sv));
   }
-  out[0] = HorizontalSum(s0);
-  out[1] = HorizontalSum(s1);
-  out[2] = HorizontalSum(s2);
-  out[3] = HorizontalSum(s3);
-  for (; i < n; ++i) {
-    for (int r = 0; r < 4; ++r) out[r] += q[r * n + i] * k[i];
-  }
+  for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
 }
 
-// a . (q * scale) for int8 q: the decoded dot product of a float vector with a quantised one.
-inline float DotI8Scalar(const float* a, const int8_t* q, size_t n) {
-  float s = 0;
-  for (size_t i = 0; i < n; ++i) s += a[i] * static_cast<float>(q[i]);
-  return s;
-}
+inline float MaxScalar(const float* v, size_t n) { return *std::max_element(v, v + n); }
 
-CKV_AVX2 inline float DotI8Avx2(const float* a, const int8_t* q, size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), lo, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), hi, s1);
-  }
-  float s = HorizontalSum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * static_cast<float>(q[i]);
-  return s;
+CKV_AVX2 inline float MaxAvx2(const float* v, size_t n) {
+  if (n < 8) return MaxScalar(v, n);
+  __m256 m = _mm256_loadu_ps(v);
+  size_t i = 8;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float max = MaxScalar(lanes, 8);
+  for (; i < n; ++i) max = std::max(max, v[i]);
+  return max;
 }
 
 // exp(x) for x <= 0 (softmax after subtracting the max), to about 2 ulp; exp(-88) and below
@@ -101,7 +78,8 @@ CKV_AVX2 inline __m256 ExpNonPositiveAvx2(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(dead, result);
 }
@@ -145,6 +123,22 @@ CKV_AVX2 inline void AxpyAvx2(float a, const float* x, float* y, size_t n) {
 
 inline void AxpyScalar(float a, const float* x, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// The forms chosen by UseAvx2().
+
+inline void DecodeI8(const int8_t* q, float scale, size_t n, float* out) {
+  UseAvx2() ? DecodeI8Avx2(q, scale, n, out) : DecodeI8Scalar(q, scale, n, out);
+}
+
+inline void Axpy(float a, const float* x, float* y, size_t n) {
+  UseAvx2() ? AxpyAvx2(a, x, y, n) : AxpyScalar(a, x, y, n);
+}
+
+// In place: v[i] = exp(v[i] - max_j v[j]), the numerators of the softmax of v; returns their sum,
+// the denominator (>= 1). REQUIRES: n > 0.
+inline float SoftmaxNumerators(float* v, size_t n) {
+  return UseAvx2() ? ExpSubAvx2(v, n, MaxAvx2(v, n)) : ExpSubScalar(v, n, MaxScalar(v, n));
 }
 
 }  // namespace ckv::kernels::simd

@@ -1,4 +1,5 @@
 // Tests of gather, the reference attention, the fidelity metrics and the dtype conversions.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -111,11 +112,55 @@ TEST_P(AttentionTest, ReferenceAttentionMatchesANaiveDoublePrecisionOne) {
   }
 }
 
+TEST_P(AttentionTest, GatherOrderDoesNotChangeTheOutputAndBadKvIsRejected) {
+  const KvShape s = Shape(DType::kBf16);
+  const auto records = RandomRecords(s, 20, 5);
+  const auto q = RandomQueries(s, 4, 6);
+  std::vector<uint32_t> ascending(20), shuffled(20);
+  for (uint32_t j = 0; j < 20; ++j) ascending[j] = j;
+  shuffled = ascending;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937_64(7));
+  const auto full = *ReferenceAttention(s, q, 4, *Gather(s, Pointers(records), ascending));
+  const auto permuted = *ReferenceAttention(s, q, 4, *Gather(s, Pointers(records), shuffled));
+  EXPECT_LT(RelativeL2Error(permuted, full), 1e-6);
+  GatheredKv bad = *Gather(s, Pointers(records), ascending);
+  bad.v.pop_back();
+  const auto st = ReferenceAttention(s, q, 4, bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("gathered kv of"), absl::string_view::npos) << st;
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuPaths, AttentionTest,
                          ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2),
                          [](const auto& info) {
                            return info.param == CpuPath::kScalar ? "scalar" : "avx2";
                          });
+
+// Token masses agree to 1e-5 of the largest, outputs to 1e-5 in relative L2 (different summation
+// orders and exp implementations).
+TEST(AttentionPathsTest, VectorisedAndScalarPathsAgree) {
+  SetCpuPath(CpuPath::kAvx2);
+  if (!UseAvx2()) {
+    SetCpuPath(CpuPath::kAuto);
+    GTEST_SKIP() << "this CPU has no AVX2/FMA/F16C: only the scalar path exists";
+  }
+  const KvShape s{8, 2, 128, 16, DType::kFp16};
+  const auto records = RandomRecords(s, 70, 8);
+  const auto q = RandomQueries(s, 32, 9);
+  std::vector<uint32_t> chosen;
+  for (uint32_t j = 0; j < 70; j += 3) chosen.push_back(j);
+  const auto kv = *Gather(s, Pointers(records), chosen);
+  std::vector<float> mass[2], out[2];
+  for (int scalar = 0; scalar < 2; ++scalar) {
+    SetCpuPath(scalar ? CpuPath::kScalar : CpuPath::kAvx2);
+    mass[scalar] = *TokenAttention(s, q, 32, Pointers(records));
+    out[scalar] = *ReferenceAttention(s, q, 32, kv);
+  }
+  SetCpuPath(CpuPath::kAuto);
+  const float max = *std::max_element(mass[1].begin(), mass[1].end());
+  for (size_t t = 0; t < mass[1].size(); ++t) ASSERT_NEAR(mass[0][t], mass[1][t], 1e-5f * max) << t;
+  EXPECT_LT(RelativeL2Error(out[0], out[1]), 1e-5);
+}
 
 TEST(FidelityTest, MetricsOnHandComputedCases) {
   const std::vector<float> mass = {0.5f, 0.1f, 0.3f, 0.1f};
