@@ -54,7 +54,8 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
 
 // Each chunk's summary sits in its own part (a page or more from the previous one), so reading
 // a layer's entries starts with a cache miss per chunk: the scoring loop fetches the entries
-// kPrefetchChunks chunks ahead. (At 2048 chunks this cuts a third of quest's time.)
+// kPrefetchChunks chunks ahead. (Quest at 2048 chunks: 0.93 ms with it, 1.12 ms without, in
+// kernels_microbench on a shared 2-core machine.)
 constexpr size_t kPrefetchChunks = 8;
 // Chunks whose decoded entries are scored at a time: one kv head's block, 256 x 256 floats
 // (quest at D = 128), is 256 KiB, which the blocked product then reads from L2.
