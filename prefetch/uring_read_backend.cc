@@ -94,7 +94,10 @@ class UringBackend final : public Backend {
   ~UringBackend() override {
     Join();
     for (auto& r : rings_) {
-      if (r->ring_ready) io_uring_queue_exit(&r->ring);
+      if (r->ring_ready) {
+        storage::AnnotateRingGone(r->ring);
+        io_uring_queue_exit(&r->ring);
+      }
       if (r->efd >= 0) close(r->efd);
       if (pinned_ && engine_->options().unpin_memory) {
         engine_->options().unpin_memory(r->arena.data(), r->arena.size());
@@ -185,6 +188,7 @@ class UringBackend final : public Backend {
       return ErrnoToStatus(-ret, absl::StrCat("set up an io_uring of depth ", o.queue_depth + 1));
     }
     r.ring_ready = true;
+    storage::AnnotateNewRing(r.ring);
     r.efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (r.efd < 0) return ErrnoToStatus(errno, "eventfd for the read engine");
 

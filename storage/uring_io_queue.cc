@@ -48,7 +48,41 @@
 #include "ckv/status.h"
 #include "storage/file_system.h"
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace ckv::storage {
+namespace {
+
+// The addresses a ring's accesses are ordered on: each mapping's start.
+template <typename Fn>
+void ForEachRingMapping([[maybe_unused]] const io_uring& ring, [[maybe_unused]] Fn fn) {
+#if defined(__SANITIZE_THREAD__)
+  fn(ring.sq.ring_ptr);
+  if (ring.cq.ring_ptr != ring.sq.ring_ptr) fn(ring.cq.ring_ptr);
+  fn(ring.sq.sqes);
+#endif
+}
+
+}  // namespace
+
+void AnnotateNewRing(const io_uring& ring) {
+  ForEachRingMapping(ring, []([[maybe_unused]] void* p) {
+#if defined(__SANITIZE_THREAD__)
+    __tsan_acquire(p);
+#endif
+  });
+}
+
+void AnnotateRingGone(const io_uring& ring) {
+  ForEachRingMapping(ring, []([[maybe_unused]] void* p) {
+#if defined(__SANITIZE_THREAD__)
+    __tsan_release(p);
+#endif
+  });
+}
+
 namespace {
 
 // Bounds the resubmissions of one op that keeps failing with EINTR/EAGAIN without progress.
@@ -72,6 +106,7 @@ class UringIoQueue final : public IoQueue {
       return ErrnoToStatus(-ret, absl::StrCat("set up an io_uring of depth ", depth_));
     }
     ring_ready_ = true;
+    AnnotateNewRing(ring_);
     return absl::OkStatus();
   }
 
@@ -83,6 +118,7 @@ class UringIoQueue final : public IoQueue {
       if (!Enter(/*wait=*/true).ok()) break;
       Reap();
     }
+    AnnotateRingGone(ring_);
     io_uring_queue_exit(&ring_);
   }
 

@@ -17,7 +17,18 @@
 #include "absl/status/statusor.h"
 #include "storage/file_system.h"
 
+struct io_uring;
+
 namespace ckv::storage {
+
+// For ThreadSanitizer builds (no-ops in others): call AnnotateNewRing after io_uring_queue_init*
+// and AnnotateRingGone before io_uring_queue_exit. liburing maps and unmaps rings with raw
+// system calls that TSan does not see, so when a thread's new ring lands where another thread's
+// old one was, TSan takes the two rings' accesses for a race. These order the old ring's
+// accesses before the new ring's (a release on the ring's addresses when it goes, an acquire
+// when a ring appears there); GCC 12's TSan has no working call to forget a range.
+void AnnotateNewRing(const io_uring& ring);
+void AnnotateRingGone(const io_uring& ring);
 
 // A file opened by PosixFileSystem. The io_uring queue accepts only these (it needs the fd).
 class PosixFile final : public File {
