@@ -21,10 +21,9 @@
 //            mass to be caught is a mean of per-head distributions, each summing to 1, and raw
 //            bounds let the heads with the largest logits decide alone (the regression test
 //            AHeadWithLargeLogitsDoesNotDecideAlone builds such a case). On the planted data of
-//            tools/synthetic_attention.h (qwen2.5-7b, seed 1, 10% budget) the raw sum reached
-//            0.987x of the oracle's recall at 8K tokens and 0.985x at 32K (first 8 layers), the
-//            per-head softmax 0.996x at both (bench/selector_fidelity --tokens N --budgets 0.1
-//            [--layers 8]).
+//            tools/synthetic_attention.h (qwen2.5-7b, 8K tokens, seed 1, 10% budget) the raw sum
+//            reached 0.960x of the oracle's recall, the per-head softmax 0.995x
+//            (bench/selector_fidelity; docs/results.md).
 //   mean-key per q head, the softmax over chunks of (mean query of the window) . (chunk's mean
 //            key) / sqrt(D) (ShadowKV-style landmarks); the mean of those over the q heads.
 //            Averaging the window's queries before the softmax makes a layer cost one dot
