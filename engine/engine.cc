@@ -25,11 +25,18 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       tiers_ = std::make_unique<engine::TierCache>(
           options.gpu_tier_bytes, options.cpu_tier_bytes,
           cuda.ok() ? std::move(*cuda) : kernels::NewHostMemory(), kernels::NewHostMemory());
+      // A chunk that leaves the store leaves the tiers: its records would only hold budget
+      // until they aged out (pinned ones stay valid until their views are released).
+      store_->SetRemovalListener(
+          [tiers = tiers_.get()](const ChunkKey& chunk) { tiers->Erase(chunk); });
     }
   }
   // Sessions must be finished or destroyed before the engine; the read engine goes first so
   // that no read lands after the store is closed.
-  ~EngineImpl() override { reads_.reset(); }
+  ~EngineImpl() override {
+    store_->SetRemovalListener(nullptr);
+    reads_.reset();
+  }
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {

@@ -829,6 +829,9 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
       FreeSlotLocked(e.segment, e.slot);
     }
   }
+  if (removal_listener_) {
+    for (const ChunkKey& key : victims) removal_listener_(key);
+  }
   for (auto& [key, p] : new_prefix_ends) {
     auto it = chunks_.find(key);
     if (it == chunks_.end()) continue;
@@ -1021,6 +1024,11 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
     chunks_[c.key].last_use = tick;
   }
   return std::unique_ptr<PinnedChunks>(new PinnedChunks(this, std::move(chunks)));
+}
+
+void ChunkStore::SetRemovalListener(RemovalListener listener) {
+  absl::MutexLock lock(&mu_);
+  removal_listener_ = std::move(listener);
 }
 
 absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {

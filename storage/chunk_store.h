@@ -153,6 +153,13 @@ class ChunkStore {
   };
   absl::Status AddUsage(std::span<const Usage> usage);
 
+  // Called with each chunk that leaves the store (Delete, eviction to make room, Repair) once its
+  // removal is committed, under the store's lock: it must be quick and must not call back into
+  // the ChunkStore. The engine erases the chunk from its tiers with it. Replaces any earlier
+  // listener; nullptr removes it.
+  using RemovalListener = std::function<void(const ChunkKey&)>;
+  void SetRemovalListener(RemovalListener listener);
+
   // Bytes of auxiliary record `aux` of chunk `key`, or NotFound.
   absl::StatusOr<uint32_t> AuxBytes(const ChunkKey& key, uint32_t aux);
 
@@ -291,6 +298,7 @@ class ChunkStore {
   std::unique_ptr<Catalog> catalog_;
 
   mutable absl::Mutex mu_;
+  RemovalListener removal_listener_ ABSL_GUARDED_BY(mu_);
   absl::CondVar inflight_cv_;
   absl::flat_hash_map<ChunkKey, ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkKey, PrefixEntry> prefixes_ ABSL_GUARDED_BY(mu_);

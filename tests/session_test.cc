@@ -223,6 +223,47 @@ TEST(SessionTierTest, ASecondSessionIsServedFromTheTiersWithoutIo) {
   }
 }
 
+// A deleted prefix's records leave the tiers at once: they would otherwise hold tier budget
+// until they aged out. A view still held keeps its records valid until released.
+TEST(SessionTierTest, DeletingAPrefixErasesItsRecordsFromTheTiers) {
+  const Planted& d = Data();
+  TempDir dir;
+  EngineOptions eo;
+  eo.gpu_tier_bytes = 64ull << 20;
+  eo.cpu_tier_bytes = 64ull << 20;
+  auto engine = Open(dir.path(), eo);
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kMeanKey;
+  RunChecked(*engine, d, o);
+  EngineStats before = engine->Stats();
+  EXPECT_GT(before.gpu_tier_resident_bytes, 0u);
+
+  {
+    // A session holding layer 0's view while the prefix is deleted.
+    auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE((*session)->SubmitQueries(0, d.layers[0].q).ok());
+    auto view = (*session)->AwaitLayer(0);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(engine->Delete(d.spec, d.tokens).ok());
+    EXPECT_GT(engine->Stats().cpu_tier_resident_bytes + engine->Stats().gpu_tier_resident_bytes,
+              0u) << "the view's records stay until it is released";
+    for (const auto& r : view->records()) {
+      EXPECT_EQ(0, std::memcmp(r.data, d.Record(0, r.chunk), d.spec.RecordBytes())) << r.chunk;
+    }
+  }
+  EngineStats after = engine->Stats();
+  EXPECT_EQ(after.gpu_tier_resident_bytes, 0u);
+  EXPECT_EQ(after.cpu_tier_resident_bytes, 0u);
+
+  // Stored again, the prefix is read from NVMe, not from stale tier entries.
+  ASSERT_TRUE(d.Put(*engine).ok());
+  const SessionStats again = RunChecked(*engine, d, o);
+  EXPECT_EQ(again.gpu_hits + again.cpu_hits, 0u);
+  EXPECT_GT(again.nvme_records, 0u);
+}
+
 TEST(SessionTierTest, ASmallGpuTierSpillsToTheCpuTierAndBudgetsHold) {
   const Planted& d = Data();
   TempDir dir;
