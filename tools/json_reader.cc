@@ -21,43 +21,13 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "tools/json_writer.h"
 
 namespace ckv::tools {
 namespace {
 
 // The installed Abseil has its own absl::string_view, which std::string_view does not convert to.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-// Decodes the UTF-8 sequence at s[i]: its length, or 0 when the bytes there are not one.
-size_t Utf8SequenceLength(std::string_view s, size_t i) {
-  const auto byte = [&](size_t j) { return static_cast<unsigned char>(s[j]); };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  size_t len;
-  uint32_t cp;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    cp = b0 & 0x0F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    cp = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (len > s.size() - i) return 0;
-  for (size_t j = 1; j < len; ++j) {
-    if ((byte(i + j) & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (byte(i + j) & 0x3F);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-      (cp >= 0xD800 && cp <= 0xDFFF)) {
-    return 0;
-  }
-  return len;
-}
 
 void AppendUtf8(uint32_t cp, std::string& out) {
   if (cp < 0x80) {

@@ -29,6 +29,39 @@
 
 namespace ckv::tools {
 
+// Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one.
+inline size_t Utf8SequenceLength(std::string_view s, size_t i) {
+  const auto byte = [&](size_t j) { return static_cast<unsigned char>(s[j]); };
+  const unsigned char b0 = byte(i);
+  size_t len;
+  uint32_t cp;
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+    cp = b0 & 0x1F;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    cp = b0 & 0x0F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    cp = b0 & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (size_t j = 1; j < len; ++j) {
+    if ((byte(i + j) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i + j) & 0x3F);
+  }
+  // Overlong forms, surrogates and code points past U+10FFFF are not valid UTF-8.
+  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+      (cp >= 0xD800 && cp <= 0xDFFF)) {
+    return 0;
+  }
+  return len;
+}
+
+
 class JsonWriter {
  public:
   JsonWriter& BeginObject() {
@@ -147,38 +180,6 @@ class JsonWriter {
     assert(ec == std::errc());
     (void)ec;
     out_.append(buf, end);
-  }
-
-  // Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one.
-  static size_t Utf8SequenceLength(std::string_view s, size_t i) {
-    const auto byte = [&](size_t j) { return static_cast<unsigned char>(s[j]); };
-    const unsigned char b0 = byte(i);
-    size_t len;
-    uint32_t cp;
-    if (b0 < 0x80) return 1;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-      len = 2;
-      cp = b0 & 0x1F;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      len = 3;
-      cp = b0 & 0x0F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      len = 4;
-      cp = b0 & 0x07;
-    } else {
-      return 0;
-    }
-    if (i + len > s.size()) return 0;
-    for (size_t j = 1; j < len; ++j) {
-      if ((byte(i + j) & 0xC0) != 0x80) return 0;
-      cp = (cp << 6) | (byte(i + j) & 0x3F);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are not valid UTF-8.
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return 0;
-    }
-    return len;
   }
 
   void AppendQuoted(std::string_view s) {
