@@ -192,13 +192,18 @@ SessionStats RunChecked(Engine& engine, const Planted& d, const ReprefillOptions
   return stats.ok() ? *stats : SessionStats{};
 }
 
-TEST(SessionTierTest, ASecondSessionIsServedFromTheTiersWithoutIo) {
-  const Planted& d = Data();
-  TempDir dir;
+// Tiers that hold every record of Data().
+EngineOptions LargeTiers() {
   EngineOptions eo;
   eo.gpu_tier_bytes = 64ull << 20;
   eo.cpu_tier_bytes = 64ull << 20;
-  auto engine = Open(dir.path(), eo);
+  return eo;
+}
+
+TEST(SessionTierTest, ASecondSessionIsServedFromTheTiersWithoutIo) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path(), LargeTiers());
   ASSERT_TRUE(d.Put(*engine).ok());
   for (Selector sel : {Selector::kMeanKey, Selector::kPeriodExact}) {
     ReprefillOptions o;
@@ -228,10 +233,7 @@ TEST(SessionTierTest, ASecondSessionIsServedFromTheTiersWithoutIo) {
 TEST(SessionTierTest, DeletingAPrefixErasesItsRecordsFromTheTiers) {
   const Planted& d = Data();
   TempDir dir;
-  EngineOptions eo;
-  eo.gpu_tier_bytes = 64ull << 20;
-  eo.cpu_tier_bytes = 64ull << 20;
-  auto engine = Open(dir.path(), eo);
+  auto engine = Open(dir.path(), LargeTiers());
   ASSERT_TRUE(d.Put(*engine).ok());
   ReprefillOptions o;
   o.selector = Selector::kMeanKey;
