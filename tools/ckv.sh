@@ -41,7 +41,8 @@ Commands:
   test    install missing Debian packages, build into build/, run the whole suite with ctest;
           then build into build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and
           into build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
-          fails it; the TSan run leaves out the crash test, whose children it would only slow)
+          fails it; the TSan run leaves out the crash test, whose children it would only slow);
+          then fuzzes the safetensors/JSON reader for 30 s (as fuzz does)
   sanitize  only the sanitizer runs of test
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
           safetensors/JSON libFuzzer target into build-fuzz/ and run it for CKV_FUZZ_SECONDS
@@ -57,8 +58,9 @@ Environment:
   CKV_WERROR=ON|OFF   choose warnings-as-errors yourself
   CKV_SKIP_INSTALL=1  do not check or install Debian packages
   CKV_SANITIZE=0      test: skip the sanitizer runs
+  CKV_FUZZ=0          test: skip the fuzz run
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
-  CKV_FUZZ_SECONDS=N  fuzz: how long to run the fuzzer (default 120)
+  CKV_FUZZ_SECONDS=N  how long to run the fuzzer (default 120 for fuzz, 30 within test)
 EOF
 }
 
@@ -154,15 +156,17 @@ run_sanitized() {
 
 # The libFuzzer target is built by clang outside CMake (tests/fuzz/run_fuzz.sh), so the default
 # build never needs clang.
+# run_fuzz [SECONDS]: for CKV_FUZZ_SECONDS if set, else SECONDS (default 120).
 run_fuzz() {
   install_packages clang libclang-rt-14-dev
-  "$REPO_ROOT/tests/fuzz/run_fuzz.sh" "$REPO_ROOT/build-fuzz" "${CKV_FUZZ_SECONDS:-120}"
+  "$REPO_ROOT/tests/fuzz/run_fuzz.sh" "$REPO_ROOT/build-fuzz" "${CKV_FUZZ_SECONDS:-${1:-120}}"
 }
 
 run_tests() {
   build
   ctest_in "$BUILD_DIR" Release
   if [[ "${CKV_SANITIZE:-1}" != 0 ]]; then run_sanitized; fi
+  if [[ "${CKV_FUZZ:-1}" != 0 ]]; then run_fuzz 30; fi
 }
 
 # The value of "key":NUMBER in one line of kvctl's JSON (kvctl writes no spaces).
