@@ -367,7 +367,8 @@ absl::StatusOr<JsonValue> ParseJson(std::string_view text, const JsonLimits& lim
   return Parser(text, limits).Document();
 }
 
-absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path, const JsonLimits& limits) {
+absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes,
+                                         std::string_view what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   // Read to the end rather than trusting the file's size, and stop once past the limit.
@@ -383,14 +384,19 @@ absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path, const JsonLimits
     }
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
-    if (text.size() > limits.max_bytes) {
-      status = absl::InvalidArgumentError(
-          absl::StrCat(path, ": over the JSON size limit of ", limits.max_bytes, " bytes"));
+    if (text.size() > max_bytes) {
+      status = absl::InvalidArgumentError(absl::StrCat(path, ": over the ", Sv(what),
+                                                       " size limit of ", max_bytes, " bytes"));
       break;
     }
   }
   ::close(fd);
   CKV_RETURN_IF_ERROR(status);
+  return text;
+}
+
+absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path, const JsonLimits& limits) {
+  CKV_ASSIGN_OR_RETURN(const std::string text, ReadFileUpTo(path, limits.max_bytes, "JSON"));
   absl::StatusOr<JsonValue> value = ParseJson(text, limits);
   if (!value.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", value.status().message()));

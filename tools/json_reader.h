@@ -83,6 +83,12 @@ absl::StatusOr<JsonValue> ParseJson(std::string_view text, const JsonLimits& lim
 // the open or read error mapped by ErrnoToStatus, or InvalidArgument "<path>: JSON at byte ...".
 absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path, const JsonLimits& limits = {});
 
+// The bytes of the file at `path`, read to its end, or InvalidArgument "<path>: over the <what>
+// size limit of N bytes" once past `max_bytes` (the file's size is not trusted). Open and read
+// errors as ErrnoToStatus, naming the path.
+absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes,
+                                         std::string_view what);
+
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF): the check ParseJson applies to the bytes of strings.
 bool IsValidUtf8(std::string_view s);

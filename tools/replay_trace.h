@@ -1,0 +1,61 @@
+// tools/replay_trace.h: multi-turn traces for `kvctl replay`, read from JSON Lines.
+//
+// One line per turn, in the order the turns arrive:
+//
+//   {"conversation": "c1", "turn": 1, "generate": {"seed": 7, "tokens": 1024}}
+//   {"conversation": "c1", "turn": 2, "tokens": [151644, 8948, 198]}
+//
+// A turn's tokens are appended to its conversation's context, and the request of the turn is the
+// whole context so far: turn 2 of c1 above is a prompt of 1027 tokens whose first 1024 are turn
+// 1's. "tokens" lists token ids (0 <= id < 2^31); "generate" asks the synthetic generator for
+// `tokens` ids from `seed` (synth::Tokens), so conversations whose first turn generates from the
+// same seed share a system prompt. Blank lines are skipped. Turns of a conversation must be
+// numbered 1, 2, 3, ... in the order they appear; conversations may interleave.
+//
+// The input may be hostile: the file, a line and the tokens of a turn and of a whole context are
+// bounded (TraceLimits), and every error is an InvalidArgument naming the file and line:
+// "trace.jsonl:3: turn 3 of conversation \"c1\" follows turn 1".
+//
+// Thread-safety: pure functions.
+#ifndef CKV_TOOLS_REPLAY_TRACE_H_
+#define CKV_TOOLS_REPLAY_TRACE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ckv::tools {
+
+struct TraceTurn {
+  std::string conversation;
+  uint64_t turn = 0;              // 1, 2, ... within its conversation
+  std::vector<int32_t> tokens;    // appended to the conversation's context
+  size_t line = 0;                // 1-based line of the trace it came from
+};
+
+struct TraceLimits {
+  // Largest trace file, bytes. Default: 256 MiB.
+  size_t max_file_bytes = size_t{256} << 20;
+  // Longest line, bytes. Default: 16 MiB.
+  size_t max_line_bytes = size_t{16} << 20;
+  // Most tokens one conversation's context may reach (generated or listed). Default: 1 << 20.
+  size_t max_context_tokens = size_t{1} << 20;
+  // Most tokens in the whole trace. Default: 1 << 26.
+  size_t max_total_tokens = size_t{1} << 26;
+};
+
+// Parses the JSON Lines `text`; `name` (a path, say) prefixes error messages.
+absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::string_view name,
+                                                  const TraceLimits& limits = {});
+
+// Reads the file at `path` and parses it. Errors name the path.
+absl::StatusOr<std::vector<TraceTurn>> ReadTraceFile(const std::string& path,
+                                                     const TraceLimits& limits = {});
+
+}  // namespace ckv::tools
+
+#endif  // CKV_TOOLS_REPLAY_TRACE_H_
