@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "storage/chunk_store.h"
 #include "tests/test_util.h"
+#include "tools/json_reader.h"
 #include "tools/safetensors.h"
 
 #ifndef CKV_KVCTL_PATH
@@ -353,6 +354,91 @@ TEST(KvctlTest, ExportFailuresNameTheFileAndLeaveItAsItWas) {
   EXPECT_THAT(text, HasSubstr("RESOURCE_EXHAUSTED: write " + out + ".tmp: File too large"));
   EXPECT_EQ(ReadFileBytes(out), "the old file");
   EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
+}
+
+// Member `key` of `object` as an integer (-1 when absent or not an integer).
+int64_t IntOf(const tools::JsonValue& object, std::string_view key) {
+  const tools::JsonValue* v = object.Find(key);
+  return v != nullptr && v->AsInt() != nullptr ? *v->AsInt() : -1;
+}
+
+TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  const std::string trace = dir.Sub("trace.jsonl");
+  // Two conversations share a 512-token system prompt (generated from seed 1): 32 chunks.
+  std::ofstream(trace)
+      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 512}}\n"
+         "{\"conversation\": \"b\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 512}}\n"
+         "{\"conversation\": \"a\", \"turn\": 2, \"generate\": {\"seed\": 2, \"tokens\": 100}}\n"
+         "{\"conversation\": \"b\", \"turn\": 2, \"generate\": {\"seed\": 3, \"tokens\": 60}}\n"
+         "{\"conversation\": \"a\", \"turn\": 3, \"tokens\": [5, 6, 7]}\n";
+  KvctlRun r = Kvctl("replay " + store + " " + trace +
+                     " --model qwen2.5-0.5b --selector mean-key --gpu-tier-bytes 8M --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  const tools::JsonValue::Array* turns = json->Find("turns")->AsArray();
+  ASSERT_NE(turns, nullptr);
+  ASSERT_EQ(turns->size(), 5u);
+  // {prompt chunks, matched chunks, chunks written} per turn: a's first turn finds nothing and
+  // stores the prompt; b's finds it all; later turns match the context and add their new chunks.
+  const int64_t want[5][3] = {{32, 0, 32}, {32, 32, 0}, {38, 32, 6}, {35, 32, 3}, {38, 38, 0}};
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  for (size_t i = 0; i < 5; ++i) {
+    const tools::JsonValue& t = (*turns)[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(IntOf(t, "prompt_chunks"), want[i][0]);
+    EXPECT_EQ(IntOf(t, "matched_chunks"), want[i][1]);
+    EXPECT_EQ(IntOf(t, "chunks_written"), want[i][2]);
+    // 10% of the matched chunks (at least the sink and the last) at each of the 24 layers.
+    const int64_t per_layer =
+        want[i][1] == 0 ? 0 : std::max<int64_t>(2, (want[i][1] + 5) / 10);
+    EXPECT_EQ(IntOf(t, "records_served"), per_layer * spec.layers);
+    EXPECT_EQ(IntOf(t, "bytes_needed"), IntOf(t, "records_served") * spec.RecordBytes());
+  }
+  EXPECT_GT(IntOf((*turns)[4], "gpu_hits"), 0) << "a's third turn finds its records in the tier";
+  EXPECT_EQ(IntOf(*json->Find("engine"), "chunks"), 32 + 6 + 3);
+
+  // Again without storing: every turn's context is stored now.
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  EXPECT_EQ(IntOf(*json, "matched_chunks"), IntOf(*json, "prompt_chunks"));
+  EXPECT_EQ(IntOf(*json, "chunks_written"), 0);
+
+  // Another model's keys match nothing.
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b --no-put --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  EXPECT_EQ(IntOf(*json, "matched_chunks"), 0);
+}
+
+TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  const std::string trace = dir.Sub("trace.jsonl");
+  std::ofstream(trace) << "{\"conversation\": \"a\", \"turn\": 1, \"tokens\": [1, 2]}\n"
+                          "{\"conversation\": \"a\", \"turn\": 3, \"tokens\": [3]}\n";
+  KvctlRun r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(trace + ":2: turn 3 of conversation \"a\" follows turn 1"));
+  EXPECT_EQ(Kvctl("replay " + store + " " + trace).exit_code, 2);  // no --model
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --selector h2o");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--selector: 'h2o'"));
+  r = Kvctl("replay " + dir.Sub("nothing") + " " + trace + " --model qwen2.5-0.5b");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  // A request too large to hold in memory is refused before anything runs.
+  std::ofstream(trace)
+      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 600000}}\n";
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("refuses more than 8.0 GiB"));
 }
 
 }  // namespace

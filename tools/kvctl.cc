@@ -8,6 +8,8 @@
 //   kvctl import STORE FILE (--model PRESET | --spec FILE) [--model-id ID] [--tokens-file F]
 //                [--json]
 //   kvctl export STORE PREFIX OUT.safetensors [--json]
+//   kvctl replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]
+//                [--cpu-tier-bytes B] [--no-put] [--json]
 //
 // Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
 // Results go to stdout (a table, or one JSON object with --json); errors and progress bars go to
@@ -33,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -41,17 +44,22 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "ckv/chunk_key.h"
 #include "ckv/engine.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "ckv/session.h"
 #include "ckv/stats.h"
+#include "ckv/status.h"
 #include "storage/catalog.h"
 #include "tools/json_writer.h"
 #include "tools/model_spec_json.h"
+#include "tools/replay_trace.h"
 #include "tools/safetensors.h"
 #include "tools/synthetic_kv.h"
 
@@ -439,6 +447,46 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .EndObject();
 }
 
+// The spec of --model PRESET (required), --dtype, --chunk-tokens and --model-id, as put and
+// replay take them. Returns false with `*error` set on a usage error.
+bool PresetSpec(const ParsedArgs& args, ModelSpec* spec, std::string* error) {
+  DType dtype = DType::kFp16;
+  if (const std::string* text = args.Value("--dtype")) {
+    auto parsed = ParseDType(*text);
+    if (!parsed.ok()) {
+      *error = "--dtype: '" + *text + "' is not fp16, bf16 or fp32";
+      return false;
+    }
+    dtype = *parsed;
+  }
+  const std::string& preset = *args.Value("--model");
+  const std::vector<std::string> presets = ModelSpec::PresetNames();
+  if (std::find(presets.begin(), presets.end(), preset) == presets.end()) {
+    std::string list;
+    for (const std::string& p : presets) list += (list.empty() ? "" : ", ") + p;
+    *error = "--model: unknown preset '" + preset + "' (known: " + list + ")";
+    return false;
+  }
+  uint64_t chunk_tokens = 16;
+  if (!OptionUint(args, "--chunk-tokens", false, &chunk_tokens, error)) return false;
+  if (chunk_tokens == 0 || chunk_tokens > 4096) {
+    *error = "--chunk-tokens: " + std::to_string(chunk_tokens) + " is out of range 1..4096";
+    return false;
+  }
+  auto spec_or = ModelSpec::Preset(preset, dtype, static_cast<uint32_t>(chunk_tokens));
+  if (!spec_or.ok()) {
+    *error = std::string(spec_or.status().message());
+    return false;
+  }
+  *spec = *std::move(spec_or);
+  if (const std::string* id = args.Value("--model-id")) spec->model_id = *id;
+  if (absl::Status valid = spec->Validate(); !valid.ok()) {
+    *error = std::string(valid.message());
+    return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // kvctl init
 
@@ -521,7 +569,8 @@ const CommandSpec kPut = {
 // what synth::SyntheticKv generates: a record is a pure function of (chunk key, layer, spec).
 class GeneratedKv {
  public:
-  GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens) {
+  // `progress`: show a bar on a terminal while generating.
+  GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress = true) {
     const size_t c = spec.chunk_tokens;
     const size_t chunks = tokens.size() / c;
     const size_t token_bytes = spec.TokenBytesPerLayer();
@@ -530,7 +579,8 @@ class GeneratedKv {
     const size_t tensor_bytes = tokens.size() * token_bytes;
     total_bytes_ = 2 * tensor_bytes * spec.layers;
 
-    ProgressBar bar("generate", total_bytes_);
+    std::optional<ProgressBar> bar;
+    if (progress) bar.emplace("generate", total_bytes_);
     std::vector<std::byte> record(spec.RecordBytes());
     tensors_.tokens = tokens.size();
     uint64_t done = 0;
@@ -544,12 +594,12 @@ class GeneratedKv {
         std::memcpy(k + i * half, record.data(), half);
         std::memcpy(v + i * half, record.data() + half, half);
         done += record.size();
-        bar.Update(done);
+        if (bar) bar->Update(done);
       }
       tensors_.k.emplace_back(k, tensor_bytes);
       tensors_.v.emplace_back(v, tensor_bytes);
     }
-    bar.Finish();
+    if (bar) bar->Finish();
   }
 
   const KvTensors& tensors() const { return tensors_; }
@@ -571,42 +621,20 @@ int RunPut(const ParsedArgs& args) {
   if (args.Has("--shared-tokens") != args.Has("--shared-seed")) {
     return UsageError("put", "--shared-tokens and --shared-seed go together");
   }
-  uint64_t tokens_n = 0, seed = 0, shared_tokens = 0, shared_seed = 0, chunk_tokens = 16;
+  uint64_t tokens_n = 0, seed = 0, shared_tokens = 0, shared_seed = 0;
   if (!OptionUint(args, "--tokens", false, &tokens_n, &error) ||
       !OptionUint(args, "--seed", false, &seed, &error) ||
       !OptionUint(args, "--shared-tokens", false, &shared_tokens, &error) ||
-      !OptionUint(args, "--shared-seed", false, &shared_seed, &error) ||
-      !OptionUint(args, "--chunk-tokens", false, &chunk_tokens, &error)) {
+      !OptionUint(args, "--shared-seed", false, &shared_seed, &error)) {
     return UsageError("put", error);
   }
-  DType dtype = DType::kFp16;
-  if (const std::string* text = args.Value("--dtype")) {
-    auto parsed = ParseDType(*text);
-    if (!parsed.ok()) return UsageError("put", "--dtype: '" + *text + "' is not fp16, bf16 or fp32");
-    dtype = *parsed;
-  }
+  ModelSpec spec;
+  if (!PresetSpec(args, &spec, &error)) return UsageError("put", error);
   const std::string& preset = *args.Value("--model");
-  const std::vector<std::string> presets = ModelSpec::PresetNames();
-  if (std::find(presets.begin(), presets.end(), preset) == presets.end()) {
-    std::string list;
-    for (const std::string& p : presets) list += (list.empty() ? "" : ", ") + p;
-    return UsageError("put", "--model: unknown preset '" + preset + "' (known: " + list + ")");
-  }
-  if (chunk_tokens == 0 || chunk_tokens > 4096) {
-    return UsageError("put", "--chunk-tokens: " + std::to_string(chunk_tokens) +
-                                 " is out of range 1..4096");
-  }
-  auto spec_or = ModelSpec::Preset(preset, dtype, static_cast<uint32_t>(chunk_tokens));
-  if (!spec_or.ok()) return UsageError("put", std::string(spec_or.status().message()));
-  ModelSpec spec = *std::move(spec_or);
-  if (const std::string* id = args.Value("--model-id")) spec.model_id = *id;
-  if (absl::Status valid = spec.Validate(); !valid.ok()) {
-    return UsageError("put", std::string(valid.message()));
-  }
-  if (tokens_n == 0 || tokens_n % chunk_tokens != 0) {
+  if (tokens_n == 0 || tokens_n % spec.chunk_tokens != 0) {
     return UsageError("put", "--tokens: " + std::to_string(tokens_n) +
                                  " is not a positive multiple of the chunk size " +
-                                 std::to_string(chunk_tokens));
+                                 std::to_string(spec.chunk_tokens));
   }
   // Keep the generated KV addressable (and sane) on any host: 1 TiB of KV is far past a demo.
   if (tokens_n > (uint64_t{1} << 40) / spec.KvBytesPerToken()) {
@@ -1263,6 +1291,292 @@ int RunExport(const ParsedArgs& args) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// kvctl replay
+
+const CommandSpec kReplay = {
+    "replay",
+    "replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]\n"
+    "                   [--cpu-tier-bytes B] [--no-put] [--dtype T] [--model-id ID]\n"
+    "                   [--chunk-tokens C] [--json]",
+    "Run a multi-turn trace against the store: per turn, a Re-Prefill, then a Put.",
+    "TRACE is JSON Lines, one turn per line, in arrival order:\n"
+    "  {\"conversation\": \"c1\", \"turn\": 1, \"generate\": {\"seed\": 7, \"tokens\": 1024}}\n"
+    "  {\"conversation\": \"c1\", \"turn\": 2, \"tokens\": [151644, 8948, 198]}\n"
+    "A turn's tokens (listed, or generated from a seed as 'kvctl put' does) are appended to its\n"
+    "conversation's context, and the turn's request is the whole context. For each turn, replay\n"
+    "runs a Re-Prefill session over the stored leading chunks of the request (every layer, with\n"
+    "synthetic queries, through the selector and tiers), then stores the request's whole chunks\n"
+    "with synthetic KV (as 'kvctl put'; chunks already stored are not written again), so the\n"
+    "next turn matches them. It prints per turn the match length and the Re-Prefill figures,\n"
+    "then the totals. The tiers live only as long as the replay. A request's KV is held in\n"
+    "memory while it is stored; replay refuses a request of more than 8 GiB of KV.\n"
+    "Example: kvctl replay ./store trace.jsonl --model qwen2.5-7b --gpu-tier-bytes 1G",
+    {
+        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        {"--selector", "S", "period-exact (default), quest, mean-key or oracle"},
+        {"--budget", "F", "fraction of the matched chunks loaded per layer, (0, 1] (default 0.1)"},
+        {"--gpu-tier-bytes", "B", "GPU tier budget (host memory here; default 0: none)"},
+        {"--cpu-tier-bytes", "B", "CPU tier budget (default 0: none)"},
+        {"--no-put", "", "do not store the turns (measure Re-Prefill of what is stored)"},
+        {"--dtype", "T", "element type: fp16 (default), bf16, fp32"},
+        {"--model-id", "ID", "model id bound into every chunk key (default: the preset name)"},
+        {"--chunk-tokens", "C", "tokens per chunk (default 16)"},
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// Deterministic stand-in queries for one layer of one turn: [window, q_heads, head_dim], values
+// in [-1, 1). Replay measures I/O and tiers, not the quality of a selection.
+std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_t turn_seed,
+                                 uint32_t layer) {
+  std::vector<float> q(size_t{window} * spec.q_heads * spec.head_dim);
+  uint64_t x = turn_seed * 0x9E3779B97F4A7C15ull + layer;
+  for (float& v : q) {
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return q;
+}
+
+struct ReplayTurnFigures {
+  std::string conversation;
+  uint64_t turn = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t prompt_chunks = 0;
+  uint64_t matched_chunks = 0;
+  SessionStats session;
+  double reprefill_seconds = 0;
+  uint64_t chunks_written = 0;
+  uint64_t chunks_evicted = 0;
+  double put_seconds = 0;
+};
+
+// One turn: a Re-Prefill over the stored leading chunks of `prompt`, then (unless no_put) a Put.
+absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& spec,
+                                             const ReprefillOptions& options,
+                                             const tools::TraceTurn& turn,
+                                             std::span<const int32_t> prompt, bool no_put) {
+  ReplayTurnFigures f;
+  f.conversation = turn.conversation;
+  f.turn = turn.turn;
+  f.prompt_tokens = prompt.size();
+  f.prompt_chunks = prompt.size() / spec.chunk_tokens;
+  const uint64_t turn_seed = std::hash<std::string>{}(turn.conversation) ^ (turn.turn << 32);
+  const auto reprefill_start = Clock::now();
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<ReprefillSession> session,
+                       engine.BeginReprefill(spec, prompt, options));
+  f.matched_chunks = session->matched_chunks();
+  if (f.matched_chunks > 0) {
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      const std::vector<float> q = ReplayQueries(spec, options.window, turn_seed, layer);
+      CKV_RETURN_IF_ERROR(session->SubmitQueries(layer, q));
+      CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(layer));
+    }
+  }
+  CKV_ASSIGN_OR_RETURN(f.session, session->Finish());
+  f.reprefill_seconds = SecondsSince(reprefill_start);
+  if (!no_put && f.prompt_chunks > 0) {
+    const std::span<const int32_t> whole = prompt.first(f.prompt_chunks * spec.chunk_tokens);
+    GeneratedKv kv(spec, whole, /*progress=*/false);
+    const auto put_start = Clock::now();
+    CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, kv.tensors()));
+    f.put_seconds = SecondsSince(put_start);
+    f.chunks_written = put.chunks_written;
+    f.chunks_evicted = put.chunks_evicted;
+  }
+  return f;
+}
+
+void WriteTurnJson(tools::JsonWriter& w, const ReplayTurnFigures& f) {
+  const SessionStats& s = f.session;
+  w.BeginObject()
+      .Key("conversation").String(f.conversation)
+      .Key("turn").Uint(f.turn)
+      .Key("prompt_tokens").Uint(f.prompt_tokens)
+      .Key("prompt_chunks").Uint(f.prompt_chunks)
+      .Key("matched_chunks").Uint(f.matched_chunks)
+      .Key("records_served").Uint(s.records_served)
+      .Key("bytes_needed").Uint(s.bytes_needed)
+      .Key("bytes_read").Uint(s.bytes_read)
+      .Key("read_amplification").Double(s.read_amplification())
+      .Key("gpu_hits").Uint(s.gpu_hits)
+      .Key("cpu_hits").Uint(s.cpu_hits)
+      .Key("nvme_records").Uint(s.nvme_records)
+      .Key("summary_cache_hits").Uint(s.summary_cache_hits)
+      .Key("prefetched_bytes_used").Uint(s.prefetched_bytes_used)
+      .Key("prefetched_bytes_wasted").Uint(s.prefetched_bytes_wasted)
+      .Key("await_blocked_seconds").Double(s.await_blocked_seconds)
+      .Key("reprefill_seconds").Double(f.reprefill_seconds)
+      .Key("chunks_written").Uint(f.chunks_written)
+      .Key("chunks_evicted").Uint(f.chunks_evicted)
+      .Key("put_seconds").Double(f.put_seconds)
+      .EndObject();
+}
+
+int RunReplay(const ParsedArgs& args) {
+  std::string error;
+  if (args.positional.size() != 2) return UsageError("replay", "replay needs STORE and TRACE");
+  const std::string& store = args.positional[0];
+  const std::string& trace_path = args.positional[1];
+  if (!args.Has("--model")) return UsageError("replay", "replay needs --model");
+  ModelSpec spec;
+  if (!PresetSpec(args, &spec, &error)) return UsageError("replay", error);
+  ReprefillOptions options;
+  if (const std::string* text = args.Value("--selector")) {
+    auto selector = ParseSelector(*text);
+    if (!selector.ok()) {
+      return UsageError("replay", "--selector: '" + *text +
+                                      "' is not period-exact, quest, mean-key or oracle");
+    }
+    options.selector = *selector;
+  }
+  if (const std::string* text = args.Value("--budget")) {
+    double budget = 0;
+    const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), budget);
+    if (ec != std::errc() || end != text->data() + text->size() || !(budget > 0) ||
+        budget > 1) {
+      return UsageError("replay", "--budget: '" + *text + "' is not a number in (0, 1]");
+    }
+    options.budget_fraction = budget;
+  }
+  EngineOptions engine_options;
+  engine_options.create_if_missing = false;
+  if (!OptionUint(args, "--gpu-tier-bytes", true, &engine_options.gpu_tier_bytes, &error) ||
+      !OptionUint(args, "--cpu-tier-bytes", true, &engine_options.cpu_tier_bytes, &error)) {
+    return UsageError("replay", error);
+  }
+  const bool no_put = args.Has("--no-put");
+  const bool json = args.Has("--json");
+
+  auto turns = tools::ReadTraceFile(trace_path);
+  if (!turns.ok()) return StoreError("replay " + trace_path, turns.status());
+  // A request's KV is generated whole for its Put: bound it before starting.
+  constexpr uint64_t kMaxRequestKvBytes = uint64_t{8} << 30;
+  absl::flat_hash_map<std::string, uint64_t> context_tokens;
+  uint64_t total_kv_bytes = 0;
+  for (const tools::TraceTurn& t : *turns) {
+    const uint64_t tokens = context_tokens[t.conversation] += t.tokens.size();
+    const uint64_t kv_bytes = tokens * spec.KvBytesPerToken();
+    if (kv_bytes > kMaxRequestKvBytes) {
+      return StoreError(
+          "replay " + trace_path,
+          absl::InvalidArgumentError(absl::StrCat(
+              trace_path, ":", t.line, ": turn ", t.turn, " of conversation \"",
+              t.conversation, "\" is a request of ", tokens, " tokens, ", FormatBytes(kv_bytes),
+              " of KV; replay holds a request's KV in memory and refuses more than ",
+              FormatBytes(kMaxRequestKvBytes))));
+    }
+    total_kv_bytes += kv_bytes;
+  }
+
+  auto engine = Engine::Open(engine_options, store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+
+  std::vector<ReplayTurnFigures> figures;
+  absl::flat_hash_map<std::string, std::vector<int32_t>> contexts;
+  const auto start = Clock::now();
+  {
+    ProgressBar bar("replay", total_kv_bytes);
+    uint64_t done = 0;
+    for (const tools::TraceTurn& t : *turns) {
+      std::vector<int32_t>& context = contexts[t.conversation];
+      context.insert(context.end(), t.tokens.begin(), t.tokens.end());
+      auto f = ReplayTurn(**engine, spec, options, t, context, no_put);
+      if (!f.ok()) {
+        bar.Finish();
+        return StoreError(absl::StrCat("replay ", trace_path, ":", t.line, " (conversation \"",
+                                       t.conversation, "\", turn ", t.turn, ")"),
+                          f.status());
+      }
+      figures.push_back(*std::move(f));
+      done += context.size() * spec.KvBytesPerToken();
+      bar.Update(done);
+    }
+  }
+  const double seconds = SecondsSince(start);
+
+  SessionStats total;
+  uint64_t prompt_chunks = 0, matched = 0, written = 0;
+  for (const ReplayTurnFigures& f : figures) {
+    prompt_chunks += f.prompt_chunks;
+    matched += f.matched_chunks;
+    written += f.chunks_written;
+    total.records_served += f.session.records_served;
+    total.bytes_needed += f.session.bytes_needed;
+    total.bytes_read += f.session.bytes_read;
+    total.gpu_hits += f.session.gpu_hits;
+    total.cpu_hits += f.session.cpu_hits;
+    total.nvme_records += f.session.nvme_records;
+  }
+  const EngineStats stats = (*engine)->Stats();
+  if (json) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("trace").String(trace_path)
+        .Key("model_id").String(spec.model_id)
+        .Key("selector").String(std::string(SelectorName(options.selector)))
+        .Key("budget").Double(options.budget_fraction)
+        .Key("put").Bool(!no_put)
+        .Key("turns").BeginArray();
+    for (const ReplayTurnFigures& f : figures) WriteTurnJson(w, f);
+    w.EndArray()
+        .Key("prompt_chunks").Uint(prompt_chunks)
+        .Key("matched_chunks").Uint(matched)
+        .Key("chunks_written").Uint(written)
+        .Key("records_served").Uint(total.records_served)
+        .Key("bytes_needed").Uint(total.bytes_needed)
+        .Key("bytes_read").Uint(total.bytes_read)
+        .Key("read_amplification").Double(total.read_amplification())
+        .Key("gpu_hits").Uint(total.gpu_hits)
+        .Key("cpu_hits").Uint(total.cpu_hits)
+        .Key("nvme_records").Uint(total.nvme_records)
+        .Key("seconds").Double(seconds)
+        .Key("engine");
+    WriteStatsJson(w, stats);
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("replay %s: %zu turns, %s, %s at %.0f%%\n", trace_path.c_str(), figures.size(),
+              spec.DebugString().c_str(), std::string(SelectorName(options.selector)).c_str(),
+              options.budget_fraction * 100);
+  std::printf("%-14s %5s %8s %15s %8s %10s %6s %7s %7s %9s %8s %9s\n", "conversation", "turn",
+              "tokens", "matched", "records", "read", "amp", "gpu", "cpu", "reprefill", "written",
+              "put");
+  for (const ReplayTurnFigures& f : figures) {
+    const std::string matched_text = absl::StrCat(f.matched_chunks, "/", f.prompt_chunks);
+    std::printf("%-14s %5llu %8llu %15s %8llu %10s %6.2f %7llu %7llu %8.1fms %8llu %8.1fms\n",
+                f.conversation.substr(0, 14).c_str(), static_cast<unsigned long long>(f.turn),
+                static_cast<unsigned long long>(f.prompt_tokens), matched_text.c_str(),
+                static_cast<unsigned long long>(f.session.records_served),
+                FormatBytes(f.session.bytes_read).c_str(), f.session.read_amplification(),
+                static_cast<unsigned long long>(f.session.gpu_hits),
+                static_cast<unsigned long long>(f.session.cpu_hits), f.reprefill_seconds * 1e3,
+                static_cast<unsigned long long>(f.chunks_written), f.put_seconds * 1e3);
+  }
+  const double hit_rate =
+      total.records_served == 0
+          ? 0
+          : static_cast<double>(total.gpu_hits + total.cpu_hits) / total.records_served;
+  std::printf("totals: %llu of %llu request chunks matched, %llu records served, %s read "
+              "(amplification %.2f), tier hits %.0f%% (gpu %llu, cpu %llu), %llu chunks "
+              "written, %.2fs\n",
+              static_cast<unsigned long long>(matched),
+              static_cast<unsigned long long>(prompt_chunks),
+              static_cast<unsigned long long>(total.records_served),
+              FormatBytes(total.bytes_read).c_str(), total.read_amplification(), hit_rate * 100,
+              static_cast<unsigned long long>(total.gpu_hits),
+              static_cast<unsigned long long>(total.cpu_hits),
+              static_cast<unsigned long long>(written), seconds);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
 // main
 
 struct Command {
@@ -1277,6 +1591,7 @@ const Command kCommands[] = {
     {&kVerify, RunVerify},
     {&kImport, RunImport},
     {&kExport, RunExport},
+    {&kReplay, RunReplay},
 };
 
 void PrintHelp(FILE* out) {
