@@ -62,6 +62,9 @@ class EngineImpl final : public Engine, public engine::SessionHost {
                                                      ModelSpec* spec) override {
     return store_->PrefixChunks(prefix_id, spec);
   }
+  absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) override {
+    return store_->DescribePrefix(prefix_id);
+  }
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
     return store_->Verify(progress);
   }

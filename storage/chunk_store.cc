@@ -1286,12 +1286,21 @@ std::vector<PrefixInfo> ChunkStore::ListPrefixes() {
 
 absl::StatusOr<std::vector<ChunkKey>> ChunkStore::PrefixChunks(const ChunkKey& prefix_id,
                                                                ModelSpec* spec) {
+  CKV_ASSIGN_OR_RETURN(PrefixDescription d, DescribePrefix(prefix_id));
+  std::vector<ChunkKey> keys;
+  keys.reserve(d.chunks.size());
+  for (const ChunkPlacement& c : d.chunks) keys.push_back(c.key);
+  if (spec != nullptr) *spec = std::move(d.spec);
+  return keys;
+}
+
+absl::StatusOr<PrefixDescription> ChunkStore::DescribePrefix(const ChunkKey& prefix_id) {
   absl::MutexLock lock(&mu_);
   auto p = prefixes_.find(prefix_id);
   if (p == prefixes_.end()) {
     return absl::NotFoundError(absl::StrCat("no stored prefix ", prefix_id.ToHex()));
   }
-  std::vector<ChunkKey> keys;
+  PrefixDescription d;
   ChunkKey key = prefix_id;
   while (!key.IsZero()) {
     auto it = chunks_.find(key);
@@ -1299,19 +1308,20 @@ absl::StatusOr<std::vector<ChunkKey>> ChunkStore::PrefixChunks(const ChunkKey& p
       return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(), " is missing chunk ",
                                               key.ToHex()));
     }
-    keys.push_back(key);
-    key = it->second.parent;
+    const ChunkEntry& e = it->second;
+    const Segment& seg = *segments_.at(e.segment);
+    d.chunks.push_back(ChunkPlacement{key, e.segment, e.slot, seg.RecordOffset(e.slot, 0),
+                                      seg.chunk_bytes(), e.importance, e.loads});
+    key = e.parent;
   }
-  std::reverse(keys.begin(), keys.end());
-  if (spec != nullptr) {
-    auto s = specs_.find(p->second.fingerprint);
-    if (s == specs_.end()) {
-      return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(),
-                                              " names an unknown model spec"));
-    }
-    *spec = s->second;
+  std::reverse(d.chunks.begin(), d.chunks.end());
+  auto s = specs_.find(p->second.fingerprint);
+  if (s == specs_.end()) {
+    return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(),
+                                            " names an unknown model spec"));
   }
-  return keys;
+  d.spec = s->second;
+  return d;
 }
 
 absl::StatusOr<ChunkStore::RecordLocation> ChunkStore::LocateRecord(const ChunkKey& key,

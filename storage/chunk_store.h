@@ -114,6 +114,7 @@ class ChunkStore {
   absl::Status DeletePrefix(const ChunkKey& prefix_id);
   std::vector<PrefixInfo> ListPrefixes();
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id, ModelSpec* spec);
+  absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id);
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();

@@ -1,4 +1,5 @@
-// Tests of ChunkStore::Pin (what Re-Prefill sessions read through) and AddUsage (I and F).
+// Tests of ChunkStore::Pin (what Re-Prefill sessions read through), AddUsage (I and F) and
+// DescribePrefix (where a prefix's chunks are, with their I and F).
 #include "storage/chunk_store.h"
 #include "storage/record_checksum.h"
 #include "tests/test_util.h"
@@ -80,6 +81,27 @@ TEST_F(PinTest, UsageAddsUpAndSurvivesAReopen) {
   EXPECT_DOUBLE_EQ((*pinned)->chunks()[2].importance, 0.5);
   EXPECT_EQ((*pinned)->chunks()[2].loads, 4u);
   EXPECT_EQ((*pinned)->chunks()[1].loads, 0u);
+}
+
+TEST_F(PinTest, DescribePrefixGivesEachChunksPlaceAndScore) {
+  std::vector<storage::ChunkStore::Usage> usage = {{keys_[1], 0.5, 3}};
+  ASSERT_TRUE(store_->AddUsage(usage).ok());
+  auto d = store_->DescribePrefix(keys_.back());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->spec.Fingerprint(), spec_.Fingerprint());
+  ASSERT_EQ(d->chunks.size(), keys_.size());
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    const ChunkPlacement& c = d->chunks[i];
+    EXPECT_EQ(c.key, keys_[i]);
+    auto where = store_->LocateRecord(keys_[i], 0);
+    ASSERT_TRUE(where.ok());
+    EXPECT_EQ(c.offset, where->offset);
+    EXPECT_EQ(where->segment_path, dir_.Sub("segments/" + storage::Segment::FileName(c.segment)));
+    EXPECT_EQ(c.bytes, uint64_t{spec_.layers} * spec_.RecordBytes());  // no summaries
+  }
+  EXPECT_DOUBLE_EQ(d->chunks[1].score(), 1.5);
+  EXPECT_EQ(d->chunks[0].score(), 0);
+  EXPECT_EQ(store_->DescribePrefix(keys_[2]).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(PinTest, UsageOfADeletedChunkDoesNotBringItBack) {

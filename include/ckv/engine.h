@@ -68,6 +68,25 @@ struct GcReport {
   uint64_t segments_removed = 0;  // segment files that held no chunk, deleted
 };
 
+// Where one chunk of a stored prefix lives and how it ranks (Engine::DescribePrefix).
+struct ChunkPlacement {
+  ChunkKey key;
+  uint32_t segment = 0;   // segment id: the file segments/seg-NNNNNNNN.ckv of the store
+  uint32_t slot = 0;      // its slot in that segment (docs/format.md)
+  uint64_t offset = 0;    // byte offset of its layer-0 record in the segment file
+  uint64_t bytes = 0;     // bytes it occupies in the segment: all records, padded, summaries too
+  double importance = 0;  // I: attention importance that Re-Prefill sessions added
+  uint64_t loads = 0;     // F: loads of its records that sessions counted
+  // S = I x F, the rank of its records in the tiers and for eviction (docs/tiers.md).
+  double score() const { return importance * static_cast<double>(loads); }
+};
+
+// A stored prefix's spec and chunks, first to last.
+struct PrefixDescription {
+  ModelSpec spec;
+  std::vector<ChunkPlacement> chunks;
+};
+
 // Called by long operations with work done and total work (bytes), from the calling thread.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
@@ -125,6 +144,10 @@ class Engine {
   // The chunk keys of a stored prefix, first to last, and its spec.
   virtual absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
                                                              ModelSpec* spec) = 0;
+
+  // The same chunks with where each lives and its I and F, read from memory (no I/O). A
+  // snapshot: a Put, Delete or session may change them right after. Errors as PrefixChunks.
+  virtual absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) = 0;
 
   // Reads every record of every stored chunk and checks its checksum, and checks the catalog's
   // chains (every chunk's parent stored, child counts, prefix ends). Problems are reported, not
