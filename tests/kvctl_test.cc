@@ -3,11 +3,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@ namespace {
 
 using ::ckv::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct KvctlRun {
   int exit_code = -1;
@@ -439,6 +443,247 @@ TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("refuses more than 8.0 GiB"));
+}
+
+// Member `key` of `object` as a number (JsonWriter writes whole doubles as integers; NaN when
+// absent).
+double NumberOf(const tools::JsonValue& object, std::string_view key) {
+  const tools::JsonValue* v = object.Find(key);
+  if (v == nullptr) return std::nan("");
+  if (v->AsInt() != nullptr) return static_cast<double>(*v->AsInt());
+  return v->AsDouble() != nullptr ? *v->AsDouble() : std::nan("");
+}
+
+// The id of the prefix `ls --json` lists with `chunks` chunks ("" when none or several).
+std::string PrefixWithChunks(const std::string& store, int64_t chunks) {
+  const KvctlRun r = Kvctl("ls " + store + " --json");
+  auto json = tools::ParseJson(r.out);
+  if (!json.ok()) return "";
+  std::string id;
+  for (const tools::JsonValue& p : *json->Find("prefixes")->AsArray()) {
+    if (IntOf(p, "chunks") != chunks) continue;
+    if (!id.empty()) return "";
+    id = *p.Find("id")->AsString();
+  }
+  return id;
+}
+
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  const char c = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  // A: 16 chunks; B: 16 chunks of which the first 12 are A's.
+  ASSERT_EQ(Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 256 --seed 1").exit_code, 0);
+  ASSERT_EQ(Kvctl("put " + store +
+                  " --model qwen2.5-0.5b --tokens 256 --seed 2 --shared-tokens 192 "
+                  "--shared-seed 1")
+                .exit_code,
+            0);
+  KvctlRun r = Kvctl("ls " + store + " --json");
+  auto ls = tools::ParseJson(r.out);
+  ASSERT_TRUE(ls.ok()) << r.out;
+  const tools::JsonValue::Array& listed = *ls->Find("prefixes")->AsArray();
+  ASSERT_EQ(listed.size(), 2u);
+  const auto tokens_a = synth::Tokens(1, 256);
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const std::string id_a =
+      ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens_a).back().ToHex();
+  std::string id_b;
+  for (const tools::JsonValue& p : listed) {
+    if (*p.Find("id")->AsString() != id_a) id_b = *p.Find("id")->AsString();
+  }
+  ASSERT_EQ(id_b.size(), 32u) << r.out;
+
+  // show: 16 chunks, each at its own place; the text names segment and heat strip.
+  r = Kvctl("show " + store + " " + id_a.substr(0, 16) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto shown = tools::ParseJson(r.out);
+  ASSERT_TRUE(shown.ok()) << shown.status() << r.out;
+  const tools::JsonValue::Array& chunks = *shown->Find("chunks")->AsArray();
+  ASSERT_EQ(chunks.size(), 16u);
+  std::set<std::pair<int64_t, int64_t>> places;
+  for (const tools::JsonValue& c : chunks) {
+    places.insert({IntOf(c, "segment"), IntOf(c, "offset")});
+    EXPECT_EQ(*c.Find("tier")->AsString(), "nvme");
+  }
+  EXPECT_EQ(places.size(), 16u) << r.out;
+  const std::string segment_file = store + "/" + *chunks[14].Find("segment_file")->AsString();
+  const int64_t offset14 = IntOf(chunks[14], "offset");
+  const std::string key14 = *chunks[14].Find("key")->AsString();
+  r = Kvctl("show " + store + " " + id_a.substr(0, 16));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("256 tokens (16 chunks)"));
+  EXPECT_THAT(r.out, HasSubstr("segments/seg-"));
+  EXPECT_THAT(r.out, HasSubstr("     0 |                |"));  // no session: I = 0 everywhere
+
+  r = Kvctl("verify " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("clean"));
+
+  // A flipped byte in A's chunk 14 (not shared with B): verify names it, repair removes it and
+  // chunk 15 after it, and the store is clean again.
+  FlipByte(segment_file, static_cast<uint64_t>(offset14) + 100);
+  r = Kvctl("verify " + store);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(key14.substr(0, 16) + "/L0"));
+  r = Kvctl("verify " + store + " --repair");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("repair removed 2 chunks"));
+  EXPECT_THAT(r.out, HasSubstr("chunk " + key14 + " (depth 14): failed a check"));
+  EXPECT_THAT(r.out, HasSubstr("nothing left to repair"));
+  r = Kvctl("verify " + store + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"ok\":true"));
+  const std::string id_a14 = PrefixWithChunks(store, 14);  // A now ends at its chunk 13
+  ASSERT_EQ(id_a14.size(), 32u);
+
+  // rm B: its 4 own chunks go, the 12 it shares with A stay.
+  r = Kvctl("show " + store + " " + id_b + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  shown = tools::ParseJson(r.out);
+  ASSERT_TRUE(shown.ok()) << r.out;
+  const int64_t offset_b15 = IntOf((*shown->Find("chunks")->AsArray())[15], "offset");
+  r = Kvctl("rm " + store + " " + id_b.substr(0, 16) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"chunks_freed\":4"));
+  r = Kvctl("ls " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr(id_b.substr(0, 16))));
+  EXPECT_THAT(r.out, HasSubstr(id_a14.substr(0, 16)));
+
+  // rm punched B's slots already: gc finds nothing. Blocks left in a free slot (as a crash or a
+  // failed punch leaves them) are reclaimed, and a segment with no chunk is deleted.
+  r = Kvctl("gc " + store + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"bytes_reclaimed\":0"));
+  {
+    std::fstream f(segment_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset_b15));
+    const std::string junk(64 * 1024, 'x');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  r = Kvctl("gc " + store + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // Open logs what it reclaimed to stderr, before the JSON on stdout.
+  EXPECT_THAT(r.out, HasSubstr("reclaimed 65536 bytes of uncommitted segment data"));
+  auto gc = tools::ParseJson(r.out.substr(r.out.find('{')));
+  ASSERT_TRUE(gc.ok()) << r.out;
+  EXPECT_EQ(IntOf(*gc, "bytes_reclaimed"), 64 * 1024) << r.out;
+  EXPECT_EQ(Kvctl("verify " + store).exit_code, 0);
+
+  // stats: the figures of ls and show, and the ranking once a session has scored the chunks.
+  r = Kvctl("stats " + store + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto stats = tools::ParseJson(r.out);
+  ASSERT_TRUE(stats.ok()) << stats.status() << r.out;
+  EXPECT_EQ(IntOf(*stats->Find("stats"), "chunks"), 14);
+  EXPECT_EQ(IntOf(*stats->Find("stats"), "prefixes"), 1);
+  EXPECT_EQ(IntOf(*stats->Find("stats"), "segments"), 1);
+  EXPECT_EQ(IntOf(*stats->Find("stats"), "chunks_deleted"), 6);  // 2 repaired, 4 removed
+  EXPECT_EQ(IntOf(*stats->Find("score"), "chunks"), 14);
+  EXPECT_EQ(IntOf(*stats->Find("score"), "zero"), 14);
+  EXPECT_EQ(stats->Find("tiers")->AsObject()->size(), 0u);  // no budgets given
+  ls = tools::ParseJson(Kvctl("ls " + store + " --json").out);
+  ASSERT_TRUE(ls.ok());
+  EXPECT_EQ(IntOf(*ls->Find("stats"), "disk_bytes_used"),
+            IntOf(*stats->Find("stats"), "disk_bytes_used"));
+
+  const std::string trace = dir.Sub("trace.jsonl");
+  std::ofstream(trace)
+      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 224}}\n";
+  ASSERT_EQ(Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put").exit_code,
+            0);
+  // A GPU tier of 5 chunks' records (24 layers of 8 KiB each), and a CPU tier whose record
+  // share (3/4) holds everything else.
+  const uint64_t record = spec.RecordBytes();
+  r = Kvctl("stats " + store + " --json --gpu-tier-bytes " + std::to_string(5 * 24 * record) +
+            " --cpu-tier-bytes 4M");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  stats = tools::ParseJson(r.out);
+  ASSERT_TRUE(stats.ok()) << r.out;
+  const tools::JsonValue& score = *stats->Find("score");
+  EXPECT_LT(IntOf(score, "zero"), 14);
+  EXPECT_GT(NumberOf(score, "max"), 0);
+  EXPECT_LE(NumberOf(score, "q1"), NumberOf(score, "median"));
+  EXPECT_LE(NumberOf(score, "median"), NumberOf(score, "q3"));
+  const tools::JsonValue& gpu = *stats->Find("tiers")->Find("gpu");
+  const tools::JsonValue& cpu = *stats->Find("tiers")->Find("cpu");
+  EXPECT_EQ(IntOf(gpu, "records"), 5 * 24);
+  EXPECT_EQ(IntOf(gpu, "chunks"), 5);
+  EXPECT_EQ(IntOf(cpu, "records"), 9 * 24);
+  const double gpu_share = NumberOf(gpu, "score_share");
+  const double cpu_share = NumberOf(cpu, "score_share");
+  EXPECT_GT(gpu_share, 5.0 / 14);  // the top 5 of 14 chunks by S
+  EXPECT_NEAR(gpu_share + cpu_share, 1.0, 1e-9);
+  r = Kvctl("stats " + store + " --gpu-tier-bytes 1M");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("gpu tier 1.0 MiB"));
+  EXPECT_THAT(r.out, HasSubstr("serving process"));
+
+  // The last prefix goes; gc deletes the segment file that holds nothing now.
+  ASSERT_EQ(Kvctl("rm " + store + " " + id_a14).exit_code, 0);
+  r = Kvctl("gc " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("1 segment file removed, 0 left"));
+  EXPECT_FALSE(std::filesystem::exists(segment_file));
+}
+
+TEST(KvctlTest, ShowRmAndGcRejectBadInputWithOneLine) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  // 17 prefixes: two of them share a first hex digit.
+  std::map<char, int> first_digits;
+  for (int seed = 1; seed <= 17; ++seed) {
+    const KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 16 --seed " +
+                             std::to_string(seed) + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    first_digits[JsonString(r.out, "prefix_id")[0]]++;
+  }
+  char shared = 0;
+  for (const auto& [digit, n] : first_digits) {
+    if (n > 1) shared = digit;
+  }
+  ASSERT_NE(shared, 0);
+  const std::string before = Kvctl("ls " + store + " --json").out;
+  for (const std::string cmd : {"show", "rm"}) {
+    SCOPED_TRACE(cmd);
+    KvctlRun r = Kvctl(cmd + " " + store + " " + std::string(1, shared));
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("is ambiguous"));
+    r = Kvctl(cmd + " " + store + " " + std::string(32, '0'));
+    EXPECT_EQ(r.exit_code, 3) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("no stored prefix id starts with " + std::string(32, '0')));
+    r = Kvctl(cmd + " " + store + " not-hex");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    r = Kvctl(cmd + " " + dir.Sub("missing") + " 00");
+    EXPECT_EQ(r.exit_code, 3) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("missing"));
+    EXPECT_EQ(Kvctl(cmd + " " + store).exit_code, 2);  // no PREFIX
+  }
+  for (const std::string cmd : {"gc", "stats", "verify --repair"}) {
+    SCOPED_TRACE(cmd);
+    const KvctlRun r = Kvctl(cmd + " " + dir.Sub("missing"));
+    EXPECT_EQ(r.exit_code, 3) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+  EXPECT_EQ(Kvctl("stats " + store + " --gpu-tier-bytes lots").exit_code, 2);
+  EXPECT_EQ(Kvctl("verify " + store + " --repair --synthetic").exit_code, 2);
+  for (const std::string cmd : {"show", "stats", "rm", "gc"}) {
+    SCOPED_TRACE(cmd);
+    EXPECT_EQ(Kvctl(cmd + " --help").exit_code, 0);
+    EXPECT_THAT(Kvctl("help").out, HasSubstr("  " + cmd + " "));
+  }
+  EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
 }
 
 }  // namespace

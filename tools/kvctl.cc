@@ -4,7 +4,11 @@
 //   kvctl put STORE --model PRESET --tokens N --seed S [--shared-tokens K --shared-seed S2]
 //                   [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json]
 //   kvctl ls STORE [--json]
-//   kvctl verify STORE [--synthetic] [--json]
+//   kvctl show STORE PREFIX [--json]
+//   kvctl stats STORE [--gpu-tier-bytes B] [--cpu-tier-bytes B] [--json]
+//   kvctl verify STORE [--synthetic | --repair] [--json]
+//   kvctl rm STORE PREFIX [--json]
+//   kvctl gc STORE [--json]
 //   kvctl import STORE FILE (--model PRESET | --spec FILE) [--model-id ID] [--tokens-file F]
 //                [--json]
 //   kvctl export STORE PREFIX OUT.safetensors [--json]
@@ -16,9 +20,11 @@
 // stderr, progress bars only when stderr is a terminal.
 //
 // kvctl uses the public API (include/ckv/) and tools/ (the synthetic generator, safetensors),
-// with one exception: export reads a prefix's token ids from the catalog, which the Engine API
-// does not expose (see ReadPrefixTokens).
+// with two exceptions: export reads a prefix's token ids from the catalog, which the Engine API
+// does not expose (see ReadPrefixTokens), and stats takes the CPU tier's summary share from
+// engine/tier_cache.h.
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +62,7 @@
 #include "ckv/session.h"
 #include "ckv/stats.h"
 #include "ckv/status.h"
+#include "engine/tier_cache.h"
 #include "storage/catalog.h"
 #include "tools/json_writer.h"
 #include "tools/model_spec_json.h"
@@ -488,6 +495,46 @@ bool PresetSpec(const ParsedArgs& args, ModelSpec* spec, std::string* error) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Naming a stored prefix (export, show, rm)
+
+// Checks and lower-cases a PREFIX argument: 1 to 32 hex digits, the id 'kvctl ls' prints (its
+// first 16 digits) or any leading part of the full id. Returns false with `*error` set.
+bool NormalizePrefixArg(std::string* wanted, std::string* error) {
+  if (wanted->empty() || wanted->size() > 32 ||
+      !std::all_of(wanted->begin(), wanted->end(),
+                   [](unsigned char c) { return std::isxdigit(c) != 0; })) {
+    *error = "PREFIX: '" + *wanted +
+             "' is not a prefix id (1 to 32 hex digits, as 'kvctl ls' prints it)";
+    return false;
+  }
+  std::transform(wanted->begin(), wanted->end(), wanted->begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return true;
+}
+
+// The one stored prefix whose id starts with `wanted` (normalized). Returns kExitOk with `*id`
+// set, else prints the error and returns its exit code: 3 when none matches (the store does not
+// hold it), 2 when several do (the argument is too short).
+int FindPrefix(Engine& engine, const std::string& command, const std::string& store,
+               const std::string& wanted, ChunkKey* id) {
+  std::vector<ChunkKey> matches;
+  for (const PrefixInfo& p : engine.ListPrefixes()) {
+    if (p.id.ToHex().rfind(wanted, 0) == 0) matches.push_back(p.id);
+  }
+  if (matches.empty()) {
+    return StoreError(command + " " + store,
+                      absl::NotFoundError("no stored prefix id starts with " + wanted));
+  }
+  if (matches.size() > 1) {
+    return UsageError(command, "PREFIX " + wanted + " is ambiguous: " +
+                                   std::to_string(matches.size()) +
+                                   " stored prefix ids start with it; give more digits");
+  }
+  *id = matches[0];
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
 // kvctl init
 
 const CommandSpec kInit = {
@@ -805,13 +852,20 @@ int RunLs(const ParsedArgs& args) {
 
 const CommandSpec kVerify = {
     "verify",
-    "verify STORE [--synthetic] [--json]",
+    "verify STORE [--synthetic | --repair] [--json]",
     "Read back every record, check its checksum, and check the catalog.",
     "Exit 0 when clean, 1 when a problem was found (each is listed), 3 when the check could not\n"
     "run. With --synthetic, also compare every record byte for byte with what the synthetic\n"
-    "generator makes for its chunk key (for stores that kvctl put populated).",
+    "generator makes for its chunk key (for stores that kvctl put populated).\n"
+    "With --repair, also remove what is corrupt (Engine::Repair): each chunk that failed a check\n"
+    "and every chunk after it in its prefixes (a chunk's KV depends on all before it); a prefix\n"
+    "that ran through one then ends at the last good chunk, under a new id. It lists what it\n"
+    "removed and what it left (read errors may pass, so they are not repaired). The exit code\n"
+    "is still 1 when a problem was found, repaired or not; run verify again to see it clean.\n"
+    "Example: kvctl verify ./store --repair",
     {
         {"--synthetic", "", "also compare every record with the synthetic generator"},
+        {"--repair", "", "remove the corrupt chunks (and those after them) from the store"},
         {"--json", "", "print one JSON object instead of text"},
     },
 };
@@ -885,24 +939,41 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
 int RunVerify(const ParsedArgs& args) {
   if (args.positional.size() != 1) return UsageError("verify", "verify needs exactly one STORE");
   const std::string& store = args.positional[0];
+  const bool repair = args.Has("--repair");
+  if (repair && args.Has("--synthetic")) {
+    return UsageError("verify", "--repair and --synthetic do not go together (repair acts on "
+                                "checksums and the catalog only)");
+  }
   auto engine = OpenExisting(store);
   if (!engine.ok()) return StoreError("open " + store, engine.status());
 
   const auto start = Clock::now();
   absl::StatusOr<VerifyReport> report;
+  std::optional<RepairReport> repaired;
   {
     uint64_t last_total = 0;
     std::unique_ptr<ProgressBar> sized;
-    report = (*engine)->Verify([&](uint64_t done, uint64_t total) {
+    const ProgressFn progress = [&](uint64_t done, uint64_t total) {
       if (!sized || total != last_total) {
-        sized = std::make_unique<ProgressBar>("verify", total);
+        sized = std::make_unique<ProgressBar>(repair ? "repair" : "verify", total);
         last_total = total;
       }
       sized->Update(done);
-    });
+    };
+    if (repair) {
+      absl::StatusOr<RepairReport> r = (*engine)->Repair(progress);
+      if (r.ok()) {
+        repaired = *std::move(r);
+        report = repaired->verify;
+      } else {
+        report = r.status();
+      }
+    } else {
+      report = (*engine)->Verify(progress);
+    }
     if (sized) sized->Finish();
   }
-  if (!report.ok()) return StoreError("verify " + store, report.status());
+  if (!report.ok()) return StoreError((repair ? "repair " : "verify ") + store, report.status());
   std::vector<std::string> problems = report->problems;
 
   ContentReport content;
@@ -930,7 +1001,16 @@ int RunVerify(const ParsedArgs& args) {
     }
     w.Key("seconds").Double(seconds).Key("problems").BeginArray();
     for (const std::string& p : problems) w.String(p);
-    w.EndArray().EndObject();
+    w.EndArray();
+    if (repaired) {
+      w.Key("repair").BeginObject().Key("chunks_removed").Uint(repaired->chunks_removed);
+      w.Key("removed").BeginArray();
+      for (const std::string& r : repaired->removed) w.String(r);
+      w.EndArray().Key("remaining").BeginArray();
+      for (const std::string& r : repaired->remaining) w.String(r);
+      w.EndArray().EndObject();
+    }
+    w.EndObject();
     std::printf("%s\n", w.str().c_str());
   } else {
     std::printf("verified %s: %llu chunks, %llu records, %s in %.2fs; %llu checksum failure%s\n",
@@ -949,6 +1029,18 @@ int RunVerify(const ParsedArgs& args) {
     } else {
       std::printf("%zu problem%s:\n", problems.size(), problems.size() == 1 ? "" : "s");
       for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
+    }
+    if (repaired && !problems.empty()) {
+      std::printf("repair removed %llu chunk%s:\n",
+                  static_cast<unsigned long long>(repaired->chunks_removed),
+                  repaired->chunks_removed == 1 ? "" : "s");
+      for (const std::string& r : repaired->removed) std::printf("  %s\n", r.c_str());
+      if (repaired->remaining.empty()) {
+        std::printf("nothing left to repair\n");
+      } else {
+        std::printf("left as it was (%zu):\n", repaired->remaining.size());
+        for (const std::string& r : repaired->remaining) std::printf("  %s\n", r.c_str());
+      }
     }
   }
   return problems.empty() ? kExitOk : kExitProblems;
@@ -1170,15 +1262,7 @@ int RunExport(const ParsedArgs& args) {
   const std::string& store = args.positional[0];
   std::string wanted = args.positional[1];
   const std::string& out = args.positional[2];
-  if (wanted.empty() || wanted.size() > 32 ||
-      !std::all_of(wanted.begin(), wanted.end(),
-                   [](unsigned char c) { return std::isxdigit(c) != 0; })) {
-    return UsageError("export", "PREFIX: '" + wanted +
-                                    "' is not a prefix id (1 to 32 hex digits, as 'kvctl ls' "
-                                    "prints it)");
-  }
-  std::transform(wanted.begin(), wanted.end(), wanted.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("export", error);
   const bool json = args.Has("--json");
   // Fail before reading the whole prefix when OUT cannot be written where it is asked for.
   {
@@ -1197,20 +1281,10 @@ int RunExport(const ParsedArgs& args) {
 
   auto engine = OpenExisting(store);
   if (!engine.ok()) return StoreError("open " + store, engine.status());
-  std::vector<ChunkKey> matches;
-  for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
-    if (p.id.ToHex().rfind(wanted, 0) == 0) matches.push_back(p.id);
+  ChunkKey prefix_id;
+  if (const int code = FindPrefix(**engine, "export", store, wanted, &prefix_id); code != kExitOk) {
+    return code;
   }
-  if (matches.empty()) {
-    return StoreError("export " + store,
-                      absl::NotFoundError("no stored prefix id starts with " + wanted));
-  }
-  if (matches.size() > 1) {
-    return UsageError("export", "PREFIX " + wanted + " is ambiguous: " +
-                                    std::to_string(matches.size()) +
-                                    " stored prefix ids start with it; give more digits");
-  }
-  const ChunkKey prefix_id = matches[0];
   ModelSpec spec;
   auto keys = (*engine)->PrefixChunks(prefix_id, &spec);
   if (!keys.ok()) return StoreError("export " + prefix_id.ToHex(), keys.status());
@@ -1287,6 +1361,468 @@ int RunExport(const ParsedArgs& args) {
               out.c_str(), spec.DebugString().c_str(), tokens, keys->size(),
               FormatBytes(file_bytes).c_str());
   std::printf("  time                 read %.2fs, write %.2fs\n", read_seconds, write_seconds);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl show
+
+const CommandSpec kShow = {
+    "show",
+    "show STORE PREFIX [--json]",
+    "Show a prefix's chunks: where each lives, its S = I x F, and a heat strip of I.",
+    "PREFIX as for 'kvctl export'. Per chunk: its key, segment file and slot, the byte offset of\n"
+    "its layer-0 record in that file, and its score S = I x F (I: attention importance, F:\n"
+    "loads, both added by Re-Prefill sessions; 0 in a store no session has read). The heat strip\n"
+    "draws I along the prefix, one character per chunk from ' ' (0) through .:-=+*#%@ (the\n"
+    "prefix's largest I), wrapped to the terminal's width (64 columns when not a terminal).\n"
+    "Tier: at rest every chunk lives on NVMe (its segment). The GPU and CPU tiers exist only in\n"
+    "a serving process, so show has no tier column; 'kvctl stats --gpu-tier-bytes' shows which\n"
+    "chunks the ranking would keep in them.\n"
+    "Example: kvctl show ./store 9f3c0a17b2d4e6f8",
+    {
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// Columns for the heat strip: the terminal's width when stdout is one, else 64.
+size_t StripColumns() {
+  struct winsize ws;
+  if (isatty(STDOUT_FILENO) == 1 && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    return ws.ws_col;
+  }
+  return 64;
+}
+
+// One character per value: ' ' for 0, else one of .:-=+*#%@ in proportion to `max`.
+std::string HeatStrip(const std::vector<double>& values, double max) {
+  static constexpr std::string_view kLevels = " .:-=+*#%@";
+  std::string strip;
+  strip.reserve(values.size());
+  for (double v : values) {
+    if (!(v > 0) || !(max > 0)) {
+      strip += ' ';
+      continue;
+    }
+    const double f = std::min(1.0, v / max);
+    const size_t level = 1 + static_cast<size_t>(f * static_cast<double>(kLevels.size() - 2) + 0.5);
+    strip += kLevels[std::min(level, kLevels.size() - 1)];
+  }
+  return strip;
+}
+
+// "segments/seg-00000001.ckv": where docs/format.md puts segment `id` in a store.
+std::string SegmentFile(uint32_t id) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "segments/seg-%08u.ckv", id);
+  return buf;
+}
+
+int RunShow(const ParsedArgs& args) {
+  if (args.positional.size() != 2) return UsageError("show", "show needs STORE and PREFIX");
+  const std::string& store = args.positional[0];
+  std::string wanted = args.positional[1];
+  if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("show", error);
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  ChunkKey prefix_id;
+  if (const int code = FindPrefix(**engine, "show", store, wanted, &prefix_id); code != kExitOk) {
+    return code;
+  }
+  auto d = (*engine)->DescribePrefix(prefix_id);
+  if (!d.ok()) return StoreError("show " + prefix_id.ToHex(), d.status());
+  const ModelSpec& spec = d->spec;
+  std::vector<double> importance;
+  double max_i = 0;
+  uint64_t bytes = 0;
+  for (const ChunkPlacement& c : d->chunks) {
+    importance.push_back(c.importance);
+    max_i = std::max(max_i, c.importance);
+    bytes += c.bytes;
+  }
+  const std::string strip = HeatStrip(importance, max_i);
+
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("prefix_id").String(prefix_id.ToHex())
+        .Key("model_id").String(spec.model_id)
+        .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("layers").Uint(spec.layers)
+        .Key("chunk_tokens").Uint(spec.chunk_tokens)
+        .Key("tokens").Uint(d->chunks.size() * spec.chunk_tokens)
+        .Key("bytes").Uint(bytes)
+        .Key("max_importance").Double(max_i)
+        .Key("heat").String(strip)
+        .Key("chunks").BeginArray();
+    for (size_t i = 0; i < d->chunks.size(); ++i) {
+      const ChunkPlacement& c = d->chunks[i];
+      w.BeginObject()
+          .Key("index").Uint(i)
+          .Key("key").String(c.key.ToHex())
+          .Key("tier").String("nvme")
+          .Key("segment").Uint(c.segment)
+          .Key("segment_file").String(SegmentFile(c.segment))
+          .Key("slot").Uint(c.slot)
+          .Key("offset").Uint(c.offset)
+          .Key("bytes").Uint(c.bytes)
+          .Key("importance").Double(c.importance)
+          .Key("loads").Uint(c.loads)
+          .Key("score").Double(c.score())
+          .EndObject();
+    }
+    w.EndArray().EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("prefix %s: %s, %zu tokens (%zu chunks), %s\n", prefix_id.ToHex().c_str(),
+              spec.DebugString().c_str(), d->chunks.size() * spec.chunk_tokens, d->chunks.size(),
+              FormatBytes(bytes).c_str());
+  std::printf("tier: all on NVMe (GPU and CPU tiers exist only in a serving process)\n\n");
+  std::printf("importance I along the prefix, one character per chunk (max I %.4g%s):\n", max_i,
+              max_i > 0 ? "" : "; no session has read this prefix");
+  const size_t margin = 9;  // "%6zu |" before the strip and "|" after it
+  const size_t width = StripColumns();
+  const size_t columns = width > margin + 8 ? width - margin : 8;
+  for (size_t at = 0; at < strip.size(); at += columns) {
+    std::printf("%6zu |%s|\n", at, strip.substr(at, columns).c_str());
+  }
+  std::printf("\n%6s  %-16s  %-26s  %6s  %14s  %10s  %10s  %8s\n", "CHUNK", "KEY", "SEGMENT",
+              "SLOT", "OFFSET", "S", "I", "F");
+  for (size_t i = 0; i < d->chunks.size(); ++i) {
+    const ChunkPlacement& c = d->chunks[i];
+    std::printf("%6zu  %-16s  %-26s  %6u  %14llu  %10.4g  %10.4g  %8llu\n", i,
+                c.key.ToHex().substr(0, 16).c_str(), SegmentFile(c.segment).c_str(), c.slot,
+                static_cast<unsigned long long>(c.offset), c.score(), c.importance,
+                static_cast<unsigned long long>(c.loads));
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl stats
+
+const CommandSpec kStats = {
+    "stats",
+    "stats STORE [--gpu-tier-bytes B] [--cpu-tier-bytes B] [--json]",
+    "Show the store's figures, the spread of S = I x F, and what the tiers would hold.",
+    "The store: chunks, prefixes, segments, disk used against the cap, and the counters kept in\n"
+    "the catalog (puts, chunks written, deduplicated, evicted, deleted). The score S = I x F of\n"
+    "each chunk (I and F are what Re-Prefill sessions added): how many have S = 0, and its\n"
+    "quartiles. With --gpu-tier-bytes and/or --cpu-tier-bytes, the ranking at rest: how many\n"
+    "records (a record is one chunk at one layer) and chunks the tiers would keep, and their\n"
+    "share of the total S, if they held the top-S records as docs/tiers.md's policy does\n"
+    "(records take the whole GPU budget and three quarters of the CPU budget, the rest being\n"
+    "the summary cache; slots are rounded up to 256 bytes; ties in S are broken by chunk key,\n"
+    "where a serving process breaks them by last use).\n"
+    "A store at rest has no running tiers: the figures of sessions (tier hits, bytes read,\n"
+    "prefetch use, time blocked on I/O, bubbles) live in the serving process that ran them\n"
+    "(Engine::Stats() there; 'kvctl replay' prints them for its own run).\n"
+    "Example: kvctl stats ./store --gpu-tier-bytes 1G --cpu-tier-bytes 4G",
+    {
+        {"--gpu-tier-bytes", "B", "GPU tier budget to rank against (default 0: not shown)"},
+        {"--cpu-tier-bytes", "B", "CPU tier budget to rank against (default 0: not shown)"},
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+// What the tiers would hold if they kept the top-S records (see kStats).
+struct TierFill {
+  uint64_t budget_bytes = 0;          // as given
+  uint64_t record_budget_bytes = 0;   // the part records may use
+  uint64_t records = 0;
+  uint64_t bytes = 0;                 // slot bytes of those records
+  uint64_t chunks = 0;                // chunks all of whose records it holds
+  double score = 0;                   // sum of the S of its records
+};
+
+struct ScoreSpread {
+  uint64_t chunks = 0;
+  uint64_t zero = 0;
+  double min = 0, q1 = 0, median = 0, q3 = 0, max = 0, total = 0;
+};
+
+// Linear interpolation between the closest ranks of `sorted` (ascending, not empty).
+double Quantile(const std::vector<double>& sorted, double q) {
+  const double at = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - static_cast<double>(lo));
+}
+
+int RunStats(const ParsedArgs& args) {
+  std::string error;
+  if (args.positional.size() != 1) return UsageError("stats", "stats needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  TierFill gpu, cpu;
+  if (!OptionUint(args, "--gpu-tier-bytes", true, &gpu.budget_bytes, &error) ||
+      !OptionUint(args, "--cpu-tier-bytes", true, &cpu.budget_bytes, &error)) {
+    return UsageError("stats", error);
+  }
+  gpu.record_budget_bytes = gpu.budget_bytes;
+  cpu.record_budget_bytes = cpu.budget_bytes - static_cast<uint64_t>(
+      static_cast<double>(cpu.budget_bytes) * engine::kSummaryShare);
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+
+  // Every stored chunk once (prefixes share chunks), with its S and its records' slot size.
+  struct Ranked {
+    ChunkKey key;
+    double score;
+    uint32_t layers;
+    uint64_t slot_bytes;
+  };
+  std::vector<Ranked> ranked;
+  std::set<ChunkKey> seen;
+  for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
+    auto d = (*engine)->DescribePrefix(p.id);
+    if (!d.ok()) return StoreError("stats " + p.id.ToHex(), d.status());
+    const uint64_t slot = (d->spec.RecordBytes() + 255) / 256 * 256;
+    for (const ChunkPlacement& c : d->chunks) {
+      if (seen.insert(c.key).second) ranked.push_back({c.key, c.score(), d->spec.layers, slot});
+    }
+  }
+  const EngineStats stats = (*engine)->Stats();
+
+  ScoreSpread spread;
+  spread.chunks = ranked.size();
+  double total_record_score = 0;
+  if (!ranked.empty()) {
+    std::vector<double> s;
+    for (const Ranked& r : ranked) {
+      s.push_back(r.score);
+      spread.total += r.score;
+      total_record_score += r.score * r.layers;
+      if (!(r.score > 0)) spread.zero++;
+    }
+    std::sort(s.begin(), s.end());
+    spread.min = s.front();
+    spread.q1 = Quantile(s, 0.25);
+    spread.median = Quantile(s, 0.5);
+    spread.q3 = Quantile(s, 0.75);
+    spread.max = s.back();
+  }
+  // Top S first: a record enters the GPU tier while it has room, else the CPU tier, else none.
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    if (a.score != b.score) return a.score > b.score;
+    return a.key < b.key;
+  });
+  for (const Ranked& r : ranked) {
+    uint32_t in_gpu = 0, in_cpu = 0;
+    for (uint32_t l = 0; l < r.layers; ++l) {
+      for (TierFill* t : {&gpu, &cpu}) {
+        if (t->bytes + r.slot_bytes > t->record_budget_bytes) continue;
+        t->bytes += r.slot_bytes;
+        t->records++;
+        t->score += r.score;
+        (t == &gpu ? in_gpu : in_cpu)++;
+        break;
+      }
+    }
+    if (in_gpu == r.layers) gpu.chunks++;
+    if (in_cpu == r.layers) cpu.chunks++;
+  }
+  const auto share = [&](const TierFill& t) {
+    return total_record_score > 0 ? t.score / total_record_score : 0.0;
+  };
+  const double fill = stats.max_disk_bytes == 0
+                          ? 0
+                          : static_cast<double>(stats.disk_bytes_used) /
+                                static_cast<double>(stats.max_disk_bytes);
+
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject().Key("store").String(store).Key("stats");
+    WriteStatsJson(w, stats);
+    w.Key("fill").Double(fill)
+        .Key("score").BeginObject()
+        .Key("chunks").Uint(spread.chunks)
+        .Key("zero").Uint(spread.zero)
+        .Key("min").Double(spread.min)
+        .Key("q1").Double(spread.q1)
+        .Key("median").Double(spread.median)
+        .Key("q3").Double(spread.q3)
+        .Key("max").Double(spread.max)
+        .Key("total").Double(spread.total)
+        .EndObject()
+        .Key("tiers").BeginObject();
+    for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &gpu},
+                                  std::pair<const char*, const TierFill*>{"cpu", &cpu}}) {
+      if (t->budget_bytes == 0) continue;
+      w.Key(name).BeginObject()
+          .Key("budget_bytes").Uint(t->budget_bytes)
+          .Key("record_budget_bytes").Uint(t->record_budget_bytes)
+          .Key("records").Uint(t->records)
+          .Key("bytes").Uint(t->bytes)
+          .Key("chunks").Uint(t->chunks)
+          .Key("score_share").Double(share(*t))
+          .EndObject();
+    }
+    w.EndObject().EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("store %s: %llu chunks, %llu prefix%s, %llu segment%s\n", store.c_str(),
+              static_cast<unsigned long long>(stats.chunks),
+              static_cast<unsigned long long>(stats.prefixes), stats.prefixes == 1 ? "" : "es",
+              static_cast<unsigned long long>(stats.segments), stats.segments == 1 ? "" : "s");
+  if (stats.max_disk_bytes == 0) {
+    std::printf("  disk used      %s, cap unlimited\n", FormatBytes(stats.disk_bytes_used).c_str());
+  } else {
+    std::printf("  disk used      %s of cap %s (%.1f%% full)\n",
+                FormatBytes(stats.disk_bytes_used).c_str(),
+                FormatBytes(stats.max_disk_bytes).c_str(), fill * 100);
+  }
+  std::printf("  since created  %llu puts, %llu chunks written (%s), %llu deduplicated, "
+              "%llu evicted (%s), %llu deleted\n",
+              static_cast<unsigned long long>(stats.puts),
+              static_cast<unsigned long long>(stats.chunks_written),
+              FormatBytes(stats.bytes_written).c_str(),
+              static_cast<unsigned long long>(stats.chunks_deduplicated),
+              static_cast<unsigned long long>(stats.chunks_evicted),
+              FormatBytes(stats.bytes_evicted).c_str(),
+              static_cast<unsigned long long>(stats.chunks_deleted));
+  if (stats.orphan_bytes_reclaimed > 0) {
+    std::printf("  on this open   %s of orphaned segment space reclaimed\n",
+                FormatBytes(stats.orphan_bytes_reclaimed).c_str());
+  }
+  std::printf("  S = I x F      %llu chunks, %llu with S = 0; min %.4g, q1 %.4g, median %.4g, "
+              "q3 %.4g, max %.4g\n",
+              static_cast<unsigned long long>(spread.chunks),
+              static_cast<unsigned long long>(spread.zero), spread.min, spread.q1,
+              spread.median, spread.q3, spread.max);
+  for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &gpu},
+                                std::pair<const char*, const TierFill*>{"cpu", &cpu}}) {
+    if (t->budget_bytes == 0) continue;
+    std::printf("  %s tier %-9s would hold %llu records (%llu whole chunks), %.1f%% of S\n", name,
+                FormatBytes(t->budget_bytes).c_str(), static_cast<unsigned long long>(t->records),
+                static_cast<unsigned long long>(t->chunks), share(*t) * 100);
+  }
+  std::printf("session figures (tier hits, bubbles) belong to a serving process: see "
+              "'kvctl stats --help'\n");
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl rm
+
+const CommandSpec kRm = {
+    "rm",
+    "rm STORE PREFIX [--json]",
+    "Remove a stored prefix (Engine::DeletePrefix).",
+    "PREFIX as for 'kvctl export'. The prefix's chunks that no other stored prefix uses are\n"
+    "freed at once (their blocks are given back to the file system); shared ones stay.\n"
+    "Example: kvctl rm ./store 9f3c0a17b2d4e6f8",
+    {
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+int RunRm(const ParsedArgs& args) {
+  if (args.positional.size() != 2) return UsageError("rm", "rm needs STORE and PREFIX");
+  const std::string& store = args.positional[0];
+  std::string wanted = args.positional[1];
+  if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("rm", error);
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  ChunkKey prefix_id;
+  if (const int code = FindPrefix(**engine, "rm", store, wanted, &prefix_id); code != kExitOk) {
+    return code;
+  }
+  const EngineStats before = (*engine)->Stats();
+  uint64_t chunks = 0;
+  for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
+    if (p.id == prefix_id) chunks = p.chunks;
+  }
+  if (absl::Status s = (*engine)->DeletePrefix(prefix_id); !s.ok()) {
+    return StoreError("rm " + prefix_id.ToHex(), s);
+  }
+  const EngineStats after = (*engine)->Stats();
+  // Nothing else writes a store at rest; the guards keep a concurrent writer from wrapping them.
+  const uint64_t freed = before.chunks > after.chunks ? before.chunks - after.chunks : 0;
+  const uint64_t freed_bytes = before.disk_bytes_used > after.disk_bytes_used
+                                   ? before.disk_bytes_used - after.disk_bytes_used
+                                   : 0;
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("prefix_id").String(prefix_id.ToHex())
+        .Key("chunks").Uint(chunks)
+        .Key("chunks_freed").Uint(freed)
+        .Key("bytes_freed").Uint(freed_bytes)
+        .EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("removed prefix %s (%llu chunks): %llu chunks freed (%s), %llu shared with other "
+              "prefixes kept\n",
+              prefix_id.ToHex().c_str(), static_cast<unsigned long long>(chunks),
+              static_cast<unsigned long long>(freed), FormatBytes(freed_bytes).c_str(),
+              static_cast<unsigned long long>(chunks - std::min(chunks, freed)));
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvctl gc
+
+const CommandSpec kGc = {
+    "gc",
+    "gc STORE [--json]",
+    "Give back segment space no chunk uses, and delete segment files that hold no chunk.",
+    "Removing a chunk normally frees its blocks at once; what is left for gc is the space a\n"
+    "crash or a failed hole punch left behind. Opening the store reclaims the space of slots no\n"
+    "committed chunk names (orphaned space); Engine::Gc then gives back the blocks of free\n"
+    "slots still allocated and deletes the segment files that hold no chunk. gc reports both;\n"
+    "bytes_reclaimed is their sum. It does not move chunks: a segment with one live chunk keeps\n"
+    "its file.\n"
+    "Example: kvctl gc ./store",
+    {
+        {"--json", "", "print one JSON object instead of text"},
+    },
+};
+
+int RunGc(const ParsedArgs& args) {
+  if (args.positional.size() != 1) return UsageError("gc", "gc needs exactly one STORE");
+  const std::string& store = args.positional[0];
+  auto engine = OpenExisting(store);
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  const EngineStats before = (*engine)->Stats();
+  const auto start = Clock::now();
+  absl::StatusOr<GcReport> report;
+  {
+    ElapsedTicker ticker("gc");  // Engine::Gc reports no progress
+    report = (*engine)->Gc();
+  }
+  if (!report.ok()) return StoreError("gc " + store, report.status());
+  const double seconds = SecondsSince(start);
+  const EngineStats after = (*engine)->Stats();
+  const uint64_t total = before.orphan_bytes_reclaimed + report->bytes_reclaimed;
+  if (args.Has("--json")) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(store)
+        .Key("bytes_reclaimed").Uint(total)
+        .Key("open_bytes_reclaimed").Uint(before.orphan_bytes_reclaimed)
+        .Key("gc_bytes_reclaimed").Uint(report->bytes_reclaimed)
+        .Key("segments_removed").Uint(report->segments_removed)
+        .Key("segments").Uint(after.segments)
+        .Key("disk_bytes_used").Uint(after.disk_bytes_used)
+        .Key("seconds").Double(seconds)
+        .EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+  std::printf("gc %s: reclaimed %s (%s orphaned on open, %s of free slots and empty segments); "
+              "%llu segment file%s removed, %llu left; disk used %s\n",
+              store.c_str(), FormatBytes(total).c_str(),
+              FormatBytes(before.orphan_bytes_reclaimed).c_str(),
+              FormatBytes(report->bytes_reclaimed).c_str(),
+              static_cast<unsigned long long>(report->segments_removed),
+              report->segments_removed == 1 ? "" : "s",
+              static_cast<unsigned long long>(after.segments),
+              FormatBytes(after.disk_bytes_used).c_str());
   return kExitOk;
 }
 
@@ -1588,7 +2124,11 @@ const Command kCommands[] = {
     {&kInit, RunInit},
     {&kPut, RunPut},
     {&kLs, RunLs},
+    {&kShow, RunShow},
+    {&kStats, RunStats},
     {&kVerify, RunVerify},
+    {&kRm, RunRm},
+    {&kGc, RunGc},
     {&kImport, RunImport},
     {&kExport, RunExport},
     {&kReplay, RunReplay},
