@@ -231,7 +231,10 @@ class SessionImpl final : public ReprefillSession {
       return absl::FailedPreconditionError(
           absl::StrCat("AwaitLayer(", layer, ") before SubmitQueries for it"));
     }
-    if (keys_.empty()) return LayerView(layer, {}, nullptr);
+    if (keys_.empty()) {
+      stats_.layers_served++;
+      return LayerView(layer, {}, nullptr);
+    }
     const std::vector<uint32_t>& chosen = selections_[layer];
     const absl::Time start = absl::Now();
     CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, chosen));

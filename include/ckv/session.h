@@ -127,8 +127,11 @@ struct SessionStats {
   uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
   uint64_t summary_bytes_read = 0; // of which summaries
   uint64_t summary_cache_hits = 0; // chunks whose summaries came from the CPU tier
-  uint64_t gpu_hits = 0;           // records served from the GPU tier
-  uint64_t cpu_hits = 0;           // records served from the CPU tier
+  // Hits: records found in the GPU / CPU tier when the session looked them up. A record read
+  // from NVMe counts in nvme_records, even when it was then admitted to a tier and is served
+  // from there (LayerView::Record::tier says where each record is).
+  uint64_t gpu_hits = 0;
+  uint64_t cpu_hits = 0;
   uint64_t nvme_records = 0;       // records read from NVMe
   uint64_t prefetched_bytes_used = 0;    // prefetched (or speculated) and then served
   uint64_t prefetched_bytes_wasted = 0;  // prefetched (or speculated) and never served
