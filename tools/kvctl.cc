@@ -534,6 +534,15 @@ int FindPrefix(Engine& engine, const std::string& command, const std::string& st
   return kExitOk;
 }
 
+// Options that several commands take.
+const OptionSpec kModelOption = {
+    "--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"};
+const OptionSpec kJsonOption = {"--json", "", "print one JSON object instead of text"};
+const OptionSpec kDtypeOption = {"--dtype", "T", "element type: fp16 (default), bf16, fp32"};
+const OptionSpec kPresetModelIdOption = {
+    "--model-id", "ID", "model id bound into every chunk key (default: the preset name)"};
+const OptionSpec kChunkTokensOption = {"--chunk-tokens", "C", "tokens per chunk (default 16)"};
+
 // ---------------------------------------------------------------------------------------------
 // kvctl init
 
@@ -599,15 +608,15 @@ const CommandSpec kPut = {
     "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
     "Example: kvctl put ./store --model qwen2.5-7b --tokens 4096 --seed 1",
     {
-        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        kModelOption,
         {"--tokens", "N", "prefix length in tokens; a multiple of the chunk size"},
         {"--seed", "S", "seed of the tokens"},
         {"--shared-tokens", "K", "the first K tokens come from --shared-seed (K <= N)"},
         {"--shared-seed", "S2", "seed of the shared first K tokens"},
-        {"--dtype", "T", "element type: fp16 (default), bf16, fp32"},
-        {"--model-id", "ID", "model id bound into every chunk key (default: the preset name)"},
-        {"--chunk-tokens", "C", "tokens per chunk (default 16)"},
-        {"--json", "", "print one JSON object instead of text"},
+        kDtypeOption,
+        kPresetModelIdOption,
+        kChunkTokensOption,
+        kJsonOption,
     },
 };
 
@@ -866,7 +875,7 @@ const CommandSpec kVerify = {
     {
         {"--synthetic", "", "also compare every record with the synthetic generator"},
         {"--repair", "", "remove the corrupt chunks (and those after them) from the store"},
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1069,11 +1078,11 @@ const CommandSpec kImport = {
     "FILE's size; the store takes a prefix in one Put).\n"
     "Example: kvctl import ./store prefix.safetensors --model qwen2.5-7b",
     {
-        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        kModelOption,
         {"--spec", "SPEC.json", "model shape from a JSON spec file instead of a preset"},
         {"--model-id", "ID", "model id bound into every chunk key (default: see above)"},
         {"--tokens-file", "F", "token ids from F, a JSON array of integers"},
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1225,7 +1234,7 @@ const CommandSpec kExport = {
     "The prefix's whole KV is held in memory while OUT is written (about OUT's size).\n"
     "Example: kvctl export ./store 9f3c0a17b2d4e6f8 prefix.safetensors",
     {
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1381,7 +1390,7 @@ const CommandSpec kShow = {
     "chunks the ranking would keep in them.\n"
     "Example: kvctl show ./store 9f3c0a17b2d4e6f8",
     {
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1523,7 +1532,7 @@ const CommandSpec kStats = {
     {
         {"--gpu-tier-bytes", "B", "GPU tier budget to rank against (default 0: not shown)"},
         {"--cpu-tier-bytes", "B", "CPU tier budget to rank against (default 0: not shown)"},
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1715,7 +1724,7 @@ const CommandSpec kRm = {
     "freed at once (their blocks are given back to the file system); shared ones stay.\n"
     "Example: kvctl rm ./store 9f3c0a17b2d4e6f8",
     {
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1779,7 +1788,7 @@ const CommandSpec kGc = {
     "its file.\n"
     "Example: kvctl gc ./store",
     {
-        {"--json", "", "print one JSON object instead of text"},
+        kJsonOption,
     },
 };
 
@@ -1848,16 +1857,16 @@ const CommandSpec kReplay = {
     "memory while it is stored; replay refuses a request of more than 8 GiB of KV.\n"
     "Example: kvctl replay ./store trace.jsonl --model qwen2.5-7b --gpu-tier-bytes 1G",
     {
-        {"--model", "PRESET", "model shape: qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b"},
+        kModelOption,
         {"--selector", "S", "period-exact (default), quest, mean-key or oracle"},
         {"--budget", "F", "fraction of the matched chunks loaded per layer, (0, 1] (default 0.1)"},
         {"--gpu-tier-bytes", "B", "GPU tier budget (host memory here; default 0: none)"},
         {"--cpu-tier-bytes", "B", "CPU tier budget (default 0: none)"},
         {"--no-put", "", "do not store the turns (measure Re-Prefill of what is stored)"},
-        {"--dtype", "T", "element type: fp16 (default), bf16, fp32"},
-        {"--model-id", "ID", "model id bound into every chunk key (default: the preset name)"},
-        {"--chunk-tokens", "C", "tokens per chunk (default 16)"},
-        {"--json", "", "print one JSON object instead of text"},
+        kDtypeOption,
+        kPresetModelIdOption,
+        kChunkTokensOption,
+        kJsonOption,
     },
 };
 
@@ -1869,10 +1878,7 @@ std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_
   uint64_t x = turn_seed * 0x9E3779B97F4A7C15ull + layer;
   for (float& v : q) {
     x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = synth::Mix64(x);
     v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
   }
   return q;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/half.h"
+#include "tools/synthetic_kv.h"
 
 namespace ckv::synth {
 namespace {
@@ -42,12 +43,6 @@ enum Tag : uint64_t {
   kValues,
   kQueries,
 };
-
-inline uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // A hash of a tuple of words (order matters).
 template <typename... W>

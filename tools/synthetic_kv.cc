@@ -44,12 +44,6 @@ constexpr uint64_t kTailDomain = 0x636b762d7461696cULL;    // "ckv-tail"
 // Which half of a record: K rows come first, then V rows.
 enum class Part : uint64_t { kK = 0, kV = 1 };
 
-inline uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "ckv synthetic_kv: precondition failed: %s\n", what);
   std::abort();

@@ -23,6 +23,14 @@
 
 namespace ckv::synth {
 
+// The splitmix64 finaliser, the mixing step of every generator here (and of tests that need a
+// cheap deterministic hash).
+inline uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // Vocabulary of the synthetic token ids (Qwen2.5's).
 inline constexpr int32_t kVocabSize = 151936;
 

@@ -12,14 +12,7 @@
 namespace ckv::replay {
 namespace {
 
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
+using synth::Mix64;
 
 // Leading entries of `keys` that `set` holds.
 template <typename Set>

@@ -7,15 +7,7 @@
 namespace ckv::replay {
 namespace {
 
-// splitmix64's finaliser: seeds of the token streams and the lengths, from (seed, purpose, ...).
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
+using synth::Mix64;
 
 uint64_t Derive(uint64_t seed, uint64_t purpose, uint64_t a, uint64_t b = 0) {
   return Mix64(Mix64(Mix64(seed ^ (purpose * 0x9e3779b97f4a7c15ull)) ^ a) ^ (b + 1));
