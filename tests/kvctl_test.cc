@@ -146,17 +146,21 @@ void ExportSynthetic(const std::string& path, const ModelSpec& spec, size_t toke
   CKV_ASSERT_OK(safetensors::ExportKv(path, spec, ids, kv.tensors()));
 }
 
-TEST(KvctlTest, ImportListExportRoundTripIsBitExact) {
+// Import and export end to end for two presets: a small one and the paper's 7b shape.
+class KvctlImportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KvctlImportTest, ImportListExportRoundTripIsBitExact) {
   TempDir dir;
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
-  ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b", DType::kBf16);
+  const std::string preset = GetParam();
+  ModelSpec spec = *ModelSpec::Preset(preset, DType::kBf16);
   spec.model_id = "Org/Model-0.5B";
   const std::string file = dir.Sub("in.safetensors");
   ExportSynthetic(file, spec, 48, /*seed=*/5);
 
   // A bare preset: dtype and model id come from the file.
-  KvctlRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --json");
+  KvctlRun r = Kvctl("import " + store + " " + file + " --model " + preset + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"chunks_written\":3"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"tail_tokens\":0"), std::string::npos) << r.out;
@@ -177,16 +181,17 @@ TEST(KvctlTest, ImportListExportRoundTripIsBitExact) {
   EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(file));
 
   // Importing it again stores nothing new.
-  r = Kvctl("import " + store + " " + out + " --model qwen2.5-0.5b --json");
+  r = Kvctl("import " + store + " " + out + " --model " + preset + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"chunks_deduplicated\":3"), std::string::npos) << r.out;
 }
 
-TEST(KvctlTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
+TEST_P(KvctlImportTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
   TempDir dir;
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
-  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const std::string preset = GetParam();
+  const ModelSpec spec = *ModelSpec::Preset(preset);
   const std::vector<int32_t> ids = synth::Tokens(9, 35);  // 2 chunks and a 3-token tail
   const synth::SyntheticKv kv(spec, ids);
   const size_t row = spec.head_dim * 2;
@@ -214,7 +219,7 @@ TEST(KvctlTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
   for (size_t i = 0; i < ids.size(); ++i) json += (i ? "," : "") + std::to_string(ids[i]);
   WriteFileBytes(dir.Sub("ids.json"), json + "]");
 
-  KvctlRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --tokens-file " +
+  KvctlRun r = Kvctl("import " + store + " " + file + " --model " + preset + " --tokens-file " +
                      dir.Sub("ids.json"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("chunks written       2"), std::string::npos) << r.out;
@@ -230,6 +235,13 @@ TEST(KvctlTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
   ExportSynthetic(expected, spec, 32, /*seed=*/9);
   EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(expected));
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, KvctlImportTest,
+                         ::testing::Values("qwen2.5-0.5b", "qwen2.5-7b"),
+                         [](const auto& info) {
+                           return info.param == "qwen2.5-0.5b" ? std::string("small")
+                                                               : std::string("seven_b");
+                         });
 
 TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
   TempDir dir;
