@@ -37,9 +37,11 @@ struct KvctlRun {
   std::string out;  // stdout and stderr
 };
 
-KvctlRun Kvctl(const std::string& args) {
+// Runs kvctl with `args`; progress is off (it would go into `out`) unless `progress` says.
+KvctlRun Kvctl(const std::string& args, const std::string& progress = "off") {
   KvctlRun r;
-  const std::string cmd = std::string(CKV_KVCTL_PATH) + " " + args + " 2>&1";
+  const std::string cmd =
+      "KVCTL_PROGRESS=" + progress + " " + std::string(CKV_KVCTL_PATH) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -95,6 +97,23 @@ TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("/L7"), std::string::npos) << r.out;
+}
+
+// Off a terminal, progress is plain lines: one per phase at least, ending with what it did.
+TEST(KvctlTest, ProgressIsPlainLinesOffATerminal) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1", "lines");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("generate: 768.0 KiB in ")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("write 768.0 KiB: done in ")) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << "no bar redraws: " << r.out;
+  r = Kvctl("verify " + store, "lines");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 2");
+  EXPECT_EQ(r.out.find("generate:"), std::string::npos) << "KVCTL_PROGRESS=off: " << r.out;
 }
 
 TEST(KvctlTest, UsageAndStoreErrorsHaveTheirExitCodes) {

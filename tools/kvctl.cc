@@ -16,8 +16,8 @@
 //                [--cpu-tier-bytes B] [--no-put] [--json]
 //
 // Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
-// Results go to stdout (a table, or one JSON object with --json); errors and progress bars go to
-// stderr, progress bars only when stderr is a terminal.
+// Results go to stdout (a table, or one JSON object with --json); errors and progress go to
+// stderr: a bar on a terminal, plain lines otherwise (KVCTL_PROGRESS=bar|lines|off chooses).
 //
 // kvctl uses the public API (include/ckv/) and tools/ (the synthetic generator, safetensors),
 // with two exceptions: export reads a prefix's token ids from the catalog, which the Engine API
@@ -35,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -198,45 +199,75 @@ std::string FormatIsoUtc(int64_t unix_ms) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Progress on stderr, only on a terminal.
+// Progress on stderr: a bar redrawn in place on a terminal, plain lines otherwise.
 
 bool StderrIsTty() {
   static const bool tty = isatty(STDERR_FILENO) == 1;
   return tty;
 }
 
-// A bar with percentage, bytes, rate and ETA, redrawn at most 10 times a second.
+enum class ProgressMode { kBar, kLines, kOff };
+
+// KVCTL_PROGRESS=bar|lines|off; unset (or anything else): a bar when stderr is a terminal, plain
+// lines when it is not.
+ProgressMode GetProgressMode() {
+  static const ProgressMode mode = [] {
+    const char* env = std::getenv("KVCTL_PROGRESS");
+    const std::string_view v = env == nullptr ? "" : env;
+    if (v == "bar") return ProgressMode::kBar;
+    if (v == "lines") return ProgressMode::kLines;
+    if (v == "off") return ProgressMode::kOff;
+    return StderrIsTty() ? ProgressMode::kBar : ProgressMode::kLines;
+  }();
+  return mode;
+}
+
+// Plain lines: one every this long, and one when the phase ends.
+constexpr auto kProgressLineInterval = std::chrono::seconds(5);
+
+// Percentage, bytes, rate and ETA: a bar redrawn at most 10 times a second, or a line every
+// kProgressLineInterval and a last one when finished.
 class ProgressBar {
  public:
   ProgressBar(std::string label, uint64_t total_bytes)
-      : label_(std::move(label)), total_(total_bytes), enabled_(StderrIsTty()),
-        start_(Clock::now()) {}
+      : label_(std::move(label)), total_(total_bytes), mode_(GetProgressMode()),
+        start_(Clock::now()), last_draw_(start_) {}
   ~ProgressBar() { Finish(); }
 
   void Update(uint64_t done) {
-    if (!enabled_ || finished_) return;
+    done_ = done;
+    if (mode_ == ProgressMode::kOff || finished_) return;
     const auto now = Clock::now();
+    if (mode_ == ProgressMode::kLines) {
+      if (now - last_draw_ < kProgressLineInterval) return;
+      last_draw_ = now;
+      std::fprintf(stderr, "%s\n", Describe(done).c_str());
+      std::fflush(stderr);
+      return;
+    }
     if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     Draw(done);
   }
 
-  // Clears the bar's line.
+  // Clears the bar's line, or prints the last line.
   void Finish() {
-    if (!enabled_ || finished_) return;
+    if (mode_ == ProgressMode::kOff || finished_) return;
     finished_ = true;
-    std::fputs("\r\033[K", stderr);
+    if (mode_ == ProgressMode::kLines) {
+      std::fprintf(stderr, "%s: %s in %s\n", label_.c_str(), FormatBytes(done_).c_str(),
+                   FormatDuration(SecondsSince(start_)).c_str());
+    } else {
+      std::fputs("\r\033[K", stderr);
+    }
     std::fflush(stderr);
   }
 
  private:
-  void Draw(uint64_t done) {
-    constexpr int kWidth = 24;
+  // "label 40%  1.2 GiB / 3.0 GiB  300.0 MiB/s  ETA 6.0s" (bar: with the bar after the label).
+  std::string Describe(uint64_t done, const std::string& bar = "") const {
     const double fraction =
         total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total_));
-    const int filled = static_cast<int>(fraction * kWidth);
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.append(static_cast<size_t>(kWidth - filled), '.');
     const double elapsed = SecondsSince(start_);
     // A rate over the first instants is noise: show none until a quarter second has passed.
     const double rate = elapsed >= 0.25 ? static_cast<double>(done) / elapsed : 0;
@@ -246,26 +277,41 @@ class ProgressBar {
     } else if (done >= total_) {
       eta = "0.0s";
     }
-    std::fprintf(stderr, "\r\033[K%s [%s] %3d%%  %s / %s  %s  ETA %s", label_.c_str(), bar.c_str(),
-                 static_cast<int>(fraction * 100), FormatBytes(done).c_str(),
-                 FormatBytes(total_).c_str(), FormatRate(rate).c_str(), eta.c_str());
+    char line[512];
+    std::snprintf(line, sizeof(line), "%s%s %3d%%  %s / %s  %s  ETA %s", label_.c_str(),
+                  bar.c_str(), static_cast<int>(fraction * 100), FormatBytes(done).c_str(),
+                  FormatBytes(total_).c_str(), FormatRate(rate).c_str(), eta.c_str());
+    return line;
+  }
+
+  void Draw(uint64_t done) {
+    constexpr int kWidth = 24;
+    const double fraction =
+        total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total_));
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::string bar = " [" + std::string(static_cast<size_t>(filled), '#');
+    bar.append(static_cast<size_t>(kWidth - filled), '.');
+    bar += "]";
+    std::fprintf(stderr, "\r\033[K%s", Describe(done, bar).c_str());
     std::fflush(stderr);
   }
 
   std::string label_;
   uint64_t total_;
-  bool enabled_;
+  ProgressMode mode_;
+  uint64_t done_ = 0;
   bool finished_ = false;
   Clock::time_point start_;
-  Clock::time_point last_draw_{};
+  Clock::time_point last_draw_;
 };
 
 // For a phase that reports no progress (Engine::Put): shows the label and the time elapsed until
 // destroyed.
 class ElapsedTicker {
  public:
-  explicit ElapsedTicker(std::string label) : label_(std::move(label)) {
-    if (!StderrIsTty()) return;
+  explicit ElapsedTicker(std::string label)
+      : label_(std::move(label)), mode_(GetProgressMode()), start_(Clock::now()) {
+    if (mode_ == ProgressMode::kOff) return;
     thread_ = std::thread([this] { Run(); });
   }
   ~ElapsedTicker() {
@@ -276,23 +322,32 @@ class ElapsedTicker {
     }
     cv_.notify_one();
     thread_.join();
-    std::fputs("\r\033[K", stderr);
+    if (mode_ == ProgressMode::kLines) {
+      std::fprintf(stderr, "%s: done in %s\n", label_.c_str(),
+                   FormatDuration(SecondsSince(start_)).c_str());
+    } else {
+      std::fputs("\r\033[K", stderr);
+    }
     std::fflush(stderr);
   }
 
  private:
   void Run() {
-    const auto start = Clock::now();
+    const bool lines = mode_ == ProgressMode::kLines;
     std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      std::fprintf(stderr, "\r\033[K%s ... %s", label_.c_str(),
-                   FormatDuration(SecondsSince(start)).c_str());
+    while (true) {
+      const auto wait = lines ? std::chrono::milliseconds(kProgressLineInterval)
+                              : std::chrono::milliseconds(200);
+      if (cv_.wait_for(lock, wait, [this] { return stop_; })) return;
+      std::fprintf(stderr, lines ? "%s ... %s\n" : "\r\033[K%s ... %s", label_.c_str(),
+                   FormatDuration(SecondsSince(start_)).c_str());
       std::fflush(stderr);
-      cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_; });
     }
   }
 
   std::string label_;
+  ProgressMode mode_;
+  Clock::time_point start_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -625,7 +680,7 @@ const CommandSpec kPut = {
 // what synth::SyntheticKv generates: a record is a pure function of (chunk key, layer, spec).
 class GeneratedKv {
  public:
-  // `progress`: show a bar on a terminal while generating.
+  // `progress`: show the generation's progress (see ProgressBar).
   GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress = true) {
     const size_t c = spec.chunk_tokens;
     const size_t chunks = tokens.size() / c;
