@@ -1097,7 +1097,7 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinn
           first->ToHex(), "'s has ", bytes));
     }
     bytes = b;
-    first = &c.key;
+    if (first == nullptr) first = &c.key;
   }
   if (out.size() != which.size() * size_t{bytes}) {
     return absl::InvalidArgumentError(absl::StrCat("ReadAux output of ", out.size(), " bytes; ",
