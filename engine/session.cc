@@ -123,13 +123,13 @@ class SessionImpl final : public ReprefillSession {
     if (keys_.empty() || !kernels::ReadsSummaries(kind_)) return absl::OkStatus();
     const SummaryPart part =
         kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
-    const uint32_t summary_record = kSummaryRecord + static_cast<uint32_t>(part);
+    const auto summary_part = static_cast<uint32_t>(part);
     TierCache* tiers = host_.tiers();
     summary_ptrs_.assign(keys_.size(), nullptr);
     std::vector<size_t> missing_index;
     for (size_t j = 0; j < keys_.size(); ++j) {
       TierCache::Handle h;
-      if (tiers != nullptr) h = tiers->Lookup(RecordId{keys_[j], summary_record});
+      if (tiers != nullptr) h = tiers->GetSummaries(keys_[j], summary_part);
       if (h) {
         summary_ptrs_[j] = h.data();
         summary_pins_.push_back(std::move(h));
@@ -147,9 +147,8 @@ class SessionImpl final : public ReprefillSession {
       const size_t j = missing_index[i];
       summary_ptrs_[j] = summaries_.chunk(i);
       if (tiers == nullptr) continue;
-      auto cached = tiers->Admit(RecordId{keys_[j], summary_record},
-                                 std::span(summaries_.chunk(i), summaries_.record_bytes),
-                                 kSummaryScore, TierLevel::kCpu);
+      auto cached = tiers->PutSummaries(keys_[j], summary_part,
+                                        std::span(summaries_.chunk(i), summaries_.record_bytes));
       if (cached.ok() && *cached) summary_pins_.push_back(std::move(*cached));
     }
     return absl::OkStatus();

@@ -70,8 +70,6 @@ inline constexpr size_t kTierLevels = 2;
 // Record indices from kSummaryRecord up name summary parts: RecordId{id, kSummaryRecord + part}.
 // Lookup and Admit of such an id are GetSummaries and PutSummaries.
 inline constexpr uint32_t kSummaryRecord = 0x80000000u;
-// For callers that pass a score with a summary id: the summary cache ignores it.
-inline constexpr double kSummaryScore = 1e300;
 // Share of the CPU tier's budget reserved for the summary cache.
 inline constexpr double kSummaryShare = 0.25;
 // Bytes a tier asks its DeviceMemory for at a time (less for budgets under 16 slabs, or when the
