@@ -335,6 +335,7 @@ void ReadEngine::Impl::TickLocked() {
   const double dt = std::chrono::duration<double>(now - last_tick_).count();
   depth_area_ += static_cast<double>(in_flight_) * dt;
   if (in_flight_ == 0 && queued_ > 0) stats_.idle_with_pending_seconds += dt;
+  if (in_flight_ > 0) stats_.busy_seconds += dt;
   last_tick_ = now;
 }
 
@@ -466,6 +467,7 @@ ReadEngineStats ReadEngine::Impl::stats() const {
   const Clock::time_point now = Clock::now();
   const double dt = std::chrono::duration<double>(now - last_tick_).count();
   if (in_flight_ == 0 && queued_ > 0) s.idle_with_pending_seconds += dt;
+  if (in_flight_ > 0) s.busy_seconds += dt;
   s.elapsed_seconds = std::chrono::duration<double>(now - start_).count();
   const double area = depth_area_ + static_cast<double>(in_flight_) * dt;
   s.mean_queue_depth = s.elapsed_seconds > 0 ? area / s.elapsed_seconds : 0;

@@ -199,6 +199,9 @@ struct ReadEngineStats {
   // Seconds during which no device read was in flight while requests were queued (including
   // while paused).
   double idle_with_pending_seconds = 0;
+  // Seconds during which at least one device read was in flight: bytes_read / busy_seconds is
+  // the rate the device delivered while it was in use.
+  double busy_seconds = 0;
   double elapsed_seconds = 0;
   // bytes_read / bytes_requested (1 when nothing was requested).
   double read_amplification() const {

@@ -162,6 +162,9 @@ TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
   uint64_t sampled = 0;
   for (uint64_t c : s.queue_depth_histogram) sampled += c;
   EXPECT_EQ(sampled + s.requests_coalesced, 2u * f.records);
+  // Reads were in flight for some of the time, never longer than the engine has run.
+  EXPECT_GT(s.busy_seconds, 0.0);
+  EXPECT_LE(s.busy_seconds, s.elapsed_seconds);
 }
 
 TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
@@ -211,6 +214,8 @@ TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
   EXPECT_EQ(s.requests_failed, 1u);
   EXPECT_EQ(s.bytes_requested, 8u * kRecord);
   EXPECT_GT(s.idle_with_pending_seconds, 0.0);  // paused with work queued
+  // Paused time with nothing in flight is not busy time.
+  EXPECT_LE(s.busy_seconds + s.idle_with_pending_seconds, s.elapsed_seconds + 1e-9);
 }
 
 TEST_P(ReadEngineTest, CoalescingStopsAtMaxIoBytes) {
