@@ -175,7 +175,7 @@ void WriteQueries(const ModelSpec& spec, const AttentionParams& p, uint32_t laye
   for (uint32_t i = 0; i < m; ++i) {
     const uint32_t g = h * m + i;
     const float* ui = dirs.data() + size_t{i + 1} * d_n;
-    const uint64_t s = Hash(p.seed, kQueries, layer, g);
+    const uint64_t s = Hash(p.query_seed != 0 ? p.query_seed : p.seed, kQueries, layer, g);
     for (uint32_t w = 0; w < p.window; ++w) {
       float* out = q.data() + (size_t{w} * spec.q_heads + g) * d_n;
       FillNormals(s, size_t{w} * d_n, sq, out, d_n);

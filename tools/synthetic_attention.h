@@ -92,6 +92,9 @@ struct AttentionParams {
   // trivially concentrated. Defaults: 1.0, 0.5.
   double token_noise = 1.0;
   double query_noise = 0.5;
+  // Seed of the queries' noise alone, 0 = `seed`: requests that reuse one prefix with different
+  // suffixes (the benchmark's turns) see the same planted structure through different queries.
+  uint64_t query_seed = 0;
 };
 
 class SyntheticAttention {
