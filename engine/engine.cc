@@ -3,6 +3,8 @@
 // the prefetch planner join it here.
 #include "ckv/engine.h"
 
+#include <atomic>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/session.h"
@@ -123,6 +125,9 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     t.await_blocked_seconds += st.await_blocked_seconds;
   }
 
+  engine::SelectorClock* selector_clock() override { return clock_.load(); }
+  void set_selector_clock(engine::SelectorClock* clock) { clock_.store(clock); }
+
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
     if (reads_ == nullptr) {
@@ -167,9 +172,17 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
+  std::atomic<engine::SelectorClock*> clock_{nullptr};
 };
 
 }  // namespace
+
+namespace engine {
+SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); }
+void SetSelectorClock(Engine& engine, SelectorClock* clock) {
+  dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
+}
+}  // namespace engine
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options,
                                                      const std::string& path) {

@@ -173,7 +173,8 @@ class SessionImpl final : public ReprefillSession {
     if (keys_.empty()) return absl::OkStatus();
     const uint32_t n = static_cast<uint32_t>(keys_.size());
     const uint32_t p = std::max<uint32_t>(1, options_.period_layers);
-    const bool per_layer = kernels::ReadsSummaries(kind_) || kind_ == kernels::SelectorKind::kOracle;
+    const bool per_layer = kind_ == kernels::SelectorKind::kOracle ||
+                           (kernels::ReadsSummaries(kind_) && !options_.period_selection);
     const uint32_t head = per_layer ? layer : kernels::PeriodHead(layer, p);
 
     if (layer == head) {
@@ -327,7 +328,12 @@ class SessionImpl final : public ReprefillSession {
     if (kind_ == kernels::SelectorKind::kQuest) in.minmax = summary_ptrs_;
     if (kind_ == kernels::SelectorKind::kMeanKey) in.mean = summary_ptrs_;
     in.records = records;
-    return kernels::Select(kind_, in, select_options_);
+    SelectorClock* clock = host_.selector_clock();
+    if (clock == nullptr) return kernels::Select(kind_, in, select_options_);
+    clock->Begin();
+    auto selection = kernels::Select(kind_, in, select_options_);
+    clock->End(kernels::ScoringFlops(kind_, in, select_options_));
+    return selection;
   }
 
   // Requests (layer, chunk) for each chunk not requested yet; a queued request of lower priority

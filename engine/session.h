@@ -8,7 +8,8 @@
 //     layers of the period are requested for the selection at once (intra-period); the layers of
 //     the next period (after its head) are requested speculatively for the same selection;
 //   - per-layer selectors (quest, mean-key): the selection of layer l is read on demand and
-//     requested speculatively for layer l + 1;
+//     requested speculatively for layer l + 1; with period_selection they are scored at period
+//     heads only (from summaries) and planned as period-exact is, the head's records included;
 //   - oracle: every layer is read whole and scored.
 // When a selection is known, queued requests for records it does not need are cancelled; a
 // queued prefetch that becomes needed is resubmitted as a demand read. Prefetched bytes that no
@@ -34,6 +35,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "ckv/engine.h"
 #include "ckv/model_spec.h"
 #include "ckv/session.h"
 #include "prefetch/read_engine.h"
@@ -41,6 +43,16 @@
 #include "storage/chunk_store.h"
 
 namespace ckv::engine {
+
+// A clock around each selector run of a session, for the benchmark harness: Begin just before a
+// selector scores a layer, End just after, with the FLOPs of that scoring
+// (kernels::ScoringFlops). Called on the session's calling thread.
+class SelectorClock {
+ public:
+  virtual ~SelectorClock() = default;
+  virtual void Begin() = 0;
+  virtual void End(double flops) = 0;
+};
 
 // What a session needs of the engine: the store, a read engine, and file registration.
 class SessionHost {
@@ -55,7 +67,16 @@ class SessionHost {
   virtual TierCache* tiers() = 0;
   // Adds a finished session's figures to the engine's.
   virtual void RecordSession(const SessionStats& stats) = 0;
+  // The clock set by SetSelectorClock, or null.
+  virtual SelectorClock* selector_clock() { return nullptr; }
 };
+
+// The SessionHost behind an Engine that Engine::Open made: for the benchmark harness
+// (bench/reprefill_bench), whose baselines read the store through the engine's own read engine.
+SessionHost& HostOf(Engine& engine);
+// Sets (null: removes) the clock the sessions of `engine` call around selector runs. Not owned;
+// must outlive the sessions that start while it is set.
+void SetSelectorClock(Engine& engine, SelectorClock* clock);
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,

@@ -210,6 +210,19 @@ bool ReadsSummaries(SelectorKind kind) {
 }
 bool ReadsKeys(SelectorKind kind) { return !ReadsSummaries(kind); }
 
+double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOptions& o) {
+  const double n = static_cast<double>(in.chunks);
+  const double d = in.shape.head_dim;
+  const double heads = kind == SelectorKind::kImpress
+                           ? std::min<double>(o.impress_probe_heads, in.shape.q_heads)
+                           : in.shape.q_heads;
+  switch (kind) {
+    case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
+    case SelectorKind::kMeanKey: return 2 * n * heads * d;
+    default: return 2.0 * in.window * n * in.shape.chunk_tokens * heads * d;
+  }
+}
+
 size_t BudgetChunks(size_t n, const SelectOptions& o) {
   const size_t floor = std::min(n, size_t{o.sink_chunks} + o.recent_chunks);
   const auto k = static_cast<size_t>(std::floor(o.budget_fraction * static_cast<double>(n) + 0.5));

@@ -71,6 +71,13 @@ std::vector<SelectorKind> AllSelectorKinds();
 bool ReadsSummaries(SelectorKind kind);
 bool ReadsKeys(SelectorKind kind);
 
+struct SelectOptions;
+struct SelectorInput;
+// The FLOPs of the scoring Select does for `input` (the q . k or q . summary products; the
+// softmax and top-k are left out): what a GPU would spend on it. The benchmark harness charges
+// it to its modelled GPU.
+double ScoringFlops(SelectorKind kind, const SelectorInput& input, const SelectOptions& options);
+
 struct SelectOptions {
   // Fraction of the chunks (token-level baselines: of the tokens) to select, in (0, 1].
   // Default: 0.1.

@@ -1065,6 +1065,44 @@ absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
+  std::vector<ChunkKey> used;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, entry] : chunks_) {
+      if (entry.importance != 0 || entry.loads != 0) used.push_back(key);
+    }
+  }
+  std::vector<std::pair<ChunkKey, ChunkRecord>> records;
+  for (const ChunkKey& key : used) {
+    auto record = catalog_->GetChunk(key);
+    if (absl::IsNotFound(record.status())) continue;
+    CKV_RETURN_IF_ERROR(record.status());
+    records.emplace_back(key, std::move(*record));
+  }
+  absl::MutexLock lock(&mu_);
+  Catalog::Batch batch = catalog_->NewBatch();
+  std::vector<ChunkEntry*> applied;
+  for (auto& [key, record] : records) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end() || it->second.segment != record.segment ||
+        it->second.slot != record.slot) {
+      continue;
+    }
+    record.importance = 0;
+    record.loads = 0;
+    batch.PutChunk(key, record);
+    applied.push_back(&it->second);
+  }
+  if (applied.empty()) return 0;
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/true));
+  for (ChunkEntry* entry : applied) {
+    entry->importance = 0;
+    entry->loads = 0;
+  }
+  return applied.size();
+}
+
 absl::Status ChunkStore::ReadAux(const ModelSpec& spec, std::span<const ChunkKey> keys,
                                  uint32_t aux, std::span<std::byte> out, uint64_t max_io_bytes) {
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<PinnedChunks> pinned, Pin(spec, keys));

@@ -153,6 +153,9 @@ class ChunkStore {
     uint64_t loads = 0;
   };
   absl::Status AddUsage(std::span<const Usage> usage);
+  // Sets every chunk's I and F back to 0 (one synced batch): the benchmark harness starts each
+  // system from the same history. Returns the number of chunks it changed.
+  absl::StatusOr<uint64_t> ResetUsage();
 
   // Called with each chunk that leaves the store (Delete, eviction to make room, Repair) once its
   // removal is committed, under the store's lock: it must be quick and must not call back into

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ckv/engine.h"
+#include "engine/session.h"
 #include "kernels/attention.h"
 #include "kernels/half.h"
 #include "kernels/selector.h"
@@ -102,6 +103,7 @@ std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {})
 struct SessionCase {
   Selector selector;
   RecordLayout layout;
+  bool period_selection = false;
 };
 
 class SessionTest : public ::testing::TestWithParam<SessionCase> {};
@@ -115,7 +117,9 @@ TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
   ASSERT_TRUE(d.Put(*engine).ok());
   ReprefillOptions o;
   o.selector = GetParam().selector;
+  o.period_selection = GetParam().period_selection;
   o.budget_fraction = 0.25;
+  const bool by_period = o.selector == Selector::kPeriodExact || o.period_selection;
   // The prompt: the stored prefix and a suffix the store has never seen.
   std::vector<int32_t> prompt = d.tokens;
   for (int32_t t : synth::Tokens(77, 40)) prompt.push_back(t);
@@ -126,9 +130,7 @@ TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
   std::vector<uint32_t> expected;
   for (uint32_t l = 0; l < d.spec.layers; ++l) {
     ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
-    if (o.selector != Selector::kPeriodExact || l % o.period_layers == 0) {
-      expected = d.Expected(kind, l, o);
-    }
+    if (!by_period || l % o.period_layers == 0) expected = d.Expected(kind, l, o);
     auto view = (*session)->AwaitLayer(l);
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_EQ(view->records().size(), expected.size()) << "layer " << l;
@@ -149,7 +151,7 @@ TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
     EXPECT_GT(stats->summary_bytes_read, 0u);
     EXPECT_GT(stats->prefetched_bytes_used, 0u) << "layer l's selection predicts layer l+1's";
   }
-  if (o.selector == Selector::kPeriodExact) {
+  if (by_period) {
     EXPECT_GT(stats->prefetched_bytes_used, 0u) << "the period's layers come by prefetch";
   }
 }
@@ -162,11 +164,14 @@ INSTANTIATE_TEST_SUITE_P(
                       SessionCase{Selector::kQuest, RecordLayout::kPeriodMajor},
                       SessionCase{Selector::kMeanKey, RecordLayout::kLayerMajor},
                       SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor},
-                      SessionCase{Selector::kOracle, RecordLayout::kLayerMajor}),
+                      SessionCase{Selector::kOracle, RecordLayout::kLayerMajor},
+                      SessionCase{Selector::kQuest, RecordLayout::kLayerMajor, true},
+                      SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor, true}),
     [](const auto& info) {
       std::string name(SelectorName(info.param.selector));
       std::replace(name.begin(), name.end(), '-', '_');
-      return name + (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period");
+      return name + (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period") +
+             (info.param.period_selection ? "_by_period" : "");
     });
 
 // Runs a whole session over `d`, checking every record served against the generator, and
@@ -524,6 +529,96 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   EXPECT_LT(overlapped, 0.8 * serial);
   EXPECT_LT(overlapped, std::max(io_only, compute_only) + 0.75 * std::min(io_only, compute_only) +
                             io_only / d.spec.layers * 2);
+}
+
+// Counts selector runs and their FLOPs.
+class CountingClock final : public engine::SelectorClock {
+ public:
+  void Begin() override {
+    EXPECT_FALSE(open_) << "Begin twice";
+    open_ = true;
+  }
+  void End(double flops) override {
+    EXPECT_TRUE(open_) << "End without Begin";
+    open_ = false;
+    ++runs_;
+    flops_.push_back(flops);
+  }
+  int runs_ = 0;
+  bool open_ = false;
+  std::vector<double> flops_;
+};
+
+TEST(SessionClockTest, TheClockBracketsEverySelectorRunWithItsFlops) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  CountingClock clock;
+  engine::SetSelectorClock(*engine, &clock);
+  struct Case {
+    Selector selector;
+    bool period_selection;
+    int runs;  // scored layers
+  };
+  const uint32_t L = d.spec.layers, p = ReprefillOptions{}.period_layers;
+  for (const Case& c : {Case{Selector::kMeanKey, false, static_cast<int>(L)},
+                        Case{Selector::kMeanKey, true, static_cast<int>((L + p - 1) / p)},
+                        Case{Selector::kPeriodExact, false, static_cast<int>((L + p - 1) / p)}}) {
+    SCOPED_TRACE(std::string(SelectorName(c.selector)) + (c.period_selection ? " by period" : ""));
+    clock = CountingClock();
+    ReprefillOptions o;
+    o.selector = c.selector;
+    o.period_selection = c.period_selection;
+    RunChecked(*engine, d, o);
+    EXPECT_EQ(clock.runs_, c.runs);
+    EXPECT_FALSE(clock.open_);
+    // Every run scores every chunk of the prefix: the same FLOPs, as kernels::ScoringFlops says.
+    const auto kind = *kernels::ParseSelectorKind(SelectorName(c.selector));
+    kernels::SelectorInput in;
+    in.shape = kernels::KvShape::Of(d.spec);
+    in.window = o.window;
+    in.chunks = d.chunks();
+    const double want = kernels::ScoringFlops(kind, in, {});
+    EXPECT_GT(want, 0);
+    for (double f : clock.flops_) EXPECT_DOUBLE_EQ(f, want);
+  }
+  engine::SetSelectorClock(*engine, nullptr);
+  ReprefillOptions o;
+  o.selector = Selector::kMeanKey;
+  clock = CountingClock();
+  RunChecked(*engine, d, o);
+  EXPECT_EQ(clock.runs_, 0) << "a removed clock is not called";
+}
+
+TEST(SessionLifeTest, ResetUsageZeroesImportanceAndLoadsDurably) {
+  const Planted& d = Data();
+  TempDir dir;
+  ChunkKey id;
+  {
+    auto engine = Open(dir.path());
+    auto put = d.Put(*engine);
+    ASSERT_TRUE(put.ok()) << put.status();
+    id = put->prefix_id;
+    RunChecked(*engine, d, ReprefillOptions{});
+    auto before = engine->DescribePrefix(id);
+    ASSERT_TRUE(before.ok());
+    uint64_t loaded = 0;
+    for (const auto& c : before->chunks) loaded += c.loads;
+    ASSERT_GT(loaded, 0u);
+    auto reset = engine::HostOf(*engine).store().ResetUsage();
+    ASSERT_TRUE(reset.ok()) << reset.status();
+    EXPECT_GT(*reset, 0u);
+    EXPECT_EQ(*engine::HostOf(*engine).store().ResetUsage(), 0u) << "nothing left to reset";
+  }
+  auto engine = Open(dir.path());
+  auto after = engine->DescribePrefix(id);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->chunks.size(), d.chunks());
+  for (const auto& c : after->chunks) {
+    EXPECT_EQ(c.importance, 0);
+    EXPECT_EQ(c.loads, 0u);
+  }
 }
 
 }  // namespace

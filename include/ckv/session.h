@@ -17,7 +17,8 @@
 // first (sink) chunk and the last chunk(s). `period-exact` (the published method) scores the head
 // layer of each period from its exact keys and serves the period's p layers with one selection;
 // `quest` and `mean-key` score every layer from the chunk summaries stored at Put time, reading
-// no KV to do so; `oracle` scores every layer from its exact keys (evaluation only).
+// no KV to do so (with `period_selection`, only each period's head layer, serving the period as
+// period-exact does); `oracle` scores every layer from its exact keys (evaluation only).
 //
 // Prefetch. As soon as a period head is scored, the records of every layer of the period are
 // requested; the last selection is prefetched speculatively for the next period (or, with a
@@ -64,9 +65,14 @@ struct ReprefillOptions {
   // Default: 0.1.
   double budget_fraction = 0.1;
   Selector selector = Selector::kPeriodExact;
-  // Layers that share one selection under kPeriodExact (the first is the period's head).
+  // Layers that share one selection under kPeriodExact, or under quest and mean-key with
+  // period_selection (the first is the period's head).
   // 1..1024 (a period past the last layer ends there). Default: 8.
   uint32_t period_layers = 8;
+  // quest and mean-key: score only each period's head layer (period_layers layers) and serve the
+  // whole period with its selection, requesting the period's records at once, as period-exact
+  // does. Off: every layer is scored. Default: off.
+  bool period_selection = false;
   // Suffix queries per layer that SubmitQueries receives (the last w tokens). 1..4096.
   // Default: 32.
   uint32_t window = 32;
