@@ -6,7 +6,8 @@
 #                        ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
 #   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
-#   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store
+#   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store, then a
+#                        short Re-Prefill benchmark on ./ckv-demo-bench-store
 #   tools/ckv.sh build   install what is missing, build
 #   tools/ckv.sh help    this text
 #
@@ -49,7 +50,10 @@ Commands:
           (tests/fuzz/run_fuzz.sh); fails when it finds a crash, a sanitizer report or a leak
   demo    install missing Debian packages, build, then on a fresh store ./ckv-demo-store (in the
           current directory): kvctl init, put synthetic prefixes (one sharing chunks with
-          another), ls, verify, and a summary of what it did
+          another), ls, verify, and a summary of what it did; then a short Re-Prefill benchmark
+          (bench/reprefill_bench: ckv against full, h2o, impress and ckv-paper on qwen2.5-7b,
+          4K-token prefixes, budgets 5% and 25%) on ./ckv-demo-bench-store, kept between runs
+          so that later demos skip populating it; prints the table and the plot's path
   build   install missing Debian packages and build into build/
   help    show this help
 
@@ -60,6 +64,8 @@ Environment:
   CKV_SANITIZE=0      test: skip the sanitizer runs
   CKV_FUZZ=0          test: skip the fuzz run
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
+  CKV_DEMO_BENCH_STORE=DIR  where the demo's benchmark keeps its store
+                      (default ./ckv-demo-bench-store)
   CKV_FUZZ_SECONDS=N  how long to run the fuzzer (default 120 for fuzz, 30 within test)
 EOF
 }
@@ -233,7 +239,23 @@ run_demo() {
   else
     echo "  verify          FAILED (kvctl verify exit $verify_rc): see the problems listed above"
   fi
-  return "$verify_rc"
+  ((verify_rc == 0)) || return "$verify_rc"
+  echo
+  run_demo_bench
+}
+
+# A short Re-Prefill benchmark (docs/baselines.md); bench/reprefill_bench reuses its store when
+# it matches the workload, so only the first demo populates it.
+run_demo_bench() {
+  local bench="$BUILD_DIR/bench/reprefill_bench"
+  [[ -x "$bench" ]] || die "reprefill_bench was not built ($bench)"
+  local store="${CKV_DEMO_BENCH_STORE:-$ORIG_PWD/ckv-demo-bench-store}"
+  say "reprefill_bench: ckv against the baselines (qwen2.5-7b, 4096-token prefixes, 64-token suffixes)"
+  "$bench" --store "$store" --model qwen2.5-7b --prefix-tokens 4096 --suffix-tokens 64 \
+    --conversations 4 --turns 3 --budgets 5,25 --systems full,h2o,impress,ckv-paper,ckv \
+    --gpu-tier-bytes 16M --cpu-tier-bytes 48M --fidelity --fidelity-requests 1 --fio-seconds 1 \
+    --json "$store/reprefill.json" --plot "$store/reprefill.png"
+  echo "  benchmark JSON  $store/reprefill.json"
 }
 
 main() {

@@ -1,0 +1,186 @@
+// The Re-Prefill benchmark harness (bench/reprefill_bench) on a tiny configuration: its JSON
+// has the documented schema and its figures keep the relations that hold by construction.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+#include "tools/json_reader.h"
+
+namespace ckv {
+namespace {
+
+using ::ckv::testing::TempDir;
+using tools::JsonValue;
+
+#ifdef CKV_REPREFILL_BENCH_PATH
+
+struct Ran {
+  int exit_code = -1;
+  std::string output;
+};
+
+Ran RunBench(const std::string& args) {
+  Ran r;
+  const std::string cmd = std::string(CKV_REPREFILL_BENCH_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+double Num(const JsonValue& v, const char* key) {
+  const JsonValue* x = v.Find(key);
+  if (x == nullptr) {
+    ADD_FAILURE() << "missing key " << key;
+    return NAN;
+  }
+  if (x->AsInt() != nullptr) return static_cast<double>(*x->AsInt());
+  if (x->AsDouble() != nullptr) return *x->AsDouble();
+  ADD_FAILURE() << key << " is a " << x->TypeName() << ", not a number";
+  return NAN;
+}
+
+bool IsInt(const JsonValue& v, const char* key) {
+  const JsonValue* x = v.Find(key);
+  return x != nullptr && x->AsInt() != nullptr;
+}
+
+constexpr const char* kSystems = "full,h2o,impress,ckv-paper,ckv";
+
+TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  const std::string json = dir.path() + "/out.json";
+  const std::string plot = dir.path() + "/out.png";
+  const std::string args =
+      "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
+      "--conversations 2 --turns 2 --budgets 10,50 --systems " + kSystems +
+      " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --json " + json;
+  const Ran first = RunBench(args + " --plot " + plot);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("making a new store"), std::string::npos) << first.output;
+  // The table names every system.
+  for (const char* s : {"full ", "h2o ", "impress ", "ckv-paper ", "ckv "}) {
+    EXPECT_NE(first.output.find(s), std::string::npos) << s << "\n" << first.output;
+  }
+  struct stat st {};
+  if (first.output.find("gnuplot failed") == std::string::npos) {
+    EXPECT_EQ(::stat(plot.c_str(), &st), 0) << "no plot at " << plot;
+  }
+
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  const JsonValue* workload = doc->Find("workload");
+  ASSERT_NE(workload, nullptr);
+  EXPECT_EQ(*workload->Find("model")->AsString(), "qwen2.5-0.5b");
+  for (const char* k : {"prefix_tokens", "suffix_tokens", "conversations", "turns", "warmup_turns",
+                        "concurrency", "window", "gpu_tier_bytes", "cpu_tier_bytes", "seed",
+                        "store_bytes"}) {
+    EXPECT_TRUE(IsInt(*workload, k)) << k;
+  }
+  EXPECT_EQ(Num(*workload, "prefix_tokens"), 256);
+  const JsonValue* results = doc->Find("results");
+  ASSERT_NE(results, nullptr);
+  ASSERT_NE(results->AsArray(), nullptr);
+  ASSERT_EQ(results->AsArray()->size(), 10u);  // 5 systems x 2 budgets
+
+  std::map<std::pair<std::string, double>, const JsonValue*> by;
+  for (const JsonValue& r : *results->AsArray()) {
+    ASSERT_NE(r.Find("system"), nullptr);
+    const std::string system = *r.Find("system")->AsString();
+    const double budget = Num(r, "budget");
+    SCOPED_TRACE(system + " at " + std::to_string(budget));
+    by[{system, budget}] = &r;
+    EXPECT_TRUE(budget == 0.1 || budget == 0.5);
+    ASSERT_NE(r.Find("config")->AsString(), nullptr);
+    EXPECT_EQ(Num(r, "requests"), 2);  // 2 conversations x (2 turns - 1 warm-up turn)
+    const JsonValue* lat = r.Find("latency_ms");
+    ASSERT_NE(lat, nullptr);
+    EXPECT_GT(Num(*lat, "mean"), 0);
+    EXPECT_GT(Num(*lat, "p50"), 0);
+    EXPECT_LE(Num(*lat, "p50"), Num(*lat, "p95"));
+    EXPECT_GE(Num(r, "wall_ms"), Num(*lat, "mean") - 1e-9);  // the modelled GPU takes CPU scoring out
+    EXPECT_GE(Num(r, "scoring_cpu_ms"), 0);
+    EXPECT_GE(Num(r, "bubble_ms"), 0);
+    EXPECT_TRUE(IsInt(r, "bytes_needed"));
+    EXPECT_TRUE(IsInt(r, "bytes_read"));
+    EXPECT_TRUE(IsInt(r, "wasted_prefetch_bytes"));
+    EXPECT_TRUE(IsInt(r, "dominant_io_bytes"));
+    const double needed = Num(r, "bytes_needed"), read = Num(r, "bytes_read");
+    EXPECT_GT(needed, 0);
+    EXPECT_GT(read, 0);  // no tiers: everything comes from NVMe
+    EXPECT_NEAR(Num(r, "read_amplification"), read / needed, 1e-9);
+    EXPECT_GT(Num(r, "device_mb_s"), 0);
+    EXPECT_EQ(Num(r, "fio_mb_s"), 0);  // --no-fio
+    const double recall = Num(r, "attention_recall");
+    EXPECT_GT(recall, 0);
+    EXPECT_LE(recall, 1 + 1e-9);
+    EXPECT_GE(Num(r, "output_rel_error"), 0);
+    const JsonValue* hits = r.Find("hit_rate");
+    ASSERT_NE(hits, nullptr);
+    EXPECT_EQ(Num(*hits, "gpu"), 0);  // tiers of 0 bytes
+    EXPECT_EQ(Num(*hits, "cpu"), 0);
+  }
+  ASSERT_EQ(by.size(), 10u);
+  for (double b : {0.1, 0.5}) {
+    // full loads everything: recall 1, the exact output, and it reads exactly what it needs.
+    const JsonValue& full = *by.at({"full", b});
+    EXPECT_NEAR(Num(full, "attention_recall"), 1.0, 1e-6);
+    EXPECT_LT(Num(full, "output_rel_error"), 1e-5);
+    EXPECT_EQ(Num(full, "bytes_read"), Num(full, "bytes_needed"));
+    // The block baselines read at least what their tokens need (keys to identify, whole blocks);
+    // period-exact reads its head layers whole to score them.
+    for (const char* s : {"h2o", "impress", "ckv-paper"}) {
+      EXPECT_GE(Num(*by.at({s, b}), "bytes_read"), Num(*by.at({s, b}), "bytes_needed")) << s;
+    }
+  }
+  // A larger budget keeps a superset of the chunks (same scores, larger top-k): recall only grows.
+  for (const char* s : {"h2o", "impress", "ckv-paper", "ckv"}) {
+    EXPECT_GE(Num(*by.at({s, 0.5}), "attention_recall") + 1e-9,
+              Num(*by.at({s, 0.1}), "attention_recall"))
+        << s;
+  }
+
+  // The same workload again reuses the store.
+  const Ran second = RunBench(args);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("reusing the store"), std::string::npos) << second.output;
+}
+
+TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
+  TempDir dir;
+  const Ran bad_system = RunBench("--store " + dir.path() + "/s --systems full,bogus --no-fio");
+  EXPECT_EQ(bad_system.exit_code, 2);
+  EXPECT_NE(bad_system.output.find("unknown system 'bogus'"), std::string::npos)
+      << bad_system.output;
+  const Ran bad_budget = RunBench("--store " + dir.path() + "/s --budgets 5,0 --no-fio");
+  EXPECT_EQ(bad_budget.exit_code, 2);
+  EXPECT_NE(bad_budget.output.find("--budgets: '0'"), std::string::npos) << bad_budget.output;
+  const Ran bad_model = RunBench("--store " + dir.path() + "/s --model gpt-9 --no-fio");
+  EXPECT_EQ(bad_model.exit_code, 2);
+  EXPECT_NE(bad_model.output.find("gpt-9"), std::string::npos) << bad_model.output;
+  // Nothing was made for a refused run.
+  struct stat st {};
+  EXPECT_NE(::stat((dir.path() + "/s").c_str(), &st), 0);
+}
+
+#else
+
+TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
+  GTEST_SKIP() << "built without the benchmarks (CKV_BUILD_BENCH=OFF)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace ckv
