@@ -81,6 +81,10 @@ struct Slot {
   uint32_t read_bytes = 0;  // the device read's length
   bool served = false;      // shown in a view
   bool hit = false;         // found in a tier, not read
+  // Read from NVMe and not yet offered to the tiers: the session offers it when a layer first
+  // needs it (on its own thread, so that the read engine's thread only reads and verifies).
+  bool to_admit = false;
+  double score = 0;         // its chunk's S when it was requested
 };
 
 // Keeps the slots of one view alive.
@@ -391,18 +395,11 @@ class SessionImpl final : public ReprefillSession {
         r.name = absl::StrCat("record ", keys_[j].ToHex().substr(0, 16), "/L", layer);
         r.dest = std::span<std::byte>(slot->data);
         slot->read_bytes = r.length;
-        const RecordId record_id{keys_[j], layer};
-        const double score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
-        r.callback = [this, slot, record_id, score](const prefetch::ReadResult& result) {
-          // Offered to the tiers before anyone can see it; served from where it lands.
-          TierCache::Handle cached;
-          if (TierCache* tiers = host_.tiers(); tiers != nullptr && result.status.ok()) {
-            auto admitted = tiers->Admit(record_id, slot->data, score);
-            if (admitted.ok()) cached = std::move(*admitted);  // else: served from our copy
-          }
+        slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
+        r.callback = [this, slot](const prefetch::ReadResult& result) {
           absl::MutexLock lock(&mu_);
           if (result.status.ok()) {
-            slot->tier = std::move(cached);
+            slot->to_admit = host_.tiers() != nullptr;
             slot->state = Slot::State::kLanded;
             stats_.bytes_read += slot->read_bytes;
             stats_.nvme_records++;
@@ -438,6 +435,7 @@ class SessionImpl final : public ReprefillSession {
                                                            std::span<const uint32_t> chunks) {
     for (;;) {
       std::vector<uint32_t> again;
+      std::vector<std::shared_ptr<Slot>> out;
       {
         absl::MutexLock lock(&mu_);
         bool pending = true;
@@ -458,13 +456,39 @@ class SessionImpl final : public ReprefillSession {
           if (pending) cv_.Wait(&mu_);
         }
         if (again.empty()) {
-          std::vector<std::shared_ptr<Slot>> out;
           out.reserve(chunks.size());
           for (uint32_t j : chunks) out.push_back(slots_.at(SlotKey{layer, j}));
-          return out;
         }
       }
+      if (again.empty()) {
+        Admit(layer, chunks, out);  // outside mu_: it copies records into the tiers
+        return out;
+      }
       CKV_RETURN_IF_ERROR(Request(layer, again, prefetch::Priority::kDemand));
+    }
+  }
+
+  // Offers the records of `slots` (chunks `chunks` of `layer`) that were read from NVMe to the
+  // tiers, each once; a record a tier takes is served from there, the others from our copy.
+  void Admit(uint32_t layer, std::span<const uint32_t> chunks,
+             std::span<const std::shared_ptr<Slot>> slots) {
+    TierCache* tiers = host_.tiers();
+    if (tiers == nullptr) return;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = *slots[i];
+      double score = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!s.to_admit) continue;
+        s.to_admit = false;
+        score = s.score;
+      }
+      // Landed and no longer touched by the read engine: its bytes are stable.
+      auto admitted = tiers->Admit(RecordId{keys_[chunks[i]], layer}, s.data, score);
+      if (admitted.ok() && *admitted) {
+        absl::MutexLock lock(&mu_);
+        s.tier = std::move(*admitted);
+      }
     }
   }
 

@@ -16,9 +16,11 @@
 // view used are wasted.
 //
 // Tiers: before reading a record from NVMe the session looks it up in the tiers (a hit does no
-// I/O); a record read from NVMe is offered to them with its chunk's S = I x F and served from
-// where it landed, or from the session's own buffer when no tier took it. Finish re-ranks the
-// session's chunks with their new scores.
+// I/O); a record read from NVMe is offered to them with its chunk's S = I x F when a layer first
+// waits for it, on the session's thread (the read engine's thread only reads, verifies and
+// copies), and served from where it landed, or from the session's own buffer when no tier took
+// it. A prefetched record that no layer waited for is not offered. Finish re-ranks the session's
+// chunks with their new scores.
 //
 // Bubbles: SessionStats::device_idle_seconds is the read engine's idle-with-work time during the
 // session (engine-wide: with several sessions at once it is shared, not split).
