@@ -507,7 +507,7 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     const std::string cmd = "rm -rf '" + f.store + "/layer-major' '" + f.store +
-                            "/period-major' '" + f.store + "/keys.bin'";
+                            "/period-major' '" + f.store + "/keys.bin' '" + f.store + "/fio.dat'";
     if (std::system(cmd.c_str()) != 0) {
       return absl::InternalError(absl::StrCat("could not clear ", f.store));
     }
@@ -714,7 +714,11 @@ class Runner {
   engine::TierManager::Handle Lookup(const ChunkKey& k, uint32_t record, RequestResult& out) {
     if (!state_->tiers) return {};
     auto h = state_->tiers->Lookup(engine::RecordId{k, record});
-    if (h) (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)++;
+    if (h) {
+      (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)++;
+      // LRU (full, h2o): a hit is a use. impress re-ranks by its block score after the request.
+      if (sys_.kind != Kind::kImpress) state_->tiers->UpdateScore(k, Tick());
+    }
     return h;
   }
   void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score,
@@ -1091,34 +1095,33 @@ class Fio {
  public:
   Fio(const Flags& f, uint32_t qd) : f_(f), qd_(qd) {}
   // MB/s of fio's random reads of `bytes` (rounded up to 4 KiB) at queue depth `qd` (at most the
-  // read engine's) over the allocated part of the
-  // largest segment file of the store in `dir`: the same file system, the same files and the
-  // same device state the systems read. 0 when fio is missing or failed.
+  // read engine's), right after a system ran. fio reads DIR/fio.dat, a dense file on the store's
+  // file system as large as the allocated bytes of the largest segment file of the store in
+  // `dir`. Not the segment itself: segments are sparse (a band's unused slots are holes), and a
+  // read of a hole returns zeros without touching the device, so fio over a segment's first
+  // bytes measured the page of zeros, not the disk (4-13 GB/s from a 2 GB/s device). 0 when fio
+  // is missing or failed.
   double MbPerS(uint64_t bytes, uint32_t qd, const std::string& dir) {
     bytes = std::max<uint64_t>(4096, (bytes + 4095) / 4096 * 4096);
     qd = std::clamp<uint32_t>(qd, 1, qd_);
-    std::string file;
     uint64_t size = 0;
     auto names = storage::PosixFileSystem()->ListDir(dir + "/segments");
     if (names.ok()) {
       for (const std::string& name : *names) {
         struct stat st {};
         const std::string path = dir + "/segments/" + name;
-        if (::stat(path.c_str(), &st) == 0 && uint64_t(st.st_blocks) * 512 > size) {
-          size = std::min<uint64_t>(uint64_t(st.st_blocks) * 512, uint64_t(st.st_size));
-          file = path;
-        }
+        if (::stat(path.c_str(), &st) == 0) size = std::max<uint64_t>(size, uint64_t(st.st_blocks) * 512);
       }
     }
     size = size / (1 << 20) * (1 << 20);
-    if (file.empty() || size < bytes) return 0;
-    const auto key = std::make_tuple(bytes, qd, file);
+    if (size < bytes || !EnsureFile(size)) return 0;
+    const auto key = std::make_pair(bytes, qd);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     const std::string out = f_.store + "/fio.json";
     const std::string cmd = absl::StrCat(
         "fio --name=randread --ioengine=io_uring --direct=1 --rw=randread --readonly --bs=", bytes,
-        " --iodepth=", qd, " --size=", size, " --filename=", file, " --time_based --runtime=",
+        " --iodepth=", qd, " --size=", file_bytes_, " --filename=", Path(), " --time_based --runtime=",
         f_.fio_seconds, " --output-format=json --output=", out, " >/dev/null 2>&1");
     double mb = 0;
     if (std::system(cmd.c_str()) == 0) {
@@ -1141,9 +1144,39 @@ class Fio {
   }
 
  private:
+  std::string Path() const { return f_.store + "/fio.dat"; }
+
+  // Makes DIR/fio.dat at least `size` bytes and fully allocated (written by fio with O_DIRECT),
+  // reusing one from an earlier run. Later runs compare against the same file.
+  bool EnsureFile(uint64_t size) {
+    if (file_bytes_ >= size) return true;
+    struct stat st {};
+    if (::stat(Path().c_str(), &st) == 0 && uint64_t(st.st_size) >= size &&
+        uint64_t(st.st_blocks) * 512 >= uint64_t(st.st_size)) {
+      file_bytes_ = uint64_t(st.st_size) / (1 << 20) * (1 << 20);
+      return true;
+    }
+    std::fprintf(stderr, "%s: writing %s (%.2f GB) for fio's reference reads\n", kProg,
+                 Path().c_str(), size / 1e9);
+    std::remove(Path().c_str());
+    const std::string cmd = absl::StrCat(
+        "fio --name=fill --ioengine=io_uring --direct=1 --rw=write --bs=1M --iodepth=16 --size=",
+        size, " --filename=", Path(), " >/dev/null 2>&1 && sync");
+    if (std::system(cmd.c_str()) != 0) {
+      std::fprintf(stderr, "%s: could not write %s with fio; fio_mb_s is 0\n", kProg, Path().c_str());
+      std::remove(Path().c_str());
+      cache_.clear();
+      return false;
+    }
+    file_bytes_ = size;
+    cache_.clear();  // figures of a smaller file are not comparable
+    return true;
+  }
+
   const Flags& f_;
   const uint32_t qd_;
-  std::map<std::tuple<uint64_t, uint32_t, std::string>, double> cache_;
+  uint64_t file_bytes_ = 0;
+  std::map<std::pair<uint64_t, uint32_t>, double> cache_;
 };
 
 // ---------------------------------------------------------------------------------------------
