@@ -372,6 +372,9 @@ enum class Kind { kFull, kH2o, kImpress, kCkv };
 // `ckv`: the configuration chosen by measurement (docs/baselines.md, "Choosing ckv").
 constexpr const char* kBestCkv = "ckv:mean-key:layer-major:8";
 
+// The token-level baselines identify from keys kept apart from values (the key file below).
+bool NeedsKeyFile(Kind k) { return k == Kind::kH2o || k == Kind::kImpress; }
+
 struct System {
   std::string name;
   Kind kind = Kind::kCkv;
@@ -1225,6 +1228,8 @@ absl::StatusOr<Row> RunSystem(const Workload& w, const System& sys, double budge
   if (sys.kind != Kind::kCkv) {
     // The baselines' tiers: the same budgets, the original's policy.
     state.tiers = std::make_unique<engine::TierManager>(f.gpu_tier_bytes, f.cpu_tier_bytes);
+  }
+  if (NeedsKeyFile(sys.kind)) {
     CKV_ASSIGN_OR_RETURN(key_file, storage::PosixFileSystem()->Open(
                                        f.store + "/keys.bin", storage::FileSystem::OpenMode::kReadWrite));
     CKV_ASSIGN_OR_RETURN(key_id, reads->RegisterFile(key_file.get()));
@@ -1314,7 +1319,7 @@ absl::StatusOr<Row> RunSystem(const Workload& w, const System& sys, double budge
   const double area = after.mean_queue_depth * after.elapsed_seconds -
                       before.mean_queue_depth * before.elapsed_seconds;
   row.busy_queue_depth = busy > 0 ? area / busy : 0;
-  if (sys.kind != Kind::kCkv) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
+  if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
   engine::SetSelectorClock(*engine, nullptr);
   engine.reset();  // the device to fio alone
   if (fio != nullptr && row.dominant_io_bytes > 0) row.fio_mb_s = fio->MbPerS(row.dominant_io_bytes,
@@ -1457,7 +1462,7 @@ int Run(const Flags& f) {
       return kExitUsage;
     }
     layouts.insert(s->layout);
-    need_keys |= s->kind == Kind::kH2o || s->kind == Kind::kImpress;
+    need_keys |= NeedsKeyFile(s->kind);
     systems.push_back(*s);
   }
   const Workload w(f, *spec);

@@ -2,7 +2,10 @@
 // has the documented schema and its figures keep the relations that hold by construction.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -155,6 +158,43 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   const Ran second = RunBench(args);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("reusing the store"), std::string::npos) << second.output;
+}
+
+// Regression: fio_mb_s read the first bytes of a sparse segment file, mostly holes that return
+// zeros without touching the device, and so reported several times the disk's speed. fio now
+// reads a dense file as large as the store's allocated segment bytes.
+TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
+  if (std::system("fio --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "fio is not installed";
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  const std::string json = dir.path() + "/out.json";
+  const Ran ran = RunBench("--store " + store + " --model qwen2.5-0.5b --prefix-tokens 1024 "
+                           "--suffix-tokens 16 --conversations 2 --turns 2 --budgets 10 "
+                           "--systems full,ckv --fio-seconds 1 --json " + json);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  struct stat fio_st {};
+  ASSERT_EQ(::stat((store + "/fio.dat").c_str(), &fio_st), 0) << ran.output;
+  EXPECT_GT(fio_st.st_size, 0);
+  EXPECT_GE(uint64_t(fio_st.st_blocks) * 512, uint64_t(fio_st.st_size)) << "fio.dat has holes";
+  // As large as the allocated bytes of the largest segment of the store it was sized for.
+  uint64_t largest = 0;
+  for (const char* layout : {"layer-major", "period-major"}) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(store + "/" + layout + "/segments", ec)) {
+      struct stat st {};
+      if (::stat(e.path().c_str(), &st) == 0) {
+        largest = std::max<uint64_t>(largest, uint64_t(st.st_blocks) * 512);
+      }
+    }
+  }
+  ASSERT_GT(largest, 0u);
+  EXPECT_EQ(uint64_t(fio_st.st_size), largest / (1 << 20) * (1 << 20));
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    EXPECT_GT(Num(r, "fio_mb_s"), 0) << *r.Find("system")->AsString();
+    EXPECT_GT(Num(r, "fio_engine_depth_mb_s"), 0) << *r.Find("system")->AsString();
+  }
 }
 
 TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
