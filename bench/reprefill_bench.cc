@@ -370,7 +370,7 @@ class Workload {
 enum class Kind { kFull, kH2o, kImpress, kCkv };
 
 // `ckv`: the configuration chosen by measurement (docs/baselines.md, "Choosing ckv").
-constexpr const char* kBestCkv = "ckv:mean-key:layer-major:8";
+constexpr const char* kBestCkv = "ckv:mean-key:period-major:8";
 
 // The token-level baselines identify from keys kept apart from values (the key file below).
 bool NeedsKeyFile(Kind k) { return k == Kind::kH2o || k == Kind::kImpress; }
@@ -1416,7 +1416,7 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::vector<std
   s += "set multiplot layout 1,2 title 'Re-Prefill, " + f.model + ", " +
        std::to_string(f.prefix_tokens) + "-token prefixes, " + std::to_string(f.suffix_tokens) +
        "-token suffixes'\n";
-  s += "set xlabel 'budget (% of the prefix)'\nset key top left\nset grid\nset logscale y\n";
+  s += "set xlabel 'budget (% of the prefix)'\nset key below\nset grid\nset logscale y\n";
   auto series = [&](const char* ylabel, auto value) {
     s += std::string("set ylabel '") + ylabel + "'\nplot ";
     for (size_t i = 0; i < systems.size(); ++i) {
