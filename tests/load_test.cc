@@ -7,7 +7,10 @@
 // round to the second (no leak; ASan's leak check covers the rest), Verify clean, and every
 // stored chunk bit-exact.
 //
-// CKV_LOAD_SECONDS=N runs each round for N seconds (default 3; 2 under sanitizers).
+// CKV_LOAD_SECONDS=N runs each round for N seconds (default 3; 2 under sanitizers), and each
+// thread for at least kMinOpsPerThread calls per round.
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -35,6 +38,7 @@ using ::ckv::testing::TempDir;
 using ::ckv::testing::Watchdog;
 
 constexpr uint64_t kMiB = 1 << 20;
+constexpr int kMinOpsPerThread = 6;
 
 double RoundSeconds() {
   if (const char* s = std::getenv("CKV_LOAD_SECONDS"); s != nullptr && std::atof(s) > 0) {
@@ -119,7 +123,9 @@ class LoadTest : public ::testing::Test {
     std::mt19937_64 rng(synth::Mix64(round * 1000 + thread));
     const Selector selectors[] = {Selector::kPeriodExact, Selector::kQuest, Selector::kMeanKey};
     std::vector<std::byte> want(cfg_.spec.RecordBytes());
-    while (absl::Now() < deadline) {
+    // Until the deadline, and at least kMinOpsPerThread calls (a slow sanitizer build still
+    // does enough for the assertions on what the load did; the watchdog bounds it).
+    for (int done = 0; done < kMinOpsPerThread || absl::Now() < deadline; ++done) {
       const auto& prompt = prompts_[rng() % prompts_.size()];
       const uint64_t op = rng() % 100;
       if (op < 60) {
@@ -224,6 +230,9 @@ class LoadTest : public ::testing::Test {
       threads.emplace_back([this, t, round, deadline] { Worker(t, round, deadline); });
     }
     for (auto& t : threads) t.join();
+    // Give freed heap back to the system first, so that RSS shows what is still in use rather
+    // than what glibc keeps cached in its arenas.
+    malloc_trim(0);
     return RssBytes();
   }
 
@@ -300,8 +309,10 @@ TEST_F(LoadTest, ConcurrentSessionsPutsAndDeletesStayExactAndWithinBudgets) {
   }
   EXPECT_LE(peak, bound) << "peak RSS over the bound from the configured budgets";
   // A second round of the same load must not grow the process: the tiers were full and every
-  // structure warmed by the first. 16 MiB of slack for allocator fragmentation.
-  EXPECT_LE(rss_round2, rss_round1 + 16 * kMiB)
+  // structure warmed by the first. Slack: the catalog's memtables, which fill and flush in
+  // cycles (the chunks column family takes nearly all writes: 2 x its 8 MiB write buffer), and
+  // 8 MiB of allocator fragmentation.
+  EXPECT_LE(rss_round2, rss_round1 + 24 * kMiB)
       << "RSS grew from round 1 to round 2: " << rss_round1 << " -> " << rss_round2;
 }
 
