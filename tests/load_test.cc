@@ -141,11 +141,20 @@ class LoadTest : public ::testing::Test {
           Unexpected("Put", put.status());
         }
       } else {
-        const absl::Status s = engine_->Delete(cfg_.spec, prompt);
+        // Half by tokens (often not stored as a prefix: evictions trim prefixes), half a prefix
+        // the store lists.
+        absl::Status s;
+        if (op % 2 == 0) {
+          s = engine_->Delete(cfg_.spec, prompt);
+        } else {
+          const std::vector<PrefixInfo> listed = engine_->ListPrefixes();
+          s = listed.empty() ? absl::NotFoundError("no prefix stored")
+                             : engine_->DeletePrefix(listed[rng() % listed.size()].id);
+        }
         if (s.ok()) {
           counts_.deletes++;
         } else if (absl::IsNotFound(s)) {
-          counts_.deletes_not_found++;  // not stored (never, or evicted, or deleted)
+          counts_.deletes_not_found++;  // not stored (never, or evicted, or deleted meanwhile)
         } else {
           Unexpected("Delete", s);
         }
