@@ -369,7 +369,11 @@ class SessionImpl final : public ReprefillSession {
           const bool upgrade = priority == prefetch::Priority::kDemand &&
                                s.priority != prefetch::Priority::kDemand &&
                                s.state == Slot::State::kQueued;
-          const bool retry = s.state == Slot::State::kCancelled;
+          // A cancelled request, or a failed prefetch now needed on demand: read it (again).
+          const bool retry = s.state == Slot::State::kCancelled ||
+                             (s.state == Slot::State::kFailed &&
+                              s.priority != prefetch::Priority::kDemand &&
+                              priority == prefetch::Priority::kDemand);
           if (!upgrade && !retry) continue;
           if (upgrade) {
             // Only a queued request can be taken back; one in flight is simply waited for.
@@ -450,8 +454,8 @@ class SessionImpl final : public ReprefillSession {
     return absl::OkStatus();
   }
 
-  // Waits for (layer, chunk) of every chunk to land. A cancelled one is requested again on
-  // demand. Errors: the first failed record's.
+  // Waits for (layer, chunk) of every chunk to land. A cancelled one, or a failed prefetch, is
+  // requested again on demand. Errors: the first failed demand read's.
   absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer,
                                                            std::span<const uint32_t> chunks) {
     for (;;) {
@@ -467,7 +471,12 @@ class SessionImpl final : public ReprefillSession {
             if (it == slots_.end() || it->second->state == Slot::State::kCancelled) {
               again.push_back(j);
             } else if (it->second->state == Slot::State::kFailed) {
-              return it->second->status;
+              // A failed prefetch gets one demand read of its own; a failed demand read is final.
+              if (it->second->priority != prefetch::Priority::kDemand) {
+                again.push_back(j);
+              } else {
+                return it->second->status;
+              }
             } else if (it->second->state == Slot::State::kQueued) {
               pending = true;
             }

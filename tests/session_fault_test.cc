@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "ckv/engine.h"
 #include "engine/session.h"
 #include "storage/chunk_store.h"
@@ -143,6 +144,61 @@ INSTANTIATE_TEST_SUITE_P(
                                     : "MeanKey",
                           "_L", info.param.bad_layer);
     });
+
+// Regression: a speculative read that failed (a transient EIO) failed the layer that then needed
+// the record, although a demand read of it would have succeeded: the session never read it again.
+TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerThatNeededIt) {
+  Watchdog watchdog("SessionPrefetchFaultTest", absl::Seconds(120));
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const auto tokens = synth::Tokens(43, 16 * spec.chunk_tokens);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  TempDir dir;
+  EngineOptions eo;
+  eo.layout = RecordLayout::kLayerMajor;
+  auto opened = Engine::Open(eo, dir.path());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Engine& engine = **opened;
+  ASSERT_TRUE(PutSynthetic(engine, spec, tokens).ok());
+  // The sink chunk's layer-1 record: every selection keeps it, so quest speculates on it for
+  // layer 1 while serving layer 0. Its first read fails; later ones succeed.
+  auto where = engine::HostOf(engine).store().LocateRecord(keys[0], 1);
+  ASSERT_TRUE(where.ok()) << where.status();
+  std::atomic<int> reads_of_it{0};
+  absl::Notification failed_once;
+  CKV_ASSERT_OK(engine::SetReadFaultHook(
+      engine, [&](const std::string& path, uint64_t offset, uint32_t length) {
+        prefetch::IoFault f;
+        if (path == where->segment_path && offset <= where->offset &&
+            where->offset < offset + length && reads_of_it++ == 0) {
+          f.error = EIO;
+          failed_once.Notify();
+        }
+        return f;
+      }));
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;
+  o.window = 4;
+  auto session = engine.BeginReprefill(spec, tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<float> q(size_t{o.window} * spec.q_heads * spec.head_dim, 0.5f);
+  std::vector<std::byte> want(spec.RecordBytes());
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    CKV_ASSERT_OK((*session)->SubmitQueries(l, q));
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << "layer " << l << ": " << view.status();
+    for (const auto& r : view->records()) {
+      synth::FillRecord(spec, keys[r.chunk], l, want);
+      ASSERT_EQ(0, std::memcmp(r.data, want.data(), want.size()));
+    }
+    // The speculative read of layer 1 has been tried (and failed) before layer 1 needs it.
+    if (l == 0) {
+      ASSERT_TRUE(failed_once.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    }
+  }
+  EXPECT_EQ(reads_of_it.load(), 2) << "one failed speculative read, one demand read";
+  ASSERT_TRUE((*session)->Finish().ok());
+}
 
 }  // namespace
 }  // namespace ckv

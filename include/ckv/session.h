@@ -176,7 +176,8 @@ class ReprefillSession {
   // failed layer's prefix KV from the tokens and goes on with the next layer, which is served as
   // usual. Exception: when a period head fails, every layer of its period fails with the head's
   // error ("layer 5: its period head, layer 4, failed: ..."), since they share its selection;
-  // the next period is served as usual. A failed read is not retried within the session.
+  // the next period is served as usual. A prefetch (or speculation) that failed is read again
+  // on demand when its layer needs it; a failed demand read is final for the session.
   virtual absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) = 0;
 
   // Ends the session: cancels what is still queued, adds this request's attention to each
