@@ -109,6 +109,18 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     bool acknowledged = false;
   };
 
+  // One line for the whole matrix when the binary runs it in one process (ctest runs each case
+  // alone: then it sums one case).
+  static void TearDownTestSuite() {
+    const Totals& t = MatrixTotals();
+    std::printf("fault matrix: %llu cases, %llu faults injected, %llu calls failed with the "
+                "fault's code, %llu records served by sessions (under faults and after), "
+                "%.1f MiB verified\n",
+                (unsigned long long)t.cases.load(), (unsigned long long)t.faults.load(),
+                (unsigned long long)t.failed_calls.load(),
+                (unsigned long long)t.records_served.load(), t.bytes_verified.load() / 1048576.0);
+  }
+
   void SetUp() override {
     spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
     // Small under sanitizers: fewer layers make each session and Put proportionally cheaper.
