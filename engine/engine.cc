@@ -127,6 +127,15 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   engine::SelectorClock* selector_clock() override { return clock_.load(); }
   void set_selector_clock(engine::SelectorClock* clock) { clock_.store(clock); }
+  absl::Status set_read_fault_hook(prefetch::FaultHook hook) {
+    absl::MutexLock lock(&mu_);
+    if (reads_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "SetReadFaultHook after the read engine was created (set it before the first session)");
+    }
+    fault_hook_ = std::move(hook);
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
@@ -140,6 +149,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
         o.backend = prefetch::ReadBackend::kUring;
       }
       o.logger = options_.logger;
+      o.fault_hook = fault_hook_;
       if (kernels::cuda::DeviceAvailable().ok()) {
         // Staging buffers a GPU tier can copy from by DMA.
         o.pin_memory = [](void* address, size_t bytes) {
@@ -170,6 +180,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
+  prefetch::FaultHook fault_hook_ ABSL_GUARDED_BY(mu_);  // tests only (SetReadFaultHook)
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};
@@ -181,6 +192,9 @@ namespace engine {
 SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); }
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
+}
+absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook) {
+  return dynamic_cast<EngineImpl&>(engine).set_read_fault_hook(std::move(hook));
 }
 }  // namespace engine
 

@@ -110,7 +110,8 @@ class SessionImpl final : public ReprefillSession {
         reads_(reads),
         selections_(spec.layers),
         scores_(spec.layers),
-        submitted_(spec.layers, false) {
+        submitted_(spec.layers, false),
+        failed_(spec.layers) {
     select_options_.budget_fraction = options.budget_fraction;
     select_options_.sink_chunks = options.sink_chunks;
     select_options_.recent_chunks = options.recent_chunks;
@@ -182,52 +183,68 @@ class SessionImpl final : public ReprefillSession {
     const uint32_t head = per_layer ? layer : kernels::PeriodHead(layer, p);
 
     if (layer == head) {
-      std::vector<uint32_t> chosen;
-      if (kernels::ReadsSummaries(kind_)) {
-        CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
-        chosen = std::move(sel.chunks);
-        scores_[layer] = std::move(sel.scores);
-      } else {
-        // Exact scoring reads the whole layer: every chunk's record, on demand.
-        std::vector<uint32_t> all(n);
-        for (uint32_t j = 0; j < n; ++j) all[j] = j;
-        CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand, /*need_host=*/true));
-        CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, all));
-        std::vector<const std::byte*> records(n);
-        for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->host_bytes();
-        CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
-        chosen = std::move(sel.chunks);
-        scores_[layer] = std::move(sel.scores);
-      }
-      selections_[layer] = chosen;
-      CancelUnneeded(layer, chosen);
-      CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
-      if (options_.prefetch) {
-        if (per_layer) {
-          if (layer + 1 < spec_.layers) {
-            CKV_RETURN_IF_ERROR(Request(layer + 1, chosen, prefetch::Priority::kSpeculative));
-          }
-        } else {
-          // The rest of the period at once; the next period (after its head) on speculation.
-          for (uint32_t l = layer + 1; l < std::min(spec_.layers, layer + p); ++l) {
-            CancelUnneeded(l, chosen);
-            CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kIntraPeriod));
-          }
-          for (uint32_t l = layer + p + 1; l < std::min(spec_.layers, layer + 2 * p); ++l) {
-            CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kSpeculative));
-          }
-        }
-      }
-      return absl::OkStatus();
+      // A head that cannot be scored or read leaves its layers without a selection: they must
+      // fail with its error, never serve an empty one.
+      absl::Status st = SubmitHead(layer, queries, per_layer, n, p);
+      if (!st.ok()) failed_[layer] = st;
+      return st;
     }
     // A layer inside a period: the head's selection serves it.
     if (!submitted_[head]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "queries of layer ", layer, " before those of its period head ", head));
     }
+    if (!failed_[head].ok()) {
+      failed_[layer] = absl::Status(
+          failed_[head].code(), absl::StrCat("layer ", layer, ": its period head, layer ", head,
+                                             ", failed: ", failed_[head].message()));
+      return absl::OkStatus();
+    }
     selections_[layer] = selections_[head];
     CancelUnneeded(layer, selections_[layer]);
     return Request(layer, selections_[layer], prefetch::Priority::kDemand);
+  }
+
+  // The head path of SubmitQueries: scores `layer` and requests its selection and prefetches.
+  absl::Status SubmitHead(uint32_t layer, std::span<const float> queries, bool per_layer,
+                          uint32_t n, uint32_t p) {
+    std::vector<uint32_t> chosen;
+    if (kernels::ReadsSummaries(kind_)) {
+      CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
+      chosen = std::move(sel.chunks);
+      scores_[layer] = std::move(sel.scores);
+    } else {
+      // Exact scoring reads the whole layer: every chunk's record, on demand.
+      std::vector<uint32_t> all(n);
+      for (uint32_t j = 0; j < n; ++j) all[j] = j;
+      CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand, /*need_host=*/true));
+      CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, all));
+      std::vector<const std::byte*> records(n);
+      for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->host_bytes();
+      CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
+      chosen = std::move(sel.chunks);
+      scores_[layer] = std::move(sel.scores);
+    }
+    selections_[layer] = chosen;
+    CancelUnneeded(layer, chosen);
+    CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
+    if (options_.prefetch) {
+      if (per_layer) {
+        if (layer + 1 < spec_.layers) {
+          CKV_RETURN_IF_ERROR(Request(layer + 1, chosen, prefetch::Priority::kSpeculative));
+        }
+      } else {
+        // The rest of the period at once; the next period (after its head) on speculation.
+        for (uint32_t l = layer + 1; l < std::min(spec_.layers, layer + p); ++l) {
+          CancelUnneeded(l, chosen);
+          CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kIntraPeriod));
+        }
+        for (uint32_t l = layer + p + 1; l < std::min(spec_.layers, layer + 2 * p); ++l) {
+          CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kSpeculative));
+        }
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {
@@ -235,6 +252,7 @@ class SessionImpl final : public ReprefillSession {
       return absl::FailedPreconditionError(
           absl::StrCat("AwaitLayer(", layer, ") before SubmitQueries for it"));
     }
+    if (!failed_[layer].ok()) return failed_[layer];
     if (keys_.empty()) {
       stats_.layers_served++;
       return LayerView(layer, {}, nullptr);
@@ -355,7 +373,11 @@ class SessionImpl final : public ReprefillSession {
           const bool upgrade = priority == prefetch::Priority::kDemand &&
                                s.priority != prefetch::Priority::kDemand &&
                                s.state == Slot::State::kQueued;
-          const bool retry = s.state == Slot::State::kCancelled;
+          // A cancelled request, or a failed prefetch now needed on demand: read it (again).
+          const bool retry = s.state == Slot::State::kCancelled ||
+                             (s.state == Slot::State::kFailed &&
+                              s.priority != prefetch::Priority::kDemand &&
+                              priority == prefetch::Priority::kDemand);
           if (!upgrade && !retry) continue;
           if (upgrade) {
             // Only a queued request can be taken back; one in flight is simply waited for.
@@ -429,8 +451,8 @@ class SessionImpl final : public ReprefillSession {
     return absl::OkStatus();
   }
 
-  // Waits for (layer, chunk) of every chunk to land. A cancelled one is requested again on
-  // demand. Errors: the first failed record's.
+  // Waits for (layer, chunk) of every chunk to land. A cancelled one, or a failed prefetch, is
+  // requested again on demand. Errors: the first failed demand read's.
   absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer,
                                                            std::span<const uint32_t> chunks) {
     for (;;) {
@@ -447,7 +469,12 @@ class SessionImpl final : public ReprefillSession {
             if (it == slots_.end() || it->second->state == Slot::State::kCancelled) {
               again.push_back(j);
             } else if (it->second->state == Slot::State::kFailed) {
-              return it->second->status;
+              // A failed prefetch gets one demand read of its own; a failed demand read is final.
+              if (it->second->priority != prefetch::Priority::kDemand) {
+                again.push_back(j);
+              } else {
+                return it->second->status;
+              }
             } else if (it->second->state == Slot::State::kQueued) {
               pending = true;
             }
@@ -543,6 +570,9 @@ class SessionImpl final : public ReprefillSession {
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   std::vector<std::vector<float>> scores_;          // per scored layer
   std::vector<bool> submitted_;
+  // Per layer: the error of a period head that failed (scoring or requesting), and of the
+  // layers of its period, which have no selection. OK otherwise.
+  std::vector<absl::Status> failed_;
   bool finished_ = false;
   double idle_at_begin_ = 0;
 

@@ -79,6 +79,11 @@ SessionHost& HostOf(Engine& engine);
 // Sets (null: removes) the clock the sessions of `engine` call around selector runs. Not owned;
 // must outlive the sessions that start while it is set.
 void SetSelectorClock(Engine& engine, SelectorClock* clock);
+// Installs a fault hook (prefetch/read_engine.h) in the read engine that the sessions of
+// `engine` read through, for the fault tests: it reaches the io_uring backend too, which the
+// fault-injecting file system cannot. FailedPrecondition once the read engine exists (the first
+// session creates it): set it right after Open.
+absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook);
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,

@@ -418,7 +418,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
       // room again now that they exist (the slots are taken already and do not count yet).
       s = MakeRoomLocked(need, &result.chunks_evicted);
       if (!s.ok()) {
-        ReleasePlanLocked(plan);
+        ReleasePlanLocked(plan, /*counted=*/false);
         plan.clear();
       }
     }
@@ -426,7 +426,14 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
       undo();
       return s;
     }
-    used_bytes_ += need;
+    // Reused slots whose punch had failed are counted already.
+    uint64_t reused = 0;
+    for (const PlannedRun& r : plan) {
+      for (uint32_t i = 0; i < r.run.count; ++i) {
+        reused += unpunched_.erase(SlotId{r.segment->id(), r.run.start + i});
+      }
+    }
+    used_bytes_ += need - reused * chunk_bytes;
   }
 
   // Compute the auxiliary records on a second thread while the layers' records are written.
@@ -502,8 +509,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   inflight_cv_.SignalAll();
   if (!s.ok()) {
     // Nothing names the slots: free them and give their blocks back.
-    ReleasePlanLocked(plan);
-    used_bytes_ -= (n - m) * chunk_bytes;
+    ReleasePlanLocked(plan, /*counted=*/true);
     return s;
   }
   counters_ = next;
@@ -518,16 +524,52 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   return result;
 }
 
-void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan) {
+void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted) {
   for (const PlannedRun& r : plan) {
     absl::Status s = r.segment->PunchSlots(r.run);
-    if (!s.ok() && !absl::IsUnimplemented(s)) {
-      // The slots are free either way; their blocks are reclaimed on the next open.
+    const bool punched = s.ok() || absl::IsUnimplemented(s);
+    if (!punched) {
+      // The slots are free either way; their blocks stay counted until a retry (the next Put
+      // that needs room, Gc) or the next open gives them back.
       logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of segment ",
                                                     r.segment->id(), ": ", s.message()));
     }
     r.segment->Free(r.run);
+    for (uint32_t i = 0; i < r.run.count; ++i) {
+      const SlotId slot{r.segment->id(), r.run.start + i};
+      if (!counted) {
+        // Not reserved by this Put; a reused unpunched slot is counted as such.
+        if (punched && unpunched_.erase(slot) > 0) used_bytes_ -= r.segment->chunk_bytes();
+      } else if (punched) {
+        used_bytes_ -= r.segment->chunk_bytes();
+      } else {
+        unpunched_.insert(slot);
+      }
+    }
   }
+}
+
+absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked() {
+  uint64_t given_back = 0;
+  absl::Status first_error;
+  for (auto it = unpunched_.begin(); it != unpunched_.end();) {
+    auto seg = segments_.find(it->first);
+    if (seg == segments_.end()) {  // cannot happen: a segment with unpunched slots is not empty
+      unpunched_.erase(it++);
+      continue;
+    }
+    absl::Status s = seg->second->PunchSlots(SlotRun{it->second, 1});
+    if (!s.ok() && !absl::IsUnimplemented(s)) {
+      if (first_error.ok()) first_error = s;
+      ++it;
+      continue;
+    }
+    used_bytes_ -= seg->second->chunk_bytes();
+    given_back += seg->second->chunk_bytes();
+    unpunched_.erase(it++);
+  }
+  if (!first_error.ok()) return first_error;
+  return given_back;
 }
 
 absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec,
@@ -554,7 +596,7 @@ absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec,
     } else {
       auto created = NewSegmentLocked(spec, aux_bytes);
       if (!created.ok()) {
-        ReleasePlanLocked(*plan);
+        ReleasePlanLocked(*plan, /*counted=*/false);
         plan->clear();
         return created.status();
       }
@@ -719,6 +761,12 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   if (max_disk_bytes_ == 0) return absl::OkStatus();
   const uint64_t data_cap = DataCapLocked();
   if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  // Blocks an earlier punch could not give back first: they hold space no chunk uses.
+  if (!unpunched_.empty()) {
+    // A punch that fails again leaves its slot counted; eviction below makes up for it.
+    RetryPunchesLocked().IgnoreError();
+    if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  }
   const uint64_t target = data_cap - std::min(need, data_cap);
   // Plan: pop the lowest leaf, let its parent compete once it becomes a leaf, until enough
   // bytes would be free. Nothing changes until the plan is known to succeed.
@@ -761,6 +809,14 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   Catalog::Batch batch = catalog_->NewBatch();
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, Removal::kEvict));
   *evicted += victims.size();
+  if (used_bytes_ + need > data_cap) {
+    // Punches of evicted chunks failed: their blocks are still on disk, so the Put would pass
+    // the cap. The chunks are gone (committed); the Put is refused.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_,
+        ": evicted ", victims.size(), " chunks but could not give back the blocks of ",
+        unpunched_.size(), " slots (", last_punch_error_, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -844,11 +900,16 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
 void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
   Segment* seg = segments_.at(segment).get();
   absl::Status s = seg->PunchSlots(SlotRun{slot, 1});
+  seg->Free(SlotRun{slot, 1});
   if (!s.ok() && !absl::IsUnimplemented(s)) {
     logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of slot ", slot,
                                                   " of segment ", segment, ": ", s.message()));
+    // Its blocks are still allocated: it keeps counting against the cap until a retry punches
+    // it or a Put reuses it.
+    last_punch_error_ = std::string(s.message());
+    unpunched_.insert(SlotId{segment, slot});
+    return;
   }
-  seg->Free(SlotRun{slot, 1});
   // Counted until here, not until the catalog forgot the chunk: a slot a reader still holds keeps
   // its blocks on disk, so it keeps counting against the cap.
   used_bytes_ -= seg->chunk_bytes();
@@ -1582,6 +1643,7 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
 absl::StatusOr<GcReport> ChunkStore::Gc() {
   GcReport report;
   absl::MutexLock lock(&mu_);
+  CKV_ASSIGN_OR_RETURN(report.bytes_reclaimed, RetryPunchesLocked());
   std::vector<uint32_t> empty;
   for (auto& [id, segment] : segments_) {
     if (segment->used_slots() == 0) {

@@ -245,7 +245,14 @@ class ChunkStore {
   absl::StatusOr<Segment*> NewSegmentLocked(const ModelSpec& spec,
                                             const std::vector<uint32_t>& aux_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleasePlanLocked(const std::vector<PlannedRun>& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the slots of a Put's plan and punches them. `counted`: the plan's bytes are in
+  // used_bytes_ (the Put had reserved them); they leave it, except for runs whose punch failed,
+  // which stay counted and wait in unpunched_.
+  void ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Punches the free slots whose blocks an earlier punch could not give back (unpunched_); each
+  // one that succeeds leaves used_bytes_. Returns the bytes given back, or the first error.
+  absl::StatusOr<uint64_t> RetryPunchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // `aux_data[a]` holds auxiliary record a of every new chunk, back to back; `aux_ready` is
   // waited for before the first auxiliary band is written.
@@ -311,8 +318,13 @@ class ChunkStore {
   absl::flat_hash_set<ChunkKey> inflight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SlotId, uint32_t> read_pins_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<SlotId> deferred_free_ ABSL_GUARDED_BY(mu_);  // removed while pinned
+  // Free slots whose punch failed: their blocks are still allocated, so they stay counted in
+  // used_bytes_ (the cap is on allocated bytes) until a retry punches them or a Put reuses them.
+  absl::flat_hash_set<SlotId> unpunched_ ABSL_GUARDED_BY(mu_);
+  std::string last_punch_error_ ABSL_GUARDED_BY(mu_);  // for the refusal's message
   uint32_t next_segment_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // live chunks + in-flight reservations
+  // Live chunks + in-flight reservations + unpunched_ slots.
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_disk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   RecordLayout layout_ ABSL_GUARDED_BY(mu_) = RecordLayout::kLayerMajor;
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;

@@ -144,5 +144,49 @@ TEST_F(StoreFaultTest, AReadErrorIsAnErrorNotData) {
   EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
 }
 
+// Regression: when the punches of an eviction failed, the evicted slots stopped counting against
+// the cap while their blocks stayed allocated, so the Put that evicted them wrote past the cap
+// (found by the fault matrix, Eio_1pct_Eviction).
+TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
+  TempDir dir;
+  FaultInjectingFileSystem fs(storage::PosixFileSystem(), /*seed=*/11);
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  EngineOptions options;
+  options.file_system = &fs;
+  options.max_disk_bytes = 6 * ChunkDiskBytes(spec);
+  auto engine = Engine::Open(options, dir.path());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto a = synth::Tokens(1, 4 * spec.chunk_tokens);
+  const auto b = synth::Tokens(2, 4 * spec.chunk_tokens);
+  ASSERT_TRUE(PutSynthetic(**engine, spec, a).ok());
+  FaultRule rule;
+  rule.path_substring = "seg-";
+  rule.punch_hole_fail = 1;
+  fs.AddRule(rule);
+  // B needs A's space: A's chunks are evicted, but their blocks cannot be given back.
+  auto put = PutSynthetic(**engine, spec, b);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  EXPECT_NE(put.status().message().find("could not give back"), absl::string_view::npos)
+      << put.status();
+  EXPECT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes);
+  EXPECT_EQ(*(*engine)->Lookup(spec, b), 0u);
+  const EngineStats held = (*engine)->Stats();
+  EXPECT_LT(held.chunks, 4u) << "the eviction itself is committed";
+  EXPECT_EQ(held.disk_bytes_used, 4 * ChunkDiskBytes(spec)) << "the unpunched slots still count";
+  // Once punching works again the next Put gives the blocks back first, and fits.
+  fs.ClearRules();
+  auto again = PutSynthetic(**engine, spec, b);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes);
+  EXPECT_EQ(CountBadRecords(**engine, spec, b, 4), 0);
+  auto gc = (*engine)->Gc();
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  const EngineStats st = (*engine)->Stats();
+  EXPECT_EQ(st.disk_bytes_used, st.chunks * ChunkDiskBytes(spec));
+  auto report = (*engine)->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok());
+}
+
 }  // namespace
 }  // namespace ckv

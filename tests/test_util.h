@@ -5,18 +5,101 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "ckv/engine.h"
 #include "gtest/gtest.h"
 #include "kernels/summary.h"
 #include "tools/synthetic_kv.h"
 
+// Which sanitizer this binary is built with (GCC defines __SANITIZE_*__, clang has
+// __has_feature). Heavy tests scale themselves down under either; RSS means nothing under them.
+#if defined(__SANITIZE_ADDRESS__)
+#define CKV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKV_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define CKV_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CKV_TEST_TSAN 1
+#endif
+#endif
+
 namespace ckv::testing {
+
+#ifdef CKV_TEST_ASAN
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#ifdef CKV_TEST_TSAN
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+inline constexpr bool kSanitizerBuild = kAddressSanitizer || kThreadSanitizer;
+
+// Fails the process, naming `what`, when it is still alive `limit` after construction: a test
+// that would hang (a wait that never ends) fails CI instead of stalling it. ctest runs each test
+// in its own process, so only that test fails. The deadline is a bound, not a wait for work.
+class Watchdog {
+ public:
+  Watchdog(std::string what, absl::Duration limit)
+      : what_(std::move(what)), deadline_(absl::Now() + limit), thread_([this, limit] {
+          absl::MutexLock lock(&mu_);
+          while (!done_) {
+            if (cv_.WaitWithDeadline(&mu_, deadline_) && !done_) {
+              std::fprintf(stderr, "watchdog: %s still running after %s; aborting\n",
+                           what_.c_str(), absl::FormatDuration(limit).c_str());
+              std::fflush(stderr);
+              std::abort();
+            }
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      cv_.Signal();
+    }
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  const std::string what_;
+  const absl::Time deadline_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The process's resident set size in bytes (/proc/self/statm), or 0 when unreadable.
+inline uint64_t RssBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it at destruction.
 class TempDir {

@@ -161,13 +161,23 @@ class ReprefillSession {
 
   // Hands over layer `layer`'s suffix queries: float32 [window, q_heads, head_dim]. Starts the
   // layer's selection and its reads. Layers are submitted in order, each once.
-  // Errors: InvalidArgument for a wrong layer or shape; FailedPrecondition after Finish.
+  // Errors: InvalidArgument for a wrong layer or shape; FailedPrecondition after Finish. A period
+  // head under period-exact (or period_selection) reads its whole layer to score it: a read
+  // error there is returned here too (as AwaitLayer would return it).
   virtual absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) = 0;
 
   // Waits until every selected record of `layer` is readable and returns them, pinned.
   // REQUIRES: SubmitQueries(layer) was called. Errors: DataLoss for a record that failed its
-  // checksum; NotFound when a chunk the session needed was deleted before the session pinned it;
-  // the read's error otherwise.
+  // checksum or could not be read (EIO, short read: the medium did not return it); NotFound when
+  // a chunk the session needed was deleted before the session pinned it; the read's error
+  // otherwise. The message names the record ("record <key>/L<layer>").
+  //
+  // A failure is confined to its layer: the session stays usable, and the caller recomputes the
+  // failed layer's prefix KV from the tokens and goes on with the next layer, which is served as
+  // usual. Exception: when a period head fails, every layer of its period fails with the head's
+  // error ("layer 5: its period head, layer 4, failed: ..."), since they share its selection;
+  // the next period is served as usual. A prefetch (or speculation) that failed is read again
+  // on demand when its layer needs it; a failed demand read is final for the session.
   virtual absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) = 0;
 
   // Ends the session: cancels what is still queued, adds this request's attention to each

@@ -29,7 +29,9 @@ struct EngineStats {
   uint64_t chunks = 0;
   uint64_t prefixes = 0;
   uint64_t segments = 0;
-  uint64_t disk_bytes_used = 0;  // allocated segment bytes: live chunks plus Puts in flight
+  // Allocated segment bytes: live chunks, Puts in flight, and freed slots whose blocks a failed
+  // punch left allocated (given back by Gc or the next Put that needs room, or reused).
+  uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
 
