@@ -7,9 +7,10 @@
 //
 //   putting <seed> <chunks> <shared> 0       before a Put begins
 //   put     <seed> <chunks> <shared> 0       the Put returned OK
-//   match   <seed> <chunks> <shared> <n>     (with a cap) after a Put: the prefix's leading
-//                                            chunks still stored changed to n (eviction)
-//   settled 0 0 0 0                          every match line of the last Put has been written
+//   match   <seed> <chunks> <shared> <n>     (with a cap) after a Put or a Delete: the prefix's
+//                                            leading chunks still stored changed to n
+//   settled 0 0 0 0                          every match line of the last Put or Delete has
+//                                            been written
 //   deleting <seed> <chunks> <shared> 0      before a Delete begins
 //   del     <seed> <chunks> <shared> 0       the Delete returned OK
 //   reprefill <seed> <chunks> <shared> <F>   a Re-Prefill session over the prefix finished (I and
@@ -98,19 +99,25 @@ class Workload {
     auto put = engine_.Put(spec_, tokens, kv.tensors());
     if (!put.ok()) return put.status();
     say_(Format("put", p));
-    if (capped_) {
-      // Report every prefix whose stored leading chunks the Put's eviction changed.
-      for (Known& k : known_) {
-        auto n = engine_.Lookup(spec_, TokensOf(spec_, k.prefix));
-        if (!n.ok()) return n.status();
-        if (*n != k.matched) {
-          k.matched = *n;
-          say_(Format("match", k.prefix, *n));
-        }
-      }
-      say_("settled 0 0 0 0");
-    }
     known_.push_back({p, p.chunks});
+    return ReportMatches();
+  }
+
+  // With a cap, after a Put or a Delete: reports every prefix whose stored leading chunks
+  // changed. A Put's eviction shortens prefixes; and once eviction has cut a prefix back to
+  // chunks that only another prefix holds (a shared system prompt, say), a Delete of that other
+  // prefix takes them too.
+  absl::Status ReportMatches() {
+    if (!capped_) return absl::OkStatus();
+    for (Known& k : known_) {
+      auto n = engine_.Lookup(spec_, TokensOf(spec_, k.prefix));
+      if (!n.ok()) return n.status();
+      if (*n != k.matched) {
+        k.matched = *n;
+        say_(Format("match", k.prefix, *n));
+      }
+    }
+    say_("settled 0 0 0 0");
     return absl::OkStatus();
   }
 
@@ -124,7 +131,7 @@ class Workload {
     CKV_RETURN_IF_ERROR(engine_.Delete(spec_, TokensOf(spec_, k.prefix)));
     known_.erase(known_.begin() + victim);
     say_(Format("del", k.prefix));
-    return absl::OkStatus();
+    return ReportMatches();
   }
 
   absl::Status SessionOne() {
