@@ -198,3 +198,56 @@ TEST(SecurityTest, KvctlWritesNothingOutsideTheStoreAndTheOutputPathsItIsGiven) 
 
 }  // namespace
 }  // namespace ckv
+
+namespace ckv {
+namespace {
+
+// Regression (security audit): ModelSpec::Validate allows records of up to 2^40 bytes, but a
+// segment's geometry keeps the record size in a u32: a spec with 4 GiB records became a segment
+// of 0-byte records. Put now refuses records over storage::kMaxRecordBytes before anything is
+// allocated or written.
+TEST(SecurityTest, APutWhoseRecordsExceedTheLimitIsRefusedNotTruncated) {
+  TempDir dir;
+  auto engine = Engine::Open(EngineOptions{}, dir.Sub("store"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ModelSpec spec;
+  spec.model_id = "huge";
+  spec.layers = 1;
+  spec.q_heads = 128;
+  spec.kv_heads = 128;
+  spec.head_dim = 1024;
+  spec.dtype = DType::kFp32;
+  spec.chunk_tokens = 4096;  // 2 x 4096 x 128 x 1024 x 4 = 4 GiB a record
+  ASSERT_TRUE(spec.Validate().ok());
+  const std::vector<int32_t> tokens(4096, 7);
+  KvTensors kv;
+  kv.tokens = tokens.size();  // no tensors: the limit is checked first
+  auto put = (*engine)->Put(spec, tokens, kv);
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_NE(put.status().message().find("is 4294967296 bytes, over the limit of 1073741824"),
+            absl::string_view::npos)
+      << put.status();
+  EXPECT_EQ((*engine)->Stats().chunks, 0u);
+}
+
+// Regression (security audit): a segment record's record and slot sizes were bounded only by
+// their u32; a damaged catalog could make every read of the segment allocate up to 4 GiB.
+TEST(SecurityTest, ASegmentRecordWithRecordsOverTheLimitIsDataLoss) {
+  storage::SegmentRecord g;
+  g.layers = 1;
+  g.band_layers = 1;
+  g.record_bytes = 4096;
+  g.record_slot_bytes = 4096;
+  g.capacity_slots = 1;
+  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
+  g.record_bytes = uint32_t{1} << 31;
+  g.record_slot_bytes = uint32_t{1} << 31;
+  auto decoded = storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1");
+  ASSERT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+  EXPECT_NE(decoded.status().message().find("segments/1: inconsistent geometry"),
+            absl::string_view::npos)
+      << decoded.status();
+}
+
+}  // namespace
+}  // namespace ckv
