@@ -494,10 +494,13 @@ absl::StatusOr<bool> StoreHolds(const Workload& w, RecordLayout layout) {
   return true;
 }
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s;
+// The store's manifest, or "" when it has none or one larger than any this program writes (a
+// manifest is a few hundred bytes; the file's size is not trusted: it may be /dev/zero behind a
+// symlink), so that the store is rebuilt.
+std::string ReadManifest(const std::string& path) {
+  constexpr size_t kMaxManifestBytes = 64 << 10;
+  absl::StatusOr<std::string> text = tools::ReadFileUpTo(path, kMaxManifestBytes, "manifest");
+  return text.ok() ? *std::move(text) : std::string();
 }
 
 // Makes (or reuses) the stores for `layouts` and the key file.
@@ -506,7 +509,7 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
   ::mkdir(f.store.c_str(), 0700);
   const std::string manifest_path = f.store + "/manifest.json";
   const std::string manifest = w.Manifest();
-  if (ReadSmallFile(manifest_path) != manifest) {
+  if (ReadManifest(manifest_path) != manifest) {
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     const std::string cmd = "rm -rf '" + f.store + "/layer-major' '" + f.store +

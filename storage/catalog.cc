@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "ckv/status.h"
 #include "rocksdb/options.h"
+#include "storage/private_file_system.h"
 
 namespace ckv::storage {
 namespace {
@@ -165,6 +166,12 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
 
   auto catalog = std::unique_ptr<Catalog>(new Catalog());
   catalog->dir_ = dir;
+  // Store files are 0600 and directories 0700, RocksDB's included, whatever the umask.
+  catalog->env_ = NewPrivateEnv();
+  db_options.env = catalog->env_.get();
+  if (!create) {
+    CKV_RETURN_IF_ERROR(FromRocks(TightenModes(dir), absl::StrCat("restrict modes of ", dir)));
+  }
   rocksdb::DB* raw = nullptr;
   CKV_RETURN_IF_ERROR(FromRocks(
       rocksdb::DB::Open(db_options, dir, descriptors, &catalog->handles_, &raw),
@@ -267,6 +274,17 @@ absl::Status Catalog::Commit(Batch& batch, bool sync) {
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   return FromRocks(db_->Write(wo, &batch.batch_), absl::StrCat("commit to catalog ", dir_));
+}
+
+absl::Status Catalog::FlushAndCompact() {
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    CKV_RETURN_IF_ERROR(FromRocks(db_->Flush(rocksdb::FlushOptions(), h),
+                                  absl::StrCat("flush catalog ", dir_, " ", h->GetName())));
+    CKV_RETURN_IF_ERROR(
+        FromRocks(db_->CompactRange(rocksdb::CompactRangeOptions(), h, nullptr, nullptr),
+                  absl::StrCat("compact catalog ", dir_, " ", h->GetName())));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ChunkRecord> Catalog::GetChunk(const ChunkKey& key) {

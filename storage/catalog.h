@@ -74,6 +74,9 @@ class Catalog {
   // `sync` false: durable once a later synced commit returns (RocksDB's WAL is ordered), for
   // statistics that may lag after a crash.
   absl::Status Commit(Batch& batch, bool sync = true);
+  // Flushes every column family's memtable to SST files and compacts each whole, so that
+  // RocksDB writes new SST, MANIFEST and WAL files (tests use it to check their modes).
+  absl::Status FlushAndCompact();
 
   // One chunk's full record (token ids included), read from the catalog.
   absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);
@@ -86,6 +89,9 @@ class Catalog {
   static absl::Status CreateEmpty(const std::string& dir);
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create);
   absl::Status Load(Contents* contents);
+  // RocksDB's Env with PrivateFileSystem (storage/private_file_system.h): files 0600,
+  // directories 0700. Declared before db_ so that it outlives the DB.
+  std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexes: see kCfIndex in catalog.cc
   std::string dir_;

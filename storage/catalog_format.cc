@@ -268,7 +268,8 @@ absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl:
   }
   CKV_RETURN_IF_ERROR(r.Finish());
   if (s.layers == 0 || s.layers > kMaxLayers || s.band_layers == 0 ||
-      s.band_layers > s.layers || s.record_bytes == 0 || s.record_slot_bytes < s.record_bytes ||
+      s.band_layers > s.layers || s.record_bytes == 0 || s.record_bytes > kMaxRecordBytes ||
+      s.record_slot_bytes < s.record_bytes || s.record_slot_bytes > kMaxRecordBytes ||
       s.record_slot_bytes % 4096 != 0 || s.capacity_slots == 0) {
     return absl::DataLossError(absl::StrCat("catalog entry ", what, ": inconsistent geometry"));
   }

@@ -104,6 +104,11 @@ std::string EncodeChunkRecord(const ChunkRecord& record);
 absl::StatusOr<ChunkRecord> DecodeChunkRecord(absl::string_view bytes, absl::string_view what);
 std::string EncodePrefixRecord(const PrefixRecord& record);
 absl::StatusOr<PrefixRecord> DecodePrefixRecord(absl::string_view bytes, absl::string_view what);
+// Largest record (K and V of one chunk at one layer) a store keeps: a SegmentRecord holds its
+// size in a u32 and a read's buffer holds one. Put refuses larger specs; decoding a segment
+// whose record_bytes is larger is DataLoss. 1 GiB, as an auxiliary record.
+inline constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 30;
+
 std::string EncodeSegmentRecord(const SegmentRecord& record);
 absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl::string_view what);
 std::string EncodeModelSpec(const ModelSpec& spec);

@@ -261,6 +261,14 @@ absl::Status ChunkStore::ReclaimOrphans() {
 absl::Status ChunkStore::ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
                                      const KvTensors& kv) {
   CKV_RETURN_IF_ERROR(spec.Validate());
+  // Validate allows records of up to 2^40 bytes; a segment's geometry keeps sizes in a u32,
+  // which would truncate them silently.
+  if (spec.RecordBytes() > kMaxRecordBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec ", spec.model_id, ": a record (K and V of ", spec.chunk_tokens,
+        " tokens x ", spec.kv_heads, " kv heads x ", spec.head_dim, " head dim) is ",
+        spec.RecordBytes(), " bytes, over the limit of ", kMaxRecordBytes));
+  }
   if (tokens.size() < spec.chunk_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Put of ", tokens.size(), " tokens: fewer than one chunk of ", spec.chunk_tokens));

@@ -100,6 +100,7 @@ class FaultFile final : public File {
   size_t alignment() const override { return inner_->alignment(); }
 
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> out) override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("read ", path()), /*counts=*/false));
     const Decision d =
         fs_->Decide(path(), FaultInjectingFileSystem::OpType::kRead, out.size(), granule());
     if (!d.fault) return inner_->ReadAt(offset, out);
@@ -110,6 +111,8 @@ class FaultFile final : public File {
   }
 
   absl::Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("write ", path())));
+    fs_->Remember(inner_.get(), offset, data.size(), granule());
     const Decision d =
         fs_->Decide(path(), FaultInjectingFileSystem::OpType::kWrite, data.size(), granule());
     if (!d.fault) return inner_->WriteAt(offset, data);
@@ -120,24 +123,33 @@ class FaultFile final : public File {
   }
 
   absl::Status Sync() override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("sync ", path())));
+    const uint64_t covers = fs_->NextWriteSeq();  // the writes made before it began
     const Decision d = fs_->Decide(path(), FaultInjectingFileSystem::OpType::kSync, 0, 0);
     if (d.fault) return FaultStatus(d, path(), 0, 0);
-    return inner_->Sync();
+    CKV_RETURN_IF_ERROR(inner_->Sync());
+    fs_->Forget(path(), covers);
+    return absl::OkStatus();
   }
 
   absl::Status PunchHole(uint64_t offset, uint64_t length) override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("punch hole in ", path())));
     const Decision d = fs_->Decide(path(), FaultInjectingFileSystem::OpType::kPunchHole, 0, 0);
     if (d.fault) return FaultStatus(d, path(), offset, length);
     return inner_->PunchHole(offset, length);
   }
 
   absl::Status Allocate(uint64_t offset, uint64_t length) override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("allocate in ", path())));
     const Decision d = fs_->Decide(path(), FaultInjectingFileSystem::OpType::kAllocate, 0, 0);
     if (d.fault) return FaultStatus(d, path(), offset, length);
     return inner_->Allocate(offset, length);
   }
 
-  absl::Status Truncate(uint64_t size) override { return inner_->Truncate(size); }
+  absl::Status Truncate(uint64_t size) override {
+    CKV_RETURN_IF_ERROR(fs_->CrashPoint(absl::StrCat("truncate ", path())));
+    return inner_->Truncate(size);
+  }
   absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
   absl::StatusOr<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
 
@@ -165,6 +177,15 @@ class FaultIoQueue final : public IoQueue {
                        " was not opened by the fault-injecting file system"));
     }
     const bool read = op.kind == IoOp::Kind::kRead;
+    absl::Status crash = fs_->CrashPoint(absl::StrCat(read ? "read " : "write ", file->path()),
+                                         /*counts=*/!read);
+    if (!crash.ok()) {
+      // Completes with the crash's error at the next reap point, like an injected fault.
+      injected_.emplace_back(std::move(done), std::move(crash));
+      if (injected_.size() >= depth_) RunInjected();
+      return absl::OkStatus();
+    }
+    if (!read) fs_->Remember(file->inner(), op.offset, op.length, file->granule());
     const Decision d = fs_->Decide(
         file->path(),
         read ? FaultInjectingFileSystem::OpType::kRead : FaultInjectingFileSystem::OpType::kWrite,
@@ -342,11 +363,13 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
 
 absl::StatusOr<std::unique_ptr<File>> FaultInjectingFileSystem::Open(const std::string& path,
                                                                      OpenMode mode) {
+  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("open ", path), /*counts=*/false));
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> inner, target_->Open(path, mode));
   return std::unique_ptr<File>(std::make_unique<FaultFile>(this, std::move(inner)));
 }
 
 absl::Status FaultInjectingFileSystem::CreateDir(const std::string& path) {
+  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("create directory ", path), /*counts=*/false));
   return target_->CreateDir(path);
 }
 
@@ -356,10 +379,14 @@ absl::StatusOr<std::vector<std::string>> FaultInjectingFileSystem::ListDir(
 }
 
 absl::Status FaultInjectingFileSystem::DeleteFile(const std::string& path) {
-  return target_->DeleteFile(path);
+  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("delete ", path), /*counts=*/false));
+  CKV_RETURN_IF_ERROR(target_->DeleteFile(path));
+  Forget(path, UINT64_MAX);
+  return absl::OkStatus();
 }
 
 absl::Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
+  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("sync directory ", path), /*counts=*/false));
   return target_->SyncDir(path);
 }
 
@@ -368,6 +395,115 @@ bool FaultInjectingFileSystem::Exists(const std::string& path) { return target_-
 absl::StatusOr<std::unique_ptr<IoQueue>> FaultInjectingFileSystem::NewIoQueue(uint32_t depth) {
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> inner, target_->NewIoQueue(depth));
   return std::unique_ptr<IoQueue>(std::make_unique<FaultIoQueue>(this, std::move(inner), depth));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulated power loss
+
+void FaultInjectingFileSystem::ArmCrash(uint64_t ops) {
+  absl::MutexLock lock(&mu_);
+  armed_ = true;
+  crashed_ = false;
+  ops_before_crash_ = ops;
+  unsynced_.clear();
+}
+
+bool FaultInjectingFileSystem::crashed() const {
+  absl::MutexLock lock(&mu_);
+  return crashed_;
+}
+
+absl::Status FaultInjectingFileSystem::CrashPoint(const std::string& what, bool counts) {
+  absl::MutexLock lock(&mu_);
+  if (!crashed_ && armed_ && counts) {
+    if (ops_before_crash_ == 0) {
+      crashed_ = true;
+    } else {
+      --ops_before_crash_;
+    }
+  }
+  if (!crashed_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(what, ": the process is gone (simulated crash)"));
+}
+
+uint64_t FaultInjectingFileSystem::NextWriteSeq() const {
+  absl::MutexLock lock(&mu_);
+  return write_seq_;
+}
+
+void FaultInjectingFileSystem::Remember(File* inner, uint64_t offset, size_t length,
+                                        size_t granule) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!armed_ || length == 0) return;
+  }
+  UnsyncedWrite w;
+  w.path = inner->path();
+  w.offset = offset;
+  w.length = length;
+  w.granule = granule;
+  // The write is aligned for direct I/O, so the same range reads back with an aligned buffer.
+  AlignedBuffer old(length, std::max(inner->alignment(), kDirectIoAlignment));
+  if (inner->ReadAt(offset, old.span()).ok()) {
+    w.old_bytes.assign(old.data(), old.data() + length);
+  }
+  absl::MutexLock lock(&mu_);
+  w.seq = write_seq_++;
+  unsynced_.push_back(std::move(w));
+}
+
+void FaultInjectingFileSystem::Forget(const std::string& path, uint64_t before) {
+  absl::MutexLock lock(&mu_);
+  std::erase_if(unsynced_, [&](const UnsyncedWrite& w) { return w.path == path && w.seq < before; });
+}
+
+absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::ApplyCrash(
+    uint64_t seed) {
+  std::vector<UnsyncedWrite> writes;
+  {
+    absl::MutexLock lock(&mu_);
+    writes = std::move(unsynced_);
+    unsynced_.clear();
+    armed_ = false;
+    crashed_ = false;
+  }
+  std::mt19937_64 rng(seed);
+  CrashReport report;
+  std::vector<std::pair<std::string, std::unique_ptr<File>>> files;
+  auto file_of = [&](const std::string& path) -> absl::StatusOr<File*> {
+    for (auto& [p, f] : files) {
+      if (p == path) return f.get();
+    }
+    CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> f, target_->Open(path, OpenMode::kReadWrite));
+    files.emplace_back(path, std::move(f));
+    return files.back().second.get();
+  };
+  // Newest first, so that overlapping writes put back the oldest bytes last.
+  for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
+    const UnsyncedWrite& w = *it;
+    const uint64_t draw = rng() % 3;
+    if (draw == 2 || w.old_bytes.empty()) {
+      ++report.writes_kept;
+      continue;
+    }
+    size_t kept = 0;  // bytes of the write's head that reached the disk
+    if (draw == 1) {
+      const uint64_t multiples = (w.length - 1) / w.granule + 1;
+      kept = static_cast<size_t>(rng() % multiples) * w.granule;
+      ++report.writes_torn;
+    } else {
+      ++report.writes_dropped;
+    }
+    if (kept == w.length) continue;
+    CKV_ASSIGN_OR_RETURN(File * file, file_of(w.path));
+    const size_t n = w.length - kept;
+    AlignedBuffer buf(n, std::max(file->alignment(), kDirectIoAlignment));
+    std::copy(w.old_bytes.begin() + static_cast<std::ptrdiff_t>(kept), w.old_bytes.end(),
+              buf.data());
+    CKV_RETURN_IF_ERROR(file->WriteAt(w.offset + kept, buf.span()));
+  }
+  for (auto& [path, f] : files) CKV_RETURN_IF_ERROR(f->Sync());
+  return report;
 }
 
 }  // namespace ckv::storage

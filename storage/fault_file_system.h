@@ -33,7 +33,17 @@
 // the wrapper's Drain (or from Submit when `depth` of them are waiting). Callbacks still run
 // exactly once, never nested, never inside a submission.
 //
-// Not simulated: loss of unsynced data on a crash.
+// Power loss, simulated: ArmCrash(n) lets n more data operations (writes, queued writes, syncs,
+// punches, allocations) through; the next one "crashes": it is not performed, and from then on
+// every operation of this file system fails with Unavailable "... (simulated crash)", as if the
+// process had died there. While armed, the file system remembers each write not yet covered by
+// a completed Sync of its file, with the bytes it replaced (read just before it). Once the store
+// is closed, ApplyCrash(seed) makes the files look as after a power loss at that point: each
+// remembered write is dropped (its old bytes put back), torn (a random multiple of 4 KiB of its
+// head kept, the rest put back) or kept, a third each, drawn from `seed`; then it disarms.
+// Writes made before arming, and anything outside this file system (the catalog's RocksDB files),
+// are not remembered. An unsynced punch coming undone is not simulated (Open punches every free
+// slot anyway); nor is the loss of a file's unsynced size change.
 //
 // Example:
 //   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42);
@@ -124,6 +134,21 @@ class FaultInjectingFileSystem final : public FileSystem {
   uint64_t total_injected() const;
   void ResetCounters();
 
+  // Simulated power loss (see the top of this file). `ops`: data operations let through before
+  // the crash. Forgets the writes remembered so far (they count as synced).
+  void ArmCrash(uint64_t ops);
+  // True once the armed crash happened.
+  bool crashed() const;
+  // What ApplyCrash did with the writes not covered by a sync.
+  struct CrashReport {
+    uint64_t writes_dropped = 0;
+    uint64_t writes_torn = 0;
+    uint64_t writes_kept = 0;
+  };
+  // REQUIRES: no File or queue of this file system is in use. Puts the unsynced writes' old
+  // bytes back through the target (dropped or torn writes), syncs the files, and disarms.
+  absl::StatusOr<CrashReport> ApplyCrash(uint64_t seed);
+
   // FileSystem. Open wraps the target's File; the other calls are forwarded unchanged.
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override;
   absl::Status CreateDir(const std::string& path) override;
@@ -150,8 +175,33 @@ class FaultInjectingFileSystem final : public FileSystem {
   // matter for reads and writes. Then calls the sleeper for the latency.
   Decision Decide(const std::string& path, OpType type, size_t length, size_t granule);
 
+  // Power loss. CrashPoint: called before every data op on `path`; the simulated crash's error
+  // once it happened. Remember: saves the bytes `inner` holds where a write is about to go.
+  // `counts`: a data op, which counts towards the armed crash (reads and namespace ops only
+  // fail once it happened).
+  absl::Status CrashPoint(const std::string& what, bool counts = true);
+  void Remember(File* inner, uint64_t offset, size_t length, size_t granule);
+  // The writes to `path` remembered before sequence number `before` are durable (synced) or
+  // gone (deleted).
+  void Forget(const std::string& path, uint64_t before);
+  uint64_t NextWriteSeq() const;
+
+  struct UnsyncedWrite {
+    uint64_t seq = 0;
+    std::string path;
+    uint64_t offset = 0;
+    std::vector<std::byte> old_bytes;  // empty when they could not be read (kept at a crash)
+    size_t length = 0;
+    size_t granule = 0;
+  };
+
   FileSystem* const target_;
   mutable absl::Mutex mu_;
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t ops_before_crash_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<UnsyncedWrite> unsynced_ ABSL_GUARDED_BY(mu_);
+  uint64_t write_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
   Sleeper sleeper_ ABSL_GUARDED_BY(mu_);

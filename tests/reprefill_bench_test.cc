@@ -214,6 +214,24 @@ TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
   EXPECT_NE(::stat((dir.path() + "/s").c_str(), &st), 0);
 }
 
+// Regression (security audit): the store's manifest.json was read whole, however large; a
+// manifest that never ends (/dev/zero behind a symlink) grew memory until the process died. It
+// is now read up to 64 KiB, and anything larger is another workload's store, rebuilt.
+TEST(ReprefillBenchTest, AnEndlessManifestIsNotReadWholeAndTheStoreIsRebuilt) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  ASSERT_EQ(::mkdir(store.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink("/dev/zero", (store + "/manifest.json").c_str()), 0);
+  const Ran ran = RunBench("--store " + store +
+                           " --model qwen2.5-0.5b --prefix-tokens 64 --suffix-tokens 16 "
+                           "--conversations 1 --turns 2 --budgets 50 --systems ckv --no-fio");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_NE(ran.output.find("making a new store"), std::string::npos) << ran.output;
+  struct stat st {};
+  ASSERT_EQ(::lstat((store + "/manifest.json").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the symlink was replaced by the manifest";
+}
+
 #else
 
 TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {

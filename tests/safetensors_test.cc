@@ -673,3 +673,89 @@ TEST(SafetensorsSpecJsonTest, ReadsAModelSpecAndNamesBadFields) {
 
 }  // namespace
 }  // namespace ckv::safetensors
+
+namespace ckv::safetensors {
+namespace {
+
+// A KV file of `tokens` tokens for `spec` whose data area is a hole: the file claims
+// 8 + header + data bytes but occupies almost nothing, as an attacker's sparse file would.
+std::string SparseKvFile(const std::string& path, const ModelSpec& spec, uint64_t tokens) {
+  std::string header = "{";
+  uint64_t offset = 0;
+  auto add = [&](const std::string& name, const char* dtype, const std::string& shape,
+                 uint64_t bytes) {
+    if (header.size() > 1) header += ",";
+    header += "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+              ",\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + bytes) + "]}";
+    offset += bytes;
+  };
+  add("token_ids", "I32", "[" + std::to_string(tokens) + "]", 4 * tokens);
+  const std::string kv_shape = "[" + std::to_string(tokens) + "," +
+                               std::to_string(spec.kv_heads) + "," +
+                               std::to_string(spec.head_dim) + "]";
+  const uint64_t kv_bytes = tokens * spec.kv_heads * spec.head_dim * 2;
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    add(KeyTensorName(l), "F16", kv_shape, kv_bytes);
+    add(ValueTensorName(l), "F16", kv_shape, kv_bytes);
+  }
+  header += "}";
+  WriteBytes(path, RawFile(header, ""));
+  std::filesystem::resize_file(path, 8 + header.size() + offset);
+  return path;
+}
+
+ModelSpec SparseSpec(uint32_t layers, uint32_t kv_heads, uint32_t head_dim) {
+  ModelSpec spec;
+  spec.model_id = "sparse";
+  spec.layers = layers;
+  spec.q_heads = kv_heads;
+  spec.kv_heads = kv_heads;
+  spec.head_dim = head_dim;
+  spec.dtype = DType::kFp16;
+  spec.chunk_tokens = 16;
+  return spec;
+}
+
+// Regression (security audit): the token_ids tensor was read whole, sized by its shape, which the
+// file's size bounds; a sparse file's size costs nothing, so a 64 MiB hole made a 64 MiB
+// allocation, and a terabyte one a failed one. Token ids are now bounded like a JSON ids file.
+TEST(SafetensorsBoundsTest, TooManyTokenIdsAreRefusedBeforeReading) {
+  TempDir dir;
+  const ModelSpec spec = SparseSpec(1, 1, 1);
+  const std::string path =
+      SparseKvFile(dir.Sub("ids.safetensors"), spec, kMaxImportTokens + 1);
+  auto reader = Reader::OpenFile(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto imported = ImportKv(**reader, spec);
+  ASSERT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument) << imported.status();
+  EXPECT_THAT(std::string(imported.status().message()),
+              HasSubstr("16777217 token ids, over the limit of 16777216"));
+}
+
+// Regression (security audit): ImportKv allocated 2 x layers tensors of tokens x kv_heads x
+// head_dim, bounded only by the file's claimed size: a 16 GiB hole asked for 16 GiB of memory.
+TEST(SafetensorsBoundsTest, KvLargerThanTheImportLimitIsRefusedBeforeAllocating) {
+  TempDir dir;
+  const ModelSpec spec = SparseSpec(8, 4, 128);  // 1 KiB per token per layer, K or V
+  const std::string path = SparseKvFile(dir.Sub("kv.safetensors"), spec, uint64_t{1} << 20);
+  auto reader = Reader::OpenFile(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto imported = ImportKv(**reader, spec);
+  ASSERT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument) << imported.status();
+  EXPECT_THAT(std::string(imported.status().message()),
+              HasSubstr("are 17179869184 bytes, over the import limit of 8589934592 bytes"));
+  // The limit is an option: a small one refuses a small file too.
+  ImportOptions options;
+  options.max_kv_bytes = 1 << 20;
+  const std::string small = SparseKvFile(dir.Sub("small.safetensors"), spec, 1024);
+  auto small_reader = Reader::OpenFile(small);
+  ASSERT_TRUE(small_reader.ok()) << small_reader.status();
+  EXPECT_EQ(ImportKv(**small_reader, spec, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_kv_bytes = 16 << 20;
+  EXPECT_TRUE(ImportKv(**small_reader, spec, options).ok());
+}
+
+}  // namespace
+}  // namespace ckv::safetensors

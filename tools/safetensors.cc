@@ -506,6 +506,11 @@ absl::StatusOr<std::vector<int32_t>> ReadTokenIdsTensor(const Reader& file, cons
     return TensorError(t.name,
                        absl::StrCat("shape ", ShapeString(t.shape), " is not [tokens] (rank 1)"));
   }
+  // The file's size bounds the tensor, but a sparse file's size costs nothing: bound it too.
+  if (t.shape[0] > kMaxImportTokens) {
+    return TensorError(t.name, absl::StrCat("shape ", ShapeString(t.shape), ": ", t.shape[0],
+                                            " token ids, over the limit of ", kMaxImportTokens));
+  }
   std::vector<std::byte> raw(t.bytes());
   CKV_RETURN_IF_ERROR(file.Read(t, raw));
   std::vector<int32_t> ids(t.shape[0]);
@@ -670,6 +675,12 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
 
   // Read every tensor straight into its buffer; heads-first ones through one scratch tensor.
   const size_t tensor_bytes = tokens * out.spec.TokenBytesPerLayer();
+  if (uint64_t{2} * layers * tensor_bytes > options.max_kv_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "K and V of ", tokens, " tokens x ", layers, " layers are ",
+        uint64_t{2} * layers * tensor_bytes, " bytes, over the import limit of ",
+        options.max_kv_bytes, " bytes (ImportOptions::max_kv_bytes)"));
+  }
   const size_t row_bytes = dim * DTypeBytes(dtype);
   std::unique_ptr<std::byte[]> scratch;
   if (out.file_layout == KvLayout::kHeadsFirst) {

@@ -162,7 +162,15 @@ struct ImportOptions {
   std::optional<std::vector<int32_t>> token_ids;
   // Called with K/V bytes read and their total.
   ProgressFn progress;
+  // Most K and V bytes (all layers) an import reads into memory, checked from the shapes before
+  // anything is allocated: a sparse file can claim terabytes that its size check lets through.
+  // Default: 8 GiB (kvctl replay's bound on one request's KV).
+  uint64_t max_kv_bytes = uint64_t{8} << 30;
 };
+
+// Most token ids an import takes (from the token_ids tensor or a JSON file), checked before they
+// are read. 2^24, as ReadTokenIdsFile.
+inline constexpr uint64_t kMaxImportTokens = uint64_t{1} << 24;
 
 // How the file held K and V.
 enum class KvLayout {
@@ -189,7 +197,8 @@ struct ImportedKv {
 // when tokens == kv_heads both fit and tokens-first is taken, which the result says).
 // Errors: InvalidArgument naming the tensor for anything missing, extra, misshaped or out of
 // range (and for an invalid spec); FailedPrecondition for a dtype that differs from the spec's;
-// the file's read errors.
+// the file's read errors. Bounds: more than kMaxImportTokens token ids, or K and V of more than
+// options.max_kv_bytes, is InvalidArgument, found before either is allocated.
 absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
                                     const ImportOptions& options = {});
 
