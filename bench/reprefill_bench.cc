@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -512,10 +513,11 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
   if (ReadManifest(manifest_path) != manifest) {
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
-    const std::string cmd = "rm -rf '" + f.store + "/layer-major' '" + f.store +
-                            "/period-major' '" + f.store + "/keys.bin' '" + f.store + "/fio.dat'";
-    if (std::system(cmd.c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("could not clear ", f.store));
+    // Only what this harness makes, never the rest of DIR.
+    for (const char* name : {"layer-major", "period-major", "keys.bin", "fio.dat"}) {
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
+      if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
     }
     std::remove(manifest_path.c_str());
   }

@@ -197,6 +197,27 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   }
 }
 
+// Regression: another workload's store was cleared with `rm -rf '<store>/...'` through the
+// shell, so a quote in --store broke the command (and could have run another).
+TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
+  TempDir dir;
+  const std::string store = dir.path() + "/it's a store";
+  const std::string args = "--store \"" + store + "\" --model qwen2.5-0.5b --prefix-tokens 256 "
+                           "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 10 "
+                           "--systems full,ckv --no-fio";
+  ASSERT_EQ(RunBench(args).exit_code, 0);
+  // Another workload: the store is cleared and made anew, and a file of the user's stays.
+  const std::string mine = store + "/notes.txt";
+  std::FILE* f = std::fopen(mine.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  const Ran other = RunBench(args + " --seed 2");
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("making a new store"), std::string::npos) << other.output;
+  struct stat st {};
+  EXPECT_EQ(::stat(mine.c_str(), &st), 0) << "a file the harness did not make was removed";
+}
+
 TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
   TempDir dir;
   const Ran bad_system = RunBench("--store " + dir.path() + "/s --systems full,bogus --no-fio");
