@@ -1099,6 +1099,13 @@ class Fidelity {
 // ---------------------------------------------------------------------------------------------
 // fio on the store's file system at a given read size (the physical limit for that size).
 
+// `s` as one word for /bin/sh: in single quotes, each ' written as '\''.
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 class Fio {
  public:
   Fio(const Flags& f, uint32_t qd) : f_(f), qd_(qd) {}
@@ -1129,8 +1136,8 @@ class Fio {
     const std::string out = f_.store + "/fio.json";
     const std::string cmd = absl::StrCat(
         "fio --name=randread --ioengine=io_uring --direct=1 --rw=randread --readonly --bs=", bytes,
-        " --iodepth=", qd, " --size=", file_bytes_, " --filename=", Path(), " --time_based --runtime=",
-        f_.fio_seconds, " --output-format=json --output=", out, " >/dev/null 2>&1");
+        " --iodepth=", qd, " --size=", file_bytes_, " --filename=", FioFileName(), " --time_based --runtime=",
+        f_.fio_seconds, " --output-format=json --output=", ShellQuote(out), " >/dev/null 2>&1");
     double mb = 0;
     if (std::system(cmd.c_str()) == 0) {
       auto json = tools::ReadJsonFile(out);
@@ -1153,6 +1160,12 @@ class Fio {
 
  private:
   std::string Path() const { return f_.store + "/fio.dat"; }
+  // Path() as fio's --filename value: fio splits file names at ':' unless escaped.
+  std::string FioFileName() const {
+    std::string n;
+    for (char c : Path()) n += c == ':' ? std::string("\\:") : std::string(1, c);
+    return ShellQuote(n);
+  }
 
   // Makes DIR/fio.dat at least `size` bytes and fully allocated (written by fio with O_DIRECT),
   // reusing one from an earlier run. Later runs compare against the same file.
@@ -1169,7 +1182,7 @@ class Fio {
     std::remove(Path().c_str());
     const std::string cmd = absl::StrCat(
         "fio --name=fill --ioengine=io_uring --direct=1 --rw=write --bs=1M --iodepth=16 --size=",
-        size, " --filename=", Path(), " >/dev/null 2>&1 && sync");
+        size, " --filename=", FioFileName(), " >/dev/null 2>&1 && sync");
     if (std::system(cmd.c_str()) != 0) {
       std::fprintf(stderr, "%s: could not write %s with fio; fio_mb_s is 0\n", kProg, Path().c_str());
       std::remove(Path().c_str());
