@@ -34,6 +34,10 @@ FileSystem* ChooseFileSystem(const EngineOptions& options) {
   return PosixFileSystem(QueueBackend::kAuto);
 }
 
+// Whether a punch gave its blocks back (a file system without hole punching never had them
+// allocated apart: Unimplemented counts as given back).
+bool PunchGaveBack(const absl::Status& s) { return s.ok() || absl::IsUnimplemented(s); }
+
 }  // namespace
 
 ChunkStore::ChunkStore(const EngineOptions& options, std::string path, FileSystem* fs,
@@ -535,10 +539,11 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
 void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted) {
   for (const PlannedRun& r : plan) {
     absl::Status s = r.segment->PunchSlots(r.run);
-    const bool punched = s.ok() || absl::IsUnimplemented(s);
+    const bool punched = PunchGaveBack(s);
     if (!punched) {
       // The slots are free either way; their blocks stay counted until a retry (the next Put
       // that needs room, Gc) or the next open gives them back.
+      last_punch_error_ = std::string(s.message());
       logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of segment ",
                                                     r.segment->id(), ": ", s.message()));
     }
@@ -567,7 +572,7 @@ absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked() {
       continue;
     }
     absl::Status s = seg->second->PunchSlots(SlotRun{it->second, 1});
-    if (!s.ok() && !absl::IsUnimplemented(s)) {
+    if (!PunchGaveBack(s)) {
       if (first_error.ok()) first_error = s;
       ++it;
       continue;
@@ -909,7 +914,7 @@ void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
   Segment* seg = segments_.at(segment).get();
   absl::Status s = seg->PunchSlots(SlotRun{slot, 1});
   seg->Free(SlotRun{slot, 1});
-  if (!s.ok() && !absl::IsUnimplemented(s)) {
+  if (!PunchGaveBack(s)) {
     logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of slot ", slot,
                                                   " of segment ", segment, ": ", s.message()));
     // Its blocks are still allocated: it keeps counting against the cap until a retry punches
