@@ -277,8 +277,11 @@ class SessionImpl final : public ReprefillSession {
             stats_.prefetched_bytes_used += s.read_bytes;
           }
         }
-        records.push_back(LayerView::Record{chosen[i], chosen[i] * spec_.chunk_tokens,
-                                            s.bytes(), s.where()});
+        LayerView::Record rec{chosen[i], chosen[i] * spec_.chunk_tokens, s.bytes(), s.where()};
+        rec.found_in = s.hit ? (s.tier.level() == TierLevel::kGpu ? LayerView::Tier::kGpu
+                                                                  : LayerView::Tier::kCpu)
+                             : LayerView::Tier::kSession;
+        records.push_back(rec);
       }
     }
     stats_.layers_served++;
@@ -404,18 +407,8 @@ class SessionImpl final : public ReprefillSession {
         }
         slot->data.resize(spec_.RecordBytes());
         new_slots.push_back(slot);
-        const storage::PinnedChunks::Location where = pinned_->RecordAt(j, layer);
-        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host_.FileIdOf(where.file));
-        prefetch::ReadRequest r;
-        r.file = file;
-        r.offset = where.offset;
-        r.length = static_cast<uint32_t>((where.length + 4095) / 4096 * 4096);
-        r.priority = priority;
-        r.verify_checksum = true;
-        r.expected_checksum = where.checksum;
-        r.checksum_bytes = where.length;
-        r.name = absl::StrCat("record ", keys_[j].ToHex().substr(0, 16), "/L", layer);
-        r.dest = std::span<std::byte>(slot->data);
+        CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest r,
+                             RecordRead(host_, *pinned_, j, layer, priority, slot->data));
         slot->read_bytes = r.length;
         slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
         r.callback = [this, slot](const prefetch::ReadResult& result) {
@@ -583,6 +576,27 @@ class SessionImpl final : public ReprefillSession {
 };
 
 }  // namespace
+
+absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
+                                                 const storage::PinnedChunks& pinned,
+                                                 size_t chunk, uint32_t record,
+                                                 prefetch::Priority priority,
+                                                 std::span<std::byte> dest) {
+  const storage::PinnedChunks::Location where = pinned.RecordAt(chunk, record);
+  CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host.FileIdOf(where.file));
+  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
+  prefetch::ReadRequest r;
+  r.file = file;
+  r.offset = where.offset;
+  r.length = static_cast<uint32_t>((uint64_t{where.length} + align - 1) / align * align);
+  r.priority = priority;
+  r.verify_checksum = true;
+  r.expected_checksum = where.checksum;
+  r.checksum_bytes = where.length;
+  r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record);
+  r.dest = dest;
+  return r;
+}
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,

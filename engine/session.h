@@ -85,6 +85,16 @@ void SetSelectorClock(Engine& engine, SelectorClock* clock);
 // session creates it): set it right after Open.
 absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook);
 
+// The read of record `record` (a layer, or an auxiliary record) of pinned chunk `chunk` into
+// `dest`: the file's id in the host's read engine, the offset, the length padded to the file's
+// direct-I/O alignment, and the checksum to verify over the record's bytes. Sessions and the
+// benchmark's baselines build their record reads with it, so both read alike.
+absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
+                                                 const storage::PinnedChunks& pinned,
+                                                 size_t chunk, uint32_t record,
+                                                 prefetch::Priority priority,
+                                                 std::span<std::byte> dest);
+
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,
                                                                 std::span<const int32_t> tokens,

@@ -384,6 +384,11 @@ size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
     stats_.bytes_requested += g.length;
     const size_t bucket = std::min<size_t>(std::bit_width(in_flight_), kQueueDepthBuckets - 1);
     ++stats_.queue_depth_histogram[bucket];
+    size_t size_bucket = 0;
+    while (size_bucket + 1 < kIoSizeBuckets && g.length > (uint64_t{4096} << size_bucket)) {
+      ++size_bucket;
+    }
+    ++stats_.io_size_histogram[size_bucket];
   }
   return n;
 }

@@ -181,6 +181,9 @@ class ReadFuture {
 
 // Buckets of the queue-depth histogram: [0] depth 0, [i] depths in [2^(i-1), 2^i), last open.
 inline constexpr size_t kQueueDepthBuckets = 12;
+// Buckets of the read-size histogram: [i] reads of at most 4 KiB << i bytes (after coalescing),
+// the last open: 4 KiB, 8 KiB, ..., 4 MiB and larger.
+inline constexpr size_t kIoSizeBuckets = 11;
 
 struct ReadEngineStats {
   uint64_t requests_submitted = 0;
@@ -194,6 +197,8 @@ struct ReadEngineStats {
   uint64_t ios_issued = 0;           // SQEs / preads, requeued remainders included
   // Device reads in flight, sampled at each issue (see kQueueDepthBuckets).
   std::array<uint64_t, kQueueDepthBuckets> queue_depth_histogram{};
+  // Device reads by size (see kIoSizeBuckets): what a fio job must replay to be comparable.
+  std::array<uint64_t, kIoSizeBuckets> io_size_histogram{};
   // Time-weighted mean of device reads in flight since the engine started.
   double mean_queue_depth = 0;
   // Seconds during which no device read was in flight while requests were queued (including

@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/half.h"
 #include "tools/synthetic_kv.h"
 
@@ -185,6 +186,17 @@ void WriteQueries(const ModelSpec& spec, const AttentionParams& p, uint32_t laye
 }
 
 }  // namespace
+
+std::string_view AttentionProfileName(AttentionProfile profile) {
+  return profile == AttentionProfile::kCalibrated ? "calibrated" : "planted-chunks";
+}
+
+absl::StatusOr<AttentionProfile> ParseAttentionProfile(std::string_view name) {
+  if (name == "calibrated") return AttentionProfile::kCalibrated;
+  if (name == "planted-chunks") return AttentionProfile::kPlantedChunks;
+  return absl::InvalidArgumentError(absl::StrCat("unknown attention profile '", std::string(name),
+                                                 "' (calibrated, planted-chunks)"));
+}
 
 SyntheticAttention::SyntheticAttention(const ModelSpec& spec, size_t tokens,
                                        const AttentionParams& params)

@@ -30,15 +30,28 @@
 #include <span>
 #include <vector>
 
+#include <string_view>
+
+#include "absl/status/statusor.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 
 namespace ckv::synth {
 
+// Which model of attention the generator plants (docs/generator.md).
+enum class AttentionProfile : uint8_t { kCalibrated, kPlantedChunks };
+std::string_view AttentionProfileName(AttentionProfile profile);
+absl::StatusOr<AttentionProfile> ParseAttentionProfile(std::string_view name);
+
 // The knobs of the planted structure. Strengths are in logit units (q . k / sqrt(D)): a token
 // whose boost is larger by 1 gets e = 2.7x the attention weight. The defaults are calibrated on
 // qwen2.5-7b with an 8K-token prefix (docs/generator.md lists what they produce there).
 struct AttentionParams {
+  AttentionProfile profile = AttentionProfile::kPlantedChunks;
+  // The request's index in its conversation, and the share of heavy hitters that moves from
+  // one request to the next.
+  uint32_t request = 0;
+  double request_shift = 0.6;
   // Seed of everything. Default: 1.
   uint64_t seed = 1;
   // Suffix queries per layer, w (the queries of the suffix's last w tokens). >= 1. Default: 32.

@@ -96,6 +96,9 @@ class LayerView {
     uint32_t first_token = 0;        // position of its first token: chunk * chunk_tokens
     const std::byte* data = nullptr; // K [c, kv_heads, head_dim] then V, in the spec's dtype
     Tier tier = Tier::kSession;      // kGpu: a device pointer (the host backend: host memory)
+    // Where the session found it: kGpu or kCpu for a tier hit, kSession when it was read from
+    // NVMe for this session (and then perhaps admitted to a tier, which `tier` says).
+    Tier found_in = Tier::kSession;
   };
 
   LayerView() = default;

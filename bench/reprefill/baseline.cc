@@ -1,0 +1,131 @@
+#include "bench/reprefill/baseline.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/time/clock.h"
+#include "ckv/status.h"
+#include "engine/session.h"
+
+namespace ckv::bench {
+
+BaselineRunner::BaselineRunner(const RunContext& ctx)
+    : ctx_(ctx), spec_(ctx.w->spec()),
+      kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations) {}
+
+std::unique_ptr<BaselineRunner::Layer> BaselineRunner::NewLayer(uint32_t n) const {
+  auto L = std::make_unique<Layer>();
+  L->rec.assign(n, nullptr);
+  L->own.resize(n);
+  return L;
+}
+
+engine::TierManager::Handle BaselineRunner::Lookup(const ChunkKey& k, uint32_t record,
+                                                   RequestResult& out, bool lru_touch) {
+  if (!ctx_.state->tiers) return {};
+  auto h = ctx_.state->tiers->Lookup(engine::RecordId{k, record});
+  if (h) {
+    (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)++;
+    if (lru_touch) ctx_.state->tiers->UpdateScore(k, Tick());
+  }
+  return h;
+}
+
+void BaselineRunner::Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes,
+                           double score, std::vector<engine::TierManager::Handle>& pins) {
+  if (!ctx_.state->tiers) return;
+  auto h = ctx_.state->tiers->Admit(engine::RecordId{k, record}, bytes, score);
+  if (h.ok() && *h) pins.push_back(std::move(*h));
+}
+
+absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned, uint32_t layer,
+                                            std::span<const uint32_t> chunks, Layer& L,
+                                            RequestResult& out, bool lru_touch) {
+  const auto& keys = pinned.chunks();
+  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads);
+  engine::SessionHost& host = engine::HostOf(*ctx_.engine);
+  for (uint32_t j : chunks) {
+    if (auto h = Lookup(keys[j].key, layer, out, lru_touch)) {
+      L.rec[j] = h.data();
+      if (h.level() != engine::TierLevel::kGpu) L.h2d_bytes += spec_.RecordBytes();
+      L.pins.push_back(std::move(h));
+      continue;
+    }
+    auto& buf = L.own[j];
+    buf.resize(spec_.RecordBytes());
+    CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest q,
+                         engine::RecordRead(host, pinned, j, layer, prefetch::Priority::kDemand, buf));
+    out.bytes_read += q.length;
+    out.nvme_records++;
+    L.h2d_bytes += spec_.RecordBytes();
+    L.batch->Add(std::move(q));
+    L.rec[j] = buf.data();
+  }
+  return L.batch->Submit();
+}
+
+absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, uint32_t n,
+                                         const std::vector<bool>& need,
+                                         const std::vector<uint32_t>& heads, Layer& L,
+                                         RequestResult& out) {
+  const uint32_t c = spec_.chunk_tokens;
+  L.keys.resize(size_t{n} * c * spec_.kv_heads * kf_.key_bytes());
+  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads);
+  for (uint32_t j = 0; j < n;) {
+    if (!need[j]) { ++j; continue; }
+    uint32_t e = j;
+    while (e < n && need[e]) ++e;
+    for (uint32_t h : heads) {
+      const size_t run = size_t{e - j} * c * kf_.key_bytes();
+      std::byte* dst = L.keys.data() + (size_t{h} * n * c + size_t{j} * c) * kf_.key_bytes();
+      AddRange(*L.batch, ctx_.key_file, kf_.Offset(conversation, layer, h, size_t{j} * c), run,
+               dst, kMaxIo, prefetch::Priority::kDemand);
+      out.bytes_read += run;
+      L.h2d_bytes += run;
+    }
+    j = e;
+  }
+  return L.batch->Submit();
+}
+
+void BaselineRunner::ScratchRecords(uint32_t n, const std::vector<bool>& from_keys,
+                                    const std::vector<uint32_t>& heads, Layer& L) {
+  const size_t kb = kf_.key_bytes();
+  const uint32_t c = spec_.chunk_tokens;
+  for (uint32_t j = 0; j < n; ++j) {
+    if (!from_keys[j]) continue;
+    auto& buf = L.own[j];
+    buf.resize(spec_.RecordBytes());
+    for (uint32_t h : heads) {
+      for (uint32_t t = 0; t < c; ++t) {
+        std::memcpy(buf.data() + (size_t{t} * spec_.kv_heads + h) * kb,
+                    L.keys.data() + (size_t{h} * n * c + size_t{j} * c + t) * kb, kb);
+      }
+    }
+    L.rec[j] = buf.data();
+  }
+}
+
+std::vector<uint32_t> BaselineRunner::Attended(const std::vector<uint32_t>& tokens, uint32_t n,
+                                               const kernels::SelectOptions& so) const {
+  const uint32_t c = spec_.chunk_tokens;
+  std::vector<uint32_t> out = tokens;
+  for (uint32_t j = 0; j < n; ++j) {
+    if (j < so.sink_chunks || j + so.recent_chunks >= n) {
+      for (uint32_t t = j * c; t < (j + 1) * c; ++t) out.push_back(t);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+absl::Status BaselineRunner::Wait(Layer& L, RequestResult& out) {
+  if (!L.batch) return absl::OkStatus();
+  const absl::Time w0 = absl::Now();
+  absl::Status st = L.batch->Wait();
+  out.blocked_s += absl::ToDoubleSeconds(absl::Now() - w0);
+  return st;
+}
+
+}  // namespace ckv::bench

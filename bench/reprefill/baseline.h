@@ -1,0 +1,70 @@
+// bench/reprefill/baseline.h: what the baselines (full, h2o, impress) share: the engine's store
+// and read engine under tiers of their own, record reads built as the sessions build them
+// (engine::RecordRead), and key reads from the key file.
+#ifndef CKV_BENCH_REPREFILL_BASELINE_H_
+#define CKV_BENCH_REPREFILL_BASELINE_H_
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "bench/reprefill/read_batch.h"
+#include "bench/reprefill/systems.h"
+#include "engine/tier_cache.h"
+#include "kernels/selector.h"
+#include "storage/chunk_store.h"
+
+namespace ckv::bench {
+
+class BaselineRunner : public SystemRunner {
+ protected:
+  explicit BaselineRunner(const RunContext& ctx);
+
+  // One layer's loads.
+  struct Layer {
+    std::vector<const std::byte*> rec;            // per chunk: its record (or K-only scratch)
+    std::vector<std::vector<std::byte>> own;      // buffers read into
+    std::vector<engine::TierManager::Handle> pins;
+    std::vector<std::byte> keys;                  // key-file bytes of this layer
+    uint64_t h2d_bytes = 0;                       // bytes that must cross PCIe for it
+    std::unique_ptr<ReadBatch> batch;             // last: waited for before the buffers go
+  };
+  std::unique_ptr<Layer> NewLayer(uint32_t n) const;
+
+  // A tier lookup of record `record` of chunk `k`, counting the hit.
+  engine::TierManager::Handle Lookup(const ChunkKey& k, uint32_t record, RequestResult& out,
+                                     bool lru_touch);
+  void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score,
+             std::vector<engine::TierManager::Handle>& pins);
+  double Tick() { return double(ctx_.state->tick.fetch_add(1)); }
+
+  // Requests whole records of `chunks` at `layer` that the tiers do not hold, into L.
+  absl::Status RequestRecords(const storage::PinnedChunks& pinned, uint32_t layer,
+                              std::span<const uint32_t> chunks, Layer& L, RequestResult& out,
+                              bool lru_touch);
+  // Requests from the key file the keys of `layer`, kv heads `heads`, of each chunk with
+  // need[j], in runs of consecutive chunks.
+  absl::Status RequestKeys(uint32_t conversation, uint32_t layer, uint32_t n,
+                           const std::vector<bool>& need, const std::vector<uint32_t>& heads,
+                           Layer& L, RequestResult& out);
+  // K-only scratch records for the selector from the key file's head-major bytes, for each
+  // chunk with from_keys[j].
+  void ScratchRecords(uint32_t n, const std::vector<bool>& from_keys,
+                      const std::vector<uint32_t>& heads, Layer& L);
+  // The tokens a token-level system attends to: its selected tokens and every token of the
+  // sink and recent chunks it always loads. Sorted.
+  std::vector<uint32_t> Attended(const std::vector<uint32_t>& tokens, uint32_t n,
+                                 const kernels::SelectOptions& so) const;
+  // Waits for L's reads, counting the wait as a bubble.
+  absl::Status Wait(Layer& L, RequestResult& out);
+
+  const RunContext ctx_;
+  const ModelSpec& spec_;
+  KeyFile kf_;
+  static constexpr uint32_t kMaxIo = 256 * 1024;
+};
+
+}  // namespace ckv::bench
+
+#endif  // CKV_BENCH_REPREFILL_BASELINE_H_

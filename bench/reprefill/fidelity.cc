@@ -1,0 +1,83 @@
+#include "bench/reprefill/fidelity.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "ckv/status.h"
+#include "kernels/fidelity.h"
+#include "tools/synthetic_attention.h"
+
+namespace ckv::bench {
+
+const std::vector<std::byte>& Fidelity::Records(uint32_t conversation, uint32_t layer) {
+  const auto key = std::make_pair(conversation, layer);
+  auto it = records_.find(key);
+  if (it == records_.end()) {
+    synth::SyntheticAttention gen(w_.spec(), w_.stored_tokens(), w_.Params(conversation));
+    it = records_.emplace(key, gen.Records(gen.Generate(layer))).first;
+  }
+  return it->second;
+}
+
+absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<float>>& queries,
+                               const std::vector<std::vector<uint32_t>>& loaded,
+                               const std::vector<std::vector<uint32_t>>& attended,
+                               double* recall, double* recall_loaded, double* error) {
+  const ModelSpec& spec = w_.spec();
+  const kernels::KvShape shape = kernels::KvShape::Of(spec);
+  const uint32_t c = spec.chunk_tokens;
+  const size_t n = w_.Prefix(r).size() / c;
+  const uint32_t window = w_.flags().window;
+  std::vector<uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  double rs = 0, rl = 0, es = 0;
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    const std::vector<std::byte>& recs = Records(r.conversation, l);
+    std::vector<const std::byte*> ptr(n);
+    for (size_t j = 0; j < n; ++j) ptr[j] = recs.data() + j * spec.RecordBytes();
+    const auto key = std::make_tuple(r.conversation, r.turn, l);
+    auto it = truth_.find(key);
+    if (it == truth_.end()) {
+      Truth t;
+      CKV_ASSIGN_OR_RETURN(t.token_mass, kernels::TokenAttention(shape, queries[l], window, ptr));
+      CKV_ASSIGN_OR_RETURN(kernels::GatheredKv kv, kernels::Gather(shape, ptr, all));
+      CKV_ASSIGN_OR_RETURN(t.output, kernels::ReferenceAttention(shape, queries[l], window, kv));
+      it = truth_.emplace(key, std::move(t)).first;
+    }
+    const std::vector<float>& mass = it->second.token_mass;
+    CKV_ASSIGN_OR_RETURN(kernels::GatheredKv kv, kernels::Gather(shape, ptr, loaded[l]));
+    double got_loaded = 0;
+    for (uint32_t j : loaded[l]) {
+      for (uint32_t t = j * c; t < (j + 1) * c; ++t) got_loaded += mass[t];
+    }
+    double got = got_loaded;
+    if (!attended[l].empty()) {
+      got = 0;
+      // Keep only the attended tokens of the gathered chunks.
+      const size_t row = size_t{spec.kv_heads} * spec.head_dim;
+      kernels::GatheredKv kept;
+      for (uint32_t i = 0; i < kv.tokens; ++i) {
+        const uint32_t pos = kv.positions[i];
+        if (!std::binary_search(attended[l].begin(), attended[l].end(), pos)) continue;
+        kept.k.insert(kept.k.end(), kv.k.begin() + i * row, kv.k.begin() + (i + 1) * row);
+        kept.v.insert(kept.v.end(), kv.v.begin() + i * row, kv.v.begin() + (i + 1) * row);
+        kept.positions.push_back(pos);
+        kept.tokens++;
+      }
+      for (uint32_t t : attended[l]) {
+        if (t < mass.size()) got += mass[t];
+      }
+      kv = std::move(kept);
+    }
+    rs += got;
+    rl += got_loaded;
+    CKV_ASSIGN_OR_RETURN(auto out, kernels::ReferenceAttention(shape, queries[l], window, kv));
+    es += kernels::RelativeL2Error(out, it->second.output);
+  }
+  *recall = rs / spec.layers;
+  *recall_loaded = rl / spec.layers;
+  *error = es / spec.layers;
+  return absl::OkStatus();
+}
+
+}  // namespace ckv::bench

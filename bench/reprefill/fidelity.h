@@ -1,0 +1,51 @@
+// bench/reprefill/fidelity.h: the attention over what a system attended to against the attention
+// over the full KV, computed on the CPU from the generator (whose records are the stored bytes).
+//
+// Recall is the share of the exact attention mass (averaged over queries and q heads) on the
+// tokens the system attends to: every token of its loaded chunks for a chunk-level system, only
+// its selected tokens for a token-level one (the rest of the blocks it had to read are not
+// attended, as in the originals). The output error is the relative L2 error of the attention
+// output over those tokens. Both are averaged over the layers.
+//
+// Thread-safety: none (one caller).
+#ifndef CKV_BENCH_REPREFILL_FIDELITY_H_
+#define CKV_BENCH_REPREFILL_FIDELITY_H_
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/reprefill/workload.h"
+#include "kernels/attention.h"
+
+namespace ckv::bench {
+
+class Fidelity {
+ public:
+  explicit Fidelity(const Workload& w) : w_(w) {}
+
+  // `loaded[l]`: chunks loaded at layer l; `attended[l]`: the tokens attended to, sorted, or
+  // empty for every token of loaded[l]. *recall counts the attended tokens, *recall_loaded every
+  // token of the loaded chunks (what a token-level system would get if it used all it read).
+  absl::Status Measure(const Request& r, const std::vector<std::vector<float>>& queries,
+                       const std::vector<std::vector<uint32_t>>& loaded,
+                       const std::vector<std::vector<uint32_t>>& attended, double* recall,
+                       double* recall_loaded, double* error);
+
+ private:
+  struct Truth {
+    std::vector<float> token_mass;  // per token of the request's prefix (whole chunks)
+    std::vector<float> output;      // attention output over every chunk
+  };
+  const std::vector<std::byte>& Records(uint32_t conversation, uint32_t layer);
+
+  const Workload& w_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Truth> truth_;
+};
+
+}  // namespace ckv::bench
+
+#endif  // CKV_BENCH_REPREFILL_FIDELITY_H_

@@ -1,0 +1,70 @@
+// bench/reprefill/flags.h: the command line of reprefill_bench.
+#ifndef CKV_BENCH_REPREFILL_FLAGS_H_
+#define CKV_BENCH_REPREFILL_FLAGS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ckv::bench {
+
+inline constexpr int kExitUsage = 2;
+inline constexpr const char* kProg = "reprefill_bench";
+
+// A named pair of tier budgets that the whole sweep runs under.
+struct TierConfig {
+  std::string name;  // "cold", "default", "large"
+  uint64_t gpu_bytes = 0;
+  uint64_t cpu_bytes = 0;
+};
+
+struct Flags {
+  std::string store = "ckv-bench-store";
+  std::string model = "qwen2.5-7b";
+  uint32_t prefix_tokens = 8192;
+  uint32_t suffix_tokens = 64;
+  uint32_t conversations = 8;
+  uint32_t turns = 4;
+  uint32_t warmup_turns = 1;
+  double system_prompt_share = 0;
+  uint32_t concurrency = 1;
+  std::vector<double> budgets = {0.02, 0.05, 0.10, 0.15, 0.25, 0.50};
+  std::vector<std::string> systems = {"full", "h2o", "impress", "ckv-paper", "ckv"};
+  uint64_t gpu_tier_bytes = 64ull << 20;
+  uint64_t cpu_tier_bytes = 192ull << 20;
+  // Tier configurations to run: "cold" (both 0), "default" (the two flags above), "large"
+  // (each tier larger than the whole store).
+  std::vector<std::string> tiers = {"default"};
+  uint32_t window = 32;
+  uint64_t seed = 1;
+  // The synthetic attention (tools/synthetic_attention.h).
+  std::string attention_profile = "calibrated";
+  double request_shift = -1;  // < 0: the generator's default
+  // The modelled GPU (docs/baselines.md, "Compute model"): an A800 80GB SXM.
+  double gpu_tflops = 156;    // bf16 dense: 312 TFLOPS peak at 50%
+  double hbm_gb_s = 1630;     // 2039 GB/s peak at 80%
+  double launch_us = 40;      // kernel launches per decoder layer
+  double pcie_gb_s = 25;      // host to device, PCIe 4.0 x16 (32 GB/s peak)
+  // impress's probe heads: "group" (3 q heads of one GQA group: one kv head's keys) or "spread"
+  // (one q head in each of 3 groups).
+  std::string impress_probes = "group";
+  uint32_t rounds = 5;
+  bool fidelity = false;
+  uint32_t fidelity_requests = 4;
+  bool fio = true;
+  double fio_seconds = 3;
+  std::string json, plot;
+};
+
+void Usage(FILE* out);
+// Parses argv into *f; --help prints the usage and exits 0.
+absl::Status ParseFlags(int argc, char** argv, Flags* f);
+// The tier configurations named by f.tiers; `store_bytes` sizes "large".
+std::vector<TierConfig> TierConfigs(const Flags& f, uint64_t store_bytes);
+
+}  // namespace ckv::bench
+
+#endif  // CKV_BENCH_REPREFILL_FLAGS_H_

@@ -1,0 +1,394 @@
+// bench/reprefill: Re-Prefill latency of ckv against the published baselines, at equal output
+// quality, on one store, with one I/O engine and the same tier budgets (docs/baselines.md says
+// how each baseline follows its original, docs/results.md holds the measured tables).
+//
+// Every system runs every budget, under every tier configuration, in each of `rounds` rounds;
+// within a round the (system, budget) runs come in a shuffled order, so that drift of the disk
+// spreads over all systems alike. Each run replays the workload (workload.h): warm-up turns, then
+// the measured ones, closed-loop, `concurrency` at a time; then fio replays the run's own mix of
+// read sizes at its queue depth. The headline compares ckv with each baseline at the recall the
+// baseline reaches at a 5% budget (report.h).
+//
+// Per request and layer: the system's identification and loads, the modelled PCIe transfer of
+// what it loaded, then the layer's modelled compute (gpu_model.h), spent as timed waits on one
+// shared modelled GPU, so that I/O and compute overlap as they would. Selection scoring runs for
+// real on this CPU; its time is taken out of the latency and its FLOPs spent on the modelled
+// GPU.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/reprefill/fidelity.h"
+#include "bench/reprefill/fio.h"
+#include "bench/reprefill/flags.h"
+#include "bench/reprefill/gpu_model.h"
+#include "bench/reprefill/report.h"
+#include "bench/reprefill/store.h"
+#include "bench/reprefill/systems.h"
+#include "bench/reprefill/workload.h"
+#include "ckv/engine.h"
+#include "ckv/status.h"
+#include "engine/session.h"
+#include "storage/file_system.h"
+#include "tools/synthetic_attention.h"
+
+namespace ckv::bench {
+namespace {
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(p * v.size())) - (p > 0 ? 1 : 0);
+  return v[std::min(i, v.size() - 1)];
+}
+
+// One run's figures: one system, one budget, one tier configuration, one round.
+struct RunResult {
+  std::vector<RequestResult> requests;
+  std::vector<Request> measured;
+  prefetch::ReadEngineStats before, after;
+};
+
+absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
+                                  const TierConfig& tiers) {
+  const Flags& f = w.flags();
+  EngineOptions o;
+  o.create_if_missing = false;
+  if (sys.kind == Kind::kCkv) {
+    o.gpu_tier_bytes = tiers.gpu_bytes;
+    o.cpu_tier_bytes = tiers.cpu_bytes;
+  }
+  CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, sys.layout)));
+  engine::SessionHost& host = engine::HostOf(*engine);
+  CKV_RETURN_IF_ERROR(host.store().ResetUsage().status());  // every system starts from no history
+  CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
+  std::unique_ptr<storage::File> key_file;
+  prefetch::FileId key_id = 0;
+  BaselineState state;
+  if (sys.kind != Kind::kCkv && (tiers.gpu_bytes > 0 || tiers.cpu_bytes > 0)) {
+    // The baselines' tiers: the same budgets, the original's policy.
+    state.tiers = std::make_unique<engine::TierManager>(tiers.gpu_bytes, tiers.cpu_bytes);
+  }
+  if (NeedsKeyFile(sys.kind)) {
+    CKV_ASSIGN_OR_RETURN(key_file, storage::PosixFileSystem()->Open(
+                                       KeyFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
+    CKV_ASSIGN_OR_RETURN(key_id, reads->RegisterFile(key_file.get()));
+  }
+  ModelledGpu gpu(GpuParams::Of(f));
+  ScoringClock clock(reads, &gpu, /*hold_reads=*/f.concurrency == 1);
+  engine::SetSelectorClock(*engine, &clock);
+  RunContext ctx;
+  ctx.w = &w;
+  ctx.sys = &sys;
+  ctx.budget = budget;
+  ctx.engine = engine.get();
+  ctx.reads = reads;
+  ctx.key_file = key_id;
+  ctx.gpu = &gpu;
+  ctx.clock = &clock;
+  ctx.state = &state;
+  ctx.arch = *ArchOf(f.model);
+
+  RunResult out;
+  std::vector<Request> warm;
+  for (const Request& r : w.requests()) (r.warmup ? warm : out.measured).push_back(r);
+  out.requests.resize(out.measured.size());
+  // Runners (and their buffers) and every request's queries exist before timing starts.
+  std::vector<std::unique_ptr<SystemRunner>> runners;
+  for (uint32_t t = 0; t < f.concurrency; ++t) runners.push_back(MakeRunner(ctx));
+  // Closed loop: `concurrency` workers take the next request as they finish one.
+  auto run_all = [&](const std::vector<Request>& reqs,
+                     std::vector<RequestResult>* into) -> absl::Status {
+    std::vector<std::vector<std::vector<float>>> queries;
+    for (const Request& r : reqs) queries.push_back(w.Queries(r));
+    std::atomic<size_t> next{0};
+    absl::Mutex mu;
+    absl::Status first;
+    auto worker = [&](SystemRunner* runner) {
+      for (;;) {
+        const size_t i = next.fetch_add(1);
+        if (i >= reqs.size()) return;
+        ScoringClock::Take();
+        auto res = runner->Run(reqs[i], queries[i]);
+        if (res.ok()) {
+          res->scoring_s = ScoringClock::Take();
+          res->wall_s = res->latency_s;
+          res->latency_s -= res->scoring_s;
+        }
+        absl::MutexLock lock(&mu);
+        if (!res.ok()) {
+          if (first.ok()) first = res.status();
+          continue;
+        }
+        if (into != nullptr) (*into)[i] = std::move(*res);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (auto& runner : runners) threads.emplace_back(worker, runner.get());
+    for (auto& t : threads) t.join();
+    return first;
+  };
+  CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
+  out.before = reads->stats();
+  CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
+  out.after = reads->stats();
+  runners.clear();
+  if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
+  engine::SetSelectorClock(*engine, nullptr);
+  return out;
+}
+
+// Adds one run to its row.
+void Accumulate(const RunResult& run, Row& row) {
+  const prefetch::ReadEngineStats& a = run.after;
+  const prefetch::ReadEngineStats& b = run.before;
+  std::vector<double> lat;
+  double sum = 0;
+  uint64_t hits_gpu = 0, hits_cpu = 0, records = 0;
+  const double nreq = std::max<size_t>(1, run.requests.size());
+  for (const RequestResult& r : run.requests) {
+    lat.push_back(r.latency_s * 1e3);
+    sum += r.latency_s * 1e3;
+    row.scoring_ms += r.scoring_s * 1e3 / nreq;
+    row.wall_ms += r.wall_s * 1e3 / nreq;
+    row.bubble_ms += r.blocked_s * 1e3 / nreq;
+    row.bytes_needed += r.bytes_needed;
+    row.bytes_read += r.bytes_read;
+    row.h2d_bytes += r.h2d_bytes;
+    row.wasted_prefetch_bytes += r.wasted_prefetch_bytes;
+    hits_gpu += r.gpu_hits;
+    hits_cpu += r.cpu_hits;
+    records += r.gpu_hits + r.cpu_hits + r.nvme_records;
+  }
+  row.requests = run.requests.size();
+  row.round_mean_ms.push_back(sum / nreq);
+  row.gpu_hit_rate += records ? double(hits_gpu) / records : 0;
+  row.cpu_hit_rate += records ? double(hits_cpu) / records : 0;
+  const double busy = a.busy_seconds - b.busy_seconds;
+  const uint64_t dev_bytes = a.bytes_read - b.bytes_read;
+  row.device_mb_s += busy > 0 ? dev_bytes / busy / 1e6 : 0;
+  const double area = a.mean_queue_depth * a.elapsed_seconds - b.mean_queue_depth * b.elapsed_seconds;
+  row.busy_queue_depth += busy > 0 ? area / busy : 0;
+}
+
+// Per-round sums into per-round means, and the request percentiles over every round.
+void Finalise(Row& row, const std::vector<double>& all_latencies) {
+  const double rounds = std::max<size_t>(1, row.round_mean_ms.size());
+  row.scoring_ms /= rounds;
+  row.wall_ms /= rounds;
+  row.bubble_ms /= rounds;
+  row.read_amplification = row.bytes_needed ? double(row.bytes_read) / row.bytes_needed : 0;
+  row.bytes_needed = static_cast<uint64_t>(row.bytes_needed / rounds);
+  row.bytes_read = static_cast<uint64_t>(row.bytes_read / rounds);
+  row.h2d_bytes = static_cast<uint64_t>(row.h2d_bytes / rounds);
+  row.wasted_prefetch_bytes = static_cast<uint64_t>(row.wasted_prefetch_bytes / rounds);
+  row.gpu_hit_rate /= rounds;
+  row.cpu_hit_rate /= rounds;
+  row.device_mb_s /= rounds;
+  row.busy_queue_depth /= rounds;
+  row.mean_ms = std::accumulate(all_latencies.begin(), all_latencies.end(), 0.0) /
+                std::max<size_t>(1, all_latencies.size());
+  row.p50_ms = Percentile(all_latencies, 0.5);
+  row.p95_ms = Percentile(all_latencies, 0.95);
+}
+
+int Run(const Flags& f) {
+  auto spec = ModelSpec::Preset(f.model);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProg, spec.status().ToString().c_str());
+    return kExitUsage;
+  }
+  auto arch = ArchOf(f.model);
+  if (!arch.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProg, arch.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (auto p = synth::ParseAttentionProfile(f.attention_profile); !p.ok()) {
+    std::fprintf(stderr, "%s: --attention-profile: %s\n", kProg, p.status().ToString().c_str());
+    return kExitUsage;
+  }
+  std::vector<System> systems;
+  std::set<RecordLayout> layouts;
+  bool need_keys = false;
+  for (const std::string& name : f.systems) {
+    auto s = ParseSystem(name);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProg, s.status().ToString().c_str());
+      return kExitUsage;
+    }
+    layouts.insert(s->layout);
+    need_keys |= NeedsKeyFile(s->kind);
+    systems.push_back(*s);
+  }
+  const Workload w(f, *spec);
+  if (absl::Status st = Populate(w, layouts, need_keys); !st.ok()) {
+    std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Fidelity> fidelity;
+  if (f.fidelity) fidelity = std::make_unique<Fidelity>(w);
+  std::unique_ptr<Fio> fio;
+  if (f.fio) fio = std::make_unique<Fio>(f, prefetch::ReadEngineOptions{}.queue_depth);
+
+  // Every (tier configuration, system, budget) is a row; full loads everything whatever the
+  // budget, so it runs once per round and is reported at each budget.
+  struct Job {
+    size_t tiers, system;
+    double budget;
+  };
+  const std::vector<TierConfig> tier_configs = TierConfigs(f, w.store_bytes());
+  std::vector<Job> jobs;
+  for (size_t t = 0; t < tier_configs.size(); ++t) {
+    for (size_t s = 0; s < systems.size(); ++s) {
+      for (double b : f.budgets) {
+        jobs.push_back({t, s, b});
+        if (systems[s].kind == Kind::kFull) break;
+      }
+    }
+  }
+  std::vector<Row> rows(jobs.size());
+  std::vector<std::vector<double>> latencies(jobs.size());
+  std::vector<IoSizeMix> mixes(jobs.size());
+  std::mt19937_64 rng(f.seed);
+  for (uint32_t round = 0; round < f.rounds; ++round) {
+    std::vector<size_t> order(jobs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
+      const Job& job = jobs[i];
+      const System& sys = systems[job.system];
+      const TierConfig& tc = tier_configs[job.tiers];
+      std::fprintf(stderr, "%s: round %u/%u: %s at %.0f%%, %s tiers ...\n", kProg, round + 1,
+                   f.rounds, sys.name.c_str(), job.budget * 100, tc.name.c_str());
+      auto run = RunOnce(w, sys, job.budget, tc);
+      if (!run.ok()) {
+        std::fprintf(stderr, "%s: %s at %.0f%%: %s\n", kProg, sys.name.c_str(), job.budget * 100,
+                     run.status().ToString().c_str());
+        return 1;
+      }
+      Row& row = rows[i];
+      row.tiers = tc.name;
+      row.system = sys.name;
+      row.budget = job.budget;
+      row.config = sys.Config(f);
+      Accumulate(*run, row);
+      for (const RequestResult& r : run->requests) latencies[i].push_back(r.latency_s * 1e3);
+      for (size_t k = 0; k < mixes[i].size(); ++k) {
+        mixes[i][k] += run->after.io_size_histogram[k] - run->before.io_size_histogram[k];
+      }
+      if (round == 0 && fidelity != nullptr) {
+        // Selections do not depend on timing: one round measures them.
+        double rs = 0, rl = 0, es = 0;
+        size_t k = 0;
+        for (size_t q = 0; q < run->measured.size() && k < f.fidelity_requests; ++q, ++k) {
+          const Request& req = run->measured[q];
+          const RequestResult& res = run->requests[q];
+          double rec = 0, err = 0, rec_loaded = 0;
+          const absl::Status st = fidelity->Measure(req, w.Queries(req), res.loaded, res.attended,
+                                                    &rec, &rec_loaded, &err);
+          if (!st.ok()) {
+            std::fprintf(stderr, "%s: fidelity: %s\n", kProg, st.ToString().c_str());
+            return 1;
+          }
+          rs += rec;
+          rl += rec_loaded;
+          es += err;
+        }
+        if (k > 0) {
+          row.recall = rs / k;
+          row.recall_loaded = rl / k;
+          row.rel_error = es / k;
+        }
+      }
+    }
+  }
+  std::vector<Row> out;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Row& row = rows[i];
+    Finalise(row, latencies[i]);
+    if (fio != nullptr && row.busy_queue_depth > 0) {
+      const std::string dir = StorePath(f, systems[jobs[i].system].layout);
+      row.fio_mb_s = fio->MbPerS(mixes[i], static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
+      row.fio_full_depth_mb_s = fio->MbPerS(mixes[i], prefetch::ReadEngineOptions{}.queue_depth, dir);
+    }
+    uint64_t ios = 0;
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < mixes[i].size(); ++k) {
+      ios += mixes[i][k];
+      bytes += mixes[i][k] * (uint64_t{4096} << k);
+    }
+    row.dominant_io_bytes = ios ? bytes / ios : 0;
+    out.push_back(row);
+    if (systems[jobs[i].system].kind == Kind::kFull) {
+      for (double b : f.budgets) {
+        if (b == row.budget) continue;
+        Row copy = row;
+        copy.budget = b;
+        out.push_back(copy);
+      }
+    }
+  }
+  // recompute: the modelled prefill of the whole prompt with no cache, per tier configuration.
+  for (const TierConfig& tc : tier_configs) {
+    const double ms = 1e3 * RecomputeSeconds(w.spec(), *arch, GpuParams::Of(f),
+                                             double(f.prefix_tokens + f.suffix_tokens));
+    for (double b : f.budgets) {
+      Row r;
+      r.tiers = tc.name;
+      r.system = "recompute";
+      r.config = "prefill of the whole prompt on the modelled GPU, no cache (modelled)";
+      r.budget = b;
+      r.modelled = true;
+      r.mean_ms = r.p50_ms = r.p95_ms = ms;
+      r.round_mean_ms.assign(f.rounds, ms);
+      if (f.fidelity) r.recall = r.recall_loaded = 1.0, r.rel_error = 0.0;
+      out.push_back(r);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [&](const Row& a, const Row& b) {
+    if (a.tiers != b.tiers) {
+      return std::find(f.tiers.begin(), f.tiers.end(), a.tiers) < std::find(f.tiers.begin(), f.tiers.end(), b.tiers);
+    }
+    return false;
+  });
+  std::string ckv_name;
+  for (const System& s : systems) {
+    if (s.kind == Kind::kCkv && s.name != "ckv-paper" && (ckv_name.empty() || s.name == "ckv")) ckv_name = s.name;
+  }
+  const std::vector<EqualRecall> eq =
+      ckv_name.empty() ? std::vector<EqualRecall>{} : EqualRecallOf(out, ckv_name, 0.05);
+  PrintTable(out, eq);
+  if (!f.json.empty()) {
+    std::ofstream file(f.json, std::ios::trunc);
+    file << ToJson(w, out, eq) << "\n";
+    if (!file) {
+      std::fprintf(stderr, "%s: cannot write %s\n", kProg, f.json.c_str());
+      return 1;
+    }
+  }
+  if (!f.plot.empty()) Plot(w, out, f.plot);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckv::bench
+
+int main(int argc, char** argv) {
+  ckv::bench::Flags flags;
+  if (absl::Status st = ckv::bench::ParseFlags(argc, argv, &flags); !st.ok()) {
+    std::fprintf(stderr, "reprefill_bench: %s\n", std::string(st.message()).c_str());
+    ckv::bench::Usage(stderr);
+    return ckv::bench::kExitUsage;
+  }
+  return ckv::bench::Run(flags);
+}

@@ -1,0 +1,148 @@
+#include "bench/reprefill/store.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "ckv/engine.h"
+#include "ckv/status.h"
+#include "kernels/half.h"
+#include "tools/json_reader.h"
+
+namespace ckv::bench {
+
+KeyFile::KeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
+    : layers_(spec.layers), kv_heads_(spec.kv_heads),
+      key_bytes_(spec.head_dim * kernels::ElementBytes(spec.dtype)) {
+  run_bytes_ = RoundUp(tokens * key_bytes_);
+  bytes_ = run_bytes_ * spec.layers * spec.kv_heads * conversations;
+}
+
+const char* LayoutName(RecordLayout l) {
+  return l == RecordLayout::kLayerMajor ? "layer-major" : "period-major";
+}
+
+std::string StorePath(const Flags& f, RecordLayout layout) {
+  return f.store + "/" + LayoutName(layout);
+}
+
+std::string KeyFilePath(const Flags& f) { return f.store + "/keys.bin"; }
+
+namespace {
+
+// One conversation's keys, head-major, appended to `out`.
+absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& kv,
+                        std::ofstream& out, const std::string& path) {
+  const ModelSpec& spec = w.spec();
+  const size_t kb = kf.key_bytes();
+  const size_t tok_bytes = spec.TokenBytesPerLayer();
+  std::vector<char> run(KeyFile::RoundUp(w.stored_tokens() * kb), 0);
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    const std::byte* k = kv.k[l].data();
+    for (uint32_t h = 0; h < spec.kv_heads; ++h) {
+      for (size_t t = 0; t < w.stored_tokens(); ++t) {
+        std::memcpy(run.data() + t * kb, k + t * tok_bytes + h * kb, kb);
+      }
+      out.write(run.data(), static_cast<std::streamsize>(run.size()));
+    }
+  }
+  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StoreHolds(const Workload& w, RecordLayout layout) {
+  EngineOptions o;
+  o.create_if_missing = false;
+  auto engine = Engine::Open(o, StorePath(w.flags(), layout));
+  if (!engine.ok()) return false;
+  for (uint32_t c = 0; c < w.flags().conversations; ++c) {
+    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(w.spec(), w.StoredTokens(c)));
+    if (n != w.stored_tokens() / w.spec().chunk_tokens) return false;
+  }
+  return true;
+}
+
+// The store's manifest, or "" when it has none or one larger than any this program writes (a
+// manifest is a few hundred bytes; the file's size is not trusted: it may be /dev/zero behind a
+// symlink), so that the store is rebuilt.
+std::string ReadManifest(const std::string& path) {
+  constexpr size_t kMaxManifestBytes = 64 << 10;
+  absl::StatusOr<std::string> text = tools::ReadFileUpTo(path, kMaxManifestBytes, "manifest");
+  return text.ok() ? *std::move(text) : std::string();
+}
+
+}  // namespace
+
+absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys) {
+  const Flags& f = w.flags();
+  ::mkdir(f.store.c_str(), 0700);
+  const std::string manifest_path = f.store + "/manifest.json";
+  const std::string manifest = w.Manifest();
+  if (ReadManifest(manifest_path) != manifest) {
+    // Another workload's store: start over.
+    std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
+    // Only what this harness makes, never the rest of DIR.
+    for (const char* name : {"layer-major", "period-major", "keys.bin", "fio.dat"}) {
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
+      if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
+    }
+    std::remove(manifest_path.c_str());
+  }
+  std::vector<RecordLayout> todo;
+  for (RecordLayout l : layouts) {
+    CKV_ASSIGN_OR_RETURN(bool holds, StoreHolds(w, l));
+    if (!holds) todo.push_back(l);
+  }
+  const KeyFile kf(w.spec(), w.stored_tokens(), f.conversations);
+  const std::string key_path = KeyFilePath(f);
+  struct stat st {};
+  const bool keys_ok = !need_keys || (::stat(key_path.c_str(), &st) == 0 &&
+                                      uint64_t(st.st_size) == kf.bytes());
+  if (todo.empty() && keys_ok) {
+    std::fprintf(stderr, "%s: reusing the store in %s\n", kProg, f.store.c_str());
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (RecordLayout layout : todo) {
+    EngineOptions o;
+    o.layout = layout;
+    CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, layout)));
+    engines.push_back(std::move(engine));
+  }
+  std::ofstream keys;
+  if (!keys_ok) {
+    keys.open(key_path, std::ios::binary | std::ios::trunc);
+    if (!keys) return absl::PermissionDeniedError(absl::StrCat("cannot create ", key_path));
+  }
+  for (uint32_t c = 0; c < f.conversations; ++c) {
+    std::fprintf(stderr, "%s: conversation %u/%u: generating the KV of %zu tokens (%s)\n", kProg,
+                 c + 1, f.conversations, w.stored_tokens(), w.spec().DebugString().c_str());
+    synth::SyntheticAttention gen(w.spec(), w.stored_tokens(), w.Params(c));
+    synth::PlantedKv kv(gen);
+    for (size_t i = 0; i < engines.size(); ++i) {
+      CKV_ASSIGN_OR_RETURN(PutResult r, engines[i]->Put(w.spec(), w.StoredTokens(c), kv.tensors()));
+      std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
+                   LayoutName(todo[i]), c + 1, f.conversations,
+                   static_cast<unsigned long long>(r.chunks_written));
+    }
+    if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv.tensors(), keys, key_path));
+  }
+  if (!keys_ok) {
+    keys.flush();
+    if (!keys) return absl::ResourceExhaustedError(absl::StrCat("writing ", key_path, " failed (disk full?)"));
+  }
+  std::ofstream(manifest_path, std::ios::trunc) << manifest;
+  std::fprintf(stderr, "%s: store ready in %.1f s\n", kProg, absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+}  // namespace ckv::bench

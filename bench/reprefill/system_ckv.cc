@@ -1,0 +1,64 @@
+// ckv and ckv-paper: a ckv Re-Prefill session per request, as a serving system would run it.
+#include "absl/time/clock.h"
+#include "bench/reprefill/systems.h"
+#include "ckv/status.h"
+
+namespace ckv::bench {
+namespace {
+
+class CkvRunner final : public SystemRunner {
+ public:
+  explicit CkvRunner(const RunContext& ctx) : ctx_(ctx) {}
+
+  absl::StatusOr<RequestResult> Run(const Request& r,
+                                    const std::vector<std::vector<float>>& queries) override {
+    const ModelSpec& spec = ctx_.w->spec();
+    const System& sys = *ctx_.sys;
+    RequestResult out;
+    out.loaded.resize(spec.layers);
+    out.attended.resize(spec.layers);
+    ReprefillOptions o;
+    o.budget_fraction = ctx_.budget;
+    o.selector = sys.selector;
+    o.period_layers = sys.period;
+    o.period_selection = sys.period_selection;
+    o.window = ctx_.w->flags().window;
+    o.prefetch = sys.prefetch;
+    const absl::Time start = absl::Now();
+    CKV_ASSIGN_OR_RETURN(auto session, ctx_.engine->BeginReprefill(spec, ctx_.w->Prefix(r), o));
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      CKV_RETURN_IF_ERROR(session->SubmitQueries(l, queries[l]));
+      CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(l));
+      uint64_t crossing = 0;
+      for (const auto& rec : view.records()) {
+        out.loaded[l].push_back(rec.chunk);
+        if (rec.found_in != LayerView::Tier::kGpu) crossing += spec.RecordBytes();
+      }
+      const size_t context = view.records().size() * spec.chunk_tokens;
+      view.Release();
+      out.h2d_bytes += crossing;
+      ctx_.gpu->Compute(ctx_.LayerSeconds(context), ctx_.gpu->Transfer(crossing));
+    }
+    CKV_ASSIGN_OR_RETURN(SessionStats st, session->Finish());
+    out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
+    out.blocked_s = st.await_blocked_seconds;
+    out.bytes_needed = st.bytes_needed;
+    out.bytes_read = st.bytes_read;
+    out.gpu_hits = st.gpu_hits;
+    out.cpu_hits = st.cpu_hits;
+    out.nvme_records = st.nvme_records;
+    out.wasted_prefetch_bytes = st.prefetched_bytes_wasted;
+    return out;
+  }
+
+ private:
+  const RunContext ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<SystemRunner> MakeCkvRunner(const RunContext& ctx) {
+  return std::make_unique<CkvRunner>(ctx);
+}
+
+}  // namespace ckv::bench

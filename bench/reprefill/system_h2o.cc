@@ -1,0 +1,138 @@
+// h2o: AttentionStore + H2O. Every key of the layer (from the key file, or the K halves the tiers
+// hold), token-level top-k by accumulated attention, then only the selected chunks' values. The
+// next layer's keys are preloaded while this one computes (keys do not depend on queries). LRU
+// tiers.
+#include <numeric>
+
+#include "absl/time/clock.h"
+#include "bench/reprefill/baseline.h"
+#include "ckv/status.h"
+#include "engine/session.h"
+#include "kernels/selector.h"
+
+namespace ckv::bench {
+namespace {
+
+class H2oRunner final : public BaselineRunner {
+ public:
+  explicit H2oRunner(const RunContext& ctx) : BaselineRunner(ctx) {}
+
+  absl::StatusOr<RequestResult> Run(const Request& r,
+                                    const std::vector<std::vector<float>>& queries) override {
+    RequestResult out;
+    out.loaded.resize(spec_.layers);
+    out.attended.resize(spec_.layers);
+    const absl::Time start = absl::Now();
+    const std::vector<ChunkKey> keys =
+        ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, ctx_.w->Prefix(r));
+    engine::SessionHost& host = engine::HostOf(*ctx_.engine);
+    CKV_ASSIGN_OR_RETURN(auto pinned, host.store().PinLeading(spec_, keys));
+    const uint32_t n = static_cast<uint32_t>(pinned->chunks().size());
+    const size_t half = spec_.RecordBytes() / 2;
+    const size_t tok_bytes = spec_.TokenBytesPerLayer();
+    kernels::SelectOptions so;
+    so.budget_fraction = ctx_.budget;
+    std::vector<uint32_t> heads_all(spec_.kv_heads);
+    std::iota(heads_all.begin(), heads_all.end(), 0u);
+
+    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<std::unique_ptr<Layer>> {
+      auto L = NewLayer(n);
+      // Every key: K halves the tiers hold (record 2l), the rest from the key file.
+      std::vector<bool> need(n, true);
+      for (uint32_t j = 0; j < n; ++j) {
+        if (auto h = Lookup(pinned->chunks()[j].key, 2 * layer, out, /*lru_touch=*/true)) {
+          L->rec[j] = h.data();
+          if (h.level() != engine::TierLevel::kGpu) L->h2d_bytes += half;
+          L->pins.push_back(std::move(h));
+          need[j] = false;
+        }
+      }
+      CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, layer, n, need, heads_all, *L, out));
+      return L;
+    };
+    std::unique_ptr<Layer> next;
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      std::unique_ptr<Layer> L;
+      if (next) {
+        L = std::move(next);
+      } else {
+        CKV_ASSIGN_OR_RETURN(L, start_layer(l));
+      }
+      if (l + 1 < spec_.layers) {
+        CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1));
+      }
+      CKV_RETURN_IF_ERROR(Wait(*L, out));
+      // The keys cross to the GPU, which scores them.
+      const absl::Time keys_there = ctx_.gpu->Transfer(L->h2d_bytes);
+      out.h2d_bytes += L->h2d_bytes;
+      std::vector<bool> from_keys(n, false);
+      for (uint32_t j = 0; j < n; ++j) from_keys[j] = L->rec[j] == nullptr;
+      kernels::SelectorInput in;
+      in.shape = kernels::KvShape::Of(spec_);
+      in.layers = spec_.layers;
+      in.layer = l;
+      in.queries = queries[l];
+      in.window = ctx_.w->flags().window;
+      in.chunks = n;
+      ctx_.clock->Begin();  // a GPU gathers the keys in its scoring kernel: host time taken out
+      ScratchRecords(n, from_keys, heads_all, *L);
+      in.records = L->rec;
+      auto selected = kernels::Select(kernels::SelectorKind::kH2o, in, so);
+      ctx_.clock->End(0);
+      CKV_ASSIGN_OR_RETURN(kernels::Selection sel, std::move(selected));
+      ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kH2o, in, so) /
+                            ctx_.gpu->params().flops_per_s,
+                        keys_there);
+      out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
+      out.loaded[l] = sel.chunks;
+      out.attended[l] = Attended(sel.tokens, n, so);
+      // Cache the keys read (LRU), then read the selected chunks' values.
+      for (uint32_t j = 0; j < n; ++j) {
+        if (from_keys[j]) {
+          Admit(pinned->chunks()[j].key, 2 * l, std::span(L->own[j]).first(half), Tick(), L->pins);
+        }
+      }
+      std::vector<std::vector<std::byte>> vbuf(n);
+      ReadBatch values(ctx_.reads);  // after vbuf: waited for before vbuf goes
+      uint64_t value_bytes = 0;
+      for (uint32_t j : sel.chunks) {
+        if (auto h = Lookup(pinned->chunks()[j].key, 2 * l + 1, out, /*lru_touch=*/true)) {
+          if (h.level() != engine::TierLevel::kGpu) value_bytes += half;
+          L->pins.push_back(std::move(h));
+          continue;
+        }
+        const auto where = pinned->RecordAt(j, l);
+        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host.FileIdOf(where.file));
+        // V of a chunk is the record's second half; read whole pages around it.
+        const uint64_t b = (where.offset + half) / 4096 * 4096;
+        const uint64_t e = (where.offset + 2 * half + 4095) / 4096 * 4096;
+        vbuf[j].resize(e - b);
+        AddRange(values, file, b, e - b, vbuf[j].data(), kMaxIo, prefetch::Priority::kDemand);
+        out.bytes_read += e - b;
+        out.nvme_records++;
+        value_bytes += half;
+      }
+      CKV_RETURN_IF_ERROR(values.Submit());
+      const absl::Time v0 = absl::Now();
+      CKV_RETURN_IF_ERROR(values.Wait());
+      out.blocked_s += absl::ToDoubleSeconds(absl::Now() - v0);
+      for (uint32_t j : sel.chunks) {
+        if (!vbuf[j].empty()) {
+          Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).first(half), Tick(), L->pins);
+        }
+      }
+      out.h2d_bytes += value_bytes;
+      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(value_bytes));
+    }
+    out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<SystemRunner> MakeH2oRunner(const RunContext& ctx) {
+  return std::make_unique<H2oRunner>(ctx);
+}
+
+}  // namespace ckv::bench

@@ -1,0 +1,121 @@
+// bench/reprefill/systems.h: the systems the Re-Prefill benchmark compares (docs/baselines.md):
+//   full       AttentionStore: every record of every layer, next-layer preload, LRU tiers;
+//   h2o        AttentionStore + H2O: every key, then the selected tokens' values;
+//   impress    IMPRESS: probe heads' keys, 64-token blocks, its frequency x share tiers;
+//   ckv-paper  ContiguousKV as published, through a ckv session;
+//   ckv        ckv's chosen configuration, through a ckv session; or ckv:<...> variants.
+// Each runs one request at a time per worker over the same store and read engine; one file per
+// system (system_*.cc).
+#ifndef CKV_BENCH_REPREFILL_SYSTEMS_H_
+#define CKV_BENCH_REPREFILL_SYSTEMS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/reprefill/gpu_model.h"
+#include "bench/reprefill/store.h"
+#include "bench/reprefill/workload.h"
+#include "ckv/engine.h"
+#include "ckv/session.h"
+#include "engine/tier_cache.h"
+#include "prefetch/read_engine.h"
+
+namespace ckv::bench {
+
+enum class Kind { kFull, kH2o, kImpress, kCkv };
+
+// `ckv`: the configuration chosen by measurement (docs/baselines.md, "Choosing ckv").
+inline constexpr const char* kBestCkv = "ckv:mean-key:period-major:8";
+
+// The token-level baselines identify from keys kept apart from values (the key file).
+inline bool NeedsKeyFile(Kind k) { return k == Kind::kH2o || k == Kind::kImpress; }
+
+struct System {
+  std::string name;
+  Kind kind = Kind::kCkv;
+  RecordLayout layout = RecordLayout::kLayerMajor;
+  Selector selector = Selector::kPeriodExact;
+  uint32_t period = 8;
+  bool period_selection = false;  // quest / mean-key scored at period heads only
+  bool prefetch = true;
+  // What the table and the JSON say the system does.
+  std::string Config(const Flags& f) const;
+};
+
+absl::StatusOr<System> ParseSystem(const std::string& name);
+
+// One request's figures.
+struct RequestResult {
+  double latency_s = 0;   // on the modelled GPU: wall time less the CPU work taken out
+  double wall_s = 0;      // as measured here
+  double scoring_s = 0;   // selection (and the baselines' host gathers) on this CPU
+  double blocked_s = 0;   // the compute stream waiting for data (bubbles)
+  uint64_t bytes_needed = 0;
+  uint64_t bytes_read = 0;
+  uint64_t h2d_bytes = 0;  // bytes that crossed PCIe (from the CPU tier or NVMe)
+  uint64_t gpu_hits = 0, cpu_hits = 0, nvme_records = 0;
+  uint64_t wasted_prefetch_bytes = 0;
+  // Per layer: the chunks whose records the system loaded and
+  std::vector<std::vector<uint32_t>> loaded;
+  // the tokens its attention used, sorted; empty for a layer when it attends to every token of
+  // its loaded chunks (chunk-level systems). Recall and output error count these only.
+  std::vector<std::vector<uint32_t>> attended;
+};
+
+// The baselines' tiers and history across the requests of one run: a TierManager with the
+// original's policy, and the original's own counters.
+struct BaselineState {
+  std::unique_ptr<engine::TierManager> tiers;
+  std::atomic<uint64_t> tick{1};
+  absl::Mutex mu;
+  std::map<ChunkKey, uint64_t> freq;  // impress: requests that loaded the chunk's block
+};
+
+// What every system run sees.
+struct RunContext {
+  const Workload* w = nullptr;
+  const System* sys = nullptr;
+  double budget = 0;
+  Engine* engine = nullptr;
+  prefetch::ReadEngine* reads = nullptr;
+  prefetch::FileId key_file = 0;
+  ModelledGpu* gpu = nullptr;
+  ScoringClock* clock = nullptr;
+  BaselineState* state = nullptr;
+  Arch arch;
+  // The modelled compute of one layer over `context_tokens` loaded tokens.
+  double LayerSeconds(size_t context_tokens) const;
+};
+
+// A system's request runner: one per worker thread, owning its reusable buffers (allocated
+// before timing starts).
+class SystemRunner {
+ public:
+  virtual ~SystemRunner() = default;
+  virtual absl::StatusOr<RequestResult> Run(const Request& r,
+                                            const std::vector<std::vector<float>>& queries) = 0;
+};
+
+std::unique_ptr<SystemRunner> MakeCkvRunner(const RunContext& ctx);
+std::unique_ptr<SystemRunner> MakeFullRunner(const RunContext& ctx);
+std::unique_ptr<SystemRunner> MakeH2oRunner(const RunContext& ctx);
+std::unique_ptr<SystemRunner> MakeImpressRunner(const RunContext& ctx);
+inline std::unique_ptr<SystemRunner> MakeRunner(const RunContext& ctx) {
+  switch (ctx.sys->kind) {
+    case Kind::kFull: return MakeFullRunner(ctx);
+    case Kind::kH2o: return MakeH2oRunner(ctx);
+    case Kind::kImpress: return MakeImpressRunner(ctx);
+    case Kind::kCkv: break;
+  }
+  return MakeCkvRunner(ctx);
+}
+
+}  // namespace ckv::bench
+
+#endif  // CKV_BENCH_REPREFILL_SYSTEMS_H_
