@@ -32,6 +32,9 @@ struct Planted {
     spec = *ModelSpec::Preset("qwen2.5-0.5b");
     tokens = synth::Tokens(seed, n_tokens);
     synth::AttentionParams p;
+    // The selector expectations below were set on the planted-chunks data (chunk-level heavy
+    // hitters); keep that profile explicitly now that the calibrated one is the default.
+    p.profile = synth::AttentionProfile::kPlantedChunks;
     p.seed = seed;
     const synth::SyntheticAttention gen(spec, n_tokens, p);
     for (uint32_t l = 0; l < spec.layers; ++l) {

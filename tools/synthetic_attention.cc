@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/half.h"
 #include "tools/synthetic_kv.h"
@@ -43,6 +45,17 @@ enum Tag : uint64_t {
   kKeys,
   kValues,
   kQueries,
+  // kCalibrated's own tags, appended so that kPlantedChunks' hashes are unchanged.
+  kCalDirections,
+  kCalKeys,
+  kCalValues,
+  kCalQueries,
+  kSlotCoin,  // does a hitter slot keep its hitter at a layer?
+  kSlotDraw,  // a slot's hitter: position, length, strength, topic
+  kTopicStart,
+  kTopicStep,
+  kJitter,
+  kLocalHead,
 };
 
 // A hash of a tuple of words (order matters).
@@ -84,9 +97,34 @@ void FillNormals(uint64_t s, uint64_t first, float scale, float* out, size_t cou
 bool IsProbability(double p) { return p >= 0 && p <= 1; }
 bool IsSpread(double s) { return std::isfinite(s) && s >= 0; }
 
+void ValidateCalibrated(const ModelSpec& spec, const AttentionParams& p) {
+  const CalibratedShape& c = p.calibrated;
+  if (spec.q_heads / spec.kv_heads + 2 > spec.head_dim) {
+    Fail("head_dim too small for the calibrated profile's directions");
+  }
+  if (!IsProbability(c.always_on_share) || !IsProbability(c.kv_head_own_share) ||
+      !IsProbability(c.layer_persistence) || !IsProbability(c.local_head_fraction) ||
+      !IsProbability(p.request_shift)) {
+    Fail("a calibrated share, persistence or request_shift outside [0, 1]");
+  }
+  if (p.request_shift > 1 - c.always_on_share + 1e-12) {
+    Fail("request_shift > 1 - always_on_share: always-on hitters cannot change");
+  }
+  if (!std::isfinite(c.sink_strength) || !std::isfinite(c.recent_strength) ||
+      !std::isfinite(c.hitter_strength) || !std::isfinite(c.local_sink_strength) ||
+      !std::isfinite(c.local_strength) || !std::isfinite(c.diffuse_scale) ||
+      !IsSpread(c.hitter_tail) || !IsSpread(c.q_head_jitter) || !IsSpread(c.hitter_density) ||
+      !(c.recent_tokens > 0) || !(c.local_tokens > 0) || !(c.hitter_mean_tokens >= 1) ||
+      !std::isfinite(c.recent_tokens) || !std::isfinite(c.local_tokens) ||
+      !std::isfinite(c.hitter_mean_tokens)) {
+    Fail("a calibrated strength, length or density is not finite or out of range");
+  }
+}
+
 void Validate(const ModelSpec& spec, size_t tokens, const AttentionParams& p) {
   if (!spec.Validate().ok()) Fail("invalid ModelSpec");
   if (tokens == 0) Fail("tokens == 0");
+  if (p.profile == AttentionProfile::kCalibrated) ValidateCalibrated(spec, p);
   if (spec.q_heads / spec.kv_heads + 1 > spec.head_dim) {
     Fail("head_dim too small for a direction per q head of a group plus a shared one");
   }
@@ -185,17 +223,265 @@ void WriteQueries(const ModelSpec& spec, const AttentionParams& p, uint32_t laye
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The calibrated profile. Per (layer, kv head) the directions are, row after row: u_0 (what every
+// normal q head of the group reads: sink, recency, always-on hitters), u_1..u_m (one per q head:
+// only its own key noise), u_loc (what local-only heads read: their sink and recency) and
+// w_0..w_{T-1} (one per topic: that topic's hitters). A normal q head's query is
+// sqrt(D) (c_0 u_0 + u_i + sum over active topics a of c_a w_a), a local-only head's
+// sqrt(D) u_loc, so a hitter counts only while its topic is active.
+
+struct CalShape {
+  uint32_t m;       // q heads per kv head
+  uint32_t topics;  // T, after clamping to the directions left over
+  uint32_t active;  // A, after clamping to T / 2
+  uint32_t rows() const { return m + 2 + topics; }
+  uint32_t loc_row() const { return m + 1; }
+  uint32_t topic_row(uint32_t a) const { return m + 2 + a; }
+};
+
+CalShape CalShapeOf(const ModelSpec& spec, const CalibratedShape& c) {
+  CalShape s;
+  s.m = spec.q_heads / spec.kv_heads;
+  s.topics = std::min<uint32_t>(c.topics, spec.head_dim - s.m - 2);
+  s.active = std::min<uint32_t>(c.active_topics, s.topics / 2);
+  return s;
+}
+
+// `rows` orthonormal random directions of dimension d_n (rows <= d_n), from stream `s`.
+std::vector<float> Orthonormal(uint64_t s, uint32_t rows, uint32_t d_n) {
+  std::vector<float> draws(size_t{rows} * d_n);
+  FillNormals(s, 0, 1.0f, draws.data(), draws.size());
+  std::vector<double> u(draws.begin(), draws.end());
+  for (uint32_t a = 0; a < rows; ++a) {
+    double* ua = u.data() + size_t{a} * d_n;
+    for (uint32_t b = 0; b < a; ++b) {
+      const double* ub = u.data() + size_t{b} * d_n;
+      double dot = 0;
+      for (uint32_t d = 0; d < d_n; ++d) dot += ua[d] * ub[d];
+      for (uint32_t d = 0; d < d_n; ++d) ua[d] -= dot * ub[d];
+    }
+    double norm = 0;
+    for (uint32_t d = 0; d < d_n; ++d) norm += ua[d] * ua[d];
+    if (norm < 1e-12) Fail("degenerate random directions");
+    for (uint32_t d = 0; d < d_n; ++d) ua[d] /= std::sqrt(norm);
+  }
+  return std::vector<float>(u.begin(), u.end());
+}
+
+// The active topics of request `request`: A topics drawn from the seed for request 0, then at
+// each later request a share x of them (floor(x A), plus one more with probability the
+// fraction) swapped for inactive ones. Iterating from request 0 keeps consecutive requests
+// related (a topic stays active for a few requests) while each step changes the expected share.
+std::vector<uint32_t> ActiveTopicSet(const AttentionParams& p, const CalShape& s) {
+  const uint32_t t_n = s.topics, a_n = s.active;
+  if (a_n == 0) return {};
+  // A seeded permutation's first A entries: partial Fisher-Yates.
+  std::vector<uint32_t> order(t_n);
+  for (uint32_t i = 0; i < t_n; ++i) order[i] = i;
+  for (uint32_t i = 0; i < a_n; ++i) {
+    const uint32_t j = i + static_cast<uint32_t>(Hash(p.seed, kTopicStart, i) % (t_n - i));
+    std::swap(order[i], order[j]);
+  }
+  // order[0, A) are active, order[A, T) inactive.
+  const double x = p.calibrated.always_on_share < 1
+                       ? std::min(1.0, p.request_shift / (1 - p.calibrated.always_on_share))
+                       : 0.0;
+  for (uint32_t r = 1; r <= p.request; ++r) {
+    const double want = x * a_n;
+    uint32_t k = static_cast<uint32_t>(std::floor(want));
+    if (Uniform(Hash(p.seed, kTopicStep, r, 0)) < want - k) ++k;
+    k = std::min(k, std::min(a_n, t_n - a_n));
+    for (uint32_t i = 0; i < k; ++i) {
+      // Move a random still-unswapped active topic to slot i, a random inactive one to A + i,
+      // then swap them: the swapped-out topic cannot come back within this step.
+      const uint32_t ja = i + static_cast<uint32_t>(Hash(p.seed, kTopicStep, r, 1, i) % (a_n - i));
+      const uint32_t ji =
+          a_n + i + static_cast<uint32_t>(Hash(p.seed, kTopicStep, r, 2, i) % (t_n - a_n - i));
+      std::swap(order[i], order[ja]);
+      std::swap(order[a_n + i], order[ji]);
+      std::swap(order[i], order[a_n + i]);
+    }
+  }
+  std::vector<uint32_t> active(order.begin(), order.begin() + a_n);
+  std::sort(active.begin(), active.end());
+  return active;
+}
+
+bool IsLocalHead(const AttentionParams& p, uint32_t layer, uint32_t g) {
+  return Uniform(Hash(p.seed, kLocalHead, layer, g)) < p.calibrated.local_head_fraction;
+}
+
+// A q head's weight on the always-on hitters (a = T) or on topic a.
+float Jitter(const AttentionParams& p, uint32_t layer, uint32_t g, uint32_t a) {
+  const double c = 1 + p.calibrated.q_head_jitter * Normal(Hash(p.seed, kJitter, layer, g, a));
+  return static_cast<float>(std::max(0.0, c));
+}
+
+// Key noise per channel: the logit noise of a normal head (whose query direction has squared
+// norm about 2 + A, the jitter aside) is token_noise.
+NoiseScales CalScales(const AttentionParams& p, const CalShape& s) {
+  const double key = p.token_noise / std::sqrt(2.0 + s.active);
+  return {static_cast<float>(key), key > 0 ? static_cast<float>(p.query_noise / key) : 0.0f};
+}
+
+void WriteCalQueries(const ModelSpec& spec, const AttentionParams& p, const CalShape& s,
+                     const std::vector<uint32_t>& active, uint32_t layer, uint32_t h,
+                     std::span<const float> dirs, std::vector<float>& q) {
+  const uint32_t d_n = spec.head_dim;
+  const float sqrt_d = std::sqrt(static_cast<float>(d_n));
+  const float sq = CalScales(p, s).query;
+  std::vector<float> dir(d_n);
+  for (uint32_t i = 0; i < s.m; ++i) {
+    const uint32_t g = h * s.m + i;
+    std::fill(dir.begin(), dir.end(), 0.0f);
+    auto add = [&](uint32_t row, float w) {
+      const float* u = dirs.data() + size_t{row} * d_n;
+      for (uint32_t d = 0; d < d_n; ++d) dir[d] += w * u[d];
+    };
+    if (IsLocalHead(p, layer, g)) {
+      add(s.loc_row(), 1.0f);
+    } else {
+      add(0, Jitter(p, layer, g, s.topics));
+      add(i + 1, 1.0f);
+      for (uint32_t a : active) add(s.topic_row(a), Jitter(p, layer, g, a));
+    }
+    const uint64_t stream = Hash(p.query_seed != 0 ? p.query_seed : p.seed, kCalQueries, layer, g);
+    for (uint32_t w = 0; w < p.window; ++w) {
+      float* out = q.data() + (size_t{w} * spec.q_heads + g) * d_n;
+      FillNormals(stream, size_t{w} * d_n, sq, out, d_n);
+      for (uint32_t d = 0; d < d_n; ++d) out[d] += sqrt_d * dir[d];
+    }
+  }
+}
+
+// One heavy-hitter span.
+struct Span {
+  size_t first, len;
+  float strength;
+  int32_t topic;  // -1: always on
+};
+
+// The hitters of `slots` slots of scope `who` (0: the layer's, 1 + h: kv head h's own) at
+// `layer`: each slot holds a hitter born at the last layer <= `layer` whose coin said "replace"
+// (or at layer 0), drawn from (slot, birth layer).
+void SlotSpans(const AttentionParams& p, const CalShape& s, size_t n, uint32_t layer,
+               uint64_t who, size_t slots, float scale, std::vector<Span>& out) {
+  const CalibratedShape& c = p.calibrated;
+  // log(1 - 1/mean): Geometric lengths by inversion.
+  const double log_stay = c.hitter_mean_tokens > 1 ? std::log1p(-1 / c.hitter_mean_tokens) : 0;
+  for (size_t slot = 0; slot < slots; ++slot) {
+    uint32_t birth = 0;
+    for (uint32_t l = layer; l >= 1; --l) {
+      if (Uniform(Hash(p.seed, kSlotCoin, who, slot, l)) >= c.layer_persistence) {
+        birth = l;
+        break;
+      }
+    }
+    const uint64_t id = Hash(p.seed, kSlotDraw, who, slot, birth);
+    Span sp;
+    sp.first = Mix64(id ^ 1) % n;
+    size_t len = 1;
+    if (log_stay < 0) {
+      const double u = 1 - Uniform(Mix64(id ^ 2));  // in (0, 1]
+      len += static_cast<size_t>(std::min(64.0, std::floor(std::log(u) / log_stay)));
+    }
+    sp.len = std::min(len, n - sp.first);
+    const double exp1 = -std::log1p(-Uniform(Mix64(id ^ 3)));
+    sp.strength = scale * static_cast<float>(c.hitter_strength + c.hitter_tail * exp1);
+    sp.topic = (s.topics == 0 || Uniform(Mix64(id ^ 4)) < c.always_on_share)
+                   ? -1
+                   : static_cast<int32_t>(Mix64(id ^ 5) % s.topics);
+    out.push_back(sp);
+  }
+}
+
+void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& p,
+                        uint32_t layer, SyntheticAttention::Layer& out) {
+  const CalibratedShape& c = p.calibrated;
+  const CalShape s = CalShapeOf(spec, c);
+  const uint32_t h_n = spec.kv_heads, d_n = spec.head_dim;
+  const NoiseScales scale = CalScales(p, s);
+  const float diffuse = layer < c.diffuse_layers ? static_cast<float>(c.diffuse_scale) : 1.0f;
+
+  // Position effects along u_0 (normal heads) and u_loc (local-only heads), in tokens.
+  std::vector<float> position(n), local(n);
+  for (size_t t = 0; t < n; ++t) {
+    const double back = static_cast<double>(n - 1 - t);
+    position[t] = diffuse * static_cast<float>(c.recent_strength * std::exp(-back / c.recent_tokens));
+    local[t] = static_cast<float>(c.local_strength * std::exp(-back / c.local_tokens));
+  }
+  if (layer > 0) {
+    for (size_t t = 0; t < std::min<size_t>(p.sink_tokens, n); ++t) {
+      position[t] += diffuse * static_cast<float>(c.sink_strength);
+      local[t] += static_cast<float>(c.local_sink_strength);
+    }
+  }
+
+  const double spans_per_head = c.hitter_density * static_cast<double>(n);
+  const auto own_slots = static_cast<size_t>(std::lround(spans_per_head * c.kv_head_own_share));
+  const auto layer_slots = static_cast<size_t>(std::lround(spans_per_head)) - std::min(
+      own_slots, static_cast<size_t>(std::lround(spans_per_head)));
+  std::vector<Span> layer_spans, spans;
+  SlotSpans(p, s, n, layer, 0, layer_slots, diffuse, layer_spans);
+
+  out.k.resize(n * h_n * d_n);
+  out.v.resize(n * h_n * d_n);
+  out.q.resize(size_t{p.window} * spec.q_heads * d_n);
+  const std::vector<uint32_t> active = ActiveTopicSet(p, s);
+  std::vector<float> u0_boost(n);
+  for (uint32_t h = 0; h < h_n; ++h) {
+    const std::vector<float> dirs =
+        Orthonormal(Hash(p.seed, kCalDirections, layer, h), s.rows(), d_n);
+    const float* u0 = dirs.data();
+    const float* uloc = dirs.data() + size_t{s.loc_row()} * d_n;
+    spans = layer_spans;
+    SlotSpans(p, s, n, layer, 1 + h, own_slots, diffuse, spans);
+    std::copy(position.begin(), position.end(), u0_boost.begin());
+    for (const Span& sp : spans) {
+      if (sp.topic >= 0) continue;
+      for (size_t t = sp.first; t < sp.first + sp.len; ++t) u0_boost[t] += sp.strength;
+    }
+    const uint64_t key_stream = Hash(p.seed, kCalKeys, layer, h);
+    const uint64_t value_stream = Hash(p.seed, kCalValues, layer, h);
+    for (size_t t = 0; t < n; ++t) {
+      float* k = out.k.data() + (t * h_n + h) * d_n;
+      FillNormals(key_stream, t * d_n, scale.key, k, d_n);
+      const float b0 = u0_boost[t], bl = local[t];
+      for (uint32_t d = 0; d < d_n; ++d) k[d] += b0 * u0[d] + bl * uloc[d];
+      FillNormals(value_stream, t * d_n, 1.0f, out.v.data() + (t * h_n + h) * d_n, d_n);
+    }
+    // Topic hitters along their topic's direction (few tokens: a pass over the spans).
+    for (const Span& sp : spans) {
+      if (sp.topic < 0) continue;
+      const float* w = dirs.data() + size_t{s.topic_row(static_cast<uint32_t>(sp.topic))} * d_n;
+      for (size_t t = sp.first; t < sp.first + sp.len; ++t) {
+        float* k = out.k.data() + (t * h_n + h) * d_n;
+        for (uint32_t d = 0; d < d_n; ++d) k[d] += sp.strength * w[d];
+      }
+    }
+    WriteCalQueries(spec, p, s, active, layer, h, dirs, out.q);
+  }
+}
 }  // namespace
 
 std::string_view AttentionProfileName(AttentionProfile profile) {
-  return profile == AttentionProfile::kCalibrated ? "calibrated" : "planted-chunks";
+  switch (profile) {
+    case AttentionProfile::kCalibrated:
+      return "calibrated";
+    case AttentionProfile::kPlantedChunks:
+      return "planted-chunks";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<AttentionProfile> ParseAttentionProfile(std::string_view name) {
-  if (name == "calibrated") return AttentionProfile::kCalibrated;
-  if (name == "planted-chunks") return AttentionProfile::kPlantedChunks;
+  for (AttentionProfile p : {AttentionProfile::kCalibrated, AttentionProfile::kPlantedChunks}) {
+    if (name == AttentionProfileName(p)) return p;
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown attention profile '", std::string(name),
-                                                 "' (calibrated, planted-chunks)"));
+                                                 "': valid are calibrated, planted-chunks"));
 }
 
 SyntheticAttention::SyntheticAttention(const ModelSpec& spec, size_t tokens,
@@ -210,8 +496,17 @@ SyntheticAttention::Layer SyntheticAttention::Generate(uint32_t layer) const {
   return out;
 }
 
+std::vector<uint32_t> SyntheticAttention::ActiveTopics() const {
+  if (params_.profile != AttentionProfile::kCalibrated) return {};
+  return ActiveTopicSet(params_, CalShapeOf(spec_, params_.calibrated));
+}
+
 void SyntheticAttention::Generate(uint32_t layer, Layer& out) const {
   if (layer >= spec_.layers) Fail("Generate: layer out of range");
+  if (params_.profile == AttentionProfile::kCalibrated) {
+    GenerateCalibrated(spec_, tokens_, params_, layer, out);
+    return;
+  }
   const AttentionParams& p = params_;
   const uint32_t c = spec_.chunk_tokens, h_n = spec_.kv_heads, d_n = spec_.head_dim;
   const uint32_t m = spec_.q_heads / h_n;
@@ -293,6 +588,16 @@ void SyntheticAttention::Generate(uint32_t layer, Layer& out) const {
 std::vector<float> SyntheticAttention::Queries(uint32_t layer) const {
   if (layer >= spec_.layers) Fail("Queries: layer out of range");
   std::vector<float> q(size_t{params_.window} * spec_.q_heads * spec_.head_dim);
+  if (params_.profile == AttentionProfile::kCalibrated) {
+    const CalShape s = CalShapeOf(spec_, params_.calibrated);
+    const std::vector<uint32_t> active = ActiveTopicSet(params_, s);
+    for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
+      const std::vector<float> dirs =
+          Orthonormal(Hash(params_.seed, kCalDirections, layer, h), s.rows(), spec_.head_dim);
+      WriteCalQueries(spec_, params_, s, active, layer, h, dirs, q);
+    }
+    return q;
+  }
   for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
     WriteQueries(spec_, params_, layer, h, Directions(spec_, params_.seed, layer, h), q);
   }

@@ -1,8 +1,19 @@
 // tools/synthetic_attention.h: synthetic K, V and suffix queries with planted attention
 // structure, for the selectors' tests and the fidelity benchmark. docs/generator.md ("Planted
-// attention") describes the model of the data, its parameters and what it leaves out.
+// attention" and "The calibrated profile") describes the models, their parameters and what they
+// leave out.
 //
-// In short: per (layer, kv head) there are orthonormal directions u_0 (shared by the kv head's
+// Two profiles (AttentionParams::profile):
+//   - kCalibrated (the default): heavy hitters are short token spans at random offsets (nothing
+//     knows about ckv's chunks), which of them matter depends on the request (topics that the
+//     request's queries point at, shifting from request to request), layers 0-1 attend
+//     diffusely, some heads are local-only, and hitters drift per layer. Its defaults are
+//     calibrated against published measurements of real models (docs/generator.md).
+//   - kPlantedChunks: the original model, described below; it is shaped like ckv's own design
+//     (importance drawn per 16-token chunk, request-independent, periods of 8 layers) and is kept
+//     bit for bit so that earlier results can be reproduced.
+//
+// kPlantedChunks in short: per (layer, kv head) there are orthonormal directions u_0 (shared by the kv head's
 // group of q heads) and u_1..u_m (one per q head of the group). A key is Gaussian noise plus a
 // logit boost along u_0 (what all q heads of the group see) and corrections along u_i (what only
 // q head i sees); a query of q head i is sqrt(D) * (u_0 + u_i) plus noise. So the attention logit
@@ -28,9 +39,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
-
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ckv/kv.h"
@@ -38,21 +48,83 @@
 
 namespace ckv::synth {
 
-// Which model of attention the generator plants (docs/generator.md).
-enum class AttentionProfile : uint8_t { kCalibrated, kPlantedChunks };
+// Which model of attention the generator plants (see the file comment).
+enum class AttentionProfile {
+  kCalibrated,
+  kPlantedChunks,
+};
+// "calibrated" or "planted-chunks".
 std::string_view AttentionProfileName(AttentionProfile profile);
+// The inverse of AttentionProfileName. InvalidArgument naming the value and the valid names
+// otherwise.
 absl::StatusOr<AttentionProfile> ParseAttentionProfile(std::string_view name);
 
-// The knobs of the planted structure. Strengths are in logit units (q . k / sqrt(D)): a token
+// The knobs of the calibrated profile (AttentionParams::calibrated; kPlantedChunks ignores them).
+// Strengths are in logit units, lengths in tokens. docs/generator.md gives the reason for each
+// default and what they produce on qwen2.5-7b at 8K tokens.
+struct CalibratedShape {
+  // Attention sink on the first AttentionParams::sink_tokens tokens, every layer but layer 0.
+  // Default: 7.0.
+  double sink_strength = 7.0;
+  // Recency: a token d tokens before the end of the prefix gets
+  // recent_strength * exp(-d / recent_tokens). Default: 4.0, 24 tokens.
+  double recent_strength = 4.0;
+  double recent_tokens = 24.0;
+
+  // Heavy hitters: spans of Geometric(1 / hitter_mean_tokens) tokens (>= 1, mean
+  // hitter_mean_tokens) starting at uniformly random tokens, `hitter_density` spans per token of
+  // the prefix (as seen by one kv head), each of strength hitter_strength + hitter_tail * Exp(1)
+  // on all its tokens (its weight is Pareto-distributed with tail index 1 / hitter_tail).
+  // Defaults: 0.05 spans per token, 2 tokens, 2.5, 0.8.
+  double hitter_density = 0.05;
+  double hitter_mean_tokens = 2.0;
+  double hitter_strength = 2.5;
+  double hitter_tail = 0.8;
+
+  // Request dependence. A hitter is "always on" (the document's generally important tokens)
+  // with probability `always_on_share`; otherwise it belongs to one of `topics` topics, and the
+  // request's queries point at `active_topics` of them (see AttentionParams::request_shift).
+  // Topics are clamped to head_dim - (q_heads / kv_heads) - 2 (the directions left over), and
+  // active topics to half the topics. Defaults: 0.1, 32, 8.
+  double always_on_share = 0.1;
+  uint32_t topics = 32;
+  uint32_t active_topics = 8;
+
+  // GQA: a share `kv_head_own_share` of a kv head's hitters are its own (other kv heads of the
+  // layer do not see them); the rest are the layer's, seen by every kv head. The q heads of a
+  // group see the same hitters, each weighing the always-on ones and each topic by its own
+  // factor max(0, 1 + q_head_jitter * N(0, 1)). Defaults: 0.3, 0.15.
+  double kv_head_own_share = 0.3;
+  double q_head_jitter = 0.15;
+
+  // Drift across layers: each hitter persists from one layer to the next with probability
+  // `layer_persistence`; otherwise it is replaced by a fresh one elsewhere. Default: 0.965 (puts
+  // the overlap of adjacent period heads, 8 layers apart, in ContiguousKV's 52-64%).
+  double layer_persistence = 0.965;
+
+  // Layers [0, diffuse_layers) attend diffusely: their hitter, recency and sink strengths are
+  // scaled by `diffuse_scale` (layer 0 has no sink). Defaults: 2, 0.35.
+  uint32_t diffuse_layers = 2;
+  double diffuse_scale = 0.35;
+
+  // Local-only heads: each q head of each layer is local-only with probability
+  // `local_head_fraction`: it sees only a sink of `local_sink_strength` (layers >= 1) and
+  // recency local_strength * exp(-d / local_tokens), no hitters. Defaults: 0.15, 10.0, 9.0, 64.
+  double local_head_fraction = 0.15;
+  double local_sink_strength = 10.0;
+  double local_strength = 9.0;
+  double local_tokens = 64.0;
+};
+
+// The knobs of the planted structure. Unless said otherwise, a field is kPlantedChunks' alone;
+// seed, window, sink_tokens, token_noise, query_noise and query_seed serve both. Strengths are in logit units (q . k / sqrt(D)): a token
 // whose boost is larger by 1 gets e = 2.7x the attention weight. The defaults are calibrated on
 // qwen2.5-7b with an 8K-token prefix (docs/generator.md lists what they produce there).
 struct AttentionParams {
-  AttentionProfile profile = AttentionProfile::kPlantedChunks;
-  // The request's index in its conversation, and the share of heavy hitters that moves from
-  // one request to the next.
-  uint32_t request = 0;
-  double request_shift = 0.6;
-  // Seed of everything. Default: 1.
+  // Which model (see the file comment). Default: kCalibrated.
+  AttentionProfile profile = AttentionProfile::kCalibrated;
+  // Seed of everything: the prefix's K and V (a benchmark gives each conversation its own).
+  // Default: 1.
   uint64_t seed = 1;
   // Suffix queries per layer, w (the queries of the suffix's last w tokens). >= 1. Default: 32.
   uint32_t window = 32;
@@ -108,6 +180,17 @@ struct AttentionParams {
   // Seed of the queries' noise alone, 0 = `seed`: requests that reuse one prefix with different
   // suffixes (the benchmark's turns) see the same planted structure through different queries.
   uint64_t query_seed = 0;
+
+  // kCalibrated only. The request's index in its conversation (e.g. its turn), and the share of
+  // the heavy-hitter mass that changes from request r - 1 to request r: the active topics of
+  // request 0 are drawn from `seed`, and each later request replaces a share
+  // request_shift / (1 - always_on_share) of them (deterministic from seed and r), so that
+  // consecutive requests share about 1 - request_shift of their heavy hitters.
+  // REQUIRES: request_shift in [0, 1 - calibrated.always_on_share]. Defaults: 0, 0.5.
+  uint32_t request = 0;
+  double request_shift = 0.5;
+  // kCalibrated only: the shape of the model.
+  CalibratedShape calibrated;
 };
 
 class SyntheticAttention {
@@ -119,6 +202,10 @@ class SyntheticAttention {
   // params.window >= 1, params.period_layers >= 1, probabilities in [0, 1], strengths, spreads
   // and noise finite and (where a standard deviation) >= 0.
   SyntheticAttention(const ModelSpec& spec, size_t tokens, const AttentionParams& params);
+
+  // The topics the queries of request params().request point at, sorted (kCalibrated; empty
+  // for kPlantedChunks): a pure function of (seed, request).
+  std::vector<uint32_t> ActiveTopics() const;
 
   // One layer in float32.
   struct Layer {
