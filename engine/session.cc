@@ -214,11 +214,25 @@ class SessionImpl final : public ReprefillSession {
       chosen = std::move(sel.chunks);
       scores_[layer] = std::move(sel.scores);
     } else {
-      // Exact scoring reads the whole layer: every chunk's record, on demand.
+      // Exact scoring reads the layer's keys, every chunk's K half, on demand (a record held
+      // by a tier serves its own). The keys are not served, so they are read without the
+      // record's checksum, which covers K and V together: a corrupt key can steer the
+      // selection, never the bytes a view serves, which are read whole and verified.
       std::vector<uint32_t> all(n);
       for (uint32_t j = 0; j < n; ++j) all[j] = j;
-      CKV_RETURN_IF_ERROR(Request(layer, all, prefetch::Priority::kDemand, /*need_host=*/true));
-      CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, all));
+      CKV_RETURN_IF_ERROR(Request(layer | kKeysOnly, all, prefetch::Priority::kDemand,
+                                  /*need_host=*/true));
+      CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer | kKeysOnly, all));
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& slot : slots) {
+          if (slot->served) continue;
+          slot->served = true;  // used by the scoring, so a prefetched one was not wasted
+          if (!slot->hit && slot->priority != prefetch::Priority::kDemand) {
+            stats_.prefetched_bytes_used += slot->read_bytes;
+          }
+        }
+      }
       std::vector<const std::byte*> records(n);
       for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->host_bytes();
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
@@ -241,6 +255,13 @@ class SessionImpl final : public ReprefillSession {
         }
         for (uint32_t l = layer + p + 1; l < std::min(spec_.layers, layer + 2 * p); ++l) {
           CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kSpeculative));
+        }
+        // Keys do not depend on queries: the next head's keys are read ahead for its scoring.
+        if (!kernels::ReadsSummaries(kind_) && layer + p < spec_.layers) {
+          std::vector<uint32_t> all(n);
+          for (uint32_t j = 0; j < n; ++j) all[j] = j;
+          CKV_RETURN_IF_ERROR(
+              Request((layer + p) | kKeysOnly, all, prefetch::Priority::kSpeculative, true));
         }
       }
     }
@@ -339,7 +360,9 @@ class SessionImpl final : public ReprefillSession {
   }
 
  private:
-  using SlotKey = std::pair<uint32_t, uint32_t>;  // layer, chunk
+  using SlotKey = std::pair<uint32_t, uint32_t>;  // layer (| kKeysOnly), chunk
+  // Marks the slots of a layer's K halves, read for scoring (layers are < 1024).
+  static constexpr uint32_t kKeysOnly = 1u << 31;
 
   absl::StatusOr<kernels::Selection> Select(uint32_t layer, std::span<const float> queries,
                                             std::span<const std::byte* const> records) {
@@ -363,8 +386,11 @@ class SessionImpl final : public ReprefillSession {
 
   // Requests (layer, chunk) for each chunk not requested yet; a queued request of lower priority
   // that is now needed on demand is resubmitted as a demand read.
+  // `layer` | kKeysOnly requests the K halves alone (scoring reads), in slots of their own.
   absl::Status Request(uint32_t layer, std::span<const uint32_t> chunks,
                        prefetch::Priority priority, bool need_host = false) {
+    const bool keys_only = (layer & kKeysOnly) != 0;
+    const uint32_t real_layer = layer & ~kKeysOnly;
     std::vector<prefetch::ReadRequest> batch;
     std::vector<std::shared_ptr<Slot>> new_slots;
     {
@@ -396,7 +422,7 @@ class SessionImpl final : public ReprefillSession {
         slot->priority = priority;
         slots_[SlotKey{layer, j}] = slot;
         if (TierCache* tiers = host_.tiers()) {
-          TierCache::Handle hit = tiers->Lookup(RecordId{keys_[j], layer});
+          TierCache::Handle hit = tiers->Lookup(RecordId{keys_[j], real_layer});
           // Scoring reads a head layer's bytes on the host: a device pointer will not do.
           if (hit && !(hit.device_pointer() && need_host)) {
             slot->tier = std::move(hit);
@@ -405,19 +431,28 @@ class SessionImpl final : public ReprefillSession {
             continue;
           }
         }
-        slot->data.resize(spec_.RecordBytes());
+        slot->data.resize(keys_only ? spec_.RecordBytes() / 2 : spec_.RecordBytes());
         new_slots.push_back(slot);
         CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest r,
-                             RecordRead(host_, *pinned_, j, layer, priority, slot->data));
+                             RecordRead(host_, *pinned_, j, real_layer, priority, slot->data));
+        if (keys_only) {
+          const uint64_t align =
+              std::max<uint64_t>(1, pinned_->RecordAt(j, real_layer).file->alignment());
+          r.length = static_cast<uint32_t>(
+              std::min<uint64_t>(r.length, (slot->data.size() + align - 1) / align * align));
+          r.verify_checksum = false;
+          r.checksum_bytes = 0;
+          r.name += " (keys)";
+        }
         slot->read_bytes = r.length;
         slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
-        r.callback = [this, slot](const prefetch::ReadResult& result) {
+        r.callback = [this, slot, keys_only](const prefetch::ReadResult& result) {
           absl::MutexLock lock(&mu_);
           if (result.status.ok()) {
-            slot->to_admit = host_.tiers() != nullptr;
+            slot->to_admit = host_.tiers() != nullptr && !keys_only;
             slot->state = Slot::State::kLanded;
             stats_.bytes_read += slot->read_bytes;
-            stats_.nvme_records++;
+            if (!keys_only) stats_.nvme_records++;
           } else if (absl::IsCancelled(result.status)) {
             slot->state = Slot::State::kCancelled;
           } else {

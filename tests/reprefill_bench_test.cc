@@ -68,12 +68,13 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   const std::string args =
       "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
       "--conversations 2 --turns 2 --budgets 10,50 --systems " + kSystems +
-      " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --json " + json;
+      " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --rounds 2 --json " + json;
   const Ran first = RunBench(args + " --plot " + plot);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("making a new store"), std::string::npos) << first.output;
-  // The table names every system.
-  for (const char* s : {"full ", "h2o ", "impress ", "ckv-paper ", "ckv "}) {
+  // The table names every system, the modelled recompute and the equal-recall comparison.
+  EXPECT_NE(first.output.find("equal recall"), std::string::npos) << first.output;
+  for (const char* s : {"full ", "h2o ", "impress ", "ckv-paper ", "ckv ", "recompute "}) {
     EXPECT_NE(first.output.find(s), std::string::npos) << s << "\n" << first.output;
   }
   struct stat st {};
@@ -95,17 +96,40 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   const JsonValue* results = doc->Find("results");
   ASSERT_NE(results, nullptr);
   ASSERT_NE(results->AsArray(), nullptr);
-  ASSERT_EQ(results->AsArray()->size(), 10u);  // 5 systems x 2 budgets
+  ASSERT_EQ(results->AsArray()->size(), 12u);  // (5 systems + recompute) x 2 budgets
 
   std::map<std::pair<std::string, double>, const JsonValue*> by;
+  std::map<std::string, std::set<double>> budgets_of;
   for (const JsonValue& r : *results->AsArray()) {
     ASSERT_NE(r.Find("system"), nullptr);
     const std::string system = *r.Find("system")->AsString();
     const double budget = Num(r, "budget");
     SCOPED_TRACE(system + " at " + std::to_string(budget));
     by[{system, budget}] = &r;
+    budgets_of[system].insert(budget);
     EXPECT_TRUE(budget == 0.1 || budget == 0.5);
     ASSERT_NE(r.Find("config")->AsString(), nullptr);
+    EXPECT_EQ(*r.Find("tiers")->AsString(), "default");
+    const JsonValue* rounds = r.Find("latency_ms")->Find("rounds");
+    ASSERT_NE(rounds, nullptr);
+    ASSERT_NE(rounds->AsArray(), nullptr);
+    EXPECT_EQ(rounds->AsArray()->size(), 2u) << "one mean per round";
+    if (system == "recompute") {
+      // Modelled: no I/O, the whole prompt prefilled, exact.
+      EXPECT_TRUE(*r.Find("modelled")->AsBool());
+      EXPECT_EQ(Num(r, "bytes_read"), 0);
+      EXPECT_GT(Num(*r.Find("latency_ms"), "mean"), 0);
+      EXPECT_EQ(Num(r, "attention_recall"), 1.0);
+      continue;
+    }
+    EXPECT_FALSE(*r.Find("modelled")->AsBool());
+    // Recall counts what a system attends to; a token-level system attends to its selected
+    // tokens only, never to more than the blocks it read.
+    EXPECT_LE(Num(r, "attention_recall"), Num(r, "attention_recall_loaded") + 1e-9);
+    if (system == "full" || system == "ckv" || system == "ckv-paper") {
+      EXPECT_NEAR(Num(r, "attention_recall"), Num(r, "attention_recall_loaded"), 1e-9);
+    }
+    EXPECT_GT(Num(r, "h2d_bytes"), 0) << "every byte loaded crosses PCIe with no tiers";
     EXPECT_EQ(Num(r, "requests"), 2);  // 2 conversations x (2 turns - 1 warm-up turn)
     const JsonValue* lat = r.Find("latency_ms");
     ASSERT_NE(lat, nullptr);
@@ -127,14 +151,57 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     EXPECT_EQ(Num(r, "fio_mb_s"), 0);  // --no-fio
     const double recall = Num(r, "attention_recall");
     EXPECT_GT(recall, 0);
-    EXPECT_LE(recall, 1 + 1e-9);
+    EXPECT_LE(recall, 1 + 1e-5);
     EXPECT_GE(Num(r, "output_rel_error"), 0);
     const JsonValue* hits = r.Find("hit_rate");
     ASSERT_NE(hits, nullptr);
     EXPECT_EQ(Num(*hits, "gpu"), 0);  // tiers of 0 bytes
     EXPECT_EQ(Num(*hits, "cpu"), 0);
   }
-  ASSERT_EQ(by.size(), 10u);
+  ASSERT_EQ(by.size(), 12u);
+  // Every system has its budget sweep.
+  for (const char* s : {"full", "h2o", "impress", "ckv-paper", "ckv", "recompute"}) {
+    EXPECT_EQ(budgets_of[s], (std::set<double>{0.1, 0.5})) << s;
+  }
+  // A token-level system attends to fewer tokens than its blocks hold: its recall over them is
+  // below the recall over everything it read (here, at 10%, strictly).
+  for (const char* s : {"h2o", "impress"}) {
+    EXPECT_LT(Num(*by.at({s, 0.1}), "attention_recall"),
+              Num(*by.at({s, 0.1}), "attention_recall_loaded")) << s;
+  }
+  // The headline: ckv against each baseline at the baseline's recall at its reference budget
+  // (the run's budget closest to 5%: 10% here), and against full at recall 0.95.
+  const JsonValue* eq = doc->Find("equal_recall");
+  ASSERT_NE(eq, nullptr);
+  ASSERT_NE(eq->AsArray(), nullptr);
+  std::set<std::string> baselines;
+  for (const JsonValue& e : *eq->AsArray()) {
+    const std::string base = *e.Find("baseline")->AsString();
+    SCOPED_TRACE(base);
+    baselines.insert(base);
+    EXPECT_EQ(*e.Find("ckv_system")->AsString(), "ckv");
+    EXPECT_EQ(*e.Find("tiers")->AsString(), "default");
+    if (base == "full") {
+      EXPECT_EQ(Num(e, "recall"), 0.95);
+    } else {
+      EXPECT_EQ(Num(e, "baseline_budget"), 0.1);
+      EXPECT_NEAR(Num(e, "recall"), Num(*by.at({base, 0.1}), "attention_recall"), 1e-12);
+      EXPECT_NEAR(Num(e, "baseline_latency_ms"),
+                  Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+    }
+    for (const char* k : {"ckv_latency_ms", "speedup", "speedup_min", "speedup_max", "ckv_budget"}) {
+      ASSERT_NE(e.Find(k), nullptr) << k;
+    }
+    if (e.Find("speedup")->AsDouble() != nullptr || e.Find("speedup")->AsInt() != nullptr) {
+      EXPECT_GT(Num(e, "speedup"), 0);
+      EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup") + 1e-12);
+      EXPECT_GE(Num(e, "speedup_max"), Num(e, "speedup") - 1e-12);
+      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 0.5);
+    } else {
+      EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
+    }
+  }
+  EXPECT_EQ(baselines, (std::set<std::string>{"impress", "ckv-paper", "h2o", "full"}));
   for (double b : {0.1, 0.5}) {
     // full loads everything: recall 1, the exact output, and it reads exactly what it needs.
     const JsonValue& full = *by.at({"full", b});
@@ -192,6 +259,7 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
   for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    if (*r.Find("modelled")->AsBool()) continue;  // recompute does no I/O
     EXPECT_GT(Num(r, "fio_mb_s"), 0) << *r.Find("system")->AsString();
     EXPECT_GT(Num(r, "fio_engine_depth_mb_s"), 0) << *r.Find("system")->AsString();
   }
@@ -214,6 +282,7 @@ TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
     auto doc = tools::ReadJsonFile(json);
     ASSERT_TRUE(doc.ok()) << doc.status();
     for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+      if (*r.Find("modelled")->AsBool()) continue;  // recompute does no I/O
       EXPECT_GT(Num(r, "fio_mb_s"), 0) << first.output;
     }
   }
