@@ -1,7 +1,8 @@
 // bench/reprefill/systems.h: the systems the Re-Prefill benchmark compares (docs/baselines.md):
 //   full       AttentionStore: every record of every layer, next-layer preload, LRU tiers;
 //   h2o        AttentionStore + H2O: every key, then the selected tokens' values;
-//   impress    IMPRESS: probe heads' keys, 64-token blocks, its frequency x share tiers;
+//   impress    IMPRESS: probe heads' keys (next layer's read early), Jaccard fallback, its own
+//              64-token block file reordered between turns, frequency x share tiers;
 //   ckv-paper  ContiguousKV as published, through a ckv session;
 //   ckv        ckv's chosen configuration, through a ckv session; or ckv:<...> variants.
 // Each runs one request at a time per worker over the same store and read engine; one file per
