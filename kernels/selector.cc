@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,16 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
         "impress: blocks of ", o.impress_block_tokens, " tokens (chunks of ",
         in.shape.chunk_tokens, "), ", o.impress_probe_heads, " probe heads of ",
         in.shape.q_heads));
+  }
+  if (kind == SelectorKind::kImpress) {
+    std::vector<bool> seen(in.shape.q_heads, false);
+    for (uint32_t h : o.impress_probe_q_heads) {
+      if (h >= in.shape.q_heads || seen[h]) {
+        return absl::InvalidArgumentError(absl::StrCat("impress: probe q head ", h, " of ",
+                                                       in.shape.q_heads, " (or named twice)"));
+      }
+      seen[h] = true;
+    }
   }
   return absl::OkStatus();
 }
@@ -130,9 +141,12 @@ std::vector<float> MeanKeyScores(const SelectorInput& in) {
                        });
 }
 
-std::vector<uint32_t> ImpressProbeHeads(const KvShape& s, uint32_t probes) {
+std::vector<uint32_t> ImpressProbeHeads(const KvShape& s, const SelectOptions& o) {
+  if (!o.impress_probe_q_heads.empty()) return o.impress_probe_q_heads;
   std::vector<uint32_t> heads;
-  for (uint32_t i = 0; i < probes; ++i) heads.push_back(i * s.q_heads / probes);
+  for (uint32_t i = 0; i < o.impress_probe_heads; ++i) {
+    heads.push_back(i * s.q_heads / o.impress_probe_heads);
+  }
   return heads;
 }
 
@@ -214,7 +228,7 @@ double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOpti
   const double n = static_cast<double>(in.chunks);
   const double d = in.shape.head_dim;
   const double heads = kind == SelectorKind::kImpress
-                           ? std::min<double>(o.impress_probe_heads, in.shape.q_heads)
+                           ? static_cast<double>(ImpressProbeHeads(in.shape, o).size())
                            : in.shape.q_heads;
   switch (kind) {
     case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
@@ -252,7 +266,7 @@ absl::StatusOr<std::vector<float>> ScoreChunks(SelectorKind kind, const Selector
     case SelectorKind::kMeanKey:
       return MeanKeyScores(in);
     case SelectorKind::kImpress: {
-      const auto heads = ImpressProbeHeads(in.shape, o.impress_probe_heads);
+      const auto heads = ImpressProbeHeads(in.shape, o);
       auto mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
       if (!mass.ok()) return mass.status();
       return PerChunk(*mass, in.shape.chunk_tokens);
@@ -283,13 +297,41 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
   // Token-level baselines.
   const uint32_t c = in.shape.chunk_tokens;
   std::vector<uint32_t> heads;
-  if (kind == SelectorKind::kImpress) heads = ImpressProbeHeads(in.shape, o.impress_probe_heads);
-  auto mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
-  if (!mass.ok()) return mass.status();
+  if (kind == SelectorKind::kImpress) heads = ImpressProbeHeads(in.shape, o);
   const size_t tokens = n * c;
   const auto k_tokens = std::clamp<size_t>(
       static_cast<size_t>(std::floor(o.budget_fraction * static_cast<double>(tokens) + 0.5)), 1,
       tokens);
+  absl::StatusOr<std::vector<float>> mass;
+  if (kind == SelectorKind::kImpress && heads.size() >= 2 && heads.size() < in.shape.q_heads) {
+    // Each probe alone (the mass is the mean of the per-head distributions, as TokenAttention
+    // over the probes computes it), and how far their top-k sets agree.
+    std::vector<float> sum(tokens, 0.0f);
+    std::vector<std::vector<uint32_t>> top;
+    for (uint32_t h : heads) {
+      auto one = TokenAttention(in.shape, in.queries, in.window, in.records,
+                                std::span<const uint32_t>(&h, 1));
+      if (!one.ok()) return one.status();
+      simd::Axpy(1.0f / static_cast<float>(heads.size()), one->data(), sum.data(), tokens);
+      top.push_back(TopK(*one, k_tokens));
+    }
+    double jaccard = 0;
+    size_t pairs = 0;
+    for (size_t a = 0; a < top.size(); ++a) {
+      for (size_t b = a + 1; b < top.size(); ++b, ++pairs) {
+        std::vector<uint32_t> both;
+        std::set_intersection(top[a].begin(), top[a].end(), top[b].begin(), top[b].end(),
+                              std::back_inserter(both));
+        jaccard += static_cast<double>(both.size()) /
+                   static_cast<double>(top[a].size() + top[b].size() - both.size());
+      }
+    }
+    sel.probe_jaccard = jaccard / static_cast<double>(pairs);
+    mass = std::move(sum);
+  } else {
+    mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
+  }
+  if (!mass.ok()) return mass.status();
   sel.tokens = TopK(*mass, k_tokens);
   sel.scores = PerChunk(*mass, c);
   const uint32_t chunks_per_unit = kind == SelectorKind::kImpress ? o.impress_block_tokens / c : 1;
@@ -303,6 +345,7 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
   for (size_t j = 0; j < n; ++j) {
     if (take[j]) sel.chunks.push_back(static_cast<uint32_t>(j));
   }
+  sel.token_mass = std::move(*mass);
   return sel;
 }
 

@@ -30,13 +30,18 @@
 //            product per (chunk, q head), where a softmax per query (as period-exact takes)
 //            would cost w of them. Reads no KV.
 //   Both are distributions over the chunks (they sum to 1), as every selector's scores are.
-//   impress  (baseline) exact attention over all keys for 3 fixed probe q heads, i * q_heads / 3
-//            for i = 0, 1, 2 (qwen2.5-7b: 0, 9, 18, in kv groups 0, 1, 2: one probe per group, as
-//            probes inside one group are known to fail), token-level top-k at budget_fraction of
-//            the tokens; each selected token's 64-token block (4 chunks at c = 16) is loaded
-//            whole, so it loads more chunks than the budget: that is its read amplification
-//            (chunks.size() against BudgetChunks). IMPRESS's gate that falls back to every head
-//            when the probes disagree is not modelled.
+//   impress  (baseline) exact attention over all keys for its probe q heads: the ones named in
+//            impress_probe_q_heads, or by default impress_probe_heads heads spread one per GQA
+//            group, i * q_heads / 3 for i = 0, 1, 2 (qwen2.5-7b: 0, 9, 18, in kv groups 0, 1, 2).
+//            The benchmark's default names 3 q heads of ONE group instead, as IMPRESS reads only
+//            the probe heads' keys and heads of one group share one kv head under GQA. The mass
+//            is the mean of the probes' per-head distributions; token-level top-k at
+//            budget_fraction of the tokens; each selected token's 64-token block (4 chunks at
+//            c = 16) is loaded whole, so it loads more chunks than the budget: that is its read
+//            amplification (chunks.size() against BudgetChunks). Selection::probe_jaccard is the
+//            mean pairwise Jaccard similarity of the probes' own top-k token sets: IMPRESS's gate
+//            (falling back to every head when the probes disagree) is the caller's, which must
+//            read the other heads' keys to do it.
 //   h2o      (baseline) exact attention over all keys and heads, token-level top-k at
 //            budget_fraction of the tokens; the chunks holding a selected token are loaded.
 //   Both token-level baselines select k_tokens = clamp(round(budget_fraction * n * c), 1, n * c)
@@ -90,6 +95,9 @@ struct SelectOptions {
   uint32_t impress_block_tokens = 64;
   // impress: probe q heads, 1..q_heads. Default: 3.
   uint32_t impress_probe_heads = 3;
+  // impress: the probe q heads by index (each < q_heads, no repeats); when not empty it replaces
+  // impress_probe_heads' spread choice. Default: empty.
+  std::vector<uint32_t> impress_probe_q_heads;
 };
 
 // The chunks k selectors keep out of n (see the header comment).
@@ -120,6 +128,11 @@ struct Selection {
   std::vector<float> scores;
   // impress and h2o: the selected tokens (indices into the prefix), sorted; empty otherwise.
   std::vector<uint32_t> tokens;
+  // impress and h2o: every token's attention mass (the scored heads' mean), n * c floats.
+  std::vector<float> token_mass;
+  // impress with 2 or more probes: the mean pairwise Jaccard similarity of the probe heads' own
+  // top-k token sets (k as for `tokens`); 1 otherwise.
+  double probe_jaccard = 1;
 };
 
 // Errors: InvalidArgument for inputs of the wrong size or a budget outside (0, 1].

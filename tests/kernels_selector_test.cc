@@ -288,6 +288,33 @@ TEST_P(SelectorTest, SelectionsHoldTheInvariantsAndFollowTheScores) {
   }
 }
 
+TEST_P(SelectorTest, ImpressScoresOnlyTheNamedProbeHeadsAndMeasuresTheirAgreement) {
+  const Prefix p = MakePrefix(40, 5);
+  const KvShape s = KvShape::Of(p.spec);
+  SelectOptions o;
+  o.budget_fraction = 0.1;
+  // Three q heads of kv group 0 (the benchmark's "group" probes).
+  o.impress_probe_q_heads = {0, 1, 2};
+  ASSERT_LE(3u, s.q_heads);
+  auto sel = Select(SelectorKind::kImpress, p.Input(), o);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  const auto mass = ReferenceTokenMass(p, o.impress_probe_q_heads);
+  std::vector<double> want(p.chunks, 0.0);
+  for (size_t t = 0; t < mass.size(); ++t) want[t / s.chunk_tokens] += mass[t];
+  for (size_t j = 0; j < p.chunks; ++j) EXPECT_NEAR(sel->scores[j], want[j], 2e-4) << j;
+  EXPECT_GE(sel->probe_jaccard, 0.0);
+  EXPECT_LE(sel->probe_jaccard, 1.0);
+  // One head named three times is refused; the same head as its own only probe agrees with
+  // itself (Jaccard 1 when there is nothing to compare).
+  o.impress_probe_q_heads = {1, 1};
+  EXPECT_EQ(Select(SelectorKind::kImpress, p.Input(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.impress_probe_q_heads = {1};
+  sel = Select(SelectorKind::kImpress, p.Input(), o);
+  ASSERT_TRUE(sel.ok());
+  EXPECT_EQ(sel->probe_jaccard, 1.0);
+}
+
 TEST_P(SelectorTest, EverySelectorFindsAPlantedChunk) {
   const std::vector<uint32_t> planted = {17, 33};
   const Prefix p = MakePrefix(64, 3, planted);

@@ -11,13 +11,43 @@ namespace ckv::bench {
 
 BaselineRunner::BaselineRunner(const RunContext& ctx)
     : ctx_(ctx), spec_(ctx.w->spec()),
-      kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations) {}
+      kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations),
+      max_chunks_(static_cast<uint32_t>(ctx.w->stored_tokens() / ctx.w->spec().chunk_tokens)) {
+  for (int i = 0; i < 3; ++i) {
+    auto L = std::make_unique<Layer>();
+    L->rec.reserve(max_chunks_);
+    L->filled.reserve(max_chunks_);
+    L->own.resize(max_chunks_);
+    for (auto& b : L->own) b.resize(spec_.RecordBytes());  // zero-filled: the pages are touched
+    L->keys.resize(size_t{max_chunks_} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
+    free_.push_back(std::move(L));
+  }
+}
 
-std::unique_ptr<BaselineRunner::Layer> BaselineRunner::NewLayer(uint32_t n) const {
-  auto L = std::make_unique<Layer>();
+void BaselineRunner::Recycle::operator()(Layer* L) const {
+  if (L->batch) L->batch->Wait().IgnoreError();
+  L->pins.clear();
+  runner->free_.push_back(std::unique_ptr<Layer>(L));
+}
+
+BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
+  std::unique_ptr<Layer> L;
+  if (!free_.empty() && n <= max_chunks_) {
+    L = std::move(free_.back());
+    free_.pop_back();
+  } else {
+    // More layers in flight than the pool holds (or a longer prefix): a fresh one.
+    L = std::make_unique<Layer>();
+    L->own.resize(n);
+    for (auto& b : L->own) b.resize(spec_.RecordBytes());
+    L->keys.resize(size_t{n} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
+  }
   L->rec.assign(n, nullptr);
-  L->own.resize(n);
-  return L;
+  L->filled.assign(n, false);
+  L->pins.clear();
+  L->h2d_bytes = 0;
+  L->batch = std::make_unique<ReadBatch>(ctx_.reads);
+  return LayerPtr(L.release(), Recycle{this});
 }
 
 engine::TierManager::Handle BaselineRunner::Lookup(const ChunkKey& k, uint32_t record,
@@ -52,7 +82,7 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
       continue;
     }
     auto& buf = L.own[j];
-    buf.resize(spec_.RecordBytes());
+    L.filled[j] = true;
     CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest q,
                          engine::RecordRead(host, pinned, j, layer, prefetch::Priority::kDemand, buf));
     out.bytes_read += q.length;
@@ -69,7 +99,6 @@ absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, 
                                          const std::vector<uint32_t>& heads, Layer& L,
                                          RequestResult& out) {
   const uint32_t c = spec_.chunk_tokens;
-  L.keys.resize(size_t{n} * c * spec_.kv_heads * kf_.key_bytes());
   if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads);
   for (uint32_t j = 0; j < n;) {
     if (!need[j]) { ++j; continue; }
@@ -95,7 +124,7 @@ void BaselineRunner::ScratchRecords(uint32_t n, const std::vector<bool>& from_ke
   for (uint32_t j = 0; j < n; ++j) {
     if (!from_keys[j]) continue;
     auto& buf = L.own[j];
-    buf.resize(spec_.RecordBytes());
+    L.filled[j] = true;
     for (uint32_t h : heads) {
       for (uint32_t t = 0; t < c; ++t) {
         std::memcpy(buf.data() + (size_t{t} * spec_.kv_heads + h) * kb,

@@ -84,6 +84,13 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
                                        KeyFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
     CKV_ASSIGN_OR_RETURN(key_id, reads->RegisterFile(key_file.get()));
   }
+  std::unique_ptr<storage::File> impress_file;
+  prefetch::FileId impress_id = 0;
+  if (sys.kind == Kind::kImpress) {
+    CKV_ASSIGN_OR_RETURN(impress_file, storage::PosixFileSystem()->Open(
+                                           ImpressFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
+    CKV_ASSIGN_OR_RETURN(impress_id, reads->RegisterFile(impress_file.get()));
+  }
   ModelledGpu gpu(GpuParams::Of(f));
   ScoringClock clock(reads, &gpu, /*hold_reads=*/f.concurrency == 1);
   engine::SetSelectorClock(*engine, &clock);
@@ -94,6 +101,8 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   ctx.engine = engine.get();
   ctx.reads = reads;
   ctx.key_file = key_id;
+  ctx.impress_file = impress_id;
+  ctx.impress_io = impress_file.get();
   ctx.gpu = &gpu;
   ctx.clock = &clock;
   ctx.state = &state;
@@ -124,6 +133,8 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
           res->scoring_s = ScoringClock::Take();
           res->wall_s = res->latency_s;
           res->latency_s -= res->scoring_s;
+          // Between turns, off the request's clock (impress reorders its blocks here).
+          if (absl::Status st = runner->AfterRequest(reqs[i], *res); !st.ok()) res = st;
         }
         absl::MutexLock lock(&mu);
         if (!res.ok()) {
@@ -142,8 +153,10 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   out.before = reads->stats();
   CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
   out.after = reads->stats();
+  for (auto& runner : runners) CKV_RETURN_IF_ERROR(runner->Finish());
   runners.clear();
   if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
+  if (sys.kind == Kind::kImpress) CKV_RETURN_IF_ERROR(reads->UnregisterFile(impress_id));
   engine::SetSelectorClock(*engine, nullptr);
   return out;
 }
@@ -166,6 +179,7 @@ void Accumulate(const RunResult& run, Row& row) {
     row.bytes_read += r.bytes_read;
     row.h2d_bytes += r.h2d_bytes;
     row.wasted_prefetch_bytes += r.wasted_prefetch_bytes;
+    row.fallback_layers += double(r.fallback_layers) / nreq;
     hits_gpu += r.gpu_hits;
     hits_cpu += r.cpu_hits;
     records += r.gpu_hits + r.cpu_hits + r.nvme_records;
@@ -192,6 +206,7 @@ void Finalise(Row& row, const std::vector<double>& all_latencies) {
   row.bytes_read = static_cast<uint64_t>(row.bytes_read / rounds);
   row.h2d_bytes = static_cast<uint64_t>(row.h2d_bytes / rounds);
   row.wasted_prefetch_bytes = static_cast<uint64_t>(row.wasted_prefetch_bytes / rounds);
+  row.fallback_layers /= rounds;
   row.gpu_hit_rate /= rounds;
   row.cpu_hit_rate /= rounds;
   row.device_mb_s /= rounds;
@@ -219,7 +234,7 @@ int Run(const Flags& f) {
   }
   std::vector<System> systems;
   std::set<RecordLayout> layouts;
-  bool need_keys = false;
+  bool need_keys = false, need_impress = false;
   for (const std::string& name : f.systems) {
     auto s = ParseSystem(name);
     if (!s.ok()) {
@@ -228,10 +243,11 @@ int Run(const Flags& f) {
     }
     layouts.insert(s->layout);
     need_keys |= NeedsKeyFile(s->kind);
+    need_impress |= s->kind == Kind::kImpress;
     systems.push_back(*s);
   }
   const Workload w(f, *spec);
-  if (absl::Status st = Populate(w, layouts, need_keys); !st.ok()) {
+  if (absl::Status st = Populate(w, layouts, need_keys, need_impress); !st.ok()) {
     std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
     return 1;
   }

@@ -212,6 +212,7 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows,
     j.Key("hit_rate").BeginObject().Key("gpu").Double(r.gpu_hit_rate).Key("cpu").Double(r.cpu_hit_rate);
     j.EndObject();
     j.Key("wasted_prefetch_bytes").Uint(r.wasted_prefetch_bytes);
+    j.Key("fallback_layers").Double(r.fallback_layers);
     j.EndObject();
   }
   j.EndArray();

@@ -29,6 +29,7 @@ struct Row {
   std::optional<double> recall, recall_loaded, rel_error;
   double gpu_hit_rate = 0, cpu_hit_rate = 0;
   uint64_t wasted_prefetch_bytes = 0;
+  double fallback_layers = 0;  // impress: layers per request whose probes disagreed
   bool modelled = false;  // recompute: no I/O, the modelled GPU alone
 
   double MedianRoundMs() const;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,12 @@ KeyFile::KeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
   bytes_ = run_bytes_ * spec.layers * spec.kv_heads * conversations;
 }
 
+ImpressFile::ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
+    : layers_(spec.layers), conversations_(conversations),
+      blocks_(static_cast<uint32_t>((tokens + kBlockTokens - 1) / kBlockTokens)),
+      kv_bytes_(uint64_t{kBlockTokens} * spec.TokenBytesPerLayer()),
+      block_bytes_(KeyFile::RoundUp(2 * kv_bytes_)) {}
+
 const char* LayoutName(RecordLayout l) {
   return l == RecordLayout::kLayerMajor ? "layer-major" : "period-major";
 }
@@ -34,6 +41,8 @@ std::string StorePath(const Flags& f, RecordLayout layout) {
 }
 
 std::string KeyFilePath(const Flags& f) { return f.store + "/keys.bin"; }
+std::string ImpressFilePath(const Flags& f) { return f.store + "/impress.bin"; }
+std::string ImpressMapPath(const Flags& f) { return f.store + "/impress.map"; }
 
 namespace {
 
@@ -51,6 +60,27 @@ absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& k
         std::memcpy(run.data() + t * kb, k + t * tok_bytes + h * kb, kb);
       }
       out.write(run.data(), static_cast<std::streamsize>(run.size()));
+    }
+  }
+  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  return absl::OkStatus();
+}
+
+// One conversation's KV in impress.bin's layout, in token order, appended to `out`.
+absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTensors& kv,
+                           std::ofstream& out, const std::string& path) {
+  const ModelSpec& spec = w.spec();
+  const size_t tok_bytes = spec.TokenBytesPerLayer();
+  const size_t tokens = w.stored_tokens();
+  std::vector<char> block(f.block_bytes());
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    for (uint32_t b = 0; b < f.blocks(); ++b) {
+      std::fill(block.begin(), block.end(), 0);
+      const size_t t0 = size_t{b} * ImpressFile::kBlockTokens;
+      const size_t nt = std::min<size_t>(ImpressFile::kBlockTokens, tokens - t0);
+      std::memcpy(block.data(), kv.k[l].data() + t0 * tok_bytes, nt * tok_bytes);
+      std::memcpy(block.data() + f.kv_bytes(), kv.v[l].data() + t0 * tok_bytes, nt * tok_bytes);
+      out.write(block.data(), static_cast<std::streamsize>(block.size()));
     }
   }
   if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
@@ -80,7 +110,8 @@ std::string ReadManifest(const std::string& path) {
 
 }  // namespace
 
-absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys) {
+absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys,
+                      bool need_impress) {
   const Flags& f = w.flags();
   ::mkdir(f.store.c_str(), 0700);
   const std::string manifest_path = f.store + "/manifest.json";
@@ -89,7 +120,7 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     // Only what this harness makes, never the rest of DIR.
-    for (const char* name : {"layer-major", "period-major", "keys.bin", "fio.dat"}) {
+    for (const char* name : {"layer-major", "period-major", "keys.bin", "impress.bin", "impress.map", "fio.dat"}) {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
       if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
@@ -106,7 +137,15 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
   struct stat st {};
   const bool keys_ok = !need_keys || (::stat(key_path.c_str(), &st) == 0 &&
                                       uint64_t(st.st_size) == kf.bytes());
-  if (todo.empty() && keys_ok) {
+  const ImpressFile imf(w.spec(), w.stored_tokens(), f.conversations);
+  const std::string impress_path = ImpressFilePath(f);
+  // impress.map says impress.bin's slots are not in token order (a run that did not restore
+  // them): rewriting is as cheap as restoring here.
+  const bool impress_ok =
+      !need_impress || (::stat(impress_path.c_str(), &st) == 0 &&
+                        uint64_t(st.st_size) == imf.bytes() &&
+                        ::stat(ImpressMapPath(f).c_str(), &st) != 0);
+  if (todo.empty() && keys_ok && impress_ok) {
     std::fprintf(stderr, "%s: reusing the store in %s\n", kProg, f.store.c_str());
     return absl::OkStatus();
   }
@@ -123,6 +162,12 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     keys.open(key_path, std::ios::binary | std::ios::trunc);
     if (!keys) return absl::PermissionDeniedError(absl::StrCat("cannot create ", key_path));
   }
+  std::ofstream impress;
+  if (!impress_ok) {
+    std::remove(ImpressMapPath(f).c_str());
+    impress.open(impress_path, std::ios::binary | std::ios::trunc);
+    if (!impress) return absl::PermissionDeniedError(absl::StrCat("cannot create ", impress_path));
+  }
   for (uint32_t c = 0; c < f.conversations; ++c) {
     std::fprintf(stderr, "%s: conversation %u/%u: generating the KV of %zu tokens (%s)\n", kProg,
                  c + 1, f.conversations, w.stored_tokens(), w.spec().DebugString().c_str());
@@ -135,6 +180,11 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
                    static_cast<unsigned long long>(r.chunks_written));
     }
     if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv.tensors(), keys, key_path));
+    if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv.tensors(), impress, impress_path));
+  }
+  if (!impress_ok) {
+    impress.flush();
+    if (!impress) return absl::ResourceExhaustedError(absl::StrCat("writing ", impress_path, " failed (disk full?)"));
   }
   if (!keys_ok) {
     keys.flush();

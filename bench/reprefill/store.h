@@ -37,12 +37,38 @@ class KeyFile {
   uint64_t bytes_ = 0;
 };
 
+// impress.bin holds impress's own copy of every conversation's KV in IMPRESS's layout: for
+// conversation c, layer l, each 64-token block in turn, the block's K (64 slots x kv_heads x
+// head_dim) then its V, so one block of one layer is one read (qwen2.5-7b: 128 KiB). The slots
+// start in token order; impress reorders them between turns (system_impress.cc), keeping the
+// mapping in impress.map so that a later run can restore token order first.
+class ImpressFile {
+ public:
+  static constexpr uint32_t kBlockTokens = 64;
+  ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversations);
+  uint32_t blocks() const { return blocks_; }           // per (conversation, layer)
+  uint64_t block_bytes() const { return block_bytes_; }  // K then V of one block, page-rounded
+  uint64_t kv_bytes() const { return kv_bytes_; }        // of the K half (and of the V half)
+  uint64_t bytes() const { return block_bytes_ * blocks_ * layers_ * conversations_; }
+  uint64_t Offset(uint32_t c, uint32_t layer, uint32_t block) const {
+    return ((uint64_t{c} * layers_ + layer) * blocks_ + block) * block_bytes_;
+  }
+
+ private:
+  uint32_t layers_, conversations_, blocks_;
+  uint64_t kv_bytes_, block_bytes_;
+};
+
 const char* LayoutName(RecordLayout l);
 std::string StorePath(const Flags& f, RecordLayout layout);
 std::string KeyFilePath(const Flags& f);
+std::string ImpressFilePath(const Flags& f);
+std::string ImpressMapPath(const Flags& f);
 
-// Makes (or reuses) the stores for `layouts` and, with `need_keys`, the key file.
-absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys);
+// Makes (or reuses) the stores for `layouts`, with `need_keys` the key file, and with
+// `need_impress` impress.bin.
+absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys,
+                      bool need_impress);
 
 }  // namespace ckv::bench
 

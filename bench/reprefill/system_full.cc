@@ -11,7 +11,7 @@ namespace {
 
 class FullRunner final : public BaselineRunner {
  public:
-  explicit FullRunner(const RunContext& ctx) : BaselineRunner(ctx) {}
+  explicit FullRunner(const RunContext& ctx) : BaselineRunner(ctx) { all_.reserve(max_chunks_); }
 
   absl::StatusOr<RequestResult> Run(const Request& r,
                                     const std::vector<std::vector<float>>&) override {
@@ -24,16 +24,17 @@ class FullRunner final : public BaselineRunner {
     storage::ChunkStore& store = engine::HostOf(*ctx_.engine).store();
     CKV_ASSIGN_OR_RETURN(auto pinned, store.PinLeading(spec_, keys));
     const uint32_t n = static_cast<uint32_t>(pinned->chunks().size());
-    std::vector<uint32_t> all(n);
+    std::vector<uint32_t>& all = all_;
+    all.resize(n);
     std::iota(all.begin(), all.end(), 0u);
-    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<std::unique_ptr<Layer>> {
+    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<LayerPtr> {
       auto L = NewLayer(n);
       CKV_RETURN_IF_ERROR(RequestRecords(*pinned, layer, all, *L, out, /*lru_touch=*/true));
       return L;
     };
-    std::unique_ptr<Layer> next;
+    LayerPtr next;
     for (uint32_t l = 0; l < spec_.layers; ++l) {
-      std::unique_ptr<Layer> L;
+      LayerPtr L;
       if (next) {
         L = std::move(next);
       } else {
@@ -44,7 +45,7 @@ class FullRunner final : public BaselineRunner {
       }
       CKV_RETURN_IF_ERROR(Wait(*L, out));
       for (uint32_t j = 0; j < n; ++j) {
-        if (!L->own[j].empty()) Admit(pinned->chunks()[j].key, l, L->own[j], Tick(), L->pins);
+        if (L->filled[j]) Admit(pinned->chunks()[j].key, l, L->own[j], Tick(), L->pins);
       }
       out.loaded[l] = all;
       out.bytes_needed += size_t{n} * spec_.RecordBytes();
@@ -55,6 +56,9 @@ class FullRunner final : public BaselineRunner {
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }
+
+ private:
+  std::vector<uint32_t> all_;
 };
 
 }  // namespace

@@ -15,7 +15,12 @@ namespace {
 
 class H2oRunner final : public BaselineRunner {
  public:
-  explicit H2oRunner(const RunContext& ctx) : BaselineRunner(ctx) {}
+  explicit H2oRunner(const RunContext& ctx) : BaselineRunner(ctx) {
+    // Value buffers, sized once: V of a chunk plus the pages around it.
+    vbuf_.resize(max_chunks_);
+    for (auto& b : vbuf_) b.resize(spec_.RecordBytes() / 2 + 2 * 4096);
+    vlen_.reserve(max_chunks_);
+  }
 
   absl::StatusOr<RequestResult> Run(const Request& r,
                                     const std::vector<std::vector<float>>& queries) override {
@@ -35,7 +40,7 @@ class H2oRunner final : public BaselineRunner {
     std::vector<uint32_t> heads_all(spec_.kv_heads);
     std::iota(heads_all.begin(), heads_all.end(), 0u);
 
-    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<std::unique_ptr<Layer>> {
+    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<LayerPtr> {
       auto L = NewLayer(n);
       // Every key: K halves the tiers hold (record 2l), the rest from the key file.
       std::vector<bool> need(n, true);
@@ -50,9 +55,9 @@ class H2oRunner final : public BaselineRunner {
       CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, layer, n, need, heads_all, *L, out));
       return L;
     };
-    std::unique_ptr<Layer> next;
+    LayerPtr next;
     for (uint32_t l = 0; l < spec_.layers; ++l) {
-      std::unique_ptr<Layer> L;
+      LayerPtr L;
       if (next) {
         L = std::move(next);
       } else {
@@ -92,8 +97,9 @@ class H2oRunner final : public BaselineRunner {
           Admit(pinned->chunks()[j].key, 2 * l, std::span(L->own[j]).first(half), Tick(), L->pins);
         }
       }
-      std::vector<std::vector<std::byte>> vbuf(n);
-      ReadBatch values(ctx_.reads);  // after vbuf: waited for before vbuf goes
+      std::vector<std::vector<std::byte>>& vbuf = vbuf_;
+      vlen_.assign(n, 0);
+      ReadBatch values(ctx_.reads);  // waited for before the next layer reuses vbuf
       uint64_t value_bytes = 0;
       for (uint32_t j : sel.chunks) {
         if (auto h = Lookup(pinned->chunks()[j].key, 2 * l + 1, out, /*lru_touch=*/true)) {
@@ -106,7 +112,7 @@ class H2oRunner final : public BaselineRunner {
         // V of a chunk is the record's second half; read whole pages around it.
         const uint64_t b = (where.offset + half) / 4096 * 4096;
         const uint64_t e = (where.offset + 2 * half + 4095) / 4096 * 4096;
-        vbuf[j].resize(e - b);
+        vlen_[j] = e - b;
         AddRange(values, file, b, e - b, vbuf[j].data(), kMaxIo, prefetch::Priority::kDemand);
         out.bytes_read += e - b;
         out.nvme_records++;
@@ -117,7 +123,7 @@ class H2oRunner final : public BaselineRunner {
       CKV_RETURN_IF_ERROR(values.Wait());
       out.blocked_s += absl::ToDoubleSeconds(absl::Now() - v0);
       for (uint32_t j : sel.chunks) {
-        if (!vbuf[j].empty()) {
+        if (vlen_[j] != 0) {
           Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).first(half), Tick(), L->pins);
         }
       }
@@ -127,6 +133,10 @@ class H2oRunner final : public BaselineRunner {
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }
+
+ private:
+  std::vector<std::vector<std::byte>> vbuf_;  // per chunk: its values' pages
+  std::vector<uint64_t> vlen_;                // per chunk: bytes read into vbuf_ (0: none)
 };
 
 }  // namespace

@@ -1,20 +1,93 @@
-// impress: IMPRESS (FAST'25). The probe heads' keys identify the important tokens (token-level
-// top-k), the 64-token blocks holding them are loaded whole (K and V), and its tiers rank blocks
-// by access frequency x share of important tokens. Identification, then load, then compute.
-#include <set>
+// impress: IMPRESS (FAST'25), built as its authors describe it (docs/baselines.md, "impress"):
+//  - identification: the keys of 3 probe q heads (--impress-probes: "group", 3 heads of one GQA
+//    group, so one kv head's keys are read; or "spread", one head in each of 3 groups) are read
+//    from the key file, and the probes' mean attention picks the top budget_fraction of tokens;
+//  - the next layer's probe keys are read while this layer scores, loads and computes (keys do
+//    not depend on the queries);
+//  - Jaccard gate: when the probes' own top-k token sets agree less than t = budget^0.6 (mean
+//    pairwise Jaccard), the layer falls back to every kv head's keys and every q head;
+//  - storage: its own file (impress.bin) of 64-token blocks, a block's K then V one read; the
+//    selected tokens' blocks are read whole;
+//  - reordering: between turns (off the request's clock) each conversation's tokens are
+//    permuted, per layer, so that the tokens ever selected (accumulated attention > 0) share as
+//    few blocks as possible; a mapping list (token -> slot) says where each token lives;
+//  - tiers: blocks keyed by (conversation, layer, physical block), score = frequency x share of
+//    the block's slots that the request attended to.
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
-#include "engine/session.h"
 #include "kernels/selector.h"
 
 namespace ckv::bench {
 namespace {
 
+constexpr uint32_t kNone = ~0u;
+constexpr uint32_t kB = ImpressFile::kBlockTokens;
+
+// One conversation's mapping list, per layer. Immutable once published: a request reads the
+// snapshot it started with.
+struct ImpressLayout {
+  std::vector<std::vector<uint32_t>> slot_of;   // [layer][token] -> slot
+  std::vector<std::vector<uint32_t>> token_at;  // [layer][slot] -> token (kNone: padding)
+};
+
+struct ImpressConversation {
+  std::shared_ptr<const ImpressLayout> layout;
+  std::vector<std::vector<double>> importance;  // [layer][token]: accumulated attention
+  bool reordered = false;
+};
+
+// Reorder totals of the run (stderr at Finish).
+struct ImpressCounters {
+  double seconds = 0;
+  uint64_t bytes_rewritten = 0;
+  uint64_t reorders = 0;
+};
+
+ChunkKey BlockKey(uint32_t conversation, uint32_t layer, uint32_t block) {
+  return ChunkKey{0x1a9e55b10c000000ull | conversation, (uint64_t{layer} << 32) | block};
+}
+
 class ImpressRunner final : public BaselineRunner {
  public:
-  explicit ImpressRunner(const RunContext& ctx) : BaselineRunner(ctx) {}
+  explicit ImpressRunner(const RunContext& ctx)
+      : BaselineRunner(ctx),
+        imf_(spec_, ctx.w->stored_tokens(), ctx.w->flags().conversations),
+        stored_(static_cast<uint32_t>(ctx.w->stored_tokens())) {
+    const uint32_t group = spec_.q_heads / spec_.kv_heads;
+    if (ctx.w->flags().impress_probes == "spread" || group < 3) {
+      for (uint32_t i = 0; i < 3; ++i) probe_q_.push_back(i * spec_.q_heads / 3);
+    } else {
+      probe_q_ = {0, 1, 2};  // three q heads of kv group 0
+    }
+    std::vector<bool> kv(spec_.kv_heads, false);
+    for (uint32_t q : probe_q_) kv[q / group] = true;
+    for (uint32_t h = 0; h < spec_.kv_heads; ++h) (kv[h] ? probe_kv_ : other_kv_).push_back(h);
+    all_q_.resize(spec_.q_heads);
+    std::iota(all_q_.begin(), all_q_.end(), 0u);
+    all_kv_.resize(spec_.kv_heads);
+    std::iota(all_kv_.begin(), all_kv_.end(), 0u);
+    // Buffers sized once, before timing.
+    blockbuf_.resize(imf_.blocks());
+    for (auto& b : blockbuf_) b.resize(imf_.block_bytes());
+    acc_.assign(spec_.layers, std::vector<float>(stored_, 0.0f));
+    block_mark_.reserve(imf_.blocks());
+    chunk_mark_.reserve(max_chunks_);
+    all_chunks_.reserve(max_chunks_);
+    blocks_.reserve(imf_.blocks());
+    scores_.reserve(size_t{spec_.layers} * imf_.blocks());
+    if (!ctx.state->impress_counters) ctx.state->impress_counters = std::make_shared<ImpressCounters>();
+  }
 
   absl::StatusOr<RequestResult> Run(const Request& r,
                                     const std::vector<std::vector<float>>& queries) override {
@@ -22,56 +95,39 @@ class ImpressRunner final : public BaselineRunner {
     out.loaded.resize(spec_.layers);
     out.attended.resize(spec_.layers);
     const absl::Time start = absl::Now();
-    const std::vector<ChunkKey> keys =
-        ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, ctx_.w->Prefix(r));
-    engine::SessionHost& host = engine::HostOf(*ctx_.engine);
-    CKV_ASSIGN_OR_RETURN(auto pinned, host.store().PinLeading(spec_, keys));
-    const uint32_t n = static_cast<uint32_t>(pinned->chunks().size());
     const uint32_t c = spec_.chunk_tokens;
+    const uint32_t n = static_cast<uint32_t>(ctx_.w->Prefix(r).size() / c);
+    const uint32_t T = n * c;
+    last_tokens_ = T;
     const size_t tok_bytes = spec_.TokenBytesPerLayer();
+    std::shared_ptr<const ImpressLayout> layout;
+    {
+      absl::MutexLock lock(&ctx_.state->mu);
+      layout = Conversation(r.conversation).layout;
+    }
     kernels::SelectOptions so;
     so.budget_fraction = ctx_.budget;
-    // The probe kv heads (kernels/selector.h: q heads i * q_heads / 3).
-    std::set<uint32_t> probe_kv;
-    for (uint32_t i = 0; i < so.impress_probe_heads; ++i) {
-      probe_kv.insert(i * spec_.q_heads / so.impress_probe_heads / (spec_.q_heads / spec_.kv_heads));
-    }
-    const std::vector<uint32_t> probe_heads(probe_kv.begin(), probe_kv.end());
-    std::vector<double> block_share(n, 0.0);  // per chunk, share of important tokens summed
-    const uint32_t bc = so.impress_block_tokens / c;
+    so.impress_probe_q_heads = probe_q_;
+    kernels::SelectOptions so_all = so;
+    so_all.impress_probe_q_heads = all_q_;
+    // IMPRESS's gate (docs/baselines.md: our reading of t = j^0.6, j the budget's token share).
+    const double threshold = std::pow(ctx_.budget, 0.6);
+    all_need_.assign(n, true);
+    scores_.clear();
 
+    LayerPtr cur = NewLayer(n);
+    CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, 0, n, all_need_, probe_kv_, *cur, out));
     for (uint32_t l = 0; l < spec_.layers; ++l) {
-      auto L = NewLayer(n);
-      // The probe heads' keys of the 64-token blocks the tiers do not hold whole.
-      std::vector<bool> need(n, false);
-      for (uint32_t b = 0; b < n; b += bc) {
-        const uint32_t e = std::min(n, b + bc);
-        std::vector<engine::TierManager::Handle> hs;
-        for (uint32_t j = b; j < e; ++j) {
-          if (auto h = Lookup(pinned->chunks()[j].key, l, out, /*lru_touch=*/false)) {
-            hs.push_back(std::move(h));
-          } else {
-            break;
-          }
-        }
-        if (hs.size() == e - b) {
-          for (uint32_t j = b; j < e; ++j) {
-            L->rec[j] = hs[j - b].data();
-            if (hs[j - b].level() != engine::TierLevel::kGpu) L->h2d_bytes += spec_.RecordBytes();
-            L->pins.push_back(std::move(hs[j - b]));
-          }
-        } else {
-          // Lookup counted hits for a block it does not use whole: take them back.
-          for (auto& h : hs) (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)--;
-          for (uint32_t j = b; j < e; ++j) need[j] = true;
-        }
+      CKV_RETURN_IF_ERROR(Wait(*cur, out));
+      // The next layer's probe keys, read while this layer works.
+      LayerPtr next;
+      if (l + 1 < spec_.layers) {
+        next = NewLayer(n);
+        CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l + 1, n, all_need_, probe_kv_, *next, out));
       }
-      CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l, n, need, probe_heads, *L, out));
-      CKV_RETURN_IF_ERROR(Wait(*L, out));
-      const absl::Time keys_there = ctx_.gpu->Transfer(L->h2d_bytes);
-      out.h2d_bytes += L->h2d_bytes;
-      std::vector<bool> from_keys(n, false);
-      for (uint32_t j = 0; j < n; ++j) from_keys[j] = L->rec[j] == nullptr;
+      uint64_t h2d_seen = cur->h2d_bytes;
+      absl::Time keys_there = ctx_.gpu->Transfer(h2d_seen);
+      out.h2d_bytes += h2d_seen;
       kernels::SelectorInput in;
       in.shape = kernels::KvShape::Of(spec_);
       in.layers = spec_.layers;
@@ -80,55 +136,292 @@ class ImpressRunner final : public BaselineRunner {
       in.window = ctx_.w->flags().window;
       in.chunks = n;
       ctx_.clock->Begin();  // a GPU gathers the keys in its scoring kernel: host time taken out
-      ScratchRecords(n, from_keys, probe_heads, *L);
-      in.records = L->rec;
+      ScratchRecords(n, all_need_, probe_kv_, *cur);
+      in.records = cur->rec;
       auto selected = kernels::Select(kernels::SelectorKind::kImpress, in, so);
       ctx_.clock->End(0);
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, std::move(selected));
       ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kImpress, in, so) /
                             ctx_.gpu->params().flops_per_s,
                         keys_there);
-      out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
-      out.loaded[l] = sel.chunks;
-      out.attended[l] = Attended(sel.tokens, n, so);
-      // Load the selected tokens' 64-token blocks whole, K and V.
-      std::vector<uint32_t> missing;
-      for (uint32_t j : sel.chunks) {
-        if (from_keys[j]) missing.push_back(j);
+      if (sel.probe_jaccard < threshold && !other_kv_.empty()) {
+        // The probes disagree: every head's keys, every head scores.
+        out.fallback_layers++;
+        CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l, n, all_need_, other_kv_, *cur, out));
+        CKV_RETURN_IF_ERROR(Wait(*cur, out));
+        keys_there = ctx_.gpu->Transfer(cur->h2d_bytes - h2d_seen);
+        out.h2d_bytes += cur->h2d_bytes - h2d_seen;
+        ctx_.clock->Begin();
+        ScratchRecords(n, all_need_, other_kv_, *cur);
+        in.records = cur->rec;
+        selected = kernels::Select(kernels::SelectorKind::kImpress, in, so_all);
+        ctx_.clock->End(0);
+        CKV_ASSIGN_OR_RETURN(sel, std::move(selected));
+        ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kImpress, in, so_all) /
+                              ctx_.gpu->params().flops_per_s,
+                          keys_there);
       }
-      std::vector<uint32_t> hot(n, 0);
-      for (uint32_t t : sel.tokens) hot[t / c]++;
-      auto loads = NewLayer(n);
-      CKV_RETURN_IF_ERROR(RequestRecords(*pinned, l, missing, *loads, out, /*lru_touch=*/false));
-      CKV_RETURN_IF_ERROR(Wait(*loads, out));
-      {
-        absl::MutexLock lock(&ctx_.state->mu);
-        for (uint32_t j : sel.chunks) {
-          const uint32_t b = j / bc * bc, e = std::min(n, b + bc);
-          uint32_t block_hot = 0;
-          for (uint32_t k = b; k < e; ++k) block_hot += hot[k];
-          const double share = double(block_hot) / ((e - b) * c);
-          block_share[j] += share;
-          const double f = double(ctx_.state->freq[pinned->chunks()[j].key] + 1);
-          if (!loads->own[j].empty()) Admit(pinned->chunks()[j].key, l, loads->own[j], f * share, L->pins);
+      out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
+      std::vector<uint32_t> attended = Attended(sel.tokens, n, so);
+      // The physical blocks holding the attended tokens (the mapping list).
+      const std::vector<uint32_t>& slot_of = layout->slot_of[l];
+      const std::vector<uint32_t>& token_at = layout->token_at[l];
+      block_mark_.assign(imf_.blocks(), 0);
+      std::vector<float>& acc = acc_[l];
+      std::fill(acc.begin(), acc.begin() + T, 0.0f);
+      for (uint32_t t : attended) {
+        block_mark_[slot_of[t] / kB]++;
+        acc[t] = sel.token_mass[t];
+      }
+      blocks_.clear();
+      for (uint32_t b = 0; b < imf_.blocks(); ++b) {
+        if (block_mark_[b]) blocks_.push_back(b);
+      }
+      ReadBatch& batch = *cur->batch;
+      uint64_t load_h2d = 0;
+      read_mark_.assign(imf_.blocks(), false);
+      for (uint32_t b : blocks_) {
+        const ChunkKey key = BlockKey(r.conversation, l, b);
+        if (auto h = Lookup(key, 0, out, /*lru_touch=*/false)) {
+          if (h.level() != engine::TierLevel::kGpu) load_h2d += 2 * imf_.kv_bytes();
+          cur->pins.push_back(std::move(h));
+          continue;
+        }
+        AddRange(batch, ctx_.impress_file, imf_.Offset(r.conversation, l, b), imf_.block_bytes(),
+                 blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand);
+        read_mark_[b] = true;
+        out.bytes_read += imf_.block_bytes();
+        out.nvme_records++;
+        load_h2d += 2 * imf_.kv_bytes();
+      }
+      CKV_RETURN_IF_ERROR(batch.Submit());
+      CKV_RETURN_IF_ERROR(Wait(*cur, out));
+      // What was loaded, in logical chunks (fidelity gathers them; attended says which tokens).
+      chunk_mark_.assign(n, false);
+      for (uint32_t b : blocks_) {
+        for (uint32_t s = b * kB; s < (b + 1) * kB; ++s) {
+          const uint32_t t = token_at[s];
+          if (t != kNone && t < T) chunk_mark_[t / c] = true;
         }
       }
-      out.h2d_bytes += loads->h2d_bytes;
-      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(loads->h2d_bytes));
+      for (uint32_t j = 0; j < n; ++j) {
+        if (chunk_mark_[j]) out.loaded[l].push_back(j);
+      }
+      out.attended[l] = std::move(attended);
+      {
+        absl::MutexLock lock(&ctx_.state->mu);
+        for (uint32_t b : blocks_) {
+          const ChunkKey key = BlockKey(r.conversation, l, b);
+          const double share = double(block_mark_[b]) / kB;
+          scores_.push_back({key, share});
+          if (!read_mark_[b]) continue;
+          const double f = double(ctx_.state->freq[key] + 1);
+          Admit(key, 0, std::span(blockbuf_[b]).first(2 * imf_.kv_bytes()), f * share, cur->pins);
+        }
+      }
+      out.h2d_bytes += load_h2d;
+      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(load_h2d));
+      cur = std::move(next);
     }
     if (ctx_.state->tiers) {
-      // Block score = frequency x share of important tokens (averaged over the layers).
+      // Block score = frequency x share of important tokens.
       absl::MutexLock lock(&ctx_.state->mu);
-      for (uint32_t j = 0; j < n; ++j) {
-        if (block_share[j] <= 0) continue;
-        const ChunkKey& k = pinned->chunks()[j].key;
-        const uint64_t f = ++ctx_.state->freq[k];
-        ctx_.state->tiers->UpdateScore(k, double(f) * block_share[j] / spec_.layers);
+      for (const auto& [key, share] : scores_) {
+        const uint64_t f = ++ctx_.state->freq[key];
+        ctx_.state->tiers->UpdateScore(key, double(f) * share);
       }
     }
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }
+
+  // Between turns: the request's attention joins the conversation's importance, and the
+  // conversation's blocks are reordered so that every token ever selected shares as few blocks
+  // as it can; the blocks whose slots change are rewritten and the mapping list updated.
+  absl::Status AfterRequest(const Request& r, const RequestResult&) override {
+    const absl::Time t0 = absl::Now();
+    absl::MutexLock lock(&ctx_.state->mu);
+    ImpressConversation& conv = Conversation(r.conversation);
+    auto next = std::make_shared<ImpressLayout>(*conv.layout);
+    uint64_t rewritten = 0;
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      std::vector<double>& imp = conv.importance[l];
+      for (uint32_t t = 0; t < last_tokens_; ++t) imp[t] += acc_[l][t];
+      std::vector<uint32_t> target = Packed(imp, next->token_at[l], next->slot_of[l]);
+      CKV_ASSIGN_OR_RETURN(uint64_t bytes, Permute(r.conversation, l, *next, std::move(target)));
+      rewritten += bytes;
+    }
+    if (rewritten > 0 && !conv.reordered) {
+      conv.reordered = true;
+      std::ofstream(ImpressMapPath(ctx_.w->flags()), std::ios::trunc) << "reordered\n";
+    }
+    conv.layout = std::move(next);
+    auto& k = *std::static_pointer_cast<ImpressCounters>(ctx_.state->impress_counters);
+    k.seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    k.bytes_rewritten += rewritten;
+    k.reorders++;
+    return absl::OkStatus();
+  }
+
+  // Puts every conversation's blocks back in token order (the next run starts from none).
+  absl::Status Finish() override {
+    absl::MutexLock lock(&ctx_.state->mu);
+    auto counters = std::static_pointer_cast<ImpressCounters>(ctx_.state->impress_counters);
+    if (counters && counters->reorders > 0) {
+      std::fprintf(stderr,
+                   "%s: impress: %llu reorders between turns, %.2f s, %.1f MB rewritten (off "
+                   "the requests' clocks)\n",
+                   kProg, static_cast<unsigned long long>(counters->reorders), counters->seconds,
+                   counters->bytes_rewritten / 1e6);
+      counters->reorders = 0;
+    }
+    bool all_restored = true;
+    for (auto& [c, p] : ctx_.state->impress) {
+      auto& conv = *std::static_pointer_cast<ImpressConversation>(p);
+      if (!conv.reordered) continue;
+      auto next = std::make_shared<ImpressLayout>(*conv.layout);
+      for (uint32_t l = 0; l < spec_.layers; ++l) {
+        std::vector<uint32_t> identity(next->token_at[l].size(), kNone);
+        std::iota(identity.begin(), identity.begin() + stored_, 0u);
+        auto st = Permute(c, l, *next, std::move(identity));
+        if (!st.ok()) {
+          all_restored = false;
+          break;
+        }
+      }
+      conv.layout = std::move(next);
+      conv.reordered = !all_restored;
+    }
+    if (all_restored) std::remove(ImpressMapPath(ctx_.w->flags()).c_str());
+    return absl::OkStatus();
+  }
+
+ private:
+  // REQUIRES: ctx_.state->mu held.
+  ImpressConversation& Conversation(uint32_t c) {
+    auto& p = ctx_.state->impress[c];
+    if (!p) {
+      auto conv = std::make_shared<ImpressConversation>();
+      auto layout = std::make_shared<ImpressLayout>();
+      const size_t slots = size_t{imf_.blocks()} * kB;
+      layout->slot_of.assign(spec_.layers, std::vector<uint32_t>(stored_));
+      layout->token_at.assign(spec_.layers, std::vector<uint32_t>(slots, kNone));
+      for (uint32_t l = 0; l < spec_.layers; ++l) {
+        std::iota(layout->slot_of[l].begin(), layout->slot_of[l].end(), 0u);
+        std::iota(layout->token_at[l].begin(), layout->token_at[l].begin() + stored_, 0u);
+      }
+      conv->layout = std::move(layout);
+      conv->importance.assign(spec_.layers, std::vector<double>(stored_, 0.0));
+      p = std::move(conv);
+    }
+    return *std::static_pointer_cast<ImpressConversation>(p);
+  }
+
+  // The slots' tokens after packing: the tokens with importance > 0 gathered into the blocks
+  // that already hold most of them, by swapping them with the cold tokens there (so that only
+  // the blocks a swap touches change).
+  std::vector<uint32_t> Packed(const std::vector<double>& imp, const std::vector<uint32_t>& token_at,
+                               const std::vector<uint32_t>& slot_of) const {
+    const uint32_t nb = imf_.blocks();
+    std::vector<uint32_t> hot(nb, 0), cap(nb, 0);
+    uint32_t total = 0;
+    for (uint32_t s = 0; s < token_at.size(); ++s) {
+      const uint32_t t = token_at[s];
+      if (t == kNone) continue;
+      cap[s / kB]++;
+      if (imp[t] > 0) hot[s / kB]++, total++;
+    }
+    std::vector<uint32_t> order(nb);
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return hot[a] > hot[b]; });
+    std::vector<bool> dest(nb, false);
+    uint32_t room = 0;
+    for (uint32_t b : order) {
+      if (room >= total) break;
+      dest[b] = true;
+      room += cap[b];
+    }
+    std::vector<uint32_t> target = token_at;
+    std::vector<uint32_t> cold_slots;
+    for (uint32_t s = 0; s < target.size(); ++s) {
+      const uint32_t t = target[s];
+      if (t != kNone && dest[s / kB] && imp[t] <= 0) cold_slots.push_back(s);
+    }
+    size_t k = 0;
+    for (uint32_t t = 0; t < stored_; ++t) {
+      const uint32_t s = slot_of[t];
+      if (imp[t] <= 0 || dest[s / kB]) continue;
+      const uint32_t d = cold_slots[k++];  // room >= total: there is one
+      std::swap(target[s], target[d]);
+    }
+    return target;
+  }
+
+  // Rewrites layer `l`'s blocks of conversation `c` whose slots change from `layout` to
+  // `target`, and makes `target` the layout's. Returns the bytes written.
+  absl::StatusOr<uint64_t> Permute(uint32_t c, uint32_t l, ImpressLayout& layout,
+                                   std::vector<uint32_t> target) {
+    std::vector<uint32_t>& token_at = layout.token_at[l];
+    std::vector<uint32_t>& slot_of = layout.slot_of[l];
+    const uint32_t nb = imf_.blocks();
+    std::vector<int> index(nb, -1);
+    std::vector<uint32_t> changed;
+    for (uint32_t b = 0; b < nb; ++b) {
+      for (uint32_t s = b * kB; s < (b + 1) * kB; ++s) {
+        if (token_at[s] != target[s]) {
+          index[b] = static_cast<int>(changed.size());
+          changed.push_back(b);
+          break;
+        }
+      }
+    }
+    if (changed.empty()) return uint64_t{0};
+    storage::File* file = ctx_.impress_io;
+    const size_t align = std::max<size_t>(4096, file->alignment());
+    const size_t bb = imf_.block_bytes();
+    std::vector<std::byte> raw(2 * changed.size() * bb + align);
+    std::byte* old_base = raw.data() + (align - reinterpret_cast<uintptr_t>(raw.data()) % align) % align;
+    std::byte* new_base = old_base + changed.size() * bb;
+    for (size_t i = 0; i < changed.size(); ++i) {
+      CKV_RETURN_IF_ERROR(file->ReadAt(imf_.Offset(c, l, changed[i]), std::span(old_base + i * bb, bb)));
+    }
+    const size_t tok_bytes = spec_.TokenBytesPerLayer();
+    std::memset(new_base, 0, changed.size() * bb);
+    for (size_t i = 0; i < changed.size(); ++i) {
+      const uint32_t b = changed[i];
+      for (uint32_t s = 0; s < kB; ++s) {
+        const uint32_t t = target[b * kB + s];
+        if (t == kNone) continue;
+        const uint32_t from = slot_of[t];
+        const std::byte* src = old_base + size_t(index[from / kB]) * bb;  // in `changed`
+        std::byte* dst = new_base + i * bb;
+        std::memcpy(dst + s * tok_bytes, src + (from % kB) * tok_bytes, tok_bytes);
+        std::memcpy(dst + imf_.kv_bytes() + s * tok_bytes,
+                    src + imf_.kv_bytes() + (from % kB) * tok_bytes, tok_bytes);
+      }
+    }
+    for (size_t i = 0; i < changed.size(); ++i) {
+      CKV_RETURN_IF_ERROR(file->WriteAt(imf_.Offset(c, l, changed[i]), std::span(new_base + i * bb, bb)));
+      // A tier copy of the old bytes is stale now.
+      if (ctx_.state->tiers) ctx_.state->tiers->Erase(BlockKey(c, l, changed[i]));
+    }
+    token_at = std::move(target);
+    for (uint32_t s = 0; s < token_at.size(); ++s) {
+      if (token_at[s] != kNone) slot_of[token_at[s]] = s;
+    }
+    return uint64_t{changed.size() * bb};
+  }
+
+  const ImpressFile imf_;
+  const uint32_t stored_;
+  std::vector<uint32_t> probe_q_, probe_kv_, other_kv_, all_q_, all_kv_;
+  // Reused across requests (sized before timing).
+  std::vector<std::vector<std::byte>> blockbuf_;  // per physical block: its bytes
+  std::vector<std::vector<float>> acc_;           // per layer, per token: this request's mass
+  std::vector<uint32_t> block_mark_, blocks_, all_chunks_;
+  std::vector<bool> chunk_mark_, read_mark_, all_need_;
+  std::vector<std::pair<ChunkKey, double>> scores_;
+  uint32_t last_tokens_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // bench/reprefill/systems.h: the systems the Re-Prefill benchmark compares (docs/baselines.md):
 //   full       AttentionStore: every record of every layer, next-layer preload, LRU tiers;
 //   h2o        AttentionStore + H2O: every key, then the selected tokens' values;
-//   impress    IMPRESS: probe heads' keys, 64-token blocks, its frequency x share tiers;
+//   impress    IMPRESS: probe heads' keys (next layer's read early), Jaccard fallback, its own
+//              64-token block file reordered between turns, frequency x share tiers;
 //   ckv-paper  ContiguousKV as published, through a ckv session;
 //   ckv        ckv's chosen configuration, through a ckv session; or ckv:<...> variants.
 // Each runs one request at a time per worker over the same store and read engine; one file per
@@ -25,6 +26,7 @@
 #include "ckv/session.h"
 #include "engine/tier_cache.h"
 #include "prefetch/read_engine.h"
+#include "storage/file_system.h"
 
 namespace ckv::bench {
 
@@ -61,6 +63,7 @@ struct RequestResult {
   uint64_t h2d_bytes = 0;  // bytes that crossed PCIe (from the CPU tier or NVMe)
   uint64_t gpu_hits = 0, cpu_hits = 0, nvme_records = 0;
   uint64_t wasted_prefetch_bytes = 0;
+  uint32_t fallback_layers = 0;  // impress: layers whose probe heads disagreed (Jaccard gate)
   // Per layer: the chunks whose records the system loaded and
   std::vector<std::vector<uint32_t>> loaded;
   // the tokens its attention used, sorted; empty for a layer when it attends to every token of
@@ -75,6 +78,9 @@ struct BaselineState {
   std::atomic<uint64_t> tick{1};
   absl::Mutex mu;
   std::map<ChunkKey, uint64_t> freq;  // impress: requests that loaded the chunk's block
+  // impress: per conversation, its layout (mapping list) and accumulated importance.
+  std::map<uint32_t, std::shared_ptr<void>> impress;
+  std::shared_ptr<void> impress_counters;  // impress: its reorders' cost
 };
 
 // What every system run sees.
@@ -85,6 +91,8 @@ struct RunContext {
   Engine* engine = nullptr;
   prefetch::ReadEngine* reads = nullptr;
   prefetch::FileId key_file = 0;
+  prefetch::FileId impress_file = 0;   // impress.bin, registered with `reads`
+  storage::File* impress_io = nullptr;  // the same file, for the between-turns rewrites
   ModelledGpu* gpu = nullptr;
   ScoringClock* clock = nullptr;
   BaselineState* state = nullptr;
@@ -100,6 +108,12 @@ class SystemRunner {
   virtual ~SystemRunner() = default;
   virtual absl::StatusOr<RequestResult> Run(const Request& r,
                                             const std::vector<std::vector<float>>& queries) = 0;
+  // Called after each request, outside its latency (between turns).
+  virtual absl::Status AfterRequest(const Request&, const RequestResult&) {
+    return absl::OkStatus();
+  }
+  // Called once the run's requests are done, before the runner goes.
+  virtual absl::Status Finish() { return absl::OkStatus(); }
 };
 
 std::unique_ptr<SystemRunner> MakeCkvRunner(const RunContext& ctx);
