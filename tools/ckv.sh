@@ -52,7 +52,7 @@ Commands:
           current directory): kvctl init, put synthetic prefixes (one sharing chunks with
           another), ls, verify, and a summary of what it did; then a short Re-Prefill benchmark
           (bench/reprefill_bench: ckv against full, h2o, impress and ckv-paper on qwen2.5-7b,
-          4K-token prefixes, budgets 5% and 25%) on ./ckv-demo-bench-store, kept between runs
+          4K-token prefixes, budgets 5%, 15% and 25%, one round) on ./ckv-demo-bench-store, kept between runs
           so that later demos skip populating it; prints the table and the plot's path
   build   install missing Debian packages and build into build/
   help    show this help
@@ -252,8 +252,9 @@ run_demo_bench() {
   local store="${CKV_DEMO_BENCH_STORE:-$ORIG_PWD/ckv-demo-bench-store}"
   say "reprefill_bench: ckv against the baselines (qwen2.5-7b, 4096-token prefixes, 64-token suffixes)"
   "$bench" --store "$store" --model qwen2.5-7b --prefix-tokens 4096 --suffix-tokens 64 \
-    --conversations 4 --turns 3 --budgets 5,25 --systems full,h2o,impress,ckv-paper,ckv \
-    --gpu-tier-bytes 16M --cpu-tier-bytes 48M --fidelity --fidelity-requests 1 --fio-seconds 1 \
+    --conversations 4 --turns 3 --budgets 5,15,25 --systems full,h2o,impress,ckv-paper,ckv \
+    --gpu-tier-bytes 16M --cpu-tier-bytes 48M --rounds 1 --fidelity --fidelity-requests 1 \
+    --fio-seconds 1 \
     --json "$store/reprefill.json" --plot "$store/reprefill.png"
   echo "  benchmark JSON  $store/reprefill.json"
 }

@@ -99,6 +99,7 @@ class H2oRunner final : public BaselineRunner {
       }
       std::vector<std::vector<std::byte>>& vbuf = vbuf_;
       vlen_.assign(n, 0);
+      voff_.assign(n, 0);
       ReadBatch values(ctx_.reads);  // waited for before the next layer reuses vbuf
       uint64_t value_bytes = 0;
       for (uint32_t j : sel.chunks) {
@@ -113,6 +114,7 @@ class H2oRunner final : public BaselineRunner {
         const uint64_t b = (where.offset + half) / 4096 * 4096;
         const uint64_t e = (where.offset + 2 * half + 4095) / 4096 * 4096;
         vlen_[j] = e - b;
+        voff_[j] = where.offset + half - b;  // where V starts in the pages read
         AddRange(values, file, b, e - b, vbuf[j].data(), kMaxIo, prefetch::Priority::kDemand);
         out.bytes_read += e - b;
         out.nvme_records++;
@@ -124,7 +126,8 @@ class H2oRunner final : public BaselineRunner {
       out.blocked_s += absl::ToDoubleSeconds(absl::Now() - v0);
       for (uint32_t j : sel.chunks) {
         if (vlen_[j] != 0) {
-          Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).first(half), Tick(), L->pins);
+          Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).subspan(voff_[j], half),
+                Tick(), L->pins);
         }
       }
       out.h2d_bytes += value_bytes;
@@ -137,6 +140,7 @@ class H2oRunner final : public BaselineRunner {
  private:
   std::vector<std::vector<std::byte>> vbuf_;  // per chunk: its values' pages
   std::vector<uint64_t> vlen_;                // per chunk: bytes read into vbuf_ (0: none)
+  std::vector<uint64_t> voff_;                // per chunk: where its V starts in vbuf_
 };
 
 }  // namespace
