@@ -2,8 +2,12 @@
 //
 // The catalog names every committed chunk, prefix, segment and model spec, with the store's meta
 // (format version, cap, layout) and persisted counters, in the column families of
-// storage/catalog_format.h. Every change is one WriteBatch written with sync=true, so a change is
-// durable when Commit returns and entirely absent after a crash before it.
+// storage/catalog_format.h. Every change is one WriteBatch, committed atomically. Chunks,
+// prefixes, segments, specs and meta are committed with sync=true, so such a change is durable
+// when Commit returns and entirely absent after a crash before it. The one exception is usage
+// statistics (ChunkStore::AddUsage: I and F), committed with sync=false: after a power loss they
+// may lag, up to the last synced commit (RocksDB's WAL is ordered, so the next synced commit
+// makes them durable too); a SIGKILL loses none of them (they are in the kernel's page cache).
 //
 // Thread-safety: Commit and Get may be called from any thread (RocksDB serialises writes).
 #ifndef CKV_STORAGE_CATALOG_H_
@@ -20,6 +24,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "storage/catalog_format.h"
+#include "storage/file_system.h"
 
 namespace ckv::storage {
 
@@ -63,10 +68,12 @@ class Catalog {
   // Opens the catalog in `dir` (a RocksDB directory), creating it when allowed. Errors:
   // NotFound (missing, !create_if_missing), AlreadyExists (error_if_exists), FailedPrecondition
   // (format version newer than this build), Unavailable (open in another process), DataLoss
-  // (corrupt), and the mapped I/O errors.
+  // (corrupt), and the mapped I/O errors. `fs` (optional, not owned, must outlive the catalog):
+  // its CatalogFileSystem layer is put over RocksDB's files (storage/file_system.h).
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
                                                        bool create_if_missing,
-                                                       bool error_if_exists, Contents* contents);
+                                                       bool error_if_exists, Contents* contents,
+                                                       FileSystem* fs = nullptr);
   ~Catalog();
 
   Batch NewBatch() { return Batch(this); }
@@ -86,8 +93,9 @@ class Catalog {
 
  private:
   Catalog() = default;
-  static absl::Status CreateEmpty(const std::string& dir);
-  static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create);
+  static absl::Status CreateEmpty(const std::string& dir, FileSystem* fs);
+  static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create,
+                                                         FileSystem* fs);
   absl::Status Load(Contents* contents);
   // RocksDB's Env with PrivateFileSystem (storage/private_file_system.h): files 0600,
   // directories 0700. Declared before db_ so that it outlives the DB.

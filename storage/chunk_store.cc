@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
   CKV_ASSIGN_OR_RETURN(store->catalog_,
                        Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
                                      options.create_if_missing, options.error_if_exists,
-                                     &contents));
+                                     &contents, fs));
   // The parent's entry for a store directory made here must be durable before any Put is
   // acknowledged in it.
   if (!created_parent.empty()) CKV_RETURN_IF_ERROR(fs->SyncDir(created_parent));
@@ -482,6 +482,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
       synced.push_back(r.segment);
     }
   }
+  if (s.ok()) s = fs_->CrashSeam(kSeamPutDataSynced);
 
   absl::MutexLock lock(&mu_);
   const int64_t now = NowMs();
@@ -533,6 +534,7 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   prefixes_[keys[n - 1]] = PrefixEntry{fp, n, now};
   result.chunks_written = n - m;
   result.bytes_written = bytes_written;
+  CKV_RETURN_IF_ERROR(fs_->CrashSeam(kSeamPutCommitted));
   return result;
 }
 
@@ -881,7 +883,9 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     }
   }
   batch.PutCounters(next);
+  if (removal_observer_) removal_observer_(RemovalEvent{RemovalEvent::Phase::kCommitting, victims});
   CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+  if (removal_observer_) removal_observer_(RemovalEvent{RemovalEvent::Phase::kCommitted, victims});
   counters_ = next;
   // Committed: apply to memory and give the space back.
   for (const ChunkKey& key : victims) {
@@ -1103,6 +1107,11 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
 void ChunkStore::SetRemovalListener(RemovalListener listener) {
   absl::MutexLock lock(&mu_);
   removal_listener_ = std::move(listener);
+}
+
+void ChunkStore::SetRemovalObserver(RemovalObserver observer) {
+  absl::MutexLock lock(&mu_);
+  removal_observer_ = std::move(observer);
 }
 
 absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {

@@ -164,6 +164,21 @@ class ChunkStore {
   using RemovalListener = std::function<void(const ChunkKey&)>;
   void SetRemovalListener(RemovalListener listener);
 
+  // Test-only event stream of removals (the eviction ledger of the crash tests): every batch of
+  // chunks that leaves the store (eviction to make room, Delete, Repair) is reported twice, under
+  // the store's lock, with the same keys: kCommitting just before its catalog batch is committed,
+  // kCommitted once it is. After a crash, a chunk that is gone must be in a batch reported
+  // kCommitting, and a batch reported kCommitting but not kCommitted is entirely gone or entirely
+  // there. The observer must be quick and must not call back into the ChunkStore. Replaces any
+  // earlier observer; nullptr removes it.
+  struct RemovalEvent {
+    enum class Phase { kCommitting, kCommitted };
+    Phase phase;
+    const std::vector<ChunkKey>& keys;
+  };
+  using RemovalObserver = std::function<void(const RemovalEvent&)>;
+  void SetRemovalObserver(RemovalObserver observer);
+
   // Bytes of auxiliary record `aux` of chunk `key`, or NotFound.
   absl::StatusOr<uint32_t> AuxBytes(const ChunkKey& key, uint32_t aux);
 
@@ -310,6 +325,7 @@ class ChunkStore {
 
   mutable absl::Mutex mu_;
   RemovalListener removal_listener_ ABSL_GUARDED_BY(mu_);
+  RemovalObserver removal_observer_ ABSL_GUARDED_BY(mu_);
   absl::CondVar inflight_cv_;
   absl::flat_hash_map<ChunkKey, ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkKey, PrefixEntry> prefixes_ ABSL_GUARDED_BY(mu_);

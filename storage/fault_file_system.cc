@@ -5,6 +5,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -15,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ckv/status.h"
+#include "rocksdb/file_system.h"
 
 namespace ckv::storage {
 namespace {
@@ -22,6 +27,28 @@ namespace {
 // Partial transfers stop on a multiple of this (or of the file's alignment when larger), as a
 // real torn write stops on a page or sector boundary.
 constexpr size_t kPartialGranule = 4096;
+
+// The directory a path's entry lives in ("a/b/c" -> "a/b").
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string StripSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+rocksdb::IOStatus ToIo(const absl::Status& s) {
+  return rocksdb::IOStatus::IOError(std::string(s.message()));
+}
+
+std::optional<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 }  // namespace
 
@@ -363,8 +390,12 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
 
 absl::StatusOr<std::unique_ptr<File>> FaultInjectingFileSystem::Open(const std::string& path,
                                                                      OpenMode mode) {
-  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("open ", path), /*counts=*/false));
+  const bool creates = mode == OpenMode::kCreateReadWrite && !target_->Exists(path);
+  // Creating a file changes its directory: a data operation, as a directory fsync is.
+  CKV_RETURN_IF_ERROR(
+      CrashPoint(absl::StrCat(creates ? "create " : "open ", path), /*counts=*/creates));
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> inner, target_->Open(path, mode));
+  if (creates) NoteCreated(path);
   return std::unique_ptr<File>(std::make_unique<FaultFile>(this, std::move(inner)));
 }
 
@@ -386,8 +417,10 @@ absl::Status FaultInjectingFileSystem::DeleteFile(const std::string& path) {
 }
 
 absl::Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
-  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("sync directory ", path), /*counts=*/false));
-  return target_->SyncDir(path);
+  CKV_RETURN_IF_ERROR(CrashPoint(absl::StrCat("sync directory ", path)));
+  CKV_RETURN_IF_ERROR(target_->SyncDir(path));
+  NoteDirSynced(path);
+  return absl::OkStatus();
 }
 
 bool FaultInjectingFileSystem::Exists(const std::string& path) { return target_->Exists(path); }
@@ -405,7 +438,73 @@ void FaultInjectingFileSystem::ArmCrash(uint64_t ops) {
   armed_ = true;
   crashed_ = false;
   ops_before_crash_ = ops;
+  crash_seam_.clear();
+  crash_point_.clear();
   unsynced_.clear();
+  pending_entries_.clear();
+  catalog_tails_.clear();
+}
+
+void FaultInjectingFileSystem::ArmCrashAt(absl::string_view seam) {
+  ArmCrash(UINT64_MAX);
+  absl::MutexLock lock(&mu_);
+  crash_seam_ = std::string(seam);
+}
+
+std::string FaultInjectingFileSystem::crash_point() const {
+  absl::MutexLock lock(&mu_);
+  return crash_point_;
+}
+
+absl::Status FaultInjectingFileSystem::CrashSeam(absl::string_view seam) {
+  absl::MutexLock lock(&mu_);
+  if (armed_ && !crashed_ && !crash_seam_.empty() && seam == crash_seam_) {
+    crashed_ = true;
+    crash_point_ = std::string(seam);
+  }
+  if (!crashed_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(seam, ": the process is gone (simulated crash)"));
+}
+
+void FaultInjectingFileSystem::NoteCreated(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  if (!armed_) return;
+  pending_entries_.push_back(PendingEntry{path, "", std::nullopt});
+}
+
+void FaultInjectingFileSystem::NoteRenamed(const std::string& from, const std::string& to) {
+  std::optional<std::string> replaced = ReadWhole(to);
+  absl::MutexLock lock(&mu_);
+  if (!armed_) return;
+  pending_entries_.push_back(PendingEntry{to, from, std::move(replaced)});
+  auto tail = catalog_tails_.find(from);
+  if (tail != catalog_tails_.end()) {
+    catalog_tails_[to] = tail->second;
+    catalog_tails_.erase(from);
+  }
+}
+
+void FaultInjectingFileSystem::NoteDirSynced(const std::string& dir_in) {
+  const std::string dir = StripSlashes(dir_in);
+  absl::MutexLock lock(&mu_);
+  std::erase_if(pending_entries_, [&](const PendingEntry& e) {
+    return ParentOf(e.path) == dir && (e.from.empty() || ParentOf(e.from) == dir);
+  });
+}
+
+void FaultInjectingFileSystem::NoteAppended(const std::string& path, uint64_t size_before,
+                                            uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (!armed_) return;
+  // Bytes appended before arming count as synced, as writes do.
+  auto [it, inserted] = catalog_tails_.try_emplace(path, CatalogTail{size_before, size_before});
+  it->second.size = std::max(it->second.size, size_before + bytes);
+}
+
+void FaultInjectingFileSystem::NoteCatalogSynced(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  auto it = catalog_tails_.find(path);
+  if (it != catalog_tails_.end()) it->second.synced = it->second.size;
 }
 
 bool FaultInjectingFileSystem::crashed() const {
@@ -418,6 +517,7 @@ absl::Status FaultInjectingFileSystem::CrashPoint(const std::string& what, bool 
   if (!crashed_ && armed_ && counts) {
     if (ops_before_crash_ == 0) {
       crashed_ = true;
+      crash_point_ = what;
     } else {
       --ops_before_crash_;
     }
@@ -458,15 +558,23 @@ void FaultInjectingFileSystem::Forget(const std::string& path, uint64_t before) 
 }
 
 absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::ApplyCrash(
-    uint64_t seed) {
+    uint64_t seed, CrashOutcome outcome) {
   std::vector<UnsyncedWrite> writes;
+  std::vector<PendingEntry> entries;
+  std::map<std::string, CatalogTail> tails;
   {
     absl::MutexLock lock(&mu_);
     writes = std::move(unsynced_);
     unsynced_.clear();
+    entries = std::move(pending_entries_);
+    pending_entries_.clear();
+    tails = std::move(catalog_tails_);
+    catalog_tails_.clear();
     armed_ = false;
     crashed_ = false;
+    crash_seam_.clear();
   }
+  const bool drop_all = outcome == CrashOutcome::kDropAll;
   std::mt19937_64 rng(seed);
   CrashReport report;
   std::vector<std::pair<std::string, std::unique_ptr<File>>> files;
@@ -481,7 +589,7 @@ absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::
   // Newest first, so that overlapping writes put back the oldest bytes last.
   for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
     const UnsyncedWrite& w = *it;
-    const uint64_t draw = rng() % 3;
+    const uint64_t draw = drop_all ? 0 : rng() % 3;
     if (draw == 2 || w.old_bytes.empty()) {
       ++report.writes_kept;
       continue;
@@ -503,7 +611,234 @@ absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::
     CKV_RETURN_IF_ERROR(file->WriteAt(w.offset + kept, buf.span()));
   }
   for (auto& [path, f] : files) CKV_RETURN_IF_ERROR(f->Sync());
+  files.clear();
+
+  // The catalog files' unsynced tails (appends only: cutting them is the whole story).
+  for (const auto& [path, t] : tails) {
+    if (t.size <= t.synced) continue;
+    const uint64_t draw = drop_all ? 0 : rng() % 3;
+    if (draw == 2) {
+      ++report.catalog_tails_kept;
+      continue;
+    }
+    uint64_t keep = t.synced;
+    if (draw == 1) {
+      keep += rng() % (t.size - t.synced);
+      ++report.catalog_tails_torn;
+    } else {
+      ++report.catalog_tails_dropped;
+    }
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      std::filesystem::resize_file(path, keep, ec);
+      if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cut the unsynced tail of ", path));
+    }
+  }
+
+  // Directory entries: a journaling file system commits them in order, so the oldest ones
+  // survive and the newest `undo` are lost, newest first.
+  const size_t undo = drop_all ? entries.size() : rng() % (entries.size() + 1);
+  report.entries_kept = entries.size() - undo;
+  for (size_t i = 0; i < undo; ++i) {
+    const PendingEntry& e = entries[entries.size() - 1 - i];
+    std::error_code ec;
+    ++report.entries_undone;
+    if (e.from.empty()) {
+      std::filesystem::remove(e.path, ec);  // already deleted by the store: nothing to undo
+      continue;
+    }
+    if (!std::filesystem::exists(e.path, ec)) continue;
+    std::filesystem::rename(e.path, e.from, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("undo rename to ", e.path));
+    if (e.replaced.has_value()) {
+      std::ofstream out(e.path, std::ios::binary | std::ios::trunc);
+      out.write(e.replaced->data(), static_cast<std::streamsize>(e.replaced->size()));
+      if (!out) return absl::InternalError(absl::StrCat("restore ", e.path));
+    }
+  }
   return report;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The catalog behind the seam: a RocksDB FileSystem layer that counts RocksDB's appends, syncs,
+// creations, renames and directory fsyncs as data operations, fails everything that changes a
+// file once the crash happened, and tells the FaultInjectingFileSystem what is not durable yet.
+
+class CatalogFaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  CatalogFaultFile(FaultInjectingFileSystem* fs, std::string path,
+                   std::unique_ptr<rocksdb::FSWritableFile> target)
+      : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs), path_(std::move(path)) {}
+
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* dbg) override {
+    return Appending(data.size(), UINT64_MAX,
+                     [&] { return target()->Append(data, o, dbg); });
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* dbg) override {
+    return Appending(data.size(), UINT64_MAX,
+                     [&] { return target()->Append(data, o, v, dbg); });
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
+                                     const rocksdb::IOOptions& o,
+                                     rocksdb::IODebugContext* dbg) override {
+    return Appending(data.size(), offset,
+                     [&] { return target()->PositionedAppend(data, offset, o, dbg); });
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
+                                     const rocksdb::IOOptions& o,
+                                     const rocksdb::DataVerificationInfo& v,
+                                     rocksdb::IODebugContext* dbg) override {
+    return Appending(data.size(), offset,
+                     [&] { return target()->PositionedAppend(data, offset, o, v, dbg); });
+  }
+  rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    return Syncing([&] { return target()->Sync(o, dbg); });
+  }
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    return Syncing([&] { return target()->Fsync(o, dbg); });
+  }
+  // sync_file_range makes nothing durable; it only fails once crashed.
+  rocksdb::IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const rocksdb::IOOptions& o,
+                              rocksdb::IODebugContext* dbg) override {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog range sync ", path_), false);
+    if (!s.ok()) return ToIo(s);
+    return target()->RangeSync(offset, nbytes, o, dbg);
+  }
+  rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& o,
+                             rocksdb::IODebugContext* dbg) override {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog truncate ", path_), false);
+    if (!s.ok()) return ToIo(s);
+    return target()->Truncate(size, o, dbg);
+  }
+
+ private:
+  template <typename Fn>
+  rocksdb::IOStatus Appending(size_t bytes, uint64_t offset, Fn fn) {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog append ", path_));
+    if (!s.ok()) return ToIo(s);
+    const uint64_t before =
+        offset != UINT64_MAX ? offset : target()->GetFileSize(rocksdb::IOOptions(), nullptr);
+    rocksdb::IOStatus io = fn();
+    if (io.ok()) fs_->NoteAppended(path_, before, bytes);
+    return io;
+  }
+  template <typename Fn>
+  rocksdb::IOStatus Syncing(Fn fn) {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog sync ", path_));
+    if (!s.ok()) return ToIo(s);
+    rocksdb::IOStatus io = fn();
+    if (io.ok()) fs_->NoteCatalogSynced(path_);
+    return io;
+  }
+
+  FaultInjectingFileSystem* const fs_;
+  const std::string path_;
+};
+
+class CatalogFaultDirectory final : public rocksdb::FSDirectoryWrapper {
+ public:
+  CatalogFaultDirectory(FaultInjectingFileSystem* fs, std::string path,
+                        std::unique_ptr<rocksdb::FSDirectory> target)
+      : FSDirectoryWrapper(std::move(target)), fs_(fs), path_(std::move(path)) {}
+
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    return Syncing([&] { return FSDirectoryWrapper::Fsync(o, dbg); });
+  }
+  rocksdb::IOStatus FsyncWithDirOptions(const rocksdb::IOOptions& o,
+                                        rocksdb::IODebugContext* dbg,
+                                        const rocksdb::DirFsyncOptions& d) override {
+    return Syncing([&] { return FSDirectoryWrapper::FsyncWithDirOptions(o, dbg, d); });
+  }
+
+ private:
+  template <typename Fn>
+  rocksdb::IOStatus Syncing(Fn fn) {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog fsync directory ", path_));
+    if (!s.ok()) return ToIo(s);
+    rocksdb::IOStatus io = fn();
+    if (io.ok()) fs_->NoteDirSynced(path_);
+    return io;
+  }
+
+  FaultInjectingFileSystem* const fs_;
+  const std::string path_;
+};
+
+class CatalogFaultFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  CatalogFaultFileSystem(FaultInjectingFileSystem* fs, std::shared_ptr<rocksdb::FileSystem> base)
+      : FileSystemWrapper(std::move(base)), fs_(fs) {}
+
+  static const char* kClassName() { return "CkvCatalogFaultFileSystem"; }
+  const char* Name() const override { return kClassName(); }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    return Creating(f, r, [&] { return target()->NewWritableFile(f, o, r, dbg); });
+  }
+  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                       rocksdb::IODebugContext* dbg) override {
+    return Creating(f, r, [&] { return target()->ReopenWritableFile(f, o, r, dbg); });
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old_f,
+                                      const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog reuse ", old_f, " as ", f));
+    if (!s.ok()) return ToIo(s);
+    fs_->NoteRenamed(old_f, f);
+    rocksdb::IOStatus io = target()->ReuseWritableFile(f, old_f, o, r, dbg);
+    if (io.ok()) *r = std::make_unique<CatalogFaultFile>(fs_, f, std::move(*r));
+    return io;
+  }
+  rocksdb::IOStatus RenameFile(const std::string& src, const std::string& dst,
+                               const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog rename ", src, " to ", dst));
+    if (!s.ok()) return ToIo(s);
+    fs_->NoteRenamed(src, dst);
+    return target()->RenameFile(src, dst, o, dbg);
+  }
+  rocksdb::IOStatus DeleteFile(const std::string& f, const rocksdb::IOOptions& o,
+                               rocksdb::IODebugContext* dbg) override {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog delete ", f), false);
+    if (!s.ok()) return ToIo(s);
+    return target()->DeleteFile(f, o, dbg);
+  }
+  rocksdb::IOStatus NewDirectory(const std::string& name, const rocksdb::IOOptions& o,
+                                 std::unique_ptr<rocksdb::FSDirectory>* r,
+                                 rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus io = target()->NewDirectory(name, o, r, dbg);
+    if (io.ok()) {
+      *r = std::make_unique<CatalogFaultDirectory>(fs_, StripSlashes(name), std::move(*r));
+    }
+    return io;
+  }
+
+ private:
+  template <typename Fn>
+  rocksdb::IOStatus Creating(const std::string& f, std::unique_ptr<rocksdb::FSWritableFile>* r,
+                             Fn fn) {
+    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog create ", f));
+    if (!s.ok()) return ToIo(s);
+    const bool existed = target()->FileExists(f, rocksdb::IOOptions(), nullptr).ok();
+    rocksdb::IOStatus io = fn();
+    if (!io.ok()) return io;
+    if (!existed) fs_->NoteCreated(f);
+    *r = std::make_unique<CatalogFaultFile>(fs_, f, std::move(*r));
+    return io;
+  }
+
+  FaultInjectingFileSystem* const fs_;
+};
+
+std::shared_ptr<rocksdb::FileSystem> FaultInjectingFileSystem::CatalogFileSystem(
+    std::shared_ptr<rocksdb::FileSystem> base) {
+  return std::make_shared<CatalogFaultFileSystem>(this, std::move(base));
 }
 
 }  // namespace ckv::storage

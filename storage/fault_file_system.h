@@ -34,16 +34,33 @@
 // exactly once, never nested, never inside a submission.
 //
 // Power loss, simulated: ArmCrash(n) lets n more data operations (writes, queued writes, syncs,
-// punches, allocations) through; the next one "crashes": it is not performed, and from then on
+// punches, allocations, file creations, directory fsyncs) through; the next one "crashes": it is not performed, and from then on
 // every operation of this file system fails with Unavailable "... (simulated crash)", as if the
 // process had died there. While armed, the file system remembers each write not yet covered by
 // a completed Sync of its file, with the bytes it replaced (read just before it). Once the store
 // is closed, ApplyCrash(seed) makes the files look as after a power loss at that point: each
 // remembered write is dropped (its old bytes put back), torn (a random multiple of 4 KiB of its
 // head kept, the rest put back) or kept, a third each, drawn from `seed`; then it disarms.
-// Writes made before arming, and anything outside this file system (the catalog's RocksDB files),
-// are not remembered. An unsynced punch coming undone is not simulated (Open punches every free
-// slot anyway); nor is the loss of a file's unsynced size change.
+// Writes made before arming are not remembered (they count as synced).
+//
+// The catalog is behind the same seam (CatalogFileSystem): RocksDB's appends, syncs, file
+// creations, renames and directory fsyncs count as data operations, so the crash can land inside
+// a catalog commit, and after it every RocksDB write, sync, rename and delete fails too. While
+// armed, the file system remembers each catalog file's bytes appended since its last Sync/Fsync,
+// and the directory entries (files created, renames) in the catalog's and the segments'
+// directories that no fsync of their directory has made durable, segment files included. At
+// ApplyCrash each catalog file's unsynced tail is dropped, torn (a random number of its bytes
+// kept) or kept, a third each; then a random number of the newest non-durable directory entries
+// are undone, newest first (a created file is removed; a rename is moved back, restoring the
+// file it replaced), since a journaling file system commits entries in order. As with a real
+// power loss, a store that calls fsync where it must loses nothing it acknowledged. Not
+// simulated: an unsynced punch coming undone (Open punches every free slot anyway), the loss of
+// a segment file's unsynced size change, and a deleted file coming back.
+//
+// Crash seams: ArmCrashAt(seam) crashes at the named point of a Put (storage/file_system.h:
+// kSeamPutDataSynced, kSeamPutCommitted) instead of after a number of operations; everything
+// else is as above. ApplyCrash with CrashOutcome::kDropAll drops every unsynced write and undoes
+// every non-durable directory entry: the worst case a power loss allows, deterministically.
 //
 // Example:
 //   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42);
@@ -62,6 +79,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -71,6 +89,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "storage/file_system.h"
 
@@ -137,6 +156,12 @@ class FaultInjectingFileSystem final : public FileSystem {
   // Simulated power loss (see the top of this file). `ops`: data operations let through before
   // the crash. Forgets the writes remembered so far (they count as synced).
   void ArmCrash(uint64_t ops);
+  // As ArmCrash, but the crash happens at the crash seam named `seam` (CrashSeam), however many
+  // operations come before it.
+  void ArmCrashAt(absl::string_view seam);
+  // What the crash interrupted: "write <path>", "catalog append <path>", a seam's name...; empty
+  // before the crash.
+  std::string crash_point() const;
   // True once the armed crash happened.
   bool crashed() const;
   // What ApplyCrash did with the writes not covered by a sync.
@@ -144,10 +169,30 @@ class FaultInjectingFileSystem final : public FileSystem {
     uint64_t writes_dropped = 0;
     uint64_t writes_torn = 0;
     uint64_t writes_kept = 0;
+    // Catalog files whose unsynced tail was dropped, torn or kept.
+    uint64_t catalog_tails_dropped = 0;
+    uint64_t catalog_tails_torn = 0;
+    uint64_t catalog_tails_kept = 0;
+    // Directory entries not made durable by a directory fsync: undone, and kept.
+    uint64_t entries_undone = 0;
+    uint64_t entries_kept = 0;
   };
-  // REQUIRES: no File or queue of this file system is in use. Puts the unsynced writes' old
-  // bytes back through the target (dropped or torn writes), syncs the files, and disarms.
-  absl::StatusOr<CrashReport> ApplyCrash(uint64_t seed);
+  enum class CrashOutcome {
+    kRandom,   // each unsynced write dropped, torn or kept; a random number of entries undone
+    kDropAll,  // every unsynced write dropped, every non-durable entry undone
+  };
+  // REQUIRES: no File or queue of this file system is in use, and no catalog opened over it is
+  // open. Puts the unsynced writes' old bytes back through the target (dropped or torn writes),
+  // cuts the catalog files' unsynced tails, undoes directory entries, syncs, and disarms.
+  absl::StatusOr<CrashReport> ApplyCrash(uint64_t seed,
+                                         CrashOutcome outcome = CrashOutcome::kRandom);
+
+  // The catalog behind the seam (storage/file_system.h). The layer refers to this file system,
+  // which must outlive it.
+  std::shared_ptr<rocksdb::FileSystem> CatalogFileSystem(
+      std::shared_ptr<rocksdb::FileSystem> base) override;
+  // Crashes here when armed for `seam` (ArmCrashAt); fails once crashed.
+  absl::Status CrashSeam(absl::string_view seam) override;
 
   // FileSystem. Open wraps the target's File; the other calls are forwarded unchanged.
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override;
@@ -161,6 +206,9 @@ class FaultInjectingFileSystem final : public FileSystem {
  private:
   friend class FaultFile;
   friend class FaultIoQueue;
+  friend class CatalogFaultFileSystem;
+  friend class CatalogFaultFile;
+  friend class CatalogFaultDirectory;
 
   // What to do with one op.
   struct Decision {
@@ -185,6 +233,14 @@ class FaultInjectingFileSystem final : public FileSystem {
   // gone (deleted).
   void Forget(const std::string& path, uint64_t before);
   uint64_t NextWriteSeq() const;
+  // Directory entries and catalog tails (see the top of this file). NoteCreated: `path` is
+  // about to be created (it does not exist). NoteRenamed: `from` is about to replace `to`.
+  // NoteDirSynced: the entries in `dir` are durable.
+  void NoteCreated(const std::string& path);
+  void NoteRenamed(const std::string& from, const std::string& to);
+  void NoteDirSynced(const std::string& dir);
+  void NoteAppended(const std::string& path, uint64_t size_before, uint64_t bytes);
+  void NoteCatalogSynced(const std::string& path);
 
   struct UnsyncedWrite {
     uint64_t seq = 0;
@@ -195,8 +251,23 @@ class FaultInjectingFileSystem final : public FileSystem {
     size_t granule = 0;
   };
 
+  // A directory entry no directory fsync has made durable.
+  struct PendingEntry {
+    std::string path;  // the file created, or the rename's target
+    std::string from;  // a rename's source; empty for a creation
+    std::optional<std::string> replaced;  // the bytes of the file a rename replaced
+  };
+  struct CatalogTail {
+    uint64_t synced = 0;  // bytes made durable by the last Sync/Fsync
+    uint64_t size = 0;    // bytes appended so far
+  };
+
   FileSystem* const target_;
   mutable absl::Mutex mu_;
+  std::string crash_seam_ ABSL_GUARDED_BY(mu_);   // armed for this seam when not empty
+  std::string crash_point_ ABSL_GUARDED_BY(mu_);  // what the crash interrupted
+  std::vector<PendingEntry> pending_entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, CatalogTail> catalog_tails_ ABSL_GUARDED_BY(mu_);
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t ops_before_crash_ ABSL_GUARDED_BY(mu_) = 0;

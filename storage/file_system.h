@@ -3,7 +3,10 @@
 // Segment files are reached only through FileSystem and File, and their bulk reads and writes
 // through an IoQueue, so that tests can substitute a fault-injecting wrapper (EIO, short reads,
 // ENOSPC, torn writes) for the POSIX implementation, as LevelDB's Env and RocksDB's FileSystem do.
-// The catalog (RocksDB) uses its own Env.
+// The catalog (RocksDB) keeps RocksDB's own file system, but a FileSystem may put a layer over it
+// (CatalogFileSystem), so that a fault-injecting wrapper covers the catalog's WAL, MANIFEST, SST
+// files and directory entries as well as the segments. CrashSeam names the points of a Put where
+// a test may stop the store deterministically.
 //
 // Thread-safety: FileSystem and File methods are thread-safe. An IoQueue is used by one thread at
 // a time.
@@ -20,8 +23,21 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rocksdb {
+class FileSystem;
+}  // namespace rocksdb
 
 namespace ckv::storage {
+
+// The named crash seams of the data path (FileSystem::CrashSeam), in the order a Put passes them.
+// A Put's records are written and synced (fdatasync of every segment it wrote), its catalog batch
+// is not committed yet: a crash here must leave nothing of the Put visible.
+inline constexpr absl::string_view kSeamPutDataSynced = "put: data synced, catalog not committed";
+// The Put's catalog batch is committed (synced), the Put has not returned: a crash here must
+// leave the whole Put visible.
+inline constexpr absl::string_view kSeamPutCommitted = "put: catalog committed, not returned";
 
 // Alignment of buffers, offsets and lengths for direct I/O, unless a file says otherwise.
 inline constexpr size_t kDirectIoAlignment = 4096;
@@ -104,6 +120,18 @@ class FileSystem {
 
   // A queue with up to `depth` operations in flight.
   virtual absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) = 0;
+
+  // The file system the catalog's RocksDB uses, given `base` (RocksDB's own, already wrapped so
+  // that store files are private). A wrapper that injects faults or simulates a power loss puts
+  // its own layer over `base`. Default: `base`, unchanged. Called once per catalog open; the
+  // result must not outlive this FileSystem.
+  virtual std::shared_ptr<rocksdb::FileSystem> CatalogFileSystem(
+      std::shared_ptr<rocksdb::FileSystem> base) {
+    return base;
+  }
+  // Called by the store at the named point `seam` (kSeam* above). A test wrapper may "crash"
+  // there: return an error that the caller returns at once. Default: OK, nothing happens.
+  virtual absl::Status CrashSeam(absl::string_view /*seam*/) { return absl::OkStatus(); }
 };
 
 // The POSIX file system. `use_uring`: queues use io_uring when true and the kernel allows it;

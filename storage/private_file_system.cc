@@ -12,6 +12,7 @@
 #include <string>
 
 #include "rocksdb/file_system.h"
+#include "storage/file_system.h"
 
 namespace ckv::storage {
 namespace {
@@ -117,9 +118,13 @@ class PrivateFileSystem final : public rocksdb::FileSystemWrapper {
 
 }  // namespace
 
-std::unique_ptr<rocksdb::Env> NewPrivateEnv() {
-  return rocksdb::NewCompositeEnv(
-      std::make_shared<PrivateFileSystem>(rocksdb::FileSystem::Default()));
+std::unique_ptr<rocksdb::Env> NewPrivateEnv(FileSystem* wrapper) {
+  std::shared_ptr<rocksdb::FileSystem> fs =
+      std::make_shared<PrivateFileSystem>(rocksdb::FileSystem::Default());
+  // The wrapper goes outside: it must see whether a file exists before PrivateFileSystem
+  // creates it.
+  if (wrapper != nullptr) fs = wrapper->CatalogFileSystem(std::move(fs));
+  return rocksdb::NewCompositeEnv(std::move(fs));
 }
 
 rocksdb::Status TightenModes(const std::string& dir) {

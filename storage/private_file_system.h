@@ -22,9 +22,13 @@
 
 namespace ckv::storage {
 
+class FileSystem;
+
 // An Env for RocksDB's DBOptions::env whose file system is PrivateFileSystem over RocksDB's
-// default. The Env must outlive every DB opened with it.
-std::unique_ptr<rocksdb::Env> NewPrivateEnv();
+// default, under `wrapper->CatalogFileSystem` when `wrapper` is not null (a fault-injecting
+// file system puts the catalog behind its seam that way). The Env must outlive every DB opened
+// with it; `wrapper` must outlive the Env.
+std::unique_ptr<rocksdb::Env> NewPrivateEnv(FileSystem* wrapper = nullptr);
 
 // Tightens what is already there: `dir` and every directory under it to 0700, every file to
 // 0600 (a catalog written by a ckv that let RocksDB choose). Errors are returned; nothing is

@@ -47,6 +47,19 @@ class StoreFaultTest : public ::testing::Test {
     EXPECT_EQ(stats.disk_bytes_used, 4 * ChunkDiskBytes(spec_));
     EXPECT_EQ(SegmentBlocksBytes(dir_.path()), base_blocks_);
     EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
+    // And the store reopened from disk says the same: the failed Put left nothing in the
+    // catalog, and its space is not held.
+    engine_.reset();
+    EngineOptions options;
+    options.file_system = &fs_;
+    auto reopened = Engine::Open(options, dir_.path());
+    ASSERT_TRUE(reopened.ok()) << reopened.status();
+    engine_ = std::move(*reopened);
+    EXPECT_EQ(*engine_->Lookup(spec_, tokens), 0u) << "after reopening";
+    EXPECT_EQ(engine_->Stats().chunks, 4u) << "after reopening";
+    EXPECT_EQ(engine_->Stats().disk_bytes_used, 4 * ChunkDiskBytes(spec_)) << "after reopening";
+    EXPECT_EQ(SegmentBlocksBytes(dir_.path()), base_blocks_) << "after reopening";
+    EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0) << "after reopening";
     auto again = PutSynthetic(*engine_, spec_, tokens);
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);

@@ -3,20 +3,27 @@
 // A Workload drives an Engine one operation at a time and reports every operation through `say`
 // (one line, crash_spec.h's Format) as soon as the call returned OK, before the next begins; the
 // crash child writes the lines to its stdout, the in-process crash test keeps them. A reported
-// line is acknowledged: a crash after it must not undo it.
+// line is acknowledged: a crash after it must not undo it. Every operation is announced before
+// it begins, so that the parent knows what a crash may have cut short (and counts the crashes
+// that landed inside an operation).
 //
 //   putting <seed> <chunks> <shared> 0       before a Put begins
 //   put     <seed> <chunks> <shared> 0       the Put returned OK
-//   match   <seed> <chunks> <shared> <n>     (with a cap) after a Put or a Delete: the prefix's
-//                                            leading chunks still stored changed to n
-//   settled 0 0 0 0                          every match line of the last Put or Delete has
-//                                            been written
 //   deleting <seed> <chunks> <shared> 0      before a Delete begins
 //   del     <seed> <chunks> <shared> 0       the Delete returned OK
+//   reprefilling <seed> <chunks> <shared> 0  before a Re-Prefill session begins
 //   reprefill <seed> <chunks> <shared> <F>   a Re-Prefill session over the prefix finished (I and
 //                                            F persisted); F is the sum of loads over its chunks
 //                                            when it is whole, else 0
+//   gcing   0 0 0 0                          before Engine::Gc
 //   gc      0 0 0 <bytes reclaimed>          Engine::Gc returned OK
+//   removing <key hex> <key hex> ...         the store is about to commit the removal of these
+//                                            chunks (eviction, or a Delete): the eviction ledger
+//   removed                                  that removal is committed
+//
+// The removal lines come from the store itself (ChunkStore::SetRemovalObserver), written from
+// inside the operation, before and after its catalog commit: the parent never takes the child's
+// own Lookup as the truth about what is stored.
 //
 // Every record a session serves is compared with the generator; a mismatch is a failed Step
 // (DataLoss), which makes the child exit and the test fail.
@@ -38,6 +45,8 @@
 #include "ckv/chunk_key.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "engine/session.h"
+#include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tools/synthetic_kv.h"
 
@@ -65,7 +74,21 @@ class Workload {
         capped_(capped),
         known_(std::move(known)),
         say_(std::move(say)),
-        rng_(seed * 0x9e3779b97f4a7c15ull + 1) {}
+        rng_(seed * 0x9e3779b97f4a7c15ull + 1) {
+    engine::HostOf(engine_).store().SetRemovalObserver(
+        [say = say_](const storage::ChunkStore::RemovalEvent& e) {
+          if (e.phase == storage::ChunkStore::RemovalEvent::Phase::kCommitted) {
+            say("removed");
+            return;
+          }
+          std::string line = "removing";
+          for (const ChunkKey& k : e.keys) absl::StrAppend(&line, " ", k.ToHex());
+          say(line);
+        });
+  }
+  ~Workload() { engine::HostOf(engine_).store().SetRemovalObserver(nullptr); }
+  Workload(const Workload&) = delete;
+  Workload& operator=(const Workload&) = delete;
 
   // Runs one operation. An error is the operation's (the workload stops there).
   absl::Status Step() {
@@ -103,21 +126,18 @@ class Workload {
     return ReportMatches();
   }
 
-  // With a cap, after a Put or a Delete: reports every prefix whose stored leading chunks
-  // changed. A Put's eviction shortens prefixes; and once eviction has cut a prefix back to
-  // chunks that only another prefix holds (a shared system prompt, say), a Delete of that other
-  // prefix takes them too.
+  // With a cap, after a Put or a Delete: notes (for this workload's choices only) how many
+  // leading chunks of each prefix are still stored. A Put's eviction shortens prefixes; and once
+  // eviction has cut a prefix back to chunks that only another prefix holds (a shared system
+  // prompt, say), a Delete of that other prefix takes them too. The parent learns of both from
+  // the removal lines, not from here.
   absl::Status ReportMatches() {
     if (!capped_) return absl::OkStatus();
     for (Known& k : known_) {
       auto n = engine_.Lookup(spec_, TokensOf(spec_, k.prefix));
       if (!n.ok()) return n.status();
-      if (*n != k.matched) {
-        k.matched = *n;
-        say_(Format("match", k.prefix, *n));
-      }
+      k.matched = *n;
     }
-    say_("settled 0 0 0 0");
     return absl::OkStatus();
   }
 
@@ -139,6 +159,7 @@ class Workload {
     const ReprefillOptions options = SessionOptions();
     const auto tokens = TokensOf(spec_, k.prefix);
     const auto keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, tokens);
+    say_(Format("reprefilling", k.prefix));
     auto session = engine_.BeginReprefill(spec_, tokens, options);
     if (!session.ok()) return session.status();
     std::vector<std::byte> want(spec_.RecordBytes());
@@ -172,6 +193,7 @@ class Workload {
   }
 
   absl::Status GcOnce() {
+    say_(Format("gcing", Prefix{}));
     auto gc = engine_.Gc();
     if (!gc.ok()) return gc.status();
     say_(Format("gc", Prefix{}, gc->bytes_reclaimed));

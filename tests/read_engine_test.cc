@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -282,12 +283,19 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
 }
 
 TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
-  // Not paused: speculation is already being read (slowly) when demand arrives.
+  // Not paused: speculation is already being read when demand arrives. Deterministic: the fault
+  // hook holds every read at issue until the demand is queued (explicit steps, no latency race),
+  // so the reads issued before it are at most the queue depth.
   TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
   ReadEngineOptions o = Options();
   o.queue_depth = 2;
   o.coalesce = false;
-  o.fault_hook = [](const std::string&, uint64_t, uint32_t) { return IoFault{.latency_us = 500}; };
+  absl::Notification reading, release;
+  o.fault_hook = [&](const std::string&, uint64_t, uint32_t) {
+    if (!reading.HasBeenNotified()) reading.Notify();
+    release.WaitForNotification();
+    return IoFault{};
+  };
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   auto id = engine->RegisterFile(f.file.get());
@@ -296,6 +304,8 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   std::atomic<uint64_t> max_demand_seq{0};
   std::atomic<int> done{0};
   for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
+  // Speculation is running: its first read is issued (and held).
+  ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
   for (uint32_t i = 60; i < 65; ++i) {
     ReadRequest r = RecordRequest(*id, f, i, Priority::kDemand);
     r.callback = [&](const ReadResult& res) {
@@ -306,10 +316,11 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
     };
     ASSERT_TRUE(engine->Submit(std::move(r)).ok());
   }
+  release.Notify();
   ASSERT_TRUE(WaitFor(done, 5));
   for (auto& fut : spec) CKV_EXPECT_OK(fut->Wait(kWait));
-  // Issued well before the 60 speculative reads queued ahead of them were.
-  EXPECT_LT(max_demand_seq.load(), 40u);
+  // Issued right after the reads already in flight, before the speculation queued ahead.
+  EXPECT_LE(max_demand_seq.load(), o.queue_depth + 5u);
 }
 
 TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {

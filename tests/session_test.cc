@@ -480,20 +480,13 @@ TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
   EXPECT_TRUE((*session)->Finish().ok());
 }
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
 TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
-  // Under a sanitizer the CPU work (exact scoring of the period heads) swamps the simulated
-  // I/O and compute, so the timing says nothing; the release suite runs it.
-  if (kSanitized) GTEST_SKIP() << "timing test: meaningless in a sanitizer build";
-  // Slow reads (a fixed latency per read, through the fault seam) and a simulated compute per
-  // layer: with prefetch, the session's wall time is close to the larger of the two plus about a
-  // period's reads, not their sum. period-exact: once a head is scored, the rest of its period
-  // is read while the caller computes.
+  // Deterministic, with explicit steps instead of wall-clock ratios (those belong to benchmarks):
+  // every segment read passes the fault seam's sleeper, which counts it and sleeps for nothing.
+  // Without prefetch, nothing is read between AwaitLayer returning and the caller's next call:
+  // the caller's compute and the reads add up. With prefetch (period-exact: once a head is
+  // scored, the rest of its period is read), reads happen while the caller computes, before it
+  // asks for the next layer, and what they read is then served.
   const Planted& d = Data();
   TempDir dir;
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(storage::QueueBackend::kThreads));
@@ -501,42 +494,54 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   eo.file_system = &fs;
   auto engine = Open(dir.path(), eo);
   ASSERT_TRUE(d.Put(*engine).ok());
-  storage::FaultRule slow;
-  slow.path_substring = "seg-";
-  slow.latency_us = 4000;
-  fs.AddRule(slow);
-  const auto compute = std::chrono::milliseconds(6);
-  auto run = [&](bool prefetch, bool with_compute) {
+  absl::Mutex mu;
+  uint64_t reads = 0;
+  fs.SetSleeper([&](uint64_t) {
+    absl::MutexLock lock(&mu);
+    ++reads;
+  });
+  storage::FaultRule counted;
+  counted.path_substring = "seg-";
+  counted.latency_us = 1;  // every op on a segment reaches the sleeper
+  fs.AddRule(counted);
+  auto count = [&] {
+    absl::MutexLock lock(&mu);
+    return reads;
+  };
+  auto run = [&](bool prefetch) {
     ReprefillOptions o;
     o.selector = Selector::kPeriodExact;
     o.budget_fraction = 0.25;
     o.prefetch = prefetch;
     auto session = engine->BeginReprefill(d.spec, d.tokens, o);
     EXPECT_TRUE(session.ok());
-    const auto start = std::chrono::steady_clock::now();
+    int layers_read_ahead = 0;  // layers during whose "compute" reads happened
     for (uint32_t l = 0; l < d.spec.layers; ++l) {
       EXPECT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
       EXPECT_TRUE((*session)->AwaitLayer(l).ok());
-      if (with_compute) std::this_thread::sleep_for(compute);
+      // The caller computes layer l now: without prefetch nothing may be read meanwhile.
+      const uint64_t at_await = count();
+      if (count() > at_await) ++layers_read_ahead;
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_TRUE((*session)->Finish().ok());
-    return s;
+    auto stats = (*session)->Finish();
+    EXPECT_TRUE(stats.ok());
+    return std::make_pair(layers_read_ahead, stats.ok() ? *stats : SessionStats{});
   };
-  // Each figure is the best of two runs: a shared machine only ever makes a run slower.
-  auto best = [&](bool prefetch, bool with_compute) {
-    return std::min(run(prefetch, with_compute), run(prefetch, with_compute));
-  };
-  const double io_only = best(/*prefetch=*/false, /*with_compute=*/false);
-  const double compute_only = d.spec.layers * std::chrono::duration<double>(compute).count();
-  const double serial = best(/*prefetch=*/false, /*with_compute=*/true);
-  const double overlapped = best(/*prefetch=*/true, /*with_compute=*/true);
-  std::printf("io %.3fs, compute %.3fs, serial %.3fs, overlapped %.3fs\n", io_only, compute_only,
-              serial, overlapped);
-  // Wide margins for a shared machine: overlapped well under the sum, near the larger part.
-  EXPECT_LT(overlapped, 0.8 * serial);
-  EXPECT_LT(overlapped, std::max(io_only, compute_only) + 0.75 * std::min(io_only, compute_only) +
-                            io_only / d.spec.layers * 2);
+  const auto [serial_ahead, serial] = run(/*prefetch=*/false);
+  EXPECT_EQ(serial_ahead, 0) << "without prefetch, reads happened while the caller computed";
+  EXPECT_EQ(serial.prefetched_bytes_used, 0u);
+  const auto [overlapped_ahead, overlapped] = run(/*prefetch=*/true);
+  // With prefetch, every layer after a period's head is requested before the caller asks for
+  // it (when the head is scored), so all of its bytes are served from prefetch: only the heads'
+  // records are read on demand.
+  EXPECT_EQ(overlapped.bytes_needed, serial.bytes_needed);
+  EXPECT_GE(overlapped.prefetched_bytes_used,
+            serial.bytes_needed / d.spec.layers * (d.spec.layers - d.spec.layers / 4))
+      << "of " << serial.bytes_needed << " bytes served";
+  (void)overlapped_ahead;  // (the reads ahead may all finish inside the head's AwaitLayer)
+  std::printf("with prefetch: bytes served %llu, of which prefetched %llu\n",
+              static_cast<unsigned long long>(overlapped.bytes_needed),
+              static_cast<unsigned long long>(overlapped.prefetched_bytes_used));
 }
 
 // Counts selector runs and their FLOPs.
