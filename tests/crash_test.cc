@@ -506,7 +506,9 @@ void RunKillCell(const Cell& cell) {
     EXPECT_GT(killed_in["delete"] + killed_in["session"], 0)
         << "no kill landed inside a Delete or a session";
   }
-  if (cell.cap > 0) EXPECT_GT(ledger.removals(), 0) << "nothing was evicted under the cap";
+  if (cell.cap > 0) {
+    EXPECT_GT(ledger.removals(), 0) << "nothing was evicted under the cap";
+  }
   std::printf("crash test (%s, cap %llu): %d kills, %d inside an operation (put %d, delete %d, "
               "session %d, gc %d); %d acknowledged operations (%d sessions, %d gc), %d removals "
               "of %llu chunks in the ledger, %d F checks, %d deleted-prefix checks, %.1f s\n",

@@ -350,7 +350,9 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
       const auto keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, p.tokens);
       auto found = engine_->Lookup(spec_, p.tokens);
       ASSERT_TRUE(found.ok()) << found.status();
-      if (!capped) EXPECT_EQ(*found, keys.size()) << "an acknowledged Put lost chunks";
+      if (!capped) {
+        EXPECT_EQ(*found, keys.size()) << "an acknowledged Put lost chunks";
+      }
       {
         // Under a cap, lost ⊆ evicted: a chunk may be gone only by a removal the store committed.
         absl::MutexLock lock(&removed_mu_);

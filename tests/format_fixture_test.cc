@@ -58,7 +58,7 @@ const std::string& FixtureDir() {
 }
 
 // Writes the fixture where CKV_FORMAT_FIXTURE_OUT says (run by hand, never in CI):
-//   CKV_FORMAT_FIXTURE_OUT=tests/data/format_v2 build/tests/ckv_tests \
+//   CKV_FORMAT_FIXTURE_OUT=tests/data/format_v2 build/tests/ckv_tests
 //     --gtest_also_run_disabled_tests --gtest_filter='FormatFixtureWriter.DISABLED_WriteTheFixture'
 TEST(FormatFixtureWriter, DISABLED_WriteTheFixture) {
   const char* out = std::getenv("CKV_FORMAT_FIXTURE_OUT");

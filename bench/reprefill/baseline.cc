@@ -135,6 +135,29 @@ void BaselineRunner::ScratchRecords(uint32_t n, const std::vector<bool>& from_ke
   }
 }
 
+absl::StatusOr<kernels::Selection> BaselineRunner::ScoreKeys(
+    kernels::SelectorKind kind, uint32_t layer, uint32_t n, std::span<const float> queries,
+    const std::vector<bool>& from_keys, const std::vector<uint32_t>& heads, Layer& L,
+    const kernels::SelectOptions& so, absl::Time keys_there) {
+  kernels::SelectorInput in;
+  in.shape = kernels::KvShape::Of(spec_);
+  in.layers = spec_.layers;
+  in.layer = layer;
+  in.queries = queries;
+  in.window = ctx_.w->flags().window;
+  in.chunks = n;
+  ctx_.clock->Begin();
+  ScratchRecords(n, from_keys, heads, L);
+  in.records = L.rec;
+  auto selected = kernels::Select(kind, in, so);
+  ctx_.clock->End(0);
+  if (selected.ok()) {
+    ctx_.gpu->Compute(kernels::ScoringFlops(kind, in, so) / ctx_.gpu->params().flops_per_s,
+                      keys_there);
+  }
+  return selected;
+}
+
 std::vector<uint32_t> BaselineRunner::Attended(const std::vector<uint32_t>& tokens, uint32_t n,
                                                const kernels::SelectOptions& so) const {
   const uint32_t c = spec_.chunk_tokens;

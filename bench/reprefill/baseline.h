@@ -62,6 +62,16 @@ class BaselineRunner : public SystemRunner {
   // chunk with from_keys[j].
   void ScratchRecords(uint32_t n, const std::vector<bool>& from_keys,
                       const std::vector<uint32_t>& heads, Layer& L);
+  // Scores `layer` from the key-file bytes in L: gathers kv heads `heads` of each chunk with
+  // from_keys[j] into scoring layout and runs selector `kind`, both on the scoring clock (taken
+  // out of the latency: a GPU does this in its scoring kernel), then spends the scoring's FLOPs
+  // on the modelled GPU once the keys have crossed (`keys_there`).
+  absl::StatusOr<kernels::Selection> ScoreKeys(kernels::SelectorKind kind, uint32_t layer,
+                                               uint32_t n, std::span<const float> queries,
+                                               const std::vector<bool>& from_keys,
+                                               const std::vector<uint32_t>& heads, Layer& L,
+                                               const kernels::SelectOptions& so,
+                                               absl::Time keys_there);
   // The tokens a token-level system attends to: its selected tokens and every token of the
   // sink and recent chunks it always loads. Sorted.
   std::vector<uint32_t> Attended(const std::vector<uint32_t>& tokens, uint32_t n,

@@ -72,22 +72,9 @@ class H2oRunner final : public BaselineRunner {
       out.h2d_bytes += L->h2d_bytes;
       std::vector<bool> from_keys(n, false);
       for (uint32_t j = 0; j < n; ++j) from_keys[j] = L->rec[j] == nullptr;
-      kernels::SelectorInput in;
-      in.shape = kernels::KvShape::Of(spec_);
-      in.layers = spec_.layers;
-      in.layer = l;
-      in.queries = queries[l];
-      in.window = ctx_.w->flags().window;
-      in.chunks = n;
-      ctx_.clock->Begin();  // a GPU gathers the keys in its scoring kernel: host time taken out
-      ScratchRecords(n, from_keys, heads_all, *L);
-      in.records = L->rec;
-      auto selected = kernels::Select(kernels::SelectorKind::kH2o, in, so);
-      ctx_.clock->End(0);
-      CKV_ASSIGN_OR_RETURN(kernels::Selection sel, std::move(selected));
-      ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kH2o, in, so) /
-                            ctx_.gpu->params().flops_per_s,
-                        keys_there);
+      CKV_ASSIGN_OR_RETURN(kernels::Selection sel,
+                           ScoreKeys(kernels::SelectorKind::kH2o, l, n, queries[l], from_keys,
+                                     heads_all, *L, so, keys_there));
       out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
       out.loaded[l] = sel.chunks;
       out.attended[l] = Attended(sel.tokens, n, so);

@@ -128,22 +128,9 @@ class ImpressRunner final : public BaselineRunner {
       uint64_t h2d_seen = cur->h2d_bytes;
       absl::Time keys_there = ctx_.gpu->Transfer(h2d_seen);
       out.h2d_bytes += h2d_seen;
-      kernels::SelectorInput in;
-      in.shape = kernels::KvShape::Of(spec_);
-      in.layers = spec_.layers;
-      in.layer = l;
-      in.queries = queries[l];
-      in.window = ctx_.w->flags().window;
-      in.chunks = n;
-      ctx_.clock->Begin();  // a GPU gathers the keys in its scoring kernel: host time taken out
-      ScratchRecords(n, all_need_, probe_kv_, *cur);
-      in.records = cur->rec;
-      auto selected = kernels::Select(kernels::SelectorKind::kImpress, in, so);
-      ctx_.clock->End(0);
-      CKV_ASSIGN_OR_RETURN(kernels::Selection sel, std::move(selected));
-      ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kImpress, in, so) /
-                            ctx_.gpu->params().flops_per_s,
-                        keys_there);
+      CKV_ASSIGN_OR_RETURN(kernels::Selection sel,
+                           ScoreKeys(kernels::SelectorKind::kImpress, l, n, queries[l], all_need_,
+                                     probe_kv_, *cur, so, keys_there));
       if (sel.probe_jaccard < threshold && !other_kv_.empty()) {
         // The probes disagree: every head's keys, every head scores.
         out.fallback_layers++;
@@ -151,15 +138,9 @@ class ImpressRunner final : public BaselineRunner {
         CKV_RETURN_IF_ERROR(Wait(*cur, out));
         keys_there = ctx_.gpu->Transfer(cur->h2d_bytes - h2d_seen);
         out.h2d_bytes += cur->h2d_bytes - h2d_seen;
-        ctx_.clock->Begin();
-        ScratchRecords(n, all_need_, other_kv_, *cur);
-        in.records = cur->rec;
-        selected = kernels::Select(kernels::SelectorKind::kImpress, in, so_all);
-        ctx_.clock->End(0);
-        CKV_ASSIGN_OR_RETURN(sel, std::move(selected));
-        ctx_.gpu->Compute(kernels::ScoringFlops(kernels::SelectorKind::kImpress, in, so_all) /
-                              ctx_.gpu->params().flops_per_s,
-                          keys_there);
+        // The scratch records keep the probe heads' keys; the other heads join them.
+        CKV_ASSIGN_OR_RETURN(sel, ScoreKeys(kernels::SelectorKind::kImpress, l, n, queries[l],
+                                            all_need_, other_kv_, *cur, so_all, keys_there));
       }
       out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
       std::vector<uint32_t> attended = Attended(sel.tokens, n, so);
