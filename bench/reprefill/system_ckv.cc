@@ -2,6 +2,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/systems.h"
 #include "ckv/status.h"
+#include "kernels/summary.h"
 
 namespace ckv::bench {
 namespace {
@@ -26,10 +27,23 @@ class CkvRunner final : public SystemRunner {
     o.prefetch = sys.prefetch;
     const absl::Time start = absl::Now();
     CKV_ASSIGN_OR_RETURN(auto session, ctx_.engine->BeginReprefill(spec, ctx_.w->Prefix(r), o));
+    // What the GPU scores from crosses PCIe too, at each scored layer: the head layer's keys
+    // (period-exact), or every chunk's summary entries of the layer (quest, mean-key).
+    const kernels::SummaryFormat sf = kernels::SummaryFormat::For(spec);
+    const uint64_t n = session->matched_chunks();
+    const bool by_period = sys.selector == Selector::kPeriodExact || sys.period_selection;
+    uint64_t scoring_bytes = 0;
+    switch (sys.selector) {
+      case Selector::kPeriodExact:
+      case Selector::kOracle: scoring_bytes = n * spec.RecordBytes() / 2; break;
+      case Selector::kQuest: scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes(); break;
+      case Selector::kMeanKey: scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes(); break;
+    }
     for (uint32_t l = 0; l < spec.layers; ++l) {
       CKV_RETURN_IF_ERROR(session->SubmitQueries(l, queries[l]));
       CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(l));
       uint64_t crossing = 0;
+      if (!by_period || l % sys.period == 0) crossing += scoring_bytes;
       for (const auto& rec : view.records()) {
         out.loaded[l].push_back(rec.chunk);
         if (rec.found_in != LayerView::Tier::kGpu) crossing += spec.RecordBytes();
