@@ -1,0 +1,321 @@
+// storage/chunk_store_evict.cc: ChunkStore capacity and removal: the data cap, score-ordered
+// eviction to make room, the removal of chunks (eviction, Delete, Repair) and of their slots, the
+// removal listeners, and the usage counts (I and F) eviction orders by.
+#include <algorithm>
+#include <queue>
+
+#include "absl/strings/str_cat.h"
+#include "ckv/status.h"
+#include "storage/chunk_store.h"
+#include "storage/chunk_store_internal.h"
+
+namespace ckv::storage {
+
+namespace {
+
+using chunk_store_internal::NowMs;
+using chunk_store_internal::PunchGaveBack;
+
+}  // namespace
+
+uint64_t ChunkStore::DataCapLocked() const {
+  // The cap bounds the blocks the segment files occupy. Besides the data, a sparse file's extent
+  // tree takes blocks (ext4: one 4 KiB block per ~340 extents, and a punched slot can split an
+  // extent): reserve one block per segment (one more for a segment a Put may create) and 1/256
+  // of the data, several times the worst case of one extent per record.
+  const uint64_t per_segment = (segments_.size() + 1) * kDirectIoAlignment;
+  if (max_disk_bytes_ <= per_segment) return 0;
+  return (max_disk_bytes_ - per_segment) / 257 * 256;
+}
+
+absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
+  if (max_disk_bytes_ == 0) return absl::OkStatus();
+  const uint64_t data_cap = DataCapLocked();
+  if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  // Blocks an earlier punch could not give back first: they hold space no chunk uses.
+  if (!unpunched_.empty()) {
+    // A punch that fails again leaves its slot counted; eviction below makes up for it.
+    RetryPunchesLocked().IgnoreError();
+    if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  }
+  const uint64_t target = data_cap - std::min(need, data_cap);
+  // Plan: pop the lowest leaf, let its parent compete once it becomes a leaf, until enough
+  // bytes would be free. Nothing changes until the plan is known to succeed.
+  struct HeapItem {
+    EvictionCandidate c;
+    bool operator<(const HeapItem& o) const {  // priority_queue pops the "largest"
+      return EvictionPolicy::EvictBefore(o.c, c);
+    }
+  };
+  std::priority_queue<HeapItem> heap;
+  auto candidate = [&](const ChunkKey& key, const ChunkEntry& e) {
+    return HeapItem{EvictionCandidate{EvictionPolicy::Score(e.importance, e.loads), e.last_use, key}};
+  };
+  for (const auto& [key, e] : chunks_) {
+    if (e.children == 0 && !HeldLocked(key, e)) heap.push(candidate(key, e));
+  }
+  absl::flat_hash_map<ChunkKey, uint32_t> children_left;
+  std::vector<ChunkKey> victims;
+  uint64_t freed = 0;
+  while (used_bytes_ - freed > target && !heap.empty()) {
+    const ChunkKey key = heap.top().c.key;
+    heap.pop();
+    const ChunkEntry& e = chunks_.at(key);
+    victims.push_back(key);
+    freed += segments_.at(e.segment)->chunk_bytes();
+    if (e.parent.IsZero()) continue;
+    auto parent = chunks_.find(e.parent);
+    if (parent == chunks_.end()) continue;
+    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
+    if (--it->second == 0) {
+      if (!HeldLocked(e.parent, parent->second)) heap.push(candidate(e.parent, parent->second));
+    }
+  }
+  if (used_bytes_ - freed > target) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_, ": ",
+        used_bytes_, " bytes in use, of which ", freed,
+        " can be evicted (the rest is held by readers or Puts in flight)"));
+  }
+  Catalog::Batch batch = catalog_->NewBatch();
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, Removal::kEvict));
+  *evicted += victims.size();
+  if (used_bytes_ + need > data_cap) {
+    // Punches of evicted chunks failed: their blocks are still on disk, so the Put would pass
+    // the cap. The chunks are gone (committed); the Put is refused.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_,
+        ": evicted ", victims.size(), " chunks but could not give back the blocks of ",
+        unpunched_.size(), " slots (", last_punch_error_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
+                                            Catalog::Batch& batch, Removal why) {
+  const bool evicted = why == Removal::kEvict;
+  const bool carry_ends = why != Removal::kDelete;
+  if (victims.empty()) {
+    if (!batch.empty()) return catalog_->Commit(batch);
+    return absl::OkStatus();
+  }
+  absl::flat_hash_set<ChunkKey> gone(victims.begin(), victims.end());
+  absl::flat_hash_map<ChunkKey, uint32_t> children_left;
+  // Chunks that end an evicted prefix: a victim that ended one, or whose removed descendants did,
+  // hands the end on to its parent (evicting C then B of A<-B<-C leaves A as the end).
+  absl::flat_hash_set<ChunkKey> carries_end;
+  absl::flat_hash_set<ChunkKey> parent_gets_end;
+  std::vector<std::pair<ChunkKey, PrefixEntry>> new_prefix_ends;
+  StoredCounters next = counters_;
+  const int64_t now = NowMs();
+  for (const ChunkKey& key : victims) {
+    const ChunkEntry& e = chunks_.at(key);
+    batch.DeleteChunk(key);
+    if (e.prefix_end) batch.DeletePrefix(key);
+    const uint64_t bytes = segments_.at(e.segment)->chunk_bytes();
+    if (evicted) {
+      next.chunks_evicted++;
+      next.bytes_evicted += bytes;
+    } else {
+      next.chunks_deleted++;
+    }
+    // An evicted (or repaired) prefix end leaves its parent as the end of the (shorter) prefix
+    // when nothing else extends the parent. A deleted one does not: the caller asked for it.
+    const bool ends = carry_ends && (e.prefix_end || carries_end.contains(key));
+    if (e.parent.IsZero()) continue;
+    if (gone.contains(e.parent)) {
+      if (ends) carries_end.insert(e.parent);
+      continue;
+    }
+    auto parent = chunks_.find(e.parent);
+    if (parent == chunks_.end()) continue;
+    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
+    --it->second;
+    if (ends) parent_gets_end.insert(e.parent);
+    if (it->second == 0 && parent_gets_end.contains(e.parent) && !parent->second.prefix_end) {
+      PrefixEntry p{e.fingerprint, uint64_t{parent->second.depth} + 1, now};
+      batch.PutPrefix(e.parent, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
+      new_prefix_ends.emplace_back(e.parent, p);
+    }
+  }
+  batch.PutCounters(next);
+  if (removal_observer_) removal_observer_(RemovalEvent{RemovalEvent::Phase::kCommitting, victims});
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+  if (removal_observer_) removal_observer_(RemovalEvent{RemovalEvent::Phase::kCommitted, victims});
+  counters_ = next;
+  // Committed: apply to memory and give the space back.
+  for (const ChunkKey& key : victims) {
+    auto it = chunks_.find(key);
+    const ChunkEntry e = std::move(it->second);
+    chunks_.erase(it);
+    if (e.prefix_end) prefixes_.erase(key);
+    auto parent = chunks_.find(e.parent);
+    if (parent != chunks_.end()) parent->second.children--;
+    const SlotId slot{e.segment, e.slot};
+    if (read_pins_.contains(slot)) {
+      deferred_free_.insert(slot);
+    } else {
+      FreeSlotLocked(e.segment, e.slot);
+    }
+  }
+  if (removal_listener_) {
+    for (const ChunkKey& key : victims) removal_listener_(key);
+  }
+  for (auto& [key, p] : new_prefix_ends) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) continue;
+    it->second.prefix_end = true;
+    prefixes_[key] = p;
+  }
+  return absl::OkStatus();
+}
+
+void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
+  Segment* seg = segments_.at(segment).get();
+  absl::Status s = seg->PunchSlots(SlotRun{slot, 1});
+  seg->Free(SlotRun{slot, 1});
+  if (!PunchGaveBack(s)) {
+    logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of slot ", slot,
+                                                  " of segment ", segment, ": ", s.message()));
+    // Its blocks are still allocated: it keeps counting against the cap until a retry punches
+    // it or a Put reuses it.
+    last_punch_error_ = std::string(s.message());
+    unpunched_.insert(SlotId{segment, slot});
+    return;
+  }
+  // Counted until here, not until the catalog forgot the chunk: a slot a reader still holds keeps
+  // its blocks on disk, so it keeps counting against the cap.
+  used_bytes_ -= seg->chunk_bytes();
+}
+
+void ChunkStore::SetRemovalListener(RemovalListener listener) {
+  absl::MutexLock lock(&mu_);
+  removal_listener_ = std::move(listener);
+}
+
+void ChunkStore::SetRemovalObserver(RemovalObserver observer) {
+  absl::MutexLock lock(&mu_);
+  removal_observer_ = std::move(observer);
+}
+
+absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
+  // The immutable fields come from the catalog; I and F from memory, updated and written under
+  // mu_, so that concurrent additions do not lose each other.
+  std::vector<std::pair<const Usage*, ChunkRecord>> records;
+  for (const Usage& u : usage) {
+    auto record = catalog_->GetChunk(u.key);
+    if (absl::IsNotFound(record.status())) continue;
+    CKV_RETURN_IF_ERROR(record.status());
+    records.emplace_back(&u, std::move(*record));
+  }
+  absl::MutexLock lock(&mu_);
+  Catalog::Batch batch = catalog_->NewBatch();
+  std::vector<std::pair<ChunkEntry*, const Usage*>> applied;
+  for (auto& [u, record] : records) {
+    auto it = chunks_.find(u->key);
+    // Only a chunk still stored in the same place: one deleted meanwhile must not come back.
+    if (it == chunks_.end() || it->second.segment != record.segment ||
+        it->second.slot != record.slot) {
+      continue;
+    }
+    record.importance = it->second.importance + u->importance;
+    record.loads = it->second.loads + u->loads;
+    batch.PutChunk(u->key, record);
+    applied.emplace_back(&it->second, u);
+  }
+  if (applied.empty()) return absl::OkStatus();
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/false));
+  for (auto& [entry, u] : applied) {
+    entry->importance += u->importance;
+    entry->loads += u->loads;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
+  std::vector<ChunkKey> used;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, entry] : chunks_) {
+      if (entry.importance != 0 || entry.loads != 0) used.push_back(key);
+    }
+  }
+  std::vector<std::pair<ChunkKey, ChunkRecord>> records;
+  for (const ChunkKey& key : used) {
+    auto record = catalog_->GetChunk(key);
+    if (absl::IsNotFound(record.status())) continue;
+    CKV_RETURN_IF_ERROR(record.status());
+    records.emplace_back(key, std::move(*record));
+  }
+  absl::MutexLock lock(&mu_);
+  Catalog::Batch batch = catalog_->NewBatch();
+  std::vector<ChunkEntry*> applied;
+  for (auto& [key, record] : records) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end() || it->second.segment != record.segment ||
+        it->second.slot != record.slot) {
+      continue;
+    }
+    record.importance = 0;
+    record.loads = 0;
+    batch.PutChunk(key, record);
+    applied.push_back(&it->second);
+  }
+  if (applied.empty()) return 0;
+  CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/true));
+  for (ChunkEntry* entry : applied) {
+    entry->importance = 0;
+    entry->loads = 0;
+  }
+  return applied.size();
+}
+
+absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> tokens) {
+  CKV_RETURN_IF_ERROR(spec.Validate());
+  if (tokens.empty() || tokens.size() % spec.chunk_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Delete of ", tokens.size(), " tokens: a stored prefix is a whole number of chunks of ",
+        spec.chunk_tokens, " tokens"));
+  }
+  const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  return DeletePrefix(keys.back());
+}
+
+absl::Status ChunkStore::DeletePrefix(const ChunkKey& prefix_id) {
+  absl::MutexLock lock(&mu_);
+  auto p = prefixes_.find(prefix_id);
+  if (p == prefixes_.end()) {
+    return absl::NotFoundError(absl::StrCat("no stored prefix ", prefix_id.ToHex()));
+  }
+  Catalog::Batch batch = catalog_->NewBatch();
+  batch.DeletePrefix(prefix_id);
+  // Walk up from the prefix's end while chunks become unused.
+  std::vector<ChunkKey> victims;
+  ChunkKey key = prefix_id;
+  uint32_t removed_children = 0;
+  while (!key.IsZero()) {
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) break;
+    const ChunkEntry& e = it->second;
+    const bool is_end = e.prefix_end && !(key == prefix_id);
+    if (is_end || e.children != removed_children || e.put_pins > 0 || inflight_.contains(key)) {
+      break;
+    }
+    victims.push_back(key);
+    key = e.parent;
+    removed_children = 1;
+  }
+  // The prefix entry goes whether or not its chunks do (others may still use them).
+  const PrefixEntry entry = p->second;
+  chunks_.at(prefix_id).prefix_end = false;
+  prefixes_.erase(p);
+  absl::Status s = RemoveChunksLocked(victims, batch, Removal::kDelete);
+  if (!s.ok()) {
+    chunks_.at(prefix_id).prefix_end = true;
+    prefixes_.emplace(prefix_id, entry);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckv::storage
