@@ -17,6 +17,57 @@
 namespace ckv {
 namespace {
 
+storage::QueueBackend QueueBackendOf(IoBackend backend) {
+  switch (backend) {
+    case IoBackend::kUring:
+      return storage::QueueBackend::kUring;
+    case IoBackend::kThreads:
+      return storage::QueueBackend::kThreads;
+    case IoBackend::kAuto:
+      break;
+  }
+  return storage::QueueBackend::kAuto;
+}
+
+// The storage part of the engine's options.
+storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
+  storage::StoreOptions o;
+  o.create_if_missing = options.create_if_missing;
+  o.error_if_exists = options.error_if_exists;
+  o.max_disk_bytes = options.max_disk_bytes;
+  o.layout = options.layout;
+  o.period_layers = options.period_layers;
+  o.segment_bytes = options.segment_bytes;
+  o.io_backend = QueueBackendOf(options.io_backend);
+  o.io_queue_depth = options.io_queue_depth;
+  o.max_write_bytes = options.max_write_bytes;
+  o.file_system = options.file_system;
+  o.logger = options.logger;
+  return o;
+}
+
+// The storage fields of the engine's stats.
+EngineStats EngineStatsOf(const storage::StoreStats& st) {
+  EngineStats s;
+  s.puts = st.puts;
+  s.chunks_written = st.chunks_written;
+  s.chunks_deduplicated = st.chunks_deduplicated;
+  s.bytes_written = st.bytes_written;
+  s.chunks_evicted = st.chunks_evicted;
+  s.bytes_evicted = st.bytes_evicted;
+  s.chunks_deleted = st.chunks_deleted;
+  s.records_read = st.records_read;
+  s.bytes_read = st.bytes_read;
+  s.checksum_failures = st.checksum_failures;
+  s.chunks = st.chunks;
+  s.prefixes = st.prefixes;
+  s.segments = st.segments;
+  s.disk_bytes_used = st.disk_bytes_used;
+  s.max_disk_bytes = st.max_disk_bytes;
+  s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;
+  return s;
+}
+
 class EngineImpl final : public Engine, public engine::SessionHost {
  public:
   EngineImpl(const EngineOptions& options, std::unique_ptr<storage::ChunkStore> store)
@@ -75,7 +126,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
   absl::StatusOr<GcReport> Gc() override { return store_->Gc(); }
   EngineStats Stats() override {
-    EngineStats s = store_->Stats();
+    EngineStats s = EngineStatsOf(store_->Stats());
     absl::MutexLock lock(&mu_);
     const EngineStats& t = session_totals_;
     s.sessions = t.sessions;
@@ -200,7 +251,7 @@ absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook) {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options,
                                                      const std::string& path) {
-  auto store = storage::ChunkStore::Open(options, path);
+  auto store = storage::ChunkStore::Open(StoreOptionsOf(options), path);
   if (!store.ok()) return store.status();
   return std::unique_ptr<Engine>(new EngineImpl(options, std::move(*store)));
 }

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "ckv/chunk_key.h"
 #include "ckv/model_spec.h"
-#include "ckv/options.h"
+#include "ckv/record_layout.h"
 
 namespace ckv::storage {
 

@@ -21,22 +21,14 @@ using chunk_store_internal::kSegmentsDir;
 
 std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
 
-FileSystem* ChooseFileSystem(const EngineOptions& options) {
+FileSystem* ChooseFileSystem(const StoreOptions& options) {
   if (options.file_system != nullptr) return options.file_system;
-  switch (options.io_backend) {
-    case IoBackend::kUring:
-      return PosixFileSystem(QueueBackend::kUring);
-    case IoBackend::kThreads:
-      return PosixFileSystem(QueueBackend::kThreads);
-    case IoBackend::kAuto:
-      break;
-  }
-  return PosixFileSystem(QueueBackend::kAuto);
+  return PosixFileSystem(options.io_backend);
 }
 
 }  // namespace
 
-ChunkStore::ChunkStore(const EngineOptions& options, std::string path, FileSystem* fs,
+ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs,
                        Logger* logger)
     : options_(options), path_(std::move(path)), fs_(fs), logger_(logger) {}
 
@@ -52,7 +44,7 @@ uint64_t ChunkStore::ChunkBytesOf(const ModelSpec& spec,
                                                   options_.segment_bytes, 0, aux_bytes));
 }
 
-absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions& options,
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions& options,
                                                              const std::string& path_in) {
   if (path_in.empty()) return absl::InvalidArgumentError("store path is empty");
   std::string path = path_in;
@@ -71,7 +63,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const EngineOptions
     return absl::InvalidArgumentError(absl::StrCat(
         "EngineOptions.period_layers = ", options.period_layers, ": must be in 1..1024"));
   }
-  if (options.io_backend == IoBackend::kUring && options.file_system == nullptr &&
+  if (options.io_backend == QueueBackend::kUring && options.file_system == nullptr &&
       !UringAvailable()) {
     return absl::UnavailableError(
         "EngineOptions.io_backend = io_uring, but io_uring cannot be set up in this process "
@@ -678,9 +670,9 @@ absl::StatusOr<ChunkStore::RecordLocation> ChunkStore::LocateRecord(const ChunkK
                         seg.record_bytes(record)};
 }
 
-EngineStats ChunkStore::Stats() {
+StoreStats ChunkStore::Stats() {
   absl::MutexLock lock(&mu_);
-  EngineStats s;
+  StoreStats s;
   s.puts = counters_.puts;
   s.chunks_written = counters_.chunks_written;
   s.chunks_deduplicated = counters_.chunks_deduplicated;

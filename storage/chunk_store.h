@@ -1,8 +1,14 @@
 // storage/chunk_store.h: the ContiguousChunk store: chunks on segment files, named by the catalog.
 //
-// ChunkStore implements what ckv::Engine promises about data at rest (see include/ckv/engine.h):
-// dedup by hash-chained chunk keys, durable-before-visible Puts, checksums on every read, the hard
-// disk cap with score-ordered eviction of leaves, and reclamation of orphaned space on open.
+// ChunkStore keeps what ckv::Engine promises about data at rest (see include/ckv/engine.h; the
+// engine owns a ChunkStore and forwards to it): dedup by hash-chained chunk keys,
+// durable-before-visible Puts, checksums on every read, the hard disk cap with score-ordered
+// eviction of leaves, and reclamation of orphaned space on open. It knows nothing of the Engine,
+// its options or sessions: it is opened with StoreOptions and reports StoreStats.
+//
+// The implementation is split by concern: chunk_store.cc (open, lookup, pins, checked reads,
+// listings), chunk_store_put.cc, chunk_store_evict.cc (capacity, eviction, removal, usage),
+// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc.
 //
 // Life of a Put:
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
@@ -25,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -36,15 +43,61 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "ckv/engine.h"
+#include "ckv/chunk_key.h"
+#include "ckv/kv.h"
 #include "ckv/log.h"
-#include "ckv/options.h"
+#include "ckv/model_spec.h"
+#include "ckv/record_layout.h"
+#include "ckv/reports.h"
 #include "storage/catalog.h"
+#include "storage/clock.h"
 #include "storage/eviction_policy.h"
 #include "storage/file_system.h"
 #include "storage/segment.h"
 
 namespace ckv::storage {
+
+// How a ChunkStore is opened: the storage part of ckv::EngineOptions, which documents each field
+// (ckv/options.h); the engine fills it from the EngineOptions it was opened with.
+struct StoreOptions {
+  bool create_if_missing = true;
+  bool error_if_exists = false;
+  std::optional<uint64_t> max_disk_bytes;
+  std::optional<RecordLayout> layout;
+  uint32_t period_layers = 8;
+  uint64_t segment_bytes = 16ull << 30;
+  // Used when file_system is null: the backend of the POSIX file system.
+  QueueBackend io_backend = QueueBackend::kAuto;
+  uint32_t io_queue_depth = 16;
+  uint32_t max_write_bytes = 2u << 20;
+  // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
+  FileSystem* file_system = nullptr;
+  // nullptr = stderr. Not owned; must outlive the store.
+  Logger* logger = nullptr;
+  // The time the store reads. Not owned; must outlive the store. Default: the real clock.
+  Clock* clock = RealClock();
+};
+
+// What the store has done and holds: the storage fields of ckv::EngineStats, which documents
+// each (ckv/stats.h).
+struct StoreStats {
+  uint64_t puts = 0;
+  uint64_t chunks_written = 0;
+  uint64_t chunks_deduplicated = 0;
+  uint64_t bytes_written = 0;
+  uint64_t chunks_evicted = 0;
+  uint64_t bytes_evicted = 0;
+  uint64_t chunks_deleted = 0;
+  uint64_t records_read = 0;
+  uint64_t bytes_read = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t chunks = 0;
+  uint64_t prefixes = 0;
+  uint64_t segments = 0;
+  uint64_t disk_bytes_used = 0;
+  uint64_t max_disk_bytes = 0;
+  uint64_t orphan_bytes_reclaimed = 0;
+};
 
 // Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
 // Storage does not interpret them; it places, checksums, reads and frees them with the chunk.
@@ -99,7 +152,8 @@ class PinnedChunks {
 
 class ChunkStore {
  public:
-  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const EngineOptions& options,
+  // Opens (or creates, per options) the store in directory `path`; errors as ckv::Engine::Open.
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const StoreOptions& options,
                                                           const std::string& path);
   ~ChunkStore();
 
@@ -118,7 +172,7 @@ class ChunkStore {
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();
-  EngineStats Stats();
+  StoreStats Stats();
 
   // Reads auxiliary record `aux` of each chunk in `keys` into `out` (keys.size() records of
   // the same size, back to back) and verifies their checksums. Records of consecutive slots are
@@ -221,7 +275,7 @@ class ChunkStore {
   };
   using SlotId = std::pair<uint32_t, uint32_t>;  // segment, slot
 
-  ChunkStore(const EngineOptions& options, std::string path, FileSystem* fs, Logger* logger);
+  ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
 
   absl::Status Load(const Catalog::Contents& contents);
   absl::Status ReclaimOrphans();
@@ -317,7 +371,7 @@ class ChunkStore {
   PrefixInfo MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const EngineOptions options_;
+  const StoreOptions options_;
   const std::string path_;
   FileSystem* const fs_;
   Logger* const logger_;

@@ -21,7 +21,7 @@ class PinTest : public ::testing::Test {
   }
   void Open() {
     store_.reset();
-    auto store = storage::ChunkStore::Open(EngineOptions{}, dir_.path());
+    auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir_.path());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }

@@ -153,7 +153,7 @@ TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   const uint32_t bad_chunk = 2, bad_layer = 5;
   {
-    EngineOptions options;
+    storage::StoreOptions options;
     auto store = storage::ChunkStore::Open(options, dir.path());
     ASSERT_TRUE(store.ok()) << store.status();
     synth::SyntheticKv kv(spec, tokens);
@@ -520,7 +520,7 @@ TEST(OpenTest, AVersion1StoreIsReadAndUpgradedOnOpen) {
   TempDir dir;
   const auto tokens = synth::Tokens(1, 3 * spec.chunk_tokens);
   {
-    auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+    auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir.path());
     ASSERT_TRUE(store.ok()) << store.status();
     synth::SyntheticKv kv(spec, tokens);
     ASSERT_TRUE((*store)->Put(spec, tokens, kv.tensors()).ok());

@@ -82,7 +82,7 @@ TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
     auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
     const auto tokens = synth::Tokens(1, 256);
     const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
-    EngineOptions options;
+    storage::StoreOptions options;
     options.create_if_missing = false;
     auto cs = storage::ChunkStore::Open(options, store);
     ASSERT_TRUE(cs.ok()) << cs.status();

@@ -24,7 +24,7 @@ std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {})
 
 // Flips a byte of record `layer` of `key` in place (the engine must be closed).
 void Corrupt(const std::string& dir, const ChunkKey& key, uint32_t layer) {
-  auto store = storage::ChunkStore::Open(EngineOptions{}, dir);
+  auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir);
   ASSERT_TRUE(store.ok());
   auto where = (*store)->LocateRecord(key, layer);
   ASSERT_TRUE(where.ok());

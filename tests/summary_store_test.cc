@@ -24,7 +24,7 @@ ModelSpec Spec(const char* preset, DType dtype = DType::kFp16) {
 }
 
 std::unique_ptr<storage::ChunkStore> OpenStore(const std::string& path,
-                                               EngineOptions options = {}) {
+                                               storage::StoreOptions options = {}) {
   auto store = storage::ChunkStore::Open(options, path);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? std::move(*store) : nullptr;
@@ -54,7 +54,7 @@ class SummaryStoreTest : public ::testing::TestWithParam<RecordLayout> {};
 
 TEST_P(SummaryStoreTest, EveryChunkGetsItsSummariesBitExactAcrossPutsAndReopen) {
   TempDir dir;
-  EngineOptions options;
+  storage::StoreOptions options;
   options.layout = GetParam();
   const ModelSpec spec = Spec("qwen2.5-0.5b");
   const uint32_t c = spec.chunk_tokens;
@@ -98,7 +98,7 @@ TEST_P(SummaryStoreTest, EveryChunkGetsItsSummariesBitExactAcrossPutsAndReopen) 
 // still be the chunks' own.
 TEST_P(SummaryStoreTest, SummariesOfPinnedChunksReadAfterTheirPrefixIsDeleted) {
   TempDir dir;
-  EngineOptions options;
+  storage::StoreOptions options;
   options.layout = GetParam();
   const ModelSpec spec = Spec("qwen2.5-0.5b");
   const uint32_t c = spec.chunk_tokens;

@@ -33,72 +33,11 @@
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "ckv/reports.h"
 #include "ckv/session.h"
 #include "ckv/stats.h"
 
 namespace ckv {
-
-// What Verify found.
-struct VerifyReport {
-  uint64_t chunks_checked = 0;
-  uint64_t records_checked = 0;
-  uint64_t bytes_checked = 0;
-  uint64_t checksum_failures = 0;
-  // One line per problem, naming the record or catalog entry and the values that disagree.
-  std::vector<std::string> problems;
-  bool ok() const { return problems.empty(); }
-};
-
-// What Repair did.
-struct RepairReport {
-  // Chunks removed from the store: those that failed a check (a record's checksum, the key's
-  // hash, a missing parent, a catalog entry Open could not load) and every chunk after them in
-  // their prefixes (a chunk's KV depends on all before it). One line each, naming the chunk.
-  std::vector<std::string> removed;
-  uint64_t chunks_removed = 0;
-  // Problems Repair left alone: read errors (EIO may pass), chunks a Put was still writing.
-  std::vector<std::string> remaining;
-  // The Verify that found them.
-  VerifyReport verify;
-};
-
-// What Gc did.
-struct GcReport {
-  uint64_t bytes_reclaimed = 0;   // segment blocks given back to the file system
-  uint64_t segments_removed = 0;  // segment files that held no chunk, deleted
-};
-
-// Where one chunk of a stored prefix lives and how it ranks (Engine::DescribePrefix).
-struct ChunkPlacement {
-  ChunkKey key;
-  uint32_t segment = 0;   // segment id: the file segments/seg-NNNNNNNN.ckv of the store
-  uint32_t slot = 0;      // its slot in that segment (docs/format.md)
-  uint64_t offset = 0;    // byte offset of its layer-0 record in the segment file
-  uint64_t bytes = 0;     // bytes it occupies in the segment: all records, padded, summaries too
-  double importance = 0;  // I: attention importance that Re-Prefill sessions added
-  uint64_t loads = 0;     // F: loads of its records that sessions counted
-  // S = I x F, the rank of its records in the tiers and for eviction (docs/tiers.md).
-  double score() const { return importance * static_cast<double>(loads); }
-};
-
-// A stored prefix's spec and chunks, first to last.
-struct PrefixDescription {
-  ModelSpec spec;
-  std::vector<ChunkPlacement> chunks;
-};
-
-// Called by long operations with work done and total work (bytes), from the calling thread.
-using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
-
-struct PutResult {
-  uint64_t chunks = 0;           // whole chunks of the prefix, all stored now
-  uint64_t chunks_written = 0;   // of which this call wrote
-  uint64_t chunks_existing = 0;  // of which were stored already (deduplicated)
-  uint64_t tail_tokens = 0;      // tokens past the last whole chunk; not stored
-  uint64_t bytes_written = 0;    // segment bytes this call wrote
-  uint64_t chunks_evicted = 0;   // chunks this call evicted to stay under the cap
-  ChunkKey prefix_id;            // key of the last chunk: the id ListPrefixes reports
-};
 
 class Engine {
  public:

@@ -7,22 +7,14 @@
 #include <cstdint>
 #include <optional>
 
+#include "ckv/record_layout.h"
+
 namespace ckv {
 
 class Logger;
 namespace storage {
 class FileSystem;
 }
-
-// How the records of a chunk are placed in a segment. Persisted per segment: do not renumber.
-enum class RecordLayout : uint8_t {
-  // Each layer is a band: the records of one layer for consecutive chunks are adjacent, so a layer
-  // of a run of chunks is one read.
-  kLayerMajor = 1,
-  // Each period of p layers is a band: one chunk's p records of a period are adjacent, so a chunk
-  // of a period is one read.
-  kPeriodMajor = 2,
-};
 
 // Which backend writes and reads segment data.
 enum class IoBackend : uint8_t {

@@ -5,9 +5,6 @@
 #define CKV_STATS_H_
 
 #include <cstdint>
-#include <string>
-
-#include "ckv/chunk_key.h"
 
 namespace ckv {
 
@@ -53,17 +50,6 @@ struct EngineStats {
   uint64_t gpu_tier_resident_bytes = 0;
   uint64_t cpu_tier_budget_bytes = 0;
   uint64_t cpu_tier_resident_bytes = 0;
-};
-
-// One stored prefix: a chain of chunks that a Put ended at (or that eviction trimmed to).
-struct PrefixInfo {
-  ChunkKey id;                  // the key of its last chunk; names the prefix
-  std::string model_id;
-  ChunkKey model_fingerprint;
-  uint64_t chunks = 0;
-  uint64_t tokens = 0;          // chunks * chunk_tokens
-  uint64_t bytes = 0;           // segment bytes of all its chunks (shared chunks counted in each)
-  int64_t created_unix_ms = 0;  // when the Put that made it committed
 };
 
 }  // namespace ckv
