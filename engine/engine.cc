@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/internal.h"
 #include "engine/session.h"
 #include "engine/summaries.h"
 #include "kernels/cuda_kernels.h"

@@ -69,16 +69,10 @@ class SessionHost {
   virtual TierCache* tiers() = 0;
   // Adds a finished session's figures to the engine's.
   virtual void RecordSession(const SessionStats& stats) = 0;
-  // The clock set by SetSelectorClock, or null.
+  // The clock set by SetSelectorClock (engine/internal.h), or null.
   virtual SelectorClock* selector_clock() { return nullptr; }
 };
 
-// The SessionHost behind an Engine that Engine::Open made: for the benchmark harness
-// (bench/reprefill_bench), whose baselines read the store through the engine's own read engine.
-SessionHost& HostOf(Engine& engine);
-// Sets (null: removes) the clock the sessions of `engine` call around selector runs. Not owned;
-// must outlive the sessions that start while it is set.
-void SetSelectorClock(Engine& engine, SelectorClock* clock);
 // Installs a fault hook (prefetch/read_engine.h) in the read engine that the sessions of
 // `engine` read through, for the fault tests: it reaches the io_uring backend too, which the
 // fault-injecting file system cannot. FailedPrecondition once the read engine exists (the first

@@ -31,7 +31,7 @@
 #include "ckv/engine.h"
 #include "absl/container/flat_hash_set.h"
 #include "ckv/log.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tests/crash_workload.h"

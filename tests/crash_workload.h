@@ -45,7 +45,7 @@
 #include "ckv/chunk_key.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tools/synthetic_kv.h"

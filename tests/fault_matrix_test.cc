@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/engine.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "storage/chunk_store.h"
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"

@@ -18,7 +18,7 @@
 
 #include "ckv/engine.h"
 #include "ckv/log.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "rocksdb/db.h"
 #include "storage/catalog.h"
 #include "storage/catalog_format.h"

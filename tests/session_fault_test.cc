@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "ckv/engine.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "storage/chunk_store.h"
 #include "tests/test_util.h"
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "ckv/engine.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "kernels/attention.h"
 #include "kernels/half.h"
 #include "kernels/selector.h"
@@ -410,7 +410,7 @@ TEST(SessionLifeTest, ImportanceAndLoadsSurviveARestart) {
       ASSERT_TRUE((*session)->Finish().ok());
     }
   }
-  auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+  auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir.path());
   ASSERT_TRUE(store.ok());
   const auto keys = ChainChunkKeys(d.spec.Fingerprint(), d.spec.chunk_tokens, d.tokens);
   auto pinned = (*store)->Pin(d.spec, keys);
@@ -461,7 +461,7 @@ TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
   // Corrupt layer 0 of the sink chunk, which every selection keeps.
   const auto keys = ChainChunkKeys(d.spec.Fingerprint(), d.spec.chunk_tokens, d.tokens);
   {
-    auto store = storage::ChunkStore::Open(EngineOptions{}, dir.path());
+    auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir.path());
     ASSERT_TRUE(store.ok());
     auto where = (*store)->LocateRecord(keys[0], 0);
     ASSERT_TRUE(where.ok());

@@ -5,7 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "ckv/status.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 
 namespace ckv::bench {
 

@@ -11,9 +11,8 @@
 
 #include "bench/reprefill/read_batch.h"
 #include "bench/reprefill/systems.h"
-#include "engine/tier_cache.h"
+#include "engine/internal.h"
 #include "kernels/selector.h"
-#include "storage/chunk_store.h"
 
 namespace ckv::bench {
 

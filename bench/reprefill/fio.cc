@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "storage/file_system.h"
+#include "engine/internal.h"
 #include "tools/json_reader.h"
 
 namespace ckv::bench {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "bench/reprefill/flags.h"
-#include "prefetch/read_engine.h"
+#include "engine/internal.h"
 
 namespace ckv::bench {
 

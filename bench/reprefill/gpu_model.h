@@ -22,8 +22,7 @@
 #include "absl/time/time.h"
 #include "bench/reprefill/flags.h"
 #include "ckv/model_spec.h"
-#include "engine/session.h"
-#include "prefetch/read_engine.h"
+#include "engine/internal.h"
 
 namespace ckv::bench {
 

@@ -38,8 +38,7 @@
 #include "bench/reprefill/workload.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
-#include "engine/session.h"
-#include "storage/file_system.h"
+#include "engine/internal.h"
 #include "tools/synthetic_attention.h"
 
 namespace ckv::bench {

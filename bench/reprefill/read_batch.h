@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "prefetch/read_engine.h"
+#include "engine/internal.h"
 
 namespace ckv::bench {
 

@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
-#include "engine/session.h"
+#include "engine/internal.h"
 #include "kernels/selector.h"
 
 namespace ckv::bench {

@@ -24,9 +24,7 @@
 #include "bench/reprefill/workload.h"
 #include "ckv/engine.h"
 #include "ckv/session.h"
-#include "engine/tier_cache.h"
-#include "prefetch/read_engine.h"
-#include "storage/file_system.h"
+#include "engine/internal.h"
 
 namespace ckv::bench {
 
