@@ -12,6 +12,7 @@
 #include "ckv/status.h"
 #include "engine/summaries.h"
 #include "kernels/selector.h"
+#include "prefetch/planner.h"
 
 namespace ckv {
 
@@ -242,28 +243,21 @@ class SessionImpl final : public ReprefillSession {
     selections_[layer] = chosen;
     CancelUnneeded(layer, chosen);
     CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
-    if (options_.prefetch) {
-      if (per_layer) {
-        if (layer + 1 < spec_.layers) {
-          CKV_RETURN_IF_ERROR(Request(layer + 1, chosen, prefetch::Priority::kSpeculative));
-        }
-      } else {
-        // The rest of the period at once; the next period (after its head) on speculation.
-        for (uint32_t l = layer + 1; l < std::min(spec_.layers, layer + p); ++l) {
-          CancelUnneeded(l, chosen);
-          CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kIntraPeriod));
-        }
-        for (uint32_t l = layer + p + 1; l < std::min(spec_.layers, layer + 2 * p); ++l) {
-          CKV_RETURN_IF_ERROR(Request(l, chosen, prefetch::Priority::kSpeculative));
-        }
-        // Keys do not depend on queries: the next head's keys are read ahead for its scoring.
-        if (!kernels::ReadsSummaries(kind_) && layer + p < spec_.layers) {
-          std::vector<uint32_t> all(n);
-          for (uint32_t j = 0; j < n; ++j) all[j] = j;
-          CKV_RETURN_IF_ERROR(
-              Request((layer + p) | kKeysOnly, all, prefetch::Priority::kSpeculative, true));
-        }
+    if (!options_.prefetch) return absl::OkStatus();
+    const prefetch::PlanOptions plan{.layers = spec_.layers,
+                                     .period_layers = p,
+                                     .per_layer = per_layer,
+                                     .read_keys_ahead = !kernels::ReadsSummaries(kind_)};
+    for (const prefetch::PlannedRead& r : prefetch::PlanAfterSelection(layer, plan)) {
+      if (r.keys_only) {
+        std::vector<uint32_t> all(n);
+        for (uint32_t j = 0; j < n; ++j) all[j] = j;
+        CKV_RETURN_IF_ERROR(Request(r.layer | kKeysOnly, all, r.priority, /*need_host=*/true));
+        continue;
       }
+      // A layer of this period now needs this selection: reads queued for another go.
+      if (r.priority == prefetch::Priority::kIntraPeriod) CancelUnneeded(r.layer, chosen);
+      CKV_RETURN_IF_ERROR(Request(r.layer, chosen, r.priority));
     }
     return absl::OkStatus();
   }
