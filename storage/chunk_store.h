@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ckv/chunk_key.h"
 #include "ckv/kv.h"
 #include "ckv/log.h"
@@ -74,7 +75,8 @@ struct StoreOptions {
   FileSystem* file_system = nullptr;
   // nullptr = stderr. Not owned; must outlive the store.
   Logger* logger = nullptr;
-  // The time the store reads. Not owned; must outlive the store. Default: the real clock.
+  // The time the store reads (the creation times it records). Not owned; must outlive the
+  // store. Default: the real clock.
   Clock* clock = RealClock();
 };
 
@@ -284,6 +286,25 @@ class ChunkStore {
   static absl::StatusOr<uint64_t> PunchFreeRuns(Segment& segment);
   static absl::Status ValidatePut(const ModelSpec& spec, std::span<const int32_t> tokens,
                                   const KvTensors& kv);
+  static absl::Status ValidateAux(const AuxRecords* aux);
+
+  // The steps of a Put (see "Life of a Put" above), in chunk_store_put.cc.
+  struct PendingPut;
+  // Step 1: waits for Puts of the same chunks, finds the stored leading ones, and reserves room
+  // and slots for the rest (marked in flight, the parent pinned). With every chunk stored it
+  // records the prefix end and sets *all_stored instead.
+  absl::Status ReservePutLocked(PendingPut& put, bool* all_stored)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitStoredPrefixLocked(PendingPut& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 2, unlocked: computes the auxiliary records, writes all records and syncs them.
+  absl::Status WritePut(const PendingPut& put, const KvTensors& kv, const AuxRecords* aux,
+                        std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
+  // Step 3: when `written` is OK, commits the catalog batch naming the chunks and publishes
+  // them; otherwise, or when the commit fails, frees the plan's slots. Ends the in-flight mark.
+  absl::StatusOr<PutResult> CommitPutLocked(PendingPut& put, absl::Status written,
+                                            std::vector<std::vector<uint64_t>>& checksums,
+                                            uint64_t bytes_written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The bytes of chunk data that fit under max_disk_bytes once the file system's metadata for
   // the segment files is allowed for. REQUIRES: max_disk_bytes_ > 0.
@@ -303,6 +324,17 @@ class ChunkStore {
   absl::StatusOr<VerifyReport> VerifyInternal(const ProgressFn& progress,
                                               absl::flat_hash_set<ChunkKey>* corrupt,
                                               std::vector<std::string>* unreadable);
+  // Verify's steps: the in-memory structure (parents, depths, child counts, prefix ends); each
+  // catalog record's key against the hash of its parent, spec and tokens; every record's
+  // checksum, read in slot order.
+  void CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckKeys(std::span<const ChunkKey> keys, VerifyReport& report,
+                 absl::flat_hash_set<ChunkKey>* corrupt);
+  absl::Status VerifyRecords(std::span<const ChunkKey> keys, uint64_t total_bytes,
+                             const ProgressFn& progress, VerifyReport& report,
+                             absl::flat_hash_set<ChunkKey>* corrupt,
+                             std::vector<std::string>* unreadable);
   void FreeSlotLocked(uint32_t segment, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a Put extends the chunk, a Put is writing it, or a reader holds its slot.
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
@@ -368,6 +400,8 @@ class ChunkStore {
   // Bytes a chunk of `spec` with auxiliary records of `aux_bytes` occupies in a new segment.
   uint64_t ChunkBytesOf(const ModelSpec& spec, const std::vector<uint32_t>& aux_bytes) const;
   std::string SegmentPath(uint32_t id) const;
+  // Wall-clock milliseconds since the Unix epoch, from options_.clock (catalog timestamps).
+  int64_t NowMs() const { return absl::ToUnixMillis(options_.clock->Now()); }
   PrefixInfo MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -13,7 +13,6 @@ namespace ckv::storage {
 
 namespace {
 
-using chunk_store_internal::NowMs;
 using chunk_store_internal::PunchGaveBack;
 
 }  // namespace

@@ -16,7 +16,6 @@ namespace ckv::storage {
 namespace {
 
 using chunk_store_internal::kSegmentsDir;
-using chunk_store_internal::NowMs;
 using chunk_store_internal::PunchGaveBack;
 
 }  // namespace
@@ -62,139 +61,189 @@ absl::Status ChunkStore::ValidatePut(const ModelSpec& spec, std::span<const int3
   return absl::OkStatus();
 }
 
+// A Put between its steps (chunk_store.h, "Life of a Put").
+struct ChunkStore::PendingPut {
+  PendingPut(const ModelSpec& spec, std::span<const int32_t> tokens,
+             std::vector<uint32_t> aux_bytes)
+      : spec(spec), tokens(tokens), aux_bytes(std::move(aux_bytes)) {}
+  const ModelSpec& spec;
+  std::span<const int32_t> tokens;
+  std::vector<uint32_t> aux_bytes;  // of each auxiliary record; empty without
+  ChunkKey fp;                      // the spec's fingerprint
+  std::vector<ChunkKey> keys;       // of the prefix's whole chunks
+  size_t n = 0;                     // keys.size()
+  size_t m = 0;                     // leading chunks stored already
+  bool new_spec = false;            // no chunk of this spec was stored when it began
+  uint64_t chunk_bytes = 0;         // one new chunk's bytes in a segment
+  std::vector<PlannedRun> plan;     // the slots of the new chunks
+  PutResult result;
+};
+
+absl::Status ChunkStore::ValidateAux(const AuxRecords* aux) {
+  if (aux == nullptr) return absl::OkStatus();
+  const std::vector<uint32_t>& aux_bytes = aux->record_bytes;
+  if (aux_bytes.empty() || aux_bytes.size() > 16 || !aux->fill) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Put with ", aux_bytes.size(), " auxiliary records", aux->fill ? "" : " and no fill",
+        ": 1..16 records and a fill function are needed"));
+  }
+  for (uint32_t b : aux_bytes) {
+    if (b == 0 || b > (1u << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auxiliary record of ", b, " bytes: must be 1 B..1 GiB"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                           const KvTensors& kv, const AuxRecords* aux) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
-  const std::vector<uint32_t> aux_bytes = aux != nullptr ? aux->record_bytes
-                                                         : std::vector<uint32_t>{};
-  if (aux != nullptr) {
-    if (aux_bytes.empty() || aux_bytes.size() > 16 || !aux->fill) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Put with ", aux_bytes.size(), " auxiliary records", aux->fill ? "" : " and no fill",
-          ": 1..16 records and a fill function are needed"));
-    }
-    for (uint32_t b : aux_bytes) {
-      if (b == 0 || b > (1u << 30)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("auxiliary record of ", b, " bytes: must be 1 B..1 GiB"));
-      }
-    }
-  }
-  const ChunkKey fp = spec.Fingerprint();
-  const uint32_t c = spec.chunk_tokens;
-  const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens);
-  const size_t n = keys.size();
-  const uint64_t chunk_bytes = ChunkBytesOf(spec, aux_bytes);
+  CKV_RETURN_IF_ERROR(ValidateAux(aux));
+  PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
+  put.fp = spec.Fingerprint();
+  put.keys = ChainChunkKeys(put.fp, spec.chunk_tokens, tokens);
+  put.n = put.keys.size();
+  put.chunk_bytes = ChunkBytesOf(spec, put.aux_bytes);
+  put.result.chunks = put.n;
+  put.result.tail_tokens = tokens.size() - put.n * spec.chunk_tokens;
+  put.result.prefix_id = put.keys.back();
 
-  PutResult result;
-  result.chunks = n;
-  result.tail_tokens = tokens.size() - n * c;
-  result.prefix_id = keys.back();
-
-  std::vector<PlannedRun> plan;
-  size_t m = 0;  // chunks stored already
-  bool new_spec = false;
+  // Step 1: find what is stored, reserve room and slots for the rest.
   {
     absl::MutexLock lock(&mu_);
-    // Wait for a concurrent Put of the same chunks to finish, then take what it stored.
-    for (;;) {
-      bool conflict = false;
-      for (const ChunkKey& k : keys) {
-        if (inflight_.contains(k)) {
-          conflict = true;
-          break;
-        }
-      }
-      if (!conflict) break;
-      inflight_cv_.Wait(&mu_);
-    }
-    while (m < n && chunks_.contains(keys[m])) ++m;
-    for (size_t i = m; i < n; ++i) {
-      if (chunks_.contains(keys[i])) {
-        // Stored chunks always include their parents; only a catalog damaged before this open
-        // (a chunk Load had to drop) breaks that. Writing here would shadow the stored record.
-        return absl::DataLossError(absl::StrCat(
-            "chunk ", keys[i].ToHex(), " (", i, " of this prefix) is stored but chunk ",
-            keys[m].ToHex(), " before it is not; run kvctl verify"));
-      }
-    }
-    new_spec = !specs_.contains(fp);
-    const uint64_t tick = ++use_clock_;
-    for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
-    result.chunks_existing = m;
+    bool all_stored = false;
+    CKV_RETURN_IF_ERROR(ReservePutLocked(put, &all_stored));
+    if (all_stored) return put.result;
+  }
+  // Step 2, unlocked: write the records and make them durable.
+  std::vector<std::vector<uint64_t>> checksums(
+      put.n - put.m, std::vector<uint64_t>(spec.layers + put.aux_bytes.size()));
+  uint64_t bytes_written = 0;
+  const absl::Status written = WritePut(put, kv, aux, &checksums, &bytes_written);
+  // Step 3: name them in the catalog, then publish them (or free the slots).
+  absl::MutexLock lock(&mu_);
+  return CommitPutLocked(put, written, checksums, bytes_written);
+}
 
-    if (m == n) {
-      // Everything is stored; record the prefix end if this is a new one.
-      ChunkEntry& last = chunks_[keys[n - 1]];
-      if (!last.prefix_end) {
-        Catalog::Batch batch = catalog_->NewBatch();
-        PrefixEntry p{fp, n, NowMs()};
-        batch.PutPrefix(keys[n - 1], PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
-        StoredCounters next = counters_;
-        next.puts++;
-        next.chunks_deduplicated += n;
-        batch.PutCounters(next);
-        CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
-        counters_ = next;
-        last.prefix_end = true;
-        prefixes_[keys[n - 1]] = p;
-      } else {
-        counters_.puts++;
-        counters_.chunks_deduplicated += n;
-      }
-      return result;
-    }
-
-    const uint64_t need = (n - m) * chunk_bytes;
-    if (max_disk_bytes_ > 0 && need > DataCapLocked()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "Put of ", n - m, " new chunks (", need, " bytes) of ", spec.model_id,
-          " exceeds the store's max_disk_bytes of ", max_disk_bytes_, " (", DataCapLocked(),
-          " bytes of data after the file system's metadata allowance)"));
-    }
-    for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
-    if (m > 0) chunks_[keys[m - 1]].put_pins++;
-    auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
-      if (m > 0) chunks_[keys[m - 1]].put_pins--;
-      inflight_cv_.SignalAll();
-    };
-    absl::Status s = MakeRoomLocked(need, &result.chunks_evicted);
-    const size_t segments_before = segments_.size();
-    if (s.ok()) s = AllocateLocked(spec, aux_bytes, n - m, &plan);
-    if (s.ok() && max_disk_bytes_ > 0 && segments_.size() > segments_before + 1 &&
-        used_bytes_ + need > DataCapLocked()) {
-      // The room was made for one new segment's metadata and the Put needed more segments: make
-      // room again now that they exist (the slots are taken already and do not count yet).
-      s = MakeRoomLocked(need, &result.chunks_evicted);
-      if (!s.ok()) {
-        ReleasePlanLocked(plan, /*counted=*/false);
-        plan.clear();
+absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
+  const std::vector<ChunkKey>& keys = put.keys;
+  const size_t n = put.n;
+  // Wait for a concurrent Put of the same chunks to finish, then take what it stored.
+  for (;;) {
+    bool conflict = false;
+    for (const ChunkKey& k : keys) {
+      if (inflight_.contains(k)) {
+        conflict = true;
+        break;
       }
     }
-    if (!s.ok()) {
-      undo();
-      return s;
+    if (!conflict) break;
+    inflight_cv_.Wait(&mu_);
+  }
+  size_t m = 0;
+  while (m < n && chunks_.contains(keys[m])) ++m;
+  for (size_t i = m; i < n; ++i) {
+    if (chunks_.contains(keys[i])) {
+      // Stored chunks always include their parents; only a catalog damaged before this open
+      // (a chunk Load had to drop) breaks that. Writing here would shadow the stored record.
+      return absl::DataLossError(absl::StrCat(
+          "chunk ", keys[i].ToHex(), " (", i, " of this prefix) is stored but chunk ",
+          keys[m].ToHex(), " before it is not; run kvctl verify"));
     }
-    // Reused slots whose punch had failed are counted already.
-    uint64_t reused = 0;
-    for (const PlannedRun& r : plan) {
-      for (uint32_t i = 0; i < r.run.count; ++i) {
-        reused += unpunched_.erase(SlotId{r.segment->id(), r.run.start + i});
-      }
-    }
-    used_bytes_ += need - reused * chunk_bytes;
+  }
+  put.m = m;
+  put.new_spec = !specs_.contains(put.fp);
+  const uint64_t tick = ++use_clock_;
+  for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
+  put.result.chunks_existing = m;
+  if (m == n) {
+    *all_stored = true;
+    return CommitStoredPrefixLocked(put);
   }
 
+  const uint64_t need = (n - m) * put.chunk_bytes;
+  if (max_disk_bytes_ > 0 && need > DataCapLocked()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Put of ", n - m, " new chunks (", need, " bytes) of ", put.spec.model_id,
+        " exceeds the store's max_disk_bytes of ", max_disk_bytes_, " (", DataCapLocked(),
+        " bytes of data after the file system's metadata allowance)"));
+  }
+  for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
+  if (m > 0) chunks_[keys[m - 1]].put_pins++;
+  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
+    if (m > 0) chunks_[keys[m - 1]].put_pins--;
+    inflight_cv_.SignalAll();
+  };
+  std::vector<PlannedRun>& plan = put.plan;
+  absl::Status s = MakeRoomLocked(need, &put.result.chunks_evicted);
+  const size_t segments_before = segments_.size();
+  if (s.ok()) s = AllocateLocked(put.spec, put.aux_bytes, n - m, &plan);
+  if (s.ok() && max_disk_bytes_ > 0 && segments_.size() > segments_before + 1 &&
+      used_bytes_ + need > DataCapLocked()) {
+    // The room was made for one new segment's metadata and the Put needed more segments: make
+    // room again now that they exist (the slots are taken already and do not count yet).
+    s = MakeRoomLocked(need, &put.result.chunks_evicted);
+    if (!s.ok()) {
+      ReleasePlanLocked(plan, /*counted=*/false);
+      plan.clear();
+    }
+  }
+  if (!s.ok()) {
+    undo();
+    return s;
+  }
+  // Reused slots whose punch had failed are counted already.
+  uint64_t reused = 0;
+  for (const PlannedRun& r : plan) {
+    for (uint32_t i = 0; i < r.run.count; ++i) {
+      reused += unpunched_.erase(SlotId{r.segment->id(), r.run.start + i});
+    }
+  }
+  used_bytes_ += need - reused * put.chunk_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::CommitStoredPrefixLocked(PendingPut& put) {
+  // Everything is stored; record the prefix end if this is a new one.
+  const size_t n = put.n;
+  ChunkEntry& last = chunks_[put.keys[n - 1]];
+  if (!last.prefix_end) {
+    Catalog::Batch batch = catalog_->NewBatch();
+    PrefixEntry p{put.fp, n, NowMs()};
+    batch.PutPrefix(put.keys[n - 1], PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
+    StoredCounters next = counters_;
+    next.puts++;
+    next.chunks_deduplicated += n;
+    batch.PutCounters(next);
+    CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
+    counters_ = next;
+    last.prefix_end = true;
+    prefixes_[put.keys[n - 1]] = p;
+  } else {
+    counters_.puts++;
+    counters_.chunks_deduplicated += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
+                                  const AuxRecords* aux,
+                                  std::vector<std::vector<uint64_t>>* checksums,
+                                  uint64_t* bytes_written) {
+  const std::vector<uint32_t>& aux_bytes = put.aux_bytes;
+  const size_t m = put.m;
+  const size_t new_chunks = put.n - put.m;
   // Compute the auxiliary records on a second thread while the layers' records are written.
   // The future's destructor waits, so nothing it uses goes away under it on any return path.
   std::vector<std::vector<std::byte>> aux_data(aux_bytes.size());
-  for (size_t a = 0; a < aux_bytes.size(); ++a) aux_data[a].resize((n - m) * aux_bytes[a]);
+  for (size_t a = 0; a < aux_bytes.size(); ++a) aux_data[a].resize(new_chunks * aux_bytes[a]);
   std::future<void> aux_future;
   if (aux != nullptr) {
     aux_future = std::async(std::launch::async, [&] {
       std::vector<std::span<std::byte>> out(aux_bytes.size());
-      for (size_t i = 0; i < n - m; ++i) {
+      for (size_t i = 0; i < new_chunks; ++i) {
         for (size_t a = 0; a < aux_bytes.size(); ++a) {
           out[a] = std::span<std::byte>(aux_data[a].data() + i * aux_bytes[a], aux_bytes[a]);
         }
@@ -207,13 +256,11 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   };
 
   // Write the records, then make them durable.
-  std::vector<std::vector<uint64_t>> checksums(
-      n - m, std::vector<uint64_t>(spec.layers + aux_bytes.size()));
-  uint64_t bytes_written = 0;
-  absl::Status s = WriteChunks(spec, kv, m, plan, aux_data, aux_ready, &checksums, &bytes_written);
+  absl::Status s =
+      WriteChunks(put.spec, kv, m, put.plan, aux_data, aux_ready, checksums, bytes_written);
   if (s.ok()) {
     std::vector<Segment*> synced;
-    for (const PlannedRun& r : plan) {
+    for (const PlannedRun& r : put.plan) {
       if (std::find(synced.begin(), synced.end(), r.segment) != synced.end()) continue;
       s = r.segment->file()->Sync();
       if (!s.ok()) break;
@@ -221,33 +268,41 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
     }
   }
   if (s.ok()) s = fs_->CrashSeam(kSeamPutDataSynced);
+  return s;
+}
 
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
+    PendingPut& put, absl::Status s, std::vector<std::vector<uint64_t>>& checksums,
+    uint64_t bytes_written) {
+  const std::vector<ChunkKey>& keys = put.keys;
+  const size_t n = put.n;
+  const size_t m = put.m;
+  const uint32_t c = put.spec.chunk_tokens;
   const int64_t now = NowMs();
   const uint64_t seq = ++put_seq_;
   StoredCounters next = counters_;
   std::vector<std::pair<size_t, ChunkRecord>> records;  // (index in keys, what the batch names)
   if (s.ok()) {
     Catalog::Batch batch = catalog_->NewBatch();
-    if (new_spec && !specs_.contains(fp)) batch.PutSpec(spec);
+    if (put.new_spec && !specs_.contains(put.fp)) batch.PutSpec(put.spec);
     records.reserve(n - m);
-    for (const PlannedRun& r : plan) {
+    for (const PlannedRun& r : put.plan) {
       for (uint32_t i = 0; i < r.run.count; ++i) {
         const size_t idx = m + r.first + i;
         ChunkRecord& rec = records.emplace_back(idx, ChunkRecord{}).second;
         rec.parent = idx == 0 ? ChunkKey{} : keys[idx - 1];
-        rec.fingerprint = fp;
+        rec.fingerprint = put.fp;
         rec.depth = static_cast<uint32_t>(idx);
         rec.segment = r.segment->id();
         rec.slot = r.run.start + i;
         rec.put_seq = seq;
         rec.created_unix_ms = now;
-        rec.tokens.assign(tokens.begin() + idx * c, tokens.begin() + (idx + 1) * c);
+        rec.tokens.assign(put.tokens.begin() + idx * c, put.tokens.begin() + (idx + 1) * c);
         rec.checksums = std::move(checksums[r.first + i]);
         batch.PutChunk(keys[idx], rec);
       }
     }
-    batch.PutPrefix(keys[n - 1], PrefixRecord{fp, n, now});
+    batch.PutPrefix(keys[n - 1], PrefixRecord{put.fp, n, now});
     next.puts++;
     next.chunks_written += n - m;
     next.chunks_deduplicated += m;
@@ -260,20 +315,20 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   inflight_cv_.SignalAll();
   if (!s.ok()) {
     // Nothing names the slots: free them and give their blocks back.
-    ReleasePlanLocked(plan, /*counted=*/true);
+    ReleasePlanLocked(put.plan, /*counted=*/true);
     return s;
   }
   counters_ = next;
-  if (new_spec) specs_.emplace(fp, spec);
+  if (put.new_spec) specs_.emplace(put.fp, put.spec);
   const uint64_t tick = ++use_clock_;
   for (const auto& [idx, rec] : records) chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
   chunks_[keys[n - 1]].prefix_end = true;
-  prefixes_[keys[n - 1]] = PrefixEntry{fp, n, now};
-  result.chunks_written = n - m;
-  result.bytes_written = bytes_written;
+  prefixes_[keys[n - 1]] = PrefixEntry{put.fp, n, now};
+  put.result.chunks_written = n - m;
+  put.result.bytes_written = bytes_written;
   CKV_RETURN_IF_ERROR(fs_->CrashSeam(kSeamPutCommitted));
-  return result;
+  return put.result;
 }
 
 void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted) {

@@ -16,80 +16,93 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
                                                         absl::flat_hash_set<ChunkKey>* corrupt,
                                                         std::vector<std::string>* unreadable) {
   VerifyReport report;
-  struct Item {
-    ChunkKey key;
-    ChunkKey parent;
-    ChunkKey fingerprint;
-    uint32_t depth;
-  };
-  std::vector<Item> items;
+  std::vector<ChunkKey> keys;
   uint64_t total_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     report.problems = open_problems_;
-    items.reserve(chunks_.size());
+    keys.reserve(chunks_.size());
     for (const auto& [key, e] : chunks_) {
-      items.push_back({key, e.parent, e.fingerprint, e.depth});
+      keys.push_back(key);
       total_bytes += segments_.at(e.segment)->chunk_bytes();
-      if (!specs_.contains(e.fingerprint)) {
-        report.problems.push_back(
-            absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
-      }
-      if (!e.parent.IsZero()) {
-        auto parent = chunks_.find(e.parent);
-        if (parent == chunks_.end()) {
-          report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
-          if (corrupt != nullptr) corrupt->insert(key);
-        } else if (parent->second.depth + 1 != e.depth) {
-          report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
-                                                 " has a parent at depth ",
-                                                 parent->second.depth));
-        }
-      } else if (e.depth != 0) {
-        report.problems.push_back(
-            absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth, " has no parent"));
-      }
     }
-    // Child counts are derived state: they must agree with the parent links they count.
-    absl::flat_hash_map<ChunkKey, uint32_t> linked_children;
-    for (const auto& [key, e] : chunks_) {
-      if (!e.parent.IsZero() && chunks_.contains(e.parent)) linked_children[e.parent]++;
+    CheckStructureLocked(report, corrupt);
+  }
+  std::sort(keys.begin(), keys.end());
+  CheckKeys(keys, report, corrupt);
+  CKV_RETURN_IF_ERROR(VerifyRecords(keys, total_bytes, progress, report, corrupt, unreadable));
+  return report;
+}
+
+void ChunkStore::CheckStructureLocked(VerifyReport& report,
+                                      absl::flat_hash_set<ChunkKey>* corrupt) {
+  for (const auto& [key, e] : chunks_) {
+    if (!specs_.contains(e.fingerprint)) {
+      report.problems.push_back(
+          absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
     }
-    for (const auto& [key, e] : chunks_) {
-      auto linked = linked_children.find(key);
-      const uint32_t want = linked == linked_children.end() ? 0 : linked->second;
-      if (e.children != want) {
-        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " counts ", e.children,
-                                               " children; ", want, " stored chunks name it"));
+    if (!e.parent.IsZero()) {
+      auto parent = chunks_.find(e.parent);
+      if (parent == chunks_.end()) {
+        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
+        if (corrupt != nullptr) corrupt->insert(key);
+      } else if (parent->second.depth + 1 != e.depth) {
+        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
+                                               " has a parent at depth ",
+                                               parent->second.depth));
       }
-    }
-    for (const auto& [id, p] : prefixes_) {
-      auto it = chunks_.find(id);
-      if (it == chunks_.end() || it->second.depth + 1 != p.chunks) {
-        report.problems.push_back(absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
-                                               " chunks does not end at a stored chunk of that "
-                                               "depth"));
-      }
+    } else if (e.depth != 0) {
+      report.problems.push_back(
+          absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth, " has no parent"));
     }
   }
-  std::sort(items.begin(), items.end(),
-            [](const Item& a, const Item& b) { return a.key < b.key; });
+  // Child counts are derived state: they must agree with the parent links they count.
+  absl::flat_hash_map<ChunkKey, uint32_t> linked_children;
+  for (const auto& [key, e] : chunks_) {
+    if (!e.parent.IsZero() && chunks_.contains(e.parent)) linked_children[e.parent]++;
+  }
+  for (const auto& [key, e] : chunks_) {
+    auto linked = linked_children.find(key);
+    const uint32_t want = linked == linked_children.end() ? 0 : linked->second;
+    if (e.children != want) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " counts ", e.children,
+                                             " children; ", want, " stored chunks name it"));
+    }
+  }
+  for (const auto& [id, p] : prefixes_) {
+    auto it = chunks_.find(id);
+    if (it == chunks_.end() || it->second.depth + 1 != p.chunks) {
+      report.problems.push_back(absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
+                                             " chunks does not end at a stored chunk of that "
+                                             "depth"));
+    }
+  }
+}
+
+void ChunkStore::CheckKeys(std::span<const ChunkKey> keys, VerifyReport& report,
+                           absl::flat_hash_set<ChunkKey>* corrupt) {
   // The catalog's own record: its key must be the hash of its parent, spec and tokens.
-  for (const Item& item : items) {
-    auto record = catalog_->GetChunk(item.key);
+  for (const ChunkKey& key : keys) {
+    auto record = catalog_->GetChunk(key);
     if (!record.ok()) {
       if (!absl::IsNotFound(record.status())) {  // NotFound: removed while we verified
         report.problems.push_back(std::string(record.status().message()));
       }
       continue;
     }
-    if (!(ChainChunkKey(record->parent, record->fingerprint, record->tokens) == item.key)) {
-      report.problems.push_back(absl::StrCat("chunk ", item.key.ToHex(),
+    if (!(ChainChunkKey(record->parent, record->fingerprint, record->tokens) == key)) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(),
                                              ": key does not match the hash of its parent, "
                                              "model and tokens"));
-      if (corrupt != nullptr) corrupt->insert(item.key);
+      if (corrupt != nullptr) corrupt->insert(key);
     }
   }
+}
+
+absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t total_bytes,
+                                       const ProgressFn& progress, VerifyReport& report,
+                                       absl::flat_hash_set<ChunkKey>* corrupt,
+                                       std::vector<std::string>* unreadable) {
   // Every record, read in batches of chunks in slot order, so that the bands of neighbouring
   // slots are read together; a batch's chunks are pinned while it is read.
   constexpr size_t kBatchChunks = 1024;
@@ -101,14 +114,14 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
     std::vector<uint64_t> checksums;
   };
   uint64_t done_bytes = 0;
-  for (size_t begin = 0; begin < items.size(); begin += kBatchChunks) {
-    const size_t end = std::min(items.size(), begin + kBatchChunks);
+  for (size_t begin = 0; begin < keys.size(); begin += kBatchChunks) {
+    const size_t end = std::min(keys.size(), begin + kBatchChunks);
     std::vector<Pinned> pinned;
     pinned.reserve(end - begin);
     {
       absl::MutexLock lock(&mu_);
       for (size_t i = begin; i < end; ++i) {
-        auto it = chunks_.find(items[i].key);
+        auto it = chunks_.find(keys[i]);
         if (it == chunks_.end()) continue;  // removed while we verified
         const ChunkEntry& e = it->second;
         pinned.push_back(Pinned{it->first, segments_.at(e.segment).get(), e.slot, e.checksums});
@@ -143,7 +156,7 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
     report.chunks_checked += pinned.size();
     if (progress) progress(done_bytes, total_bytes);
   }
-  return report;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
