@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# tests/layering_test.sh: fails on an include that points the wrong way (docs/design.md, "Module
-# map"). Reads the #include "..." lines of every source file under the ckv folders and checks each
-# against the rules of its folder; prints file:line, the include and the rule for each breach.
+# tests/layering_test.sh: fails on an include that points the wrong way (README.md, "Repository
+# layout": dependencies point one way). Reads the #include "..." lines of every source file under
+# the ckv folders and checks each against the rules of its folder; prints file:line, the include
+# and the rule for each breach.
 #
 #   include/ckv/  includes only include/ckv/.
 #   common/       the implementations of the public value types: the value headers only.
