@@ -127,29 +127,16 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   engine::SelectorClock* selector_clock() override { return clock_.load(); }
   void set_selector_clock(engine::SelectorClock* clock) { clock_.store(clock); }
-  absl::Status set_read_fault_hook(prefetch::FaultHook hook) {
-    absl::MutexLock lock(&mu_);
-    if (reads_ != nullptr) {
-      return absl::FailedPreconditionError(
-          "SetReadFaultHook after the read engine was created (set it before the first session)");
-    }
-    fault_hook_ = std::move(hook);
-    return absl::OkStatus();
-  }
-
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
     if (reads_ == nullptr) {
       prefetch::ReadEngineOptions o;
-      // io_uring reads need the store's own files; a caller's file system (the fault-injecting
-      // one in tests) is read through the thread pool.
-      if (options_.file_system != nullptr || options_.io_backend == IoBackend::kThreads) {
-        o.backend = prefetch::ReadBackend::kThreads;
-      } else if (options_.io_backend == IoBackend::kUring) {
-        o.backend = prefetch::ReadBackend::kUring;
-      }
+      // Reads go through the same I/O layer as the store's writes: the caller's file system
+      // (the fault-injecting one in tests, over io_uring or threads alike), else the POSIX one
+      // for io_backend.
+      o.file_system = options_.file_system;
+      o.backend = options_.io_backend;
       o.logger = options_.logger;
-      o.fault_hook = fault_hook_;
       if (kernels::cuda::DeviceAvailable().ok()) {
         // Staging buffers a GPU tier can copy from by DMA.
         o.pin_memory = [](void* address, size_t bytes) {
@@ -180,7 +167,6 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
-  prefetch::FaultHook fault_hook_ ABSL_GUARDED_BY(mu_);  // tests only (SetReadFaultHook)
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};
@@ -192,9 +178,6 @@ namespace engine {
 SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); }
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
-}
-absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook) {
-  return dynamic_cast<EngineImpl&>(engine).set_read_fault_hook(std::move(hook));
 }
 }  // namespace engine
 

@@ -79,11 +79,6 @@ SessionHost& HostOf(Engine& engine);
 // Sets (null: removes) the clock the sessions of `engine` call around selector runs. Not owned;
 // must outlive the sessions that start while it is set.
 void SetSelectorClock(Engine& engine, SelectorClock* clock);
-// Installs a fault hook (prefetch/read_engine.h) in the read engine that the sessions of
-// `engine` read through, for the fault tests: it reaches the io_uring backend too, which the
-// fault-injecting file system cannot. FailedPrecondition once the read engine exists (the first
-// session creates it): set it right after Open.
-absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook);
 
 // The read of record `record` (a layer, or an auxiliary record) of pinned chunk `chunk` into
 // `dest`: the file's id in the host's read engine, the offset, the length padded to the file's

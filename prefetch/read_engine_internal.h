@@ -1,5 +1,5 @@
-// prefetch/read_engine_internal.h: the scheduler shared by ReadEngine's backends, and the
-// backend interface. Internal to prefetch/.
+// prefetch/read_engine_internal.h: the scheduler and the interface of its I/O threads
+// (prefetch/io_threads.cc). Internal to prefetch/.
 //
 // One mutex (Impl::mu_) guards the queues, the request table, the counters and each backend's
 // sleep/wake state. A backend's I/O thread takes it once per loop turn: it returns the requests of
@@ -45,6 +45,7 @@ struct IoGroup {
   uint64_t offset = 0;
   uint32_t length = 0;
   uint64_t issue_seq = 0;
+  Priority priority = Priority::kDemand;  // of the request it was taken for
   absl::InlinedVector<Request*, 8> requests;
 };
 
@@ -103,7 +104,7 @@ class ReadEngine::Impl {
   size_t TakeLocked(std::span<internal::IoGroup* const> groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read landed (or failed): releases its requests, counts it out of flight.
   void ReleaseLocked(internal::IoGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts device transfers (each SQE / pread and its bytes).
+  // Counts device transfers (each SQE / ReadAt, as the I/O queue counts them) and their bytes.
   void CountIoLocked(uint64_t ios, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountIo(uint64_t ios, uint64_t bytes) {
     absl::MutexLock lock(&mu_);
@@ -159,8 +160,8 @@ class ReadEngine::Impl {
 };
 
 namespace internal {
-std::unique_ptr<Backend> NewUringBackend(ReadEngine::Impl* engine);
-std::unique_ptr<Backend> NewThreadBackend(ReadEngine::Impl* engine);
+// The I/O threads (prefetch/io_threads.cc), each driving one queue of `fs`'s I/O layer.
+std::unique_ptr<Backend> NewQueueBackend(ReadEngine::Impl* engine, storage::FileSystem* fs);
 }  // namespace internal
 
 }  // namespace ckv::prefetch

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "ckv/io_backend.h"
+
 namespace ckv {
 
 class Logger;
@@ -22,13 +24,6 @@ enum class RecordLayout : uint8_t {
   // Each period of p layers is a band: one chunk's p records of a period are adjacent, so a chunk
   // of a period is one read.
   kPeriodMajor = 2,
-};
-
-// Which backend writes and reads segment data.
-enum class IoBackend : uint8_t {
-  kAuto = 0,      // io_uring when the kernel allows it, else kThreads (logged once).
-  kUring = 1,     // io_uring; Open fails with Unavailable when it cannot be set up.
-  kThreads = 2,   // positioned pread/pwrite; no io_uring.
 };
 
 struct EngineOptions {
