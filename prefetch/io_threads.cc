@@ -67,11 +67,11 @@ struct IoThread {
   std::thread thread;
 };
 
-class QueueBackend final : public Backend {
+class IoThreads final : public Backend {
  public:
-  explicit QueueBackend(ReadEngine::Impl* engine, storage::FileSystem* fs)
+  explicit IoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs)
       : engine_(engine), fs_(fs), register_(engine->options().register_with_ring) {}
-  ~QueueBackend() override {
+  ~IoThreads() override {
     Join();
     for (auto& t : threads_) {
       t->queue.reset();  // waits for what the kernel holds before the arena goes
@@ -290,15 +290,15 @@ class QueueBackend final : public Backend {
   static thread_local std::vector<storage::IoQueue::Callback> callbacks_;
 };
 
-thread_local IoThread* QueueBackend::current_ = nullptr;
-thread_local std::vector<IoGroup*> QueueBackend::groups_;
-thread_local std::vector<storage::IoOp> QueueBackend::ops_;
-thread_local std::vector<storage::IoQueue::Callback> QueueBackend::callbacks_;
+thread_local IoThread* IoThreads::current_ = nullptr;
+thread_local std::vector<IoGroup*> IoThreads::groups_;
+thread_local std::vector<storage::IoOp> IoThreads::ops_;
+thread_local std::vector<storage::IoQueue::Callback> IoThreads::callbacks_;
 
 }  // namespace
 
-std::unique_ptr<Backend> NewQueueBackend(ReadEngine::Impl* engine, storage::FileSystem* fs) {
-  return std::make_unique<QueueBackend>(engine, fs);
+std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs) {
+  return std::make_unique<IoThreads>(engine, fs);
 }
 
 }  // namespace ckv::prefetch::internal

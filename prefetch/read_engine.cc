@@ -103,7 +103,7 @@ absl::Status ReadEngine::Impl::Init() {
   // one, the POSIX file system's for `backend` (kAuto falls back to threads, logged once).
   storage::FileSystem* fs =
       o.file_system != nullptr ? o.file_system : storage::PosixFileSystem(o.backend);
-  backend_ = internal::NewQueueBackend(this, fs);
+  backend_ = internal::NewIoThreads(this, fs);
   absl::Status s = backend_->Start();
   if (!s.ok()) backend_.reset();
   return s;

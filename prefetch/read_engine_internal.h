@@ -161,7 +161,7 @@ class ReadEngine::Impl {
 
 namespace internal {
 // The I/O threads (prefetch/io_threads.cc), each driving one queue of `fs`'s I/O layer.
-std::unique_ptr<Backend> NewQueueBackend(ReadEngine::Impl* engine, storage::FileSystem* fs);
+std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs);
 }  // namespace internal
 
 }  // namespace ckv::prefetch

@@ -23,15 +23,7 @@ std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
 
 FileSystem* ChooseFileSystem(const EngineOptions& options) {
   if (options.file_system != nullptr) return options.file_system;
-  switch (options.io_backend) {
-    case IoBackend::kUring:
-      return PosixFileSystem(QueueBackend::kUring);
-    case IoBackend::kThreads:
-      return PosixFileSystem(QueueBackend::kThreads);
-    case IoBackend::kAuto:
-      break;
-  }
-  return PosixFileSystem(QueueBackend::kAuto);
+  return PosixFileSystem(options.io_backend);
 }
 
 }  // namespace
@@ -314,13 +306,13 @@ std::string ChunkStore::RecordName(const Segment& seg, const ChunkKey& key, uint
 absl::Status ChunkStore::CheckRecord(const Segment& seg, uint32_t slot, uint32_t record,
                                      uint64_t expected, const ChunkKey& key,
                                      const std::byte* data) {
-  const uint64_t actual = RecordChecksum(data, seg.record_bytes(record));
-  if (actual == expected) return absl::OkStatus();
-  checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-  return absl::DataLossError(absl::StrFormat(
-      "record %s (segment %u slot %u, offset %u of %s): checksum 0x%016x != 0x%016x",
-      RecordName(seg, key, record), seg.id(), slot, seg.RecordOffset(slot, record),
-      seg.file()->path(), actual, expected));
+  absl::Status status = VerifyRecordChecksum(data, seg.record_bytes(record), expected, [&] {
+    return absl::StrFormat("record %s (segment %u slot %u, offset %u of %s)",
+                           RecordName(seg, key, record), seg.id(), slot,
+                           seg.RecordOffset(slot, record), seg.file()->path());
+  });
+  if (!status.ok()) checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+  return status;
 }
 
 absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t record,

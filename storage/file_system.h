@@ -32,9 +32,6 @@ class FileSystem;
 
 namespace ckv::storage {
 
-// Kept until every user says IoBackend (ckv/io_backend.h), the one definition.
-using QueueBackend = ::ckv::IoBackend;
-
 // The named crash seams of the data path (FileSystem::CrashSeam), in the order a Put passes them.
 // A Put's records are written and synced (fdatasync of every segment it wrote), its catalog batch
 // is not committed yet: a crash here must leave nothing of the Put visible.
