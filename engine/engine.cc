@@ -5,7 +5,6 @@
 
 #include <atomic>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/session.h"
 #include "engine/summaries.h"
@@ -151,22 +150,11 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     return reads_.get();
   }
 
-  absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) override {
-    absl::MutexLock lock(&mu_);
-    auto it = files_.find(file);
-    if (it != files_.end()) return it->second;
-    auto id = reads_->RegisterFile(file);
-    if (!id.ok()) return id.status();
-    files_.emplace(file, *id);
-    return *id;
-  }
-
  private:
   const EngineOptions options_;
   std::unique_ptr<storage::ChunkStore> store_;
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};

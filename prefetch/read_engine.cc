@@ -159,7 +159,19 @@ absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(storage::File* file) {
   return id;
 }
 
+absl::StatusOr<FileId> ReadEngine::Impl::FileIdOf(storage::File* file) {
+  absl::MutexLock lock(&ids_mu_);
+  if (auto it = ids_.find(file); it != ids_.end()) return it->second;
+  CKV_ASSIGN_OR_RETURN(FileId id, RegisterFile(file));
+  ids_.emplace(file, id);
+  return id;
+}
+
 absl::Status ReadEngine::Impl::UnregisterFile(FileId id) {
+  {
+    absl::MutexLock lock(&ids_mu_);
+    absl::erase_if(ids_, [id](const auto& entry) { return entry.second == id; });
+  }
   {
     absl::MutexLock lock(&mu_);
     if (id >= files_.size() || files_[id] == nullptr) {
@@ -464,6 +476,20 @@ bool ReadEngine::uses_fixed_buffers() const { return impl_->fixed_buffers(); }
 
 absl::StatusOr<FileId> ReadEngine::RegisterFile(storage::File* file) { return impl_->RegisterFile(file); }
 absl::Status ReadEngine::UnregisterFile(FileId file) { return impl_->UnregisterFile(file); }
+absl::StatusOr<FileId> ReadEngine::FileIdOf(storage::File* file) { return impl_->FileIdOf(file); }
+
+absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read, Priority priority) {
+  CKV_ASSIGN_OR_RETURN(FileId file, impl_->FileIdOf(read.file));
+  ReadRequest r;
+  r.file = file;
+  r.offset = read.offset;
+  r.length = read.length;
+  r.priority = priority;
+  r.verify_checksum = read.checksum_bytes > 0;
+  r.expected_checksum = read.checksum;
+  r.checksum_bytes = read.checksum_bytes;
+  return r;
+}
 
 absl::StatusOr<RequestId> ReadEngine::Submit(ReadRequest request) {
   CKV_ASSIGN_OR_RETURN(std::vector<RequestId> ids, impl_->SubmitBatch(std::span<ReadRequest>(&request, 1)));

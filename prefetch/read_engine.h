@@ -221,6 +221,13 @@ class ReadEngine {
   absl::StatusOr<FileId> RegisterFile(storage::File* file);
   // REQUIRES: no request for `file` is outstanding.
   absl::Status UnregisterFile(FileId file);
+  // The id of `file`, registering it on first use; the same id on later calls until it is
+  // unregistered. Thread-safe.
+  absl::StatusOr<FileId> FileIdOf(storage::File* file);
+  // A request for `read` (storage::FileRead, e.g. a pinned chunk's record: PinnedChunks::ReadOf):
+  // its file by id (FileIdOf), offset and padded length, and its checksum verified when it has
+  // one. The caller adds name, dest and callback.
+  absl::StatusOr<ReadRequest> RequestFor(const storage::FileRead& read, Priority priority);
 
   // Queues a request. InvalidArgument for a bad request, ResourceExhausted when
   // max_outstanding_requests are outstanding, FailedPrecondition after shutdown began.

@@ -84,6 +84,7 @@ class ReadEngine::Impl {
   // The public API.
   absl::StatusOr<FileId> RegisterFile(storage::File* file);
   absl::Status UnregisterFile(FileId file);
+  absl::StatusOr<FileId> FileIdOf(storage::File* file);
   absl::StatusOr<std::vector<RequestId>> SubmitBatch(std::span<ReadRequest> requests);
   absl::Status Cancel(RequestId id);
   void SetPaused(bool paused);
@@ -147,6 +148,9 @@ class ReadEngine::Impl {
   absl::flat_hash_map<uint64_t, internal::Request*> by_end_ ABSL_GUARDED_BY(mu_);
   std::vector<storage::File*> files_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reserved_ ABSL_GUARDED_BY(mu_);  // slots being (un)registered
+  // FileIdOf's registrations; held across RegisterFile so that a file is registered once.
+  absl::Mutex ids_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::flat_hash_map<storage::File*, FileId> ids_ ABSL_GUARDED_BY(ids_mu_);
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // device reads

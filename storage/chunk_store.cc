@@ -399,6 +399,27 @@ PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) con
                   static_cast<uint32_t>(seg.band_slot_bytes(band)), c.checksums[record]};
 }
 
+FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
+  const Location where = RecordAt(chunk, record);
+  FileRead read = PartOf(chunk, record, 0, where.length);
+  read.checksum = where.checksum;
+  read.checksum_bytes = where.length;
+  return read;
+}
+
+FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const {
+  const Location where = RecordAt(chunk, record);
+  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
+  const uint64_t begin = (where.offset + from) / align * align;
+  const uint64_t end = (where.offset + from + bytes + align - 1) / align * align;
+  FileRead read;
+  read.file = where.file;
+  read.offset = begin;
+  read.length = static_cast<uint32_t>(end - begin);
+  read.skip = static_cast<uint32_t>(where.offset + from - begin);
+  return read;
+}
+
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(
     const ModelSpec& spec, std::span<const ChunkKey> keys) {
   CKV_RETURN_IF_ERROR(spec.Validate());

@@ -74,6 +74,20 @@ class File {
   virtual absl::StatusOr<uint64_t> AllocatedBytes() = 0;
 };
 
+// A read of a File ready to hand to the I/O layer: `length` bytes at `offset`, both aligned to the
+// file's alignment (the length padded up); the bytes wanted start `skip` bytes in. When
+// checksum_bytes > 0, the XXH3-64 of the first checksum_bytes bytes read must be `checksum`
+// (storage::VerifyRecordChecksum). A pinned chunk's record hands these out
+// (PinnedChunks::ReadOf in storage/chunk_store.h).
+struct FileRead {
+  File* file = nullptr;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  uint32_t skip = 0;
+  uint64_t checksum = 0;
+  uint32_t checksum_bytes = 0;
+};
+
 // Marks IoOp::file_slot / IoOp::buffer_index as not registered.
 inline constexpr uint32_t kNoIoSlot = UINT32_MAX;
 
