@@ -178,7 +178,7 @@ class IoThreads final : public Backend {
 
   // Steps 2 and 3a: releases `landed`, takes reads into free slots (at most queue_depth in the
   // queue) and submits them. Returns false when the thread should exit.
-  bool TakeAndSubmit(IoThread& t, std::vector<Slot*>& landed) {
+  bool TakeAndSubmit(IoThread& t, std::vector<Slot*>& landed, bool hand_over = true) {
     const uint32_t qd = engine_->options().queue_depth;
     size_t n = 0, first = 0;
     {
@@ -228,11 +228,23 @@ class IoThreads final : public Backend {
       ++t.taken;
       ++t.in_queue;
     }
+    // Before a Reap(wait) the reads are only prepared: the Reap hands them over and sleeps in one
+    // system call (io_uring_submit_and_wait).
+    const absl::Status s = hand_over ? t.queue->SubmitBatch(ops_, callbacks_)
+                                     : t.queue->PrepareBatch(ops_, callbacks_);
+    if (!s.ok()) {
+      // A refused batch (a file the queue cannot read, e.g. of another file system with
+      // register_with_ring off): none of it was queued, so its reads fail with the error.
+      if (!absl::IsInvalidArgument(s)) Broken(s);
+      for (size_t i = first; i < first + n; ++i) {
+        Slot* slot = t.free[i];
+        slot->status = s;
+        --t.in_queue;
+        t.finished.push_back(slot);
+      }
+    }
     t.free.erase(t.free.begin() + static_cast<std::ptrdiff_t>(first),
                  t.free.begin() + static_cast<std::ptrdiff_t>(first + n));
-    if (absl::Status s = t.queue->SubmitBatch(ops_, callbacks_); !s.ok()) {
-      Broken(s);
-    }
     return true;
   }
 
@@ -248,7 +260,7 @@ class IoThreads final : public Backend {
     std::vector<Slot*> landed;  // verified and called back; released at the next take
     std::vector<Completion> completions;
     while (true) {
-      if (!TakeAndSubmit(t, landed)) break;
+      if (!TakeAndSubmit(t, landed, /*hand_over=*/false)) break;
       // Step 3b: sleep until a read lands or a wake-up comes, unless one already finished.
       if (absl::Status s = t.queue->Reap(/*wait=*/t.finished.empty()); !s.ok()) Broken(s);
       // Refill the device before verifying: the slots that just landed keep their buffers until

@@ -86,7 +86,7 @@ struct ReadEngineOptions {
   uint32_t max_outstanding_requests = 8192;
   // Most files registered at once. Default: 1024.
   uint32_t max_files = 1024;
-  // Where the fallback line goes. Default: StderrLogger().
+  // Where the registration-fallback lines go. Default: StderrLogger().
   Logger* logger = nullptr;
   // Pinned-memory seam (see PinMemoryHook). Default: none.
   PinMemoryHook pin_memory;
@@ -176,7 +176,8 @@ struct ReadEngineStats {
   uint64_t requests_coalesced = 0;   // requests that rode in another request's read
   uint64_t bytes_requested = 0;      // lengths of the requests issued to the device
   uint64_t bytes_read = 0;           // bytes the device transferred (retries included)
-  uint64_t ios_issued = 0;           // SQEs / preads, requeued remainders included
+  uint64_t ios_issued = 0;           // the I/O queue's transfers (SQEs or ReadAt calls), requeued
+                                     // remainders and retries included
   // Device reads in flight, sampled at each issue (see kQueueDepthBuckets).
   std::array<uint64_t, kQueueDepthBuckets> queue_depth_histogram{};
   // Device reads by size (see kIoSizeBuckets): what a fio job must replay to be comparable.

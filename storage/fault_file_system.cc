@@ -216,6 +216,21 @@ class FaultIoQueue final : public IoQueue {
     return SubmitPiece(file, inner_op, std::make_shared<Callback>(std::move(done)));
   }
 
+  absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done) override {
+    // A file of another file system (InvalidArgument) refuses the whole batch before any of it
+    // is queued.
+    for (const IoOp& op : ops) {
+      if (op.file == nullptr || Unwrap(op.file) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "IoQueue(fault): ", op.file == nullptr ? std::string("an op has no file")
+                                                   : op.file->path() +
+                                                         " was not opened by the fault-injecting "
+                                                         "file system"));
+      }
+    }
+    return IoQueue::SubmitBatch(ops, done);
+  }
+
   absl::Status Drain() override {
     if (callback_depth_ > 0) {
       return absl::FailedPreconditionError("IoQueue(fault): Drain called from a callback");

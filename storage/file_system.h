@@ -131,6 +131,12 @@ class IoQueue {
   // Queues every op of `ops` (done[i] for ops[i]) and hands them to the kernel at once. As
   // Submit otherwise. REQUIRES: ops.size() == done.size().
   virtual absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done);
+  // As SubmitBatch, but the ops may wait to be handed to the kernel until the next Reap, Drain
+  // or submission, so that a caller about to Reap(true) hands them over and sleeps in one system
+  // call. Default: SubmitBatch.
+  virtual absl::Status PrepareBatch(std::span<const IoOp> ops, std::span<Callback> done) {
+    return SubmitBatch(ops, done);
+  }
   // Waits for every submitted operation and runs its callback. Not from a callback.
   virtual absl::Status Drain() = 0;
   // Runs the callbacks of the ops that have completed. With `wait`, first waits until at least

@@ -28,6 +28,13 @@ absl::Status IoQueue::SubmitBatch(std::span<const IoOp> ops, std::span<Callback>
     return absl::InvalidArgumentError(
         absl::StrCat("SubmitBatch: ", ops.size(), " ops but ", done.size(), " callbacks"));
   }
+  // A bad op (InvalidArgument) refuses the whole batch before any of it is queued.
+  for (const IoOp& op : ops) {
+    if (op.file == nullptr || (op.buffer == nullptr && op.length > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SubmitBatch: an op has no ", op.file == nullptr ? "file" : "buffer"));
+    }
+  }
   for (size_t i = 0; i < ops.size(); ++i) {
     if (absl::Status s = Submit(ops[i], std::move(done[i])); !s.ok()) return s;
   }

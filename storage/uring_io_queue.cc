@@ -144,30 +144,44 @@ class UringIoQueue final : public IoQueue {
   }
 
   absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done) override {
+    return Queue(ops, done, /*hand_over=*/true);
+  }
+
+  absl::Status PrepareBatch(std::span<const IoOp> ops, std::span<Callback> done) override {
+    return Queue(ops, done, /*hand_over=*/false);
+  }
+
+  absl::Status Queue(std::span<const IoOp> ops, std::span<Callback> done, bool hand_over) {
     if (ops.size() != done.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("SubmitBatch: ", ops.size(), " ops but ", done.size(), " callbacks"));
     }
     if (!broken_.ok()) return broken_;
+    // A bad op (InvalidArgument) refuses the whole batch before any of it is queued.
+    batch_.clear();
+    resolved_.resize(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      CKV_RETURN_IF_ERROR(Resolve(ops[i], resolved_[i].first, resolved_[i].second));
+    }
     for (size_t i = 0; i < ops.size(); ++i) {
       const IoOp& op = ops[i];
-      int fd = -1;
-      bool fixed_file = false;
-      CKV_RETURN_IF_ERROR(Resolve(op, fd, fixed_file));
+      const auto [fd, fixed_file] = resolved_[i];
       // Step 2: make room by reaping; the callbacks wait until the submission is done.
-      while (outstanding_ >= depth_) CKV_RETURN_IF_ERROR(WaitAndReap());
+      while (outstanding_ >= depth_) {
+        if (absl::Status status = WaitAndReap(); !status.ok()) return Refuse(status);
+      }
       Request* request = free_.back();
       free_.pop_back();
       *request = Request{op, fd, fixed_file, 0, 0, std::move(done[i]), true};
       ++outstanding_;
       parked_.push_back(request);
+      batch_.push_back(request);
     }
     PrepParked();
-    if (absl::Status status = Enter(/*wait=*/false); !status.ok()) {
-      // Not accepted: the call reports the failure instead of the batch's callbacks.
-      for (Request* request : parked_) request->callback = nullptr;
-      return status;
+    if (hand_over) {
+      if (absl::Status status = Enter(/*wait=*/false); !status.ok()) return Refuse(status);
     }
+    batch_.clear();
     // Step 4.
     RunCallbacks();
     return absl::OkStatus();
@@ -290,6 +304,13 @@ class UringIoQueue final : public IoQueue {
     Callback callback;
     bool in_use = false;
   };
+
+  // The queue broke during a batch: the call reports `status` instead of the batch's callbacks.
+  absl::Status Refuse(absl::Status status) {
+    for (Request* request : batch_) request->callback = nullptr;
+    batch_.clear();
+    return status;
+  }
 
   // The descriptor (or registered index) an op's SQE names.
   absl::Status Resolve(const IoOp& op, int& fd, bool& fixed_file) const {
@@ -532,6 +553,8 @@ class UringIoQueue final : public IoQueue {
   bool shutting_down_ = false;
   absl::Status broken_;
   std::vector<int> fds_;  // by registered slot; -1 when free
+  std::vector<std::pair<int, bool>> resolved_;  // SubmitBatch's scratch: fd, fixed file
+  std::vector<Request*> batch_;                 // SubmitBatch's scratch: the batch's Requests
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
   uint32_t poll_us_ = 0;
