@@ -17,9 +17,10 @@
 //     queue's completion, is a buffer ever reused), then up to free-slot-count coalesced reads
 //     are taken from the scheduler. Before unlocking, the thread says whether it will sleep with
 //     room (free slots), so that a submitter knows to wake it.
-//  3. Without the lock: the taken reads go to the queue in one SubmitBatch (registered file
-//     slot, registered buffer index, priority); then Reap(wait) sleeps until a read lands or the
-//     thread is woken (not when a read already finished).
+//  3. Without the lock: the taken reads go to the queue in one batch (registered file slot,
+//     registered buffer index, priority), prepared only (PrepareBatch); then Reap(wait) hands
+//     them to the kernel and sleeps until a read lands or the thread is woken, in one system
+//     call (not sleeping when a read already finished). Refills (step 5) are handed over at once.
 //  4. The queue's completions (run inside Reap) only move the slot to the finished list with its
 //     Status; every completion of the reap is in before any verification.
 //  5. Finished reads are verified (checksums) and their callbacks run; the device is refilled
