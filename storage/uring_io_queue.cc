@@ -16,9 +16,9 @@
 //  2. Submit/SubmitBatch: at most `depth` ops are outstanding (in the kernel, or parked, or
 //     waiting to be requeued). When the table is full, Submit first reaps: it waits for a
 //     completion and processes it (step 3). Then the ops are parked at the back of a FIFO, the
-//     FIFO is moved into SQEs while the SQ has room (one entry kept for the poll), and one
-//     io_uring_submit hands the batch to the kernel. With at most `depth` ops and the poll in the
-//     kernel the CQ cannot overflow.
+//     FIFO is moved into SQEs while the SQ has room, and one io_uring_submit hands the batch to
+//     the kernel (PrepareBatch leaves that to the next Reap, which submits and waits at once).
+//     With at most `depth` ops and the poll in the kernel the CQ cannot overflow.
 //  3. Reap: each CQE's user_data is its Request. A negative res is -errno: EINTR and EAGAIN park
 //     the Request again (bounded retries); any other errno completes it with the mapped Status.
 //     A positive res advances the Request; a short transfer parks it again for the remainder
@@ -335,16 +335,20 @@ class UringIoQueue final : public IoQueue {
 
   void ArmPoll() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // the extra SQ entry keeps room for it
+    poll_unarmed_ = sqe == nullptr;                // then armed by the next PrepParked
+    if (poll_unarmed_) return;
     io_uring_prep_poll_add(sqe, efd_, POLLIN);
     io_uring_sqe_set_data(sqe, nullptr);
   }
 
-  // Moves parked Requests into SQEs, in FIFO order, while the SQ has room (one entry is kept for
-  // re-arming the wake-up poll).
+  // Moves parked Requests into SQEs, in FIFO order, while the SQ has room. The SQ (depth + 1
+  // entries or more) holds at most `depth` ops and the poll, so the poll can always be re-armed
+  // and every parked op fits once the SQ's entries are handed to the kernel.
   void PrepParked() {
+    if (poll_unarmed_ && !shutting_down_) ArmPoll();
     while (!parked_.empty()) {
-      if (io_uring_sq_space_left(&ring_) <= 1) return;  // the rest waits for the next reap
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (sqe == nullptr) return;  // the rest waits for the next Enter
       Request* request = parked_.front();
       parked_.pop_front();
       const size_t remaining = request->op.length - request->done_bytes;
@@ -557,6 +561,7 @@ class UringIoQueue final : public IoQueue {
   std::vector<Request*> batch_;                 // SubmitBatch's scratch: the batch's Requests
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
+  bool poll_unarmed_ = false;  // the wake-up poll found no SQ entry free
   uint32_t poll_us_ = 0;
   std::chrono::steady_clock::time_point last_reap_{};
   double gap_us_ = 0;  // moving average of the time between completions

@@ -295,6 +295,27 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   for (uint32_t i = 1; i < 50; ++i) EXPECT_LT(seq[i - 1], seq[i]);
 }
 
+// A queue depth of 1 (one read in flight, the smallest ring: one entry besides the wake-up poll)
+// still reads everything, fed by submissions from another thread.
+TEST_P(ReadEngineTest, QueueDepthOneReadsEverything) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  ReadEngineOptions o = Options();
+  o.queue_depth = 1;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::shared_ptr<ReadFuture>> futures;
+    for (uint32_t i = 0; i < f.records; ++i) {
+      futures.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i)));
+      if (i % 7 == 0) absl::SleepFor(absl::Microseconds(200));  // let the thread go to sleep
+    }
+    for (auto& fut : futures) CKV_ASSERT_OK(fut->Wait(kWait));
+  }
+  EXPECT_EQ(engine->stats().requests_ok, 3u * f.records);
+}
+
 TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   // Not paused: speculation is already being read when demand arrives. Deterministic: the fault
   // hook holds every read at issue until the demand is queued (explicit steps, no latency race),
