@@ -61,7 +61,7 @@ struct Flags {
   uint64_t io_size = 32 * 1024;
   uint32_t qd = 64;
   double seconds = 5;
-  prefetch::ReadBackend backend = prefetch::ReadBackend::kAuto;
+  IoBackend backend = IoBackend::kAuto;
   uint32_t run_records = 8;
   uint32_t io_threads = 1;
   uint32_t backlog = 2;
@@ -374,9 +374,9 @@ int main(int argc, char** argv) {
       fl.seconds = std::atof(std::string(v).c_str());
       ok = fl.seconds > 0;
     } else if (a == "--backend") {
-      if (v == "auto") fl.backend = ckv::prefetch::ReadBackend::kAuto;
-      else if (v == "uring") fl.backend = ckv::prefetch::ReadBackend::kUring;
-      else if (v == "threads") fl.backend = ckv::prefetch::ReadBackend::kThreads;
+      if (v == "auto") fl.backend = ckv::IoBackend::kAuto;
+      else if (v == "uring") fl.backend = ckv::IoBackend::kUring;
+      else if (v == "threads") fl.backend = ckv::IoBackend::kThreads;
       else ok = false;
     } else if (a == "--run-records") {
       uint64_t n = 0;

@@ -5,7 +5,6 @@
 
 #include <atomic>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/internal.h"
 #include "engine/session.h"
@@ -18,18 +17,6 @@
 namespace ckv {
 namespace {
 
-storage::QueueBackend QueueBackendOf(IoBackend backend) {
-  switch (backend) {
-    case IoBackend::kUring:
-      return storage::QueueBackend::kUring;
-    case IoBackend::kThreads:
-      return storage::QueueBackend::kThreads;
-    case IoBackend::kAuto:
-      break;
-  }
-  return storage::QueueBackend::kAuto;
-}
-
 // The storage part of the engine's options.
 storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   storage::StoreOptions o;
@@ -39,7 +26,7 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.layout = options.layout;
   o.period_layers = options.period_layers;
   o.segment_bytes = options.segment_bytes;
-  o.io_backend = QueueBackendOf(options.io_backend);
+  o.io_backend = options.io_backend;
   o.io_queue_depth = options.io_queue_depth;
   o.max_write_bytes = options.max_write_bytes;
   o.file_system = options.file_system;
@@ -179,29 +166,16 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   engine::SelectorClock* selector_clock() override { return clock_.load(); }
   void set_selector_clock(engine::SelectorClock* clock) { clock_.store(clock); }
-  absl::Status set_read_fault_hook(prefetch::FaultHook hook) {
-    absl::MutexLock lock(&mu_);
-    if (reads_ != nullptr) {
-      return absl::FailedPreconditionError(
-          "SetReadFaultHook after the read engine was created (set it before the first session)");
-    }
-    fault_hook_ = std::move(hook);
-    return absl::OkStatus();
-  }
-
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
     if (reads_ == nullptr) {
       prefetch::ReadEngineOptions o;
-      // io_uring reads need the store's own files; a caller's file system (the fault-injecting
-      // one in tests) is read through the thread pool.
-      if (options_.file_system != nullptr || options_.io_backend == IoBackend::kThreads) {
-        o.backend = prefetch::ReadBackend::kThreads;
-      } else if (options_.io_backend == IoBackend::kUring) {
-        o.backend = prefetch::ReadBackend::kUring;
-      }
+      // Reads go through the same I/O layer as the store's writes: the caller's file system
+      // (the fault-injecting one in tests, over io_uring or threads alike), else the POSIX one
+      // for io_backend.
+      o.file_system = options_.file_system;
+      o.backend = options_.io_backend;
       o.logger = options_.logger;
-      o.fault_hook = fault_hook_;
       if (kernels::cuda::DeviceAvailable().ok()) {
         // Staging buffers a GPU tier can copy from by DMA.
         o.pin_memory = [](void* address, size_t bytes) {
@@ -216,23 +190,11 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     return reads_.get();
   }
 
-  absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) override {
-    absl::MutexLock lock(&mu_);
-    auto it = files_.find(file);
-    if (it != files_.end()) return it->second;
-    auto id = reads_->RegisterFile(file);
-    if (!id.ok()) return id.status();
-    files_.emplace(file, *id);
-    return *id;
-  }
-
  private:
   const EngineOptions options_;
   std::unique_ptr<storage::ChunkStore> store_;
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<storage::File*, prefetch::FileId> files_ ABSL_GUARDED_BY(mu_);
-  prefetch::FaultHook fault_hook_ ABSL_GUARDED_BY(mu_);  // tests only (SetReadFaultHook)
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};
@@ -244,9 +206,6 @@ namespace engine {
 SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); }
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
-}
-absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook) {
-  return dynamic_cast<EngineImpl&>(engine).set_read_fault_hook(std::move(hook));
 }
 }  // namespace engine
 

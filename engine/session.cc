@@ -427,17 +427,11 @@ class SessionImpl final : public ReprefillSession {
         }
         slot->data.resize(keys_only ? spec_.RecordBytes() / 2 : spec_.RecordBytes());
         new_slots.push_back(slot);
-        CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest r,
-                             RecordRead(host_, *pinned_, j, real_layer, priority, slot->data));
-        if (keys_only) {
-          const uint64_t align =
-              std::max<uint64_t>(1, pinned_->RecordAt(j, real_layer).file->alignment());
-          r.length = static_cast<uint32_t>(
-              std::min<uint64_t>(r.length, (slot->data.size() + align - 1) / align * align));
-          r.verify_checksum = false;
-          r.checksum_bytes = 0;
-          r.name += " (keys)";
-        }
+        // Keys only: the record's first half, unverified (the checksum covers the record).
+        CKV_ASSIGN_OR_RETURN(
+            prefetch::ReadRequest r,
+            RecordRead(host_, *pinned_, j, real_layer, priority, slot->data,
+                       keys_only ? static_cast<uint32_t>(slot->data.size()) : 0));
         slot->read_bytes = r.length;
         slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
         r.callback = [this, slot, keys_only](const prefetch::ReadResult& result) {
@@ -610,19 +604,15 @@ absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
                                                  const storage::PinnedChunks& pinned,
                                                  size_t chunk, uint32_t record,
                                                  prefetch::Priority priority,
-                                                 std::span<std::byte> dest) {
-  const storage::PinnedChunks::Location where = pinned.RecordAt(chunk, record);
-  CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host.FileIdOf(where.file));
-  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
-  prefetch::ReadRequest r;
-  r.file = file;
-  r.offset = where.offset;
-  r.length = static_cast<uint32_t>((uint64_t{where.length} + align - 1) / align * align);
-  r.priority = priority;
-  r.verify_checksum = true;
-  r.expected_checksum = where.checksum;
-  r.checksum_bytes = where.length;
-  r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record);
+                                                 std::span<std::byte> dest, uint32_t bytes) {
+  CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
+  const bool part = bytes != 0;
+  CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest r,
+                       reads->RequestFor(part ? pinned.PartOf(chunk, record, 0, bytes)
+                                              : pinned.ReadOf(chunk, record),
+                                         priority));
+  r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record,
+                        part ? " (keys)" : "");
   r.dest = dest;
   return r;
 }

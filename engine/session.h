@@ -63,8 +63,6 @@ class SessionHost {
   virtual storage::ChunkStore& store() = 0;
   // The engine's read engine, created on first use.
   virtual absl::StatusOr<prefetch::ReadEngine*> reads() = 0;
-  // The read engine's id for a segment file, registering it on first use.
-  virtual absl::StatusOr<prefetch::FileId> FileIdOf(storage::File* file) = 0;
   // The GPU and CPU tiers, or null when both budgets are 0.
   virtual TierCache* tiers() = 0;
   // Adds a finished session's figures to the engine's.
@@ -73,21 +71,16 @@ class SessionHost {
   virtual SelectorClock* selector_clock() { return nullptr; }
 };
 
-// Installs a fault hook (prefetch/read_engine.h) in the read engine that the sessions of
-// `engine` read through, for the fault tests: it reaches the io_uring backend too, which the
-// fault-injecting file system cannot. FailedPrecondition once the read engine exists (the first
-// session creates it): set it right after Open.
-absl::Status SetReadFaultHook(Engine& engine, prefetch::FaultHook hook);
-
 // The read of record `record` (a layer, or an auxiliary record) of pinned chunk `chunk` into
-// `dest`: the file's id in the host's read engine, the offset, the length padded to the file's
-// direct-I/O alignment, and the checksum to verify over the record's bytes. Sessions and the
+// `dest`: the pinned location's ready read (PinnedChunks::ReadOf: offset, length padded to the
+// file's alignment, checksum) as a request of the host's read engine, named after the record.
+// `bytes` > 0 reads only the record's first `bytes` bytes (PartOf), unverified. Sessions and the
 // benchmark's baselines build their record reads with it, so both read alike.
 absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
                                                  const storage::PinnedChunks& pinned,
                                                  size_t chunk, uint32_t record,
                                                  prefetch::Priority priority,
-                                                 std::span<std::byte> dest);
+                                                 std::span<std::byte> dest, uint32_t bytes = 0);
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,

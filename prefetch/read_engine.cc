@@ -12,14 +12,12 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
 #include "prefetch/read_engine_internal.h"
-#include "storage/uring_io_queue.h"
 #include "storage/record_checksum.h"
 
 namespace ckv::prefetch {
@@ -33,15 +31,6 @@ const char* PriorityName(Priority priority) {
     case Priority::kDemand: return "demand";
     case Priority::kIntraPeriod: return "intra-period";
     case Priority::kSpeculative: return "speculative";
-  }
-  return "?";
-}
-
-const char* ReadBackendName(ReadBackend backend) {
-  switch (backend) {
-    case ReadBackend::kAuto: return "auto";
-    case ReadBackend::kUring: return "io_uring";
-    case ReadBackend::kThreads: return "threads";
   }
   return "?";
 }
@@ -106,38 +95,18 @@ absl::Status ReadEngine::Impl::Init() {
     files_.assign(o.max_files, nullptr);
     reserved_.assign(o.max_files, false);
   }
-  Logger* logger = o.logger != nullptr ? o.logger : StderrLogger();
-  ReadBackend backend = o.backend;
-  if (backend == ReadBackend::kUring && !storage::UringAvailable()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("io_uring backend requested but unavailable: ", storage::UringUnavailableReason()));
+  if (o.file_system == nullptr && o.backend == IoBackend::kUring && !storage::UringAvailable()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "io_uring backend requested but unavailable: ", storage::UringUnavailableReason()));
   }
-  static std::once_flag fallback_logged;
-  if (backend == ReadBackend::kAuto) {
-    if (storage::UringAvailable()) {
-      backend = ReadBackend::kUring;
-    } else {
-      backend = ReadBackend::kThreads;
-      std::call_once(fallback_logged, [&] {
-        logger->Log(LogLevel::kWarning,
-                    absl::StrCat("io_uring unavailable (", storage::UringUnavailableReason(),
-                                 "); reads use a pool of pread threads"));
-      });
-    }
-  }
-  if (backend == ReadBackend::kUring) {
-    backend_ = internal::NewUringBackend(this);
-    absl::Status s = backend_->Start();
-    if (s.ok()) return s;
-    backend_.reset();
-    if (o.backend == ReadBackend::kUring) return s;
-    std::call_once(fallback_logged, [&] {
-      logger->Log(LogLevel::kWarning, absl::StrCat("io_uring set-up failed (", s.message(),
-                                                   "); reads use a pool of pread threads"));
-    });
-  }
-  backend_ = internal::NewThreadBackend(this);
-  return backend_->Start();
+  // The reads go through the I/O layer of the file system the files were opened by; without
+  // one, the POSIX file system's for `backend` (kAuto falls back to threads, logged once).
+  storage::FileSystem* fs =
+      o.file_system != nullptr ? o.file_system : storage::PosixFileSystem(o.backend);
+  backend_ = internal::NewIoThreads(this, fs);
+  absl::Status s = backend_->Start();
+  if (!s.ok()) backend_.reset();
+  return s;
 }
 
 void ReadEngine::Impl::Shutdown() {
@@ -190,7 +159,19 @@ absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(storage::File* file) {
   return id;
 }
 
+absl::StatusOr<FileId> ReadEngine::Impl::FileIdOf(storage::File* file) {
+  absl::MutexLock lock(&ids_mu_);
+  if (auto it = ids_.find(file); it != ids_.end()) return it->second;
+  CKV_ASSIGN_OR_RETURN(FileId id, RegisterFile(file));
+  ids_.emplace(file, id);
+  return id;
+}
+
 absl::Status ReadEngine::Impl::UnregisterFile(FileId id) {
+  {
+    absl::MutexLock lock(&ids_mu_);
+    absl::erase_if(ids_, [id](const auto& entry) { return entry.second == id; });
+  }
   {
     absl::MutexLock lock(&mu_);
     if (id >= files_.size() || files_[id] == nullptr) {
@@ -353,6 +334,7 @@ size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
     g.file_ptr = files_[head->r.file];
     g.offset = head->r.offset;
     g.length = head->r.length;
+    g.priority = head->r.priority;
     g.requests.push_back(head);
     head->state = Request::State::kIssued;
     UnindexLocked(head);
@@ -426,13 +408,11 @@ void ReadEngine::Impl::FinishGroup(IoGroup& g, const std::byte* buffer, const ab
       const std::byte* data = buffer + (rr.offset - g.offset);
       if (rr.verify_checksum) {
         const size_t n = rr.checksum_bytes == 0 ? rr.length : rr.checksum_bytes;
-        const uint64_t actual = storage::RecordChecksum(data, n);
-        if (actual != rr.expected_checksum) {
-          c.result.status = absl::DataLossError(absl::StrFormat(
-              "%s (offset %u of %s): checksum 0x%016x != 0x%016x", RequestName(rr, g.file_ptr),
-              rr.offset, g.file_ptr->path(), actual, rr.expected_checksum));
-          checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-        }
+        c.result.status = storage::VerifyRecordChecksum(data, n, rr.expected_checksum, [&] {
+          return absl::StrFormat("%s (offset %u of %s)", RequestName(rr, g.file_ptr), rr.offset,
+                                 g.file_ptr->path());
+        });
+        if (!c.result.status.ok()) checksum_failures_.fetch_add(1, std::memory_order_relaxed);
       }
       if (c.result.status.ok()) {
         if (!rr.dest.empty()) std::memcpy(rr.dest.data(), data, rr.dest.size());
@@ -496,6 +476,20 @@ bool ReadEngine::uses_fixed_buffers() const { return impl_->fixed_buffers(); }
 
 absl::StatusOr<FileId> ReadEngine::RegisterFile(storage::File* file) { return impl_->RegisterFile(file); }
 absl::Status ReadEngine::UnregisterFile(FileId file) { return impl_->UnregisterFile(file); }
+absl::StatusOr<FileId> ReadEngine::FileIdOf(storage::File* file) { return impl_->FileIdOf(file); }
+
+absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read, Priority priority) {
+  CKV_ASSIGN_OR_RETURN(FileId file, impl_->FileIdOf(read.file));
+  ReadRequest r;
+  r.file = file;
+  r.offset = read.offset;
+  r.length = read.length;
+  r.priority = priority;
+  r.verify_checksum = read.checksum_bytes > 0;
+  r.expected_checksum = read.checksum;
+  r.checksum_bytes = read.checksum_bytes;
+  return r;
+}
 
 absl::StatusOr<RequestId> ReadEngine::Submit(ReadRequest request) {
   CKV_ASSIGN_OR_RETURN(std::vector<RequestId> ids, impl_->SubmitBatch(std::span<ReadRequest>(&request, 1)));

@@ -7,13 +7,11 @@
 //     one priority;
 //   - coalesces queued requests for adjacent byte ranges of one file into one device read of at
 //     most `max_io_bytes` (each request's checksum is still verified on its own bytes);
-//   - issues reads on one of two backends:
-//       kUring    one io_uring per I/O thread, fixed (registered) staging buffers read with
-//                 IORING_OP_READ_FIXED, registered files (fixed-file indexes), `queue_depth`
-//                 reads in flight per thread;
-//       kThreads  a pool of `queue_depth` threads, each pread-ing (File::ReadAt) into its own
-//                 staging buffer; works with any storage::File, e.g. the fault-injecting one;
-//     kAuto picks kUring when storage::UringAvailable(), else kThreads with one log line;
+//   - issues reads through the storage I/O layer (storage::IoQueue of the options' FileSystem),
+//     one queue per I/O thread, `queue_depth` reads in flight each, into staging buffers
+//     registered with the queue: io_uring with READ_FIXED and fixed-file indexes, or the thread
+//     fallback (File::ReadAt on a pool of workers; any storage::File); the fault-injecting file
+//     system injects faults there, whichever backend is under it;
 //   - verifies each request's checksum as its read lands, before any callback sees the bytes: a
 //     mismatch is DataLoss naming the request;
 //   - hands each request its bytes: a view of the staging buffer valid during the callback, and
@@ -44,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ckv/io_backend.h"
 #include "ckv/log.h"
 #include "storage/file_system.h"
 
@@ -55,26 +54,6 @@ enum class Priority : uint8_t { kDemand = 0, kIntraPeriod = 1, kSpeculative = 2 
 inline constexpr size_t kNumPriorities = 3;
 const char* PriorityName(Priority priority);
 
-enum class ReadBackend : uint8_t { kAuto, kUring, kThreads };
-const char* ReadBackendName(ReadBackend backend);
-
-// A fault to inject into one device read (one SQE or one pread), for tests. Returned by a
-// FaultHook; the default injects nothing.
-struct IoFault {
-  // errno the read fails with instead of being issued (EIO: the requests fail with DataLoss;
-  // EINTR/EAGAIN: retried like a real one). Default: 0 (none).
-  int error = 0;
-  // When >= 0, the read transfers at most this many bytes, as a short read from the kernel
-  // would (0 is an end of file, so DataLoss "short read"); the engine requeues the remainder.
-  // Must keep O_DIRECT alignment (a multiple of the file's alignment). Default: -1 (none).
-  int64_t transfer_limit = -1;
-  // Added before the read is issued, on the I/O thread. Default: 0.
-  uint64_t latency_us = 0;
-};
-// Called on the I/O thread for every device read (including requeued remainders) with the path,
-// offset and length about to be read. Must be thread-safe (several I/O threads call it).
-using FaultHook = std::function<IoFault(const std::string& path, uint64_t offset, uint32_t length)>;
-
 // Registers / unregisters the staging arena as pinned host memory (cudaHostRegister /
 // cudaHostUnregister where the CUDA backend is built) so that a GPU tier can DMA from it. The
 // engine calls pin once per arena after allocating it and unpin before freeing it; a pin error
@@ -83,13 +62,18 @@ using PinMemoryHook = std::function<absl::Status(void* address, size_t bytes)>;
 using UnpinMemoryHook = std::function<void(void* address, size_t bytes)>;
 
 struct ReadEngineOptions {
-  // Default: kAuto (io_uring when available, else threads with one log line).
-  ReadBackend backend = ReadBackend::kAuto;
-  // kUring: I/O threads, one ring each. Default: 1.
+  // The file system whose I/O layer (storage::IoQueue) issues the reads; registered files must
+  // be opened by it. A FaultInjectingFileSystem injects faults into the reads here, over either
+  // backend. Not owned; must outlive the engine. Default: none, storage::PosixFileSystem(backend).
+  storage::FileSystem* file_system = nullptr;
+  // Without file_system: the POSIX file system's backend. Default: kAuto (io_uring when
+  // available, else threads with one log line); kUring fails Create when io_uring is unavailable.
+  IoBackend backend = IoBackend::kAuto;
+  // I/O threads, one I/O queue (one ring) each. Default: 1.
   uint32_t io_threads = 1;
-  // kUring: device reads in flight per I/O thread (each thread has 2 x queue_depth staging
-  // buffers, so that the device is refilled while landed reads are verified); kThreads: pool
-  // threads, one staging buffer each. 1..1024. Default: 64.
+  // Device reads in flight per I/O thread (each thread has 2 x queue_depth staging buffers, so
+  // that the device is refilled while landed reads are verified; the threads backend runs up to
+  // queue_depth worker threads per queue). 1..1024. Default: 64.
   uint32_t queue_depth = 64;
   // Largest device read, and the size of each staging buffer; coalescing stops here; a request
   // may not be longer. Multiple of 4096. Default: 256 KiB.
@@ -102,19 +86,17 @@ struct ReadEngineOptions {
   uint32_t max_outstanding_requests = 8192;
   // Most files registered at once. Default: 1024.
   uint32_t max_files = 1024;
-  // Where the fallback line goes. Default: StderrLogger().
+  // Where the registration-fallback lines go. Default: StderrLogger().
   Logger* logger = nullptr;
-  // Fault injection for tests (both backends). Default: none.
-  FaultHook fault_hook;
   // Pinned-memory seam (see PinMemoryHook). Default: none.
   PinMemoryHook pin_memory;
   UnpinMemoryHook unpin_memory;
-  // kUring: with reads in flight and nothing completed, an I/O thread polls its completion queue
+  // io_uring: with reads in flight and nothing completed, an I/O thread polls its completion queue
   // up to this long before sleeping in the kernel, when completions have been arriving at least
   // twice that often (small reads). Trades CPU for throughput: a sleep/wake per completion leaves
   // the device slot idle for the wake-up latency. 0 never polls. Default: 50.
   uint32_t poll_before_sleep_us = 50;
-  // kUring: register the staging buffers and files with the ring (READ_FIXED, fixed-file
+  // Register the staging buffers and files with the I/O queues (io_uring: READ_FIXED, fixed-file
   // indexes). False uses plain reads and descriptors. Default: true.
   bool register_with_ring = true;
   // Start with issuing held until Resume() (tests queue a backlog first). Default: false.
@@ -194,7 +176,8 @@ struct ReadEngineStats {
   uint64_t requests_coalesced = 0;   // requests that rode in another request's read
   uint64_t bytes_requested = 0;      // lengths of the requests issued to the device
   uint64_t bytes_read = 0;           // bytes the device transferred (retries included)
-  uint64_t ios_issued = 0;           // SQEs / preads, requeued remainders included
+  uint64_t ios_issued = 0;           // the I/O queue's transfers (SQEs or ReadAt calls), requeued
+                                     // remainders and retries included
   // Device reads in flight, sampled at each issue (see kQueueDepthBuckets).
   std::array<uint64_t, kQueueDepthBuckets> queue_depth_histogram{};
   // Device reads by size (see kIoSizeBuckets): what a fio job must replay to be comparable.
@@ -233,12 +216,19 @@ class ReadEngine {
   // files; false when registration failed and it uses plain reads (logged once).
   bool uses_fixed_buffers() const;
 
-  // Makes `file` readable by requests. The io_uring backend needs a file opened by
-  // storage::PosixFileSystem (it reads the fd); the threads backend takes any File. `file` is
-  // not owned and must outlive its registration.
+  // Makes `file` readable by requests. `file` must be opened by the options' file system (for
+  // io_uring, storage::PosixFileSystem, or a wrapper over it); it is not owned and must outlive
+  // its registration.
   absl::StatusOr<FileId> RegisterFile(storage::File* file);
   // REQUIRES: no request for `file` is outstanding.
   absl::Status UnregisterFile(FileId file);
+  // The id of `file`, registering it on first use; the same id on later calls until it is
+  // unregistered. Thread-safe.
+  absl::StatusOr<FileId> FileIdOf(storage::File* file);
+  // A request for `read` (storage::FileRead, e.g. a pinned chunk's record: PinnedChunks::ReadOf):
+  // its file by id (FileIdOf), offset and padded length, and its checksum verified when it has
+  // one. The caller adds name, dest and callback.
+  absl::StatusOr<ReadRequest> RequestFor(const storage::FileRead& read, Priority priority);
 
   // Queues a request. InvalidArgument for a bad request, ResourceExhausted when
   // max_outstanding_requests are outstanding, FailedPrecondition after shutdown began.

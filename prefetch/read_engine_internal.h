@@ -1,5 +1,5 @@
-// prefetch/read_engine_internal.h: the scheduler shared by ReadEngine's backends, and the
-// backend interface. Internal to prefetch/.
+// prefetch/read_engine_internal.h: the scheduler and the interface of its I/O threads
+// (prefetch/io_threads.cc). Internal to prefetch/.
 //
 // One mutex (Impl::mu_) guards the queues, the request table, the counters and each backend's
 // sleep/wake state. A backend's I/O thread takes it once per loop turn: it returns the requests of
@@ -45,6 +45,7 @@ struct IoGroup {
   uint64_t offset = 0;
   uint32_t length = 0;
   uint64_t issue_seq = 0;
+  Priority priority = Priority::kDemand;  // of the request it was taken for
   absl::InlinedVector<Request*, 8> requests;
 };
 
@@ -83,6 +84,7 @@ class ReadEngine::Impl {
   // The public API.
   absl::StatusOr<FileId> RegisterFile(storage::File* file);
   absl::Status UnregisterFile(FileId file);
+  absl::StatusOr<FileId> FileIdOf(storage::File* file);
   absl::StatusOr<std::vector<RequestId>> SubmitBatch(std::span<ReadRequest> requests);
   absl::Status Cancel(RequestId id);
   void SetPaused(bool paused);
@@ -103,7 +105,7 @@ class ReadEngine::Impl {
   size_t TakeLocked(std::span<internal::IoGroup* const> groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read landed (or failed): releases its requests, counts it out of flight.
   void ReleaseLocked(internal::IoGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts device transfers (each SQE / pread and its bytes).
+  // Counts device transfers (each SQE / ReadAt, as the I/O queue counts them) and their bytes.
   void CountIoLocked(uint64_t ios, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountIo(uint64_t ios, uint64_t bytes) {
     absl::MutexLock lock(&mu_);
@@ -146,6 +148,9 @@ class ReadEngine::Impl {
   absl::flat_hash_map<uint64_t, internal::Request*> by_end_ ABSL_GUARDED_BY(mu_);
   std::vector<storage::File*> files_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reserved_ ABSL_GUARDED_BY(mu_);  // slots being (un)registered
+  // FileIdOf's registrations; held across RegisterFile so that a file is registered once.
+  absl::Mutex ids_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::flat_hash_map<storage::File*, FileId> ids_ ABSL_GUARDED_BY(ids_mu_);
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // device reads
@@ -159,8 +164,8 @@ class ReadEngine::Impl {
 };
 
 namespace internal {
-std::unique_ptr<Backend> NewUringBackend(ReadEngine::Impl* engine);
-std::unique_ptr<Backend> NewThreadBackend(ReadEngine::Impl* engine);
+// The I/O threads (prefetch/io_threads.cc), each driving one queue of `fs`'s I/O layer.
+std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs);
 }  // namespace internal
 
 }  // namespace ckv::prefetch

@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(absl::StrCat(
         "EngineOptions.period_layers = ", options.period_layers, ": must be in 1..1024"));
   }
-  if (options.io_backend == QueueBackend::kUring && options.file_system == nullptr &&
+  if (options.io_backend == IoBackend::kUring && options.file_system == nullptr &&
       !UringAvailable()) {
     return absl::UnavailableError(
         "EngineOptions.io_backend = io_uring, but io_uring cannot be set up in this process "
@@ -306,13 +306,13 @@ std::string ChunkStore::RecordName(const Segment& seg, const ChunkKey& key, uint
 absl::Status ChunkStore::CheckRecord(const Segment& seg, uint32_t slot, uint32_t record,
                                      uint64_t expected, const ChunkKey& key,
                                      const std::byte* data) {
-  const uint64_t actual = RecordChecksum(data, seg.record_bytes(record));
-  if (actual == expected) return absl::OkStatus();
-  checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-  return absl::DataLossError(absl::StrFormat(
-      "record %s (segment %u slot %u, offset %u of %s): checksum 0x%016x != 0x%016x",
-      RecordName(seg, key, record), seg.id(), slot, seg.RecordOffset(slot, record),
-      seg.file()->path(), actual, expected));
+  absl::Status status = VerifyRecordChecksum(data, seg.record_bytes(record), expected, [&] {
+    return absl::StrFormat("record %s (segment %u slot %u, offset %u of %s)",
+                           RecordName(seg, key, record), seg.id(), slot,
+                           seg.RecordOffset(slot, record), seg.file()->path());
+  });
+  if (!status.ok()) checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+  return status;
 }
 
 absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t record,
@@ -397,6 +397,27 @@ PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) con
   const uint32_t band = seg.band_of(record);
   return Location{seg.file(), seg.RecordOffset(c.slot, record), seg.record_bytes(record),
                   static_cast<uint32_t>(seg.band_slot_bytes(band)), c.checksums[record]};
+}
+
+FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
+  const Location where = RecordAt(chunk, record);
+  FileRead read = PartOf(chunk, record, 0, where.length);
+  read.checksum = where.checksum;
+  read.checksum_bytes = where.length;
+  return read;
+}
+
+FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const {
+  const Location where = RecordAt(chunk, record);
+  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
+  const uint64_t begin = (where.offset + from) / align * align;
+  const uint64_t end = (where.offset + from + bytes + align - 1) / align * align;
+  FileRead read;
+  read.file = where.file;
+  read.offset = begin;
+  read.length = static_cast<uint32_t>(end - begin);
+  read.skip = static_cast<uint32_t>(where.offset + from - begin);
+  return read;
 }
 
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(

@@ -68,7 +68,7 @@ struct StoreOptions {
   uint32_t period_layers = 8;
   uint64_t segment_bytes = 16ull << 30;
   // Used when file_system is null: the backend of the POSIX file system.
-  QueueBackend io_backend = QueueBackend::kAuto;
+  IoBackend io_backend = IoBackend::kAuto;
   uint32_t io_queue_depth = 16;
   uint32_t max_write_bytes = 2u << 20;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
@@ -143,6 +143,13 @@ class PinnedChunks {
   const std::vector<Chunk>& chunks() const { return chunks_; }
   // REQUIRES: chunk < chunks().size(), record < that chunk's segment's records().
   Location RecordAt(size_t chunk, uint32_t record) const;
+  // The record's read, ready for the I/O layer: its offset, its length padded to the file's
+  // alignment, and its checksum over the record's bytes. Same REQUIRES as RecordAt.
+  FileRead ReadOf(size_t chunk, uint32_t record) const;
+  // Bytes [from, from + bytes) of the record, read as the aligned blocks around them (`skip` says
+  // where they start); unverified: the record's checksum covers the whole record. REQUIRES as
+  // RecordAt, and from + bytes <= the record's length.
+  FileRead PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const;
 
  private:
   friend class ChunkStore;

@@ -40,10 +40,6 @@ std::string StripSlashes(std::string path) {
   return path;
 }
 
-rocksdb::IOStatus ToIo(const absl::Status& s) {
-  return rocksdb::IOStatus::IOError(std::string(s.message()));
-}
-
 std::optional<std::string> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
@@ -197,7 +193,7 @@ class FaultIoQueue final : public IoQueue {
 
   absl::Status Submit(const IoOp& op, Callback done) override {
     if (op.file == nullptr) return absl::InvalidArgumentError("IoQueue(fault): op has no file");
-    auto* file = dynamic_cast<FaultFile*>(op.file);
+    FaultFile* file = Unwrap(op.file);
     if (file == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("IoQueue(fault): ", op.file->path(),
@@ -207,35 +203,28 @@ class FaultIoQueue final : public IoQueue {
     absl::Status crash = fs_->CrashPoint(absl::StrCat(read ? "read " : "write ", file->path()),
                                          /*counts=*/!read);
     if (!crash.ok()) {
-      // Completes with the crash's error at the next reap point, like an injected fault.
-      injected_.emplace_back(std::move(done), std::move(crash));
-      if (injected_.size() >= depth_) RunInjected();
+      Defer(std::move(done), std::move(crash));  // like an injected fault
       return absl::OkStatus();
     }
     if (!read) fs_->Remember(file->inner(), op.offset, op.length, file->granule());
-    const Decision d = fs_->Decide(
-        file->path(),
-        read ? FaultInjectingFileSystem::OpType::kRead : FaultInjectingFileSystem::OpType::kWrite,
-        op.length, file->granule());
     IoOp inner_op = op;
     inner_op.file = file->inner();
-    if (!d.fault) {
-      return inner_->Submit(inner_op, [this, done = std::move(done)](const absl::Status& status) {
-        Invoke(done, status);
-      });
+    return SubmitPiece(file, inner_op, std::make_shared<Callback>(std::move(done)));
+  }
+
+  absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done) override {
+    // A file of another file system (InvalidArgument) refuses the whole batch before any of it
+    // is queued.
+    for (const IoOp& op : ops) {
+      if (op.file == nullptr || Unwrap(op.file) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "IoQueue(fault): ", op.file == nullptr ? std::string("an op has no file")
+                                                   : op.file->path() +
+                                                         " was not opened by the fault-injecting "
+                                                         "file system"));
+      }
     }
-    absl::Status fault_status = FaultFile::FaultStatus(d, file->path(), op.offset, op.length);
-    if (FaultFile::TransfersSomething(d)) {
-      inner_op.length = d.partial_bytes;
-      return inner_->Submit(
-          inner_op,
-          [this, done = std::move(done), fault_status = std::move(fault_status)](
-              const absl::Status& status) { Invoke(done, status.ok() ? fault_status : status); });
-    }
-    // Nothing to transfer: the op completes with its fault at the next reap point.
-    injected_.emplace_back(std::move(done), std::move(fault_status));
-    if (injected_.size() >= depth_) RunInjected();  // bounded, like a full ring
-    return absl::OkStatus();
+    return IoQueue::SubmitBatch(ops, done);
   }
 
   absl::Status Drain() override {
@@ -250,12 +239,110 @@ class FaultIoQueue final : public IoQueue {
     }
   }
 
+  absl::Status Reap(bool wait) override {
+    // An op failed here completes without the target queue: do not sleep while one waits.
+    absl::Status status = inner_->Reap(wait && injected_.empty());
+    RunInjected();
+    return status;
+  }
+  bool HasCompletions() const override { return !injected_.empty() || inner_->HasCompletions(); }
+  void Wake() override { inner_->Wake(); }
+  void SetPollBeforeSleep(uint32_t us) override { inner_->SetPollBeforeSleep(us); }
+  absl::Status ReserveFileSlots(uint32_t slots) override { return inner_->ReserveFileSlots(slots); }
+  absl::Status RegisterFile(uint32_t slot, File* file) override {
+    FaultFile* f = Unwrap(file);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "IoQueue(fault): RegisterFile ", file->path(), ": not opened by the fault-injecting file system"));
+    }
+    return inner_->RegisterFile(slot, f->inner());
+  }
+  void UnregisterFile(uint32_t slot) override { inner_->UnregisterFile(slot); }
+  absl::Status RegisterBuffers(std::span<const std::span<std::byte>> buffers) override {
+    return inner_->RegisterBuffers(buffers);
+  }
+  bool fixed_files() const override { return inner_->fixed_files(); }
+  Counters counters() const override { return inner_->counters(); }
   const char* backend() const override { return inner_->backend(); }
 
  private:
+  using SharedCallback = std::shared_ptr<Callback>;
+
+  static FaultFile* Unwrap(File* file) { return dynamic_cast<FaultFile*>(file); }
+
+  // One piece of an op (all of it, or the remainder after an injected short transfer), with
+  // `op.file` the target's File: the op hook first, then the rules.
+  absl::Status SubmitPiece(FaultFile* file, const IoOp& op, SharedCallback done) {
+    const bool read = op.kind == IoOp::Kind::kRead;
+    const std::string& path = file->path();
+    if (std::optional<FaultInjectingFileSystem::OpFault> f =
+            fs_->HookFault(path, read, op.offset, op.length, inner_->backend())) {
+      if (f->error != 0) {
+        Defer(std::move(*done), ErrnoToStatus(f->error, absl::StrCat(read ? "read " : "write ", path,
+                                                                    " at offset ", op.offset,
+                                                                    " (injected)")));
+        return absl::OkStatus();
+      }
+      if (f->transfer_limit == 0) {
+        Defer(std::move(*done),
+              read ? absl::DataLossError(absl::StrCat("short read of ", path, " at offset ",
+                                                      op.offset, ": got 0 of ", op.length,
+                                                      " bytes (injected)"))
+                   : absl::InternalError(absl::StrCat("write ", path, " at offset ", op.offset,
+                                                      ": wrote 0 of ", op.length,
+                                                      " bytes (injected)")));
+        return absl::OkStatus();
+      }
+      if (f->transfer_limit > 0 && static_cast<uint64_t>(f->transfer_limit) < op.length) {
+        // A short transfer: the head goes to the target; the remainder is requeued when it lands,
+        // as a queue requeues a real one.
+        const auto head = static_cast<size_t>(f->transfer_limit);
+        IoOp first = op;
+        first.length = head;
+        IoOp rest = op;
+        rest.offset += head;
+        rest.buffer += head;
+        rest.length -= head;
+        return inner_->Submit(first, [this, file, rest, done](const absl::Status& status) {
+          if (!status.ok()) {
+            Invoke(*done, status);
+            return;
+          }
+          if (absl::Status s = SubmitPiece(file, rest, done); !s.ok()) Invoke(*done, s);
+        });
+      }
+    }
+    const Decision d = fs_->Decide(
+        path, read ? FaultInjectingFileSystem::OpType::kRead : FaultInjectingFileSystem::OpType::kWrite,
+        op.length, file->granule());
+    if (d.fault || d.latency_us > 0) fs_->CountQueueFault(inner_->backend(), read);
+    if (!d.fault) {
+      return inner_->Submit(op, [this, done](const absl::Status& status) { Invoke(*done, status); });
+    }
+    absl::Status fault_status = FaultFile::FaultStatus(d, path, op.offset, op.length);
+    if (FaultFile::TransfersSomething(d)) {
+      IoOp partial = op;
+      partial.length = d.partial_bytes;
+      return inner_->Submit(partial, [this, done, fault_status = std::move(fault_status)](
+                                         const absl::Status& status) {
+        Invoke(*done, status.ok() ? fault_status : status);
+      });
+    }
+    // Nothing to transfer: the op completes with its fault at the next reap point.
+    Defer(std::move(*done), std::move(fault_status));
+    return absl::OkStatus();
+  }
+
+  // Completes an op that does not reach the target queue at the next reap point (or now, when
+  // `depth` of them wait: bounded, like a full ring).
+  void Defer(Callback done, absl::Status status) {
+    injected_.emplace_back(std::move(done), std::move(status));
+    if (injected_.size() >= depth_) RunInjected();
+  }
+
   void Invoke(const Callback& done, const absl::Status& status) {
     ++callback_depth_;
-    done(status);
+    if (done) done(status);
     --callback_depth_;
   }
 
@@ -295,6 +382,47 @@ void FaultInjectingFileSystem::AddRule(FaultRule rule) {
 void FaultInjectingFileSystem::ClearRules() {
   absl::MutexLock lock(&mu_);
   rules_.clear();
+}
+
+void FaultInjectingFileSystem::SetOpHook(OpHook hook) {
+  absl::MutexLock lock(&mu_);
+  op_hook_ = std::move(hook);
+}
+
+std::optional<FaultInjectingFileSystem::OpFault> FaultInjectingFileSystem::HookFault(
+    const std::string& path, bool read, uint64_t offset, size_t length, absl::string_view backend) {
+  OpHook hook;
+  Sleeper sleeper;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!op_hook_) return std::nullopt;
+    hook = op_hook_;
+    sleeper = sleeper_;
+  }
+  // EINTR and EAGAIN are retried as a queue retries a real one (bounded), asking the hook again.
+  constexpr int kMaxTransientRetries = 1000;
+  for (int attempt = 0;; ++attempt) {
+    const OpFault f = hook(OpInfo{path, read, offset, length});
+    if (f.latency_us > 0 && sleeper) sleeper(f.latency_us);
+    const bool any = f.error != 0 || f.transfer_limit >= 0 || f.latency_us > 0;
+    if (any) CountQueueFault(backend, read);
+    if ((f.error == EINTR || f.error == EAGAIN) && attempt < kMaxTransientRetries) continue;
+    if (!any) return std::nullopt;
+    return f;
+  }
+}
+
+void FaultInjectingFileSystem::CountQueueFault(absl::string_view backend, bool read) {
+  absl::MutexLock lock(&mu_);
+  QueueFaults& q = queue_faults_[std::string(backend)];
+  ++(read ? q.reads : q.writes);
+}
+
+FaultInjectingFileSystem::QueueFaults FaultInjectingFileSystem::queue_faults(
+    absl::string_view backend) const {
+  absl::MutexLock lock(&mu_);
+  auto it = queue_faults_.find(std::string(backend));
+  return it == queue_faults_.end() ? QueueFaults{} : it->second;
 }
 
 void FaultInjectingFileSystem::SetSleeper(Sleeper sleeper) {
@@ -657,188 +785,6 @@ absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::
     }
   }
   return report;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The catalog behind the seam: a RocksDB FileSystem layer that counts RocksDB's appends, syncs,
-// creations, renames and directory fsyncs as data operations, fails everything that changes a
-// file once the crash happened, and tells the FaultInjectingFileSystem what is not durable yet.
-
-class CatalogFaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
- public:
-  CatalogFaultFile(FaultInjectingFileSystem* fs, std::string path,
-                   std::unique_ptr<rocksdb::FSWritableFile> target)
-      : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs), path_(std::move(path)) {}
-
-  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
-                           rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), UINT64_MAX,
-                     [&] { return target()->Append(data, o, dbg); });
-  }
-  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
-                           const rocksdb::DataVerificationInfo& v,
-                           rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), UINT64_MAX,
-                     [&] { return target()->Append(data, o, v, dbg); });
-  }
-  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
-                                     const rocksdb::IOOptions& o,
-                                     rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), offset,
-                     [&] { return target()->PositionedAppend(data, offset, o, dbg); });
-  }
-  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
-                                     const rocksdb::IOOptions& o,
-                                     const rocksdb::DataVerificationInfo& v,
-                                     rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), offset,
-                     [&] { return target()->PositionedAppend(data, offset, o, v, dbg); });
-  }
-  rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
-    return Syncing([&] { return target()->Sync(o, dbg); });
-  }
-  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
-    return Syncing([&] { return target()->Fsync(o, dbg); });
-  }
-  // sync_file_range makes nothing durable; it only fails once crashed.
-  rocksdb::IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const rocksdb::IOOptions& o,
-                              rocksdb::IODebugContext* dbg) override {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog range sync ", path_), false);
-    if (!s.ok()) return ToIo(s);
-    return target()->RangeSync(offset, nbytes, o, dbg);
-  }
-  rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& o,
-                             rocksdb::IODebugContext* dbg) override {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog truncate ", path_), false);
-    if (!s.ok()) return ToIo(s);
-    return target()->Truncate(size, o, dbg);
-  }
-
- private:
-  template <typename Fn>
-  rocksdb::IOStatus Appending(size_t bytes, uint64_t offset, Fn fn) {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog append ", path_));
-    if (!s.ok()) return ToIo(s);
-    const uint64_t before =
-        offset != UINT64_MAX ? offset : target()->GetFileSize(rocksdb::IOOptions(), nullptr);
-    rocksdb::IOStatus io = fn();
-    if (io.ok()) fs_->NoteAppended(path_, before, bytes);
-    return io;
-  }
-  template <typename Fn>
-  rocksdb::IOStatus Syncing(Fn fn) {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog sync ", path_));
-    if (!s.ok()) return ToIo(s);
-    rocksdb::IOStatus io = fn();
-    if (io.ok()) fs_->NoteCatalogSynced(path_);
-    return io;
-  }
-
-  FaultInjectingFileSystem* const fs_;
-  const std::string path_;
-};
-
-class CatalogFaultDirectory final : public rocksdb::FSDirectoryWrapper {
- public:
-  CatalogFaultDirectory(FaultInjectingFileSystem* fs, std::string path,
-                        std::unique_ptr<rocksdb::FSDirectory> target)
-      : FSDirectoryWrapper(std::move(target)), fs_(fs), path_(std::move(path)) {}
-
-  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
-    return Syncing([&] { return FSDirectoryWrapper::Fsync(o, dbg); });
-  }
-  rocksdb::IOStatus FsyncWithDirOptions(const rocksdb::IOOptions& o,
-                                        rocksdb::IODebugContext* dbg,
-                                        const rocksdb::DirFsyncOptions& d) override {
-    return Syncing([&] { return FSDirectoryWrapper::FsyncWithDirOptions(o, dbg, d); });
-  }
-
- private:
-  template <typename Fn>
-  rocksdb::IOStatus Syncing(Fn fn) {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog fsync directory ", path_));
-    if (!s.ok()) return ToIo(s);
-    rocksdb::IOStatus io = fn();
-    if (io.ok()) fs_->NoteDirSynced(path_);
-    return io;
-  }
-
-  FaultInjectingFileSystem* const fs_;
-  const std::string path_;
-};
-
-class CatalogFaultFileSystem final : public rocksdb::FileSystemWrapper {
- public:
-  CatalogFaultFileSystem(FaultInjectingFileSystem* fs, std::shared_ptr<rocksdb::FileSystem> base)
-      : FileSystemWrapper(std::move(base)), fs_(fs) {}
-
-  static const char* kClassName() { return "CkvCatalogFaultFileSystem"; }
-  const char* Name() const override { return kClassName(); }
-
-  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
-                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
-                                    rocksdb::IODebugContext* dbg) override {
-    return Creating(f, r, [&] { return target()->NewWritableFile(f, o, r, dbg); });
-  }
-  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
-                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
-                                       rocksdb::IODebugContext* dbg) override {
-    return Creating(f, r, [&] { return target()->ReopenWritableFile(f, o, r, dbg); });
-  }
-  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old_f,
-                                      const rocksdb::FileOptions& o,
-                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
-                                      rocksdb::IODebugContext* dbg) override {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog reuse ", old_f, " as ", f));
-    if (!s.ok()) return ToIo(s);
-    fs_->NoteRenamed(old_f, f);
-    rocksdb::IOStatus io = target()->ReuseWritableFile(f, old_f, o, r, dbg);
-    if (io.ok()) *r = std::make_unique<CatalogFaultFile>(fs_, f, std::move(*r));
-    return io;
-  }
-  rocksdb::IOStatus RenameFile(const std::string& src, const std::string& dst,
-                               const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog rename ", src, " to ", dst));
-    if (!s.ok()) return ToIo(s);
-    fs_->NoteRenamed(src, dst);
-    return target()->RenameFile(src, dst, o, dbg);
-  }
-  rocksdb::IOStatus DeleteFile(const std::string& f, const rocksdb::IOOptions& o,
-                               rocksdb::IODebugContext* dbg) override {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog delete ", f), false);
-    if (!s.ok()) return ToIo(s);
-    return target()->DeleteFile(f, o, dbg);
-  }
-  rocksdb::IOStatus NewDirectory(const std::string& name, const rocksdb::IOOptions& o,
-                                 std::unique_ptr<rocksdb::FSDirectory>* r,
-                                 rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus io = target()->NewDirectory(name, o, r, dbg);
-    if (io.ok()) {
-      *r = std::make_unique<CatalogFaultDirectory>(fs_, StripSlashes(name), std::move(*r));
-    }
-    return io;
-  }
-
- private:
-  template <typename Fn>
-  rocksdb::IOStatus Creating(const std::string& f, std::unique_ptr<rocksdb::FSWritableFile>* r,
-                             Fn fn) {
-    absl::Status s = fs_->CrashPoint(absl::StrCat("catalog create ", f));
-    if (!s.ok()) return ToIo(s);
-    const bool existed = target()->FileExists(f, rocksdb::IOOptions(), nullptr).ok();
-    rocksdb::IOStatus io = fn();
-    if (!io.ok()) return io;
-    if (!existed) fs_->NoteCreated(f);
-    *r = std::make_unique<CatalogFaultFile>(fs_, f, std::move(*r));
-    return io;
-  }
-
-  FaultInjectingFileSystem* const fs_;
-};
-
-std::shared_ptr<rocksdb::FileSystem> FaultInjectingFileSystem::CatalogFileSystem(
-    std::shared_ptr<rocksdb::FileSystem> base) {
-  return std::make_shared<CatalogFaultFileSystem>(this, std::move(base));
 }
 
 }  // namespace ckv::storage

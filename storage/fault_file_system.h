@@ -26,11 +26,15 @@
 // kTornWrite. Messages of injected faults contain "(injected)"; the context of a failed read
 // starts with "read", so EIO maps to DataLoss as a real one does.
 //
-// Queues: NewIoQueue wraps a queue of the target. The wrapper accepts only Files opened by this
-// file system, translates them to the target's Files and applies faults per op: a partial
+// Queues: NewIoQueue wraps a queue of the target (io_uring or the thread fallback: the one I/O
+// layer of storage/file_system.h, so faults reach whichever backend the store and the read engine
+// use; queue_faults(backend) counts them by backend). The wrapper accepts only Files opened by
+// this file system, translates them (and registered file slots) to the target's Files and
+// applies faults per op, the op hook's (SetOpHook: a test's own errno, short transfer or latency
+// for one op) first, then the rules': a partial
 // transfer is delegated with the shortened length and its Status replaced on completion; an op
 // that transfers nothing is not delegated, and its callback runs with the fault's Status from
-// the wrapper's Drain (or from Submit when `depth` of them are waiting). Callbacks still run
+// the wrapper's Drain or Reap (or from Submit when `depth` of them are waiting). Callbacks still run
 // exactly once, never nested, never inside a submission.
 //
 // Power loss, simulated: ArmCrash(n) lets n more data operations (writes, queued writes, syncs,
@@ -148,6 +152,40 @@ class FaultInjectingFileSystem final : public FileSystem {
   void ClearRules();
   void SetSleeper(Sleeper sleeper);
 
+  // A test's own choice of fault for each queued op (reads and writes of every IoQueue of this
+  // file system, io_uring or threads alike), consulted before the rules: for faults a rule's
+  // probabilities cannot say (this byte range, the first read only, hold a read until told).
+  struct OpInfo {
+    const std::string& path;
+    bool read = true;
+    uint64_t offset = 0;
+    size_t length = 0;
+  };
+  struct OpFault {
+    // errno the op fails with instead of being issued ("(injected)" in the message; a read's
+    // EIO is DataLoss, a write's ENOSPC ResourceExhausted). EINTR/EAGAIN are retried, the hook
+    // asked again, as the queue retries a real one. Default: 0 (none).
+    int error = 0;
+    // When >= 0, the op transfers at most this many bytes, as a short transfer from the kernel
+    // would, and its remainder is requeued (the hook asked again for it); 0 ends it: a read with
+    // DataLoss "short read", a write with Internal. Must keep the file's alignment. Default: -1.
+    int64_t transfer_limit = -1;
+    // Passed to the sleeper before the op is issued, on the submitting thread. Default: 0.
+    uint64_t latency_us = 0;
+  };
+  // Called on the thread that submits, without a lock held; must be thread-safe (several queues
+  // call it). Empty (the default) consults only the rules.
+  using OpHook = std::function<OpFault(const OpInfo&)>;
+  void SetOpHook(OpHook hook);
+
+  // Faults injected into queued ops (rules' and the hook's, latency included), by the backend of
+  // the queue they went through ("io_uring", "threads"): which I/O path the faults reached.
+  struct QueueFaults {
+    uint64_t reads = 0;
+    uint64_t writes = 0;
+  };
+  QueueFaults queue_faults(absl::string_view backend) const;
+
   // Faults injected so far, per kind and in all.
   uint64_t injected(FaultKind kind) const;
   uint64_t total_injected() const;
@@ -223,6 +261,11 @@ class FaultInjectingFileSystem final : public FileSystem {
   // matter for reads and writes. Then calls the sleeper for the latency.
   Decision Decide(const std::string& path, OpType type, size_t length, size_t granule);
 
+  // The hook's fault for a queued op (after its EINTR/EAGAIN retries and latency), if any.
+  std::optional<OpFault> HookFault(const std::string& path, bool read, uint64_t offset,
+                                   size_t length, absl::string_view backend);
+  void CountQueueFault(absl::string_view backend, bool read);
+
   // Power loss. CrashPoint: called before every data op on `path`; the simulated crash's error
   // once it happened. Remember: saves the bytes `inner` holds where a write is about to go.
   // `counts`: a data op, which counts towards the armed crash (reads and namespace ops only
@@ -276,6 +319,8 @@ class FaultInjectingFileSystem final : public FileSystem {
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
   Sleeper sleeper_ ABSL_GUARDED_BY(mu_);
+  OpHook op_hook_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, QueueFaults> queue_faults_ ABSL_GUARDED_BY(mu_);
   std::array<uint64_t, kNumFaultKinds> injected_ ABSL_GUARDED_BY(mu_){};
 };
 

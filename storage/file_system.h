@@ -9,7 +9,7 @@
 // a test may stop the store deterministically.
 //
 // Thread-safety: FileSystem and File methods are thread-safe. An IoQueue is used by one thread at
-// a time.
+// a time (see IoQueue for the exceptions).
 #ifndef CKV_STORAGE_FILE_SYSTEM_H_
 #define CKV_STORAGE_FILE_SYSTEM_H_
 
@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "ckv/io_backend.h"
 
 namespace rocksdb {
 class FileSystem;
@@ -73,6 +74,23 @@ class File {
   virtual absl::StatusOr<uint64_t> AllocatedBytes() = 0;
 };
 
+// A read of a File ready to hand to the I/O layer: `length` bytes at `offset`, both aligned to the
+// file's alignment (the length padded up); the bytes wanted start `skip` bytes in. When
+// checksum_bytes > 0, the XXH3-64 of the first checksum_bytes bytes read must be `checksum`
+// (storage::VerifyRecordChecksum). A pinned chunk's record hands these out
+// (PinnedChunks::ReadOf in storage/chunk_store.h).
+struct FileRead {
+  File* file = nullptr;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  uint32_t skip = 0;
+  uint64_t checksum = 0;
+  uint32_t checksum_bytes = 0;
+};
+
+// Marks IoOp::file_slot / IoOp::buffer_index as not registered.
+inline constexpr uint32_t kNoIoSlot = UINT32_MAX;
+
 // One positioned read or write submitted to an IoQueue.
 struct IoOp {
   enum class Kind : uint8_t { kRead, kWrite };
@@ -82,11 +100,26 @@ struct IoOp {
   // Aligned to file->alignment() in address and length for direct I/O.
   std::byte* buffer = nullptr;
   size_t length = 0;
+  // The caller's priority for the op, a plain value carried with it (the read engine schedules
+  // by priority before it submits; a queue issues what it is given in order). Default: 0.
+  uint8_t priority = 0;
+  // `file`'s slot in the queue's registered-file table (RegisterFile), or kNoIoSlot.
+  uint32_t file_slot = kNoIoSlot;
+  // The registered buffer (RegisterBuffers) that holds [buffer, buffer + length), or kNoIoSlot.
+  uint32_t buffer_index = kNoIoSlot;
 };
 
-// Runs positioned I/O with up to `depth` operations in flight (io_uring, or synchronously).
-// Completion callbacks run on the submitting thread, from Submit (when it must reap to make room)
-// or Drain, never while a submission is half-built.
+// The one disk I/O layer: runs positioned reads and writes with up to `depth` operations in
+// flight, on io_uring (NewIoQueue of PosixFileSystem) or on a pool of threads calling
+// File::ReadAt/WriteAt (NewThreadIoQueue, any File). Each op reports its Status through its
+// completion callback, with short transfers requeued for the remainder and EINTR/EAGAIN retried.
+// Completion callbacks run on the thread that uses the queue, from Submit (when it must reap to
+// make room), Reap or Drain, never while a submission is half-built, and never nested: a
+// callback may Submit, and that op's callback runs after it returns.
+//
+// Thread-safety: a queue is used by one thread at a time, except Wake (any thread) and
+// RegisterFile/UnregisterFile (any thread, while no op on that slot is outstanding; the caller
+// publishes the registration to the queue's thread, e.g. under a lock both take).
 class IoQueue {
  public:
   using Callback = std::function<void(const absl::Status&)>;
@@ -95,11 +128,66 @@ class IoQueue {
   // requeued) or its error. Returns an error only when the queue itself failed; `done` then does
   // not run.
   virtual absl::Status Submit(const IoOp& op, Callback done) = 0;
-  // Waits for every submitted operation and runs its callback.
+  // Queues every op of `ops` (done[i] for ops[i]) and hands them to the kernel at once. As
+  // Submit otherwise. REQUIRES: ops.size() == done.size().
+  virtual absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done);
+  // As SubmitBatch, but the ops may wait to be handed to the kernel until the next Reap, Drain
+  // or submission, so that a caller about to Reap(true) hands them over and sleeps in one system
+  // call. Default: SubmitBatch.
+  virtual absl::Status PrepareBatch(std::span<const IoOp> ops, std::span<Callback> done) {
+    return SubmitBatch(ops, done);
+  }
+  // Waits for every submitted operation and runs its callback. Not from a callback.
   virtual absl::Status Drain() = 0;
+  // Runs the callbacks of the ops that have completed. With `wait`, first waits until at least
+  // one op completes or Wake() is called (a queue may first poll for up to the poll-before-sleep
+  // time, see SetPollBeforeSleep). Returns an error only when the queue itself failed. Not from
+  // a callback.
+  virtual absl::Status Reap(bool wait);
+  // True when Reap(false) would run a callback now (cheap; no system call).
+  virtual bool HasCompletions() const { return false; }
+  // Makes a Reap(true) that waits, or the next one, return. Thread-safe.
+  virtual void Wake() {}
+  // With ops in flight and none completed, Reap(true) polls for up to `us` before sleeping in the
+  // kernel when completions have been arriving at least twice that often. 0 never polls.
+  // Default: 0.
+  virtual void SetPollBeforeSleep(uint32_t /*us*/) {}
+
+  // Registration, where the backend has it (io_uring's fixed files and buffers); elsewhere these
+  // succeed and change nothing. ReserveFileSlots sets up a table of `slots` files (io_uring: a
+  // sparse registered-file table); an error means ops use plain descriptors. RegisterFile puts
+  // `file` (of the file system that made the queue) at `slot` < slots.
+  virtual absl::Status ReserveFileSlots(uint32_t /*slots*/) { return absl::OkStatus(); }
+  virtual absl::Status RegisterFile(uint32_t /*slot*/, File* /*file*/) { return absl::OkStatus(); }
+  virtual void UnregisterFile(uint32_t /*slot*/) {}
+  // Registers `buffers` (buffer_index i is buffers[i]): io_uring pins them and reads and writes
+  // them with READ_FIXED/WRITE_FIXED. Unimplemented where the backend has no such thing; any
+  // error means ops use plain buffers (IoOp::buffer_index is then ignored).
+  virtual absl::Status RegisterBuffers(std::span<const std::span<std::byte>> /*buffers*/) {
+    return absl::UnimplementedError("this I/O queue has no registered buffers");
+  }
+  // True when ops name their files by registered slot (io_uring fixed files).
+  virtual bool fixed_files() const { return false; }
+
+  // Device transfers issued (each SQE or ReadAt/WriteAt, requeued remainders and retries
+  // included) and bytes they moved, since the queue was made.
+  struct Counters {
+    uint64_t transfers = 0;
+    uint64_t bytes = 0;
+  };
+  virtual Counters counters() const { return {}; }
+
   // "io_uring" or "threads".
   virtual const char* backend() const = 0;
 };
+
+// The thread fallback: up to `depth` (1..kMaxIoQueueDepth) ops in flight on a pool of worker
+// threads (started as ops need them, at most `depth`), each performing its op with
+// File::ReadAt/WriteAt. Works with any File. Backend "threads".
+absl::StatusOr<std::unique_ptr<IoQueue>> NewThreadIoQueue(uint32_t depth);
+
+// Largest depth a queue accepts.
+inline constexpr uint32_t kMaxIoQueueDepth = 4096;
 
 class FileSystem {
  public:
@@ -134,13 +222,14 @@ class FileSystem {
   virtual absl::Status CrashSeam(absl::string_view /*seam*/) { return absl::OkStatus(); }
 };
 
-// The POSIX file system. `use_uring`: queues use io_uring when true and the kernel allows it;
-// when it does not, Posix() falls back to synchronous queues and logs that once.
-enum class QueueBackend { kAuto, kUring, kThreads };
-// The process-wide POSIX file system for `backend`. Never destroyed.
-FileSystem* PosixFileSystem(QueueBackend backend = QueueBackend::kAuto);
+// The process-wide POSIX file system whose queues use `backend`: kUring queues are io_uring's
+// (NewIoQueue fails when it is unavailable); kAuto falls back to the thread queue when io_uring
+// cannot be set up, logged once; kThreads queues are the thread fallback. Never destroyed.
+FileSystem* PosixFileSystem(IoBackend backend = IoBackend::kAuto);
 // True when io_uring can be set up in this process.
 bool UringAvailable();
+// Why UringAvailable() is false ("" when it is true).
+std::string UringUnavailableReason();
 
 // Aligned heap buffer for direct I/O.
 class AlignedBuffer {

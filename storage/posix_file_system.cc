@@ -1,5 +1,6 @@
-// The POSIX file system (see storage/file_system.h): PosixFile, the synchronous "threads" queue,
-// and PosixFileSystem, which picks the queue backend.
+// The POSIX file system (see storage/file_system.h): PosixFile, and PosixFileSystem, which picks
+// the queue backend (io_uring, storage/uring_io_queue.cc, or the thread fallback,
+// storage/thread_io_queue.cc).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -167,53 +168,6 @@ absl::StatusOr<uint64_t> PosixFile::AllocatedBytes() {
 // ---------------------------------------------------------------------------------------------
 // The synchronous queue
 
-namespace {
-
-class SyncIoQueue final : public IoQueue {
- public:
-  absl::Status Submit(const IoOp& op, Callback done) override {
-    if (op.file == nullptr) return absl::InvalidArgumentError("IoQueue(threads): op has no file");
-    if (op.buffer == nullptr && op.length > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("IoQueue(threads): op on ", op.file->path(), " has no buffer"));
-    }
-    absl::Status status =
-        op.kind == IoOp::Kind::kRead
-            ? op.file->ReadAt(op.offset, {op.buffer, op.length})
-            : op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
-    completed_.emplace_back(std::move(done), std::move(status));
-    RunCallbacks();
-    return absl::OkStatus();
-  }
-
-  absl::Status Drain() override {
-    RunCallbacks();
-    return absl::OkStatus();
-  }
-
-  const char* backend() const override { return "threads"; }
-
- private:
-  // Runs completed callbacks in order. A callback that submits appends to completed_; the
-  // outermost loop runs that one after the callback returns, so callbacks never nest.
-  void RunCallbacks() {
-    if (running_callbacks_) return;
-    running_callbacks_ = true;
-    while (!completed_.empty()) {
-      auto [done, status] = std::move(completed_.front());
-      completed_.pop_front();
-      if (done) done(status);
-    }
-    running_callbacks_ = false;
-  }
-
-  std::deque<std::pair<Callback, absl::Status>> completed_;
-  bool running_callbacks_ = false;
-};
-
-}  // namespace
-
-std::unique_ptr<IoQueue> NewSyncIoQueue() { return std::make_unique<SyncIoQueue>(); }
 
 // ---------------------------------------------------------------------------------------------
 // PosixFileSystem
@@ -229,7 +183,7 @@ std::atomic<bool> uring_fallback_logged{false};
 
 class PosixFileSystemImpl final : public FileSystem {
  public:
-  explicit PosixFileSystemImpl(QueueBackend backend) : backend_(backend) {}
+  explicit PosixFileSystemImpl(IoBackend backend) : backend_(backend) {}
 
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override {
     int flags = O_RDWR | O_CLOEXEC;
@@ -312,15 +266,15 @@ class PosixFileSystemImpl final : public FileSystem {
           absl::StrCat("I/O queue depth ", depth, " is outside 1..", kMaxIoQueueDepth));
     }
     switch (backend_) {
-      case QueueBackend::kThreads:
-        return NewSyncIoQueue();
-      case QueueBackend::kUring:
+      case IoBackend::kThreads:
+        return NewThreadIoQueue(depth);
+      case IoBackend::kUring:
         if (!UringAvailable()) {
           return absl::UnavailableError(
               absl::StrCat("io_uring is unavailable: ", UringUnavailableReason()));
         }
         return NewUringIoQueue(depth);
-      case QueueBackend::kAuto:
+      case IoBackend::kAuto:
         break;
     }
     if (UringAvailable()) {
@@ -335,7 +289,7 @@ class PosixFileSystemImpl final : public FileSystem {
               absl::StrCat("io_uring is unavailable (", UringUnavailableReason(),
                            "); using the threads backend"));
     }
-    return NewSyncIoQueue();
+    return NewThreadIoQueue(depth);
   }
 
  private:
@@ -348,22 +302,22 @@ class PosixFileSystemImpl final : public FileSystem {
     return fd;
   }
 
-  const QueueBackend backend_;
+  const IoBackend backend_;
 };
 
 }  // namespace
 
-FileSystem* PosixFileSystem(QueueBackend backend) {
+FileSystem* PosixFileSystem(IoBackend backend) {
   // Leaked on purpose: files and queues may outlive static destruction order.
-  static FileSystem* const auto_fs = new PosixFileSystemImpl(QueueBackend::kAuto);
-  static FileSystem* const uring_fs = new PosixFileSystemImpl(QueueBackend::kUring);
-  static FileSystem* const threads_fs = new PosixFileSystemImpl(QueueBackend::kThreads);
+  static FileSystem* const auto_fs = new PosixFileSystemImpl(IoBackend::kAuto);
+  static FileSystem* const uring_fs = new PosixFileSystemImpl(IoBackend::kUring);
+  static FileSystem* const threads_fs = new PosixFileSystemImpl(IoBackend::kThreads);
   switch (backend) {
-    case QueueBackend::kUring:
+    case IoBackend::kUring:
       return uring_fs;
-    case QueueBackend::kThreads:
+    case IoBackend::kThreads:
       return threads_fs;
-    case QueueBackend::kAuto:
+    case IoBackend::kAuto:
       break;
   }
   return auto_fs;

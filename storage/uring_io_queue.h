@@ -1,5 +1,5 @@
 // storage/uring_io_queue.h: internals of the POSIX file system, shared by posix_file_system.cc
-// (PosixFile, the synchronous queue, PosixFileSystem) and uring_io_queue.cc (the io_uring queue).
+// (PosixFile, PosixFileSystem) and uring_io_queue.cc (the io_uring queue).
 // Not part of the public API: everything else reaches files through storage/file_system.h.
 //
 // Thread-safety: PosixFile is thread-safe (positioned I/O on one descriptor). A queue is used by
@@ -70,20 +70,10 @@ class PosixFile final : public File {
   const size_t alignment_;
 };
 
-// Largest depth a queue accepts.
-inline constexpr uint32_t kMaxIoQueueDepth = 4096;
-
-// An io_uring queue with a ring of `depth` entries (1..kMaxIoQueueDepth). Accepts only
-// PosixFiles. Fails with the ring set-up's errno mapped by ErrnoToStatus.
+// An io_uring queue with a ring of `depth` entries (1..kMaxIoQueueDepth) and one more for the
+// wake-up poll. Accepts only PosixFiles. Fails with the ring set-up's errno mapped by
+// ErrnoToStatus.
 absl::StatusOr<std::unique_ptr<IoQueue>> NewUringIoQueue(uint32_t depth);
-
-// The synchronous queue, backend "threads": Submit performs the op with File::ReadAt/WriteAt on
-// the calling thread and runs its callback before returning (a callback that submits has its
-// follow-up's callback run after it returns, never nested). Works with any File.
-std::unique_ptr<IoQueue> NewSyncIoQueue();
-
-// Why UringAvailable() is false ("" when it is true).
-std::string UringUnavailableReason();
 
 }  // namespace ckv::storage
 

@@ -1,5 +1,8 @@
 // Tests of ChunkStore::Pin (what Re-Prefill sessions read through), AddUsage (I and F) and
 // DescribePrefix (where a prefix's chunks are, with their I and F).
+#include <cstring>
+#include <string>
+
 #include "storage/chunk_store.h"
 #include "storage/record_checksum.h"
 #include "tests/test_util.h"
@@ -59,6 +62,46 @@ TEST_F(PinTest, PinnedLocationsStayReadableAfterTheirPrefixIsDeleted) {
   EXPECT_EQ(store_->Stats().disk_bytes_used, 12 * chunk_bytes);
   pinned->reset();
   EXPECT_EQ(store_->Stats().disk_bytes_used, 6 * chunk_bytes);
+}
+
+// A pinned record hands out its ready read: aligned offset, length padded to the file's
+// alignment, the checksum over the record's bytes; a part of it, the aligned blocks around it.
+TEST_F(PinTest, PinnedRecordsHandOutReadyReads) {
+  auto pinned = store_->Pin(spec_, keys_);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  const uint32_t layer = spec_.layers - 1;
+  const storage::PinnedChunks::Location where = (*pinned)->RecordAt(1, layer);
+  const storage::FileRead read = (*pinned)->ReadOf(1, layer);
+  const size_t align = where.file->alignment();
+  EXPECT_EQ(read.file, where.file);
+  EXPECT_EQ(read.offset, where.offset);
+  EXPECT_EQ(read.length % align, 0u);
+  EXPECT_GE(read.length, where.length);
+  EXPECT_LT(read.length, where.length + align);
+  EXPECT_EQ(read.skip, 0u);
+  EXPECT_EQ(read.checksum, where.checksum);
+  EXPECT_EQ(read.checksum_bytes, where.length);
+  storage::AlignedBuffer buf(read.length, align);
+  CKV_ASSERT_OK(read.file->ReadAt(read.offset, buf.span()));
+  CKV_EXPECT_OK(storage::VerifyRecordChecksum(buf.data(), read.checksum_bytes, read.checksum,
+                                              [] { return std::string("record"); }));
+  // The second half (V), as the H2O baseline reads it.
+  const uint32_t half = where.length / 2;
+  const storage::FileRead part = (*pinned)->PartOf(1, layer, half, half);
+  EXPECT_EQ(part.offset % align, 0u);
+  EXPECT_EQ(part.length % align, 0u);
+  EXPECT_EQ(part.offset + part.skip, where.offset + half);
+  EXPECT_GE(part.offset + part.length, where.offset + where.length);
+  EXPECT_EQ(part.checksum_bytes, 0u);
+  storage::AlignedBuffer pbuf(part.length, align);
+  CKV_ASSERT_OK(part.file->ReadAt(part.offset, pbuf.span()));
+  EXPECT_EQ(0, std::memcmp(pbuf.data() + part.skip, buf.data() + half, half));
+  // A corrupt byte fails the one verification with DataLoss naming the record.
+  buf.data()[7] ^= std::byte{1};
+  const absl::Status bad = storage::VerifyRecordChecksum(
+      buf.data(), read.checksum_bytes, read.checksum, [] { return std::string("record x/L1"); });
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_NE(bad.message().find("record x/L1: checksum 0x"), absl::string_view::npos) << bad;
 }
 
 TEST_F(PinTest, PinRefusesMissingAndForeignChunks) {

@@ -1,6 +1,7 @@
 // The fault matrix (docs/reliability.md): EIO, short I/O, ENOSPC and slow I/O at several rates,
-// injected through the fault-injecting file system (storage/fault_file_system.h) or the read
-// engine's fault hook (prefetch/read_engine.h) during Puts, during Re-Prefill sessions (summary
+// injected through the fault-injecting file system (storage/fault_file_system.h: its rules, or
+// its op hook on the read engine's reads), which wraps the one I/O layer's queues, io_uring where
+// the kernel allows it, during Puts, during Re-Prefill sessions (summary
 // reads, period heads, prefetches, demand reads) and during eviction and Gc. Each case checks:
 //   - every failed call returns the documented code for its fault, naming what failed;
 //   - nothing hangs (a watchdog aborts a case that outlives its deadline);
@@ -133,6 +134,10 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     // Slow I/O really is slow (that is what bounds are tested against), but only for the ops
     // the rate picks; every other fault leaves the sleeper unused.
     fs_->SetSleeper([this](uint64_t us) {
+      if (GetParam().seam == Seam::kReadEngine) {  // the hook drew the op already
+        absl::SleepFor(absl::Microseconds(us));
+        return;
+      }
       uint64_t draw;
       {
         absl::MutexLock lock(&slow_mu_);
@@ -154,7 +159,7 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
 
   void OpenEngine() {
     EngineOptions o;
-    o.file_system = GetParam().seam == Seam::kFileSystem ? fs_.get() : nullptr;
+    o.file_system = fs_.get();
     if (GetParam().phase == Phase::kEviction) {
       // Room for about four prefixes of kChunks chunks: the base three and one more.
       o.max_disk_bytes = (4 * kChunks + 2) * ChunkDiskBytes(spec_);
@@ -170,10 +175,10 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
           removed_.insert(e.keys.begin(), e.keys.end());
         });
     if (GetParam().seam == Seam::kReadEngine) {
-      CKV_ASSERT_OK(engine::SetReadFaultHook(*engine_, [this](const std::string&, uint64_t,
-                                                               uint32_t length) {
-        prefetch::IoFault f;
-        if (!hook_on_.load()) return f;
+      fs_->SetOpHook([this](const FaultInjectingFileSystem::OpInfo& op) {
+        const size_t length = op.length;
+        FaultInjectingFileSystem::OpFault f;
+        if (!hook_on_.load() || !op.read) return f;
         uint64_t draw;
         {
           absl::MutexLock lock(&slow_mu_);
@@ -183,15 +188,15 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
         hook_faults_++;
         switch (GetParam().fault) {
           case Fault::kEio: f.error = EIO; break;
-          // A short transfer: the engine requeues the rest, unless nothing came (end of file).
+          // A short transfer: the queue requeues the rest, unless nothing came (end of file).
           case Fault::kShortIo:
-            f.transfer_limit = (draw >> 32) % 2 == 0 ? 0 : (length / 2) / 4096 * 4096;
+            f.transfer_limit = (draw >> 32) % 2 == 0 ? 0 : static_cast<int64_t>((length / 2) / 4096 * 4096);
             break;
           case Fault::kSlow: f.latency_us = kSlowUs; break;
           case Fault::kEnospc: break;
         }
         return f;
-      }));
+      });
     }
   }
 
@@ -492,6 +497,18 @@ TEST_P(FaultMatrixTest, FailsWithTheFaultsCodeServesExactBytesAndIsConsistentAft
   }
   if (c.fault == Fault::kSlow) {
     EXPECT_EQ(failed_calls_, 0u);
+  }
+  // The faults went through the one I/O layer, on io_uring where the kernel allows it: Put's
+  // writes (a rate of 1 hits every one of them but ENOSPC's, which the block reservation meets
+  // first) and the read engine's reads (the hook sees only those).
+  if (storage::UringAvailable()) {
+    EXPECT_EQ(backend, "io_uring");
+  }
+  if (c.rate >= 1.0 && c.phase == Phase::kPut && c.fault != Fault::kEnospc) {
+    EXPECT_GT(fs_->queue_faults(backend).writes, 0u) << backend;
+  }
+  if (c.seam == Seam::kReadEngine && hook_faults_ > 0) {
+    EXPECT_GT(fs_->queue_faults(backend).reads, 0u) << backend;
   }
   ExpectConsistentWithoutFaults();
   MatrixTotals().cases++;

@@ -1,6 +1,7 @@
-// Tests of prefetch/read_engine.h, run for both backends (io_uring and the pread thread pool):
-// exact bytes, checksums, coalescing, priorities under a backlog, injected faults, cancellation
-// racing completions, bounded queues and waits.
+// Tests of prefetch/read_engine.h, run for both backends of the storage I/O layer (io_uring and
+// the thread fallback): exact bytes, checksums, coalescing, priorities under a backlog, injected
+// faults (through storage::FaultInjectingFileSystem over either backend), cancellation racing
+// completions, bounded queues and waits.
 #include "prefetch/read_engine.h"
 
 #include <algorithm>
@@ -78,10 +79,10 @@ ReadRequest RecordRequest(FileId id, const TestFile& f, uint32_t i, Priority p =
   return r;
 }
 
-class ReadEngineTest : public ::testing::TestWithParam<ReadBackend> {
+class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
  protected:
   void SetUp() override {
-    if (GetParam() == ReadBackend::kUring && !storage::UringAvailable()) {
+    if (GetParam() == IoBackend::kUring && !storage::UringAvailable()) {
       GTEST_SKIP() << "io_uring unavailable: " << "the threads backend runs the same tests";
     }
   }
@@ -92,13 +93,25 @@ class ReadEngineTest : public ::testing::TestWithParam<ReadBackend> {
     o.max_io_bytes = 128 * 1024;
     return o;
   }
+  // The fault-injecting file system over the POSIX one of the test's backend: files opened by
+  // it, and an engine reading through it (o.file_system), get the hook's faults.
+  storage::FaultInjectingFileSystem* FaultFs(ReadEngineOptions& o) {
+    fault_fs_ = std::make_unique<storage::FaultInjectingFileSystem>(
+        storage::PosixFileSystem(GetParam()));
+    o.file_system = fault_fs_.get();
+    return fault_fs_.get();
+  }
   std::unique_ptr<ReadEngine> Make(const ReadEngineOptions& o) {
     auto e = ReadEngine::Create(o);
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
   TempDir dir_;
+  std::unique_ptr<storage::FaultInjectingFileSystem> fault_fs_;  // outlives the engines
 };
+
+using OpInfo = storage::FaultInjectingFileSystem::OpInfo;
+using IoFault = storage::FaultInjectingFileSystem::OpFault;
 
 // Waits (bounded) until `counter` reaches `target`.
 bool WaitFor(const std::atomic<int>& counter, int target, absl::Duration timeout = kWait) {
@@ -114,8 +127,8 @@ TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
   TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 512);
   auto engine = Make(Options());
   ASSERT_NE(engine, nullptr);
-  EXPECT_STREQ(engine->backend(), GetParam() == ReadBackend::kUring ? "io_uring" : "threads");
-  if (GetParam() == ReadBackend::kUring) {
+  EXPECT_STREQ(engine->backend(), GetParam() == IoBackend::kUring ? "io_uring" : "threads");
+  if (GetParam() == IoBackend::kUring) {
     EXPECT_TRUE(engine->uses_fixed_buffers());
   }
   auto id = engine->RegisterFile(f.file.get());
@@ -282,20 +295,42 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   for (uint32_t i = 1; i < 50; ++i) EXPECT_LT(seq[i - 1], seq[i]);
 }
 
+// A queue depth of 1 (one read in flight, the smallest ring: one entry besides the wake-up poll)
+// still reads everything, fed by submissions from another thread.
+TEST_P(ReadEngineTest, QueueDepthOneReadsEverything) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  ReadEngineOptions o = Options();
+  o.queue_depth = 1;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::shared_ptr<ReadFuture>> futures;
+    for (uint32_t i = 0; i < f.records; ++i) {
+      futures.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i)));
+      if (i % 7 == 0) absl::SleepFor(absl::Microseconds(200));  // let the thread go to sleep
+    }
+    for (auto& fut : futures) CKV_ASSERT_OK(fut->Wait(kWait));
+  }
+  EXPECT_EQ(engine->stats().requests_ok, 3u * f.records);
+}
+
 TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   // Not paused: speculation is already being read when demand arrives. Deterministic: the fault
   // hook holds every read at issue until the demand is queued (explicit steps, no latency race),
   // so the reads issued before it are at most the queue depth.
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
   ReadEngineOptions o = Options();
+  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  TestFile f(fs, dir_.Sub("data"), 128);
   o.queue_depth = 2;
   o.coalesce = false;
   absl::Notification reading, release;
-  o.fault_hook = [&](const std::string&, uint64_t, uint32_t) {
+  fs->SetOpHook([&](const OpInfo&) {
     if (!reading.HasBeenNotified()) reading.Notify();
     release.WaitForNotification();
     return IoFault{};
-  };
+  });
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   auto id = engine->RegisterFile(f.file.get());
@@ -324,14 +359,17 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
 }
 
 TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
   ReadEngineOptions o = Options();
+  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  TestFile f(fs, dir_.Sub("data"), 256);
   o.coalesce = false;  // one request per device read, so each fault maps to one request
   absl::Mutex mu;
   std::mt19937_64 rng(1234);
   std::map<uint32_t, std::string> fatal;  // record -> "eio" | "eof"
   int eintr = 0, partial = 0;
-  o.fault_hook = [&](const std::string&, uint64_t offset, uint32_t length) {
+  fs->SetOpHook([&](const OpInfo& op) {
+    const uint64_t offset = op.offset;
+    const size_t length = op.length;
     absl::MutexLock lock(&mu);
     const uint32_t record = static_cast<uint32_t>(offset / kRecord);
     const uint64_t dice = rng() % 100;
@@ -352,7 +390,7 @@ TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
       fault.latency_us = 300;
     }
     return fault;
-  };
+  });
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   auto id = engine->RegisterFile(f.file.get());
@@ -458,11 +496,12 @@ TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
 }
 
 TEST_P(ReadEngineTest, DestroyingWithReadsInFlightCompletesOrCancelsEach) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  ReadEngineOptions o = Options();
+  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  TestFile f(fs, dir_.Sub("data"), 256);
   std::atomic<int> calls{0}, ok{0}, cancelled{0};
   {
-    ReadEngineOptions o = Options();
-    o.fault_hook = [](const std::string&, uint64_t, uint32_t) { return IoFault{.latency_us = 100}; };
+    fs->SetOpHook([](const OpInfo&) { return IoFault{.latency_us = 100}; });
     auto engine = Make(o);
     ASSERT_NE(engine, nullptr);
     auto id = engine->RegisterFile(f.file.get());
@@ -544,49 +583,56 @@ TEST_P(ReadEngineTest, SeveralIoThreadsDeliverEverything) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ReadEngineTest,
-                         ::testing::Values(ReadBackend::kUring, ReadBackend::kThreads),
-                         [](const ::testing::TestParamInfo<ReadBackend>& info) {
-                           return std::string(info.param == ReadBackend::kUring ? "Uring" : "Threads");
+                         ::testing::Values(IoBackend::kUring, IoBackend::kThreads),
+                         [](const ::testing::TestParamInfo<IoBackend>& info) {
+                           return std::string(info.param == IoBackend::kUring ? "Uring" : "Threads");
                          });
 
-// The fault-injecting file system under the threads backend (the io_uring backend needs real
-// descriptors; its faults come from the hook above).
+// The fault file system's rules under each backend: its queue wraps the backend's queue, so
+// the faults reach io_uring reads as well as the thread fallback's, and are counted there.
 TEST(ReadEngineFaultFsTest, EioAndShortReadsFromTheFaultFileSystem) {
-  TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), /*seed=*/5);
-  TestFile f(&fs, dir.Sub("seg-1"), 256);
-  fs.AddRule({.path_substring = "seg-", .read_eio = 0.1, .short_read = 0.1});
-  fs.ResetCounters();
-  ReadEngineOptions o;
-  o.backend = ReadBackend::kThreads;
-  o.queue_depth = 8;
-  o.coalesce = false;
-  auto engine = ReadEngine::Create(o);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto id = (*engine)->RegisterFile(f.file.get());
-  ASSERT_TRUE(id.ok()) << id.status();
-  std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
-  std::vector<std::shared_ptr<ReadFuture>> futures;
-  for (uint32_t i = 0; i < f.records; ++i) {
-    ReadRequest r = RecordRequest(*id, f, i);
-    r.dest = dest[i];
-    futures.push_back(*(*engine)->SubmitWithFuture(std::move(r)));
-  }
-  uint64_t failed = 0;
-  for (uint32_t i = 0; i < f.records; ++i) {
-    const absl::Status s = futures[i]->Wait(kWait);
-    if (s.ok()) {
-      EXPECT_EQ(dest[i], Pattern(i)) << i;
-    } else {
-      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-      EXPECT_NE(s.message().find("(injected)"), absl::string_view::npos) << s;
-      EXPECT_NE(s.message().find("record " + std::to_string(i)), absl::string_view::npos) << s;
-      ++failed;
+  for (IoBackend backend : {IoBackend::kThreads, IoBackend::kUring}) {
+    if (backend == IoBackend::kUring && !storage::UringAvailable()) continue;
+    SCOPED_TRACE(IoBackendName(backend));
+    TempDir dir;
+    storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(backend), /*seed=*/5);
+    TestFile f(&fs, dir.Sub("seg-1"), 256);
+    fs.AddRule({.path_substring = "seg-", .read_eio = 0.1, .short_read = 0.1});
+    fs.ResetCounters();
+    ReadEngineOptions o;
+    o.file_system = &fs;
+    o.queue_depth = 8;
+    o.coalesce = false;
+    auto engine = ReadEngine::Create(o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_STREQ((*engine)->backend(), IoBackendName(backend));
+    auto id = (*engine)->RegisterFile(f.file.get());
+    ASSERT_TRUE(id.ok()) << id.status();
+    std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
+    std::vector<std::shared_ptr<ReadFuture>> futures;
+    for (uint32_t i = 0; i < f.records; ++i) {
+      ReadRequest r = RecordRequest(*id, f, i);
+      r.dest = dest[i];
+      futures.push_back(*(*engine)->SubmitWithFuture(std::move(r)));
     }
+    uint64_t failed = 0;
+    for (uint32_t i = 0; i < f.records; ++i) {
+      const absl::Status s = futures[i]->Wait(kWait);
+      if (s.ok()) {
+        EXPECT_EQ(dest[i], Pattern(i)) << i;
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        EXPECT_NE(s.message().find("(injected)"), absl::string_view::npos) << s;
+        EXPECT_NE(s.message().find("record " + std::to_string(i)), absl::string_view::npos) << s;
+        ++failed;
+      }
+    }
+    EXPECT_GT(failed, 0u);
+    EXPECT_EQ(failed, fs.injected(storage::FaultKind::kReadEio) +
+                          fs.injected(storage::FaultKind::kShortRead));
+    // Every fault went through the queue of this backend.
+    EXPECT_EQ(fs.queue_faults(IoBackendName(backend)).reads, failed);
   }
-  EXPECT_GT(failed, 0u);
-  EXPECT_EQ(failed, fs.injected(storage::FaultKind::kReadEio) +
-                        fs.injected(storage::FaultKind::kShortRead));
 }
 
 // kAuto takes io_uring where the kernel allows it, else threads (with one log line).
@@ -600,13 +646,15 @@ TEST(ReadEngineAutoTest, AutoPicksUringWhenAvailable) {
   EXPECT_EQ(ReadEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ReadEngineFaultFsTest, UringBackendRefusesWrappedFiles) {
+// A file must come from the engine's file system: the POSIX one's io_uring queue refuses a
+// wrapped file it has no descriptor for.
+TEST(ReadEngineFaultFsTest, UringBackendRefusesFilesOfAnotherFileSystem) {
   if (!storage::UringAvailable()) GTEST_SKIP() << "io_uring unavailable";
   TempDir dir;
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 1);
   TestFile f(&fs, dir.Sub("seg-1"), 2);
   ReadEngineOptions o;
-  o.backend = ReadBackend::kUring;
+  o.backend = IoBackend::kUring;
   o.queue_depth = 4;
   auto engine = ReadEngine::Create(o);
   ASSERT_TRUE(engine.ok());

@@ -110,7 +110,7 @@ TEST(GcTest, DeletesSegmentsThatHoldNothingAndTheStoreGoesOn) {
 
 TEST(GcTest, ReclaimsBlocksAFailedPunchLeftBehind) {
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(storage::QueueBackend::kThreads));
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
   EngineOptions o;
   o.file_system = &fs;
   auto engine = Open(dir.path(), o);

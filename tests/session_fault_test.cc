@@ -1,5 +1,6 @@
-// What a Re-Prefill session does when the reads of one layer fail (the read engine's fault hook
-// fails every device read of that layer's records): AwaitLayer of that layer fails with
+// What a Re-Prefill session does when the reads of one layer fail (the fault-injecting file
+// system's op hook fails every device read of that layer's records, on whichever backend the
+// I/O layer uses: io_uring where the kernel allows it): AwaitLayer of that layer fails with
 // DataLoss naming the record, and the other layers are still served bit-exact, so a caller can
 // recompute the failed layer from its tokens and carry on (ckv/session.h).
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "ckv/engine.h"
 #include "engine/internal.h"
 #include "storage/chunk_store.h"
+#include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 
 namespace ckv {
@@ -36,8 +38,10 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   const auto tokens = synth::Tokens(41, 16 * spec.chunk_tokens);
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   TempDir dir;
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
   EngineOptions eo;
   eo.layout = RecordLayout::kLayerMajor;  // one layer's records are one band: reads never mix layers
+  eo.file_system = &fs;
   auto opened = Engine::Open(eo, dir.path());
   ASSERT_TRUE(opened.ok()) << opened.status();
   Engine& engine = **opened;
@@ -53,10 +57,11 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   }
   std::atomic<bool> on{true};
   std::atomic<uint64_t> injected{0};
-  CKV_ASSERT_OK(engine::SetReadFaultHook(
-      engine, [&](const std::string& path, uint64_t offset, uint32_t length) {
-        prefetch::IoFault f;
-        if (!on || path != bad_path) return f;
+  fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
+        const uint64_t offset = op.offset;
+        const size_t length = op.length;
+        storage::FaultInjectingFileSystem::OpFault f;
+        if (!on || !op.read || op.path != bad_path) return f;
         for (const auto& [lo, hi] : bad) {
           if (offset < hi && lo < offset + length) {
             f.error = EIO;
@@ -65,7 +70,7 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
           }
         }
         return f;
-      }));
+      });
 
   for (int pass = 0; pass < 2; ++pass) {  // under the fault, then without it
     ReprefillOptions o;
@@ -153,8 +158,10 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   const auto tokens = synth::Tokens(43, 16 * spec.chunk_tokens);
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   TempDir dir;
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
   EngineOptions eo;
   eo.layout = RecordLayout::kLayerMajor;
+  eo.file_system = &fs;
   auto opened = Engine::Open(eo, dir.path());
   ASSERT_TRUE(opened.ok()) << opened.status();
   Engine& engine = **opened;
@@ -165,16 +172,15 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   ASSERT_TRUE(where.ok()) << where.status();
   std::atomic<int> reads_of_it{0};
   absl::Notification failed_once;
-  CKV_ASSERT_OK(engine::SetReadFaultHook(
-      engine, [&](const std::string& path, uint64_t offset, uint32_t length) {
-        prefetch::IoFault f;
-        if (path == where->segment_path && offset <= where->offset &&
-            where->offset < offset + length && reads_of_it++ == 0) {
+  fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
+        storage::FaultInjectingFileSystem::OpFault f;
+        if (op.read && op.path == where->segment_path && op.offset <= where->offset &&
+            where->offset < op.offset + op.length && reads_of_it++ == 0) {
           f.error = EIO;
           failed_once.Notify();
         }
         return f;
-      }));
+      });
   ReprefillOptions o;
   o.selector = Selector::kQuest;
   o.budget_fraction = 0.25;
@@ -197,6 +203,9 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
     }
   }
   EXPECT_EQ(reads_of_it.load(), 2) << "one failed speculative read, one demand read";
+  // The fault reached the session's reads through the I/O layer's io_uring queue where the kernel
+  // allows it (the engine no longer falls back to threads for a caller's file system).
+  EXPECT_EQ(fs.queue_faults(storage::UringAvailable() ? "io_uring" : "threads").reads, 1u);
   ASSERT_TRUE((*session)->Finish().ok());
 }
 

@@ -489,7 +489,7 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   // asks for the next layer, and what they read is then served.
   const Planted& d = Data();
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(storage::QueueBackend::kThreads));
+  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
   EngineOptions eo;
   eo.file_system = &fs;
   auto engine = Open(dir.path(), eo);

@@ -95,15 +95,16 @@ class H2oRunner final : public BaselineRunner {
           L->pins.push_back(std::move(h));
           continue;
         }
-        const auto where = pinned->RecordAt(j, l);
-        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, host.FileIdOf(where.file));
-        // V of a chunk is the record's second half; read whole pages around it.
-        const uint64_t b = (where.offset + half) / 4096 * 4096;
-        const uint64_t e = (where.offset + 2 * half + 4095) / 4096 * 4096;
-        vlen_[j] = e - b;
-        voff_[j] = where.offset + half - b;  // where V starts in the pages read
-        AddRange(values, file, b, e - b, vbuf[j].data(), kMaxIo, prefetch::Priority::kDemand);
-        out.bytes_read += e - b;
+        // V of a chunk is the record's second half: the pinned location's read of that part
+        // (whole aligned blocks around it).
+        const storage::FileRead read = pinned->PartOf(j, l, static_cast<uint32_t>(half),
+                                                      static_cast<uint32_t>(half));
+        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, ctx_.reads->FileIdOf(read.file));
+        vlen_[j] = read.length;
+        voff_[j] = read.skip;  // where V starts in the blocks read
+        AddRange(values, file, read.offset, read.length, vbuf[j].data(), kMaxIo,
+                 prefetch::Priority::kDemand);
+        out.bytes_read += read.length;
         out.nvme_records++;
         value_bytes += half;
       }

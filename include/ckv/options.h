@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "ckv/io_backend.h"
 #include "ckv/record_layout.h"
 
 namespace ckv {
@@ -15,13 +16,6 @@ class Logger;
 namespace storage {
 class FileSystem;
 }
-
-// Which backend writes and reads segment data.
-enum class IoBackend : uint8_t {
-  kAuto = 0,      // io_uring when the kernel allows it, else kThreads (logged once).
-  kUring = 1,     // io_uring; Open fails with Unavailable when it cannot be set up.
-  kThreads = 2,   // positioned pread/pwrite; no io_uring.
-};
 
 struct EngineOptions {
   // Create the store when `path` holds none. Default: true.
