@@ -553,23 +553,23 @@ absl::Status ApplyMetadata(const Reader& file, const ImportOptions& options, Mod
   return absl::OkStatus();
 }
 
-}  // namespace
+// A KV file's tensors: its token ids (or none) and every layer's K and V.
+struct KvTensorSet {
+  const TensorInfo* token_ids = nullptr;
+  std::vector<const TensorInfo*> k, v;  // by layer
+};
 
-absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
-                                    const ImportOptions& options) {
-  ImportedKv out;
-  out.spec = spec;
-  CKV_RETURN_IF_ERROR(ApplyMetadata(file, options, &out.spec));
-  // Validate the shape fields now: the checks below divide the file by them.
-  CKV_RETURN_IF_ERROR(out.spec.Validate());
-  const uint32_t layers = out.spec.layers;
-
-  // Sort the tensors into token ids and per-layer K and V; anything else does not belong.
-  const TensorInfo* token_tensor = nullptr;
-  std::vector<const TensorInfo*> k(layers, nullptr), v(layers, nullptr);
+// Sorts the tensors into token ids and per-layer K and V; anything else does not belong, and
+// every layer of the spec must have both.
+absl::StatusOr<KvTensorSet> SortTensors(const Reader& file, uint32_t layers) {
+  KvTensorSet set;
+  set.k.assign(layers, nullptr);
+  set.v.assign(layers, nullptr);
+  std::vector<const TensorInfo*>& k = set.k;
+  std::vector<const TensorInfo*>& v = set.v;
   for (const TensorInfo& t : file.tensors()) {
     if (t.name == kTokenIdsTensor) {
-      token_tensor = &t;
+      set.token_ids = &t;
       continue;
     }
     uint32_t layer;
@@ -598,8 +598,15 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
         absl::StrCat("missing ", missing, " K/V tensor", missing == 1 ? "" : "s", ", the first ",
                      Quoted(first_missing), " (the spec has ", layers, " layers)"));
   }
+  return set;
+}
 
-  // One dtype for all K and V.
+// The one dtype of all K and V; it sets the spec's when options.dtype_from_file.
+absl::StatusOr<DType> KvFileDtype(const KvTensorSet& set, const ImportOptions& options,
+                                  ModelSpec* spec) {
+  const std::vector<const TensorInfo*>& k = set.k;
+  const std::vector<const TensorInfo*>& v = set.v;
+  const uint32_t layers = static_cast<uint32_t>(k.size());
   const Dtype file_dtype = k[0]->dtype;
   for (uint32_t l = 0; l < layers; ++l) {
     for (const TensorInfo* t : {k[l], v[l]}) {
@@ -617,33 +624,45 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
   }
   const DType dtype = *KvDtype(file_dtype);
   if (options.dtype_from_file) {
-    out.spec.dtype = dtype;
-  } else if (dtype != out.spec.dtype) {
+    spec->dtype = dtype;
+  } else if (dtype != spec->dtype) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the file's K/V dtype is ", Sv(DTypeName(dtype)), " (", Sv(DtypeName(file_dtype)),
-        ") but the spec's is ", Sv(DTypeName(out.spec.dtype))));
+        ") but the spec's is ", Sv(DTypeName(spec->dtype))));
   }
 
-  // Token ids: from the file or from the caller, not both.
+  return dtype;
+}
+
+// Token ids: from the file or from the caller, not both.
+absl::StatusOr<std::vector<int32_t>> KvFileTokenIds(const Reader& file, const KvTensorSet& set,
+                                                    const ImportOptions& options) {
+  std::vector<int32_t> ids;
   if (options.token_ids.has_value()) {
-    if (token_tensor != nullptr) {
+    if (set.token_ids != nullptr) {
       return absl::InvalidArgumentError(
           "token ids were given apart from the file, which holds a token_ids tensor too: use one");
     }
-    out.token_ids = *options.token_ids;
+    ids = *options.token_ids;
   } else {
-    if (token_tensor == nullptr) {
+    if (set.token_ids == nullptr) {
       return absl::InvalidArgumentError(
           "no token_ids tensor in the file and no token ids given apart from it");
     }
-    CKV_ASSIGN_OR_RETURN(out.token_ids, ReadTokenIdsTensor(file, *token_tensor));
+    CKV_ASSIGN_OR_RETURN(ids, ReadTokenIdsTensor(file, *set.token_ids));
   }
-  if (out.token_ids.empty()) return absl::InvalidArgumentError("no tokens: token_ids is empty");
+  if (ids.empty()) return absl::InvalidArgumentError("no tokens: token_ids is empty");
+  return ids;
+}
 
-  // Layout: every K/V tensor [tokens, kv_heads, head_dim], or every one [kv_heads, tokens, ...].
-  const uint64_t tokens = out.token_ids.size();
-  const uint64_t heads = out.spec.kv_heads;
-  const uint64_t dim = out.spec.head_dim;
+// Every K/V tensor [tokens, kv_heads, head_dim], or every one [kv_heads, tokens, head_dim].
+absl::StatusOr<KvLayout> KvFileLayout(const KvTensorSet& set, const ModelSpec& spec,
+                                      uint64_t tokens) {
+  const std::vector<const TensorInfo*>& k = set.k;
+  const std::vector<const TensorInfo*>& v = set.v;
+  const uint32_t layers = static_cast<uint32_t>(k.size());
+  const uint64_t heads = spec.kv_heads;
+  const uint64_t dim = spec.head_dim;
   const std::vector<uint64_t> tokens_first = {tokens, heads, dim};
   const std::vector<uint64_t> heads_first = {heads, tokens, dim};
   std::optional<KvLayout> layout;
@@ -670,11 +689,19 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
       }
     }
   }
-  out.file_layout = *layout;
-  out.layout_ambiguous = tokens == heads;
+  return *layout;
+}
 
-  // Read every tensor straight into its buffer; heads-first ones through one scratch tensor.
-  const size_t tensor_bytes = tokens * out.spec.TokenBytesPerLayer();
+// Reads every tensor straight into its buffer; heads-first ones through one scratch tensor.
+absl::Status ReadKvTensors(const Reader& file, const KvTensorSet& set, DType dtype,
+                           const ImportOptions& options, ImportedKv* out) {
+  const std::vector<const TensorInfo*>& k = set.k;
+  const std::vector<const TensorInfo*>& v = set.v;
+  const uint32_t layers = static_cast<uint32_t>(k.size());
+  const uint64_t tokens = out->token_ids.size();
+  const uint64_t heads = out->spec.kv_heads;
+  const uint64_t dim = out->spec.head_dim;
+  const size_t tensor_bytes = tokens * out->spec.TokenBytesPerLayer();
   if (uint64_t{2} * layers * tensor_bytes > options.max_kv_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "K and V of ", tokens, " tokens x ", layers, " layers are ",
@@ -683,17 +710,18 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
   }
   const size_t row_bytes = dim * DTypeBytes(dtype);
   std::unique_ptr<std::byte[]> scratch;
-  if (out.file_layout == KvLayout::kHeadsFirst) {
+  if (out->file_layout == KvLayout::kHeadsFirst) {
     scratch = std::make_unique_for_overwrite<std::byte[]>(tensor_bytes);
   }
   const uint64_t total = uint64_t{2} * layers * tensor_bytes;
   uint64_t done = 0;
-  out.kv.tokens = tokens;
+  out->kv.tokens = tokens;
   for (uint32_t l = 0; l < layers; ++l) {
     for (const TensorInfo* t : {k[l], v[l]}) {
-      std::byte* buffer =
-          out.buffers.emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
-      if (out.file_layout == KvLayout::kTokensFirst) {
+      std::byte* buffer = out->buffers
+                              .emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes))
+                              .get();
+      if (out->file_layout == KvLayout::kTokensFirst) {
         CKV_RETURN_IF_ERROR(file.Read(*t, std::span(buffer, tensor_bytes)));
       } else {
         CKV_RETURN_IF_ERROR(file.Read(*t, std::span(scratch.get(), tensor_bytes)));
@@ -704,11 +732,29 @@ absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
           }
         }
       }
-      (t == k[l] ? out.kv.k : out.kv.v).emplace_back(buffer, tensor_bytes);
+      (t == k[l] ? out->kv.k : out->kv.v).emplace_back(buffer, tensor_bytes);
       done += tensor_bytes;
       if (options.progress) options.progress(done, total);
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
+                                    const ImportOptions& options) {
+  ImportedKv out;
+  out.spec = spec;
+  CKV_RETURN_IF_ERROR(ApplyMetadata(file, options, &out.spec));
+  // Validate the shape fields now: the checks below divide the file by them.
+  CKV_RETURN_IF_ERROR(out.spec.Validate());
+  CKV_ASSIGN_OR_RETURN(const KvTensorSet set, SortTensors(file, out.spec.layers));
+  CKV_ASSIGN_OR_RETURN(const DType dtype, KvFileDtype(set, options, &out.spec));
+  CKV_ASSIGN_OR_RETURN(out.token_ids, KvFileTokenIds(file, set, options));
+  CKV_ASSIGN_OR_RETURN(out.file_layout, KvFileLayout(set, out.spec, out.token_ids.size()));
+  out.layout_ambiguous = out.token_ids.size() == out.spec.kv_heads;
+  CKV_RETURN_IF_ERROR(ReadKvTensors(file, set, dtype, options, &out));
   return out;
 }
 
