@@ -367,9 +367,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* fl) {
                  });
   cli::AddParsed(app, "--backend", "auto (default), uring or threads", "B",
                  "auto, uring or threads", [fl](const std::string& v) {
-                   if (v == "auto") fl->backend = prefetch::ReadBackend::kAuto;
-                   else if (v == "uring") fl->backend = prefetch::ReadBackend::kUring;
-                   else if (v == "threads") fl->backend = prefetch::ReadBackend::kThreads;
+                   using Backend = decltype(fl->backend);
+                   if (v == "auto") fl->backend = Backend::kAuto;
+                   else if (v == "uring") fl->backend = Backend::kUring;
+                   else if (v == "threads") fl->backend = Backend::kThreads;
                    else return false;
                    return true;
                  });
