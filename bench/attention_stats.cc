@@ -4,7 +4,7 @@
 //
 //   attention_stats [--model qwen2.5-7b] [--tokens 8192] [--profile calibrated|planted-chunks]
 //                   [--shift 0.5] [--seed 1] [--window 32] [--request 0] [--layers all|N]
-//                   [--json FILE]
+//                   [--json [PATH]]
 //
 // For every layer it computes the exact attention (kernels::TokenAttention over the records in
 // the spec's dtype) of the window's suffix queries, per q head, and reports:
@@ -28,19 +28,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "kernels/attention.h"
 #include "kernels/fidelity.h"
+#include "tools/cli.h"
 #include "tools/json_writer.h"
 #include "tools/synthetic_attention.h"
 
 namespace ckv::bench {
 namespace {
 
-constexpr int kExitUsage = 2;
 constexpr uint32_t kSinkTokens = 4;
 constexpr uint32_t kLocalTail = 128;
 constexpr uint32_t kPeriod = 8;
@@ -50,61 +51,50 @@ struct Flags {
   size_t tokens = 8192;
   uint32_t layers = 0;  // 0: all
   synth::AttentionParams params;
-  std::string json;
+  cli::JsonOutput json;
 };
 
-void Usage(FILE* out) {
-  std::fprintf(out,
-               "Usage: attention_stats [--model qwen2.5-7b] [--tokens 8192]\n"
-               "                       [--profile calibrated|planted-chunks] [--shift 0.5]\n"
-               "                       [--seed 1] [--window 32] [--request 0]\n"
-               "                       [--layers all|N] [--json FILE]\n");
-}
-
-bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "--help" || a == "-h") {
-      Usage(stdout);
-      std::exit(0);
-    }
-    if (a == "--model" && (v = value())) {
-      f->model = v;
-    } else if (a == "--tokens" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->tokens)) return false;
-    } else if (a == "--profile" && (v = value())) {
-      auto p = synth::ParseAttentionProfile(v);
-      if (!p.ok()) {
-        std::fprintf(stderr, "attention_stats: %s\n", std::string(p.status().message()).c_str());
-        return false;
-      }
-      f->params.profile = *p;
-    } else if (a == "--shift" && (v = value())) {
-      if (!absl::SimpleAtod(v, &f->params.request_shift)) return false;
-      if (!(f->params.request_shift >= 0 &&
-            f->params.request_shift <= 1 - f->params.calibrated.always_on_share)) {
-        std::fprintf(stderr, "attention_stats: --shift must be in [0, %g]\n",
-                     1 - f->params.calibrated.always_on_share);
-        return false;
-      }
-    } else if (a == "--seed" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->params.seed)) return false;
-    } else if (a == "--window" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->params.window) || f->params.window == 0) return false;
-    } else if (a == "--request" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->params.request)) return false;
-    } else if (a == "--layers" && (v = value())) {
-      if (std::string(v) != "all" && !absl::SimpleAtoi(v, &f->layers)) return false;
-    } else if (a == "--json" && (v = value())) {
-      f->json = v;
-    } else {
-      std::fprintf(stderr, "attention_stats: bad or incomplete flag '%s'\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
+// Returns the exit code when the program should stop (help, version, a usage error).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
+  CLI::App app{"The synthetic generator's attention statistics, to check a profile against "
+               "published measurements.",
+               "attention_stats"};
+  cli::Configure(app, "The columns are described in bench/attention_stats.cc and "
+                      "docs/generator.md.");
+  app.add_option("--model", f->model, "model preset (default qwen2.5-7b)")->type_name("PRESET");
+  cli::AddUint(app, "--tokens", &f->tokens, "prefix length, a multiple of 16 (default 8192)");
+  cli::AddParsed(app, "--profile", "calibrated (default) or planted-chunks", "P",
+                 "calibrated or planted-chunks", [f](const std::string& v) {
+                   auto p = synth::ParseAttentionProfile(v);
+                   if (p.ok()) f->params.profile = *p;
+                   return p.ok();
+                 });
+  const double max_shift = 1 - f->params.calibrated.always_on_share;
+  cli::AddParsed(app, "--shift", "request shift (default 0.5)", "F",
+                 absl::StrFormat("a number in [0, %g]", max_shift),
+                 [f, max_shift](const std::string& v) {
+                   return cli::ParseDouble(v, &f->params.request_shift) &&
+                          f->params.request_shift >= 0 && f->params.request_shift <= max_shift;
+                 });
+  cli::AddUint(app, "--seed", &f->params.seed, "generator seed (default 1)", "S");
+  cli::AddParsed(app, "--window", "suffix queries per request (default 32)", "N",
+                 "a positive integer", [f](const std::string& v) {
+                   uint64_t n = 0;
+                   if (!cli::ParseUint(v, &n) || n == 0 || n > UINT32_MAX) return false;
+                   f->params.window = static_cast<uint32_t>(n);
+                   return true;
+                 });
+  cli::AddUint(app, "--request", &f->params.request, "request index (default 0)", "R");
+  cli::AddParsed(app, "--layers", "all (default) or the first N layers", "all|N",
+                 "'all' or a layer count", [f](const std::string& v) {
+                   uint64_t n = 0;
+                   if (v == "all") return true;
+                   if (!cli::ParseUint(v, &n) || n > UINT32_MAX) return false;
+                   f->layers = static_cast<uint32_t>(n);
+                   return true;
+                 });
+  cli::AddJson(app, &f->json);
+  return cli::Parse(app, argc, argv);
 }
 
 template <typename T>
@@ -151,99 +141,111 @@ size_t Fraction(size_t n, double f) {
   return std::max<size_t>(1, static_cast<size_t>(std::lround(f * static_cast<double>(n))));
 }
 
-int Run(const Flags& f) {
-  const ModelSpec spec = OrDie(ModelSpec::Preset(f.model));
-  if (f.tokens == 0 || f.tokens % spec.chunk_tokens != 0) {
-    std::fprintf(stderr, "attention_stats: --tokens must be a positive multiple of %u\n",
-                 spec.chunk_tokens);
-    return kExitUsage;
-  }
-  const synth::SyntheticAttention gen(spec, f.tokens, f.params);
-  // The next request of the same conversation: same seed (same K, V), its own query noise.
-  synth::AttentionParams next_p = f.params, same_p = f.params;
-  next_p.request = f.params.request + 1;
-  next_p.query_seed = 1000003 * (f.params.seed + 1) + next_p.request;
-  same_p.query_seed = 2000003 * (f.params.seed + 1) + f.params.request;
-  const synth::SyntheticAttention next(spec, f.tokens, next_p), same(spec, f.tokens, same_p);
+// What one run measures.
+struct Results {
+  std::vector<LayerStats> rows;
+  std::vector<std::vector<uint32_t>> chunk_tops;  // per layer: its top-10% chunks
+  LayerStats mean, mean_late;                     // all layers; layers >= 2 (past the diffuse)
+  double period = 0;                              // overlap of adjacent period heads
+  int period_pairs = 0;
+};
 
-  const kernels::KvShape shape = kernels::KvShape::Of(spec);
-  const uint32_t layers = f.layers == 0 ? spec.layers : std::min(f.layers, spec.layers);
-  const uint32_t window = f.params.window, g_n = spec.q_heads, m = spec.q_heads / spec.kv_heads;
-  const size_t n = f.tokens, chunks = gen.chunks();
-  const size_t k5 = Fraction(n, 0.05), k10 = Fraction(n, 0.10), kc10 = Fraction(chunks, 0.10);
-  const uint32_t probes[3] = {0, g_n / 3, 2 * g_n / 3};
+// Measures the layers of one generator against the next request's and a re-noised one's
+// queries (see the banner).
+class Measure {
+ public:
+  Measure(const ModelSpec& spec, const Flags& f, const synth::AttentionParams& next_p,
+          const synth::AttentionParams& same_p)
+      : spec_(spec), f_(f), gen_(spec, f.tokens, f.params), next_(spec, f.tokens, next_p),
+        same_(spec, f.tokens, same_p), shape_(kernels::KvShape::Of(spec)),
+        n_(f.tokens), chunks_(gen_.chunks()), k5_(Fraction(n_, 0.05)),
+        k10_(Fraction(n_, 0.10)), kc10_(Fraction(chunks_, 0.10)), record_ptr_(chunks_) {}
 
-  std::vector<LayerStats> rows(layers);
-  std::vector<std::vector<uint32_t>> chunk_tops(layers);
-  synth::SyntheticAttention::Layer layer;
-  std::vector<const std::byte*> record_ptr(chunks);
-  for (uint32_t l = 0; l < layers; ++l) {
-    gen.Generate(l, layer);
-    const std::vector<std::byte> records = gen.Records(layer);
-    for (size_t j = 0; j < chunks; ++j) record_ptr[j] = records.data() + j * shape.record_bytes();
-    LayerStats& r = rows[l];
+  // Layer l's statistics (all but `adjacent`); `*chunk_top` gets its top-10% chunks.
+  LayerStats Layer(uint32_t l, std::vector<uint32_t>* chunk_top) {
+    const uint32_t window = f_.params.window, g_n = spec_.q_heads;
+    gen_.Generate(l, layer_);
+    const std::vector<std::byte> records = gen_.Records(layer_);
+    for (size_t j = 0; j < chunks_; ++j) {
+      record_ptr_[j] = records.data() + j * shape_.record_bytes();
+    }
+    LayerStats r;
     std::vector<std::vector<uint32_t>> top5(g_n);
-    std::vector<float> all(n, 0.0f);
+    std::vector<float> all(n_, 0.0f);
     for (uint32_t g = 0; g < g_n; ++g) {
       const uint32_t head[1] = {g};
       const std::vector<float> mass =
-          OrDie(kernels::TokenAttention(shape, layer.q, window, record_ptr, head));
-      for (size_t t = 0; t < n; ++t) all[t] += mass[t] / static_cast<float>(g_n);
+          OrDie(kernels::TokenAttention(shape_, layer_.q, window, record_ptr_, head));
+      for (size_t t = 0; t < n_; ++t) all[t] += mass[t] / static_cast<float>(g_n);
       double sink = 0, local = 0;
-      for (size_t t = 0; t < std::min<size_t>(kSinkTokens, n); ++t) sink += mass[t];
-      for (size_t t = n - std::min<size_t>(kLocalTail, n); t < n; ++t) local += mass[t];
+      for (size_t t = 0; t < std::min<size_t>(kSinkTokens, n_); ++t) sink += mass[t];
+      for (size_t t = n_ - std::min<size_t>(kLocalTail, n_); t < n_; ++t) local += mass[t];
       r.sink += sink / g_n;
       r.local += (sink + local >= 0.8 ? 1.0 : 0.0) / g_n;
-      top5[g] = TopK(mass, k5);
+      top5[g] = TopK(mass, k5_);
       r.top5 += Held(mass, top5[g]) / g_n;
-      r.top10 += Held(mass, TopK(mass, k10)) / g_n;
+      r.top10 += Held(mass, TopK(mass, k10_)) / g_n;
     }
+    HeadOverlaps(top5, &r);
+    *chunk_top = TopK(kernels::PerChunk(all, spec_.chunk_tokens), kc10_);
+    // Requests: the same keys, other queries (Queries() does not generate keys).
+    const std::vector<uint32_t> here = TopK(all, k5_);
+    const auto next_mass =
+        OrDie(kernels::TokenAttention(shape_, next_.Queries(l), window, record_ptr_));
+    const auto same_mass =
+        OrDie(kernels::TokenAttention(shape_, same_.Queries(l), window, record_ptr_));
+    r.request = Shared(here, TopK(next_mass, k5_));
+    r.request_same = Shared(here, TopK(same_mass, k5_));
+    return r;
+  }
+
+ private:
+  // jac-in, jac-x and probe3 from the q heads' top-5% token sets.
+  void HeadOverlaps(const std::vector<std::vector<uint32_t>>& top5, LayerStats* r) const {
+    const uint32_t g_n = spec_.q_heads, m = spec_.q_heads / spec_.kv_heads;
+    const uint32_t probes[3] = {0, g_n / 3, 2 * g_n / 3};
     int in = 0, across = 0;
     for (uint32_t g = 0; g < g_n; ++g) {
       for (uint32_t h = g + 1; h < g_n; ++h) {
         const double j = kernels::Jaccard(top5[g], top5[h]);
         if (g / m == h / m) {
-          r.jac_in += j;
+          r->jac_in += j;
           ++in;
         } else {
-          r.jac_across += j;
+          r->jac_across += j;
           ++across;
         }
       }
     }
-    r.jac_in = in ? r.jac_in / in : 0;
-    r.jac_across = across ? r.jac_across / across : 0;
-    r.probe3 = (kernels::Jaccard(top5[probes[0]], top5[probes[1]]) +
-                kernels::Jaccard(top5[probes[0]], top5[probes[2]]) +
-                kernels::Jaccard(top5[probes[1]], top5[probes[2]])) /
-               3;
-    chunk_tops[l] = TopK(kernels::PerChunk(all, spec.chunk_tokens), kc10);
-    if (l > 0) r.adjacent = Shared(chunk_tops[l - 1], chunk_tops[l]);
-    // Requests: the same keys, other queries (Queries() does not generate keys).
-    const std::vector<uint32_t> here = TopK(all, k5);
-    const auto next_mass =
-        OrDie(kernels::TokenAttention(shape, next.Queries(l), window, record_ptr));
-    const auto same_mass =
-        OrDie(kernels::TokenAttention(shape, same.Queries(l), window, record_ptr));
-    r.request = Shared(here, TopK(next_mass, k5));
-    r.request_same = Shared(here, TopK(same_mass, k5));
-    std::fprintf(stderr, "attention_stats: layer %u/%u\r", l + 1, layers);
+    r->jac_in = in ? r->jac_in / in : 0;
+    r->jac_across = across ? r->jac_across / across : 0;
+    r->probe3 = (kernels::Jaccard(top5[probes[0]], top5[probes[1]]) +
+                 kernels::Jaccard(top5[probes[0]], top5[probes[2]]) +
+                 kernels::Jaccard(top5[probes[1]], top5[probes[2]])) /
+                3;
   }
-  std::fprintf(stderr, "\n");
 
-  double period = 0;
-  int period_pairs = 0;
+  const ModelSpec& spec_;
+  const Flags& f_;
+  const synth::SyntheticAttention gen_, next_, same_;
+  const kernels::KvShape shape_;
+  const size_t n_, chunks_, k5_, k10_, kc10_;
+  synth::SyntheticAttention::Layer layer_;
+  std::vector<const std::byte*> record_ptr_;
+};
+
+// The means over the layers and the period heads' overlap.
+void Average(uint32_t layers, Results* res) {
   for (uint32_t l = kPeriod; l < layers; l += kPeriod) {
-    period += Shared(chunk_tops[l - kPeriod], chunk_tops[l]);
-    ++period_pairs;
+    res->period += Shared(res->chunk_tops[l - kPeriod], res->chunk_tops[l]);
+    ++res->period_pairs;
   }
-  period = period_pairs ? period / period_pairs : 0;
-  LayerStats mean, mean_late;  // all layers; layers >= 2 (past the diffuse ones)
+  res->period = res->period_pairs ? res->period / res->period_pairs : 0;
   int adjacent_n = 0, late_n = 0;
   for (uint32_t l = 0; l < layers; ++l) {
-    const LayerStats& r = rows[l];
-    for (LayerStats* s : {&mean, &mean_late}) {
-      if (s == &mean_late && l < 2) continue;
+    const LayerStats& r = res->rows[l];
+    for (LayerStats* s : {&res->mean, &res->mean_late}) {
+      if (s == &res->mean_late && l < 2) continue;
       s->sink += r.sink;
       s->top5 += r.top5;
       s->top10 += r.top10;
@@ -265,15 +267,18 @@ int Run(const Flags& f) {
     }
     if (adj_d > 0) s.adjacent /= adj_d;
   };
-  scale(mean, layers, adjacent_n);
-  scale(mean_late, std::max(1, late_n), std::max(1, late_n));
+  scale(res->mean, layers, adjacent_n);
+  scale(res->mean_late, std::max(1, late_n), std::max(1, late_n));
+}
 
+void PrintTable(const Flags& f, const ModelSpec& spec, uint32_t next_request,
+                const Results& res) {
   std::printf("Attention statistics: %s, %zu tokens, profile %s, shift %.2f, seed %llu, "
               "window %u, request %u -> %u\n",
-              spec.DebugString().c_str(), n,
+              spec.DebugString().c_str(), f.tokens,
               std::string(synth::AttentionProfileName(f.params.profile)).c_str(),
-              f.params.request_shift, static_cast<unsigned long long>(f.params.seed), window,
-              f.params.request, next_p.request);
+              f.params.request_shift, static_cast<unsigned long long>(f.params.seed),
+              f.params.window, f.params.request, next_request);
   std::printf("%-6s %6s %6s %6s %7s %6s %7s %6s %6s %6s %8s\n", "layer", "sink", "top5",
               "top10", "jac-in", "jac-x", "probe3", "local", "adj", "req", "req-same");
   auto print = [](const char* name, const LayerStats& r) {
@@ -286,41 +291,69 @@ int Run(const Flags& f) {
     }
     std::printf("%6.3f %8.3f\n", r.request, r.request_same);
   };
-  for (uint32_t l = 0; l < layers; ++l) print(std::to_string(l).c_str(), rows[l]);
-  print("mean", mean);
-  print("mean2+", mean_late);
+  for (size_t l = 0; l < res.rows.size(); ++l) print(std::to_string(l).c_str(), res.rows[l]);
+  print("mean", res.mean);
+  print("mean2+", res.mean_late);
   std::printf("adjacent period heads (period %u, top-10%% chunks): overlap %.3f over %d pairs\n",
-              kPeriod, period, period_pairs);
+              kPeriod, res.period, res.period_pairs);
+}
 
-  if (!f.json.empty()) {
-    tools::JsonWriter w;
-    auto row = [&w](const LayerStats& r) {
-      w.BeginObject().Key("sink").Double(r.sink).Key("top5").Double(r.top5);
-      w.Key("top10").Double(r.top10).Key("jaccard_in_group").Double(r.jac_in);
-      w.Key("jaccard_across_groups").Double(r.jac_across).Key("probe3_jaccard").Double(r.probe3);
-      w.Key("local_heads").Double(r.local).Key("adjacent_layer_overlap").Double(r.adjacent);
-      w.Key("request_overlap").Double(r.request).Key("same_request_overlap").Double(r.request_same);
-      w.EndObject();
-    };
-    w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(n);
-    w.Key("profile").String(synth::AttentionProfileName(f.params.profile));
-    w.Key("shift").Double(f.params.request_shift).Key("seed").Uint(f.params.seed);
-    w.Key("window").Uint(window).Key("request").Uint(f.params.request);
-    w.Key("period_head_overlap").Double(period);
-    w.Key("mean");
-    row(mean);
-    w.Key("mean_from_layer_2");
-    row(mean_late);
-    w.Key("layers").BeginArray();
-    for (const LayerStats& r : rows) row(r);
-    w.EndArray().EndObject();
-    FILE* out = std::fopen(f.json.c_str(), "w");
-    if (out == nullptr) {
-      std::fprintf(stderr, "attention_stats: cannot write %s\n", f.json.c_str());
+std::string ResultJson(const Flags& f, const Results& res) {
+  tools::JsonWriter w;
+  auto row = [&w](const LayerStats& r) {
+    w.BeginObject().Key("sink").Double(r.sink).Key("top5").Double(r.top5);
+    w.Key("top10").Double(r.top10).Key("jaccard_in_group").Double(r.jac_in);
+    w.Key("jaccard_across_groups").Double(r.jac_across).Key("probe3_jaccard").Double(r.probe3);
+    w.Key("local_heads").Double(r.local).Key("adjacent_layer_overlap").Double(r.adjacent);
+    w.Key("request_overlap").Double(r.request).Key("same_request_overlap").Double(r.request_same);
+    w.EndObject();
+  };
+  w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(f.tokens);
+  w.Key("profile").String(synth::AttentionProfileName(f.params.profile));
+  w.Key("shift").Double(f.params.request_shift).Key("seed").Uint(f.params.seed);
+  w.Key("window").Uint(f.params.window).Key("request").Uint(f.params.request);
+  w.Key("period_head_overlap").Double(res.period);
+  w.Key("mean");
+  row(res.mean);
+  w.Key("mean_from_layer_2");
+  row(res.mean_late);
+  w.Key("layers").BeginArray();
+  for (const LayerStats& r : res.rows) row(r);
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+int Run(const Flags& f) {
+  const ModelSpec spec = OrDie(ModelSpec::Preset(f.model));
+  if (f.tokens == 0 || f.tokens % spec.chunk_tokens != 0) {
+    return cli::UsageError("attention_stats", "--tokens must be a positive multiple of " +
+                                                  std::to_string(spec.chunk_tokens));
+  }
+  // The next request of the same conversation: same seed (same K, V), its own query noise.
+  synth::AttentionParams next_p = f.params, same_p = f.params;
+  next_p.request = f.params.request + 1;
+  next_p.query_seed = 1000003 * (f.params.seed + 1) + next_p.request;
+  same_p.query_seed = 2000003 * (f.params.seed + 1) + f.params.request;
+  Measure measure(spec, f, next_p, same_p);
+
+  const uint32_t layers = f.layers == 0 ? spec.layers : std::min(f.layers, spec.layers);
+  Results res;
+  res.rows.resize(layers);
+  res.chunk_tops.resize(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    res.rows[l] = measure.Layer(l, &res.chunk_tops[l]);
+    if (l > 0) res.rows[l].adjacent = Shared(res.chunk_tops[l - 1], res.chunk_tops[l]);
+    std::fprintf(stderr, "attention_stats: layer %u/%u\r", l + 1, layers);
+  }
+  std::fprintf(stderr, "\n");
+  Average(layers, &res);
+
+  if (!f.json.ToStdout()) PrintTable(f, spec, next_p.request, res);
+  if (f.json.enabled) {
+    if (absl::Status s = f.json.Write(ResultJson(f, res)); !s.ok()) {
+      std::fprintf(stderr, "attention_stats: %s\n", s.ToString().c_str());
       return 1;
     }
-    std::fprintf(out, "%s\n", w.str().c_str());
-    std::fclose(out);
   }
   return 0;
 }
@@ -330,9 +363,6 @@ int Run(const Flags& f) {
 
 int main(int argc, char** argv) {
   ckv::bench::Flags flags;
-  if (!ckv::bench::ParseFlags(argc, argv, &flags)) {
-    ckv::bench::Usage(stderr);
-    return ckv::bench::kExitUsage;
-  }
+  if (const std::optional<int> exit = ckv::bench::ParseFlags(argc, argv, &flags)) return *exit;
   return ckv::bench::Run(flags);
 }

@@ -2,7 +2,7 @@
 //
 //   io_bench --file F [--file-size 2G] [--pattern random|runs] [--io-size 32K] [--qd 64]
 //            [--seconds 5] [--backend auto|uring|threads] [--run-records 8] [--io-threads 1]
-//            [--backlog 2] [--poll-us 50] [--no-verify] [--no-register] [--seed S] [--json]
+//            [--backlog 2] [--poll-us 50] [--no-verify] [--no-register] [--seed S] [--json [PATH]]
 //
 // Creates F at --file-size when it does not exist (written sequentially with O_DIRECT, 8 MiB at a
 // time, then fdatasync'd; every 4 KiB block holds a seeded pattern), then for --seconds keeps the
@@ -20,7 +20,8 @@
 // callback, so that the engine always has queued work, as a prefetcher does. Prints MB/s (10^6 bytes), device reads per second (IOPS),
 // requests per second and CPU seconds per GB (getrusage user+system of the whole process over
 // the run, divided by 10^9-byte GB read), plus the engine's counters; --json prints one JSON
-// object instead. bench/io_vs_fio.sh runs this beside fio on the same file.
+// object instead (--json PATH: in PATH, beside the table; see tools/cli.h).
+// bench/io_vs_fio.sh runs this beside fio on the same file.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -33,7 +34,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -44,14 +47,14 @@
 #include "absl/strings/str_cat.h"
 #include "prefetch/read_engine.h"
 #include "storage/file_system.h"
+#include "tools/cli.h"
 #include "tools/json_writer.h"
 #include "xxhash.h"
 
 namespace ckv::bench {
 namespace {
 
-constexpr int kExitUsage = 2;
-constexpr int kExitError = 3;
+constexpr int kExitError = cli::kExitError;
 constexpr size_t kBlock = 4096;
 
 struct Flags {
@@ -69,17 +72,8 @@ struct Flags {
   bool register_with_ring = true;
   bool verify = true;
   uint64_t seed = 1;
-  bool json = false;
+  cli::JsonOutput json;
 };
-
-void Usage(FILE* out) {
-  std::fputs(
-      "Usage: io_bench --file F [--file-size 2G] [--pattern random|runs] [--io-size 32K]\n"
-      "                [--qd 64] [--seconds 5] [--backend auto|uring|threads]\n"
-      "                [--run-records 8] [--io-threads 1] [--backlog 2] [--poll-us 50]\n"
-      "                [--no-verify] [--no-register] [--seed S] [--json]\n",
-      out);
-}
 
 bool ParseSize(std::string_view s, uint64_t* out) {
   if (s.empty()) return false;
@@ -285,7 +279,7 @@ int Run(const Flags& fl) {
   const double rps = static_cast<double>(requests.load()) / secs;
   const double cpu_per_gb = gb > 0 ? cpu / gb : 0;
 
-  if (fl.json) {
+  if (fl.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
         .Key("backend").String(engine->backend())
@@ -310,8 +304,12 @@ int Run(const Flags& fl) {
         .Key("ios").Int(static_cast<int64_t>(st.ios_issued))
         .Key("requests_coalesced").Int(static_cast<int64_t>(st.requests_coalesced))
         .EndObject();
-    std::puts(w.str().c_str());
-  } else {
+    if (absl::Status s = fl.json.Write(w.str()); !s.ok()) {
+      std::fprintf(stderr, "io_bench: %s\n", s.ToString().c_str());
+      return kExitError;
+    }
+  }
+  if (!fl.json.ToStdout()) {
     std::printf("io_bench: %s%s, pattern %s, io %llu B (reads of %llu B), qd %u, %.2f s%s\n",
                 engine->backend(), engine->uses_fixed_buffers() ? " (fixed buffers and files)" : "",
                 fl.pattern.c_str(), static_cast<unsigned long long>(fl.io_size),
@@ -331,83 +329,73 @@ int Run(const Flags& fl) {
   return 0;
 }
 
+// A size with an optional K/M/G suffix (ParseSize), at most `max`.
+CLI::Option* AddSize(CLI::App& app, const std::string& name, uint64_t max, const std::string& help,
+                     std::function<void(uint64_t)> set) {
+  return cli::AddParsed(app, name, help, "N",
+                        "a positive count (K/M/G suffixes) up to " + std::to_string(max),
+                        [max, set](const std::string& v) {
+                          uint64_t n = 0;
+                          if (!ParseSize(v, &n) || n > max) return false;
+                          set(n);
+                          return true;
+                        });
+}
+
+// Returns the exit code when the program should stop (help, version, a usage error).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* fl) {
+  CLI::App app{"Read throughput and CPU cost of the prefetch read engine.", "io_bench"};
+  cli::Configure(app, "See bench/io_bench.cc for what each pattern reads, and bench/io_vs_fio.sh "
+                      "for the comparison with fio.");
+  app.add_option("--file", fl->file, "the file to read (created at --file-size when missing)")
+      ->required()
+      ->type_name("F");
+  cli::AddParsed(app, "--file-size", "size of a file it creates (default 2G)", "BYTES",
+                 "a positive size (K/M/G suffixes)",
+                 [fl](const std::string& v) { return ParseSize(v, &fl->file_size); });
+  cli::AddChoice(app, "--pattern", &fl->pattern, {"random", "runs"},
+                 "random (default) or runs of --run-records adjacent records");
+  cli::AddParsed(app, "--io-size", "bytes per record, a multiple of 4096 (default 32K)", "BYTES",
+                 "a positive multiple of 4096 (K/M/G suffixes)", [fl](const std::string& v) {
+                   return ParseSize(v, &fl->io_size) && fl->io_size % 4096 == 0;
+                 });
+  AddSize(app, "--qd", 1024, "reads kept in the device (default 64)",
+          [fl](uint64_t n) { fl->qd = static_cast<uint32_t>(n); });
+  cli::AddParsed(app, "--seconds", "how long to read (default 5)", "S", "a number of seconds > 0",
+                 [fl](const std::string& v) {
+                   return cli::ParseDouble(v, &fl->seconds) && fl->seconds > 0;
+                 });
+  cli::AddParsed(app, "--backend", "auto (default), uring or threads", "B",
+                 "auto, uring or threads", [fl](const std::string& v) {
+                   using Backend = decltype(fl->backend);
+                   if (v == "auto") fl->backend = Backend::kAuto;
+                   else if (v == "uring") fl->backend = Backend::kUring;
+                   else if (v == "threads") fl->backend = Backend::kThreads;
+                   else return false;
+                   return true;
+                 });
+  AddSize(app, "--run-records", 256, "records per run with --pattern runs (default 8)",
+          [fl](uint64_t n) { fl->run_records = static_cast<uint32_t>(n); });
+  AddSize(app, "--io-threads", 64, "I/O threads of the engine (default 1)",
+          [fl](uint64_t n) { fl->io_threads = static_cast<uint32_t>(n); });
+  AddSize(app, "--backlog", 64, "units kept submitted, in multiples of --qd (default 2)",
+          [fl](uint64_t n) { fl->backlog = static_cast<uint32_t>(n); });
+  cli::AddUint(app, "--poll-us", &fl->poll_us,
+               "ReadEngineOptions::poll_before_sleep_us (default 50)", "US");
+  app.add_flag("--no-verify{false}", fl->verify, "do not check each record's checksum");
+  app.add_flag("--no-register{false}", fl->register_with_ring,
+               "read without registered buffers and files");
+  AddSize(app, "--seed", UINT64_MAX, "seed of the file's contents (default 1)",
+          [fl](uint64_t n) { fl->seed = n; });
+  cli::AddJson(app, &fl->json);
+  return cli::Parse(app, argc, argv);
+}
+
 }  // namespace
 }  // namespace ckv::bench
 
 int main(int argc, char** argv) {
-  using ckv::bench::Flags;
-  Flags fl;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&](std::string_view* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string_view v;
-    bool ok = true;
-    if (a == "--help" || a == "-h") {
-      ckv::bench::Usage(stdout);
-      return 0;
-    } else if (a == "--json") {
-      fl.json = true;
-    } else if (a == "--no-verify") {
-      fl.verify = false;
-    } else if (a == "--no-register") {
-      fl.register_with_ring = false;
-    } else if (!value(&v)) {
-      ok = false;
-    } else if (a == "--file") {
-      fl.file = std::string(v);
-    } else if (a == "--file-size") {
-      ok = ckv::bench::ParseSize(v, &fl.file_size);
-    } else if (a == "--pattern") {
-      fl.pattern = std::string(v);
-      ok = fl.pattern == "random" || fl.pattern == "runs";
-    } else if (a == "--io-size") {
-      ok = ckv::bench::ParseSize(v, &fl.io_size) && fl.io_size % 4096 == 0;
-    } else if (a == "--qd") {
-      uint64_t q = 0;
-      ok = ckv::bench::ParseSize(v, &q) && q <= 1024;
-      fl.qd = static_cast<uint32_t>(q);
-    } else if (a == "--seconds") {
-      fl.seconds = std::atof(std::string(v).c_str());
-      ok = fl.seconds > 0;
-    } else if (a == "--backend") {
-      if (v == "auto") fl.backend = ckv::IoBackend::kAuto;
-      else if (v == "uring") fl.backend = ckv::IoBackend::kUring;
-      else if (v == "threads") fl.backend = ckv::IoBackend::kThreads;
-      else ok = false;
-    } else if (a == "--run-records") {
-      uint64_t n = 0;
-      ok = ckv::bench::ParseSize(v, &n) && n <= 256;
-      fl.run_records = static_cast<uint32_t>(n);
-    } else if (a == "--io-threads") {
-      uint64_t n = 0;
-      ok = ckv::bench::ParseSize(v, &n) && n <= 64;
-      fl.io_threads = static_cast<uint32_t>(n);
-    } else if (a == "--backlog") {
-      uint64_t n = 0;
-      ok = ckv::bench::ParseSize(v, &n) && n <= 64;
-      fl.backlog = static_cast<uint32_t>(n);
-    } else if (a == "--poll-us") {
-      uint64_t n = 0;
-      ok = ckv::bench::ParseSize(v, &n) || v == "0";
-      fl.poll_us = static_cast<uint32_t>(n);
-    } else if (a == "--seed") {
-      ok = ckv::bench::ParseSize(v, &fl.seed);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "io_bench: bad flag or value: %s\n", std::string(a).c_str());
-      ckv::bench::Usage(stderr);
-      return ckv::bench::kExitUsage;
-    }
-  }
-  if (fl.file.empty()) {
-    ckv::bench::Usage(stderr);
-    return ckv::bench::kExitUsage;
-  }
+  ckv::bench::Flags fl;
+  if (const std::optional<int> exit = ckv::bench::ParseFlags(argc, argv, &fl)) return *exit;
   return ckv::bench::Run(fl);
 }

@@ -2,7 +2,7 @@
 // attention of the synthetic generator (tools/synthetic_attention.h).
 //
 //   selector_fidelity [--model qwen2.5-7b] [--tokens 8192] [--budgets 0.05,0.1,0.25,0.5]
-//                     [--layers all|N] [--period 8] [--seed 1] [--overlap 0.6] [--json FILE]
+//                     [--layers all|N] [--period 8] [--seed 1] [--overlap 0.6] [--json [PATH]]
 //                     [--plot PNG]
 //
 // For every layer (or the first N), the generator makes K, V and the suffix queries; the records
@@ -23,22 +23,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/attention.h"
 #include "kernels/fidelity.h"
 #include "kernels/selector.h"
 #include "kernels/summary.h"
+#include "tools/cli.h"
 #include "tools/json_writer.h"
 #include "tools/synthetic_attention.h"
 
 namespace ckv::bench {
 namespace {
 
-constexpr int kExitUsage = 2;
 
 struct Flags {
   std::string model = "qwen2.5-7b";
@@ -46,57 +46,53 @@ struct Flags {
   std::vector<double> budgets = {0.05, 0.1, 0.25, 0.5};
   uint32_t layers = 0;  // 0: all
   synth::AttentionParams params;
-  std::string json, plot;
+  cli::JsonOutput json;
+  std::string plot;
 };
 
-void Usage(FILE* out) {
-  std::fprintf(out,
-               "Usage: selector_fidelity [--model qwen2.5-7b] [--tokens 8192]\n"
-               "                         [--budgets 0.05,0.1,0.25,0.5] [--layers all|N]\n"
-               "                         [--period 8] [--seed 1] [--overlap 0.6]\n"
-               "                         [--json FILE] [--plot PNG]\n");
-}
-
-bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "--help" || a == "-h") {
-      Usage(stdout);
-      std::exit(0);
-    }
-    if (a == "--model" && (v = value())) {
-      f->model = v;
-    } else if (a == "--tokens" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->tokens)) return false;
-    } else if (a == "--budgets" && (v = value())) {
-      f->budgets.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        double b;
-        if (!absl::SimpleAtod(s, &b) || !(b > 0 && b <= 1)) return false;
-        f->budgets.push_back(b);
-      }
-    } else if (a == "--layers" && (v = value())) {
-      if (std::string(v) != "all" && !absl::SimpleAtoi(v, &f->layers)) return false;
-    } else if (a == "--period" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->params.period_layers) || f->params.period_layers == 0) {
-        return false;
-      }
-    } else if (a == "--seed" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &f->params.seed)) return false;
-    } else if (a == "--overlap" && (v = value())) {
-      if (!absl::SimpleAtod(v, &f->params.period_overlap)) return false;
-    } else if (a == "--json" && (v = value())) {
-      f->json = v;
-    } else if (a == "--plot" && (v = value())) {
-      f->plot = v;
-    } else {
-      std::fprintf(stderr, "selector_fidelity: bad or incomplete flag '%s'\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
+// Returns the exit code when the program should stop (help, version, a usage error).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
+  CLI::App app{"How well each selector stands in for the full KV, on the synthetic generator's "
+               "planted attention.",
+               "selector_fidelity"};
+  cli::Configure(app, "The measures are described in bench/selector_fidelity.cc.");
+  app.add_option("--model", f->model, "model preset (default qwen2.5-7b)")->type_name("PRESET");
+  cli::AddUint(app, "--tokens", &f->tokens, "prefix length, a multiple of 16 (default 8192)");
+  cli::AddParsed(app, "--budgets", "comma-separated fractions of the chunks (default "
+                 "0.05,0.1,0.25,0.5)", "B,...", "a list of fractions in (0, 1]",
+                 [f](const std::string& v) {
+                   f->budgets.clear();
+                   for (absl::string_view s : absl::StrSplit(v, ',')) {
+                     double b = 0;
+                     if (!cli::ParseDouble(std::string_view(s.data(), s.size()), &b) || !(b > 0 && b <= 1)) {
+                       return false;
+                     }
+                     f->budgets.push_back(b);
+                   }
+                   return true;
+                 });
+  cli::AddParsed(app, "--layers", "all (default) or the first N layers", "all|N",
+                 "'all' or a layer count", [f](const std::string& v) {
+                   uint64_t n = 0;
+                   if (v == "all") return true;
+                   if (!cli::ParseUint(v, &n) || n > UINT32_MAX) return false;
+                   f->layers = static_cast<uint32_t>(n);
+                   return true;
+                 });
+  cli::AddParsed(app, "--period", "layers per period (default 8)", "P", "a positive integer",
+                 [f](const std::string& v) {
+                   uint64_t n = 0;
+                   if (!cli::ParseUint(v, &n) || n == 0 || n > UINT32_MAX) return false;
+                   f->params.period_layers = static_cast<uint32_t>(n);
+                   return true;
+                 });
+  cli::AddUint(app, "--seed", &f->params.seed, "generator seed (default 1)", "S");
+  cli::AddDouble(app, "--overlap", &f->params.period_overlap,
+                 "overlap of adjacent period heads' topics (default 0.6)");
+  cli::AddJson(app, &f->json);
+  app.add_option("--plot", f->plot, "draw recall by budget with gnuplot into PNG")
+      ->type_name("PNG");
+  return cli::Parse(app, argc, argv);
 }
 
 struct Sums {
@@ -156,138 +152,175 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
   return scores;
 }
 
-int Run(const Flags& f) {
-  auto spec_or = ModelSpec::Preset(f.model);
-  if (!spec_or.ok()) Die(spec_or.status());
-  const ModelSpec spec = *spec_or;
-  if (f.tokens == 0 || f.tokens % spec.chunk_tokens != 0) {
-    std::fprintf(stderr, "selector_fidelity: --tokens must be a positive multiple of %u\n",
-                 spec.chunk_tokens);
-    return kExitUsage;
-  }
-  const synth::SyntheticAttention gen(spec, f.tokens, f.params);
-  const kernels::KvShape shape = kernels::KvShape::Of(spec);
-  const kernels::SummaryFormat sf = kernels::SummaryFormat::For(spec);
-  const size_t n = gen.chunks();
-  const uint32_t window = f.params.window;
-  const uint32_t layers = f.layers == 0 ? spec.layers : std::min(f.layers, spec.layers);
-  const uint32_t p = f.params.period_layers;
+const std::vector<std::string> kSelectors = {"oracle",   "period-exact",  "quest", "quest-fp32",
+                                             "mean-key", "mean-key-fp32", "impress", "h2o"};
 
-  const std::vector<std::string> names = {"oracle", "period-exact", "quest", "quest-fp32",
-                                          "mean-key", "mean-key-fp32", "impress", "h2o"};
+// The measures summed over layers, per (selector, budget), and the period heads' overlap.
+struct Fidelity {
   std::map<std::pair<std::string, double>, Sums> sums;
-  std::map<double, std::vector<uint32_t>> period_selection;  // budget -> head's selection
-  std::map<double, std::vector<uint32_t>> previous_head_oracle;
   std::map<double, double> overlap_sum;  // budget -> sum of |A ∩ B| / |A| over head pairs
   int overlap_count = 0;
-  std::vector<std::byte> minmax(n * sf.MinMaxBytes()), mean(n * sf.MeanBytes());
-  std::vector<const std::byte*> minmax_ptr(n), mean_ptr(n), record_ptr(n);
 
-  for (uint32_t l = 0; l < layers; ++l) {
-    const synth::SyntheticAttention::Layer layer = gen.Generate(l);
-    const std::vector<std::byte> records = gen.Records(layer);
-    const size_t half = shape.half_record_bytes();
-    for (size_t j = 0; j < n; ++j) {
-      record_ptr[j] = records.data() + j * shape.record_bytes();
-      minmax_ptr[j] = minmax.data() + j * sf.MinMaxBytes();
-      mean_ptr[j] = mean.data() + j * sf.MeanBytes();
+  double Overlap(double b) const {
+    return overlap_count ? overlap_sum.at(b) / overlap_count : 0.0;
+  }
+};
+
+// Runs every selector at every budget on one layer after another (see the banner).
+class Measure {
+ public:
+  Measure(const ModelSpec& spec, const Flags& f)
+      : spec_(spec), f_(f), gen_(spec, f.tokens, f.params), shape_(kernels::KvShape::Of(spec)),
+        sf_(kernels::SummaryFormat::For(spec)), n_(gen_.chunks()),
+        minmax_(n_ * sf_.MinMaxBytes()), mean_(n_ * sf_.MeanBytes()), minmax_ptr_(n_),
+        mean_ptr_(n_), record_ptr_(n_) {
+    for (double b : f.budgets) fidelity_.overlap_sum[b] = 0;
+  }
+
+  size_t chunks() const { return n_; }
+  const Fidelity& fidelity() const { return fidelity_; }
+
+  void Layer(uint32_t l) {
+    const synth::SyntheticAttention::Layer layer = gen_.Generate(l);
+    const std::vector<std::byte> records = gen_.Records(layer);
+    const size_t half = shape_.half_record_bytes();
+    for (size_t j = 0; j < n_; ++j) {
+      record_ptr_[j] = records.data() + j * shape_.record_bytes();
+      minmax_ptr_[j] = minmax_.data() + j * sf_.MinMaxBytes();
+      mean_ptr_[j] = mean_.data() + j * sf_.MeanBytes();
       kernels::SummarizeChunkLayer(
-          spec, l, std::span(record_ptr[j], half),
-          std::span(minmax.data() + j * sf.MinMaxBytes(), sf.MinMaxBytes()),
-          std::span(mean.data() + j * sf.MeanBytes(), sf.MeanBytes()));
+          spec_, l, std::span(record_ptr_[j], half),
+          std::span(minmax_.data() + j * sf_.MinMaxBytes(), sf_.MinMaxBytes()),
+          std::span(mean_.data() + j * sf_.MeanBytes(), sf_.MeanBytes()));
     }
     kernels::SelectorInput in;
-    in.shape = shape;
-    in.layers = spec.layers;
+    in.shape = shape_;
+    in.layers = spec_.layers;
     in.layer = l;
     in.queries = layer.q;
-    in.window = window;
-    in.chunks = n;
-    in.minmax = minmax_ptr;
-    in.mean = mean_ptr;
-    in.records = record_ptr;
+    in.window = f_.params.window;
+    in.chunks = n_;
+    in.minmax = minmax_ptr_;
+    in.mean = mean_ptr_;
+    in.records = record_ptr_;
     // The truth: exact attention mass per chunk and the output over the full KV, both over the
     // stored (dtype-rounded) keys and values.
+    const uint32_t window = f_.params.window;
     const auto mass = kernels::PerChunk(
-        OrDie(kernels::TokenAttention(shape, layer.q, window, record_ptr)), spec.chunk_tokens);
-    std::vector<uint32_t> all(n);
-    for (uint32_t j = 0; j < n; ++j) all[j] = j;
-    const auto full_kv = OrDie(kernels::Gather(shape, record_ptr, all));
-    const auto full_out = OrDie(kernels::ReferenceAttention(shape, layer.q, window, full_kv));
-    const auto quest32 = UnquantisedScores(true, shape, layer.q, window, layer.k, n);
-    const auto mean32 = UnquantisedScores(false, shape, layer.q, window, layer.k, n);
-
-    for (double b : f.budgets) {
-      kernels::SelectOptions o;
-      o.budget_fraction = b;
-      const size_t k = kernels::BudgetChunks(n, o);
-      const auto oracle = kernels::TopKChunks(mass, k, o.sink_chunks, o.recent_chunks);
-      if (l % p == 0) {
-        period_selection[b] = oracle;  // the head's exact selection serves the period
-        if (!previous_head_oracle[b].empty()) {
-          const double j = kernels::Jaccard(previous_head_oracle[b], oracle);
-          // Both have k members: |A ∩ B| / k = 2J / (1 + J).
-          overlap_sum[b] += 2 * j / (1 + j);
-          if (b == f.budgets.front()) ++overlap_count;
-        }
-        previous_head_oracle[b] = oracle;
-      }
-      for (const std::string& name : names) {
-        std::vector<uint32_t> chosen;
-        if (name == "oracle") {
-          chosen = oracle;
-        } else if (name == "period-exact") {
-          chosen = period_selection[b];
-        } else if (name == "quest-fp32" || name == "mean-key-fp32") {
-          chosen = kernels::TopKChunks(name == "quest-fp32" ? quest32 : mean32, k, o.sink_chunks,
-                                       o.recent_chunks);
-        } else {
-          const auto kind = OrDie(kernels::ParseSelectorKind(name));
-          chosen = OrDie(kernels::Select(kind, in, o)).chunks;
-        }
-        const auto kv = OrDie(kernels::Gather(shape, record_ptr, chosen));
-        const auto out = OrDie(kernels::ReferenceAttention(shape, layer.q, window, kv));
-        Sums& s = sums[{name, b}];
-        s.recall += kernels::AttentionRecall(mass, chosen);
-        s.error += kernels::RelativeL2Error(out, full_out);
-        s.jaccard += kernels::Jaccard(chosen, oracle);
-        s.loaded += static_cast<double>(chosen.size()) / static_cast<double>(n);
-        s.layers++;
-      }
-    }
-    std::fprintf(stderr, "selector_fidelity: layer %u/%u\r", l + 1, layers);
+        OrDie(kernels::TokenAttention(shape_, layer.q, window, record_ptr_)), spec_.chunk_tokens);
+    std::vector<uint32_t> all(n_);
+    for (uint32_t j = 0; j < n_; ++j) all[j] = j;
+    const auto full_kv = OrDie(kernels::Gather(shape_, record_ptr_, all));
+    const Truth truth{mass, OrDie(kernels::ReferenceAttention(shape_, layer.q, window, full_kv)),
+                      UnquantisedScores(true, shape_, layer.q, window, layer.k, n_),
+                      UnquantisedScores(false, shape_, layer.q, window, layer.k, n_)};
+    for (double b : f_.budgets) Budget(l, b, layer, in, truth);
   }
-  std::fprintf(stderr, "\n");
 
+ private:
+  struct Truth {
+    std::vector<float> mass;                 // attention mass per chunk
+    std::vector<float> full_out;             // attention output over the full KV
+    std::vector<float> quest32, mean32;      // unquantised summaries' scores
+  };
+
+  // Every selector at budget `b` on layer `l`.
+  void Budget(uint32_t l, double b, const synth::SyntheticAttention::Layer& layer,
+              const kernels::SelectorInput& in, const Truth& t) {
+    kernels::SelectOptions o;
+    o.budget_fraction = b;
+    const size_t k = kernels::BudgetChunks(n_, o);
+    const auto oracle = kernels::TopKChunks(t.mass, k, o.sink_chunks, o.recent_chunks);
+    if (l % f_.params.period_layers == 0) {
+      period_selection_[b] = oracle;  // the head's exact selection serves the period
+      if (!previous_head_oracle_[b].empty()) {
+        const double j = kernels::Jaccard(previous_head_oracle_[b], oracle);
+        // Both have k members: |A ∩ B| / k = 2J / (1 + J).
+        fidelity_.overlap_sum[b] += 2 * j / (1 + j);
+        if (b == f_.budgets.front()) ++fidelity_.overlap_count;
+      }
+      previous_head_oracle_[b] = oracle;
+    }
+    for (const std::string& name : kSelectors) {
+      std::vector<uint32_t> chosen;
+      if (name == "oracle") {
+        chosen = oracle;
+      } else if (name == "period-exact") {
+        chosen = period_selection_[b];
+      } else if (name == "quest-fp32" || name == "mean-key-fp32") {
+        chosen = kernels::TopKChunks(name == "quest-fp32" ? t.quest32 : t.mean32, k,
+                                     o.sink_chunks, o.recent_chunks);
+      } else {
+        const auto kind = OrDie(kernels::ParseSelectorKind(name));
+        chosen = OrDie(kernels::Select(kind, in, o)).chunks;
+      }
+      const auto kv = OrDie(kernels::Gather(shape_, record_ptr_, chosen));
+      const auto out =
+          OrDie(kernels::ReferenceAttention(shape_, layer.q, f_.params.window, kv));
+      Sums& s = fidelity_.sums[{name, b}];
+      s.recall += kernels::AttentionRecall(t.mass, chosen);
+      s.error += kernels::RelativeL2Error(out, t.full_out);
+      s.jaccard += kernels::Jaccard(chosen, oracle);
+      s.loaded += static_cast<double>(chosen.size()) / static_cast<double>(n_);
+      s.layers++;
+    }
+  }
+
+  const ModelSpec& spec_;
+  const Flags& f_;
+  const synth::SyntheticAttention gen_;
+  const kernels::KvShape shape_;
+  const kernels::SummaryFormat sf_;
+  const size_t n_;
+  std::vector<std::byte> minmax_, mean_;
+  std::vector<const std::byte*> minmax_ptr_, mean_ptr_, record_ptr_;
+  std::map<double, std::vector<uint32_t>> period_selection_;  // budget -> head's selection
+  std::map<double, std::vector<uint32_t>> previous_head_oracle_;
+  Fidelity fidelity_;
+};
+
+void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers,
+                const Fidelity& fid) {
+  const kernels::SummaryFormat sf = kernels::SummaryFormat::For(spec);
   const double kv_bytes = double(spec.layers) * double(spec.RecordBytes());
   std::printf("Selector fidelity: %s, %zu tokens (%zu chunks), %u layers, window %u, period %u, "
               "seed %llu\n",
-              spec.DebugString().c_str(), f.tokens, n, layers, window, p,
-              static_cast<unsigned long long>(f.params.seed));
+              spec.DebugString().c_str(), f.tokens, n, layers, f.params.window,
+              f.params.period_layers, static_cast<unsigned long long>(f.params.seed));
   std::printf("summaries per chunk: min/max %.4f of the KV bytes (1/%.1f), mean %.4f (1/%.1f)\n",
               sf.MinMaxBytes() / kv_bytes, kv_bytes / sf.MinMaxBytes(), sf.MeanBytes() / kv_bytes,
               kv_bytes / sf.MeanBytes());
   std::printf("oracle selections of adjacent period heads overlap (|A n B| / |A|):");
   for (double b : f.budgets) {
-    std::printf(" %.3f at %.0f%%%s", overlap_count ? overlap_sum[b] / overlap_count : 0.0,
-                b * 100, b == f.budgets.back() ? "\n" : ",");
+    std::printf(" %.3f at %.0f%%%s", fid.Overlap(b), b * 100, b == f.budgets.back() ? "\n" : ",");
   }
   std::printf("%-14s %7s %8s %8s %8s %8s %12s\n", "selector", "budget", "recall", "error",
               "jaccard", "loaded", "vs oracle");
-  tools::JsonWriter w;
-  w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(f.tokens);
-  w.Key("layers").Uint(layers).Key("period").Uint(p).Key("seed").Uint(f.params.seed);
-  w.Key("period_head_overlap").BeginArray();
-  for (double b : f.budgets) w.Double(overlap_count ? overlap_sum[b] / overlap_count : 0.0);
-  w.EndArray();
-  w.Key("rows").BeginArray();
-  for (const std::string& name : names) {
+  for (const std::string& name : kSelectors) {
     for (double b : f.budgets) {
-      const Sums& s = sums[{name, b}];
+      const Sums& s = fid.sums.at({name, b});
       const double d = s.layers;
-      const double oracle = sums[{"oracle", b}].recall / d;
+      const double oracle = fid.sums.at({"oracle", b}).recall / d;
       std::printf("%-14s %6.0f%% %8.3f %8.3f %8.3f %8.3f %11.3fx\n", name.c_str(), b * 100,
                   s.recall / d, s.error / d, s.jaccard / d, s.loaded / d, (s.recall / d) / oracle);
+    }
+  }
+}
+
+std::string ResultJson(const Flags& f, uint32_t layers, const Fidelity& fid) {
+  tools::JsonWriter w;
+  w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(f.tokens);
+  w.Key("layers").Uint(layers).Key("period").Uint(f.params.period_layers);
+  w.Key("seed").Uint(f.params.seed);
+  w.Key("period_head_overlap").BeginArray();
+  for (double b : f.budgets) w.Double(fid.Overlap(b));
+  w.EndArray();
+  w.Key("rows").BeginArray();
+  for (const std::string& name : kSelectors) {
+    for (double b : f.budgets) {
+      const Sums& s = fid.sums.at({name, b});
+      const double d = s.layers;
+      const double oracle = fid.sums.at({"oracle", b}).recall / d;
       w.BeginObject().Key("selector").String(name).Key("budget").Double(b);
       w.Key("recall").Double(s.recall / d).Key("error").Double(s.error / d);
       w.Key("jaccard").Double(s.jaccard / d).Key("loaded").Double(s.loaded / d);
@@ -295,38 +328,58 @@ int Run(const Flags& f) {
     }
   }
   w.EndArray().EndObject();
-  if (!f.json.empty()) {
-    FILE* out = std::fopen(f.json.c_str(), "w");
-    if (out == nullptr) {
-      std::fprintf(stderr, "selector_fidelity: cannot write %s\n", f.json.c_str());
+  return w.str();
+}
+
+// Recall by budget, one line per selector, drawn by gnuplot into f.plot.
+void Plot(const Flags& f, const Fidelity& fid) {
+  std::string script = "set terminal png size 900,560\nset output '" + f.plot + "'\n";
+  script += "set title 'Attention recall by budget (" + f.model + ", " +
+            std::to_string(f.tokens) + " tokens)'\n";
+  script += "set xlabel 'budget (% of chunks)'\nset ylabel 'attention recall'\nset key bottom right\n";
+  script += "set yrange [0:1]\nplot ";
+  for (size_t i = 0; i < kSelectors.size(); ++i) {
+    script += "'-' with linespoints title '" + kSelectors[i] + "'";
+    script += i + 1 < kSelectors.size() ? ", " : "\n";
+  }
+  for (const std::string& name : kSelectors) {
+    for (double b : f.budgets) {
+      const Sums& s = fid.sums.at({name, b});
+      script += std::to_string(b * 100) + " " + std::to_string(s.recall / s.layers) + "\n";
+    }
+    script += "e\n";
+  }
+  FILE* gp = popen("gnuplot", "w");
+  if (gp == nullptr || std::fwrite(script.data(), 1, script.size(), gp) != script.size() ||
+      pclose(gp) != 0) {
+    std::fprintf(stderr, "selector_fidelity: gnuplot failed; no plot drawn\n");
+  }
+}
+
+int Run(const Flags& f) {
+  auto spec_or = ModelSpec::Preset(f.model);
+  if (!spec_or.ok()) Die(spec_or.status());
+  const ModelSpec spec = *spec_or;
+  if (f.tokens == 0 || f.tokens % spec.chunk_tokens != 0) {
+    return cli::UsageError("selector_fidelity", "--tokens must be a positive multiple of " +
+                                                    std::to_string(spec.chunk_tokens));
+  }
+  Measure measure(spec, f);
+  const uint32_t layers = f.layers == 0 ? spec.layers : std::min(f.layers, spec.layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    measure.Layer(l);
+    std::fprintf(stderr, "selector_fidelity: layer %u/%u\r", l + 1, layers);
+  }
+  std::fprintf(stderr, "\n");
+
+  if (!f.json.ToStdout()) PrintTable(f, spec, measure.chunks(), layers, measure.fidelity());
+  if (f.json.enabled) {
+    if (absl::Status s = f.json.Write(ResultJson(f, layers, measure.fidelity())); !s.ok()) {
+      std::fprintf(stderr, "selector_fidelity: %s\n", s.ToString().c_str());
       return 1;
     }
-    std::fprintf(out, "%s\n", w.str().c_str());
-    std::fclose(out);
   }
-  if (!f.plot.empty()) {
-    std::string script = "set terminal png size 900,560\nset output '" + f.plot + "'\n";
-    script += "set title 'Attention recall by budget (" + f.model + ", " +
-              std::to_string(f.tokens) + " tokens)'\n";
-    script += "set xlabel 'budget (% of chunks)'\nset ylabel 'attention recall'\nset key bottom right\n";
-    script += "set yrange [0:1]\nplot ";
-    for (size_t i = 0; i < names.size(); ++i) {
-      script += "'-' with linespoints title '" + names[i] + "'";
-      script += i + 1 < names.size() ? ", " : "\n";
-    }
-    for (const std::string& name : names) {
-      for (double b : f.budgets) {
-        const Sums& s = sums[{name, b}];
-        script += std::to_string(b * 100) + " " + std::to_string(s.recall / s.layers) + "\n";
-      }
-      script += "e\n";
-    }
-    FILE* gp = popen("gnuplot", "w");
-    if (gp == nullptr || std::fwrite(script.data(), 1, script.size(), gp) != script.size() ||
-        pclose(gp) != 0) {
-      std::fprintf(stderr, "selector_fidelity: gnuplot failed; no plot drawn\n");
-    }
-  }
+  if (!f.plot.empty()) Plot(f, measure.fidelity());
   return 0;
 }
 
@@ -335,9 +388,6 @@ int Run(const Flags& f) {
 
 int main(int argc, char** argv) {
   ckv::bench::Flags flags;
-  if (!ckv::bench::ParseFlags(argc, argv, &flags)) {
-    ckv::bench::Usage(stderr);
-    return ckv::bench::kExitUsage;
-  }
+  if (const std::optional<int> exit = ckv::bench::ParseFlags(argc, argv, &flags)) return *exit;
   return ckv::bench::Run(flags);
 }

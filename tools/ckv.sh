@@ -28,7 +28,7 @@ readonly TSAN_BUILD_DIR="$REPO_ROOT/build-tsan"
 readonly PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liburing-dev librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libxxhash-dev fio gnuplot-nox
+  libxxhash-dev libcli11-dev fio gnuplot-nox
 )
 
 say() { printf 'ckv.sh: %s\n' "$*" >&2; }

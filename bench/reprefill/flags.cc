@@ -1,138 +1,127 @@
 #include "bench/reprefill/flags.h"
 
-#include <cstdlib>
-#include <string_view>
+#include <functional>
+#include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tools/cli.h"
 
 namespace ckv::bench {
 namespace {
 
-bool ParseBytes(std::string_view s, uint64_t* out) {
-  uint64_t mult = 1;
-  if (!s.empty()) {
-    switch (s.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: break;
-    }
-    if (mult != 1) s.remove_suffix(1);
-  }
-  uint64_t v = 0;
-  if (!absl::SimpleAtoi(std::string(s), &v) || v > (~0ull) / mult) return false;
-  *out = v * mult;
-  return true;
+constexpr const char* kSystemsHelp =
+    "Systems: full, h2o, impress, ckv-paper, ckv, or a ckv variant\n"
+    "  ckv:<selector>:<layer-major|period-major>[:<period>][:noprefetch]\n"
+    "  (selector: period-exact, quest, mean-key, oracle; period > 1 shares a selection\n"
+    "  over a period only for period-exact).\n"
+    "recompute (the modelled prefill of the whole prefix, no cache) is always reported.";
+
+// A comma-separated list, each element checked by `add` (which throws CLI::ValidationError
+// naming the element).
+CLI::Option* AddList(CLI::App& app, const std::string& name, const std::string& help,
+                     std::function<void()> clear, std::function<void(const std::string&)> add) {
+  return cli::AddParsed(app, name, help, "A,B,...", "a list",
+                        [clear, add](const std::string& v) {
+                          clear();
+                          for (absl::string_view s : absl::StrSplit(v, ',')) add(std::string(s));
+                          return true;
+                        });
+}
+
+// The workload and the systems: what is stored and what runs against it.
+void AddWorkloadFlags(CLI::App& app, Flags* f) {
+  app.add_option("--store", f->store, "store directory, reused when it matches (default "
+                                      "ckv-bench-store)")
+      ->type_name("DIR");
+  app.add_option("--model", f->model, "model preset (default qwen2.5-7b)")->type_name("PRESET");
+  cli::AddUint(app, "--prefix-tokens", &f->prefix_tokens, "stored prefix per conversation "
+                                                          "(default 8192, >= 16)");
+  cli::AddUint(app, "--suffix-tokens", &f->suffix_tokens, "new tokens per turn (default 64)");
+  cli::AddUint(app, "--conversations", &f->conversations, "conversations (default 8)");
+  cli::AddUint(app, "--turns", &f->turns, "turns per conversation (default 4)");
+  cli::AddUint(app, "--warmup-turns", &f->warmup_turns, "turns not measured (default 1)");
+  cli::AddDouble(app, "--system-prompt-share", &f->system_prompt_share,
+                 "share of the prefix all conversations have in common, [0, 1] (default 0)");
+  cli::AddUint(app, "--concurrency", &f->concurrency, "requests at once (default 1)");
+  AddList(app, "--budgets", "budgets in percent of the chunks, each in (0, 100] "
+                            "(default 2,5,10,15,25,50)",
+          [f] { f->budgets.clear(); },
+          [f](const std::string& s) {
+            double b = 0;
+            if (!cli::ParseDouble(s, &b) || !(b > 0 && b <= 100)) {
+              throw CLI::ValidationError("--budgets: '" + s + "' is not a percentage in (0, 100]");
+            }
+            f->budgets.push_back(b / 100);
+          });
+  AddList(app, "--systems", "systems to run (default full,h2o,impress,ckv-paper,ckv)",
+          [f] { f->systems.clear(); }, [f](const std::string& s) { f->systems.push_back(s); });
+  cli::AddUint(app, "--window", &f->window, "suffix queries scored per layer (default 32)");
+  cli::AddUint(app, "--seed", &f->seed, "workload seed (default 1)", "S");
+  app.add_option("--attention-profile", f->attention_profile,
+                 "calibrated (default) or planted-chunks")
+      ->type_name("P");
+  cli::AddParsed(app, "--request-shift", "the generator's request shift, [0, 1]", "F",
+                 "a number in [0, 1]", [f](const std::string& v) {
+                   return cli::ParseDouble(v, &f->request_shift) && f->request_shift >= 0 &&
+                          f->request_shift <= 1;
+                 });
+  cli::AddChoice(app, "--impress-probes", &f->impress_probes, {"group", "spread"},
+                 "impress's probe heads: group (default) or spread");
+}
+
+// Tiers, the modelled GPU, and what is measured and written.
+void AddRunFlags(CLI::App& app, Flags* f) {
+  cli::AddBytes(app, "--gpu-tier-bytes", &f->gpu_tier_bytes, "GPU tier of 'default' (64M)");
+  cli::AddBytes(app, "--cpu-tier-bytes", &f->cpu_tier_bytes, "CPU tier of 'default' (192M)");
+  AddList(app, "--tiers", "tier configurations: default, cold, large (default: default)",
+          [f] { f->tiers.clear(); },
+          [f](const std::string& s) {
+            if (s != "cold" && s != "default" && s != "large") {
+              throw CLI::ValidationError("--tiers: '" + s +
+                                         "' is not one of cold, default, large");
+            }
+            f->tiers.push_back(s);
+          });
+  cli::AddDouble(app, "--gpu-tflops", &f->gpu_tflops, "modelled GPU throughput (default 156)");
+  cli::AddDouble(app, "--hbm-gb-s", &f->hbm_gb_s, "modelled HBM bandwidth (default 1630)");
+  cli::AddDouble(app, "--launch-us", &f->launch_us, "kernel launches per layer (default 40)");
+  cli::AddDouble(app, "--pcie-gb-s", &f->pcie_gb_s, "host to device bandwidth (default 25)");
+  cli::AddUint(app, "--rounds", &f->rounds, "rounds, in shuffled order (default 5)");
+  app.add_flag("--fidelity", f->fidelity, "measure attention recall and output error");
+  cli::AddUint(app, "--fidelity-requests", &f->fidelity_requests,
+               "requests measured for fidelity (default 4)");
+  app.add_flag("--no-fio{false}", f->fio, "do not run fio beside each row");
+  cli::AddDouble(app, "--fio-seconds", &f->fio_seconds, "seconds per fio run (default 3)");
+  cli::AddJson(app, &f->json);
+  app.add_option("--plot", f->plot, "draw latency by budget with gnuplot")->type_name("FILE.png");
 }
 
 }  // namespace
 
-void Usage(FILE* out) {
-  std::fprintf(
-      out,
-      "Usage: reprefill_bench [--store DIR] [--model qwen2.5-7b] [--prefix-tokens 8192]\n"
-      "                       [--suffix-tokens 64] [--conversations 8] [--turns 4]\n"
-      "                       [--warmup-turns 1] [--system-prompt-share 0] [--concurrency 1]\n"
-      "                       [--budgets 2,5,10,15,25,50]\n"
-      "                       [--systems full,h2o,impress,ckv-paper,ckv]\n"
-      "                       [--gpu-tier-bytes 64M] [--cpu-tier-bytes 192M]\n"
-      "                       [--tiers default[,cold,large]] [--window 32] [--seed 1]\n"
-      "                       [--attention-profile calibrated|planted-chunks]\n"
-      "                       [--request-shift F] [--impress-probes group|spread]\n"
-      "                       [--gpu-tflops 156] [--hbm-gb-s 1630] [--launch-us 40]\n"
-      "                       [--pcie-gb-s 25] [--rounds 5] [--fidelity]\n"
-      "                       [--fidelity-requests 4] [--no-fio] [--fio-seconds 3]\n"
-      "                       [--json FILE] [--plot FILE.png]\n"
-      "Systems: full, h2o, impress, ckv-paper, ckv, or a ckv variant\n"
-      "  ckv:<selector>:<layer-major|period-major>[:<period>][:noprefetch]\n"
-      "  (selector: period-exact, quest, mean-key, oracle; period > 1 shares a selection\n"
-      "  over a period only for period-exact).\n"
-      "recompute (the modelled prefill of the whole prefix, no cache) is always reported.\n");
-}
-
-absl::Status ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      Usage(stdout);
-      std::exit(0);
-    }
-    if (a == "--fidelity") { f->fidelity = true; continue; }
-    if (a == "--no-fio") { f->fio = false; continue; }
-    if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
-    const std::string v = argv[++i];
-    bool ok = true;
-    if (a == "--store") f->store = v;
-    else if (a == "--model") f->model = v;
-    else if (a == "--prefix-tokens") ok = absl::SimpleAtoi(v, &f->prefix_tokens);
-    else if (a == "--suffix-tokens") ok = absl::SimpleAtoi(v, &f->suffix_tokens);
-    else if (a == "--conversations") ok = absl::SimpleAtoi(v, &f->conversations);
-    else if (a == "--turns") ok = absl::SimpleAtoi(v, &f->turns);
-    else if (a == "--warmup-turns") ok = absl::SimpleAtoi(v, &f->warmup_turns);
-    else if (a == "--system-prompt-share") ok = absl::SimpleAtod(v, &f->system_prompt_share);
-    else if (a == "--concurrency") ok = absl::SimpleAtoi(v, &f->concurrency);
-    else if (a == "--gpu-tier-bytes") ok = ParseBytes(v, &f->gpu_tier_bytes);
-    else if (a == "--cpu-tier-bytes") ok = ParseBytes(v, &f->cpu_tier_bytes);
-    else if (a == "--window") ok = absl::SimpleAtoi(v, &f->window);
-    else if (a == "--gpu-tflops") ok = absl::SimpleAtod(v, &f->gpu_tflops);
-    else if (a == "--hbm-gb-s") ok = absl::SimpleAtod(v, &f->hbm_gb_s);
-    else if (a == "--launch-us") ok = absl::SimpleAtod(v, &f->launch_us);
-    else if (a == "--pcie-gb-s") ok = absl::SimpleAtod(v, &f->pcie_gb_s);
-    else if (a == "--seed") ok = absl::SimpleAtoi(v, &f->seed);
-    else if (a == "--rounds") ok = absl::SimpleAtoi(v, &f->rounds);
-    else if (a == "--attention-profile") f->attention_profile = v;
-    else if (a == "--request-shift") ok = absl::SimpleAtod(v, &f->request_shift) && f->request_shift >= 0 && f->request_shift <= 1;
-    else if (a == "--impress-probes") {
-      f->impress_probes = v;
-      ok = v == "group" || v == "spread";
-    }
-    else if (a == "--fidelity-requests") ok = absl::SimpleAtoi(v, &f->fidelity_requests);
-    else if (a == "--fio-seconds") ok = absl::SimpleAtod(v, &f->fio_seconds);
-    else if (a == "--json") f->json = v;
-    else if (a == "--plot") f->plot = v;
-    else if (a == "--budgets") {
-      f->budgets.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        double b = 0;
-        if (!absl::SimpleAtod(s, &b) || !(b > 0 && b <= 100)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--budgets: '", std::string(s), "' is not a percentage in (0, 100]"));
-        }
-        f->budgets.push_back(b / 100);
-      }
-    } else if (a == "--systems") {
-      f->systems.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) f->systems.emplace_back(s);
-    } else if (a == "--tiers") {
-      f->tiers.clear();
-      for (absl::string_view s : absl::StrSplit(v, ',')) {
-        if (s != "cold" && s != "default" && s != "large") {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--tiers: '", std::string(s), "' is not one of cold, default, large"));
-        }
-        f->tiers.emplace_back(s);
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
-    }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat(a, ": bad value '", v, "'"));
-  }
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
+  CLI::App app{"The Re-Prefill benchmark: ckv against its baselines (docs/baselines.md).", kProg};
+  cli::Configure(app, kSystemsHelp);
+  AddWorkloadFlags(app, f);
+  AddRunFlags(app, f);
+  if (const std::optional<int> exit = cli::Parse(app, argc, argv)) return exit;
   if (f->prefix_tokens < 16 || f->turns < 1 || f->conversations < 1 || f->concurrency < 1 ||
       f->warmup_turns >= f->turns || f->window < 1 || f->suffix_tokens < 1 || f->rounds < 1 ||
       !(f->system_prompt_share >= 0 && f->system_prompt_share <= 1) || !(f->gpu_tflops > 0) ||
       !(f->hbm_gb_s > 0) || !(f->pcie_gb_s > 0) || !(f->launch_us >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "need prefix-tokens >= 16 (got ", f->prefix_tokens, "), turns >= 1 (", f->turns,
-        "), warmup-turns < turns (", f->warmup_turns, "), rounds >= 1 (", f->rounds,
-        "), conversations >= 1, concurrency >= 1, window >= 1, suffix-tokens >= 1, "
-        "system-prompt-share in [0, 1], gpu-tflops, hbm-gb-s and pcie-gb-s > 0, launch-us >= 0"));
+    return cli::UsageError(
+        kProg,
+        absl::StrCat(
+            "need prefix-tokens >= 16 (got ", f->prefix_tokens, "), turns >= 1 (", f->turns,
+            "), warmup-turns < turns (", f->warmup_turns, "), rounds >= 1 (", f->rounds,
+            "), conversations >= 1, concurrency >= 1, window >= 1, suffix-tokens >= 1, "
+            "system-prompt-share in [0, 1], gpu-tflops, hbm-gb-s and pcie-gb-s > 0, "
+            "launch-us >= 0"));
   }
   if (f->budgets.empty() || f->systems.empty() || f->tiers.empty()) {
-    return absl::InvalidArgumentError("--budgets, --systems and --tiers must not be empty");
+    return cli::UsageError(kProg, "--budgets, --systems and --tiers must not be empty");
   }
-  return absl::OkStatus();
+  return std::nullopt;
 }
 
 std::vector<TierConfig> TierConfigs(const Flags& f, uint64_t store_bytes) {

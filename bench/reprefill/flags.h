@@ -3,15 +3,15 @@
 #define CKV_BENCH_REPREFILL_FLAGS_H_
 
 #include <cstdint>
-#include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
+#include "tools/cli.h"
 
 namespace ckv::bench {
 
-inline constexpr int kExitUsage = 2;
+inline constexpr int kExitUsage = cli::kExitUsage;
 inline constexpr const char* kProg = "reprefill_bench";
 
 // A named pair of tier budgets that the whole sweep runs under.
@@ -56,12 +56,13 @@ struct Flags {
   uint32_t fidelity_requests = 4;
   bool fio = true;
   double fio_seconds = 3;
-  std::string json, plot;
+  cli::JsonOutput json;  // --json [PATH]: the rows as JSON (tools/cli.h)
+  std::string plot;
 };
 
-void Usage(FILE* out);
-// Parses argv into *f; --help prints the usage and exits 0.
-absl::Status ParseFlags(int argc, char** argv, Flags* f);
+// Parses argv into *f (tools/cli.h). Returns the exit code when the program should stop: 0
+// after --help or --version, kExitUsage after printing a usage error.
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f);
 // The tier configurations named by f.tiers; `store_bytes` sizes "large".
 std::vector<TierConfig> TierConfigs(const Flags& f, uint64_t store_bytes);
 

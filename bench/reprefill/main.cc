@@ -216,54 +216,39 @@ void Finalise(Row& row, const std::vector<double>& all_latencies) {
   row.p95_ms = Percentile(all_latencies, 0.95);
 }
 
-int Run(const Flags& f) {
-  auto spec = ModelSpec::Preset(f.model);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s: %s\n", kProg, spec.status().ToString().c_str());
-    return kExitUsage;
-  }
-  auto arch = ArchOf(f.model);
-  if (!arch.ok()) {
-    std::fprintf(stderr, "%s: %s\n", kProg, arch.status().ToString().c_str());
-    return kExitUsage;
-  }
-  if (auto p = synth::ParseAttentionProfile(f.attention_profile); !p.ok()) {
-    std::fprintf(stderr, "%s: --attention-profile: %s\n", kProg, p.status().ToString().c_str());
-    return kExitUsage;
-  }
+// The systems the flags name, and what the store must hold for them. Prints the error and
+// returns false on a bad name.
+struct SystemSet {
   std::vector<System> systems;
   std::set<RecordLayout> layouts;
   bool need_keys = false, need_impress = false;
+};
+
+bool ParseSystems(const Flags& f, SystemSet* set) {
   for (const std::string& name : f.systems) {
     auto s = ParseSystem(name);
     if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", kProg, s.status().ToString().c_str());
-      return kExitUsage;
+      return false;
     }
-    layouts.insert(s->layout);
-    need_keys |= NeedsKeyFile(s->kind);
-    need_impress |= s->kind == Kind::kImpress;
-    systems.push_back(*s);
+    set->layouts.insert(s->layout);
+    set->need_keys |= NeedsKeyFile(s->kind);
+    set->need_impress |= s->kind == Kind::kImpress;
+    set->systems.push_back(*s);
   }
-  const Workload w(f, *spec);
-  if (absl::Status st = Populate(w, layouts, need_keys, need_impress); !st.ok()) {
-    std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<Fidelity> fidelity;
-  if (f.fidelity) fidelity = std::make_unique<Fidelity>(w);
-  std::unique_ptr<Fio> fio;
-  if (f.fio) fio = std::make_unique<Fio>(f, prefetch::ReadEngineOptions{}.queue_depth);
+  return true;
+}
 
-  // Every (tier configuration, system, budget) is a row; full loads everything whatever the
-  // budget, so it runs once per round and is reported at each budget.
-  struct Job {
-    size_t tiers, system;
-    double budget;
-  };
-  const std::vector<TierConfig> tier_configs = TierConfigs(f, w.store_bytes());
+// Every (tier configuration, system, budget) is a row; full loads everything whatever the
+// budget, so it runs once per round and is reported at each budget.
+struct Job {
+  size_t tiers, system;
+  double budget;
+};
+
+std::vector<Job> Jobs(const Flags& f, const std::vector<System>& systems, size_t tier_configs) {
   std::vector<Job> jobs;
-  for (size_t t = 0; t < tier_configs.size(); ++t) {
+  for (size_t t = 0; t < tier_configs; ++t) {
     for (size_t s = 0; s < systems.size(); ++s) {
       for (double b : f.budgets) {
         jobs.push_back({t, s, b});
@@ -271,9 +256,45 @@ int Run(const Flags& f) {
       }
     }
   }
-  std::vector<Row> rows(jobs.size());
-  std::vector<std::vector<double>> latencies(jobs.size());
-  std::vector<IoSizeMix> mixes(jobs.size());
+  return jobs;
+}
+
+// What the rounds collect per job.
+struct JobFigures {
+  Row row;
+  std::vector<double> latencies_ms;
+  IoSizeMix mix{};
+};
+
+// Recall and output error of a run's first f.fidelity_requests measured requests, into `row`.
+// Selections do not depend on timing: one round measures them.
+absl::Status MeasureFidelity(const Flags& f, const Workload& w, Fidelity& fidelity,
+                             const RunResult& run, Row* row) {
+  double rs = 0, rl = 0, es = 0;
+  size_t k = 0;
+  for (size_t q = 0; q < run.measured.size() && k < f.fidelity_requests; ++q, ++k) {
+    const Request& req = run.measured[q];
+    const RequestResult& res = run.requests[q];
+    double rec = 0, err = 0, rec_loaded = 0;
+    CKV_RETURN_IF_ERROR(fidelity.Measure(req, w.Queries(req), res.loaded, res.attended, &rec,
+                                         &rec_loaded, &err));
+    rs += rec;
+    rl += rec_loaded;
+    es += err;
+  }
+  if (k > 0) {
+    row->recall = rs / k;
+    row->recall_loaded = rl / k;
+    row->rel_error = es / k;
+  }
+  return absl::OkStatus();
+}
+
+// f.rounds rounds of every job, in a shuffled order per round. Prints the error and returns
+// false when a run fails.
+bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& systems,
+               const std::vector<TierConfig>& tier_configs, const std::vector<Job>& jobs,
+               Fidelity* fidelity, std::vector<JobFigures>* figures) {
   std::mt19937_64 rng(f.seed);
   for (uint32_t round = 0; round < f.rounds; ++round) {
     std::vector<size_t> order(jobs.size());
@@ -289,58 +310,50 @@ int Run(const Flags& f) {
       if (!run.ok()) {
         std::fprintf(stderr, "%s: %s at %.0f%%: %s\n", kProg, sys.name.c_str(), job.budget * 100,
                      run.status().ToString().c_str());
-        return 1;
+        return false;
       }
-      Row& row = rows[i];
+      JobFigures& fig = (*figures)[i];
+      Row& row = fig.row;
       row.tiers = tc.name;
       row.system = sys.name;
       row.budget = job.budget;
       row.config = sys.Config(f);
       Accumulate(*run, row);
-      for (const RequestResult& r : run->requests) latencies[i].push_back(r.latency_s * 1e3);
-      for (size_t k = 0; k < mixes[i].size(); ++k) {
-        mixes[i][k] += run->after.io_size_histogram[k] - run->before.io_size_histogram[k];
+      for (const RequestResult& r : run->requests) fig.latencies_ms.push_back(r.latency_s * 1e3);
+      for (size_t k = 0; k < fig.mix.size(); ++k) {
+        fig.mix[k] += run->after.io_size_histogram[k] - run->before.io_size_histogram[k];
       }
       if (round == 0 && fidelity != nullptr) {
-        // Selections do not depend on timing: one round measures them.
-        double rs = 0, rl = 0, es = 0;
-        size_t k = 0;
-        for (size_t q = 0; q < run->measured.size() && k < f.fidelity_requests; ++q, ++k) {
-          const Request& req = run->measured[q];
-          const RequestResult& res = run->requests[q];
-          double rec = 0, err = 0, rec_loaded = 0;
-          const absl::Status st = fidelity->Measure(req, w.Queries(req), res.loaded, res.attended,
-                                                    &rec, &rec_loaded, &err);
-          if (!st.ok()) {
-            std::fprintf(stderr, "%s: fidelity: %s\n", kProg, st.ToString().c_str());
-            return 1;
-          }
-          rs += rec;
-          rl += rec_loaded;
-          es += err;
-        }
-        if (k > 0) {
-          row.recall = rs / k;
-          row.recall_loaded = rl / k;
-          row.rel_error = es / k;
+        if (absl::Status st = MeasureFidelity(f, w, *fidelity, *run, &row); !st.ok()) {
+          std::fprintf(stderr, "%s: fidelity: %s\n", kProg, st.ToString().c_str());
+          return false;
         }
       }
     }
   }
+  return true;
+}
+
+// The table's rows: each job's, finalised, with fio's figures beside it; full's row repeated at
+// every budget.
+std::vector<Row> CollectRows(const Flags& f, const std::vector<System>& systems,
+                             const std::vector<Job>& jobs, std::vector<JobFigures>& figures,
+                             Fio* fio) {
   std::vector<Row> out;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    Row& row = rows[i];
-    Finalise(row, latencies[i]);
+    Row& row = figures[i].row;
+    const IoSizeMix& mix = figures[i].mix;
+    Finalise(row, figures[i].latencies_ms);
     if (fio != nullptr && row.busy_queue_depth > 0) {
       const std::string dir = StorePath(f, systems[jobs[i].system].layout);
-      row.fio_mb_s = fio->MbPerS(mixes[i], static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
-      row.fio_full_depth_mb_s = fio->MbPerS(mixes[i], prefetch::ReadEngineOptions{}.queue_depth, dir);
+      row.fio_mb_s = fio->MbPerS(mix, static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
+      row.fio_full_depth_mb_s = fio->MbPerS(mix, prefetch::ReadEngineOptions{}.queue_depth, dir);
     }
     uint64_t ios = 0;
     uint64_t bytes = 0;
-    for (size_t k = 0; k < mixes[i].size(); ++k) {
-      ios += mixes[i][k];
-      bytes += mixes[i][k] * (uint64_t{4096} << k);
+    for (size_t k = 0; k < mix.size(); ++k) {
+      ios += mix[k];
+      bytes += mix[k] * (uint64_t{4096} << k);
     }
     row.dominant_io_bytes = ios ? bytes / ios : 0;
     out.push_back(row);
@@ -353,9 +366,14 @@ int Run(const Flags& f) {
       }
     }
   }
-  // recompute: the modelled prefill of the whole prompt with no cache, per tier configuration.
+  return out;
+}
+
+// recompute: the modelled prefill of the whole prompt with no cache, per tier configuration.
+void AddRecomputeRows(const Flags& f, const Workload& w, const Arch& arch,
+                      const std::vector<TierConfig>& tier_configs, std::vector<Row>* out) {
   for (const TierConfig& tc : tier_configs) {
-    const double ms = 1e3 * RecomputeSeconds(w.spec(), *arch, GpuParams::Of(f),
+    const double ms = 1e3 * RecomputeSeconds(w.spec(), arch, GpuParams::Of(f),
                                              double(f.prefix_tokens + f.suffix_tokens));
     for (double b : f.budgets) {
       Row r;
@@ -367,9 +385,14 @@ int Run(const Flags& f) {
       r.mean_ms = r.p50_ms = r.p95_ms = ms;
       r.round_mean_ms.assign(f.rounds, ms);
       if (f.fidelity) r.recall = r.recall_loaded = 1.0, r.rel_error = 0.0;
-      out.push_back(r);
+      out->push_back(r);
     }
   }
+}
+
+// The table (unless --json takes its place), the JSON and the plot.
+int Report(const Flags& f, const Workload& w, const std::vector<System>& systems,
+           std::vector<Row>& out) {
   std::stable_sort(out.begin(), out.end(), [&](const Row& a, const Row& b) {
     if (a.tiers != b.tiers) {
       return std::find(f.tiers.begin(), f.tiers.end(), a.tiers) < std::find(f.tiers.begin(), f.tiers.end(), b.tiers);
@@ -382,12 +405,10 @@ int Run(const Flags& f) {
   }
   const std::vector<EqualRecall> eq =
       ckv_name.empty() ? std::vector<EqualRecall>{} : EqualRecallOf(out, ckv_name, 0.05);
-  PrintTable(out, eq);
-  if (!f.json.empty()) {
-    std::ofstream file(f.json, std::ios::trunc);
-    file << ToJson(w, out, eq) << "\n";
-    if (!file) {
-      std::fprintf(stderr, "%s: cannot write %s\n", kProg, f.json.c_str());
+  if (!f.json.ToStdout()) PrintTable(out, eq);
+  if (f.json.enabled) {
+    if (absl::Status st = f.json.Write(ToJson(w, out, eq)); !st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProg, st.ToString().c_str());
       return 1;
     }
   }
@@ -395,15 +416,47 @@ int Run(const Flags& f) {
   return 0;
 }
 
+int Run(const Flags& f) {
+  auto spec = ModelSpec::Preset(f.model);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProg, spec.status().ToString().c_str());
+    return kExitUsage;
+  }
+  auto arch = ArchOf(f.model);
+  if (!arch.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProg, arch.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (auto p = synth::ParseAttentionProfile(f.attention_profile); !p.ok()) {
+    std::fprintf(stderr, "%s: --attention-profile: %s\n", kProg, p.status().ToString().c_str());
+    return kExitUsage;
+  }
+  SystemSet set;
+  if (!ParseSystems(f, &set)) return kExitUsage;
+  const Workload w(f, *spec);
+  if (absl::Status st = Populate(w, set.layouts, set.need_keys, set.need_impress); !st.ok()) {
+    std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Fidelity> fidelity;
+  if (f.fidelity) fidelity = std::make_unique<Fidelity>(w);
+  std::unique_ptr<Fio> fio;
+  if (f.fio) fio = std::make_unique<Fio>(f, prefetch::ReadEngineOptions{}.queue_depth);
+
+  const std::vector<TierConfig> tier_configs = TierConfigs(f, w.store_bytes());
+  const std::vector<Job> jobs = Jobs(f, set.systems, tier_configs.size());
+  std::vector<JobFigures> figures(jobs.size());
+  if (!RunRounds(f, w, set.systems, tier_configs, jobs, fidelity.get(), &figures)) return 1;
+  std::vector<Row> out = CollectRows(f, set.systems, jobs, figures, fio.get());
+  AddRecomputeRows(f, w, *arch, tier_configs, &out);
+  return Report(f, w, set.systems, out);
+}
+
 }  // namespace
 }  // namespace ckv::bench
 
 int main(int argc, char** argv) {
   ckv::bench::Flags flags;
-  if (absl::Status st = ckv::bench::ParseFlags(argc, argv, &flags); !st.ok()) {
-    std::fprintf(stderr, "reprefill_bench: %s\n", std::string(st.message()).c_str());
-    ckv::bench::Usage(stderr);
-    return ckv::bench::kExitUsage;
-  }
+  if (const std::optional<int> exit = ckv::bench::ParseFlags(argc, argv, &flags)) return *exit;
   return ckv::bench::Run(flags);
 }

@@ -277,7 +277,8 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
     std::fprintf(stderr, "%s: gnuplot failed; no plot drawn\n", kProg);
     return;
   }
-  std::printf("plot: %s\n", path.c_str());
+  // On stderr: stdout holds the table, or the JSON with --json.
+  std::fprintf(stderr, "%s: plot: %s\n", kProg, path.c_str());
 }
 
 }  // namespace ckv::bench

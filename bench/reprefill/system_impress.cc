@@ -143,63 +143,8 @@ class ImpressRunner final : public BaselineRunner {
                                             all_need_, other_kv_, *cur, so_all, keys_there));
       }
       out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
-      std::vector<uint32_t> attended = Attended(sel.tokens, n, so);
-      // The physical blocks holding the attended tokens (the mapping list).
-      const std::vector<uint32_t>& slot_of = layout->slot_of[l];
-      const std::vector<uint32_t>& token_at = layout->token_at[l];
-      block_mark_.assign(imf_.blocks(), 0);
-      std::vector<float>& acc = acc_[l];
-      std::fill(acc.begin(), acc.begin() + T, 0.0f);
-      for (uint32_t t : attended) {
-        block_mark_[slot_of[t] / kB]++;
-        acc[t] = sel.token_mass[t];
-      }
-      blocks_.clear();
-      for (uint32_t b = 0; b < imf_.blocks(); ++b) {
-        if (block_mark_[b]) blocks_.push_back(b);
-      }
-      ReadBatch& batch = *cur->batch;
       uint64_t load_h2d = 0;
-      read_mark_.assign(imf_.blocks(), false);
-      for (uint32_t b : blocks_) {
-        const ChunkKey key = BlockKey(r.conversation, l, b);
-        if (auto h = Lookup(key, 0, out, /*lru_touch=*/false)) {
-          if (h.level() != engine::TierLevel::kGpu) load_h2d += 2 * imf_.kv_bytes();
-          cur->pins.push_back(std::move(h));
-          continue;
-        }
-        AddRange(batch, ctx_.impress_file, imf_.Offset(r.conversation, l, b), imf_.block_bytes(),
-                 blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand);
-        read_mark_[b] = true;
-        out.bytes_read += imf_.block_bytes();
-        out.nvme_records++;
-        load_h2d += 2 * imf_.kv_bytes();
-      }
-      CKV_RETURN_IF_ERROR(batch.Submit());
-      CKV_RETURN_IF_ERROR(Wait(*cur, out));
-      // What was loaded, in logical chunks (fidelity gathers them; attended says which tokens).
-      chunk_mark_.assign(n, false);
-      for (uint32_t b : blocks_) {
-        for (uint32_t s = b * kB; s < (b + 1) * kB; ++s) {
-          const uint32_t t = token_at[s];
-          if (t != kNone && t < T) chunk_mark_[t / c] = true;
-        }
-      }
-      for (uint32_t j = 0; j < n; ++j) {
-        if (chunk_mark_[j]) out.loaded[l].push_back(j);
-      }
-      out.attended[l] = std::move(attended);
-      {
-        absl::MutexLock lock(&ctx_.state->mu);
-        for (uint32_t b : blocks_) {
-          const ChunkKey key = BlockKey(r.conversation, l, b);
-          const double share = double(block_mark_[b]) / kB;
-          scores_.push_back({key, share});
-          if (!read_mark_[b]) continue;
-          const double f = double(ctx_.state->freq[key] + 1);
-          Admit(key, 0, std::span(blockbuf_[b]).first(2 * imf_.kv_bytes()), f * share, cur->pins);
-        }
-      }
+      CKV_RETURN_IF_ERROR(LoadLayer(r, l, n, sel, so, *layout, *cur, out, &load_h2d));
       out.h2d_bytes += load_h2d;
       ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(load_h2d));
       cur = std::move(next);
@@ -214,6 +159,74 @@ class ImpressRunner final : public BaselineRunner {
     }
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
+  }
+
+  // Layer l's loads: the physical blocks holding the tokens `sel` attends to, from the tiers or
+  // read from the block file, then what they hold in logical chunks (out.loaded, out.attended),
+  // and the blocks' scores; read blocks are admitted to the tiers. `*load_h2d` gets the bytes
+  // that cross PCIe.
+  absl::Status LoadLayer(const Request& r, uint32_t l, uint32_t n, const kernels::Selection& sel,
+                         const kernels::SelectOptions& so, const ImpressLayout& layout,
+                         Layer& cur, RequestResult& out, uint64_t* load_h2d) {
+    const uint32_t c = spec_.chunk_tokens;
+    const uint32_t T = n * c;
+    std::vector<uint32_t> attended = Attended(sel.tokens, n, so);
+    // The physical blocks holding the attended tokens (the mapping list).
+    const std::vector<uint32_t>& slot_of = layout.slot_of[l];
+    const std::vector<uint32_t>& token_at = layout.token_at[l];
+    block_mark_.assign(imf_.blocks(), 0);
+    std::vector<float>& acc = acc_[l];
+    std::fill(acc.begin(), acc.begin() + T, 0.0f);
+    for (uint32_t t : attended) {
+      block_mark_[slot_of[t] / kB]++;
+      acc[t] = sel.token_mass[t];
+    }
+    blocks_.clear();
+    for (uint32_t b = 0; b < imf_.blocks(); ++b) {
+      if (block_mark_[b]) blocks_.push_back(b);
+    }
+    ReadBatch& batch = *cur.batch;
+    read_mark_.assign(imf_.blocks(), false);
+    for (uint32_t b : blocks_) {
+      const ChunkKey key = BlockKey(r.conversation, l, b);
+      if (auto h = Lookup(key, 0, out, /*lru_touch=*/false)) {
+        if (h.level() != engine::TierLevel::kGpu) *load_h2d += 2 * imf_.kv_bytes();
+        cur.pins.push_back(std::move(h));
+        continue;
+      }
+      AddRange(batch, ctx_.impress_file, imf_.Offset(r.conversation, l, b), imf_.block_bytes(),
+               blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand);
+      read_mark_[b] = true;
+      out.bytes_read += imf_.block_bytes();
+      out.nvme_records++;
+      *load_h2d += 2 * imf_.kv_bytes();
+    }
+    CKV_RETURN_IF_ERROR(batch.Submit());
+    CKV_RETURN_IF_ERROR(Wait(cur, out));
+    // What was loaded, in logical chunks (fidelity gathers them; attended says which tokens).
+    chunk_mark_.assign(n, false);
+    for (uint32_t b : blocks_) {
+      for (uint32_t s = b * kB; s < (b + 1) * kB; ++s) {
+        const uint32_t t = token_at[s];
+        if (t != kNone && t < T) chunk_mark_[t / c] = true;
+      }
+    }
+    for (uint32_t j = 0; j < n; ++j) {
+      if (chunk_mark_[j]) out.loaded[l].push_back(j);
+    }
+    out.attended[l] = std::move(attended);
+    {
+      absl::MutexLock lock(&ctx_.state->mu);
+      for (uint32_t b : blocks_) {
+        const ChunkKey key = BlockKey(r.conversation, l, b);
+        const double share = double(block_mark_[b]) / kB;
+        scores_.push_back({key, share});
+        if (!read_mark_[b]) continue;
+        const double f = double(ctx_.state->freq[key] + 1);
+        Admit(key, 0, std::span(blockbuf_[b]).first(2 * imf_.kv_bytes()), f * share, cur.pins);
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Between turns: the request's attention joins the conversation's importance, and the

@@ -1,0 +1,118 @@
+// tools/kvctl/command.h: what kvctl's commands share: the command table's entry, exit codes and
+// error output, opening a store, the model options of put and replay, naming a stored prefix,
+// and the --json output.
+//
+// Each command lives in its own file (or one file per family: inspect.cc holds ls, show and
+// stats) and registers itself with an Add* function below, which declares its arguments on a
+// CLI11 subcommand (tools/cli.h) and returns how to run it.
+//
+// kvctl uses the public API (include/ckv/) and tools/ (the synthetic generator, safetensors),
+// with two exceptions: export reads a prefix's token ids from the catalog, which the Engine API
+// does not expose (import_export.cc, ReadPrefixTokens), and stats takes the CPU tier's summary
+// share from engine/tier_cache.h.
+#ifndef CKV_TOOLS_KVCTL_COMMAND_H_
+#define CKV_TOOLS_KVCTL_COMMAND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckv/chunk_key.h"
+#include "ckv/engine.h"
+#include "ckv/kv.h"
+#include "ckv/model_spec.h"
+#include "ckv/stats.h"
+#include "tools/cli.h"
+#include "tools/json_writer.h"
+
+namespace ckv::kvctl {
+
+// Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitProblems = 1;
+inline constexpr int kExitUsage = cli::kExitUsage;
+inline constexpr int kExitStoreError = cli::kExitError;
+
+// One command: its CLI11 subcommand, and how to run it once the subcommand has been parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command AddInit(CLI::App& kvctl);    // init.cc
+Command AddPut(CLI::App& kvctl);     // put.cc
+Command AddLs(CLI::App& kvctl);      // inspect.cc
+Command AddShow(CLI::App& kvctl);    // inspect.cc
+Command AddStats(CLI::App& kvctl);   // stats.cc
+Command AddVerify(CLI::App& kvctl);  // verify.cc
+Command AddRm(CLI::App& kvctl);      // remove.cc
+Command AddGc(CLI::App& kvctl);      // remove.cc
+Command AddImport(CLI::App& kvctl);  // import_export.cc
+Command AddExport(CLI::App& kvctl);  // import_export.cc
+Command AddReplay(CLI::App& kvctl);  // replay.cc
+
+// "kvctl: MESSAGE" and "Run 'kvctl COMMAND --help' for usage." on stderr; returns kExitUsage.
+int UsageError(const std::string& command, const std::string& message);
+// "kvctl: WHAT: STATUS" on stderr; returns kExitStoreError.
+int StoreError(const std::string& what, const absl::Status& status);
+// Writes `w`'s JSON where `json` says (tools/cli.h). Returns kExitOk, else prints the error and
+// returns kExitStoreError.
+int EmitJson(const cli::JsonOutput& json, const tools::JsonWriter& w);
+
+// The required positional STORE: a store's directory.
+CLI::Option* AddStoreArg(CLI::App& app, std::string* store);
+// The required positional PREFIX (show, rm, export).
+CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix);
+
+// Opens the store at `path`, which must exist.
+absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path);
+void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s);
+
+// --model PRESET (required), --dtype, --model-id and --chunk-tokens, as put and replay take them.
+struct PresetOptions {
+  std::string model;
+  std::string dtype = "fp16";
+  std::string model_id;  // empty: the preset's name
+  uint64_t chunk_tokens = 16;
+};
+void AddPresetOptions(CLI::App& app, PresetOptions* options);
+// The spec the options name. Returns false with `*error` set on a usage error.
+bool PresetSpec(const PresetOptions& options, ModelSpec* spec, std::string* error);
+// The --model option's help: the preset names.
+std::string ModelHelp();
+
+// Checks and lower-cases a PREFIX argument: 1 to 32 hex digits, the id 'kvctl ls' prints (its
+// first 16 digits) or any leading part of the full id. Returns false with `*error` set.
+bool NormalizePrefixArg(std::string* wanted, std::string* error);
+// The one stored prefix whose id starts with `wanted` (normalized). Returns kExitOk with `*id`
+// set, else prints the error and returns its exit code: 3 when none matches (the store does not
+// hold it), 2 when several do (the argument is too short).
+int FindPrefix(Engine& engine, const std::string& command, const std::string& store,
+               const std::string& wanted, ChunkKey* id);
+
+// The KV of `tokens` (whole chunks only) laid out as ckv/kv.h says, generated record by record
+// with synth::FillRecord so that generation can show progress. For whole chunks this is exactly
+// what synth::SyntheticKv generates: a record is a pure function of (chunk key, layer, spec).
+// put.cc.
+class GeneratedKv {
+ public:
+  // `progress`: show the generation's progress (see ProgressBar).
+  GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress = true);
+
+  const KvTensors& tensors() const { return tensors_; }
+  uint64_t bytes() const { return total_bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> k_, v_;
+  KvTensors tensors_;
+  uint64_t total_bytes_ = 0;
+};
+
+}  // namespace ckv::kvctl
+
+#endif  // CKV_TOOLS_KVCTL_COMMAND_H_

@@ -1,0 +1,145 @@
+// What kvctl's commands share (command.h).
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+
+#include "ckv/options.h"
+#include "tools/kvctl/command.h"
+
+namespace ckv::kvctl {
+
+int UsageError(const std::string& command, const std::string& message) {
+  return cli::UsageError("kvctl", message, command.empty() ? "kvctl" : "kvctl " + command);
+}
+
+int StoreError(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "kvctl: %s: %s\n", what.c_str(), status.ToString().c_str());
+  return kExitStoreError;
+}
+
+int EmitJson(const cli::JsonOutput& json, const tools::JsonWriter& w) {
+  if (absl::Status s = json.Write(w.str()); !s.ok()) return StoreError("--json", s);
+  return kExitOk;
+}
+
+CLI::Option* AddStoreArg(CLI::App& app, std::string* store) {
+  return app.add_option("STORE", *store, "the store's directory")->required()->type_name("");
+}
+
+CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix) {
+  return app
+      .add_option("PREFIX", *prefix,
+                  "a stored prefix's id as 'kvctl ls' prints it, or any leading part of it")
+      ->required()
+      ->type_name("");
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path) {
+  EngineOptions options;
+  options.create_if_missing = false;
+  return Engine::Open(options, path);
+}
+
+void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
+  w.BeginObject()
+      .Key("puts").Uint(s.puts)
+      .Key("chunks_written").Uint(s.chunks_written)
+      .Key("chunks_deduplicated").Uint(s.chunks_deduplicated)
+      .Key("bytes_written").Uint(s.bytes_written)
+      .Key("chunks_evicted").Uint(s.chunks_evicted)
+      .Key("bytes_evicted").Uint(s.bytes_evicted)
+      .Key("chunks_deleted").Uint(s.chunks_deleted)
+      .Key("records_read").Uint(s.records_read)
+      .Key("bytes_read").Uint(s.bytes_read)
+      .Key("checksum_failures").Uint(s.checksum_failures)
+      .Key("chunks").Uint(s.chunks)
+      .Key("prefixes").Uint(s.prefixes)
+      .Key("segments").Uint(s.segments)
+      .Key("disk_bytes_used").Uint(s.disk_bytes_used)
+      .Key("max_disk_bytes").Uint(s.max_disk_bytes)
+      .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
+      .EndObject();
+}
+
+std::string ModelHelp() {
+  std::string list;
+  for (const std::string& p : ModelSpec::PresetNames()) list += (list.empty() ? "" : ", ") + p;
+  return "model shape: " + list;
+}
+
+void AddPresetOptions(CLI::App& app, PresetOptions* options) {
+  app.add_option("--model", options->model, ModelHelp())->required()->type_name("PRESET");
+  app.add_option("--dtype", options->dtype, "element type: fp16 (default), bf16, fp32")
+      ->type_name("T");
+  app.add_option("--model-id", options->model_id,
+                 "model id bound into every chunk key (default: the preset name)")
+      ->type_name("ID");
+  cli::AddUint(app, "--chunk-tokens", &options->chunk_tokens, "tokens per chunk (default 16)",
+               "C");
+}
+
+bool PresetSpec(const PresetOptions& options, ModelSpec* spec, std::string* error) {
+  auto dtype = ParseDType(options.dtype);
+  if (!dtype.ok()) {
+    *error = "--dtype: '" + options.dtype + "' is not fp16, bf16 or fp32";
+    return false;
+  }
+  const std::vector<std::string> presets = ModelSpec::PresetNames();
+  if (std::find(presets.begin(), presets.end(), options.model) == presets.end()) {
+    std::string list;
+    for (const std::string& p : presets) list += (list.empty() ? "" : ", ") + p;
+    *error = "--model: unknown preset '" + options.model + "' (known: " + list + ")";
+    return false;
+  }
+  if (options.chunk_tokens == 0 || options.chunk_tokens > 4096) {
+    *error = "--chunk-tokens: " + std::to_string(options.chunk_tokens) + " is out of range 1..4096";
+    return false;
+  }
+  auto spec_or =
+      ModelSpec::Preset(options.model, *dtype, static_cast<uint32_t>(options.chunk_tokens));
+  if (!spec_or.ok()) {
+    *error = std::string(spec_or.status().message());
+    return false;
+  }
+  *spec = *std::move(spec_or);
+  if (!options.model_id.empty()) spec->model_id = options.model_id;
+  if (absl::Status valid = spec->Validate(); !valid.ok()) {
+    *error = std::string(valid.message());
+    return false;
+  }
+  return true;
+}
+
+bool NormalizePrefixArg(std::string* wanted, std::string* error) {
+  if (wanted->empty() || wanted->size() > 32 ||
+      !std::all_of(wanted->begin(), wanted->end(),
+                   [](unsigned char c) { return std::isxdigit(c) != 0; })) {
+    *error = "PREFIX: '" + *wanted +
+             "' is not a prefix id (1 to 32 hex digits, as 'kvctl ls' prints it)";
+    return false;
+  }
+  std::transform(wanted->begin(), wanted->end(), wanted->begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return true;
+}
+
+int FindPrefix(Engine& engine, const std::string& command, const std::string& store,
+               const std::string& wanted, ChunkKey* id) {
+  std::vector<ChunkKey> matches;
+  for (const PrefixInfo& p : engine.ListPrefixes()) {
+    if (p.id.ToHex().rfind(wanted, 0) == 0) matches.push_back(p.id);
+  }
+  if (matches.empty()) {
+    return StoreError(command + " " + store,
+                      absl::NotFoundError("no stored prefix id starts with " + wanted));
+  }
+  if (matches.size() > 1) {
+    return UsageError(command, "PREFIX " + wanted + " is ambiguous: " +
+                                   std::to_string(matches.size()) +
+                                   " stored prefix ids start with it; give more digits");
+  }
+  *id = matches[0];
+  return kExitOk;
+}
+
+}  // namespace ckv::kvctl

@@ -1,0 +1,82 @@
+// kvctl: create, populate and inspect ckv stores from the command line.
+//
+//   kvctl init STORE [--max-disk-bytes N] [--layout layer-major|period-major]
+//   kvctl put STORE --model PRESET --tokens N --seed S [--shared-tokens K --shared-seed S2]
+//                   [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json [PATH]]
+//   kvctl ls STORE [--json [PATH]]
+//   kvctl show STORE PREFIX [--json [PATH]]
+//   kvctl stats STORE [--gpu-tier-bytes B] [--cpu-tier-bytes B] [--json [PATH]]
+//   kvctl verify STORE [--synthetic | --repair] [--json [PATH]]
+//   kvctl rm STORE PREFIX [--json [PATH]]
+//   kvctl gc STORE [--json [PATH]]
+//   kvctl import STORE FILE (--model PRESET | --spec FILE) [--model-id ID] [--tokens-file F]
+//                [--json [PATH]]
+//   kvctl export STORE PREFIX OUT.safetensors [--json [PATH]]
+//   kvctl replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]
+//                [--cpu-tier-bytes B] [--no-put] [--json [PATH]]
+//
+// Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
+// Results go to stdout (a table, or one JSON object with --json; --json PATH writes the JSON to
+// PATH instead, see tools/cli.h); errors and progress go to stderr: a bar on a terminal, plain
+// lines otherwise (KVCTL_PROGRESS=bar|lines|off chooses).
+//
+// One file per command or family of commands (tools/kvctl/command.h); this one holds the
+// command table and the parse.
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tools/cli.h"
+#include "tools/kvctl/command.h"
+
+namespace ckv::kvctl {
+namespace {
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvctl: create, populate and inspect ckv stores.", "kvctl"};
+  cli::Configure(app, "Run 'kvctl COMMAND --help' for a command's options.\n"
+                      "Exit codes: 0 ok, 1 problems found, 2 usage error, 3 I/O or store error.");
+  const std::vector<Command> commands = {
+      AddInit(app),   AddPut(app), AddLs(app),     AddShow(app),   AddStats(app),  AddVerify(app),
+      AddRm(app),     AddGc(app),  AddImport(app), AddExport(app), AddReplay(app),
+  };
+  app.add_subcommand("help", "show this help, or 'kvctl help COMMAND' for one command");
+  app.require_subcommand(1);
+  const auto find = [&](std::string_view name) -> const Command* {
+    for (const Command& c : commands) {
+      if (c.app->get_name() == name) return &c;
+    }
+    return nullptr;
+  };
+
+  if (argc < 2) {
+    std::fputs(app.help().c_str(), stderr);
+    return kExitUsage;
+  }
+  const std::string_view name = argv[1];
+  if (name == "help") {
+    if (argc < 3) {
+      std::fputs(app.help().c_str(), stdout);
+      return kExitOk;
+    }
+    const Command* c = find(argv[2]);
+    if (c == nullptr) return UsageError("", "unknown command '" + std::string(argv[2]) + "'");
+    std::fputs(c->app->help("kvctl").c_str(), stdout);
+    return kExitOk;
+  }
+  if (!name.starts_with("-") && find(name) == nullptr) {
+    return UsageError("", "unknown command '" + std::string(name) + "'");
+  }
+  if (const std::optional<int> exit = cli::Parse(app, argc, argv)) return *exit;
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return UsageError("", "no command given");
+}
+
+}  // namespace
+}  // namespace ckv::kvctl
+
+int main(int argc, char** argv) { return ckv::kvctl::Main(argc, argv); }

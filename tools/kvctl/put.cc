@@ -1,0 +1,176 @@
+// kvctl put: store a synthetic prefix and its KV; GeneratedKv, the KV that put and replay store.
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include "tools/kvctl/command.h"
+#include "tools/kvctl/format.h"
+#include "tools/kvctl/progress.h"
+#include "tools/synthetic_kv.h"
+
+namespace ckv::kvctl {
+
+GeneratedKv::GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress) {
+  const size_t c = spec.chunk_tokens;
+  const size_t chunks = tokens.size() / c;
+  const size_t token_bytes = spec.TokenBytesPerLayer();
+  const size_t half = c * token_bytes;  // bytes of K (or V) of one chunk at one layer
+  const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  const size_t tensor_bytes = tokens.size() * token_bytes;
+  total_bytes_ = 2 * tensor_bytes * spec.layers;
+
+  std::optional<ProgressBar> bar;
+  if (progress) bar.emplace("generate", total_bytes_);
+  std::vector<std::byte> record(spec.RecordBytes());
+  tensors_.tokens = tokens.size();
+  uint64_t done = 0;
+  for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+    k_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+    v_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+    std::byte* k = k_.back().get();
+    std::byte* v = v_.back().get();
+    for (size_t i = 0; i < chunks; ++i) {
+      synth::FillRecord(spec, keys[i], layer, record);
+      std::memcpy(k + i * half, record.data(), half);
+      std::memcpy(v + i * half, record.data() + half, half);
+      done += record.size();
+      if (bar) bar->Update(done);
+    }
+    tensors_.k.emplace_back(k, tensor_bytes);
+    tensors_.v.emplace_back(v, tensor_bytes);
+  }
+  if (bar) bar->Finish();
+}
+
+
+namespace {
+
+struct PutOptions {
+  std::string store;
+  PresetOptions preset;
+  uint64_t tokens = 0;
+  uint64_t seed = 0;
+  uint64_t shared_tokens = 0;
+  uint64_t shared_seed = 0;
+  bool shared = false;  // --shared-tokens and --shared-seed given
+  cli::JsonOutput json;
+};
+
+// Put's result: JSON (see tools/cli.h), then the text unless the JSON took its place.
+int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result,
+             uint64_t kv_bytes, double gen_seconds, double put_seconds) {
+  if (o.json.enabled) {
+    tools::JsonWriter w;
+    w.BeginObject()
+        .Key("store").String(o.store)
+        .Key("prefix_id").String(result.prefix_id.ToHex())
+        .Key("model").String(o.preset.model)
+        .Key("model_id").String(spec.model_id)
+        .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("chunk_tokens").Uint(spec.chunk_tokens)
+        .Key("tokens").Uint(o.tokens)
+        .Key("seed").Uint(o.seed);
+    if (o.shared) {
+      w.Key("shared_tokens").Uint(o.shared_tokens).Key("shared_seed").Uint(o.shared_seed);
+    }
+    w.Key("kv_bytes").Uint(kv_bytes)
+        .Key("chunks").Uint(result.chunks)
+        .Key("chunks_written").Uint(result.chunks_written)
+        .Key("chunks_deduplicated").Uint(result.chunks_existing)
+        .Key("tail_tokens").Uint(result.tail_tokens)
+        .Key("bytes_written").Uint(result.bytes_written)
+        .Key("chunks_evicted").Uint(result.chunks_evicted)
+        .Key("generate_seconds").Double(gen_seconds)
+        .Key("put_seconds").Double(put_seconds)
+        .EndObject();
+    if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
+  }
+  std::printf("put %s: %s, %llu tokens (%llu chunks)\n", result.prefix_id.ToHex().c_str(),
+              spec.DebugString().c_str(), static_cast<unsigned long long>(o.tokens),
+              static_cast<unsigned long long>(result.chunks));
+  std::printf("  chunks written       %llu (%s)\n",
+              static_cast<unsigned long long>(result.chunks_written),
+              FormatBytes(result.bytes_written).c_str());
+  std::printf("  chunks deduplicated  %llu (already stored)\n",
+              static_cast<unsigned long long>(result.chunks_existing));
+  std::printf("  chunks evicted       %llu\n", static_cast<unsigned long long>(result.chunks_evicted));
+  std::printf("  time                 generate %.2fs, put %.2fs (%s)\n", gen_seconds, put_seconds,
+              FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds
+                                         : 0)
+                  .c_str());
+  return kExitOk;
+}
+
+int RunPut(const PutOptions& o) {
+  std::string error;
+  ModelSpec spec;
+  if (!PresetSpec(o.preset, &spec, &error)) return UsageError("put", error);
+  if (o.tokens == 0 || o.tokens % spec.chunk_tokens != 0) {
+    return UsageError("put", "--tokens: " + std::to_string(o.tokens) +
+                                 " is not a positive multiple of the chunk size " +
+                                 std::to_string(spec.chunk_tokens));
+  }
+  // Keep the generated KV addressable (and sane) on any host: 1 TiB of KV is far past a demo.
+  if (o.tokens > (uint64_t{1} << 40) / spec.KvBytesPerToken()) {
+    return UsageError("put", "--tokens: " + std::to_string(o.tokens) +
+                                 " tokens would need more than 1 TiB of KV");
+  }
+  if (o.shared_tokens > o.tokens) {
+    return UsageError("put", "--shared-tokens " + std::to_string(o.shared_tokens) +
+                                 " is more than --tokens " + std::to_string(o.tokens));
+  }
+
+  // Open first: a missing store is reported before generating gigabytes.
+  auto engine = OpenExisting(o.store);
+  if (!engine.ok()) return StoreError("open " + o.store, engine.status());
+
+  const auto gen_start = Clock::now();
+  const std::vector<int32_t> tokens =
+      o.shared ? synth::TokensWithSharedPrefix(o.shared_seed, o.shared_tokens, o.seed, o.tokens)
+               : synth::Tokens(o.seed, o.tokens);
+  GeneratedKv kv(spec, tokens);
+  const double gen_seconds = SecondsSince(gen_start);
+
+  const auto put_start = Clock::now();
+  absl::StatusOr<PutResult> result;
+  {
+    ElapsedTicker ticker("write " + FormatBytes(kv.bytes()));
+    result = (*engine)->Put(spec, tokens, kv.tensors());
+  }
+  const double put_seconds = SecondsSince(put_start);
+  if (!result.ok()) return StoreError("put " + o.store, result.status());
+  return PrintPut(o, spec, *result, kv.bytes(), gen_seconds, put_seconds);
+}
+
+}  // namespace
+
+Command AddPut(CLI::App& kvctl) {
+  auto o = std::make_shared<PutOptions>();
+  CLI::App* cmd = kvctl.add_subcommand(
+      "put", "Store a synthetic prefix of N tokens and its KV (see docs/generator.md).");
+  cmd->footer(
+      "Tokens come from --seed; with --shared-tokens K and --shared-seed S2 the first K tokens come\n"
+      "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the whole\n"
+      "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
+      "Example: kvctl put ./store --model qwen2.5-7b --tokens 4096 --seed 1");
+  AddStoreArg(*cmd, &o->store);
+  AddPresetOptions(*cmd, &o->preset);
+  cli::AddUint(*cmd, "--tokens", &o->tokens,
+               "prefix length in tokens; a multiple of the chunk size")->required();
+  cli::AddUint(*cmd, "--seed", &o->seed, "seed of the tokens", "S")->required();
+  CLI::Option* shared_tokens = cli::AddUint(
+      *cmd, "--shared-tokens", &o->shared_tokens,
+      "the first K tokens come from --shared-seed (K <= N)", "K");
+  CLI::Option* shared_seed =
+      cli::AddUint(*cmd, "--shared-seed", &o->shared_seed, "seed of the shared first K tokens",
+                   "S2");
+  shared_tokens->needs(shared_seed);
+  shared_seed->needs(shared_tokens);
+  cli::AddJson(*cmd, &o->json);
+  return {cmd, [o, shared_tokens] {
+            o->shared = shared_tokens->count() > 0;
+            return RunPut(*o);
+          }};
+}
+
+}  // namespace ckv::kvctl

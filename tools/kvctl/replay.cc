@@ -1,0 +1,330 @@
+// kvctl replay: run a multi-turn trace against a store, a Re-Prefill and a Put per turn.
+#include <cstdio>
+#include <functional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "ckv/session.h"
+#include "ckv/status.h"
+#include "tools/kvctl/command.h"
+#include "tools/kvctl/format.h"
+#include "tools/kvctl/progress.h"
+#include "tools/replay_trace.h"
+#include "tools/synthetic_kv.h"
+
+namespace ckv::kvctl {
+namespace {
+
+struct ReplayOptions {
+  std::string store;
+  std::string trace;
+  PresetOptions preset;
+  std::string selector = "period-exact";
+  std::string budget = "0.1";
+  uint64_t gpu_tier_bytes = 0;
+  uint64_t cpu_tier_bytes = 0;
+  bool no_put = false;
+  cli::JsonOutput json;
+};
+
+// A request's KV is generated whole for its Put: replay bounds it before starting.
+constexpr uint64_t kMaxRequestKvBytes = uint64_t{8} << 30;
+
+
+// Deterministic stand-in queries for one layer of one turn: [window, q_heads, head_dim], values
+// in [-1, 1). Replay measures I/O and tiers, not the quality of a selection.
+std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_t turn_seed,
+                                 uint32_t layer) {
+  std::vector<float> q(size_t{window} * spec.q_heads * spec.head_dim);
+  uint64_t x = turn_seed * 0x9E3779B97F4A7C15ull + layer;
+  for (float& v : q) {
+    x += 0x9E3779B97F4A7C15ull;
+    const uint64_t z = synth::Mix64(x);
+    v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return q;
+}
+
+struct ReplayTurnFigures {
+  std::string conversation;
+  uint64_t turn = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t prompt_chunks = 0;
+  uint64_t matched_chunks = 0;
+  SessionStats session;
+  double reprefill_seconds = 0;
+  uint64_t chunks_written = 0;
+  uint64_t chunks_evicted = 0;
+  double put_seconds = 0;
+};
+
+// One turn: a Re-Prefill over the stored leading chunks of `prompt`, then (unless no_put) a Put.
+absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& spec,
+                                             const ReprefillOptions& options,
+                                             const tools::TraceTurn& turn,
+                                             std::span<const int32_t> prompt, bool no_put) {
+  ReplayTurnFigures f;
+  f.conversation = turn.conversation;
+  f.turn = turn.turn;
+  f.prompt_tokens = prompt.size();
+  f.prompt_chunks = prompt.size() / spec.chunk_tokens;
+  const uint64_t turn_seed = std::hash<std::string>{}(turn.conversation) ^ (turn.turn << 32);
+  const auto reprefill_start = Clock::now();
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<ReprefillSession> session,
+                       engine.BeginReprefill(spec, prompt, options));
+  f.matched_chunks = session->matched_chunks();
+  if (f.matched_chunks > 0) {
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      const std::vector<float> q = ReplayQueries(spec, options.window, turn_seed, layer);
+      CKV_RETURN_IF_ERROR(session->SubmitQueries(layer, q));
+      CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(layer));
+    }
+  }
+  CKV_ASSIGN_OR_RETURN(f.session, session->Finish());
+  f.reprefill_seconds = SecondsSince(reprefill_start);
+  if (!no_put && f.prompt_chunks > 0) {
+    const std::span<const int32_t> whole = prompt.first(f.prompt_chunks * spec.chunk_tokens);
+    GeneratedKv kv(spec, whole, /*progress=*/false);
+    const auto put_start = Clock::now();
+    CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, kv.tensors()));
+    f.put_seconds = SecondsSince(put_start);
+    f.chunks_written = put.chunks_written;
+    f.chunks_evicted = put.chunks_evicted;
+  }
+  return f;
+}
+
+void WriteTurnJson(tools::JsonWriter& w, const ReplayTurnFigures& f) {
+  const SessionStats& s = f.session;
+  w.BeginObject()
+      .Key("conversation").String(f.conversation)
+      .Key("turn").Uint(f.turn)
+      .Key("prompt_tokens").Uint(f.prompt_tokens)
+      .Key("prompt_chunks").Uint(f.prompt_chunks)
+      .Key("matched_chunks").Uint(f.matched_chunks)
+      .Key("records_served").Uint(s.records_served)
+      .Key("bytes_needed").Uint(s.bytes_needed)
+      .Key("bytes_read").Uint(s.bytes_read)
+      .Key("read_amplification").Double(s.read_amplification())
+      .Key("gpu_hits").Uint(s.gpu_hits)
+      .Key("cpu_hits").Uint(s.cpu_hits)
+      .Key("nvme_records").Uint(s.nvme_records)
+      .Key("summary_cache_hits").Uint(s.summary_cache_hits)
+      .Key("prefetched_bytes_used").Uint(s.prefetched_bytes_used)
+      .Key("prefetched_bytes_wasted").Uint(s.prefetched_bytes_wasted)
+      .Key("await_blocked_seconds").Double(s.await_blocked_seconds)
+      .Key("reprefill_seconds").Double(f.reprefill_seconds)
+      .Key("chunks_written").Uint(f.chunks_written)
+      .Key("chunks_evicted").Uint(f.chunks_evicted)
+      .Key("put_seconds").Double(f.put_seconds)
+      .EndObject();
+}
+
+// The KV bytes of every turn's request, added up; an error names a request past
+// kMaxRequestKvBytes.
+absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const ModelSpec& spec,
+                                      const std::vector<tools::TraceTurn>& turns) {
+  absl::flat_hash_map<std::string, uint64_t> context_tokens;
+  uint64_t total_kv_bytes = 0;
+  for (const tools::TraceTurn& t : turns) {
+    const uint64_t tokens = context_tokens[t.conversation] += t.tokens.size();
+    const uint64_t kv_bytes = tokens * spec.KvBytesPerToken();
+    if (kv_bytes > kMaxRequestKvBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          trace_path, ":", t.line, ": turn ", t.turn, " of conversation \"", t.conversation,
+          "\" is a request of ", tokens, " tokens, ", FormatBytes(kv_bytes),
+          " of KV; replay holds a request's KV in memory and refuses more than ",
+          FormatBytes(kMaxRequestKvBytes)));
+    }
+    total_kv_bytes += kv_bytes;
+  }
+  return total_kv_bytes;
+}
+
+// The totals over the turns.
+struct ReplayTotals {
+  SessionStats session;
+  uint64_t prompt_chunks = 0, matched = 0, written = 0;
+  double seconds = 0;
+};
+
+ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double seconds) {
+  ReplayTotals t;
+  t.seconds = seconds;
+  for (const ReplayTurnFigures& f : figures) {
+    t.prompt_chunks += f.prompt_chunks;
+    t.matched += f.matched_chunks;
+    t.written += f.chunks_written;
+    t.session.records_served += f.session.records_served;
+    t.session.bytes_needed += f.session.bytes_needed;
+    t.session.bytes_read += f.session.bytes_read;
+    t.session.gpu_hits += f.session.gpu_hits;
+    t.session.cpu_hits += f.session.cpu_hits;
+    t.session.nvme_records += f.session.nvme_records;
+  }
+  return t;
+}
+
+int PrintReplayJson(const ReplayOptions& o, const ModelSpec& spec,
+                    const ReprefillOptions& options,
+                    const std::vector<ReplayTurnFigures>& figures, const ReplayTotals& t,
+                    const EngineStats& stats) {
+  tools::JsonWriter w;
+  w.BeginObject()
+      .Key("store").String(o.store)
+      .Key("trace").String(o.trace)
+      .Key("model_id").String(spec.model_id)
+      .Key("selector").String(std::string(SelectorName(options.selector)))
+      .Key("budget").Double(options.budget_fraction)
+      .Key("put").Bool(!o.no_put)
+      .Key("turns").BeginArray();
+  for (const ReplayTurnFigures& f : figures) WriteTurnJson(w, f);
+  w.EndArray()
+      .Key("prompt_chunks").Uint(t.prompt_chunks)
+      .Key("matched_chunks").Uint(t.matched)
+      .Key("chunks_written").Uint(t.written)
+      .Key("records_served").Uint(t.session.records_served)
+      .Key("bytes_needed").Uint(t.session.bytes_needed)
+      .Key("bytes_read").Uint(t.session.bytes_read)
+      .Key("read_amplification").Double(t.session.read_amplification())
+      .Key("gpu_hits").Uint(t.session.gpu_hits)
+      .Key("cpu_hits").Uint(t.session.cpu_hits)
+      .Key("nvme_records").Uint(t.session.nvme_records)
+      .Key("seconds").Double(t.seconds)
+      .Key("engine");
+  WriteStatsJson(w, stats);
+  w.EndObject();
+  return EmitJson(o.json, w);
+}
+
+void PrintReplayText(const ReplayOptions& o, const ModelSpec& spec,
+                     const ReprefillOptions& options,
+                     const std::vector<ReplayTurnFigures>& figures, const ReplayTotals& t) {
+  const SessionStats& total = t.session;
+  std::printf("replay %s: %zu turns, %s, %s at %.0f%%\n", o.trace.c_str(), figures.size(),
+              spec.DebugString().c_str(), std::string(SelectorName(options.selector)).c_str(),
+              options.budget_fraction * 100);
+  std::printf("%-14s %5s %8s %15s %8s %10s %6s %7s %7s %9s %8s %9s\n", "conversation", "turn",
+              "tokens", "matched", "records", "read", "amp", "gpu", "cpu", "reprefill", "written",
+              "put");
+  for (const ReplayTurnFigures& f : figures) {
+    const std::string matched_text = absl::StrCat(f.matched_chunks, "/", f.prompt_chunks);
+    std::printf("%-14s %5llu %8llu %15s %8llu %10s %6.2f %7llu %7llu %8.1fms %8llu %8.1fms\n",
+                f.conversation.substr(0, 14).c_str(), static_cast<unsigned long long>(f.turn),
+                static_cast<unsigned long long>(f.prompt_tokens), matched_text.c_str(),
+                static_cast<unsigned long long>(f.session.records_served),
+                FormatBytes(f.session.bytes_read).c_str(), f.session.read_amplification(),
+                static_cast<unsigned long long>(f.session.gpu_hits),
+                static_cast<unsigned long long>(f.session.cpu_hits), f.reprefill_seconds * 1e3,
+                static_cast<unsigned long long>(f.chunks_written), f.put_seconds * 1e3);
+  }
+  const double hit_rate =
+      total.records_served == 0
+          ? 0
+          : static_cast<double>(total.gpu_hits + total.cpu_hits) / total.records_served;
+  std::printf("totals: %llu of %llu request chunks matched, %llu records served, %s read "
+              "(amplification %.2f), tier hits %.0f%% (gpu %llu, cpu %llu), %llu chunks "
+              "written, %.2fs\n",
+              static_cast<unsigned long long>(t.matched),
+              static_cast<unsigned long long>(t.prompt_chunks),
+              static_cast<unsigned long long>(total.records_served),
+              FormatBytes(total.bytes_read).c_str(), total.read_amplification(), hit_rate * 100,
+              static_cast<unsigned long long>(total.gpu_hits),
+              static_cast<unsigned long long>(total.cpu_hits),
+              static_cast<unsigned long long>(t.written), t.seconds);
+}
+
+int RunReplay(const ReplayOptions& o) {
+  std::string error;
+  ModelSpec spec;
+  if (!PresetSpec(o.preset, &spec, &error)) return UsageError("replay", error);
+  ReprefillOptions options;
+  auto selector = ParseSelector(o.selector);
+  if (!selector.ok()) {
+    return UsageError("replay", "--selector: '" + o.selector +
+                                    "' is not period-exact, quest, mean-key or oracle");
+  }
+  options.selector = *selector;
+  if (!cli::ParseDouble(o.budget, &options.budget_fraction) ||
+      !(options.budget_fraction > 0) || options.budget_fraction > 1) {
+    return UsageError("replay", "--budget: '" + o.budget + "' is not a number in (0, 1]");
+  }
+  EngineOptions engine_options;
+  engine_options.create_if_missing = false;
+  engine_options.gpu_tier_bytes = o.gpu_tier_bytes;
+  engine_options.cpu_tier_bytes = o.cpu_tier_bytes;
+
+  auto turns = tools::ReadTraceFile(o.trace);
+  if (!turns.ok()) return StoreError("replay " + o.trace, turns.status());
+  const absl::StatusOr<uint64_t> total_kv_bytes = TraceKvBytes(o.trace, spec, *turns);
+  if (!total_kv_bytes.ok()) return StoreError("replay " + o.trace, total_kv_bytes.status());
+
+  auto engine = Engine::Open(engine_options, o.store);
+  if (!engine.ok()) return StoreError("open " + o.store, engine.status());
+
+  std::vector<ReplayTurnFigures> figures;
+  absl::flat_hash_map<std::string, std::vector<int32_t>> contexts;
+  const auto start = Clock::now();
+  {
+    ProgressBar bar("replay", *total_kv_bytes);
+    uint64_t done = 0;
+    for (const tools::TraceTurn& t : *turns) {
+      std::vector<int32_t>& context = contexts[t.conversation];
+      context.insert(context.end(), t.tokens.begin(), t.tokens.end());
+      auto f = ReplayTurn(**engine, spec, options, t, context, o.no_put);
+      if (!f.ok()) {
+        bar.Finish();
+        return StoreError(absl::StrCat("replay ", o.trace, ":", t.line, " (conversation \"",
+                                       t.conversation, "\", turn ", t.turn, ")"),
+                          f.status());
+      }
+      figures.push_back(*std::move(f));
+      done += context.size() * spec.KvBytesPerToken();
+      bar.Update(done);
+    }
+  }
+  const ReplayTotals totals = Totals(figures, SecondsSince(start));
+  if (o.json.enabled) {
+    const int rc = PrintReplayJson(o, spec, options, figures, totals, (*engine)->Stats());
+    if (rc != kExitOk || o.json.ToStdout()) return rc;
+  }
+  PrintReplayText(o, spec, options, figures, totals);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddReplay(CLI::App& kvctl) {
+  auto o = std::make_shared<ReplayOptions>();
+  CLI::App* cmd = kvctl.add_subcommand(
+      "replay", "Run a multi-turn trace against the store: per turn, a Re-Prefill, then a Put.");
+  cmd->footer(
+      "TRACE is JSON Lines, one turn per line, in arrival order:\n"
+      "  {\"conversation\": \"c1\", \"turn\": 1, \"generate\": {\"seed\": 7, \"tokens\": 1024}}\n"
+      "  {\"conversation\": \"c1\", \"turn\": 2, \"tokens\": [151644, 8948, 198]}\n"
+      "A turn's tokens (listed, or generated from a seed as 'kvctl put' does) are appended to its\n"
+      "conversation's context, and the turn's request is the whole context. For each turn, replay\n"
+      "runs a Re-Prefill session over the stored leading chunks of the request (every layer, with\n"
+      "synthetic queries, through the selector and tiers), then stores the request's whole chunks\n"
+      "with synthetic KV (as 'kvctl put'; chunks already stored are not written again), so the\n"
+      "next turn matches them. It prints per turn the match length and the Re-Prefill figures,\n"
+      "then the totals. The tiers live only as long as the replay. A request's KV is held in\n"
+      "memory while it is stored; replay refuses a request of more than 8 GiB of KV.\n"
+      "Example: kvctl replay ./store trace.jsonl --model qwen2.5-7b --gpu-tier-bytes 1G");
+  AddStoreArg(*cmd, &o->store);
+  cmd->add_option("TRACE", o->trace, "the trace, JSON Lines")->required()->type_name("");
+  AddPresetOptions(*cmd, &o->preset);
+  cmd->add_option("--selector", o->selector, "period-exact (default), quest, mean-key or oracle")
+      ->type_name("S");
+  cmd->add_option("--budget", o->budget,
+                  "fraction of the matched chunks loaded per layer, (0, 1] (default 0.1)")
+      ->type_name("F");
+  cli::AddBytes(*cmd, "--gpu-tier-bytes", &o->gpu_tier_bytes,
+                "GPU tier budget (host memory here; default 0: none)");
+  cli::AddBytes(*cmd, "--cpu-tier-bytes", &o->cpu_tier_bytes, "CPU tier budget (default 0: none)");
+  cmd->add_flag("--no-put", o->no_put, "do not store the turns (measure Re-Prefill of what is stored)");
+  cli::AddJson(*cmd, &o->json);
+  return {cmd, [o] { return RunReplay(*o); }};
+}
+
+}  // namespace ckv::kvctl

@@ -1,0 +1,246 @@
+// kvctl stats: a store's figures, the spread of S = I x F, and what the tiers would hold.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <utility>
+
+#include "engine/tier_cache.h"
+#include "tools/kvctl/command.h"
+#include "tools/kvctl/format.h"
+
+namespace ckv::kvctl {
+namespace {
+
+struct StatsOptions {
+  std::string store;
+  uint64_t gpu_tier_bytes = 0;
+  uint64_t cpu_tier_bytes = 0;
+  cli::JsonOutput json;
+};
+
+// What the tiers would hold if they kept the top-S records (see the footer of AddStats).
+struct TierFill {
+  uint64_t budget_bytes = 0;          // as given
+  uint64_t record_budget_bytes = 0;   // the part records may use
+  uint64_t records = 0;
+  uint64_t bytes = 0;                 // slot bytes of those records
+  uint64_t chunks = 0;                // chunks all of whose records it holds
+  double score = 0;                   // sum of the S of its records
+};
+
+struct ScoreSpread {
+  uint64_t chunks = 0;
+  uint64_t zero = 0;
+  double min = 0, q1 = 0, median = 0, q3 = 0, max = 0, total = 0;
+};
+
+// Linear interpolation between the closest ranks of `sorted` (ascending, not empty).
+double Quantile(const std::vector<double>& sorted, double q) {
+  const double at = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - static_cast<double>(lo));
+}
+
+// Every stored chunk once (prefixes share chunks), with its S and its records' slot size.
+struct Ranked {
+  ChunkKey key;
+  double score;
+  uint32_t layers;
+  uint64_t slot_bytes;
+};
+
+// What stats reports.
+struct StoreFigures {
+  EngineStats stats;
+  ScoreSpread spread;
+  TierFill gpu, cpu;
+  double total_record_score = 0;
+  double fill = 0;  // disk used / cap; 0 without a cap
+
+  double Share(const TierFill& t) const {
+    return total_record_score > 0 ? t.score / total_record_score : 0.0;
+  }
+};
+
+void Spread(const std::vector<Ranked>& ranked, StoreFigures* f) {
+  ScoreSpread& spread = f->spread;
+  spread.chunks = ranked.size();
+  if (ranked.empty()) return;
+  std::vector<double> s;
+  for (const Ranked& r : ranked) {
+    s.push_back(r.score);
+    spread.total += r.score;
+    f->total_record_score += r.score * r.layers;
+    if (!(r.score > 0)) spread.zero++;
+  }
+  std::sort(s.begin(), s.end());
+  spread.min = s.front();
+  spread.q1 = Quantile(s, 0.25);
+  spread.median = Quantile(s, 0.5);
+  spread.q3 = Quantile(s, 0.75);
+  spread.max = s.back();
+}
+
+// Top S first: a record enters the GPU tier while it has room, else the CPU tier, else none.
+void FillTiers(std::vector<Ranked> ranked, TierFill* gpu, TierFill* cpu) {
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    if (a.score != b.score) return a.score > b.score;
+    return a.key < b.key;
+  });
+  for (const Ranked& r : ranked) {
+    uint32_t in_gpu = 0, in_cpu = 0;
+    for (uint32_t l = 0; l < r.layers; ++l) {
+      for (TierFill* t : {gpu, cpu}) {
+        if (t->bytes + r.slot_bytes > t->record_budget_bytes) continue;
+        t->bytes += r.slot_bytes;
+        t->records++;
+        t->score += r.score;
+        (t == gpu ? in_gpu : in_cpu)++;
+        break;
+      }
+    }
+    if (in_gpu == r.layers) gpu->chunks++;
+    if (in_cpu == r.layers) cpu->chunks++;
+  }
+}
+
+int PrintStatsJson(const StatsOptions& o, const StoreFigures& f) {
+  const ScoreSpread& spread = f.spread;
+  tools::JsonWriter w;
+  w.BeginObject().Key("store").String(o.store).Key("stats");
+  WriteStatsJson(w, f.stats);
+  w.Key("fill").Double(f.fill)
+      .Key("score").BeginObject()
+      .Key("chunks").Uint(spread.chunks)
+      .Key("zero").Uint(spread.zero)
+      .Key("min").Double(spread.min)
+      .Key("q1").Double(spread.q1)
+      .Key("median").Double(spread.median)
+      .Key("q3").Double(spread.q3)
+      .Key("max").Double(spread.max)
+      .Key("total").Double(spread.total)
+      .EndObject()
+      .Key("tiers").BeginObject();
+  for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &f.gpu},
+                                std::pair<const char*, const TierFill*>{"cpu", &f.cpu}}) {
+    if (t->budget_bytes == 0) continue;
+    w.Key(name).BeginObject()
+        .Key("budget_bytes").Uint(t->budget_bytes)
+        .Key("record_budget_bytes").Uint(t->record_budget_bytes)
+        .Key("records").Uint(t->records)
+        .Key("bytes").Uint(t->bytes)
+        .Key("chunks").Uint(t->chunks)
+        .Key("score_share").Double(f.Share(*t))
+        .EndObject();
+  }
+  w.EndObject().EndObject();
+  return EmitJson(o.json, w);
+}
+
+void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
+  const EngineStats& stats = f.stats;
+  const ScoreSpread& spread = f.spread;
+  std::printf("store %s: %llu chunks, %llu prefix%s, %llu segment%s\n", o.store.c_str(),
+              static_cast<unsigned long long>(stats.chunks),
+              static_cast<unsigned long long>(stats.prefixes), stats.prefixes == 1 ? "" : "es",
+              static_cast<unsigned long long>(stats.segments), stats.segments == 1 ? "" : "s");
+  if (stats.max_disk_bytes == 0) {
+    std::printf("  disk used      %s, cap unlimited\n", FormatBytes(stats.disk_bytes_used).c_str());
+  } else {
+    std::printf("  disk used      %s of cap %s (%.1f%% full)\n",
+                FormatBytes(stats.disk_bytes_used).c_str(),
+                FormatBytes(stats.max_disk_bytes).c_str(), f.fill * 100);
+  }
+  std::printf("  since created  %llu puts, %llu chunks written (%s), %llu deduplicated, "
+              "%llu evicted (%s), %llu deleted\n",
+              static_cast<unsigned long long>(stats.puts),
+              static_cast<unsigned long long>(stats.chunks_written),
+              FormatBytes(stats.bytes_written).c_str(),
+              static_cast<unsigned long long>(stats.chunks_deduplicated),
+              static_cast<unsigned long long>(stats.chunks_evicted),
+              FormatBytes(stats.bytes_evicted).c_str(),
+              static_cast<unsigned long long>(stats.chunks_deleted));
+  if (stats.orphan_bytes_reclaimed > 0) {
+    std::printf("  on this open   %s of orphaned segment space reclaimed\n",
+                FormatBytes(stats.orphan_bytes_reclaimed).c_str());
+  }
+  std::printf("  S = I x F      %llu chunks, %llu with S = 0; min %.4g, q1 %.4g, median %.4g, "
+              "q3 %.4g, max %.4g\n",
+              static_cast<unsigned long long>(spread.chunks),
+              static_cast<unsigned long long>(spread.zero), spread.min, spread.q1,
+              spread.median, spread.q3, spread.max);
+  for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &f.gpu},
+                                std::pair<const char*, const TierFill*>{"cpu", &f.cpu}}) {
+    if (t->budget_bytes == 0) continue;
+    std::printf("  %s tier %-9s would hold %llu records (%llu whole chunks), %.1f%% of S\n", name,
+                FormatBytes(t->budget_bytes).c_str(), static_cast<unsigned long long>(t->records),
+                static_cast<unsigned long long>(t->chunks), f.Share(*t) * 100);
+  }
+  std::printf("session figures (tier hits, bubbles) belong to a serving process: see "
+              "'kvctl stats --help'\n");
+}
+
+int RunStats(const StatsOptions& o) {
+  StoreFigures f;
+  f.gpu.budget_bytes = o.gpu_tier_bytes;
+  f.cpu.budget_bytes = o.cpu_tier_bytes;
+  f.gpu.record_budget_bytes = f.gpu.budget_bytes;
+  f.cpu.record_budget_bytes = f.cpu.budget_bytes - static_cast<uint64_t>(
+      static_cast<double>(f.cpu.budget_bytes) * engine::kSummaryShare);
+  auto engine = OpenExisting(o.store);
+  if (!engine.ok()) return StoreError("open " + o.store, engine.status());
+
+  std::vector<Ranked> ranked;
+  std::set<ChunkKey> seen;
+  for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
+    auto d = (*engine)->DescribePrefix(p.id);
+    if (!d.ok()) return StoreError("stats " + p.id.ToHex(), d.status());
+    const uint64_t slot = (d->spec.RecordBytes() + 255) / 256 * 256;
+    for (const ChunkPlacement& c : d->chunks) {
+      if (seen.insert(c.key).second) ranked.push_back({c.key, c.score(), d->spec.layers, slot});
+    }
+  }
+  f.stats = (*engine)->Stats();
+  Spread(ranked, &f);
+  FillTiers(std::move(ranked), &f.gpu, &f.cpu);
+  f.fill = f.stats.max_disk_bytes == 0 ? 0
+                                       : static_cast<double>(f.stats.disk_bytes_used) /
+                                             static_cast<double>(f.stats.max_disk_bytes);
+  if (o.json.enabled) {
+    if (const int rc = PrintStatsJson(o, f); rc != kExitOk || o.json.ToStdout()) return rc;
+  }
+  PrintStatsText(o, f);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddStats(CLI::App& kvctl) {
+  auto o = std::make_shared<StatsOptions>();
+  CLI::App* cmd = kvctl.add_subcommand(
+      "stats", "Show the store's figures, the spread of S = I x F, and what the tiers would hold.");
+  cmd->footer(
+      "The store: chunks, prefixes, segments, disk used against the cap, and the counters kept in\n"
+      "the catalog (puts, chunks written, deduplicated, evicted, deleted). The score S = I x F of\n"
+      "each chunk (I and F are what Re-Prefill sessions added): how many have S = 0, and its\n"
+      "quartiles. With --gpu-tier-bytes and/or --cpu-tier-bytes, the ranking at rest: how many\n"
+      "records (a record is one chunk at one layer) and chunks the tiers would keep, and their\n"
+      "share of the total S, if they held the top-S records as docs/tiers.md's policy does\n"
+      "(records take the whole GPU budget and three quarters of the CPU budget, the rest being\n"
+      "the summary cache; slots are rounded up to 256 bytes; ties in S are broken by chunk key,\n"
+      "where a serving process breaks them by last use).\n"
+      "A store at rest has no running tiers: the figures of sessions (tier hits, bytes read,\n"
+      "prefetch use, time blocked on I/O, bubbles) live in the serving process that ran them\n"
+      "(Engine::Stats() there; 'kvctl replay' prints them for its own run).\n"
+      "Example: kvctl stats ./store --gpu-tier-bytes 1G --cpu-tier-bytes 4G");
+  AddStoreArg(*cmd, &o->store);
+  cli::AddBytes(*cmd, "--gpu-tier-bytes", &o->gpu_tier_bytes,
+                "GPU tier budget to rank against (default 0: not shown)");
+  cli::AddBytes(*cmd, "--cpu-tier-bytes", &o->cpu_tier_bytes,
+                "CPU tier budget to rank against (default 0: not shown)");
+  cli::AddJson(*cmd, &o->json);
+  return {cmd, [o] { return RunStats(*o); }};
+}
+
+}  // namespace ckv::kvctl
