@@ -104,10 +104,14 @@ install_packages() {
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
 
-# build DIR DESCRIPTION [CMAKE ARGS...]: configures DIR with Ninja and builds it.
-build_in() {
-  local dir="$1" what="$2"
-  shift 2
+# build DIR DESCRIPTION [CMAKE ARGS...]: configures DIR with Ninja and builds all of it.
+build_in() { build_targets_in "$1" "$2" "" "${@:3}"; }
+
+# build_targets_in DIR DESCRIPTION TARGETS [CMAKE ARGS...]: configures DIR with Ninja and builds
+# the space-separated TARGETS (and what they link), or everything when TARGETS is empty.
+build_targets_in() {
+  local dir="$1" what="$2" targets="$3"
+  shift 3
   install_packages
   local werror="${CKV_WERROR:-}"
   if [[ -z "$werror" ]]; then
@@ -123,11 +127,27 @@ build_in() {
   jobs="$(nproc 2>/dev/null || echo 2)"
   say "configuring $(basename "$dir")/ ($what, Ninja, CKV_WERROR=$werror)"
   cmake -S "$REPO_ROOT" -B "$dir" -G Ninja -DCKV_WERROR="$werror" "$@" >&2
-  say "building with $jobs jobs"
-  cmake --build "$dir" -j "$jobs" >&2
+  local target_args=()
+  if [[ -n "$targets" ]]; then
+    read -r -a target_args <<<"$targets"
+    target_args=(--target "${target_args[@]}")
+    say "building ${targets} with $jobs jobs"
+  else
+    say "building with $jobs jobs"
+  fi
+  cmake --build "$dir" -j "$jobs" "${target_args[@]}" >&2
 }
 
-build() { build_in "$BUILD_DIR" Release -DCMAKE_BUILD_TYPE=Release; }
+# The whole Release build, tests included (a demo may have configured build/ without them).
+build() { build_in "$BUILD_DIR" Release -DCMAKE_BUILD_TYPE=Release -DCKV_BUILD_TESTS=ON; }
+
+# Only what the demo runs: kvctl and reprefill_bench and the libraries they link. The tests are
+# not configured (GoogleTest discovery and ckv_tests are most of a fresh build's time); a later
+# build or test configures them again in the same build/.
+build_demo() {
+  build_targets_in "$BUILD_DIR" "Release, demo targets only" "kvctl reprefill_bench" \
+    -DCMAKE_BUILD_TYPE=Release -DCKV_BUILD_TESTS=OFF -DCKV_BUILD_BENCH=ON
+}
 
 # What the machine let the suite cover (tests/coverage_test.cc): where $TMPDIR refuses O_DIRECT
 # or io_uring is disabled, the engine falls back quietly and the whole suite tests the fallback;
@@ -212,7 +232,7 @@ json_number() {
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 run_demo() {
-  build
+  build_demo
   local kvctl="$BUILD_DIR/tools/kvctl"
   [[ -x "$kvctl" ]] || die "kvctl was not built ($kvctl)"
   local store="${CKV_DEMO_STORE:-$ORIG_PWD/ckv-demo-store}"
