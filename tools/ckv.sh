@@ -181,11 +181,12 @@ ctest_in() {
 }
 
 # sanitize_in DIR DESCRIPTION SANITIZERS: a -O1, line-tables-only build (about a third of the build
-# time of -O2 -g) with the given -fsanitize= list, benchmarks left out.
+# time of -O2 -g) with the given -fsanitize= list and the debug invariant checks (CKV_DCHECK, see
+# common/assert.h) on; benchmarks left out (the suite runs none of them when they are not built).
 sanitize_in() {
   build_in "$1" "$2" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
-    -DCKV_SANITIZE="$3" -DCKV_BUILD_BENCH=OFF
+    -DCKV_SANITIZE="$3" -DCKV_BUILD_BENCH=OFF -DCKV_ENABLE_DCHECK=ON -DCKV_BUILD_TESTS=ON
 }
 
 # The suite again under AddressSanitizer (leaks included) + UndefinedBehaviorSanitizer, then
