@@ -1,6 +1,7 @@
 // Tests of ChunkStore::Pin (what Re-Prefill sessions read through), AddUsage (I and F) and
 // DescribePrefix (where a prefix's chunks are, with their I and F).
 #include "storage/chunk_store.h"
+#include "storage/mem_file_system.h"
 #include "storage/record_checksum.h"
 #include "tests/test_util.h"
 
@@ -11,7 +12,10 @@ using ::ckv::testing::TempDir;
 
 class PinTest : public ::testing::Test {
  protected:
+  // Pins, usage and descriptions are the store's logic, not the disk's: the segments live in
+  // memory (the catalog in dir_).
   void SetUp() override {
+    CKV_ASSERT_OK(fs_.CreateDirs(dir_.path()));
     Open();
     spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
     tokens_ = synth::Tokens(3, 6 * spec_.chunk_tokens);
@@ -21,7 +25,9 @@ class PinTest : public ::testing::Test {
   }
   void Open() {
     store_.reset();
-    auto store = storage::ChunkStore::Open(EngineOptions{}, dir_.path());
+    EngineOptions options;
+    options.file_system = &fs_;
+    auto store = storage::ChunkStore::Open(options, dir_.path());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
@@ -36,6 +42,7 @@ class PinTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  storage::MemFileSystem fs_;
   std::unique_ptr<storage::ChunkStore> store_;
   ModelSpec spec_;
   std::vector<int32_t> tokens_;
