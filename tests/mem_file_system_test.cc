@@ -162,6 +162,9 @@ TEST(MemFileSystemTest, StoreKeepsItsSegmentsInMemory) {
   auto engine = Engine::Open(options, dir.path());
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(*(*engine)->Lookup(spec, tokens), 4u);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  std::vector<std::byte> record(spec.RecordBytes());
+  CKV_EXPECT_OK((*engine)->ReadRecord(spec, keys[0], 0, record));
   EXPECT_EQ(CountBadRecords(**engine, spec, tokens, 4), 0);
   auto segments = fs.ListDir(dir.path() + "/segments");
   ASSERT_TRUE(segments.ok()) << segments.status();
