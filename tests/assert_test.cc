@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "storage/mem_file_system.h"
+#include "storage/segment.h"
+
 namespace ckv {
 namespace {
 
@@ -39,6 +42,24 @@ TEST(AssertDeathTest, DcheckFollowsTheBuild) {
 #if defined(CKV_ENABLE_DCHECK)
 TEST(AssertDeathTest, EnableDcheckTurnsItOn) { EXPECT_EQ(CKV_DCHECK_IS_ON, 1); }
 #endif
+
+// A real invariant: freeing slots a segment does not hold in use would hand one slot to two
+// chunks. The store never does; if it did, the process stops before a reader gets wrong bytes.
+TEST(AssertDeathTest, SegmentDoubleFreeStopsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  storage::MemFileSystem fs;
+  auto file = fs.Open("/seg", storage::FileSystem::OpenMode::kCreateReadWrite);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const storage::SegmentRecord geometry = storage::Segment::GeometryFor(
+      spec, RecordLayout::kLayerMajor, 1, 64 << 20, 0, {});
+  storage::Segment segment(1, geometry, std::move(*file));
+  const storage::SlotRun run = segment.Allocate(2);
+  ASSERT_EQ(run.count, 2u);
+  segment.Free(run);
+  EXPECT_DEATH(segment.Free(run),
+               "ckv: check failed: .*segment\\.cc:[0-9]+: run\\.count <= used_slots_");
+}
 
 }  // namespace
 }  // namespace ckv
