@@ -6,8 +6,9 @@
 #                        ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
 #   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
-#   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store, then a
-#                        short Re-Prefill benchmark on ./ckv-demo-bench-store
+#   tools/ckv.sh demo    install what is missing, build kvctl and reprefill_bench (not the tests),
+#                        run the demo on ./ckv-demo-store, then a short Re-Prefill benchmark on
+#                        ./ckv-demo-bench-store
 #   tools/ckv.sh build   install what is missing, build
 #   tools/ckv.sh help    this text
 #
@@ -48,12 +49,13 @@ Commands:
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
           safetensors/JSON libFuzzer target into build-fuzz/ and run it for CKV_FUZZ_SECONDS
           (tests/fuzz/run_fuzz.sh); fails when it finds a crash, a sanitizer report or a leak
-  demo    install missing Debian packages, build, then on a fresh store ./ckv-demo-store (in the
-          current directory): kvctl init, put synthetic prefixes (one sharing chunks with
-          another), ls, verify, and a summary of what it did; then a short Re-Prefill benchmark
-          (bench/reprefill_bench: ckv against full, h2o, impress and ckv-paper on qwen2.5-7b,
-          4K-token prefixes, budgets 5%, 15% and 25%, one round) on ./ckv-demo-bench-store, kept between runs
-          so that later demos skip populating it; prints the table and the plot's path
+  demo    install missing Debian packages, build only kvctl and reprefill_bench (not the tests),
+          then on a fresh store ./ckv-demo-store (in the current directory): kvctl init, put
+          synthetic prefixes (one sharing chunks with another), ls, verify, and a summary of what
+          it did; then a short Re-Prefill benchmark (bench/reprefill_bench: ckv against full, h2o,
+          impress and ckv-paper on qwen2.5-7b, 4K-token prefixes, budgets 5%, 15% and 25%, one
+          round) on ./ckv-demo-bench-store, kept between runs so that later demos skip populating
+          it; prints the table and the plot's path
   build   install missing Debian packages and build into build/
   help    show this help
 
