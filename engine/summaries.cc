@@ -1,6 +1,7 @@
 #include "engine/summaries.h"
 
 #include "ckv/status.h"
+#include "common/assert.h"
 
 namespace ckv::engine {
 
@@ -10,6 +11,8 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
   aux.record_bytes = {static_cast<uint32_t>(f.MinMaxBytes()), static_cast<uint32_t>(f.MeanBytes())};
   const size_t chunk_key_bytes = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
   aux.fill = [spec, &kv, chunk_key_bytes](size_t chunk, std::span<const std::span<std::byte>> out) {
+    // The store hands one buffer per summary part, in SummaryPart order (record_bytes above).
+    CKV_DCHECK(out.size() == 2);
     for (uint32_t layer = 0; layer < spec.layers; ++layer) {
       kernels::SummarizeChunkLayer(spec, layer,
                                    kv.k[layer].subspan(chunk * chunk_key_bytes, chunk_key_bytes),

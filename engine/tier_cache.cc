@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 
 namespace ckv::engine {
 namespace {
@@ -375,6 +376,7 @@ absl::StatusOr<TierManager::Slot> TierManager::TakeSlotLocked(Pool& p, size_t sl
     for (size_t i = slots; i-- > 0;)
       c.free.push_back(Slot{c.slabs.back().get(), base + i * slot_bytes});
     p.stats.allocated_bytes += bytes;
+    CKV_DCHECK(p.stats.allocated_bytes <= p.stats.budget_bytes);  // the tier's hard cap
   }
   const Slot slot = c.free.back();
   c.free.pop_back();
@@ -437,6 +439,9 @@ void TierManager::RemoveLocked(Entry* e) {
 
 void TierManager::FreeLocked(Entry* e) {
   Pool& p = *pools_[e->pool];
+  // Counted in when it was placed, so the counts cover it; no one holds it any more.
+  CKV_DCHECK(e->pins == 0);
+  CKV_DCHECK(p.stats.resident_bytes >= e->bytes && p.stats.records > 0 && e->slab->live > 0);
   p.stats.resident_bytes -= e->bytes;
   p.stats.records--;
   e->slab->live--;
@@ -444,18 +449,24 @@ void TierManager::FreeLocked(Entry* e) {
 }
 
 void TierManager::PinLocked(Entry* e) {
-  if (e->pins++ == 0) pools_[e->pool]->unpinned.erase(Pool::RankOf(e));
+  if (e->pins++ == 0) {
+    // An unpinned record is ranked for displacement exactly once.
+    [[maybe_unused]] const size_t ranked = pools_[e->pool]->unpinned.erase(Pool::RankOf(e));
+    CKV_DCHECK(ranked == 1);
+  }
   e->tick = ++tick_;
 }
 
 void TierManager::UnpinLocked(Entry* e) {
+  CKV_DCHECK(e->pins > 0);  // every unpin matches a pin: the count never goes below zero
   if (--e->pins > 0) return;
   if (e->erased) {
     FreeLocked(e);
     erased_.erase(e);
     return;
   }
-  pools_[e->pool]->unpinned.insert(Pool::RankOf(e));
+  [[maybe_unused]] const bool inserted = pools_[e->pool]->unpinned.insert(Pool::RankOf(e)).second;
+  CKV_DCHECK(inserted);
 }
 
 void TierManager::UpdateScore(const ChunkKey& chunk, double score) {

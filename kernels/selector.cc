@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/assert.h"
 #include "kernels/matmul.h"
 #include "kernels/simd.h"
 
@@ -161,6 +162,7 @@ std::vector<uint32_t> TopK(std::span<const float> values, size_t k) {
   std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), better);
   idx.resize(k);
   std::sort(idx.begin(), idx.end());
+  CKV_DCHECK(idx.size() == k && (k == 0 || idx.back() < values.size()));
   return idx;
 }
 
@@ -292,6 +294,8 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
     if (!scores.ok()) return scores.status();
     sel.scores = std::move(*scores);
     sel.chunks = TopKChunks(sel.scores, BudgetChunks(n, o), o.sink_chunks, o.recent_chunks);
+    // One score per chunk; the budget, and every sink and recent chunk, fit in n.
+    CKV_DCHECK(sel.scores.size() == n && sel.chunks.size() == BudgetChunks(n, o));
     return sel;
   }
   // Token-level baselines.
@@ -345,6 +349,8 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
   for (size_t j = 0; j < n; ++j) {
     if (take[j]) sel.chunks.push_back(static_cast<uint32_t>(j));
   }
+  CKV_DCHECK(mass->size() == tokens && sel.tokens.size() == k_tokens && sel.scores.size() == n &&
+             sel.chunks.size() <= n);
   sel.token_mass = std::move(*mass);
   return sel;
 }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/assert.h"
+
 namespace ckv::kernels {
 namespace {
 
@@ -62,6 +64,10 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
   const SummaryFormat f = SummaryFormat::For(spec);
   const uint32_t d_n = spec.head_dim;
   const size_t elements = size_t{spec.chunk_tokens} * spec.kv_heads * d_n;
+  // One chunk's keys of one layer in, one entry per kv head of that layer out, inside the parts.
+  CKV_DCHECK(layer < spec.layers && keys.size() == size_t{spec.chunk_tokens} *
+                                                       spec.TokenBytesPerLayer());
+  CKV_DCHECK(minmax_part.size() == f.MinMaxBytes() && mean_part.size() == f.MeanBytes());
   std::vector<float> k(elements), mn(d_n), mx(d_n), mean(d_n);
   ToFloat(spec.dtype, keys.data(), elements, k.data());
   for (uint32_t h = 0; h < spec.kv_heads; ++h) {

@@ -8,7 +8,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "ckv/status.h"
 #include "rocksdb/options.h"
 #include "storage/private_file_system.h"
@@ -104,7 +103,7 @@ absl::Status SyncDirectory(const std::string& path) {
 
 }  // namespace
 
-absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs) {
+absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs, Clock* clock) {
   // Built aside and renamed into place, so that a crash during creation (RocksDB creates column
   // families one by one) leaves either no catalog or a complete one.
   const std::string aside = dir + ".creating";
@@ -118,7 +117,7 @@ absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs) {
     b.PutMeta(kMetaFormatVersion, EncodeU32(kCatalogFormatVersion));
     b.PutMeta(kMetaMaxDiskBytes, EncodeU64(0));
     b.PutMeta(kMetaLayout, std::string(1, static_cast<char>(RecordLayout::kLayerMajor)));
-    b.PutMeta(kMetaCreatedMs, EncodeU64(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))));
+    b.PutMeta(kMetaCreatedMs, EncodeU64(static_cast<uint64_t>(absl::ToUnixMillis(clock->Now()))));
     b.PutCounters(StoredCounters{});
     CKV_RETURN_IF_ERROR((*catalog)->Commit(b));
   }
@@ -132,7 +131,7 @@ absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs) {
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                                        bool create_if_missing,
                                                        bool error_if_exists, Contents* contents,
-                                                       FileSystem* fs) {
+                                                       FileSystem* fs, Clock* clock) {
   std::error_code ec;
   const bool exists = std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec);
   if (!exists && !create_if_missing) {
@@ -141,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   if (exists && error_if_exists) {
     return absl::AlreadyExistsError(absl::StrCat("a ckv store already exists at ", dir));
   }
-  if (!exists) CKV_RETURN_IF_ERROR(CreateEmpty(dir, fs));
+  if (!exists) CKV_RETURN_IF_ERROR(CreateEmpty(dir, fs, clock != nullptr ? clock : RealClock()));
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<Catalog> catalog, OpenDb(dir, /*create=*/false, fs));
   CKV_RETURN_IF_ERROR(catalog->Load(contents));
   contents->created = !exists;

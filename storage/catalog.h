@@ -24,6 +24,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "storage/catalog_format.h"
+#include "storage/clock.h"
 #include "storage/file_system.h"
 
 namespace ckv::storage {
@@ -69,11 +70,13 @@ class Catalog {
   // NotFound (missing, !create_if_missing), AlreadyExists (error_if_exists), FailedPrecondition
   // (format version newer than this build), Unavailable (open in another process), DataLoss
   // (corrupt), and the mapped I/O errors. `fs` (optional, not owned, must outlive the catalog):
-  // its CatalogFileSystem layer is put over RocksDB's files (storage/file_system.h).
+  // its CatalogFileSystem layer is put over RocksDB's files (storage/file_system.h). `clock`
+  // (optional, not owned; nullptr = RealClock()) dates a new catalog (Contents::created_unix_ms).
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
                                                        bool create_if_missing,
                                                        bool error_if_exists, Contents* contents,
-                                                       FileSystem* fs = nullptr);
+                                                       FileSystem* fs = nullptr,
+                                                       Clock* clock = nullptr);
   ~Catalog();
 
   Batch NewBatch() { return Batch(this); }
@@ -93,7 +96,7 @@ class Catalog {
 
  private:
   Catalog() = default;
-  static absl::Status CreateEmpty(const std::string& dir, FileSystem* fs);
+  static absl::Status CreateEmpty(const std::string& dir, FileSystem* fs, Clock* clock);
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create,
                                                          FileSystem* fs);
   absl::Status Load(Contents* contents);

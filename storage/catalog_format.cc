@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 
 namespace ckv::storage {
 namespace {
@@ -223,6 +224,8 @@ std::string EncodeSegmentRecord(const SegmentRecord& s) {
   w.Put(s.record_slot_bytes);
   w.Put(s.capacity_slots);
   w.Put(s.created_unix_ms);
+  // DecodeSegmentRecord refuses more: a segment written with more could never be opened again.
+  CKV_CHECK(s.aux_record_bytes.size() <= kMaxAuxRecords);
   w.Put(static_cast<uint32_t>(s.aux_record_bytes.size()));
   for (uint32_t b : s.aux_record_bytes) w.Put(b);
   return w.Take();

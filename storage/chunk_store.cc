@@ -319,8 +319,12 @@ absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t rec
                                        uint64_t expected, const ChunkKey& key,
                                        std::span<std::byte> out) {
   const uint64_t stride = seg->record_stride(seg->band_of(record));
+  // Reused per thread, so made again when too small or aligned for another file's alignment.
   thread_local AlignedBuffer buffer;
-  if (buffer.size() < stride) buffer = AlignedBuffer(stride, seg->file()->alignment());
+  const size_t alignment = seg->file()->alignment();
+  if (buffer.size() < stride || reinterpret_cast<uintptr_t>(buffer.data()) % alignment != 0) {
+    buffer = AlignedBuffer(stride, alignment);
+  }
   CKV_RETURN_IF_ERROR(seg->file()->ReadAt(seg->RecordOffset(slot, record),
                                           std::span<std::byte>(buffer.data(), stride)));
   records_read_.fetch_add(1, std::memory_order_relaxed);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 
 namespace ckv::storage {
 
@@ -82,6 +83,7 @@ uint64_t Segment::BandOffset(uint32_t band, uint32_t slot) const {
 }
 
 uint64_t Segment::RecordOffset(uint32_t slot, uint32_t record) const {
+  CKV_DCHECK(slot < geometry_.capacity_slots && record < records());
   const uint32_t band = band_of(record);
   return BandOffset(band, slot) + uint64_t{record - first_record_of_band(band)} * record_stride(band);
 }
@@ -116,14 +118,21 @@ SlotRun Segment::Allocate(uint32_t count) {
   free_.erase(pick);
   if (take < avail) free_.emplace(start + take, avail - take);
   used_slots_ += take;
+  CKV_DCHECK(start + take <= geometry_.capacity_slots && used_slots_ <= geometry_.capacity_slots);
   return SlotRun{start, take};
 }
 
 void Segment::Free(SlotRun run) {
   if (run.count == 0) return;
+  // Freeing slots that are not in use (a double free, or a run past the end) would hand one slot
+  // to two chunks, and a reader the other chunk's bytes: stop here instead.
+  CKV_CHECK(run.count <= used_slots_ && run.start <= geometry_.capacity_slots - run.count);
   used_slots_ -= run.count;
   uint32_t start = run.start, count = run.count;
   auto next = free_.lower_bound(start);
+  // The run overlaps no free run: none starts inside it, and the one before ends at or before it.
+  CKV_DCHECK(next == free_.end() || next->first >= start + count);
+  CKV_DCHECK(next == free_.begin() || std::prev(next)->first + std::prev(next)->second <= start);
   if (next != free_.end() && next->first == start + count) {
     count += next->second;
     next = free_.erase(next);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "storage/chunk_store.h"
+#include "storage/mem_file_system.h"
 #include "storage/record_checksum.h"
 #include "tests/test_util.h"
 
@@ -14,7 +15,10 @@ using ::ckv::testing::TempDir;
 
 class PinTest : public ::testing::Test {
  protected:
+  // Pins, usage and descriptions are the store's logic, not the disk's: the segments live in
+  // memory (the catalog in dir_).
   void SetUp() override {
+    CKV_ASSERT_OK(fs_.CreateDirs(dir_.path()));
     Open();
     spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
     tokens_ = synth::Tokens(3, 6 * spec_.chunk_tokens);
@@ -24,7 +28,9 @@ class PinTest : public ::testing::Test {
   }
   void Open() {
     store_.reset();
-    auto store = storage::ChunkStore::Open(storage::StoreOptions{}, dir_.path());
+    storage::StoreOptions options;
+    options.file_system = &fs_;
+    auto store = storage::ChunkStore::Open(options, dir_.path());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
@@ -39,6 +45,7 @@ class PinTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  storage::MemFileSystem fs_;
   std::unique_ptr<storage::ChunkStore> store_;
   ModelSpec spec_;
   std::vector<int32_t> tokens_;

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "storage/fault_file_system.h"
+#include "storage/mem_file_system.h"
 #include "storage/uring_io_queue.h"
 #include "tests/test_util.h"
 
@@ -110,13 +111,24 @@ TEST(AlignedBufferTest, RoundsSizeUpAndAligns) {
 // ---------------------------------------------------------------------------------------------
 // PosixFileSystem: files and directories
 
-class PosixFileTest : public ::testing::Test {
+// The File and FileSystem contract, run against the POSIX file system and the in-memory one
+// (storage/mem_file_system.h), which must behave alike: same results, same error codes.
+class PosixFileTest : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() == "mem") {
+      mem_ = std::make_unique<MemFileSystem>();
+      CKV_ASSERT_OK(mem_->CreateDirs(dir_.path()));
+      fs_ = mem_.get();
+    }
+  }
+
+  std::unique_ptr<MemFileSystem> mem_;
   FileSystem* fs_ = PosixFileSystem(IoBackend::kThreads);
   TempDir dir_;
 };
 
-TEST_F(PosixFileTest, WriteReadSizeTruncate) {
+TEST_P(PosixFileTest, WriteReadSizeTruncate) {
   const std::string path = dir_.Sub("data");
   std::unique_ptr<File> file = OpenOrDie(fs_, path);
   ASSERT_NE(file, nullptr);
@@ -143,7 +155,7 @@ TEST_F(PosixFileTest, WriteReadSizeTruncate) {
   EXPECT_EQ(*file->Size(), kBlock);
 }
 
-TEST_F(PosixFileTest, OpenMissingIsNotFoundNamingThePath) {
+TEST_P(PosixFileTest, OpenMissingIsNotFoundNamingThePath) {
   const std::string path = dir_.Sub("missing");
   auto file = fs_->Open(path, OpenMode::kReadWrite);
   ASSERT_FALSE(file.ok());
@@ -152,7 +164,7 @@ TEST_F(PosixFileTest, OpenMissingIsNotFoundNamingThePath) {
   EXPECT_FALSE(fs_->Exists(path));
 }
 
-TEST_F(PosixFileTest, ShortReadAtEofIsDataLoss) {
+TEST_P(PosixFileTest, ShortReadAtEofIsDataLoss) {
   const std::string path = dir_.Sub("short");
   std::unique_ptr<File> file = OpenOrDie(fs_, path);
   ASSERT_NE(file, nullptr);
@@ -177,7 +189,7 @@ TEST_F(PosixFileTest, ShortReadAtEofIsDataLoss) {
   EXPECT_TRUE(absl::StrContains(status.message(), "got 4196 of 8192 bytes")) << status;
 }
 
-TEST_F(PosixFileTest, PunchHoleFreesBlocksAndReadsZeros) {
+TEST_P(PosixFileTest, PunchHoleFreesBlocksAndReadsZeros) {
   constexpr size_t kFile = 1 << 20, kHoleOffset = 256 << 10, kHole = 512 << 10;
   std::unique_ptr<File> file = OpenOrDie(fs_, dir_.Sub("holes"));
   ASSERT_NE(file, nullptr);
@@ -206,7 +218,7 @@ TEST_F(PosixFileTest, PunchHoleFreesBlocksAndReadsZeros) {
   EXPECT_EQ(std::memcmp(in.data() + tail, data.data() + tail, kFile - tail), 0);
 }
 
-TEST_F(PosixFileTest, ErrorsNameThePath) {
+TEST_P(PosixFileTest, ErrorsNameThePath) {
   const std::string missing = dir_.Sub("nope");
   absl::Status deleted = fs_->DeleteFile(missing);
   EXPECT_EQ(deleted.code(), absl::StatusCode::kNotFound) << deleted;
@@ -224,9 +236,12 @@ TEST_F(PosixFileTest, ErrorsNameThePath) {
   const std::string path = dir_.Sub("direct");
   std::unique_ptr<File> file = OpenOrDie(fs_, path);
   ASSERT_NE(file, nullptr);
+  // A MemFileSystem's files always follow O_DIRECT's rule.
   auto* posix = dynamic_cast<PosixFile*>(file.get());
-  ASSERT_NE(posix, nullptr);
-  if (!posix->direct()) GTEST_SKIP() << dir_.path() << " does not support O_DIRECT";
+  ASSERT_TRUE(posix != nullptr || mem_ != nullptr);
+  if (posix != nullptr && !posix->direct()) {
+    GTEST_SKIP() << dir_.path() << " does not support O_DIRECT";
+  }
   AlignedBuffer buffer(2 * kBlock);
   CKV_ASSERT_OK(file->WriteAt(0, buffer.span()));
   absl::Status misaligned = file->ReadAt(kBlock, buffer.span().subspan(1, kBlock));
@@ -235,7 +250,7 @@ TEST_F(PosixFileTest, ErrorsNameThePath) {
       << misaligned;
 }
 
-TEST_F(PosixFileTest, Directories) {
+TEST_P(PosixFileTest, Directories) {
   const std::string sub = dir_.Sub("sub");
   CKV_ASSERT_OK(fs_->CreateDir(sub));
   CKV_ASSERT_OK(fs_->CreateDir(sub));  // exists: fine
@@ -258,12 +273,15 @@ TEST_F(PosixFileTest, Directories) {
   EXPECT_EQ(over_file.code(), absl::StatusCode::kAlreadyExists) << over_file;
 }
 
-TEST_F(PosixFileTest, QueueDepthIsChecked) {
+TEST_P(PosixFileTest, QueueDepthIsChecked) {
   for (uint32_t depth : {0u, kMaxIoQueueDepth + 1}) {
     auto queue = fs_->NewIoQueue(depth);
     EXPECT_EQ(queue.status().code(), absl::StatusCode::kInvalidArgument) << depth;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(FileSystems, PosixFileTest, ::testing::Values("posix", "mem"),
+                         [](const auto& info) { return info.param; });
 
 TEST(PosixFileSystemTest, BackendsAreWhatTheyClaim) {
   auto threads = PosixFileSystem(IoBackend::kThreads)->NewIoQueue(4);

@@ -6,8 +6,9 @@
 #                        ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
 #   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
-#   tools/ckv.sh demo    install what is missing, build, run the demo on ./ckv-demo-store, then a
-#                        short Re-Prefill benchmark on ./ckv-demo-bench-store
+#   tools/ckv.sh demo    install what is missing, build kvctl and reprefill_bench (not the tests),
+#                        run the demo on ./ckv-demo-store, then a short Re-Prefill benchmark on
+#                        ./ckv-demo-bench-store
 #   tools/ckv.sh build   install what is missing, build
 #   tools/ckv.sh help    this text
 #
@@ -48,12 +49,13 @@ Commands:
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
           safetensors/JSON libFuzzer target into build-fuzz/ and run it for CKV_FUZZ_SECONDS
           (tests/fuzz/run_fuzz.sh); fails when it finds a crash, a sanitizer report or a leak
-  demo    install missing Debian packages, build, then on a fresh store ./ckv-demo-store (in the
-          current directory): kvctl init, put synthetic prefixes (one sharing chunks with
-          another), ls, verify, and a summary of what it did; then a short Re-Prefill benchmark
-          (bench/reprefill_bench: ckv against full, h2o, impress and ckv-paper on qwen2.5-7b,
-          4K-token prefixes, budgets 5%, 15% and 25%, one round) on ./ckv-demo-bench-store, kept between runs
-          so that later demos skip populating it; prints the table and the plot's path
+  demo    install missing Debian packages, build only kvctl and reprefill_bench (not the tests),
+          then on a fresh store ./ckv-demo-store (in the current directory): kvctl init, put
+          synthetic prefixes (one sharing chunks with another), ls, verify, and a summary of what
+          it did; then a short Re-Prefill benchmark (bench/reprefill_bench: ckv against full, h2o,
+          impress and ckv-paper on qwen2.5-7b, 4K-token prefixes, budgets 5%, 15% and 25%, one
+          round) on ./ckv-demo-bench-store, kept between runs so that later demos skip populating
+          it; prints the table and the plot's path
   build   install missing Debian packages and build into build/
   help    show this help
 
@@ -104,10 +106,14 @@ install_packages() {
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
 
-# build DIR DESCRIPTION [CMAKE ARGS...]: configures DIR with Ninja and builds it.
-build_in() {
-  local dir="$1" what="$2"
-  shift 2
+# build DIR DESCRIPTION [CMAKE ARGS...]: configures DIR with Ninja and builds all of it.
+build_in() { build_targets_in "$1" "$2" "" "${@:3}"; }
+
+# build_targets_in DIR DESCRIPTION TARGETS [CMAKE ARGS...]: configures DIR with Ninja and builds
+# the space-separated TARGETS (and what they link), or everything when TARGETS is empty.
+build_targets_in() {
+  local dir="$1" what="$2" targets="$3"
+  shift 3
   install_packages
   local werror="${CKV_WERROR:-}"
   if [[ -z "$werror" ]]; then
@@ -123,11 +129,27 @@ build_in() {
   jobs="$(nproc 2>/dev/null || echo 2)"
   say "configuring $(basename "$dir")/ ($what, Ninja, CKV_WERROR=$werror)"
   cmake -S "$REPO_ROOT" -B "$dir" -G Ninja -DCKV_WERROR="$werror" "$@" >&2
-  say "building with $jobs jobs"
-  cmake --build "$dir" -j "$jobs" >&2
+  local target_args=()
+  if [[ -n "$targets" ]]; then
+    read -r -a target_args <<<"$targets"
+    target_args=(--target "${target_args[@]}")
+    say "building ${targets} with $jobs jobs"
+  else
+    say "building with $jobs jobs"
+  fi
+  cmake --build "$dir" -j "$jobs" "${target_args[@]}" >&2
 }
 
-build() { build_in "$BUILD_DIR" Release -DCMAKE_BUILD_TYPE=Release; }
+# The whole Release build, tests included (a demo may have configured build/ without them).
+build() { build_in "$BUILD_DIR" Release -DCMAKE_BUILD_TYPE=Release -DCKV_BUILD_TESTS=ON; }
+
+# Only what the demo runs: kvctl and reprefill_bench and the libraries they link. The tests are
+# not configured (GoogleTest discovery and ckv_tests are most of a fresh build's time); a later
+# build or test configures them again in the same build/.
+build_demo() {
+  build_targets_in "$BUILD_DIR" "Release, demo targets only" "kvctl reprefill_bench" \
+    -DCMAKE_BUILD_TYPE=Release -DCKV_BUILD_TESTS=OFF -DCKV_BUILD_BENCH=ON
+}
 
 # What the machine let the suite cover (tests/coverage_test.cc): where $TMPDIR refuses O_DIRECT
 # or io_uring is disabled, the engine falls back quietly and the whole suite tests the fallback;
@@ -161,11 +183,12 @@ ctest_in() {
 }
 
 # sanitize_in DIR DESCRIPTION SANITIZERS: a -O1, line-tables-only build (about a third of the build
-# time of -O2 -g) with the given -fsanitize= list, benchmarks left out.
+# time of -O2 -g) with the given -fsanitize= list and the debug invariant checks (CKV_DCHECK, see
+# common/assert.h) on; benchmarks left out (the suite runs none of them when they are not built).
 sanitize_in() {
   build_in "$1" "$2" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
-    -DCKV_SANITIZE="$3" -DCKV_BUILD_BENCH=OFF
+    -DCKV_SANITIZE="$3" -DCKV_BUILD_BENCH=OFF -DCKV_ENABLE_DCHECK=ON -DCKV_BUILD_TESTS=ON
 }
 
 # The suite again under AddressSanitizer (leaks included) + UndefinedBehaviorSanitizer, then
@@ -212,7 +235,7 @@ json_number() {
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 run_demo() {
-  build
+  build_demo
   local kvctl="$BUILD_DIR/tools/kvctl"
   [[ -x "$kvctl" ]] || die "kvctl was not built ($kvctl)"
   local store="${CKV_DEMO_STORE:-$ORIG_PWD/ckv-demo-store}"
