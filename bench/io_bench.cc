@@ -43,8 +43,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "ckv/status.h"
 #include "prefetch/read_engine.h"
 #include "storage/file_system.h"
 #include "tools/cli.h"
@@ -148,182 +152,242 @@ double CpuSeconds() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-int Run(const Flags& fl) {
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "io_bench: %s\n", std::string(status.message()).c_str());
+  return kExitError;
+}
+
+// The bench file, created (or rewritten when smaller than --file-size) first; `size` is its size.
+absl::StatusOr<std::unique_ptr<storage::File>> OpenBenchFile(const Flags& fl, uint64_t* size) {
   storage::FileSystem* fs = storage::PosixFileSystem();
   const bool exists = fs->Exists(fl.file);
   auto opened = fs->Open(fl.file, storage::FileSystem::OpenMode::kCreateReadWrite);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "io_bench: %s\n", std::string(opened.status().message()).c_str());
-    return kExitError;
-  }
+  if (!opened.ok()) return opened.status();
   std::unique_ptr<storage::File> file = std::move(*opened);
-  uint64_t size = 0;
-  if (auto s = file->Size(); s.ok()) size = *s;
-  if (!exists || size < fl.file_size) {
+  *size = 0;
+  if (auto s = file->Size(); s.ok()) *size = *s;
+  if (!exists || *size < fl.file_size) {
     if (exists) std::fprintf(stderr, "io_bench: %s is smaller than --file-size; rewriting it\n", fl.file.c_str());
     std::fprintf(stderr, "io_bench: creating %s (%llu bytes, O_DIRECT)\n", fl.file.c_str(),
                  static_cast<unsigned long long>(fl.file_size));
-    if (absl::Status s = CreateFile(file.get(), fl.file_size); !s.ok()) {
-      std::fprintf(stderr, "io_bench: %s\n", std::string(s.message()).c_str());
-      return kExitError;
-    }
-    size = fl.file_size;
+    CKV_RETURN_IF_ERROR(CreateFile(file.get(), fl.file_size));
+    *size = fl.file_size;
   }
-  const bool runs = fl.pattern == "runs";
-  const uint32_t per_unit = runs ? fl.run_records : 1;
-  const uint64_t unit_bytes = fl.io_size * per_unit;
-  const uint64_t units_in_file = size / unit_bytes;
-  if (units_in_file == 0) {
-    std::fprintf(stderr, "io_bench: file too small\n");
-    return kExitError;
-  }
-  std::vector<uint64_t> sums;
-  if (fl.verify) sums = RecordChecksums(fl.file, size, fl.io_size);
+  return file;
+}
 
-  const uint32_t units = fl.qd * std::max<uint32_t>(1, fl.backlog);
+// The shape of the load: `units` units (a record, or a run of records) kept submitted.
+struct Shape {
+  uint32_t per_unit;       // records per unit
+  uint64_t unit_bytes;     // bytes per unit: the coalesced read size
+  uint64_t units_in_file;  // distinct units the file holds
+  uint32_t units;          // units kept submitted
+};
+
+absl::StatusOr<std::unique_ptr<prefetch::ReadEngine>> NewEngine(const Flags& fl, const Shape& shape) {
   prefetch::ReadEngineOptions o;
   o.backend = fl.backend;
   o.queue_depth = fl.qd;
   o.io_threads = fl.io_threads;
   o.poll_before_sleep_us = fl.poll_us;
   o.register_with_ring = fl.register_with_ring;
-  o.max_io_bytes = static_cast<uint32_t>(unit_bytes);
-  o.max_outstanding_requests = (units + 2 * fl.qd) * per_unit + 16;  // + reads landed, not yet released
-  auto created = prefetch::ReadEngine::Create(o);
-  if (!created.ok()) {
-    std::fprintf(stderr, "io_bench: %s\n", std::string(created.status().message()).c_str());
-    return kExitError;
-  }
-  std::unique_ptr<prefetch::ReadEngine> engine = std::move(*created);
-  auto fid = engine->RegisterFile(file.get());
-  if (!fid.ok()) {
-    std::fprintf(stderr, "io_bench: %s\n", std::string(fid.status().message()).c_str());
-    return kExitError;
-  }
+  o.max_io_bytes = static_cast<uint32_t>(shape.unit_bytes);
+  // + reads landed, not yet released
+  o.max_outstanding_requests = (shape.units + 2 * fl.qd) * shape.per_unit + 16;
+  return prefetch::ReadEngine::Create(o);
+}
 
-  std::atomic<bool> stop{false};
-  std::atomic<int64_t> outstanding_units{0};
-  std::atomic<uint64_t> bytes{0}, requests{0}, failures{0};
-  std::vector<std::atomic<uint32_t>> remaining(units);
-  std::vector<std::mt19937_64> rngs;
-  for (uint32_t u = 0; u < units; ++u) rngs.emplace_back(fl.seed * 1000003 + u);
-  absl::Mutex error_mu;
+// What a run measured.
+struct Outcome {
+  double seconds = 0;
+  double cpu_seconds = 0;
+  uint64_t bytes = 0;
+  uint64_t requests = 0;
+  uint64_t failures = 0;
   std::string first_error;
+};
 
-  std::function<void(uint32_t)> submit_unit;
-  submit_unit = [&](uint32_t slot) {
-    const uint64_t unit = rngs[slot]() % units_in_file;
-    std::vector<prefetch::ReadRequest> batch(per_unit);
-    for (uint32_t k = 0; k < per_unit; ++k) {
-      const uint64_t record = unit * per_unit + k;
+// A closed loop of reads: each unit is resubmitted from the completion callback of its last
+// record until Stop, as a prefetcher keeps the engine fed.
+class ClosedLoop {
+ public:
+  ClosedLoop(const Flags& fl, const Shape& shape, prefetch::ReadEngine* engine, uint32_t file,
+             const std::vector<uint64_t>& sums)
+      : fl_(fl), shape_(shape), engine_(engine), file_(file), sums_(sums), remaining_(shape.units) {
+    for (uint32_t u = 0; u < shape.units; ++u) rngs_.emplace_back(fl.seed * 1000003 + u);
+  }
+
+  void Start() {
+    outstanding_units_.store(shape_.units);
+    for (uint32_t u = 0; u < shape_.units; ++u) SubmitUnit(u);
+  }
+  // Stops resubmitting and waits (at most `limit`) for the units in flight; false on timeout.
+  bool Stop(std::chrono::seconds limit) {
+    stop_.store(true);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (outstanding_units_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return outstanding_units_.load() == 0;
+  }
+  void Fill(Outcome* out) {
+    out->bytes = bytes_.load();
+    out->requests = requests_.load();
+    out->failures = failures_.load();
+    absl::MutexLock lock(&error_mu_);
+    out->first_error = first_error_;
+  }
+
+ private:
+  void Failed(absl::string_view message) {
+    if (failures_.fetch_add(1) == 0) {
+      absl::MutexLock lock(&error_mu_);
+      first_error_ = std::string(message);
+    }
+  }
+
+  void Completed(uint32_t slot, const prefetch::ReadResult& res) {
+    if (res.status.ok()) {
+      bytes_.fetch_add(res.data.size(), std::memory_order_relaxed);
+    } else {
+      Failed(res.status.message());
+    }
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    if (remaining_[slot].fetch_sub(1) != 1) return;
+    if (!stop_.load(std::memory_order_relaxed)) {
+      SubmitUnit(slot);
+    } else {
+      outstanding_units_.fetch_sub(1);
+    }
+  }
+
+  void SubmitUnit(uint32_t slot) {
+    const uint64_t unit = rngs_[slot]() % shape_.units_in_file;
+    std::vector<prefetch::ReadRequest> batch(shape_.per_unit);
+    for (uint32_t k = 0; k < shape_.per_unit; ++k) {
+      const uint64_t record = unit * shape_.per_unit + k;
       prefetch::ReadRequest& r = batch[k];
-      r.file = *fid;
-      r.offset = record * fl.io_size;
-      r.length = static_cast<uint32_t>(fl.io_size);
+      r.file = file_;
+      r.offset = record * fl_.io_size;
+      r.length = static_cast<uint32_t>(fl_.io_size);
       r.priority = prefetch::Priority::kDemand;
-      if (fl.verify) {
+      if (fl_.verify) {
         r.verify_checksum = true;
-        r.expected_checksum = sums[record];
+        r.expected_checksum = sums_[record];
       }
-      r.callback = [&, slot](const prefetch::ReadResult& res) {
-        if (res.status.ok()) {
-          bytes.fetch_add(res.data.size(), std::memory_order_relaxed);
-        } else {
-          if (failures.fetch_add(1) == 0) {
-            absl::MutexLock lock(&error_mu);
-            first_error = std::string(res.status.message());
-          }
-        }
-        requests.fetch_add(1, std::memory_order_relaxed);
-        if (remaining[slot].fetch_sub(1) == 1) {
-          if (!stop.load(std::memory_order_relaxed)) {
-            submit_unit(slot);
-          } else {
-            outstanding_units.fetch_sub(1);
-          }
-        }
-      };
+      r.callback = [this, slot](const prefetch::ReadResult& res) { Completed(slot, res); };
     }
-    remaining[slot].store(per_unit);
-    auto ids = engine->SubmitBatch(batch);
+    remaining_[slot].store(shape_.per_unit);
+    auto ids = engine_->SubmitBatch(batch);
     if (!ids.ok()) {
-      if (failures.fetch_add(1) == 0) {
-        absl::MutexLock lock(&error_mu);
-        first_error = std::string(ids.status().message());
-      }
-      outstanding_units.fetch_sub(1);
+      Failed(ids.status().message());
+      outstanding_units_.fetch_sub(1);
     }
-  };
+  }
 
-  const double cpu0 = CpuSeconds();
-  const auto t0 = std::chrono::steady_clock::now();
-  outstanding_units.store(units);
-  for (uint32_t u = 0; u < units; ++u) submit_unit(u);
-  std::this_thread::sleep_for(std::chrono::duration<double>(fl.seconds));
-  stop.store(true);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (outstanding_units.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  const double cpu = CpuSeconds() - cpu0;
-  const double secs = std::chrono::duration<double>(t1 - t0).count();
-  if (outstanding_units.load() > 0) {
-    std::fprintf(stderr, "io_bench: reads still outstanding 30 s after the run\n");
-    return kExitError;
-  }
-  const prefetch::ReadEngineStats st = engine->stats();
-  const double gb = static_cast<double>(bytes.load()) / 1e9;
-  const double mbps = static_cast<double>(bytes.load()) / 1e6 / secs;
+  const Flags& fl_;
+  const Shape shape_;
+  prefetch::ReadEngine* const engine_;
+  const uint32_t file_;
+  const std::vector<uint64_t>& sums_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> outstanding_units_{0};
+  std::atomic<uint64_t> bytes_{0}, requests_{0}, failures_{0};
+  std::vector<std::atomic<uint32_t>> remaining_;
+  std::vector<std::mt19937_64> rngs_;
+  absl::Mutex error_mu_;
+  std::string first_error_ ABSL_GUARDED_BY(error_mu_);
+};
+
+// The figures, as a table and/or JSON (--json).
+absl::Status Report(const Flags& fl, const Shape& shape, const prefetch::ReadEngine& engine,
+                    const Outcome& out) {
+  const prefetch::ReadEngineStats st = engine.stats();
+  const double secs = out.seconds;
+  const double gb = static_cast<double>(out.bytes) / 1e9;
+  const double mbps = static_cast<double>(out.bytes) / 1e6 / secs;
   const double iops = static_cast<double>(st.ios_issued) / secs;
-  const double rps = static_cast<double>(requests.load()) / secs;
-  const double cpu_per_gb = gb > 0 ? cpu / gb : 0;
-
+  const double rps = static_cast<double>(out.requests) / secs;
+  const double cpu_per_gb = gb > 0 ? out.cpu_seconds / gb : 0;
   if (fl.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("backend").String(engine->backend())
-        .Key("fixed_buffers").Bool(engine->uses_fixed_buffers())
+        .Key("backend").String(engine.backend())
+        .Key("fixed_buffers").Bool(engine.uses_fixed_buffers())
         .Key("pattern").String(fl.pattern)
         .Key("io_size").Int(static_cast<int64_t>(fl.io_size))
-        .Key("coalesced_size").Int(static_cast<int64_t>(unit_bytes))
+        .Key("coalesced_size").Int(static_cast<int64_t>(shape.unit_bytes))
         .Key("qd").Int(fl.qd)
         .Key("backlog").Int(fl.backlog)
         .Key("seconds").Double(secs)
-        .Key("bytes").Int(static_cast<int64_t>(bytes.load()))
+        .Key("bytes").Int(static_cast<int64_t>(out.bytes))
         .Key("mb_per_s").Double(mbps)
         .Key("iops").Double(iops)
         .Key("requests_per_s").Double(rps)
-        .Key("cpu_seconds").Double(cpu)
+        .Key("cpu_seconds").Double(out.cpu_seconds)
         .Key("cpu_s_per_gb").Double(cpu_per_gb)
         .Key("verify").Bool(fl.verify)
-        .Key("failures").Int(static_cast<int64_t>(failures.load()))
+        .Key("failures").Int(static_cast<int64_t>(out.failures))
         .Key("read_amplification").Double(st.read_amplification())
         .Key("mean_queue_depth").Double(st.mean_queue_depth)
         .Key("idle_with_pending_s").Double(st.idle_with_pending_seconds)
         .Key("ios").Int(static_cast<int64_t>(st.ios_issued))
         .Key("requests_coalesced").Int(static_cast<int64_t>(st.requests_coalesced))
         .EndObject();
-    if (absl::Status s = fl.json.Write(w.str()); !s.ok()) {
-      std::fprintf(stderr, "io_bench: %s\n", s.ToString().c_str());
-      return kExitError;
-    }
+    CKV_RETURN_IF_ERROR(fl.json.Write(w.str()));
   }
   if (!fl.json.ToStdout()) {
     std::printf("io_bench: %s%s, pattern %s, io %llu B (reads of %llu B), qd %u, %.2f s%s\n",
-                engine->backend(), engine->uses_fixed_buffers() ? " (fixed buffers and files)" : "",
+                engine.backend(), engine.uses_fixed_buffers() ? " (fixed buffers and files)" : "",
                 fl.pattern.c_str(), static_cast<unsigned long long>(fl.io_size),
-                static_cast<unsigned long long>(unit_bytes), fl.qd, secs,
+                static_cast<unsigned long long>(shape.unit_bytes), fl.qd, secs,
                 fl.verify ? ", checksums verified" : "");
     std::printf("%10s %10s %12s %10s %9s %8s %12s\n", "MB/s", "IOPS", "requests/s", "CPU s/GB",
                 "read amp", "mean qd", "idle+pend s");
     std::printf("%10.1f %10.0f %12.0f %10.4f %9.3f %8.1f %12.4f\n", mbps, iops, rps, cpu_per_gb,
                 st.read_amplification(), st.mean_queue_depth, st.idle_with_pending_seconds);
   }
-  if (failures.load() > 0) {
-    absl::MutexLock lock(&error_mu);
+  return absl::OkStatus();
+}
+
+int Run(const Flags& fl) {
+  uint64_t size = 0;
+  auto file = OpenBenchFile(fl, &size);
+  if (!file.ok()) return Fail(file.status());
+  Shape shape;
+  shape.per_unit = fl.pattern == "runs" ? fl.run_records : 1;
+  shape.unit_bytes = fl.io_size * shape.per_unit;
+  shape.units_in_file = size / shape.unit_bytes;
+  shape.units = fl.qd * std::max<uint32_t>(1, fl.backlog);
+  if (shape.units_in_file == 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        fl.file, " (", size, " bytes) is smaller than one read of ", shape.unit_bytes, " bytes")));
+  }
+  std::vector<uint64_t> sums;
+  if (fl.verify) sums = RecordChecksums(fl.file, size, fl.io_size);
+  auto engine = NewEngine(fl, shape);
+  if (!engine.ok()) return Fail(engine.status());
+  auto fid = (*engine)->RegisterFile(file->get());
+  if (!fid.ok()) return Fail(fid.status());
+
+  ClosedLoop loop(fl, shape, engine->get(), *fid, sums);
+  Outcome out;
+  const double cpu0 = CpuSeconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  loop.Start();
+  std::this_thread::sleep_for(std::chrono::duration<double>(fl.seconds));
+  const bool drained = loop.Stop(std::chrono::seconds(30));
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.cpu_seconds = CpuSeconds() - cpu0;
+  if (!drained) {
+    std::fprintf(stderr, "io_bench: reads still outstanding 30 s after the run\n");
+    return kExitError;
+  }
+  loop.Fill(&out);
+  if (absl::Status s = Report(fl, shape, **engine, out); !s.ok()) return Fail(s);
+  if (out.failures > 0) {
     std::fprintf(stderr, "io_bench: %llu requests failed; first: %s\n",
-                 static_cast<unsigned long long>(failures.load()), first_error.c_str());
+                 static_cast<unsigned long long>(out.failures), out.first_error.c_str());
     return kExitError;
   }
   return 0;
