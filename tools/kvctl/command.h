@@ -72,6 +72,10 @@ CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix);
 // Opens the store at `path`, which must exist.
 absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path);
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s);
+// The fields of a Put's result that put and import both report: as JSON keys (kv_bytes, chunks,
+// chunks_written, ...), and as the lines of the table under the command's first line.
+void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes);
+void PrintPutResultLines(const PutResult& result, bool with_tail);
 
 // --model PRESET (required), --dtype, --model-id and --chunk-tokens, as put and replay take them.
 struct PresetOptions {

@@ -5,6 +5,7 @@
 
 #include "ckv/options.h"
 #include "tools/kvctl/command.h"
+#include "tools/kvctl/format.h"
 
 namespace ckv::kvctl {
 
@@ -38,6 +39,29 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path) {
   EngineOptions options;
   options.create_if_missing = false;
   return Engine::Open(options, path);
+}
+
+void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes) {
+  w.Key("kv_bytes").Uint(kv_bytes)
+      .Key("chunks").Uint(result.chunks)
+      .Key("chunks_written").Uint(result.chunks_written)
+      .Key("chunks_deduplicated").Uint(result.chunks_existing)
+      .Key("tail_tokens").Uint(result.tail_tokens)
+      .Key("bytes_written").Uint(result.bytes_written)
+      .Key("chunks_evicted").Uint(result.chunks_evicted);
+}
+
+void PrintPutResultLines(const PutResult& result, bool with_tail) {
+  std::printf("  chunks written       %llu (%s)\n",
+              static_cast<unsigned long long>(result.chunks_written),
+              FormatBytes(result.bytes_written).c_str());
+  std::printf("  chunks deduplicated  %llu (already stored)\n",
+              static_cast<unsigned long long>(result.chunks_existing));
+  if (with_tail) {
+    std::printf("  tail tokens          %llu (not stored: less than a chunk)\n",
+                static_cast<unsigned long long>(result.tail_tokens));
+  }
+  std::printf("  chunks evicted       %llu\n", static_cast<unsigned long long>(result.chunks_evicted));
 }
 
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {

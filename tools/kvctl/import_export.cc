@@ -44,15 +44,9 @@ int PrintImport(const ImportOptions& o, const safetensors::ImportedKv& imported,
         .Key("chunk_tokens").Uint(spec.chunk_tokens)
         .Key("tokens").Uint(tokens)
         .Key("layout").String(heads_first ? "heads-first" : "tokens-first")
-        .Key("layout_ambiguous").Bool(imported.layout_ambiguous)
-        .Key("kv_bytes").Uint(kv_bytes)
-        .Key("chunks").Uint(result.chunks)
-        .Key("chunks_written").Uint(result.chunks_written)
-        .Key("chunks_deduplicated").Uint(result.chunks_existing)
-        .Key("tail_tokens").Uint(result.tail_tokens)
-        .Key("bytes_written").Uint(result.bytes_written)
-        .Key("chunks_evicted").Uint(result.chunks_evicted)
-        .Key("read_seconds").Double(read_seconds)
+        .Key("layout_ambiguous").Bool(imported.layout_ambiguous);
+    WritePutResultJson(w, result, kv_bytes);
+    w.Key("read_seconds").Double(read_seconds)
         .Key("put_seconds").Double(put_seconds)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
@@ -61,15 +55,7 @@ int PrintImport(const ImportOptions& o, const safetensors::ImportedKv& imported,
               result.prefix_id.ToHex().c_str(), o.file.c_str(), spec.DebugString().c_str(),
               static_cast<unsigned long long>(tokens),
               static_cast<unsigned long long>(result.chunks));
-  std::printf("  chunks written       %llu (%s)\n",
-              static_cast<unsigned long long>(result.chunks_written),
-              FormatBytes(result.bytes_written).c_str());
-  std::printf("  chunks deduplicated  %llu (already stored)\n",
-              static_cast<unsigned long long>(result.chunks_existing));
-  std::printf("  tail tokens          %llu (not stored: less than a chunk)\n",
-              static_cast<unsigned long long>(result.tail_tokens));
-  std::printf("  chunks evicted       %llu\n",
-              static_cast<unsigned long long>(result.chunks_evicted));
+  PrintPutResultLines(result, /*with_tail=*/true);
   std::printf("  layout               %s%s\n",
               heads_first ? "[kv_heads, tokens, head_dim], transposed"
                           : "[tokens, kv_heads, head_dim]",

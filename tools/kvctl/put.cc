@@ -73,14 +73,8 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
     if (o.shared) {
       w.Key("shared_tokens").Uint(o.shared_tokens).Key("shared_seed").Uint(o.shared_seed);
     }
-    w.Key("kv_bytes").Uint(kv_bytes)
-        .Key("chunks").Uint(result.chunks)
-        .Key("chunks_written").Uint(result.chunks_written)
-        .Key("chunks_deduplicated").Uint(result.chunks_existing)
-        .Key("tail_tokens").Uint(result.tail_tokens)
-        .Key("bytes_written").Uint(result.bytes_written)
-        .Key("chunks_evicted").Uint(result.chunks_evicted)
-        .Key("generate_seconds").Double(gen_seconds)
+    WritePutResultJson(w, result, kv_bytes);
+    w.Key("generate_seconds").Double(gen_seconds)
         .Key("put_seconds").Double(put_seconds)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
@@ -88,12 +82,7 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
   std::printf("put %s: %s, %llu tokens (%llu chunks)\n", result.prefix_id.ToHex().c_str(),
               spec.DebugString().c_str(), static_cast<unsigned long long>(o.tokens),
               static_cast<unsigned long long>(result.chunks));
-  std::printf("  chunks written       %llu (%s)\n",
-              static_cast<unsigned long long>(result.chunks_written),
-              FormatBytes(result.bytes_written).c_str());
-  std::printf("  chunks deduplicated  %llu (already stored)\n",
-              static_cast<unsigned long long>(result.chunks_existing));
-  std::printf("  chunks evicted       %llu\n", static_cast<unsigned long long>(result.chunks_evicted));
+  PrintPutResultLines(result, /*with_tail=*/false);
   std::printf("  time                 generate %.2fs, put %.2fs (%s)\n", gen_seconds, put_seconds,
               FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds
                                          : 0)
