@@ -30,8 +30,6 @@ declare -A exceptions=(
   ["bench/io_bench.cc prefetch/read_engine.h"]=1
   # kvctl's catalog inspection reads the catalog directly; its tier report sizes the summary
   # share of the CPU tier.
-  ["tools/kvctl.cc storage/catalog.h"]=1
-  ["tools/kvctl.cc engine/tier_cache.h"]=1
   ["tools/kvctl/import_export.cc storage/catalog.h"]=1
   ["tools/kvctl/stats.cc engine/tier_cache.h"]=1
 )
