@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "engine/summaries.h"
 #include "kernels/selector.h"
 #include "prefetch/planner.h"
@@ -87,6 +88,26 @@ struct Slot {
   bool to_admit = false;
   double score = 0;         // its chunk's S when it was requested
 };
+
+// A selection of a prefix of `n` chunks: chunk indices, strictly increasing (CancelUnneeded
+// searches it), each one of the pinned chunks.
+bool IsSelection(std::span<const uint32_t> chosen, size_t n) {
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    if (chosen[i] >= n || (i > 0 && chosen[i - 1] >= chosen[i])) return false;
+  }
+  return true;
+}
+
+// A record's read is aligned, has room for the bytes wanted, and is at most the record's length
+// padded to the file's alignment (where that divides the 4 KiB segments pad records to).
+bool ReadFitsRecord(const storage::PinnedChunks& pinned, size_t chunk, uint32_t record,
+                    const prefetch::ReadRequest& r, size_t wanted) {
+  const storage::PinnedChunks::Location where = pinned.RecordAt(chunk, record);
+  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
+  const uint64_t padded = (uint64_t{where.length} + align - 1) / align * align;
+  return wanted <= r.length && r.offset % align == 0 && r.length % align == 0 &&
+         (storage::kDirectIoAlignment % align != 0 || r.length <= padded);
+}
 
 // Keeps the slots of one view alive.
 class SlotPins final : public LayerView::Pins {
@@ -240,6 +261,7 @@ class SessionImpl final : public ReprefillSession {
       chosen = std::move(sel.chunks);
       scores_[layer] = std::move(sel.scores);
     }
+    CKV_DCHECK(IsSelection(chosen, pinned_->chunks().size()));  // only pinned chunks are read
     selections_[layer] = chosen;
     CancelUnneeded(layer, chosen);
     CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
@@ -282,6 +304,8 @@ class SessionImpl final : public ReprefillSession {
       absl::MutexLock lock(&mu_);
       for (size_t i = 0; i < chosen.size(); ++i) {
         Slot& s = *slots[i];
+        // A layer serves only pinned chunks, each landed (read and verified, or a tier's).
+        CKV_DCHECK(chosen[i] < pinned_->chunks().size() && s.state == Slot::State::kLanded);
         if (!s.served) {
           s.served = true;
           stats_.records_served++;
@@ -436,6 +460,7 @@ class SessionImpl final : public ReprefillSession {
         slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
         r.callback = [this, slot, keys_only](const prefetch::ReadResult& result) {
           absl::MutexLock lock(&mu_);
+          CKV_DCHECK(slot->state == Slot::State::kQueued);  // each read completes once
           if (result.status.ok()) {
             slot->to_admit = host_.tiers() != nullptr && !keys_only;
             slot->state = Slot::State::kLanded;
@@ -613,6 +638,7 @@ absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
                                          priority));
   r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record,
                         part ? " (keys)" : "");
+  CKV_DCHECK(ReadFitsRecord(pinned, chunk, record, r, dest.size()));
   r.dest = dest;
   return r;
 }

@@ -42,6 +42,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "prefetch/read_engine_internal.h"
 
 namespace ckv::prefetch::internal {
@@ -52,6 +53,7 @@ struct Slot {
   std::byte* buffer = nullptr;
   uint32_t buffer_index = 0;
   absl::Status status;
+  bool in_queue = false;  // its read is in the I/O queue: it lands once, then is set false
 };
 
 struct IoThread {
@@ -184,7 +186,10 @@ class IoThreads final : public Backend {
     size_t n = 0, first = 0;
     {
       absl::MutexLock lock(&engine_->mu_);
+      // Every slot is free or taken (in the queue, landed, or called back and not released).
+      CKV_DCHECK(t.taken + t.free.size() == t.slots.size() && t.in_queue <= t.taken);
       for (Slot* s : landed) {
+        CKV_DCHECK(!s->in_queue && t.taken > 0);  // released once, after its read landed
         engine_->ReleaseLocked(s->group);
         t.free.push_back(s);
         --t.taken;
@@ -222,12 +227,19 @@ class IoThreads final : public Backend {
                                    .buffer_index = register_ ? s->buffer_index : storage::kNoIoSlot});
       IoThread* tp = &t;
       callbacks_.emplace_back([tp, s](const absl::Status& status) {
+        // Each read lands exactly once: a second completion would hand the slot's buffer to
+        // two reads.
+        CKV_DCHECK(s->in_queue && tp->in_queue > 0);
+        s->in_queue = false;
         s->status = status;
         --tp->in_queue;
         tp->finished.push_back(s);
       });
+      CKV_DCHECK(!s->in_queue);
+      s->in_queue = true;
       ++t.taken;
       ++t.in_queue;
+      CKV_DCHECK(t.in_queue <= qd);  // at most queue_depth reads in the queue
     }
     // Before a Reap(wait) the reads are only prepared: the Reap hands them over and sleeps in one
     // system call (io_uring_submit_and_wait).
@@ -240,6 +252,7 @@ class IoThreads final : public Backend {
       for (size_t i = first; i < first + n; ++i) {
         Slot* slot = t.free[i];
         slot->status = s;
+        slot->in_queue = false;
         --t.in_queue;
         t.finished.push_back(slot);
       }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "prefetch/read_engine_internal.h"
 #include "storage/record_checksum.h"
 
@@ -119,6 +120,7 @@ void ReadEngine::Impl::Shutdown() {
     for (Request& r : table_) {
       if (r.state != Request::State::kQueued) continue;
       UnindexLocked(&r);
+      CKV_DCHECK(queued_ > 0);
       --queued_;
       ++stats_.requests_cancelled;
       Completion c;
@@ -232,6 +234,8 @@ absl::StatusOr<std::vector<RequestId>> ReadEngine::Impl::SubmitBatch(std::span<R
     ids.push_back(r->id());
   }
   queued_ += requests.size();
+  // Queued requests hold table entries: the table bounds the queues.
+  CKV_DCHECK(queued_ <= table_.size() - free_.size());
   stats_.requests_submitted += requests.size();
   backend_->WakeLocked();
   return ids;
@@ -263,6 +267,7 @@ absl::Status ReadEngine::Impl::Cancel(RequestId id) {
           absl::StrCat("cancel: read request ", id, " is already being read"));
     }
     TickLocked();
+    CKV_DCHECK(r->state == Request::State::kQueued && queued_ > 0);
     UnindexLocked(r);
     --queued_;
     ++stats_.requests_cancelled;
@@ -291,6 +296,8 @@ void ReadEngine::Impl::UnindexLocked(Request* r) {
 }
 
 void ReadEngine::Impl::FreeLocked(Request* r) {
+  // A request is freed once (completed, cancelled or shut down), so its callback runs once.
+  CKV_DCHECK(r->state != Request::State::kFree && free_.size() < table_.size());
   r->state = Request::State::kFree;
   r->r = ReadRequest{};
   ++r->generation;
@@ -343,6 +350,7 @@ size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
         auto it = by_start_.find(RangeKey(g.file, g.offset + g.length));
         if (it == by_start_.end() || g.length + it->second->r.length > max_bytes) break;
         Request* r = it->second;
+        CKV_DCHECK(r->state == Request::State::kQueued);  // the indexes hold queued requests only
         UnindexLocked(r);
         r->state = Request::State::kIssued;
         g.requests.push_back(r);
@@ -352,6 +360,7 @@ size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
         auto it = by_end_.find(RangeKey(g.file, g.offset));
         if (it == by_end_.end() || g.length + it->second->r.length > max_bytes) break;
         Request* r = it->second;
+        CKV_DCHECK(r->state == Request::State::kQueued);
         UnindexLocked(r);
         r->state = Request::State::kIssued;
         g.requests.insert(g.requests.begin(), r);
@@ -359,9 +368,12 @@ size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
         g.length += r->r.length;
       }
     }
+    CKV_DCHECK(queued_ >= g.requests.size() && g.length <= max_bytes);
     queued_ -= g.requests.size();
     g.issue_seq = ++issue_seq_;
     ++in_flight_;
+    // A device read holds one of its I/O thread's 2 x queue_depth staging slots until released.
+    CKV_DCHECK(in_flight_ <= uint64_t{options_.io_threads} * 2 * options_.queue_depth);
     stats_.requests_coalesced += g.requests.size() - 1;
     stats_.bytes_requested += g.length;
     const size_t bucket = std::min<size_t>(std::bit_width(in_flight_), kQueueDepthBuckets - 1);
@@ -438,8 +450,12 @@ void ReadEngine::Impl::RunCallbacks(std::vector<Completion>& completions) {
 
 void ReadEngine::Impl::ReleaseLocked(IoGroup& g) {
   TickLocked();
+  CKV_DCHECK(in_flight_ > 0);  // every device read released was taken
   --in_flight_;
-  for (Request* r : g.requests) FreeLocked(r);
+  for (Request* r : g.requests) {
+    CKV_DCHECK(r->state == Request::State::kIssued);  // released once, after it was issued
+    FreeLocked(r);
+  }
   g.requests.clear();
 }
 

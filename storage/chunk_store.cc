@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "storage/chunk_store_internal.h"
 #include "storage/record_checksum.h"
 
@@ -120,6 +121,8 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   // A cap lowered since the last open takes effect now.
   uint64_t evicted = 0;
   CKV_RETURN_IF_ERROR(store->MakeRoomLocked(0, &evicted));
+  // The cap holds once the open's eviction is done.
+  CKV_DCHECK(store->max_disk_bytes_ == 0 || store->used_bytes_ <= store->DataCapLocked());
   if (evicted > 0) {
     store->logger_->Log(LogLevel::kInfo,
                         absl::StrCat("evicted ", evicted, " chunks of ", path,
@@ -292,6 +295,8 @@ void ChunkStore::PinLocked(SlotId slot) { read_pins_[slot]++; }
 void ChunkStore::Unpin(SlotId slot) {
   absl::MutexLock lock(&mu_);
   auto it = read_pins_.find(slot);
+  // Every unpin matches a pin (PinnedChunks, ReadRecord, Verify): a count never goes below one.
+  CKV_DCHECK(it != read_pins_.end() && it->second > 0);
   if (it == read_pins_.end()) return;
   if (--it->second > 0) return;
   read_pins_.erase(it);
@@ -396,7 +401,9 @@ PinnedChunks::~PinnedChunks() {
 }
 
 PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) const {
+  CKV_DCHECK(chunk < chunks_.size());  // only a pinned chunk's records are read
   const Chunk& c = chunks_[chunk];
+  CKV_DCHECK(record < c.checksums.size());  // one checksum per record of the chunk
   const Segment& seg = *c.segment;
   const uint32_t band = seg.band_of(record);
   return Location{seg.file(), seg.RecordOffset(c.slot, record), seg.record_bytes(record),
@@ -421,6 +428,13 @@ FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint
   read.offset = begin;
   read.length = static_cast<uint32_t>(end - begin);
   read.skip = static_cast<uint32_t>(where.offset + from - begin);
+  // The read is aligned and stays inside the record's padded slot (a part, inside the record).
+  CKV_DCHECK(uint64_t{from} + bytes <= where.length);
+  // Segments pad records to 4 KiB, so an alignment that divides 4 KiB never reads past the pad.
+  const Segment& seg = *chunks_[chunk].segment;
+  CKV_DCHECK(begin % align == 0 && read.length % align == 0 && begin <= where.offset + from);
+  CKV_DCHECK(kDirectIoAlignment % align != 0 ||
+             end <= where.offset + seg.record_stride(seg.band_of(record)));
   return read;
 }
 
@@ -457,7 +471,10 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
       return absl::FailedPreconditionError(
           absl::StrCat("chunk ", key.ToHex(), " is not stored under ", spec.DebugString()));
     }
-    chunks.push_back(PinnedChunks::Chunk{key, segments_.at(e.segment).get(), e.slot, e.checksums,
+    Segment* seg = segments_.at(e.segment).get();
+    // A stored chunk sits inside its segment with one checksum per record (Load drops others).
+    CKV_DCHECK(e.slot < seg->geometry().capacity_slots && e.checksums.size() == seg->records());
+    chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, e.checksums,
                                          e.importance, e.loads});
   }
   const uint64_t tick = ++use_clock_;
@@ -586,6 +603,8 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
     op.buffer = buffers[bi].data();
     op.length = io_bytes;
     CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, begin, end, band_slot](const absl::Status& st) {
+      // Each read completes once, so its buffer comes back once.
+      CKV_DCHECK(std::find(free_buffers.begin(), free_buffers.end(), bi) == free_buffers.end());
       free_buffers.push_back(bi);
       bytes_read_.fetch_add((end - begin) * band_slot, std::memory_order_relaxed);
       for (size_t i = begin; i < end; ++i) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "storage/chunk_store.h"
 #include "storage/chunk_store_internal.h"
 
@@ -62,6 +63,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
     const ChunkEntry& e = chunks_.at(key);
     victims.push_back(key);
     freed += segments_.at(e.segment)->chunk_bytes();
+    CKV_DCHECK(freed <= used_bytes_);  // every stored chunk's bytes are counted in use
     if (e.parent.IsZero()) continue;
     auto parent = chunks_.find(e.parent);
     if (parent == chunks_.end()) continue;
@@ -149,6 +151,8 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     chunks_.erase(it);
     if (e.prefix_end) prefixes_.erase(key);
     auto parent = chunks_.find(e.parent);
+    // A stored chunk is counted among its stored parent's children.
+    CKV_DCHECK(parent == chunks_.end() || parent->second.children > 0);
     if (parent != chunks_.end()) parent->second.children--;
     const SlotId slot{e.segment, e.slot};
     if (read_pins_.contains(slot)) {
@@ -171,6 +175,10 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
 
 void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
   Segment* seg = segments_.at(segment).get();
+  // A slot is freed once, when no chunk names it and no reader holds it.
+  CKV_DCHECK(!read_pins_.contains(SlotId{segment, slot}) &&
+             !deferred_free_.contains(SlotId{segment, slot}) &&
+             !unpunched_.contains(SlotId{segment, slot}));
   absl::Status s = seg->PunchSlots(SlotRun{slot, 1});
   seg->Free(SlotRun{slot, 1});
   if (!PunchGaveBack(s)) {
@@ -184,6 +192,7 @@ void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
   }
   // Counted until here, not until the catalog forgot the chunk: a slot a reader still holds keeps
   // its blocks on disk, so it keeps counting against the cap.
+  CKV_DCHECK(used_bytes_ >= seg->chunk_bytes());
   used_bytes_ -= seg->chunk_bytes();
 }
 

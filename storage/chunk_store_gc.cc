@@ -1,6 +1,9 @@
 // storage/chunk_store_gc.cc: ChunkStore::Gc: gives back the blocks of free slots.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "storage/chunk_store.h"
 #include "storage/chunk_store_internal.h"
 
@@ -28,6 +31,12 @@ absl::StatusOr<GcReport> ChunkStore::Gc() {
     report.bytes_reclaimed += freed;
   }
   if (empty.empty()) return report;
+  // Removing a segment a reader still holds would leave it reading freed memory: a pinned slot
+  // stays used until unpinned, and every failed punch was retried above.
+  CKV_DCHECK(unpunched_.empty());
+  for (const auto& [slot, pins] : read_pins_) {
+    CKV_CHECK(std::find(empty.begin(), empty.end(), slot.first) == empty.end());
+  }
   // A segment with no used slot has no chunk, no Put writing into it (allocation marks slots
   // used under mu_) and no reader (a pinned slot stays used until unpinned). The catalog forgets
   // it first, so a crash in between leaves a file Open reclaims as an orphan.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "storage/chunk_store.h"
 #include "storage/chunk_store_internal.h"
 #include "storage/record_checksum.h"
@@ -196,12 +197,18 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   }
   // Reused slots whose punch had failed are counted already.
   uint64_t reused = 0;
+  uint64_t planned = 0;
   for (const PlannedRun& r : plan) {
+    planned += r.run.count;
     for (uint32_t i = 0; i < r.run.count; ++i) {
       reused += unpunched_.erase(SlotId{r.segment->id(), r.run.start + i});
     }
   }
+  CKV_DCHECK(planned == n - m);  // one slot for each new chunk
   used_bytes_ += need - reused * put.chunk_bytes;
+  // The disk cap holds once room is made: what a new segment's metadata takes is allowed for
+  // under max_disk_bytes (DataCapLocked), never over it.
+  CKV_DCHECK(max_disk_bytes_ == 0 || used_bytes_ <= max_disk_bytes_);
   return absl::OkStatus();
 }
 
@@ -299,6 +306,9 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
         rec.created_unix_ms = now;
         rec.tokens.assign(put.tokens.begin() + idx * c, put.tokens.begin() + (idx + 1) * c);
         rec.checksums = std::move(checksums[r.first + i]);
+        // A committed chunk sits inside its segment, with one checksum per record.
+        CKV_DCHECK(rec.slot < r.segment->geometry().capacity_slots &&
+                   rec.checksums.size() == r.segment->records());
         batch.PutChunk(keys[idx], rec);
       }
     }
@@ -327,6 +337,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   prefixes_[keys[n - 1]] = PrefixEntry{put.fp, n, now};
   put.result.chunks_written = n - m;
   put.result.bytes_written = bytes_written;
+  CKV_DCHECK(max_disk_bytes_ == 0 || used_bytes_ <= max_disk_bytes_);  // the disk cap
   CKV_RETURN_IF_ERROR(fs_->CrashSeam(kSeamPutCommitted));
   return put.result;
 }
@@ -345,10 +356,13 @@ void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool cou
     r.segment->Free(r.run);
     for (uint32_t i = 0; i < r.run.count; ++i) {
       const SlotId slot{r.segment->id(), r.run.start + i};
+      // A planned slot was free (or unpunched) when taken; no reader can hold it.
+      CKV_DCHECK(!read_pins_.contains(slot) && !deferred_free_.contains(slot));
       if (!counted) {
         // Not reserved by this Put; a reused unpunched slot is counted as such.
         if (punched && unpunched_.erase(slot) > 0) used_bytes_ -= r.segment->chunk_bytes();
       } else if (punched) {
+        CKV_DCHECK(used_bytes_ >= r.segment->chunk_bytes());  // the reservation is counted
         used_bytes_ -= r.segment->chunk_bytes();
       } else {
         unpunched_.insert(slot);
@@ -372,6 +386,7 @@ absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked() {
       ++it;
       continue;
     }
+    CKV_DCHECK(used_bytes_ >= seg->second->chunk_bytes());  // an unpunched slot is counted
     used_bytes_ -= seg->second->chunk_bytes();
     given_back += seg->second->chunk_bytes();
     unpunched_.erase(it++);
@@ -541,6 +556,9 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
         CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, io_bytes](const absl::Status& st) {
           if (!st.ok() && first_error.ok()) first_error = st;
           if (st.ok()) written += io_bytes;
+          // Each write completes once, so its buffer comes back once.
+          CKV_DCHECK(std::find(free_buffers.begin(), free_buffers.end(), bi) ==
+                     free_buffers.end());
           free_buffers.push_back(bi);
         }));
         if (!first_error.ok()) break;

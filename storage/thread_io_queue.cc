@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/assert.h"
 #include "storage/file_system.h"
 
 namespace ckv::storage {
@@ -74,11 +75,15 @@ class ThreadIoQueue final : public IoQueue {
     while (free_.empty()) Collect(/*wait=*/true);  // make room; callbacks run below
     Request* r = free_.back();
     free_.pop_back();
+    CKV_DCHECK(!r->callback);  // a free table entry holds no callback still to run
     r->op = op;
     r->callback = std::move(done);
     {
       absl::MutexLock lock(&mu_);
       pending_.push_back(r);
+      // Every table entry is in exactly one place, so at most `depth` ops are outstanding.
+      CKV_DCHECK(free_.size() + pending_.size() + running_ + completed_.size() == depth_);
+      CKV_DCHECK(workers_.size() <= depth_);
       if (idle_ == 0 && workers_.size() < depth_) {
         workers_.emplace_back([this] { Work(); });
       }
@@ -149,6 +154,7 @@ class ThreadIoQueue final : public IoQueue {
               ? op.file->ReadAt(op.offset, {op.buffer, op.length})
               : op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
       mu_.Lock();
+      CKV_DCHECK(running_ > 0);
       --running_;
       ++counters_.transfers;
       if (r->status.ok()) counters_.bytes += op.length;
@@ -170,6 +176,7 @@ class ThreadIoQueue final : public IoQueue {
             this));
       }
       woken_ = false;
+      CKV_DCHECK(free_.size() + pending_.size() + running_ + completed_.size() == depth_);
       done.swap(completed_);
     }
     for (Request* r : done) {

@@ -65,6 +65,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "storage/file_system.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -172,8 +173,11 @@ class UringIoQueue final : public IoQueue {
       }
       Request* request = free_.back();
       free_.pop_back();
+      CKV_DCHECK(!request->in_use);  // a table entry serves one op at a time
       *request = Request{op, fd, fixed_file, 0, 0, std::move(done[i]), true};
       ++outstanding_;
+      // At most `depth` ops outstanding: every table entry is either free or taken.
+      CKV_DCHECK(outstanding_ <= depth_ && outstanding_ + free_.size() == depth_);
       parked_.push_back(request);
       batch_.push_back(request);
     }
@@ -371,6 +375,8 @@ class UringIoQueue final : public IoQueue {
       if (request->fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data(sqe, request);
       ++in_flight_;
+      // Only outstanding ops go into SQEs, each at most once at a time.
+      CKV_DCHECK(request->in_use && in_flight_ <= outstanding_ && outstanding_ <= depth_);
       ++counters_.transfers;
     }
   }
@@ -449,6 +455,8 @@ class UringIoQueue final : public IoQueue {
   }
 
   void HandleCompletion(Request* request, int res) {
+    // A CQE is for an op the ring holds: the count of ops in the kernel never goes negative.
+    CKV_DCHECK(request->in_use && in_flight_ > 0);
     --in_flight_;
     const IoOp& op = request->op;
     const bool read = op.kind == IoOp::Kind::kRead;
@@ -517,6 +525,8 @@ class UringIoQueue final : public IoQueue {
   }
 
   void Release(Request* request) {
+    // Each op is released once, so its callback is handed on at most once.
+    CKV_DCHECK(request->in_use && outstanding_ > 0);
     *request = Request{};
     free_.push_back(request);
     --outstanding_;
