@@ -295,6 +295,36 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   for (uint32_t i = 1; i < 50; ++i) EXPECT_LT(seq[i - 1], seq[i]);
 }
 
+// The time-weighted stats are measured on the engine's clock: on a FakeClock, exactly the time
+// the test steps, however long the reads really take.
+TEST_P(ReadEngineTest, StatsAreTimedOnTheEnginesClock) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 4);
+  storage::FakeClock clock;
+  ReadEngineOptions o = Options();
+  o.clock = &clock;
+  o.start_paused = true;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto future = engine->SubmitWithFuture(RecordRequest(*id, f, 2));
+  ASSERT_TRUE(future.ok()) << future.status();
+  clock.Advance(absl::Seconds(2));  // paused, with a request pending
+  ReadEngineStats s = engine->stats();
+  EXPECT_DOUBLE_EQ(s.elapsed_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(s.idle_with_pending_seconds, 2.0);
+  EXPECT_EQ(s.busy_seconds, 0.0);
+  engine->Resume();
+  CKV_ASSERT_OK((*future)->Wait(kWait));
+  s = engine->stats();
+  EXPECT_EQ(s.requests_ok, 1u);
+  EXPECT_DOUBLE_EQ(s.elapsed_seconds, 2.0);  // the read took no fake time
+  EXPECT_DOUBLE_EQ(s.idle_with_pending_seconds, 2.0);
+  EXPECT_EQ(s.busy_seconds, 0.0);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_DOUBLE_EQ(engine->stats().elapsed_seconds, 3.0);
+}
+
 // A queue depth of 1 (one read in flight, the smallest ring: one entry besides the wake-up poll)
 // still reads everything, fed by submissions from another thread.
 TEST_P(ReadEngineTest, QueueDepthOneReadsEverything) {
