@@ -113,14 +113,34 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
 using OpInfo = storage::FaultInjectingFileSystem::OpInfo;
 using IoFault = storage::FaultInjectingFileSystem::OpFault;
 
-// Waits (bounded) until `counter` reaches `target`.
-bool WaitFor(const std::atomic<int>& counter, int target, absl::Duration timeout = kWait) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (counter.load() < target) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
+// A count of callbacks that a test can wait on: bumped by the engine's threads, waited for on
+// the test's (a wait on a condition, not a poll with sleeps).
+class Counter {
+ public:
+  Counter& operator++() {
+    absl::MutexLock lock(&mu_);
+    ++n_;
+    return *this;
   }
-  return true;
+  int load() const {
+    absl::MutexLock lock(&mu_);
+    return n_;
+  }
+  // Waits (bounded) until the count reaches `target`.
+  bool WaitFor(int target, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, target] { return n_ >= target; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int n_ = 0;
+};
+
+// Waits (bounded) until `counter` reaches `target`.
+bool WaitFor(const Counter& counter, int target, absl::Duration timeout = kWait) {
+  return counter.WaitFor(target, timeout);
 }
 
 TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
@@ -141,7 +161,8 @@ TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
   // Every record twice: once into dest (with a future), once viewed in the callback.
   std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
   std::vector<std::shared_ptr<ReadFuture>> futures;
-  std::atomic<int> viewed_ok{0}, viewed_bad{0}, done{0};
+  std::atomic<int> viewed_ok{0}, viewed_bad{0};
+  Counter done;
   for (uint32_t i : order) {
     ReadRequest a = RecordRequest(*id, f, i, static_cast<Priority>(rng() % 3));
     a.dest = dest[i];
@@ -192,7 +213,7 @@ TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
   // Records 8..15 submitted out of order; record 11's expected checksum is wrong.
   absl::Mutex mu;
   std::map<uint32_t, ReadResult> results;
-  std::atomic<int> done{0};
+  Counter done;
   for (uint32_t i : {12u, 8u, 9u, 15u, 10u, 11u, 14u, 13u}) {
     ReadRequest r = RecordRequest(*id, f, i);
     if (i == 11) r.expected_checksum ^= 1;
@@ -268,7 +289,7 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   ASSERT_TRUE(id.ok());
   absl::Mutex mu;
   std::map<uint32_t, uint64_t> seq;  // record -> issue_seq
-  std::atomic<int> done{0};
+  Counter done;
   auto submit = [&](uint32_t i, Priority p) {
     ReadRequest r = RecordRequest(*id, f, i, p);
     r.callback = [&, i](const ReadResult& res) {
@@ -367,7 +388,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   ASSERT_TRUE(id.ok());
   std::vector<std::shared_ptr<ReadFuture>> spec;
   std::atomic<uint64_t> max_demand_seq{0};
-  std::atomic<int> done{0};
+  Counter done;
   for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
   // Speculation is running: its first read is issued (and held).
   ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
@@ -470,7 +491,8 @@ TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
   // Each request copies into a heap buffer that is freed as soon as the request is over: at
   // its callback, or right after a successful Cancel. A write after Cancel would hit freed
   // memory (ASAN reports it; without ASAN the pattern check below catches most).
-  std::atomic<int> completed{0}, cancelled{0}, calls{0}, bad{0};
+  std::atomic<int> completed{0}, cancelled{0}, bad{0};
+  Counter calls;
   std::mt19937_64 rng(99);
   int submitted = 0;
   for (int round = 0; round < 40; ++round) {
