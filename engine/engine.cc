@@ -176,6 +176,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       o.file_system = options_.file_system;
       o.backend = options_.io_backend;
       o.logger = options_.logger;
+      o.clock = store_->clock();
       if (kernels::cuda::DeviceAvailable().ok()) {
         // Staging buffers a GPU tier can copy from by DMA.
         o.pin_memory = [](void* address, size_t bytes) {
@@ -207,13 +208,20 @@ SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); 
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
 }
+absl::StatusOr<std::unique_ptr<Engine>> OpenWithClock(const EngineOptions& options,
+                                                      const std::string& path,
+                                                      storage::Clock* clock) {
+  storage::StoreOptions store_options = StoreOptionsOf(options);
+  if (clock != nullptr) store_options.clock = clock;
+  auto store = storage::ChunkStore::Open(store_options, path);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<Engine>(new EngineImpl(options, std::move(*store)));
+}
 }  // namespace engine
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options,
                                                      const std::string& path) {
-  auto store = storage::ChunkStore::Open(StoreOptionsOf(options), path);
-  if (!store.ok()) return store.status();
-  return std::unique_ptr<Engine>(new EngineImpl(options, std::move(*store)));
+  return engine::OpenWithClock(options, path, nullptr);
 }
 
 }  // namespace ckv

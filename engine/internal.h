@@ -14,6 +14,7 @@
 #include "engine/tier_cache.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
+#include "storage/clock.h"
 #include "storage/file_system.h"
 
 namespace ckv::engine {
@@ -24,6 +25,14 @@ SessionHost& HostOf(Engine& engine);
 // Sets (null: removes) the clock the sessions of `engine` call around selector runs. Not owned;
 // must outlive the sessions that start while it is set.
 void SetSelectorClock(Engine& engine, SelectorClock* clock);
+
+// Engine::Open, with `clock` (storage/clock.h; nullptr: the real one) as the time the engine
+// reads: its store's timestamps, its sessions' await_blocked_seconds and its read engine's stats.
+// For tests that step a FakeClock; EngineOptions has no clock, as the public API names no
+// storage type. Not owned; must outlive the engine.
+absl::StatusOr<std::unique_ptr<Engine>> OpenWithClock(const EngineOptions& options,
+                                                      const std::string& path,
+                                                      storage::Clock* clock);
 
 }  // namespace ckv::engine
 

@@ -295,9 +295,10 @@ class SessionImpl final : public ReprefillSession {
       return LayerView(layer, {}, nullptr);
     }
     const std::vector<uint32_t>& chosen = selections_[layer];
-    const absl::Time start = absl::Now();
+    storage::Clock& clock = *host_.store().clock();  // the store's: tests may step it
+    const int64_t start_ns = clock.MonotonicNanos();
     CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, chosen));
-    stats_.await_blocked_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    stats_.await_blocked_seconds += static_cast<double>(clock.MonotonicNanos() - start_ns) * 1e-9;
     std::vector<LayerView::Record> records;
     records.reserve(chosen.size());
     {

@@ -60,9 +60,11 @@ void ReadFuture::Set(const absl::Status& status) {
 
 // ---- Impl ----
 
-ReadEngine::Impl::Impl(ReadEngineOptions options) : options_(std::move(options)) {
-  start_ = Clock::now();
-  last_tick_ = start_;
+ReadEngine::Impl::Impl(ReadEngineOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : storage::RealClock()) {
+  start_ns_ = clock_->MonotonicNanos();
+  last_tick_ns_ = start_ns_;
   paused_ = options_.start_paused;
 }
 
@@ -319,12 +321,12 @@ Request* ReadEngine::Impl::PopLocked() {
 }
 
 void ReadEngine::Impl::TickLocked() {
-  const Clock::time_point now = Clock::now();
-  const double dt = std::chrono::duration<double>(now - last_tick_).count();
+  const int64_t now = clock_->MonotonicNanos();
+  const double dt = static_cast<double>(now - last_tick_ns_) * 1e-9;
   depth_area_ += static_cast<double>(in_flight_) * dt;
   if (in_flight_ == 0 && queued_ > 0) stats_.idle_with_pending_seconds += dt;
   if (in_flight_ > 0) stats_.busy_seconds += dt;
-  last_tick_ = now;
+  last_tick_ns_ = now;
 }
 
 size_t ReadEngine::Impl::TakeLocked(std::span<IoGroup* const> groups) {
@@ -465,11 +467,11 @@ ReadEngineStats ReadEngine::Impl::stats() const {
   s.requests_ok = requests_ok_.load(std::memory_order_relaxed);
   s.requests_failed = requests_failed_.load(std::memory_order_relaxed);
   s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
-  const Clock::time_point now = Clock::now();
-  const double dt = std::chrono::duration<double>(now - last_tick_).count();
+  const int64_t now = clock_->MonotonicNanos();
+  const double dt = static_cast<double>(now - last_tick_ns_) * 1e-9;
   if (in_flight_ == 0 && queued_ > 0) s.idle_with_pending_seconds += dt;
   if (in_flight_ > 0) s.busy_seconds += dt;
-  s.elapsed_seconds = std::chrono::duration<double>(now - start_).count();
+  s.elapsed_seconds = static_cast<double>(now - start_ns_) * 1e-9;
   const double area = depth_area_ + static_cast<double>(in_flight_) * dt;
   s.mean_queue_depth = s.elapsed_seconds > 0 ? area / s.elapsed_seconds : 0;
   return s;

@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "ckv/io_backend.h"
 #include "ckv/log.h"
+#include "storage/clock.h"
 #include "storage/file_system.h"
 
 namespace ckv::prefetch {
@@ -101,6 +102,9 @@ struct ReadEngineOptions {
   bool register_with_ring = true;
   // Start with issuing held until Resume() (tests queue a backlog first). Default: false.
   bool start_paused = false;
+  // What the time-weighted stats (busy, idle with pending, elapsed seconds, mean queue depth)
+  // are measured on. Not owned; must outlive the engine. Default (nullptr): storage::RealClock().
+  storage::Clock* clock = nullptr;
 };
 
 // Identifies a submitted request; 0 is never an id.

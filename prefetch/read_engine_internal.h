@@ -9,7 +9,6 @@
 #define CKV_PREFETCH_READ_ENGINE_INTERNAL_H_
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -122,7 +121,6 @@ class ReadEngine::Impl {
   static std::string Describe(const internal::IoGroup& group);
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct QueueEntry {
     internal::Request* request;
     uint32_t generation;
@@ -156,8 +154,9 @@ class ReadEngine::Impl {
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // device reads
   uint64_t issue_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ReadEngineStats stats_ ABSL_GUARDED_BY(mu_);
-  Clock::time_point start_;
-  Clock::time_point last_tick_ ABSL_GUARDED_BY(mu_);
+  storage::Clock* const clock_;  // options_.clock, or the real one
+  int64_t start_ns_ = 0;         // clock_->MonotonicNanos() at construction
+  int64_t last_tick_ns_ ABSL_GUARDED_BY(mu_) = 0;
   double depth_area_ ABSL_GUARDED_BY(mu_) = 0;  // in-flight reads x seconds
   // Counted by FinishGroup, before the callbacks run, without the lock.
   std::atomic<uint64_t> requests_ok_{0}, requests_failed_{0}, checksum_failures_{0};

@@ -91,12 +91,14 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   }
   CKV_RETURN_IF_ERROR(fs->CreateDir(absl::StrCat(path, "/", kSegmentsDir)));
 
-  auto store = std::unique_ptr<ChunkStore>(new ChunkStore(options, path, fs, logger));
+  StoreOptions resolved = options;
+  if (resolved.clock == nullptr) resolved.clock = RealClock();
+  auto store = std::unique_ptr<ChunkStore>(new ChunkStore(resolved, path, fs, logger));
   Catalog::Contents contents;
   CKV_ASSIGN_OR_RETURN(store->catalog_,
                        Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
                                      options.create_if_missing, options.error_if_exists,
-                                     &contents, fs));
+                                     &contents, fs, resolved.clock));
   // The parent's entry for a store directory made here must be durable before any Put is
   // acknowledged in it.
   if (!created_parent.empty()) CKV_RETURN_IF_ERROR(fs->SyncDir(created_parent));

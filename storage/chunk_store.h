@@ -75,8 +75,9 @@ struct StoreOptions {
   FileSystem* file_system = nullptr;
   // nullptr = stderr. Not owned; must outlive the store.
   Logger* logger = nullptr;
-  // The time the store reads (the creation times it records). Not owned; must outlive the
-  // store. Default: the real clock.
+  // The time the store reads: the creation times it records (catalog, segments, prefixes).
+  // Sessions and the engine's read engine read it too. Not owned; must outlive the store.
+  // Default (or nullptr): the real clock.
   Clock* clock = RealClock();
 };
 
@@ -182,6 +183,8 @@ class ChunkStore {
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();
   StoreStats Stats();
+  // The clock the store reads (StoreOptions::clock); never null.
+  Clock* clock() const { return options_.clock; }
 
   // Reads auxiliary record `aux` of each chunk in `keys` into `out` (keys.size() records of
   // the same size, back to back) and verifies their checksums. Records of consecutive slots are

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ckv/status.h"
 #include "rocksdb/file_system.h"
@@ -367,9 +366,13 @@ class FaultIoQueue final : public IoQueue {
 // ---------------------------------------------------------------------------------------------
 // FaultInjectingFileSystem
 
-FaultInjectingFileSystem::FaultInjectingFileSystem(FileSystem* target, uint64_t seed)
-    : target_(target), rng_(seed), sleeper_([](uint64_t latency_us) {
-        absl::SleepFor(absl::Microseconds(static_cast<int64_t>(latency_us)));
+FaultInjectingFileSystem::FaultInjectingFileSystem(FileSystem* target, uint64_t seed,
+                                                   Clock* clock)
+    : target_(target),
+      clock_(clock != nullptr ? clock : RealClock()),
+      rng_(seed),
+      sleeper_([clock = clock_](uint64_t latency_us) {
+        clock->SleepFor(absl::Microseconds(static_cast<int64_t>(latency_us)));
       }) {}
 
 FaultInjectingFileSystem::~FaultInjectingFileSystem() = default;

@@ -18,6 +18,9 @@
 //   kPunchHoleFail  PunchHole                ErrnoToStatus(rule.punch_hole_errno) nothing freed
 //   kLatency        ReadAt, WriteAt, Sync,   unchanged                            the sleeper is
 //                   PunchHole, queued ops                                         called first
+//                                                                                 (by default it
+//                                                                                 sleeps on the
+//                                                                                 clock)
 //
 // X, the bytes a short read or torn write transfers, is a random multiple of 4 KiB (of the
 // file's alignment when larger) below Y, the op's length: 0 when Y is at most 4 KiB. A short read
@@ -67,8 +70,8 @@
 // every non-durable directory entry: the worst case a power loss allows, deterministically.
 //
 // Example:
-//   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42);
-//   fs.SetSleeper([&](uint64_t us) { fake_clock.Advance(us); });  // tests never sleep
+//   FakeClock clock;  // injected latency advances it: tests never sleep
+//   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42, &clock);
 //   fs.AddRule({.path_substring = "seg-", .read_eio = 0.01, .torn_write = 0.05});
 //   options.file_system = &fs;
 //   ... run; then check fs.injected(FaultKind::kTornWrite) ...
@@ -95,6 +98,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/clock.h"
 #include "storage/file_system.h"
 
 namespace ckv::storage {
@@ -137,15 +141,19 @@ struct FaultRule {
 
 class FaultInjectingFileSystem final : public FileSystem {
  public:
-  // Receives the latency to add to an op; by default it sleeps for it. Tests that use latency
-  // install one that advances a fake clock. Called without any lock held.
+  // Receives the latency to add to an op; by default it sleeps for it on the clock (so a
+  // FakeClock makes latency pass without sleeping). A test installs its own to count or pick
+  // the ops that are slow. Called without any lock held.
   using Sleeper = std::function<void(uint64_t latency_us)>;
 
-  // `target` is not owned. No rule is set: everything is forwarded unchanged.
-  explicit FaultInjectingFileSystem(FileSystem* target, uint64_t seed = 0);
+  // `target` and `clock` are not owned; `clock` (nullptr: RealClock()) is what injected latency
+  // sleeps on. No rule is set: everything is forwarded unchanged.
+  explicit FaultInjectingFileSystem(FileSystem* target, uint64_t seed = 0,
+                                    Clock* clock = nullptr);
   ~FaultInjectingFileSystem() override;
 
   FileSystem* target() const { return target_; }
+  Clock* clock() const { return clock_; }
 
   // Adds a rule. An op uses the first rule, in the order added, that covers its file.
   void AddRule(FaultRule rule);
@@ -306,6 +314,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   };
 
   FileSystem* const target_;
+  Clock* const clock_;
   mutable absl::Mutex mu_;
   std::string crash_seam_ ABSL_GUARDED_BY(mu_);   // armed for this seam when not empty
   std::string crash_point_ ABSL_GUARDED_BY(mu_);  // what the crash interrupted

@@ -387,6 +387,7 @@ class UringIoQueue final : public IoQueue {
   void PollBeforeSleep() {
     if (in_flight_ == 0 || poll_us_ == 0 || gap_us_ * 2 >= poll_us_) return;
     io_uring_submit(&ring_);
+    // Real time, not a storage::Clock: the spin races the device; a FakeClock would never end it.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(poll_us_);
     while (io_uring_cq_ready(&ring_) == 0 && std::chrono::steady_clock::now() < until) {
     }
@@ -447,7 +448,7 @@ class UringIoQueue final : public IoQueue {
     }
     io_uring_cq_advance(&ring_, seen);
     if (ops > 0) {
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = std::chrono::steady_clock::now();  // the device's real cadence, as above
       const double gap = std::chrono::duration<double, std::micro>(now - last_reap_).count() / ops;
       last_reap_ = now;
       gap_us_ = 0.9 * gap_us_ + 0.1 * std::min(gap, 10000.0);

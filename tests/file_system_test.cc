@@ -658,10 +658,6 @@ INSTANTIATE_TEST_SUITE_P(Backends, IoQueueTest,
 
 class FaultFileSystemTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    fault_fs_.SetSleeper([this](uint64_t latency_us) { slept_us_ += latency_us; });
-  }
-
   // A file of `blocks` blocks of pattern `seed`, written through the target.
   std::unique_ptr<File> MakeFile(const std::string& name, size_t blocks, uint64_t seed) {
     std::unique_ptr<File> file = OpenOrDie(&fault_fs_, dir_.Sub(name));
@@ -681,10 +677,11 @@ class FaultFileSystemTest : public ::testing::Test {
     return {data.data(), data.data() + data.size()};
   }
 
+  // Injected latency sleeps on it, so it passes without the test sleeping.
+  FakeClock clock_;
   FileSystem* target_ = PosixFileSystem(IoBackend::kThreads);
-  FaultInjectingFileSystem fault_fs_{target_, /*seed=*/1234};
+  FaultInjectingFileSystem fault_fs_{target_, /*seed=*/1234, &clock_};
   TempDir dir_;
-  uint64_t slept_us_ = 0;
 };
 
 TEST_F(FaultFileSystemTest, ForwardsUnchangedWithoutRules) {
@@ -809,7 +806,7 @@ TEST_F(FaultFileSystemTest, SyncAndPunchHoleFail) {
   EXPECT_EQ(fault_fs_.injected(FaultKind::kPunchHoleFail), 1u);
 }
 
-TEST_F(FaultFileSystemTest, LatencyGoesThroughTheSleeper) {
+TEST_F(FaultFileSystemTest, LatencySleepsOnTheClock) {
   std::unique_ptr<File> file = MakeFile("f", 1, 1);
   ASSERT_NE(file, nullptr);
   fault_fs_.AddRule({.latency_us = 250});
@@ -817,7 +814,7 @@ TEST_F(FaultFileSystemTest, LatencyGoesThroughTheSleeper) {
   CKV_ASSERT_OK(file->ReadAt(0, in.span()));
   CKV_ASSERT_OK(file->WriteAt(0, in.span()));
   CKV_ASSERT_OK(file->Sync());
-  EXPECT_EQ(slept_us_, 750u);
+  EXPECT_EQ(clock_.MonotonicNanos(), 750'000);  // 3 x 250 us, and nothing else
   EXPECT_EQ(fault_fs_.injected(FaultKind::kLatency), 3u);
   EXPECT_EQ(fault_fs_.total_injected(), 3u);
   fault_fs_.ResetCounters();
@@ -875,14 +872,13 @@ class FaultIoQueueTest : public ::testing::TestWithParam<IoBackend> {
       GTEST_SKIP() << "io_uring is unavailable here: " << UringUnavailableReason();
     }
     target_ = PosixFileSystem(GetParam());
-    fault_fs_ = std::make_unique<FaultInjectingFileSystem>(target_, /*seed=*/7);
-    fault_fs_->SetSleeper([this](uint64_t latency_us) { slept_us_ += latency_us; });
+    fault_fs_ = std::make_unique<FaultInjectingFileSystem>(target_, /*seed=*/7, &clock_);
   }
 
+  FakeClock clock_;  // injected latency sleeps on it
   FileSystem* target_ = nullptr;
   std::unique_ptr<FaultInjectingFileSystem> fault_fs_;
   TempDir dir_;
-  uint64_t slept_us_ = 0;
 };
 
 TEST_P(FaultIoQueueTest, EachFaultGivesItsStatus) {
@@ -947,7 +943,7 @@ TEST_P(FaultIoQueueTest, EachFaultGivesItsStatus) {
     EXPECT_EQ(fault_fs_->injected(c.fault), static_cast<uint64_t>(kOps));
   }
 
-  // Latency is applied per queued op through the sleeper.
+  // Latency is applied per queued op, sleeping on the file system's clock.
   fault_fs_->ClearRules();
   fault_fs_->AddRule({.latency_us = 10});
   AlignedBuffer in(kLength);
@@ -956,7 +952,7 @@ TEST_P(FaultIoQueueTest, EachFaultGivesItsStatus) {
                               [&](const absl::Status& s) { status = s; }));
   CKV_ASSERT_OK(queue->Drain());
   CKV_EXPECT_OK(status);
-  EXPECT_EQ(slept_us_, 10u);
+  EXPECT_EQ(clock_.MonotonicNanos(), 10'000);
 }
 
 // Many ops with random faults: every callback runs once, none nested, and the failures are

@@ -113,14 +113,34 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
 using OpInfo = storage::FaultInjectingFileSystem::OpInfo;
 using IoFault = storage::FaultInjectingFileSystem::OpFault;
 
-// Waits (bounded) until `counter` reaches `target`.
-bool WaitFor(const std::atomic<int>& counter, int target, absl::Duration timeout = kWait) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (counter.load() < target) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
+// A count of callbacks that a test can wait on: bumped by the engine's threads, waited for on
+// the test's (a wait on a condition, not a poll with sleeps).
+class Counter {
+ public:
+  Counter& operator++() {
+    absl::MutexLock lock(&mu_);
+    ++n_;
+    return *this;
   }
-  return true;
+  int load() const {
+    absl::MutexLock lock(&mu_);
+    return n_;
+  }
+  // Waits (bounded) until the count reaches `target`.
+  bool WaitFor(int target, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, target] { return n_ >= target; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int n_ = 0;
+};
+
+// Waits (bounded) until `counter` reaches `target`.
+bool WaitFor(const Counter& counter, int target, absl::Duration timeout = kWait) {
+  return counter.WaitFor(target, timeout);
 }
 
 TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
@@ -141,7 +161,8 @@ TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
   // Every record twice: once into dest (with a future), once viewed in the callback.
   std::vector<std::vector<std::byte>> dest(f.records, std::vector<std::byte>(kRecord));
   std::vector<std::shared_ptr<ReadFuture>> futures;
-  std::atomic<int> viewed_ok{0}, viewed_bad{0}, done{0};
+  std::atomic<int> viewed_ok{0}, viewed_bad{0};
+  Counter done;
   for (uint32_t i : order) {
     ReadRequest a = RecordRequest(*id, f, i, static_cast<Priority>(rng() % 3));
     a.dest = dest[i];
@@ -192,7 +213,7 @@ TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
   // Records 8..15 submitted out of order; record 11's expected checksum is wrong.
   absl::Mutex mu;
   std::map<uint32_t, ReadResult> results;
-  std::atomic<int> done{0};
+  Counter done;
   for (uint32_t i : {12u, 8u, 9u, 15u, 10u, 11u, 14u, 13u}) {
     ReadRequest r = RecordRequest(*id, f, i);
     if (i == 11) r.expected_checksum ^= 1;
@@ -268,7 +289,7 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   ASSERT_TRUE(id.ok());
   absl::Mutex mu;
   std::map<uint32_t, uint64_t> seq;  // record -> issue_seq
-  std::atomic<int> done{0};
+  Counter done;
   auto submit = [&](uint32_t i, Priority p) {
     ReadRequest r = RecordRequest(*id, f, i, p);
     r.callback = [&, i](const ReadResult& res) {
@@ -293,6 +314,36 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   for (uint32_t i = 0; i < 50; ++i) EXPECT_GT(seq[i], 20u) << "speculative " << i;
   // FIFO within a priority.
   for (uint32_t i = 1; i < 50; ++i) EXPECT_LT(seq[i - 1], seq[i]);
+}
+
+// The time-weighted stats are measured on the engine's clock: on a FakeClock, exactly the time
+// the test steps, however long the reads really take.
+TEST_P(ReadEngineTest, StatsAreTimedOnTheEnginesClock) {
+  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 4);
+  storage::FakeClock clock;
+  ReadEngineOptions o = Options();
+  o.clock = &clock;
+  o.start_paused = true;
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto future = engine->SubmitWithFuture(RecordRequest(*id, f, 2));
+  ASSERT_TRUE(future.ok()) << future.status();
+  clock.Advance(absl::Seconds(2));  // paused, with a request pending
+  ReadEngineStats s = engine->stats();
+  EXPECT_DOUBLE_EQ(s.elapsed_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(s.idle_with_pending_seconds, 2.0);
+  EXPECT_EQ(s.busy_seconds, 0.0);
+  engine->Resume();
+  CKV_ASSERT_OK((*future)->Wait(kWait));
+  s = engine->stats();
+  EXPECT_EQ(s.requests_ok, 1u);
+  EXPECT_DOUBLE_EQ(s.elapsed_seconds, 2.0);  // the read took no fake time
+  EXPECT_DOUBLE_EQ(s.idle_with_pending_seconds, 2.0);
+  EXPECT_EQ(s.busy_seconds, 0.0);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_DOUBLE_EQ(engine->stats().elapsed_seconds, 3.0);
 }
 
 // A queue depth of 1 (one read in flight, the smallest ring: one entry besides the wake-up poll)
@@ -337,7 +388,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   ASSERT_TRUE(id.ok());
   std::vector<std::shared_ptr<ReadFuture>> spec;
   std::atomic<uint64_t> max_demand_seq{0};
-  std::atomic<int> done{0};
+  Counter done;
   for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
   // Speculation is running: its first read is issued (and held).
   ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
@@ -440,7 +491,8 @@ TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
   // Each request copies into a heap buffer that is freed as soon as the request is over: at
   // its callback, or right after a successful Cancel. A write after Cancel would hit freed
   // memory (ASAN reports it; without ASAN the pattern check below catches most).
-  std::atomic<int> completed{0}, cancelled{0}, calls{0}, bad{0};
+  std::atomic<int> completed{0}, cancelled{0}, bad{0};
+  Counter calls;
   std::mt19937_64 rng(99);
   int submitted = 0;
   for (int round = 0; round < 40; ++round) {

@@ -480,6 +480,39 @@ TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
   EXPECT_TRUE((*session)->Finish().ok());
 }
 
+// The engine reads time only through its clock (storage/clock.h), here a FakeClock that nothing
+// advances: the prefix is dated at the clock's time, and however long the session really waits
+// for its reads, the time it reports blocked is exactly 0 (a real clock would report more).
+TEST(SessionClockTest, TimestampsAndAwaitTimeComeFromTheEnginesClock) {
+  const Planted& d = Data();
+  TempDir dir;
+  storage::FakeClock clock(absl::FromUnixMillis(1'650'000'000'123));
+  auto engine = engine::OpenWithClock(EngineOptions{}, dir.path(), &clock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(d.Put(**engine).ok());
+  const std::vector<PrefixInfo> prefixes = (*engine)->ListPrefixes();
+  ASSERT_EQ(prefixes.size(), 1u);
+  EXPECT_EQ(prefixes[0].created_unix_ms, 1'650'000'000'123);
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;
+  auto session = (*engine)->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    ASSERT_TRUE((*session)->AwaitLayer(l).ok());
+  }
+  auto stats = (*session)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->bytes_read, 0u);  // it did wait for reads
+  EXPECT_EQ(stats->await_blocked_seconds, 0.0);
+  EXPECT_EQ((*engine)->Stats().await_blocked_seconds, 0.0);
+  auto reads = engine::HostOf(**engine).reads();
+  ASSERT_TRUE(reads.ok()) << reads.status();
+  EXPECT_EQ((*reads)->stats().elapsed_seconds, 0.0);  // the read engine's clock is the same
+  EXPECT_EQ((*reads)->stats().busy_seconds, 0.0);
+}
+
 TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   // Deterministic, with explicit steps instead of wall-clock ratios (those belong to benchmarks):
   // every segment read passes the fault seam's sleeper, which counts it and sleeps for nothing.
