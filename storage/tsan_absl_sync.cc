@@ -4,7 +4,8 @@
 // lock hand-offs inside absl::Mutex and reports every pair of accesses it orders as a race. Under
 // TSan this file defines the Mutex and CondVar entry points ckv's code calls: each forwards to the
 // library's own (found with dlsym(RTLD_NEXT)) and tells TSan what it did: an acquire after taking
-// the mutex, a release before letting it go (Await and CondVar waits do both). Definitions in the
+// the mutex, a release before letting it go (Await and CondVar waits do both), and both around
+// each evaluation of a Condition, which Abseil makes inside the library. Definitions in the
 // executable take precedence over the shared library's for every call made from ckv's code.
 // Shared (reader) locks are annotated like exclusive ones: that can hide a race between two
 // readers, never invent one.
@@ -45,6 +46,23 @@ Fn Real(const char* rest) {
   return reinterpret_cast<Fn>(f);
 }
 
+// A Condition whose evaluation TSan sees as done under the mutex. Abseil evaluates a waiter's
+// condition inside the library, with the mutex held but after the annotated release of Await (or
+// before the annotated acquire of LockWhen), and may do so on another thread, the one releasing
+// the mutex: unannotated, every read the condition makes looks unordered with the writes made
+// under the mutex by other threads. Each evaluation is bracketed by an acquire and a release.
+struct AnnotatedCondition {
+  const absl::Condition* cond;
+  absl::Mutex* mu;
+
+  static bool Eval(AnnotatedCondition* self) {
+    __tsan_acquire(self->mu);
+    const bool met = self->cond->Eval();
+    __tsan_release(self->mu);
+    return met;
+  }
+};
+
 }  // namespace
 
 namespace absl {
@@ -83,14 +101,16 @@ void Mutex::ReaderUnlock() {
 
 void Mutex::LockWhen(const Condition& cond) {
   static auto real = Real<void (*)(Mutex*, const Condition&)>("5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  AnnotatedCondition annotated{&cond, this};
+  real(this, Condition(&AnnotatedCondition::Eval, &annotated));
   __tsan_acquire(this);
 }
 
 void Mutex::Await(const Condition& cond) {
   static auto real = Real<void (*)(Mutex*, const Condition&)>("5Mutex5AwaitERKNS0_9ConditionE");
   __tsan_release(this);
-  real(this, cond);
+  AnnotatedCondition annotated{&cond, this};
+  real(this, Condition(&AnnotatedCondition::Eval, &annotated));
   __tsan_acquire(this);
 }
 
@@ -98,7 +118,8 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   static auto real = Real<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   __tsan_release(this);
-  const bool met = real(this, cond, timeout);
+  AnnotatedCondition annotated{&cond, this};
+  const bool met = real(this, Condition(&AnnotatedCondition::Eval, &annotated), timeout);
   __tsan_acquire(this);
   return met;
 }
@@ -107,7 +128,8 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   static auto real = Real<bool (*)(Mutex*, const Condition&, absl::Time)>(
       "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   __tsan_release(this);
-  const bool met = real(this, cond, deadline);
+  AnnotatedCondition annotated{&cond, this};
+  const bool met = real(this, Condition(&AnnotatedCondition::Eval, &annotated), deadline);
   __tsan_acquire(this);
   return met;
 }
