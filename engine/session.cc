@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "ckv/status.h"
 #include "common/assert.h"
 #include "engine/summaries.h"
