@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/assert.h"
@@ -22,9 +23,31 @@ std::pair<uint16_t, float> ScaleFor(float max_abs) {
   return {bits, HalfToFloat(bits)};
 }
 
-int8_t Quantise(float x, float scale, float (*round)(float)) {
-  if (scale == 0) return 0;
-  return static_cast<int8_t>(std::clamp(round(x / scale), -127.0f, 127.0f));
+// round(x / scale) clamped to [-127, 127], for round = floor, ceil or nearbyint (to nearest even
+// in the default rounding mode), without a libm call per element: x / scale is first bounded to
+// [-128, 128], which clamps alike, and within it the rounding is exact (a float's integer part
+// converts exactly; adding and removing 1.5 x 2^23 rounds as nearbyint does). x is never NaN
+// here: the summaries are of clamped keys.
+enum class Round { kDown, kUp, kNearest };
+
+template <Round kRound>
+void QuantiseAll(const float* x, uint32_t n, float scale, int8_t* out) {
+  if (scale == 0) {
+    std::memset(out, 0, n);
+    return;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const float v = std::min(std::max(x[i] / scale, -128.0f), 128.0f);
+    float r;
+    if constexpr (kRound == Round::kNearest) {
+      r = (v + 0x1.8p23f) - 0x1.8p23f;
+    } else {
+      r = static_cast<float>(static_cast<int32_t>(v));  // toward zero
+      if (kRound == Round::kDown && r > v) r -= 1.0f;
+      if (kRound == Round::kUp && r < v) r += 1.0f;
+    }
+    out[i] = static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
+  }
 }
 
 float Clamp(float x) {
@@ -59,38 +82,64 @@ void ExactSummary(const float* keys, uint32_t tokens, uint32_t kv_heads, uint32_
   for (uint32_t d = 0; d < head_dim; ++d) mean[d] /= static_cast<float>(tokens);
 }
 
+namespace {
+
+// Folds one token's keys of every kv head (`n` floats, head-major) into the running minimum,
+// maximum and sum of each element: the same operations, in the same token order, as ExactSummary
+// makes per head, so the results are bit-identical; contiguous, so the loop vectorises.
+void AccumulateRow(const float* __restrict x, size_t n, float* __restrict mn,
+                   float* __restrict mx, float* __restrict sum) {
+  for (size_t i = 0; i < n; ++i) {
+    const float v = x[i] != x[i] ? 0.0f : std::min(std::max(x[i], -kHalfMax), kHalfMax);  // Clamp
+    mn[i] = std::min(mn[i], v);
+    mx[i] = std::max(mx[i], v);
+    sum[i] += v;
+  }
+}
+
+}  // namespace
+
 void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
                          std::span<std::byte> minmax_part, std::span<std::byte> mean_part) {
   const SummaryFormat f = SummaryFormat::For(spec);
   const uint32_t d_n = spec.head_dim;
-  const size_t elements = size_t{spec.chunk_tokens} * spec.kv_heads * d_n;
+  const size_t row = size_t{spec.kv_heads} * d_n;  // one token's keys, every kv head
+  const size_t elements = size_t{spec.chunk_tokens} * row;
   // One chunk's keys of one layer in, one entry per kv head of that layer out, inside the parts.
   CKV_DCHECK(layer < spec.layers && keys.size() == size_t{spec.chunk_tokens} *
                                                        spec.TokenBytesPerLayer());
   CKV_DCHECK(minmax_part.size() == f.MinMaxBytes() && mean_part.size() == f.MeanBytes());
-  std::vector<float> k(elements), mn(d_n), mx(d_n), mean(d_n);
+  // Reused per thread: a Put summarises every layer of every chunk it writes.
+  thread_local std::vector<float> k, mn, mx, mean;
+  k.resize(elements);
+  mn.assign(row, kHalfMax);
+  mx.assign(row, -kHalfMax);
+  mean.assign(row, 0.0f);
   ToFloat(spec.dtype, keys.data(), elements, k.data());
-  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
-    ExactSummary(k.data(), spec.chunk_tokens, spec.kv_heads, d_n, h, mn.data(), mx.data(),
-                 mean.data());
+  for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
+    AccumulateRow(k.data() + t * row, row, mn.data(), mx.data(), mean.data());
+  }
+  for (float& m : mean) m /= static_cast<float>(spec.chunk_tokens);
 
+  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
+    const float* h_mn = mn.data() + size_t{h} * d_n;
+    const float* h_mx = mx.data() + size_t{h} * d_n;
+    const float* h_mean = mean.data() + size_t{h} * d_n;
     std::byte* e = minmax_part.data() + f.EntryIndex(layer, h) * f.MinMaxEntryBytes();
-    const auto [min_bits, min_scale] = ScaleFor(MaxAbs(mn.data(), d_n));
-    const auto [max_bits, max_scale] = ScaleFor(MaxAbs(mx.data(), d_n));
+    const auto [min_bits, min_scale] = ScaleFor(MaxAbs(h_mn, d_n));
+    const auto [max_bits, max_scale] = ScaleFor(MaxAbs(h_mx, d_n));
     const uint16_t scales[2] = {min_bits, max_bits};
     std::memcpy(e, scales, 4);
     auto* q_min = reinterpret_cast<int8_t*>(e + 4);
     auto* q_max = q_min + d_n;
-    for (uint32_t d = 0; d < d_n; ++d) {
-      q_min[d] = Quantise(mn[d], min_scale, std::floor);
-      q_max[d] = Quantise(mx[d], max_scale, std::ceil);
-    }
+    QuantiseAll<Round::kDown>(h_mn, d_n, min_scale, q_min);
+    QuantiseAll<Round::kUp>(h_mx, d_n, max_scale, q_max);
 
     std::byte* m = mean_part.data() + f.EntryIndex(layer, h) * f.MeanEntryBytes();
-    const auto [mean_bits, mean_scale] = ScaleFor(MaxAbs(mean.data(), d_n));
+    const auto [mean_bits, mean_scale] = ScaleFor(MaxAbs(h_mean, d_n));
     std::memcpy(m, &mean_bits, 2);
     auto* q_mean = reinterpret_cast<int8_t*>(m + 2);
-    for (uint32_t d = 0; d < d_n; ++d) q_mean[d] = Quantise(mean[d], mean_scale, std::nearbyint);
+    QuantiseAll<Round::kNearest>(h_mean, d_n, mean_scale, q_mean);
   }
 }
 
