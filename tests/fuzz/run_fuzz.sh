@@ -30,8 +30,8 @@ mkdir -p "$OUT/corpus"
 
 sources=(
   tests/fuzz/safetensors_fuzz.cc
-  tools/json_reader.cc tools/safetensors.cc tools/model_spec_json.cc
-  storage/model_spec.cc storage/status.cc
+  tools/json_reader.cc tools/safetensors.cc tools/safetensors_kv.cc tools/model_spec_json.cc
+  common/model_spec.cc common/status.cc
 )
 # shellcheck disable=SC2207  # pkg-config prints space-separated flags
 libs=($(pkg-config --cflags --libs absl_status absl_statusor absl_strings absl_str_format libxxhash))
