@@ -85,14 +85,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                    return true;
                  });
   cli::AddUint(app, "--request", &f->params.request, "request index (default 0)", "R");
-  cli::AddParsed(app, "--layers", "all (default) or the first N layers", "all|N",
-                 "'all' or a layer count", [f](const std::string& v) {
-                   uint64_t n = 0;
-                   if (v == "all") return true;
-                   if (!cli::ParseUint(v, &n) || n > UINT32_MAX) return false;
-                   f->layers = static_cast<uint32_t>(n);
-                   return true;
-                 });
+  cli::AddLayerCount(app, &f->layers);
   cli::AddJson(app, &f->json);
   return cli::Parse(app, argc, argv);
 }

@@ -162,6 +162,17 @@ CLI::Option* AddChoice(CLI::App& app, const std::string& name, std::string* out,
   });
 }
 
+CLI::Option* AddLayerCount(CLI::App& app, uint32_t* layers) {
+  return AddParsed(app, "--layers", "all (default) or the first N layers", "all|N",
+                   "'all' or a layer count", [layers](const std::string& v) {
+                     uint64_t n = 0;
+                     if (v == "all") return true;
+                     if (!ParseUint(v, &n) || n > UINT32_MAX) return false;
+                     *layers = static_cast<uint32_t>(n);
+                     return true;
+                   });
+}
+
 CLI::Option* AddJson(CLI::App& app, JsonOutput* out) {
   return app
       .add_option_function<std::string>(

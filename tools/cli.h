@@ -99,6 +99,9 @@ CLI::Option* AddDouble(CLI::App& app, const std::string& name, double* out,
 CLI::Option* AddChoice(CLI::App& app, const std::string& name, std::string* out,
                        const std::vector<std::string>& choices, const std::string& help);
 
+// --layers all|N, as the analysis benchmarks take it: 0 (all, the default) or the first N layers.
+CLI::Option* AddLayerCount(CLI::App& app, uint32_t* layers);
+
 // The destination of --json [PATH] (see the banner).
 struct JsonOutput {
   bool enabled = false;  // --json given
