@@ -9,6 +9,11 @@
 #include "storage/file_system.h"
 
 namespace ckv::storage {
+namespace {
+
+constexpr size_t kMinMemoryAlignment = 4096;
+
+}  // namespace
 
 AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) {
   // posix_memalign needs a power of two that is a multiple of sizeof(void*). Direct I/O
@@ -21,7 +26,13 @@ AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) {
   const size_t rounded = (size + alignment - 1) & ~(alignment - 1);
   void* memory = nullptr;
   // Like operator new, running out of memory is not a Status: nothing sensible can follow it.
-  if (posix_memalign(&memory, alignment, rounded) != 0) throw std::bad_alloc();
+  // The memory itself starts on a page (4 KiB) boundary at least, whatever `alignment` allows:
+  // ext4 treats a direct write whose buffer is not aligned to its block size as unaligned, takes
+  // the inode lock exclusively and waits for every direct I/O in flight, so a file system that
+  // reports a 512-byte alignment would get its writes one at a time.
+  if (posix_memalign(&memory, std::max(alignment, kMinMemoryAlignment), rounded) != 0) {
+    throw std::bad_alloc();
+  }
   data_ = static_cast<std::byte*>(memory);
   size_ = rounded;
 }

@@ -231,7 +231,9 @@ bool UringAvailable();
 // Why UringAvailable() is false ("" when it is true).
 std::string UringUnavailableReason();
 
-// Aligned heap buffer for direct I/O.
+// Aligned heap buffer for direct I/O: its size is rounded up to `alignment`, and its memory
+// starts on a boundary of `alignment` and of at least 4 KiB (see aligned_buffer.cc: ext4
+// serialises direct writes from buffers aligned below its block size).
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
