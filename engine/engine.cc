@@ -29,6 +29,7 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.io_backend = options.io_backend;
   o.io_queue_depth = options.io_queue_depth;
   o.max_write_bytes = options.max_write_bytes;
+  o.put_staging_bytes = options.put_staging_bytes;
   o.file_system = options.file_system;
   o.logger = options.logger;
   return o;
@@ -53,6 +54,11 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.disk_bytes_used = st.disk_bytes_used;
   s.max_disk_bytes = st.max_disk_bytes;
   s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;
+  s.put_latency_p50_us = st.put_latency_p50_us;
+  s.put_latency_p99_us = st.put_latency_p99_us;
+  s.put_latency_max_us = st.put_latency_max_us;
+  s.put_latency_window = st.put_latency_window;
+  s.put_staging_waits = st.put_staging_waits;
   return s;
 }
 

@@ -48,6 +48,13 @@ struct EngineOptions {
   uint32_t io_queue_depth = 16;
   // Largest single write a Put issues, bytes (a multiple of 4096). Default: 2 MiB.
   uint32_t max_write_bytes = 2u << 20;
+  // Staging memory that all Puts together copy records into before writing them, bytes,
+  // allocated on the first Put, pre-faulted and reused (registered with io_uring where it is
+  // used). It is split into buffers of max_write_bytes and those into lanes (at least 2 buffers
+  // each, at most io_queue_depth); a Put holds one lane while it writes, larger Puts stream
+  // through it, and Puts wait for a lane when all are busy. 1 MiB..64 GiB. Default: 32 MiB
+  // (2 lanes of 8 x 2 MiB).
+  uint64_t put_staging_bytes = 32ull << 20;
 
   // Byte budgets of the tiers that Re-Prefill sessions load records into (ckv/session.h): the
   // GPU tier (device memory where ckv is built with CUDA and a device is present, host memory

@@ -32,6 +32,17 @@ struct EngineStats {
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
 
+  // Put latency since Open: the time Engine::Put took, from call to return, of the Puts that
+  // returned OK (waits for staging memory, eviction and fdatasync included). p50 and p99 are
+  // nearest-rank percentiles over the latest put_latency_window Puts (at most 4096); max is over
+  // all of them. 0 when no Put has returned OK.
+  uint64_t put_latency_p50_us = 0;
+  uint64_t put_latency_p99_us = 0;
+  uint64_t put_latency_max_us = 0;
+  uint64_t put_latency_window = 0;
+  // Puts that waited for a lane of staging memory (EngineOptions::put_staging_bytes) since Open.
+  uint64_t put_staging_waits = 0;
+
   // Re-Prefill sessions finished since Open, their figures summed (see SessionStats).
   uint64_t sessions = 0;
   uint64_t session_records_served = 0;
