@@ -30,6 +30,7 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.io_queue_depth = options.io_queue_depth;
   o.max_write_bytes = options.max_write_bytes;
   o.put_staging_bytes = options.put_staging_bytes;
+  o.put_direct_writes = options.put_direct_writes;
   o.file_system = options.file_system;
   o.logger = options.logger;
   return o;
@@ -59,6 +60,7 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.put_latency_max_us = st.put_latency_max_us;
   s.put_latency_window = st.put_latency_window;
   s.put_staging_waits = st.put_staging_waits;
+  s.put_direct_bytes = st.put_direct_bytes;
   return s;
 }
 

@@ -751,6 +751,7 @@ StoreStats ChunkStore::Stats() {
   s.put_latency_max_us = put.max_us;
   s.put_latency_window = put.window;
   s.put_staging_waits = staging_->waits();
+  s.put_direct_bytes = put_direct_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -78,6 +78,8 @@ struct StoreOptions {
   uint32_t max_write_bytes = 2u << 20;
   // Staging memory of all Puts together (EngineOptions::put_staging_bytes).
   uint64_t put_staging_bytes = 32ull << 20;
+  // Write aligned records straight from the caller's tensors (EngineOptions::put_direct_writes).
+  bool put_direct_writes = true;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
   FileSystem* file_system = nullptr;
   // nullptr = stderr. Not owned; must outlive the store.
@@ -113,6 +115,7 @@ struct StoreStats {
   uint64_t put_latency_max_us = 0;
   uint64_t put_latency_window = 0;   // Puts that p50 and p99 are over
   uint64_t put_staging_waits = 0;    // Puts that waited for staging memory
+  uint64_t put_direct_bytes = 0;     // bytes Puts wrote straight from the caller's tensors
 };
 
 // Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
@@ -471,6 +474,8 @@ class ChunkStore {
   std::unique_ptr<StagingPool> staging_;
   // Latency of the Puts that returned OK.
   LatencyWindow put_latency_;
+  // Bytes written straight from callers' tensors (gathered writes), since Open.
+  std::atomic<uint64_t> put_direct_bytes_{0};
   // ---- end of Put staging and latency ----
 
   std::atomic<uint64_t> records_read_{0};

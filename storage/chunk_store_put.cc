@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <memory>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -506,6 +508,50 @@ void StageBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const K
   }
 }
 
+// True when the records of band `band` can be written straight from the caller's tensors: a layer
+// band whose K and V halves are whole blocks of the file (slots need no padding) at addresses
+// aligned to a block. The block is at least 4 KiB whatever the file allows: ext4 serialises
+// direct writes from memory aligned below its block size.
+bool DirectBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
+                size_t alignment) {
+  if (band >= seg.layer_bands()) return false;
+  const size_t half = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
+  const size_t block = std::max(alignment, kDirectIoAlignment);
+  if (half % block != 0 || seg.record_stride(band) != 2 * half) return false;
+  const uint32_t first = seg.first_record_of_band(band);
+  for (uint32_t l = first; l < first + seg.records_in_band(band); ++l) {
+    if (reinterpret_cast<uintptr_t>(kv.k[l].data()) % block != 0 ||
+        reinterpret_cast<uintptr_t>(kv.v[l].data()) % block != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The pieces of a gathered write of `count` consecutive new chunks in a DirectBand: each record's
+// K then V half, straight from the caller's tensors, in slot order. Sets their checksums (over
+// the same bytes the kernel will read).
+void GatherBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
+                size_t first_new, size_t first_chunk, uint32_t count, XXH3_state_t* hash,
+                std::vector<IoPiece>* pieces, std::vector<std::vector<uint64_t>>* checksums) {
+  const size_t token_bytes = spec.TokenBytesPerLayer();
+  const size_t half = size_t{spec.chunk_tokens} * token_bytes;
+  const uint32_t first_record = seg.first_record_of_band(band);
+  const uint32_t records = seg.records_in_band(band);
+  pieces->clear();
+  for (uint32_t i = 0; i < count; ++i) {
+    const size_t new_index = first_new + i;
+    const size_t at = (first_chunk + new_index) * spec.chunk_tokens * token_bytes;
+    for (uint32_t l = first_record; l < first_record + records; ++l) {
+      const std::byte* k = kv.k[l].data() + at;
+      const std::byte* v = kv.v[l].data() + at;
+      pieces->push_back(IoPiece{k, half});
+      pieces->push_back(IoPiece{v, half});
+      (*checksums)[new_index][l] = RecordChecksum2(hash, k, half, v, half);
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
@@ -531,15 +577,23 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   const std::span<std::byte* const> buffers = lease.buffers();
   std::vector<size_t> free_buffers;
   for (size_t i = buffers.size(); i > 0; --i) free_buffers.push_back(i - 1);
+  // The pieces of gathered writes (records written straight from the caller's tensors, see
+  // DirectBand), one set per buffer: a gathered write holds a buffer's turn, not its memory, so
+  // the lane bounds those in flight too.
+  std::vector<std::vector<IoPiece>> piece_sets(buffers.size());
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash(XXH3_createState(),
+                                                                      &XXH3_freeState);
+  if (hash == nullptr) throw std::bad_alloc();  // as for any allocation
   // A band of one chunk larger than a staging buffer (or a file aligned beyond the pool's
   // alignment) is staged in a buffer of its own, written alone: rare, and still bounded.
   AlignedBuffer own;
   absl::Status first_error;
   uint64_t written = 0;
-  auto on_done = [&](size_t bi, size_t io_bytes) {
-    return [&, bi, io_bytes](const absl::Status& st) {
+  auto on_done = [&](size_t bi, size_t io_bytes, bool direct) {
+    return [&, bi, io_bytes, direct](const absl::Status& st) {
       if (!st.ok() && first_error.ok()) first_error = st;
       if (st.ok()) written += io_bytes;
+      if (st.ok() && direct) put_direct_bytes_.fetch_add(io_bytes, std::memory_order_relaxed);
       // Each write completes once, so its buffer comes back once.
       CKV_DCHECK(std::find(free_buffers.begin(), free_buffers.end(), bi) == free_buffers.end());
       if (bi != SIZE_MAX) free_buffers.push_back(bi);
@@ -561,13 +615,19 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
         aux_waited = true;
       }
       const uint64_t band_slot = seg->band_slot_bytes(band);
-      const uint32_t per_io = static_cast<uint32_t>(std::max<uint64_t>(
+      const bool direct = options_.put_direct_writes && DirectBand(*seg, band, spec, kv, alignment);
+      uint32_t per_io = static_cast<uint32_t>(std::max<uint64_t>(
           1, std::min<uint64_t>(options_.max_write_bytes, staging_->buffer_bytes()) / band_slot));
+      if (direct) {
+        per_io = static_cast<uint32_t>(std::max<uint64_t>(
+            1, std::min<uint64_t>(options_.max_write_bytes / band_slot,
+                                  kMaxIoPieces / (2 * seg->records_in_band(band)))));
+      }
       for (uint32_t s0 = 0; s0 < r.run.count && first_error.ok(); s0 += per_io) {
         const uint32_t count = std::min(per_io, r.run.count - s0);
         const size_t io_bytes = count * band_slot;
-        const bool pooled =
-            io_bytes <= staging_->buffer_bytes() && StagingPool::kBufferAlignment % alignment == 0;
+        const bool pooled = direct || (io_bytes <= staging_->buffer_bytes() &&
+                                       StagingPool::kBufferAlignment % alignment == 0);
         size_t bi = SIZE_MAX;
         std::byte* buf = nullptr;
         if (pooled) {
@@ -584,16 +644,22 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
           if (own.size() < io_bytes) own = AlignedBuffer(io_bytes, alignment);
           buf = own.data();
         }
-        StageBand(*seg, band, spec, kv, aux_data, r.first + s0, first_chunk, count, buf,
-                  checksums);
         IoOp op;
         op.kind = IoOp::Kind::kWrite;
         op.file = seg->file();
         op.offset = seg->BandOffset(band, r.run.start + s0);
-        op.buffer = buf;
         op.length = io_bytes;
-        op.buffer_index = pooled ? lease.buffer_index(bi) : kNoIoSlot;
-        if (absl::Status s = queue->Submit(op, on_done(bi, io_bytes)); !s.ok()) {
+        if (direct) {
+          GatherBand(*seg, band, spec, kv, r.first + s0, first_chunk, count, hash.get(),
+                     &piece_sets[bi], checksums);
+          op.gather = piece_sets[bi];
+        } else {
+          StageBand(*seg, band, spec, kv, aux_data, r.first + s0, first_chunk, count, buf,
+                    checksums);
+          op.buffer = buf;
+          op.buffer_index = pooled ? lease.buffer_index(bi) : kNoIoSlot;
+        }
+        if (absl::Status s = queue->Submit(op, on_done(bi, io_bytes, direct)); !s.ok()) {
           return fail_queue(s);
         }
       }

@@ -269,6 +269,37 @@ class FaultIoQueue final : public IoQueue {
 
   static FaultFile* Unwrap(File* file) { return dynamic_cast<FaultFile*>(file); }
 
+  // The pieces of a narrowed gathered op, kept alive with the callbacks that outlive it.
+  using Pieces = std::shared_ptr<std::vector<IoPiece>>;
+  // `op` narrowed to its bytes [from, from + length) (an injected short or torn transfer): a
+  // gathered op's pieces are cut to fit into *pieces, which the narrowed op points into.
+  static IoOp Narrow(const IoOp& op, size_t from, size_t length, Pieces* pieces) {
+    IoOp out = op;
+    out.offset += from;
+    out.length = length;
+    if (op.gather.empty()) {
+      if (out.buffer != nullptr) out.buffer += from;
+      return out;
+    }
+    auto cut = std::make_shared<std::vector<IoPiece>>();
+    size_t skip = from;
+    size_t left = length;
+    for (const IoPiece& piece : op.gather) {
+      if (left == 0) break;
+      if (skip >= piece.length) {
+        skip -= piece.length;
+        continue;
+      }
+      const size_t take = std::min(piece.length - skip, left);
+      cut->push_back(IoPiece{piece.data + skip, take});
+      left -= take;
+      skip = 0;
+    }
+    out.gather = *cut;
+    *pieces = std::move(cut);
+    return out;
+  }
+
   // One piece of an op (all of it, or the remainder after an injected short transfer), with
   // `op.file` the target's File: the op hook first, then the rules.
   absl::Status SubmitPiece(FaultFile* file, const IoOp& op, SharedCallback done) {
@@ -296,13 +327,11 @@ class FaultIoQueue final : public IoQueue {
         // A short transfer: the head goes to the target; the remainder is requeued when it lands,
         // as a queue requeues a real one.
         const auto head = static_cast<size_t>(f->transfer_limit);
-        IoOp first = op;
-        first.length = head;
-        IoOp rest = op;
-        rest.offset += head;
-        rest.buffer += head;
-        rest.length -= head;
-        return inner_->Submit(first, [this, file, rest, done](const absl::Status& status) {
+        Pieces first_pieces, rest_pieces;
+        const IoOp first = Narrow(op, 0, head, &first_pieces);
+        const IoOp rest = Narrow(op, head, op.length - head, &rest_pieces);
+        return inner_->Submit(first, [this, file, rest, rest_pieces, first_pieces,
+                                      done](const absl::Status& status) {
           if (!status.ok()) {
             Invoke(*done, status);
             return;
@@ -320,9 +349,10 @@ class FaultIoQueue final : public IoQueue {
     }
     absl::Status fault_status = FaultFile::FaultStatus(d, path, op.offset, op.length);
     if (FaultFile::TransfersSomething(d)) {
-      IoOp partial = op;
-      partial.length = d.partial_bytes;
-      return inner_->Submit(partial, [this, done, fault_status = std::move(fault_status)](
+      Pieces partial_pieces;
+      const IoOp partial = Narrow(op, 0, d.partial_bytes, &partial_pieces);
+      return inner_->Submit(partial, [this, done, partial_pieces,
+                                      fault_status = std::move(fault_status)](
                                          const absl::Status& status) {
         Invoke(*done, status.ok() ? fault_status : status);
       });

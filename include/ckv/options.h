@@ -55,6 +55,13 @@ struct EngineOptions {
   // through it, and Puts wait for a lane when all are busy. 1 MiB..64 GiB. Default: 32 MiB
   // (2 lanes of 8 x 2 MiB).
   uint64_t put_staging_bytes = 32ull << 20;
+  // Write a layer's records straight from the caller's K and V tensors, with gathered writes
+  // (io_uring WRITEV, pwritev), without copying them into staging, where that is possible: each
+  // tensor starts on a 4 KiB boundary (and the file's direct-I/O alignment) and the K (or V) of
+  // one chunk at one layer is a whole number of such blocks (qwen2.5 presets in fp16/bf16 at
+  // 16-token chunks are). The caller's tensors must not change until Put returns (as always).
+  // Auxiliary records, and tensors that do not qualify, are staged. Default: true.
+  bool put_direct_writes = true;
 
   // Byte budgets of the tiers that Re-Prefill sessions load records into (ckv/session.h): the
   // GPU tier (device memory where ckv is built with CUDA and a device is present, host memory

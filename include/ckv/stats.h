@@ -42,6 +42,9 @@ struct EngineStats {
   uint64_t put_latency_window = 0;
   // Puts that waited for a lane of staging memory (EngineOptions::put_staging_bytes) since Open.
   uint64_t put_staging_waits = 0;
+  // Bytes Puts wrote straight from the caller's tensors, without staging
+  // (EngineOptions::put_direct_writes), since Open.
+  uint64_t put_direct_bytes = 0;
 
   // Re-Prefill sessions finished since Open, their figures summed (see SessionStats).
   uint64_t sessions = 0;

@@ -87,6 +87,7 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("put_latency_max_us").Uint(s.put_latency_max_us)
       .Key("put_latency_window").Uint(s.put_latency_window)
       .Key("put_staging_waits").Uint(s.put_staging_waits)
+      .Key("put_direct_bytes").Uint(s.put_direct_bytes)
       .EndObject();
 }
 
