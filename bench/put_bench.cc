@@ -3,9 +3,13 @@
 //
 //   put_bench --store DIR [--model PRESET] [--tokens N] [--repeat R] [--json [PATH]]
 //             [--dtype fp16|bf16|fp32] [--seed S] [--layout layer-major|period-major]
-//             [--io-backend auto|uring|threads] [--keep] [--print-bytes]
+//             [--io-backend auto|uring|threads] [--direct-writes] [--keep] [--print-bytes]
 //   put_bench --steady-state --store DIR [--model PRESET] [--tokens N] [--puts N]
 //             [--cap-puts K] [--json [PATH]] [...]
+//
+// The KV is handed to Put in page-aligned tensors; with --direct-writes
+// (EngineOptions::put_direct_writes) Put writes them straight from there instead of copying them
+// into its staging buffers.
 //
 // Generates one synthetic prefix (tools/synthetic_kv.h; not timed), then R times: opens a fresh
 // store in DIR/put-bench-<i> (removing the previous one first), times Engine::Put of the whole
@@ -31,8 +35,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <new>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "ckv/status.h"
 #include "ckv/engine.h"
+#include "ckv/kv.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
 #include "tools/cli.h"
@@ -60,6 +68,7 @@ struct Flags {
   std::string model;    // "" = qwen2.5-7b, or qwen2.5-0.5b with --steady-state
   uint64_t tokens = 0;  // 0 = 16384, or 4096 with --steady-state
   bool steady_state = false;
+  bool direct_writes = false;
   uint64_t puts = 48;     // --steady-state: Puts into the capped store
   uint64_t cap_puts = 8;  // --steady-state: prefixes the cap holds (and warm-up Puts)
   uint64_t repeat = 3;
@@ -92,6 +101,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   cli::AddUint(app, "--tokens", &f->tokens,
                "prefix length, a multiple of 16 (default 16384: ~0.94 GB for 7b; 4096 with "
                "--steady-state)");
+  app.add_flag("--direct-writes", f->direct_writes,
+               "EngineOptions::put_direct_writes: write the (page-aligned) K and V straight from "
+               "the tensors with gathered writes instead of copying them into staging");
   app.add_flag("--steady-state", f->steady_state,
                "time a long run of request-sized Puts into a capped, full store, where every "
                "Put after the warm-up evicts");
@@ -138,6 +150,29 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   return cli::Parse(app, argc, argv);
 }
 
+// The synthetic KV as the Put gets it: copied into page-aligned tensors, as a caller that lets Put
+// write straight from its memory (EngineOptions::put_direct_writes) allocates them.
+class BenchKv {
+ public:
+  explicit BenchKv(const synth::SyntheticKv& kv) : tensors_(kv.tensors()) {
+    for (auto* side : {&tensors_.k, &tensors_.v}) {
+      for (std::span<const std::byte>& t : *side) {
+        const size_t rounded = (t.size() + 4095) / 4096 * 4096;
+        std::byte* p = static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
+        if (p == nullptr) throw std::bad_alloc();
+        memory_.emplace_back(p, &std::free);
+        std::memcpy(p, t.data(), t.size());
+        t = std::span<const std::byte>(p, t.size());
+      }
+    }
+  }
+  const KvTensors& tensors() const { return tensors_; }
+
+ private:
+  std::vector<std::unique_ptr<std::byte, void (*)(void*)>> memory_;
+  KvTensors tensors_;
+};
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -153,7 +188,7 @@ struct Run {
 // R timed Puts of `tokens` into fresh stores under f.store (see the banner).
 absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
                                           const std::vector<int32_t>& tokens,
-                                          const synth::SyntheticKv& kv) {
+                                          const BenchKv& kv) {
   std::error_code ec;
   std::vector<Run> runs;
   std::string previous;
@@ -175,6 +210,7 @@ absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
     options.error_if_exists = true;
     options.layout = f.layout;
     options.io_backend = f.io_backend;
+    options.put_direct_writes = f.direct_writes;
     Run run;
     {
       auto engine = Engine::Open(options, dir);
@@ -240,6 +276,7 @@ std::string ResultJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
       .Key("dtype").String(DTypeName(spec.dtype))
       .Key("layout").String(f.layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major")
       .Key("tokens").Uint(f.tokens)
+      .Key("direct_writes").Bool(f.direct_writes)
       .Key("chunks").Uint(f.tokens / spec.chunk_tokens)
       .Key("kv_bytes").Uint(kv_bytes)
       .Key("store").String(f.store)
@@ -287,7 +324,7 @@ double Percentile(std::vector<double> v, double pct) {
 // Puts `count` new prefixes (tokens from seeds first_seed, first_seed + 1, ...; the same KV
 // bytes each time: only the tokens name the chunks) back to back into a fresh store at `dir`.
 absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec,
-                                           const synth::SyntheticKv& kv, const std::string& dir,
+                                           const BenchKv& kv, const std::string& dir,
                                            uint64_t count, uint64_t cap_bytes,
                                            uint64_t warmup) {
   std::error_code ec;
@@ -298,6 +335,7 @@ absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec
   options.error_if_exists = true;
   options.layout = f.layout;
   options.io_backend = f.io_backend;
+  options.put_direct_writes = f.direct_writes;
   options.max_disk_bytes = cap_bytes;
   auto engine = Engine::Open(options, dir);
   if (!engine.ok()) {
@@ -390,6 +428,7 @@ std::string SteadyJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
       .Key("model").String(f.model)
       .Key("spec").String(spec.DebugString())
       .Key("tokens").Uint(f.tokens)
+      .Key("direct_writes").Bool(f.direct_writes)
       .Key("kv_bytes").Uint(kv_bytes)
       .Key("store").String(f.store)
       .Key("puts").Uint(f.puts)
@@ -428,6 +467,7 @@ std::string SteadyJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
       .Key("put_latency_max_us").Uint(st.put_latency_max_us)
       .Key("put_latency_window").Uint(st.put_latency_window)
       .Key("put_staging_waits").Uint(st.put_staging_waits)
+      .Key("put_direct_bytes").Uint(st.put_direct_bytes)
       .Key("chunks_evicted").Uint(st.chunks_evicted)
       .Key("disk_bytes_used").Uint(st.disk_bytes_used)
       .EndObject()
@@ -441,7 +481,8 @@ int RunSteadyState(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes) {
   std::fprintf(stderr, "put_bench: generating %s, %llu tokens (%.3f GB of KV)...\n",
                spec.DebugString().c_str(), static_cast<unsigned long long>(f.tokens),
                static_cast<double>(kv_bytes) / 1e9);
-  const synth::SyntheticKv kv(spec, synth::Tokens(f.seed, f.tokens));
+  const synth::SyntheticKv generated(spec, synth::Tokens(f.seed, f.tokens));
+  const BenchKv kv(generated);
   const std::string free_dir = (std::filesystem::path(f.store) / "put-bench-uncapped").string();
   const std::string capped_dir = (std::filesystem::path(f.store) / "put-bench-capped").string();
   auto uncapped = RunSteadyPhase(f, spec, kv, free_dir, f.cap_puts, 0, 0);
@@ -518,7 +559,8 @@ int Main(int argc, char** argv) {
                spec.DebugString().c_str(), static_cast<unsigned long long>(f.tokens),
                static_cast<double>(kv_bytes) / 1e9);
   const std::vector<int32_t> tokens = synth::Tokens(f.seed, f.tokens);
-  const synth::SyntheticKv kv(spec, tokens);
+  const synth::SyntheticKv generated(spec, tokens);
+  const BenchKv kv(generated);
   const absl::StatusOr<std::vector<Run>> runs = TimePuts(f, spec, tokens, kv);
   if (!runs.ok()) {
     std::fprintf(stderr, "put_bench: %s\n", std::string(runs.status().message()).c_str());

@@ -4,7 +4,7 @@
 # measures on the same filesystem, in the same run.
 #
 #   bench/put_steady_vs_fio.sh [--dir DIR] [--model PRESET] [--tokens N] [--puts N] [--cap-puts K]
-#                              [--rounds R] [--json FILE] [--build DIR]
+#                              [--rounds R] [--json FILE] [--build DIR] [--direct-writes]
 #
 # Each round runs, on DIR, alternating which goes first:
 #   fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size=<N Puts' KV bytes>
@@ -25,6 +25,7 @@ ROUNDS=3
 SETTLE_SECONDS=3
 JSON=""
 BUILD_DIR="$REPO_ROOT/build"
+EXTRA=()
 
 say() { printf 'put_steady_vs_fio: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }
@@ -45,6 +46,7 @@ Runs fio (io_uring, O_DIRECT, 1 MiB sequential writes, queue depth 16) and put_b
   --settle S      seconds to wait, after a sync, before each timed run (default 3)
   --json FILE     write the rounds and the summary as one JSON object
   --build DIR     ckv build directory holding bench/put_bench (default <repo>/build)
+  --direct-writes pass --direct-writes to put_bench (EngineOptions::put_direct_writes)
 USAGE
 }
 
@@ -59,6 +61,7 @@ while (($# > 0)); do
     --settle) SETTLE_SECONDS="${2:?--settle needs a value}"; shift 2 ;;
     --json) JSON="${2:?--json needs a value}"; shift 2 ;;
     --build) BUILD_DIR="${2:?--build needs a value}"; shift 2 ;;
+    --direct-writes) EXTRA+=(--direct-writes); shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -107,7 +110,7 @@ run_fio() {
 run_put() {
   settle
   "$PUT_BENCH" --steady-state --store "$DIR" --model "$MODEL" --tokens "$TOKENS" --puts "$PUTS" \
-    --cap-puts "$CAP_PUTS" --json "$WORK/put-$1.json" >"$WORK/put-$1.txt"
+    --cap-puts "$CAP_PUTS" ${EXTRA[@]+"${EXTRA[@]}"} --json "$WORK/put-$1.json" >"$WORK/put-$1.txt"
 }
 
 for ((round = 1; round <= ROUNDS; round++)); do

@@ -79,7 +79,7 @@ struct StoreOptions {
   // Staging memory of all Puts together (EngineOptions::put_staging_bytes).
   uint64_t put_staging_bytes = 32ull << 20;
   // Write aligned records straight from the caller's tensors (EngineOptions::put_direct_writes).
-  bool put_direct_writes = true;
+  bool put_direct_writes = false;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
   FileSystem* file_system = nullptr;
   // nullptr = stderr. Not owned; must outlive the store.

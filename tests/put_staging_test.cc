@@ -49,8 +49,10 @@ class PutStagingTest : public ::testing::Test {
   // A store on the fault-injecting wrapper over memory (the thread queue under the wrapper, as
   // the fault tests use it), with a small staging pool: `staging` bytes of `write`-byte buffers.
   std::unique_ptr<storage::ChunkStore> Open(uint64_t staging, uint32_t write,
-                                            storage::Clock* clock = nullptr) {
+                                            storage::Clock* clock = nullptr,
+                                            bool direct = false) {
     storage::StoreOptions options;
+    options.put_direct_writes = direct;
     options.file_system = &fault_;
     options.put_staging_bytes = staging;
     options.max_write_bytes = write;
@@ -214,6 +216,7 @@ TEST_P(PutDirectTest, AlignedTensorsAreWrittenWithoutStagingAndReadBackBitExact)
   CKV_ASSERT_OK(mem.CreateDirs(dir.path()));
   storage::FaultInjectingFileSystem fault(&mem);
   storage::StoreOptions options;
+  options.put_direct_writes = true;
   options.file_system =
       GetParam().posix ? storage::PosixFileSystem(*GetParam().posix) : &fault;
   auto store = storage::ChunkStore::Open(options, dir.path());
@@ -254,7 +257,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, PutDirectTest,
 // Faults in the middle of gathered writes (an injected short transfer, a torn write, EIO) fail the
 // Put and leave nothing of it visible; the next Put writes and reads back as usual.
 TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
-  auto store = Open(32 << 20, 2 << 20);
+  auto store = Open(32 << 20, 2 << 20, nullptr, /*direct=*/true);
   ASSERT_NE(store, nullptr);
   int round = 0;
   for (double storage::FaultRule::*fault : {&storage::FaultRule::torn_write, &storage::FaultRule::write_eio}) {

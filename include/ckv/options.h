@@ -60,8 +60,11 @@ struct EngineOptions {
   // tensor starts on a 4 KiB boundary (and the file's direct-I/O alignment) and the K (or V) of
   // one chunk at one layer is a whole number of such blocks (qwen2.5 presets in fp16/bf16 at
   // 16-token chunks are). The caller's tensors must not change until Put returns (as always).
-  // Auxiliary records, and tensors that do not qualify, are staged. Default: true.
-  bool put_direct_writes = true;
+  // Auxiliary records, and tensors that do not qualify, are staged. Default: false: on the
+  // machine of docs/results.md ("Put at steady state") copying into the registered staging
+  // buffers was as fast or faster (qwen2.5-0.5b: 1.78 GB/s staged, 1.57 direct; the gathered
+  // writes' 4-16 KiB pieces cost more in the kernel than the copy does in user space).
+  bool put_direct_writes = false;
 
   // Byte budgets of the tiers that Re-Prefill sessions load records into (ckv/session.h): the
   // GPU tier (device memory where ckv is built with CUDA and a device is present, host memory
