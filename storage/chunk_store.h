@@ -17,7 +17,8 @@
 //   2. unlocked: lease a lane of the store's staging pool (waiting while every lane is leased),
 //      copy each record into its reused, pre-faulted buffers, checksum it, write with the lane's
 //      IoQueue (io_uring with registered buffers, O_DIRECT), refilling a buffer as its write
-//      completes; fdatasync every segment written. Staging memory is bounded by
+//      completes (with put_direct_writes, aligned K/V go straight from the caller's tensors as
+//      gathered writes instead); fdatasync every segment written. Staging memory is bounded by
 //      put_staging_bytes whatever the Puts' number and size.
 //   3. under mu_: one synced catalog batch names the chunks, the prefix and the counters; only
 //      then are the chunks published in memory and visible to Lookup and reads.

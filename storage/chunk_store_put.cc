@@ -473,9 +473,9 @@ absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec,
 
 namespace {
 
-// Copies the records of `count` consecutive new chunks (from new chunk `first_new`, token offset
-// `first_token`) in band `band` into `dst`, laid out as their slots are in the segment, padding
-// zeroed, and sets their checksums: over exactly the bytes that will be written.
+// Copies the records of `count` consecutive new chunks (from new chunk `first_new`; new chunk i
+// is chunk first_chunk + i of the prefix) in band `band` into `dst`, laid out as their slots are
+// in the segment, padding zeroed, and sets their checksums: over exactly the bytes written.
 void StageBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
                const std::vector<std::vector<std::byte>>& aux_data, size_t first_new,
                size_t first_chunk, uint32_t count, std::byte* dst,

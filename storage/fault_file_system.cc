@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "ckv/status.h"
 #include "rocksdb/file_system.h"
+#include "storage/io_op_narrow.h"
 
 namespace ckv::storage {
 namespace {
@@ -269,35 +270,11 @@ class FaultIoQueue final : public IoQueue {
 
   static FaultFile* Unwrap(File* file) { return dynamic_cast<FaultFile*>(file); }
 
-  // The pieces of a narrowed gathered op, kept alive with the callbacks that outlive it.
+  // The pieces of a narrowed gathered op (NarrowIoOp), kept alive by the callbacks that outlive it.
   using Pieces = std::shared_ptr<std::vector<IoPiece>>;
-  // `op` narrowed to its bytes [from, from + length) (an injected short or torn transfer): a
-  // gathered op's pieces are cut to fit into *pieces, which the narrowed op points into.
   static IoOp Narrow(const IoOp& op, size_t from, size_t length, Pieces* pieces) {
-    IoOp out = op;
-    out.offset += from;
-    out.length = length;
-    if (op.gather.empty()) {
-      if (out.buffer != nullptr) out.buffer += from;
-      return out;
-    }
-    auto cut = std::make_shared<std::vector<IoPiece>>();
-    size_t skip = from;
-    size_t left = length;
-    for (const IoPiece& piece : op.gather) {
-      if (left == 0) break;
-      if (skip >= piece.length) {
-        skip -= piece.length;
-        continue;
-      }
-      const size_t take = std::min(piece.length - skip, left);
-      cut->push_back(IoPiece{piece.data + skip, take});
-      left -= take;
-      skip = 0;
-    }
-    out.gather = *cut;
-    *pieces = std::move(cut);
-    return out;
+    *pieces = std::make_shared<std::vector<IoPiece>>();
+    return NarrowIoOp(op, from, length, pieces->get());
   }
 
   // One piece of an op (all of it, or the remainder after an injected short transfer), with

@@ -11,6 +11,7 @@
 #include "storage/chunk_store.h"
 #include "storage/clock.h"
 #include "storage/fault_file_system.h"
+#include "storage/io_op_narrow.h"
 #include "storage/latency_window.h"
 #include "storage/mem_file_system.h"
 #include "storage/staging_pool.h"
@@ -281,6 +282,36 @@ TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
   ASSERT_TRUE(store->Put(spec_, tokens, aligned.tensors).ok());
   EXPECT_EQ(BadRecords(*store, tokens), 0);
   EXPECT_GT(store->Stats().put_direct_bytes, 0u);
+}
+
+TEST(NarrowIoOpTest, CutsAGatheredWriteInsideItsPieces) {
+  std::vector<std::byte> a(4096), b(4096), c(4096);
+  const std::vector<storage::IoPiece> pieces = {{a.data(), 4096}, {b.data(), 4096}, {c.data(), 4096}};
+  storage::IoOp op;
+  op.kind = storage::IoOp::Kind::kWrite;
+  op.offset = 1 << 20;
+  op.length = 3 * 4096;
+  op.gather = pieces;
+  std::vector<storage::IoPiece> cut;
+  // The middle 8 KiB: the second half of a, all of b, the first half of c.
+  const storage::IoOp mid = storage::NarrowIoOp(op, 2048, 8192, &cut);
+  EXPECT_EQ(mid.offset, (1u << 20) + 2048);
+  EXPECT_EQ(mid.length, 8192u);
+  ASSERT_EQ(mid.gather.size(), 3u);
+  EXPECT_EQ(mid.gather[0].data, a.data() + 2048);
+  EXPECT_EQ(mid.gather[0].length, 2048u);
+  EXPECT_EQ(mid.gather[1].data, b.data());
+  EXPECT_EQ(mid.gather[1].length, 4096u);
+  EXPECT_EQ(mid.gather[2].data, c.data());
+  EXPECT_EQ(mid.gather[2].length, 2048u);
+  // The rest after 2 pieces: c alone. A plain op's buffer advances instead.
+  const storage::IoOp rest = storage::NarrowIoOp(op, 8192, 4096, &cut);
+  ASSERT_EQ(rest.gather.size(), 1u);
+  EXPECT_EQ(rest.gather[0].data, c.data());
+  storage::IoOp plain;
+  plain.buffer = a.data();
+  plain.length = 4096;
+  EXPECT_EQ(storage::NarrowIoOp(plain, 1024, 512, &cut).buffer, a.data() + 1024);
 }
 
 TEST(StagingPoolTest, LanesAreBoundedByThePoolAndTheQueueDepth) {
