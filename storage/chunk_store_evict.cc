@@ -59,10 +59,17 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   EvictionPlan plan = PlanEvictionLocked(excess, 2 * bound + 16);
   if (plan.bytes < excess && !plan.exhausted) plan = PlanEvictionLocked(excess, SIZE_MAX);
   if (plan.bytes < excess) {
+    // Slots the reclaimer freed but could not punch hold blocks no eviction can give back.
+    const std::string unpunched =
+        unpunched_.empty()
+            ? std::string()
+            : absl::StrCat(", or by ", unpunched_.size(),
+                           " freed slots whose blocks the store could not give back (",
+                           last_punch_error_, ")");
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_, ": ",
         used_bytes_, " bytes in use, of which ", plan.bytes,
-        " can be evicted (the rest is held by readers or Puts in flight)"));
+        " can be evicted (the rest is held by readers or Puts in flight", unpunched, ")"));
   }
   Catalog::Batch batch = catalog_->NewBatch();
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict));

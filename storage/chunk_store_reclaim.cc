@@ -195,6 +195,7 @@ absl::StatusOr<uint64_t> ChunkStore::ReclaimRoundLocked(bool* more) {
   for (Run& r : runs) r.punched = r.segment->PunchSlots(r.run);
   mu_.Lock();
   uint64_t given_back = 0;
+  bool all_punched = true;
   for (const Run& r : runs) {
     r.segment->Free(r.run);
     const uint64_t bytes = r.run.count * r.segment->chunk_bytes();
@@ -209,6 +210,7 @@ absl::StatusOr<uint64_t> ChunkStore::ReclaimRoundLocked(bool* more) {
                               r.run.start + r.run.count - 1, " of segment ", r.segment->id(),
                               ": ", r.punched.message()));
     last_punch_error_ = std::string(r.punched.message());
+    all_punched = false;
     for (uint32_t i = 0; i < r.run.count; ++i) {
       unpunched_.insert(SlotId{r.segment->id(), r.run.start + i});
     }
@@ -216,7 +218,10 @@ absl::StatusOr<uint64_t> ChunkStore::ReclaimRoundLocked(bool* more) {
   reclaim_punching_bytes_ -= punching;
   reclaim_bytes_ += given_back;
   reclaim_cv_.SignalAll();
-  *more = given_back > 0 && used_bytes_ > target && !plan.exhausted;
+  // After a failed punch, no further round: evicting more chunks to make up for blocks the file
+  // system will not give back would destroy data for nothing. A Put that needs the room evicts
+  // inline and reports the punch's error.
+  *more = all_punched && used_bytes_ > target && !plan.exhausted;
   return given_back;
 }
 
