@@ -8,7 +8,8 @@
 //
 // The implementation is split by concern: chunk_store.cc (open, lookup, pins, checked reads,
 // listings), chunk_store_put.cc, chunk_store_evict.cc (capacity, eviction, removal, usage),
-// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc.
+// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc, chunk_store_reclaim.cc (the
+// background reclaimer that evicts ahead of need, so step 1 below rarely has to evict).
 //
 // Life of a Put:
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
