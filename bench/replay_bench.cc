@@ -472,6 +472,9 @@ int Run(const Flags& f) {
   const Workload w = LoadWorkload(f, *spec);
   if (w.trace.requests.empty()) Die(absl::InvalidArgumentError("the trace has no requests"));
   const uint64_t unique_bytes = w.unique_chunks * spec->layers * spec->RecordBytes();
+  std::error_code made;
+  std::filesystem::create_directories(f.store, made);
+  if (made) Die(absl::InternalError(absl::StrCat(f.store, ": ", made.message())));
   const std::vector<uint64_t> infinite = Simulate(w, 0, nullptr);
   std::vector<CapResult> results;
   for (double fraction : f.caps) {

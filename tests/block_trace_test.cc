@@ -101,8 +101,8 @@ TEST(BlockTraceTest, BlockTokensScaleEveryBlockAndThePartialLastOneRoundsUp) {
 TEST(BlockTraceTest, EqualHashIdsGiveEqualChunkKeys) {
   const std::string text =
       "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}\n"
-      "{\"timestamp\": 1, \"input_length\": 1100, \"output_length\": 1, \"hash_ids\": [1, 2, 4]}\n"
-      "{\"timestamp\": 2, \"input_length\": 1100, \"output_length\": 1, \"hash_ids\": [2, 1, 4]}\n";
+      "{\"timestamp\": 1, \"input_length\": 1400, \"output_length\": 1, \"hash_ids\": [1, 2, 4]}\n"
+      "{\"timestamp\": 2, \"input_length\": 1400, \"output_length\": 1, \"hash_ids\": [2, 1, 4]}\n";
   BlockTraceOptions options;
   options.block_tokens = 64;
   auto trace = ParseBlockTrace(text, "m.jsonl", TraceFormat::kMooncake, options);
@@ -113,8 +113,8 @@ TEST(BlockTraceTest, EqualHashIdsGiveEqualChunkKeys) {
                           RequestTokens(*trace, trace->requests[i]));
   };
   const std::vector<ChunkKey> a = keys(0), b = keys(1), c = keys(2);
-  ASSERT_EQ(a.size(), 10u);  // (64 + 64 + 60) / 16, whole chunks
-  ASSERT_EQ(b.size(), 9u);   // (128 + 14) / 16
+  ASSERT_EQ(a.size(), 11u);  // (64 + 64 + ceil(476 * 64 / 512) = 60) / 16, whole chunks
+  ASSERT_EQ(b.size(), 10u);  // (128 + 47) / 16
   EXPECT_TRUE(std::equal(a.begin(), a.begin() + 8, b.begin())) << "blocks 1, 2: 8 chunks";
   EXPECT_NE(a[8], b[8]);
   EXPECT_NE(a[0], c[0]) << "the same ids in another order are another prefix";
@@ -136,11 +136,13 @@ TEST(BlockTraceTest, BadRequestsNameTheFileTheLineAndTheValue) {
       {"{\"timestamp\": 1, \"input_length\": 9000, \"output_length\": 1, \"hash_ids\": [1, 2]}",
        "m.jsonl:2: \"input_length\" 9000 does not fit 2 blocks of 512 tokens (513..1024)"},
       {"{\"timestamp\": 1, \"input_length\": 9, \"output_length\": 1, \"hash_ids\": []}",
-       "m.jsonl:2: \"hash_ids\" is a array, not a non-empty array of block ids"},
+       "m.jsonl:2: \"hash_ids\" is empty; a request has at least one block"},
+      {"{\"timestamp\": 1, \"input_length\": 9, \"output_length\": 1, \"hash_ids\": 4}",
+       "m.jsonl:2: \"hash_ids\" is 4, not an array of block ids"},
       {"{\"timestamp\": 1, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, -2]}",
        "m.jsonl:2: hash id 1 is -2, not an integer >= 0"},
       {"{\"timestamp\": 1, \"input_length\": 9, \"output_length\": 1, \"hash_ids\": [[1]]}",
-       "m.jsonl:2: hash id 0 is a array, not an integer >= 0"},
+       "m.jsonl:2: hash id 0 is an array, not an integer >= 0"},
   };
   for (const auto& [line, message] : cases) {
     auto trace = ParseBlockTrace(ok + line + "\n", "m.jsonl", TraceFormat::kMooncake);
@@ -166,7 +168,7 @@ TEST(BlockTraceTest, LimitsBoundLinesRequestsAndTheWholeTrace) {
   TraceLimits limits;
   limits.max_line_bytes = 40;
   EXPECT_EQ(ParseBlockTrace(line, "m", TraceFormat::kMooncake, {}, limits).status().message(),
-            "m:1: line of 80 bytes; the limit is 40");
+            "m:1: line of 78 bytes; the limit is 40");
   limits = {};
   limits.max_context_tokens = 1000;
   EXPECT_EQ(ParseBlockTrace(line, "m", TraceFormat::kMooncake, {}, limits).status().message(),

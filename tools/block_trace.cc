@@ -80,7 +80,7 @@ std::string Shown(const JsonValue* v) {
   if (const int64_t* i = v->AsInt()) return absl::StrCat(*i);
   if (const double* d = v->AsDouble()) return absl::StrCat(*d);
   if (const std::string* s = v->AsString()) return absl::StrCat("\"", s->substr(0, 64), "\"");
-  return absl::StrCat("a ", std::string(v->TypeName()));
+  return std::string(v->TypeName());  // "an array", "an object", ...
 }
 
 class RequestParser {
@@ -112,8 +112,9 @@ class RequestParser {
     const JsonValue* ids_value = v.Find("hash_ids");
     const JsonValue::Array* ids = ids_value == nullptr ? nullptr : ids_value->AsArray();
     if (ids == nullptr || ids->empty()) {
-      return error(absl::StrCat("\"hash_ids\" is ", Shown(ids_value),
-                                ", not a non-empty array of block ids"));
+      return error(ids == nullptr ? absl::StrCat("\"hash_ids\" is ", Shown(ids_value),
+                                                 ", not an array of block ids")
+                                  : "\"hash_ids\" is empty; a request has at least one block");
     }
     const uint64_t n = ids->size();
     if (input <= (n - 1) * native_ || input > n * native_) {
