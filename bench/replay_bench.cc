@@ -332,7 +332,7 @@ void PrintTable(const Flags& f, const ModelSpec& spec, const Workload& w,
               f.no_reprefill ? ", no Re-Prefill sessions" : "");
   std::printf("token hit rate (request hit rate)\n");
   std::printf("%5s %10s %15s %15s %15s %9s %9s %9s %9s %9s %8s\n", "cap", "cap bytes",
-              "ckv (score)", "lru (sim)", "infinite", "put MB/s", "put p50", "put p99",
+              "ckv store", "lru (sim)", "infinite", "put MB/s", "put p50", "put p99",
               "put max", "rp p50", "req/s");
   for (const CapResult& r : results) {
     auto rate = [](const Hits& h) {
@@ -426,7 +426,7 @@ void Plot(const Flags& f, const std::vector<CapResult>& results) {
             (f.synthetic > 0 ? ", SYNTHETIC trace" : "") + ")'\n";
   script += "set xlabel 'cap (% of the trace''s unique KV bytes)'\nset ylabel 'token hit rate'\n";
   script += "set key bottom right\nset yrange [0:1]\nplot ";
-  const char* names[] = {"ckv (score)", "lru (simulated)", "infinite cache"};
+  const char* names[] = {"ckv store", "lru (simulated)", "infinite cache"};
   for (int i = 0; i < 3; ++i) {
     script += std::string("'-' with linespoints title '") + names[i] + "'" + (i < 2 ? ", " : "\n");
   }

@@ -84,6 +84,8 @@ class ReplayInput {
   }
 
   tools::TraceFormat format() const { return format_; }
+  // Tokens per hash id (0 for a ckv trace).
+  uint32_t block_tokens() const { return blocks_.block_tokens; }
   const std::vector<ReplayRequest>& requests() const { return requests_; }
 
   // The prompt of request i; REQUIRES: called for i = 0, 1, 2, ... in order (a ckv turn extends
@@ -228,7 +230,7 @@ absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const Model
 struct ReplayTotals {
   SessionStats session;
   uint64_t prompt_chunks = 0, matched = 0, written = 0;
-  double seconds = 0;
+  double seconds = 0, put_seconds = 0, reprefill_seconds = 0;
 };
 
 ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double seconds) {
@@ -238,6 +240,8 @@ ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double second
     t.prompt_chunks += f.prompt_chunks;
     t.matched += f.matched_chunks;
     t.written += f.chunks_written;
+    t.put_seconds += f.put_seconds;
+    t.reprefill_seconds += f.reprefill_seconds;
     t.session.records_served += f.session.records_served;
     t.session.bytes_needed += f.session.bytes_needed;
     t.session.bytes_read += f.session.bytes_read;
@@ -248,7 +252,7 @@ ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double second
   return t;
 }
 
-int PrintReplayJson(const ReplayOptions& o, tools::TraceFormat format, const ModelSpec& spec,
+int PrintReplayJson(const ReplayOptions& o, const ReplayInput& input, const ModelSpec& spec,
                     const ReprefillOptions& options,
                     const std::vector<ReplayTurnFigures>& figures, const ReplayTotals& t,
                     const EngineStats& stats) {
@@ -256,8 +260,8 @@ int PrintReplayJson(const ReplayOptions& o, tools::TraceFormat format, const Mod
   w.BeginObject()
       .Key("store").String(o.store)
       .Key("trace").String(o.trace)
-      .Key("format").String(std::string(tools::TraceFormatName(format)))
-      .Key("block_tokens").Uint(o.block_tokens)
+      .Key("format").String(std::string(tools::TraceFormatName(input.format())))
+      .Key("block_tokens").Uint(input.block_tokens())
       .Key("model_id").String(spec.model_id)
       .Key("selector").String(std::string(SelectorName(options.selector)))
       .Key("budget").Double(options.budget_fraction)
@@ -276,6 +280,8 @@ int PrintReplayJson(const ReplayOptions& o, tools::TraceFormat format, const Mod
       .Key("cpu_hits").Uint(t.session.cpu_hits)
       .Key("nvme_records").Uint(t.session.nvme_records)
       .Key("seconds").Double(t.seconds)
+      .Key("put_seconds").Double(t.put_seconds)
+      .Key("reprefill_seconds").Double(t.reprefill_seconds)
       .Key("engine");
   WriteStatsJson(w, stats);
   w.EndObject();
@@ -309,14 +315,15 @@ void PrintReplayText(const ReplayOptions& o, const ModelSpec& spec,
           : static_cast<double>(total.gpu_hits + total.cpu_hits) / total.records_served;
   std::printf("totals: %llu of %llu request chunks matched, %llu records served, %s read "
               "(amplification %.2f), tier hits %.0f%% (gpu %llu, cpu %llu), %llu chunks "
-              "written, %.2fs\n",
+              "written, %.2fs (Put %.2fs, Re-Prefill %.2fs)\n",
               static_cast<unsigned long long>(t.matched),
               static_cast<unsigned long long>(t.prompt_chunks),
               static_cast<unsigned long long>(total.records_served),
               FormatBytes(total.bytes_read).c_str(), total.read_amplification(), hit_rate * 100,
               static_cast<unsigned long long>(total.gpu_hits),
               static_cast<unsigned long long>(total.cpu_hits),
-              static_cast<unsigned long long>(t.written), t.seconds);
+              static_cast<unsigned long long>(t.written), t.seconds, t.put_seconds,
+              t.reprefill_seconds);
 }
 
 int RunReplay(const ReplayOptions& o) {
@@ -383,7 +390,7 @@ int RunReplay(const ReplayOptions& o) {
   }
   const ReplayTotals totals = Totals(figures, SecondsSince(start));
   if (o.json.enabled) {
-    const int rc = PrintReplayJson(o, input->format(), spec, options, figures, totals,
+    const int rc = PrintReplayJson(o, *input, spec, options, figures, totals,
                                      (*engine)->Stats());
     if (rc != kExitOk || o.json.ToStdout()) return rc;
   }
