@@ -76,8 +76,9 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
     EXPECT_LE(ckv, inf + 1e-9);
     EXPECT_LE(lru, inf + 1e-9);
     // Recency first (storage/eviction_policy.h): the store is the LRU the simulation models, up
-    // to the simulation's slightly larger capacity (no metadata reserve).
-    EXPECT_NEAR(ckv, lru, 0.03);
+    // to the simulation's slightly larger capacity (no metadata reserve). Score first was 3
+    // points off here (16.6% against 13.4% at 10%, 46.9% against 44.0% at 50%).
+    EXPECT_NEAR(ckv, lru, 0.005);
     EXPECT_GT(*cap.Find("put_latency")->Find("max_seconds")->AsDouble(), 0);
   }
   EXPECT_LT(Rate((*caps)[0], "lru"), Rate((*caps)[1], "lru")) << "a larger cap holds more";
