@@ -19,7 +19,8 @@
 // A block of fewer tokens is a prefix of the same id's whole block.
 //
 // Members other than those named above are ignored (the formats may grow). The input may be
-// hostile: file, line, request and total tokens are bounded by TraceLimits, and errors are
+// hostile: file, line, request and total tokens are bounded by TraceLimits (a request keeps 8
+// bytes per hash id, and every id is at least one token), and errors are
 // InvalidArgument naming file:line and the value: "t.jsonl:3: \"input_length\" 9000 does not fit
 // 2 blocks of 512 tokens (513..1024)".
 //
