@@ -71,6 +71,7 @@ struct Flags {
   std::string selector = "mean-key";
   double budget = 0.1;
   bool no_reprefill = false;
+  std::optional<uint64_t> reclaim_margin;  // unset: the store's default
   cli::JsonOutput json;
   std::string plot;
 };
@@ -113,6 +114,15 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   cli::AddDouble(app, "--budget", &f->budget, "the sessions' budget, (0, 1] (default 0.1)");
   app.add_flag("--no-reprefill", f->no_reprefill,
                "no Re-Prefill sessions: scores stay zero and the store evicts by recency alone");
+  cli::AddParsed(app, "--reclaim-margin",
+                 "free space the background reclaimer keeps under each cap (default: the store's, "
+                 "EngineOptions::reclaim_margin_bytes; 0: no reclaimer, every eviction inline)",
+                 "BYTES", "a byte count", [f](const std::string& v) {
+                   uint64_t bytes = 0;
+                   if (!cli::ParseBytes(v, &bytes)) return false;
+                   f->reclaim_margin = bytes;
+                   return true;
+                 });
   cli::AddJson(app, &f->json);
   app.add_option("--plot", f->plot, "draw hit rate by cap with gnuplot into PNG")
       ->type_name("PNG");
@@ -220,6 +230,7 @@ struct CapResult {
   uint64_t lru_chunks = 0;      // the simulated LRU's capacity
   Hits ckv, lru, infinite;
   uint64_t evicted = 0, refused = 0, lru_evicted = 0;
+  uint64_t inline_evictions = 0, reclaim_margin_bytes = 0;  // the store's (EngineStats)
   uint64_t put_bytes = 0;
   double seconds = 0, lookup_seconds = 0, reprefill_seconds = 0, kv_seconds = 0,
          put_seconds = 0;
@@ -261,6 +272,7 @@ absl::StatusOr<std::vector<uint64_t>> RunStore(const Flags& f, const ModelSpec& 
   EngineOptions eo;
   eo.error_if_exists = true;
   eo.max_disk_bytes = r->cap_bytes;
+  eo.reclaim_margin_bytes = f.reclaim_margin;
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Open(eo, dir));
   synth::ReplayKv kv(spec);
   std::vector<uint64_t> hits;
@@ -296,10 +308,12 @@ absl::StatusOr<std::vector<uint64_t>> RunStore(const Flags& f, const ModelSpec& 
                                               put->chunks_existing, " chunks stored of the ",
                                               matched, " Lookup found"));
     }
-    r->evicted += put->chunks_evicted;
   }
   r->seconds = SecondsSince(start);
   const EngineStats stats = engine->Stats();
+  r->evicted = stats.chunks_evicted;  // inline and the reclaimer's
+  r->inline_evictions = stats.inline_evictions;
+  r->reclaim_margin_bytes = stats.reclaim_margin_bytes;
   r->put_bytes = stats.bytes_written;
   r->chunk_bytes = stats.chunks_written == 0 ? 0 : stats.bytes_written / stats.chunks_written;
   for (double s : put_latency) r->put_seconds += s;
@@ -401,6 +415,8 @@ std::string ResultJson(const Flags& f, const ModelSpec& spec, const Workload& w,
     WriteHits(j, "lru", r.lru);
     WriteHits(j, "infinite", r.infinite);
     j.Key("chunks_evicted").Uint(r.evicted)
+        .Key("inline_evictions").Uint(r.inline_evictions)
+        .Key("reclaim_margin_bytes").Uint(r.reclaim_margin_bytes)
         .Key("lru_chunks_evicted").Uint(r.lru_evicted)
         .Key("puts_refused").Uint(r.refused)
         .Key("put_bytes").Uint(r.put_bytes)

@@ -482,9 +482,9 @@ class ChunkStore {
   std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk
 
   // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
-  // Evicts ahead of need: one round = pick up to kMaxReclaimVictims lowest-score leaves under
-  // mu_, commit their removal in one synced catalog batch under mu_, punch their slots (one
-  // PunchSlots per contiguous run) without mu_, then free the slots under mu_. A slot being
+  // Evicts ahead of need: one round = pick up to kMaxReclaimVictims leaves in EvictionPolicy
+  // order under mu_, commit their removal in one synced catalog batch under mu_, punch their
+  // slots (one PunchSlots per contiguous run) without mu_, then free the slots under mu_. A slot being
   // punched stays allocated in its segment (not reusable) and counted in used_bytes_.
   static constexpr size_t kMaxReclaimVictims = 4096;
   // Victims in EvictionPolicy order freeing at least `bytes` where possible, at most

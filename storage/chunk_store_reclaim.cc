@@ -4,7 +4,7 @@
 //
 // Life of a reclaim round (the thread's, or ReclaimNow's on the caller's thread; one at a time):
 //   1. under mu_: when more than the margin's worth of the cap is used, plan up to
-//      kMaxReclaimVictims victims in EvictionPolicy order (lowest score, then least recent use;
+//      kMaxReclaimVictims victims in EvictionPolicy order (least recent use, then lowest score;
 //      leaves only, none held by a reader or a Put), freeing what brings usage back under
 //      cap - margin.
 //   2. under mu_: one synced catalog batch removes them (RemoveChunksLocked, the same removal

@@ -61,7 +61,7 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
   Ran r = RunBench("--synthetic 80 --write-trace " + trace);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = RunBench("--store " + dir.Sub("stores") + " --trace " + trace +
-               " --block-tokens 16 --caps 0.1,0.5 --selector mean-key --json");
+               " --block-tokens 16 --caps 0.1,0.5 --selector mean-key --reclaim-margin 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto json = tools::ParseJson(r.output.substr(r.output.find('{')));
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
@@ -76,7 +76,8 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
     EXPECT_LE(ckv, inf + 1e-9);
     EXPECT_LE(lru, inf + 1e-9);
     // Recency first (storage/eviction_policy.h): the store is the LRU the simulation models, up
-    // to the simulation's slightly larger capacity (no metadata reserve). Score first was 3
+    // to the simulation's slightly larger capacity (no metadata reserve). Without a reclaimer:
+    // its margin is space the simulation does not leave free (about a point at 10%). Score first was 3
     // points off here (16.6% against 13.4% at 10%, 46.9% against 44.0% at 50%).
     EXPECT_NEAR(ckv, lru, 0.005);
     EXPECT_GT(*cap.Find("put_latency")->Find("max_seconds")->AsDouble(), 0);

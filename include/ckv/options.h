@@ -31,8 +31,8 @@ struct EngineOptions {
   std::optional<uint64_t> max_disk_bytes;
 
   // Free space, in bytes, kept under max_disk_bytes by the store's background reclaimer, which
-  // evicts lowest-score leaves ahead of need (one synced catalog batch and one hole punch per run
-  // of slots per round) so that a Put rarely evicts inline. The reclaimer wakes when less than
+  // evicts leaves ahead of need in eviction order (least recently used first; one synced catalog
+  // batch and one hole punch per run of slots per round) so that a Put rarely evicts inline. The reclaimer wakes when less than
   // half of it is free. Unset = max(64 MiB, 5% of the cap), at most 1/8 of the cap; 0 = no
   // reclaimer: a Put that needs room evicts inline. Ignored without a cap. Not persisted.
   // Default: unset.
