@@ -33,6 +33,7 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.put_direct_writes = options.put_direct_writes;
   o.file_system = options.file_system;
   o.logger = options.logger;
+  o.reclaim_margin_bytes = options.reclaim_margin_bytes;
   return o;
 }
 
@@ -55,6 +56,11 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.disk_bytes_used = st.disk_bytes_used;
   s.max_disk_bytes = st.max_disk_bytes;
   s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;
+  s.reclaim_rounds = st.reclaim_rounds;
+  s.reclaim_chunks = st.reclaim_chunks;
+  s.reclaim_bytes = st.reclaim_bytes;
+  s.inline_evictions = st.inline_evictions;
+  s.reclaim_margin_bytes = st.reclaim_margin_bytes;
   s.put_latency_p50_us = st.put_latency_p50_us;
   s.put_latency_p99_us = st.put_latency_p99_us;
   s.put_latency_max_us = st.put_latency_max_us;

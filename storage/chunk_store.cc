@@ -38,7 +38,8 @@ ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem
       staging_(std::make_unique<StagingPool>(fs, options.put_staging_bytes,
                                              options.max_write_bytes, options.io_queue_depth)) {}
 
-ChunkStore::~ChunkStore() = default;
+// The reclaimer goes first: its rounds use the catalog, the segments and the listeners.
+ChunkStore::~ChunkStore() { StopReclaimer(); }
 
 std::string ChunkStore::SegmentPath(uint32_t id) const {
   return absl::StrCat(path_, "/", kSegmentsDir, "/", Segment::FileName(id));
@@ -115,7 +116,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   CKV_RETURN_IF_ERROR(store->Load(contents));
   CKV_RETURN_IF_ERROR(store->ReclaimOrphans());
 
-  absl::MutexLock lock(&store->mu_);
+  absl::ReleasableMutexLock lock(&store->mu_);
   Catalog::Batch batch = store->catalog_->NewBatch();
   if (options.max_disk_bytes.has_value() && *options.max_disk_bytes != store->max_disk_bytes_) {
     store->max_disk_bytes_ = *options.max_disk_bytes;
@@ -140,6 +141,8 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
                         absl::StrCat("evicted ", evicted, " chunks of ", path,
                                      " to fit max_disk_bytes ", store->max_disk_bytes_));
   }
+  lock.Release();
+  store->StartReclaimer();
   return store;
 }
 
@@ -745,6 +748,11 @@ StoreStats ChunkStore::Stats() {
   s.disk_bytes_used = used_bytes_;
   s.max_disk_bytes = max_disk_bytes_;
   s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;
+  s.reclaim_rounds = reclaim_rounds_;
+  s.reclaim_chunks = reclaim_chunks_;
+  s.reclaim_bytes = reclaim_bytes_;
+  s.inline_evictions = inline_evictions_;
+  s.reclaim_margin_bytes = ReclaimMarginLocked();
   const LatencyWindow::Summary put = put_latency_.Summarize();
   s.put_latency_p50_us = put.p50_us;
   s.put_latency_p99_us = put.p99_us;

@@ -8,7 +8,8 @@
 //
 // The implementation is split by concern: chunk_store.cc (open, lookup, pins, checked reads,
 // listings), chunk_store_put.cc, chunk_store_evict.cc (capacity, eviction, removal, usage),
-// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc.
+// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc, chunk_store_reclaim.cc (the
+// background reclaimer that evicts ahead of need, so step 1 below rarely has to evict).
 //
 // Life of a Put:
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
@@ -38,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -89,6 +91,17 @@ struct StoreOptions {
   // Sessions and the engine's read engine read it too. Not owned; must outlive the store.
   // Default (or nullptr): the real clock.
   Clock* clock = RealClock();
+
+  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // Free space, in bytes, the reclaimer keeps under max_disk_bytes by evicting ahead of need, so
+  // that Puts rarely evict inline. Unset = max(64 MiB, 5% of the cap), at most 1/8 of the cap;
+  // 0 = no reclaimer (every Put that needs room evicts inline, as before issue 20). Ignored
+  // without a cap. Default: unset.
+  std::optional<uint64_t> reclaim_margin_bytes;
+  // Run the reclaimer on a thread of the store's (woken when a Put leaves less than half the
+  // margin free). false: rounds run only when ReclaimNow() is called (deterministic tests).
+  // Default: true.
+  bool reclaim_in_background = true;
 };
 
 // What the store has done and holds: the storage fields of ckv::EngineStats, which documents
@@ -110,6 +123,12 @@ struct StoreStats {
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;
   uint64_t orphan_bytes_reclaimed = 0;
+  // ---- Background reclaimer (issue 20) ----
+  uint64_t reclaim_rounds = 0;          // reclaimer rounds that evicted (since Open)
+  uint64_t reclaim_chunks = 0;          // chunks they evicted (also in chunks_evicted)
+  uint64_t reclaim_bytes = 0;           // bytes they gave back (punched)
+  uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
+  uint64_t reclaim_margin_bytes = 0;    // the margin in force; 0 = no reclaimer
   // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
   uint64_t put_latency_p50_us = 0;
   uint64_t put_latency_p99_us = 0;
@@ -274,6 +293,15 @@ class ChunkStore {
   };
   absl::StatusOr<RecordLocation> LocateRecord(const ChunkKey& key, uint32_t record);
 
+  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // Runs reclaim rounds on the calling thread (after any round in progress) until the margin is
+  // free or nothing more can be evicted; returns the bytes given back. A no-op without a cap or
+  // with a margin of 0. For tests and tools; the store's own thread does this after Puts.
+  absl::StatusOr<uint64_t> ReclaimNow();
+  // Blocks until the reclaimer thread has no round running and no wake-up pending (returns at
+  // once without the thread). For tests: after it, Stats() shows the margin kept.
+  void WaitForReclaimIdle();
+
  private:
   struct ChunkEntry {
     ChunkKey parent;
@@ -344,8 +372,11 @@ class ChunkStore {
   // Why chunks go: eviction and repair hand a removed prefix end on to the surviving parent; a
   // delete does not. Eviction counts as evicted, the others as deleted.
   enum class Removal { kEvict, kDelete, kRepair };
+  // The removed chunks' slots are punched and freed (batched per run), or, with `unpunched`,
+  // left allocated and appended there for the caller to punch (the reclaimer, outside mu_).
   absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
-                                  Removal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  Removal why, std::vector<SlotId>* unpunched = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Verify's work; with `corrupt`, also the chunks that failed a check that Repair may act on,
   // and in `unreadable` the records whose read failed otherwise (EIO may pass: not repaired).
   absl::StatusOr<VerifyReport> VerifyInternal(const ProgressFn& progress,
@@ -467,6 +498,48 @@ class ChunkStore {
   std::vector<ChunkKey> dropped_chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk
 
+  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // Evicts ahead of need: one round = pick up to kMaxReclaimVictims leaves in EvictionPolicy
+  // order under mu_, commit their removal in one synced catalog batch under mu_, punch their
+  // slots (one PunchSlots per contiguous run) without mu_, then free the slots under mu_. A slot being
+  // punched stays allocated in its segment (not reusable) and counted in used_bytes_.
+  static constexpr size_t kMaxReclaimVictims = 4096;
+  // Victims in EvictionPolicy order freeing at least `bytes` where possible, at most
+  // `max_victims`. Scans the chunks once into a bounded heap: O(chunks x log max_victims).
+  struct EvictionPlan {
+    std::vector<ChunkKey> victims;
+    uint64_t bytes = 0;
+    bool exhausted = false;  // no leaf is left that could be evicted after these
+  };
+  EvictionPlan PlanEvictionLocked(uint64_t bytes, size_t max_victims) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The margin in force (0 = none).
+  uint64_t ReclaimMarginLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether used bytes passed the wake-up mark (less than half the margin free).
+  bool ReclaimWantedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the reclaimer thread when ReclaimWantedLocked.
+  void KickReclaimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Punches `slots` (free in no segment yet) one PunchSlots per contiguous run, then frees them
+  // and takes their bytes out of used_bytes_; a run whose punch failed stays counted (unpunched_).
+  void FreeSlotsLocked(std::vector<SlotId> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One round (see above); `*more` says whether another round could evict more. Releases mu_
+  // while it punches. REQUIRES: reclaim_running_ set by the caller.
+  absl::StatusOr<uint64_t> ReclaimRoundLocked(bool* more) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartReclaimer();
+  void StopReclaimer();
+  void ReclaimLoop();
+  absl::CondVar reclaim_cv_;  // signalled on kicks, stop, round ends and punches done
+  std::thread reclaimer_;
+  bool reclaim_stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool reclaim_running_ ABSL_GUARDED_BY(mu_) = false;  // a round is in progress
+  uint64_t reclaim_kicks_ ABSL_GUARDED_BY(mu_) = 0;    // wake-ups asked for
+  uint64_t reclaim_seen_ ABSL_GUARDED_BY(mu_) = 0;     // wake-ups the thread has taken
+  uint64_t reclaim_punching_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in a round's unlocked punches
+  uint64_t reclaim_rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reclaim_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reclaim_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t inline_evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  // ---- end of the background reclaimer ----
   // ---- Put staging and latency (issue 20; chunk_store_put.cc) ----
   // Put's work; Put times it into put_latency_.
   absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,

@@ -31,69 +31,65 @@ uint64_t ChunkStore::DataCapLocked() const {
 absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   if (max_disk_bytes_ == 0) return absl::OkStatus();
   const uint64_t data_cap = DataCapLocked();
-  if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_bytes_ + need <= data_cap; };
+  if (fits()) return absl::OkStatus();
+  // A reclaim round punching outside mu_ gives its bytes back soon: wait for it rather than
+  // evict more than needed.
+  while (!fits() && reclaim_punching_bytes_ > 0 &&
+         used_bytes_ - reclaim_punching_bytes_ + need <= data_cap) {
+    reclaim_cv_.Wait(&mu_);
+  }
+  if (fits()) return absl::OkStatus();
   // Blocks an earlier punch could not give back first: they hold space no chunk uses.
   if (!unpunched_.empty()) {
     // A punch that fails again leaves its slot counted; eviction below makes up for it.
     RetryPunchesLocked().IgnoreError();
-    if (used_bytes_ + need <= data_cap) return absl::OkStatus();
+    if (fits()) return absl::OkStatus();
   }
+  ++inline_evictions_;
   const uint64_t target = data_cap - std::min(need, data_cap);
-  // Plan: pop the lowest leaf, let its parent compete once it becomes a leaf, until enough
-  // bytes would be free. Nothing changes until the plan is known to succeed.
-  struct HeapItem {
-    EvictionCandidate c;
-    bool operator<(const HeapItem& o) const {  // priority_queue pops the "largest"
-      return EvictionPolicy::EvictBefore(o.c, c);
-    }
-  };
-  std::priority_queue<HeapItem> heap;
-  auto candidate = [&](const ChunkKey& key, const ChunkEntry& e) {
-    return HeapItem{EvictionCandidate{EvictionPolicy::Score(e.importance, e.loads), e.last_use, key}};
-  };
-  for (const auto& [key, e] : chunks_) {
-    if (e.children == 0 && !HeldLocked(key, e)) heap.push(candidate(key, e));
-  }
-  absl::flat_hash_map<ChunkKey, uint32_t> children_left;
-  std::vector<ChunkKey> victims;
-  uint64_t freed = 0;
-  while (used_bytes_ - freed > target && !heap.empty()) {
-    const ChunkKey key = heap.top().c.key;
-    heap.pop();
-    const ChunkEntry& e = chunks_.at(key);
-    victims.push_back(key);
-    freed += segments_.at(e.segment)->chunk_bytes();
-    CKV_DCHECK(freed <= used_bytes_);  // every stored chunk's bytes are counted in use
-    if (e.parent.IsZero()) continue;
-    auto parent = chunks_.find(e.parent);
-    if (parent == chunks_.end()) continue;
-    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
-    if (--it->second == 0) {
-      if (!HeldLocked(e.parent, parent->second)) heap.push(candidate(e.parent, parent->second));
-    }
-  }
-  if (used_bytes_ - freed > target) {
+  const uint64_t in_use = used_bytes_ - reclaim_punching_bytes_;
+  const uint64_t excess = in_use > target ? in_use - target : 0;
+  // Nothing changes until the plan is known to succeed. A first plan bounded by the chunks the
+  // excess needs at the smallest chunk size keeps the heap small; the rare plan it cuts short
+  // (held leaves, parents competing) is made again without the bound.
+  uint64_t min_chunk = UINT64_MAX;
+  for (const auto& [id, seg] : segments_) min_chunk = std::min(min_chunk, seg->chunk_bytes());
+  const size_t bound = min_chunk == UINT64_MAX ? 1 : static_cast<size_t>(excess / min_chunk) + 2;
+  EvictionPlan plan = PlanEvictionLocked(excess, 2 * bound + 16);
+  if (plan.bytes < excess && !plan.exhausted) plan = PlanEvictionLocked(excess, SIZE_MAX);
+  if (plan.bytes < excess) {
+    // Slots the reclaimer freed but could not punch hold blocks no eviction can give back.
+    const std::string unpunched =
+        unpunched_.empty()
+            ? std::string()
+            : absl::StrCat(", or by ", unpunched_.size(),
+                           " freed slots whose blocks the store could not give back (",
+                           last_punch_error_, ")");
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_, ": ",
-        used_bytes_, " bytes in use, of which ", freed,
-        " can be evicted (the rest is held by readers or Puts in flight)"));
+        used_bytes_, " bytes in use, of which ", plan.bytes,
+        " can be evicted (the rest is held by readers or Puts in flight", unpunched, ")"));
   }
   Catalog::Batch batch = catalog_->NewBatch();
-  CKV_RETURN_IF_ERROR(RemoveChunksLocked(victims, batch, Removal::kEvict));
-  *evicted += victims.size();
-  if (used_bytes_ + need > data_cap) {
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict));
+  *evicted += plan.victims.size();
+  // What a reclaim round is still punching was counted as given back.
+  while (!fits() && reclaim_punching_bytes_ > 0) reclaim_cv_.Wait(&mu_);
+  if (!fits()) {
     // Punches of evicted chunks failed: their blocks are still on disk, so the Put would pass
     // the cap. The chunks are gone (committed); the Put is refused.
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot make room for ", need, " bytes under max_disk_bytes ", max_disk_bytes_,
-        ": evicted ", victims.size(), " chunks but could not give back the blocks of ",
+        ": evicted ", plan.victims.size(), " chunks but could not give back the blocks of ",
         unpunched_.size(), " slots (", last_punch_error_, ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
-                                            Catalog::Batch& batch, Removal why) {
+                                            Catalog::Batch& batch, Removal why,
+                                            std::vector<SlotId>* unpunched) {
   const bool evicted = why == Removal::kEvict;
   const bool carry_ends = why != Removal::kDelete;
   if (victims.empty()) {
@@ -144,7 +140,8 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
   CKV_RETURN_IF_ERROR(catalog_->Commit(batch));
   if (removal_observer_) removal_observer_(RemovalEvent{RemovalEvent::Phase::kCommitted, victims});
   counters_ = next;
-  // Committed: apply to memory and give the space back.
+  // Committed: apply to memory and give the space back, one punch per run of slots.
+  std::vector<SlotId> to_free;
   for (const ChunkKey& key : victims) {
     auto it = chunks_.find(key);
     const ChunkEntry e = std::move(it->second);
@@ -158,8 +155,13 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     if (read_pins_.contains(slot)) {
       deferred_free_.insert(slot);
     } else {
-      FreeSlotLocked(e.segment, e.slot);
+      to_free.push_back(slot);
     }
+  }
+  if (unpunched != nullptr) {
+    unpunched->insert(unpunched->end(), to_free.begin(), to_free.end());
+  } else {
+    FreeSlotsLocked(std::move(to_free));
   }
   if (removal_listener_) {
     for (const ChunkKey& key : victims) removal_listener_(key);

@@ -223,6 +223,8 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   // The disk cap holds once room is made: what a new segment's metadata takes is allowed for
   // under max_disk_bytes (DataCapLocked), never over it.
   CKV_DCHECK(max_disk_bytes_ == 0 || used_bytes_ <= max_disk_bytes_);
+  // Evict ahead of the next Puts while this one writes (chunk_store_reclaim.cc).
+  KickReclaimerLocked();
   return absl::OkStatus();
 }
 

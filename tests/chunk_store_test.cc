@@ -225,6 +225,7 @@ TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
     ASSERT_EQ(*engine->Lookup(spec, tokens), chunks);
     prefixes.push_back(std::move(tokens));
   }
+  ::ckv::testing::WaitForReclaim(*engine);
   const EngineStats stats = engine->Stats();
   EXPECT_GT(stats.chunks_evicted, 0u);
   EXPECT_EQ(stats.disk_bytes_used, stats.chunks * chunk);

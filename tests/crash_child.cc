@@ -66,7 +66,12 @@ int main(int argc, char** argv) {
     }
   }
   ckv::EngineOptions options;
-  if (cap > 0) options.max_disk_bytes = cap;
+  if (cap > 0) {
+    options.max_disk_bytes = cap;
+    // A third of the cap free: most Puts find room, and the background reclaimer (issue 20)
+    // does most evictions, on its own thread, at any moment of the workload.
+    options.reclaim_margin_bytes = cap / 3;
+  }
   auto engine = ckv::Engine::Open(options, store);
   if (!engine.ok()) {
     std::fprintf(stderr, "open %s: %s\n", store.c_str(),

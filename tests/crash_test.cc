@@ -30,6 +30,7 @@
 
 #include "ckv/engine.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "ckv/log.h"
 #include "engine/internal.h"
 #include "storage/chunk_store.h"
@@ -140,6 +141,7 @@ class Ledger {
   void Clear() {
     expected_.clear();
     uncertain_.clear();
+    deleting_.clear();
     deleted_.clear();
     ResetWindows();
   }
@@ -163,14 +165,21 @@ class Ledger {
     if (line == "removed") {
       // Committed: the lower bounds of the prefixes it cut drop to the first chunk it took.
       absl::flat_hash_set<ChunkKey> gone(removal_pending_.begin(), removal_pending_.end());
-      for (auto& [seed, e] : expected_) {
+      auto cut = [&](Entry& e) {
         for (uint64_t i = 0; i < e.matched; ++i) {
           if (gone.contains(e.keys[i])) {
             e.matched = i;
+            // A chunk that left may come back (a later Put) with F = 0: F is no longer owed.
+            e.loads = e.loads_unsynced = 0;
             break;
           }
         }
-      }
+      };
+      for (auto& [seed, e] : expected_) cut(e);
+      for (auto& [seed, e] : deleting_) cut(e);
+      // The background reclaimer may evict a Put's chunks between its commit and its
+      // acknowledgement: its lower bound starts below them.
+      if (put_pending_) removed_since_putting_.insert(gone.begin(), gone.end());
       chunks_removed_ += removal_pending_.size();
       removal_pending_.clear();
       return;
@@ -182,13 +191,26 @@ class Ledger {
     if (verb == "putting") {
       // Until acknowledged, the Put may or may not have committed.
       put_pending_ = p;
+      removed_since_putting_.clear();
       in_flight_ = "put";
       return;
     }
     if (verb == "deleting") {
-      expected_.erase(p.seed);
+      auto it = expected_.find(p.seed);
+      deleting_[p.seed] = it != expected_.end() ? it->second : MakeEntry(p);
+      if (it != expected_.end()) expected_.erase(it);
       uncertain_[p.seed] = p;
       in_flight_ = "delete";
+      return;
+    }
+    if (verb == "delmissed") {
+      // Not deleted: the reclaimer had cut the prefix (the removal lines said so).
+      auto it = deleting_.find(p.seed);
+      if (it != deleting_.end()) expected_[p.seed] = it->second;
+      deleting_.erase(p.seed);
+      uncertain_.erase(p.seed);
+      in_flight_.clear();
+      ++acks_;
       return;
     }
     if (verb == "reprefilling") {
@@ -201,13 +223,22 @@ class Ledger {
     }
     in_flight_.clear();
     if (verb == "put") {
-      expected_[p.seed] = MakeEntry(p);
+      Entry e = MakeEntry(p);
+      for (uint64_t i = 0; i < e.matched; ++i) {
+        if (removed_since_putting_.contains(e.keys[i])) {
+          e.matched = i;
+          break;
+        }
+      }
+      expected_[p.seed] = std::move(e);
       deleted_.erase(p.seed);
       put_pending_.reset();
+      removed_since_putting_.clear();
       // A synced commit: the usage statistics committed before it are durable now.
       for (auto& [seed, e] : expected_) e.loads = std::max(e.loads, e.loads_unsynced);
     } else if (verb == "del") {
       uncertain_.erase(p.seed);
+      deleting_.erase(p.seed);
       deleted_[p.seed] = p;
     } else if (verb == "reprefill") {
       auto it = expected_.find(p.seed);
@@ -275,9 +306,18 @@ class Ledger {
       const auto tokens = crash::TokensOf(spec, p);
       auto matched = engine.Lookup(spec, tokens);
       ASSERT_TRUE(matched.ok());
+      const Entry e = MakeEntry(p);
       if (*matched == p.chunks) {
         ASSERT_EQ(CountBadRecords(engine, spec, tokens, p.chunks), 0) << run;
-        expected_[p.seed] = MakeEntry(p);
+        expected_[p.seed] = e;
+        ++puts_cut_short_committed_;
+      } else if (*matched > p.shared_chunks &&
+                 (removed_since_putting_.contains(e.keys[*matched]) ||
+                  pending.contains(e.keys[*matched]))) {
+        // Committed, then cut by a removal (the reclaimer's) that took the next chunk.
+        ASSERT_EQ(CountBadRecords(engine, spec, tokens, *matched), 0) << run;
+        expected_[p.seed] = e;
+        expected_[p.seed].matched = *matched;
         ++puts_cut_short_committed_;
       } else {
         ASSERT_LE(*matched, p.shared_chunks) << run << ": a Put cut short is partly visible";
@@ -285,6 +325,8 @@ class Ledger {
     }
     // A Delete cut short either happened or did not: the prefix is whole (adopted again) or
     // deleted (checked as such from now on).
+    // Under a cap the reclaimer may also have cut it meanwhile: then, not deleted, it keeps more
+    // than other prefixes share with it, and lost no more than removals took.
     for (const auto& [seed, p] : uncertain_) {
       const auto tokens = crash::TokensOf(spec, p);
       auto matched = engine.Lookup(spec, tokens);
@@ -292,11 +334,23 @@ class Ledger {
       ASSERT_EQ(CountBadRecords(engine, spec, tokens, *matched), 0) << run;
       if (*matched == p.chunks) {
         expected_[seed] = MakeEntry(p);
+        continue;
+      }
+      const Entry before = deleting_.contains(seed) ? deleting_.at(seed) : MakeEntry(p);
+      if (*matched > SharedWithOthers(before.keys)) {
+        for (uint64_t i = *matched; i < before.matched; ++i) {
+          ASSERT_TRUE(pending.contains(before.keys[i]))
+              << run << ": prefix " << seed << " whose Delete was cut short lost chunk " << i
+              << ", which no removal took";
+        }
+        expected_[seed] = before;
+        expected_[seed].matched = *matched;
       } else {
         deleted_[seed] = p;
       }
     }
     uncertain_.clear();
+    deleting_.clear();
     // An acknowledged Delete stays deleted: its prefix is not listed, and no more of it is
     // stored than what a prefix still stored shares with it.
     absl::flat_hash_set<ChunkKey> listed;
@@ -306,12 +360,7 @@ class Ledger {
       const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
       ASSERT_FALSE(listed.contains(keys.back()))
           << run << ": deleted prefix " << seed << " is listed again";
-      uint64_t shared = 0;
-      for (const auto& [other, e] : expected_) {
-        uint64_t n = 0;
-        while (n < keys.size() && n < e.keys.size() && keys[n] == e.keys[n]) ++n;
-        shared = std::max(shared, n);
-      }
+      const uint64_t shared = SharedWithOthers(keys);
       auto matched = engine.Lookup(spec, tokens);
       ASSERT_TRUE(matched.ok());
       ASSERT_LE(*matched, shared) << run << ": deleted prefix " << seed << " is back ("
@@ -377,8 +426,19 @@ class Ledger {
                  ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, crash::TokensOf(spec, p)),
                  p.chunks, 0, 0};
   }
+  // The most leading chunks of `keys` that an expected prefix holds too.
+  uint64_t SharedWithOthers(const std::vector<ChunkKey>& keys) const {
+    uint64_t shared = 0;
+    for (const auto& [other, e] : expected_) {
+      uint64_t n = 0;
+      while (n < keys.size() && n < e.keys.size() && keys[n] == e.keys[n]) ++n;
+      shared = std::max(shared, n);
+    }
+    return shared;
+  }
   void ResetWindows() {
     put_pending_.reset();
+    removed_since_putting_.clear();
     removal_pending_.clear();
     in_flight_.clear();
   }
@@ -388,7 +448,9 @@ class Ledger {
   std::map<uint64_t, Entry> expected_;          // acknowledged and not deleted, by seed
   std::map<uint64_t, crash::Prefix> uncertain_;  // a Delete began but was not acknowledged
   std::map<uint64_t, crash::Prefix> deleted_;    // acknowledged Deletes
+  std::map<uint64_t, Entry> deleting_;            // their entries when the Delete began
   std::optional<crash::Prefix> put_pending_;     // a Put began but was not acknowledged
+  absl::flat_hash_set<ChunkKey> removed_since_putting_;  // committed removals since "putting"
   std::vector<ChunkKey> removal_pending_;        // reported "removing", not yet "removed"
   std::string in_flight_;
   int acks_ = 0, sessions_ = 0, gcs_ = 0, loads_checked_ = 0, puts_cut_short_committed_ = 0;
@@ -564,6 +626,8 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
     rng ^= rng << 17;
     return rng;
   };
+  absl::Mutex ledger_mu;
+  uint64_t reclaim_rounds = 0, inline_evictions = 0;  // of the background reclaimer (issue 20)
   storage::FaultInjectingFileSystem::CrashReport total;
   int crashed = 0, steps = 0, in_catalog = 0, in_segments = 0;
   std::map<std::string, int> crashed_in;  // by the operation in flight
@@ -581,11 +645,18 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
       // Segments of 12 chunks: Puts create segment files (and Gc deletes them) often, so that
       // crashes land between a file's creation and its directory's fsync too.
       options.segment_bytes = 12 * ChunkDiskBytes(crash::Spec());
-      if (cap > 0) options.max_disk_bytes = cap;
+      if (cap > 0) {
+        options.max_disk_bytes = cap;
+        options.reclaim_margin_bytes = cap / 3;  // most evictions by the background reclaimer
+      }
       auto engine = Engine::Open(options, store);
       ASSERT_TRUE(engine.ok()) << run << ": " << engine.status();
+      // The reclaimer's removal lines come from its own thread.
       crash::Workload workload(**engine, crash::Mode::kMixed, c + 1, cap > 0, ledger.Known(),
-                               [&](const std::string& line) { ledger.Consume(line); });
+                               [&](const std::string& line) {
+                                 absl::MutexLock lock(&ledger_mu);
+                                 ledger.Consume(line);
+                               });
       // A Put is about 25 data operations here (an allocation and a write per band, a sync, the
       // catalog's WAL append and sync).
       fs.ArmCrash(next() % 130);
@@ -598,9 +669,13 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
       // eviction's failed punches could not make room for (ResourceExhausted, the punch's error
       // quoted).
       ASSERT_NE(s.message().find("simulated crash"), absl::string_view::npos) << run << ": " << s;
+      const EngineStats before_crash = (*engine)->Stats();
+      reclaim_rounds += before_crash.reclaim_rounds;
+      inline_evictions += before_crash.inline_evictions;
       ++crashed;
       const std::string point = fs.crash_point();
       (point.rfind("catalog", 0) == 0 ? in_catalog : in_segments)++;
+      absl::MutexLock lock(&ledger_mu);
       ++crashed_in[ledger.in_flight()];
     }  // abandoned: the Engine is gone, its I/O done; RocksDB closed, writing nothing
     auto report = fs.ApplyCrash(next());
@@ -643,6 +718,15 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
   EXPECT_GE(in_catalog, crashes / 20) << "too few crashes landed in the catalog";
   EXPECT_GE(in_segments, crashes / 10) << "too few crashes landed in segment I/O";
   EXPECT_GE(crashed_in["put"], crashes / 5) << "too few crashes landed inside a Put";
+  if (cap > 0) {
+    // The crashes land while the background reclaimer works too (its own thread, any moment).
+    EXPECT_GT(reclaim_rounds, 0u) << "the background reclaimer never ran";
+  }
+  std::printf("simulated power loss (cap %llu): background reclaimer rounds %llu, Puts that "
+              "evicted inline %llu\n",
+              static_cast<unsigned long long>(cap),
+              static_cast<unsigned long long>(reclaim_rounds),
+              static_cast<unsigned long long>(inline_evictions));
   std::printf("simulated power loss (cap %llu): %d crashes (%d in the catalog, %d in segment "
               "I/O; inside put %d, delete %d, session %d, gc %d), %d operations, %d "
               "acknowledged; unsynced segment writes dropped %llu, torn %llu, kept %llu; catalog "
@@ -670,6 +754,141 @@ TEST(CrashTest, SimulatedPowerLossDropsOrTearsUnsyncedWritesAndLosesNothingAckno
 TEST(CrashTest, SimulatedPowerLossUnderACapKeepsTheCapAndWholePrefixes) {
   RunPowerLossCell(24 * ChunkDiskBytes(crash::Spec()), KillsFromEnv(kDefaultPowerLosses),
                    0x9a12);
+}
+
+// A power loss at each data operation of one background-reclaimer round (issue 20), in turn:
+// inside its catalog batch (WAL append, sync) and inside its hole punches, until the
+// round completes. After each, the round's removal is entirely applied or not at all (and
+// applied if its commit was reported), every prefix it did not take is whole and bit-exact, the
+// deleted prefix stays deleted, Verify is clean, nothing is held by unpunched slots and the
+// disk is within the cap. The round is run with ChunkStore::ReclaimNow on a store the reclaimer
+// thread has not been woken in (no Put since Open), so the op count lands the same way each time.
+TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundKeepsTheCapAndWhatItDidNotTake) {
+  const ModelSpec spec = crash::Spec();
+  const uint64_t chunk = ChunkDiskBytes(spec);
+  const uint64_t cap = 24 * chunk;
+  const std::vector<crash::Prefix> prefixes = {{1, 4, 0}, {2, 4, 0}, {3, 4, 0}, {4, 4, 0},
+                                               {5, 4, 0}};
+  const crash::Prefix deleted = prefixes[1];  // frees slots 4..7: the round's victims make runs
+  auto put = [&](Engine& engine, const crash::Prefix& p) {
+    const auto tokens = crash::TokensOf(spec, p);
+    synth::SyntheticKv kv(spec, tokens);
+    return engine.Put(spec, tokens, kv.tensors()).status();
+  };
+  int in_catalog = 0, in_punches = 0, applied = 0, steps = 0;
+  bool completed = false;
+  // Every op of the catalog batch (the first few), then every third: the punches are alike.
+  for (uint64_t n = 0; n < 100 && !completed; n += n < 4 ? 1 : 3, ++steps) {
+    const std::string run = "crash at op " + std::to_string(n) + " of the round";
+    TempDir dir;
+    const std::string store = dir.Sub("store");
+    storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 500 + n);
+    EngineOptions options;
+    options.file_system = &fs;
+    options.logger = NullLogger();
+    options.max_disk_bytes = cap;
+    options.reclaim_margin_bytes = 0;  // filled without the reclaimer
+    {
+      auto engine = Engine::Open(options, store);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      for (const crash::Prefix& p : prefixes) ASSERT_TRUE(put(**engine, p).ok());
+      ASSERT_TRUE((*engine)->Delete(spec, crash::TokensOf(spec, deleted)).ok());
+    }
+    // 16 chunks stored; a margin of 14 leaves room for about 9: the round takes about 7.
+    options.reclaim_margin_bytes = 14 * chunk;
+    std::vector<ChunkKey> batch;  // the round's (one round: the store stops after a failed punch)
+    bool committed = false;
+    int batches = 0;
+    {
+      auto engine = Engine::Open(options, store);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      storage::ChunkStore& chunks = engine::HostOf(**engine).store();
+      chunks.SetRemovalObserver([&](const storage::ChunkStore::RemovalEvent& e) {
+        if (e.phase == storage::ChunkStore::RemovalEvent::Phase::kCommitting) {
+          ++batches;
+          batch = e.keys;
+          committed = false;
+        } else {
+          committed = true;
+        }
+      });
+      fs.ArmCrash(n);
+      const absl::StatusOr<uint64_t> reclaimed = chunks.ReclaimNow();
+      chunks.SetRemovalObserver(nullptr);
+      if (!fs.crashed()) {
+        ASSERT_TRUE(reclaimed.ok()) << run << ": " << reclaimed.status();
+        ASSERT_GT(*reclaimed, 0u) << run;
+        completed = true;
+      } else {
+        const std::string point = fs.crash_point();
+        if (point.rfind("catalog", 0) == 0) {
+          ++in_catalog;
+        } else {
+          ASSERT_EQ(point.rfind("punch hole in", 0), 0u) << run << ": crashed at " << point;
+          ++in_punches;
+        }
+      }
+    }
+    if (fs.crashed()) {
+      ASSERT_TRUE(fs.ApplyCrash(n).ok());
+    }
+    ASSERT_FALSE(batch.empty()) << run << ": the round chose nothing";
+    ASSERT_EQ(batches, 1) << run << ": ReclaimNow ran more than one round";
+    EngineOptions reopen;
+    reopen.logger = NullLogger();
+    auto engine = Engine::Open(reopen, store);
+    ASSERT_TRUE(engine.ok()) << run << ": " << engine.status();
+    storage::ChunkStore& chunks = engine::HostOf(**engine).store();
+    size_t gone = 0;
+    for (const ChunkKey& key : batch) {
+      gone += chunks.Pin(spec, std::span<const ChunkKey>(&key, 1)).ok() ? 0 : 1;
+    }
+    ASSERT_TRUE(gone == 0 || gone == batch.size())
+        << run << ": the round's batch of " << batch.size() << " is partly applied (" << gone
+        << " gone)";
+    if (committed) {
+      ASSERT_EQ(gone, batch.size()) << run << ": a committed removal came back";
+    }
+    applied += gone > 0 ? 1 : 0;
+    const absl::flat_hash_set<ChunkKey> taken(batch.begin(), batch.end());
+    for (const crash::Prefix& p : prefixes) {
+      const auto tokens = crash::TokensOf(spec, p);
+      auto matched = (*engine)->Lookup(spec, tokens);
+      ASSERT_TRUE(matched.ok());
+      if (p.seed == deleted.seed) {
+        ASSERT_EQ(*matched, 0u) << run << ": the deleted prefix is back";
+        continue;
+      }
+      const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+      uint64_t want = p.chunks;
+      if (gone > 0) {
+        for (uint64_t i = 0; i < keys.size(); ++i) {
+          if (taken.contains(keys[i])) {
+            want = i;
+            break;
+          }
+        }
+      }
+      ASSERT_EQ(*matched, want) << run << ": prefix " << p.seed;
+      ASSERT_EQ(CountBadRecords(**engine, spec, tokens, *matched), 0) << run;
+    }
+    auto report = (*engine)->Verify();
+    ASSERT_TRUE(report.ok());
+    ASSERT_TRUE(report->ok()) << run << ": " << report->problems.front();
+    const EngineStats stats = (*engine)->Stats();
+    ASSERT_EQ(stats.disk_bytes_used, stats.chunks * chunk) << run;
+    const uint64_t blocks = SegmentBlocksBytes(store);
+    ASSERT_LE(blocks, cap) << run;
+    ASSERT_LE(blocks, stats.disk_bytes_used + 64 * 1024 + stats.disk_bytes_used / 256)
+        << run << ": the round's unpunched slots were not reclaimed";
+  }
+  EXPECT_TRUE(completed) << "the round never completed within 100 operations";
+  EXPECT_GT(in_catalog, 0) << "no crash landed in the round's catalog batch";
+  EXPECT_GT(in_punches, 1) << "crashes did not land in the round's punches";
+  EXPECT_GT(applied, 0);
+  std::printf("reclaim round crashes: %d steps, %d in the catalog batch, %d in hole punches, "
+              "%d with the removal applied\n",
+              steps, in_catalog, in_punches, applied);
 }
 
 // The deterministic crash seams (storage/file_system.h): a power loss exactly between a Put's

@@ -11,6 +11,8 @@
 //   put     <seed> <chunks> <shared> 0       the Put returned OK
 //   deleting <seed> <chunks> <shared> 0      before a Delete begins
 //   del     <seed> <chunks> <shared> 0       the Delete returned OK
+//   delmissed <seed> <chunks> <shared> 0     (capped) the Delete found no such prefix: eviction
+//                                            (the background reclaimer's) cut it meanwhile
 //   reprefilling <seed> <chunks> <shared> 0  before a Re-Prefill session begins
 //   reprefill <seed> <chunks> <shared> <F>   a Re-Prefill session over the prefix finished (I and
 //                                            F persisted); F is the sum of loads over its chunks
@@ -22,8 +24,10 @@
 //   removed                                  that removal is committed
 //
 // The removal lines come from the store itself (ChunkStore::SetRemovalObserver), written from
-// inside the operation, before and after its catalog commit: the parent never takes the child's
-// own Lookup as the truth about what is stored.
+// inside the operation, before and after its catalog commit, or from the store's background
+// reclaimer at any moment (under the store's lock, so one batch at a time): the parent never
+// takes the child's own Lookup as the truth about what is stored. `say` must therefore be
+// thread-safe.
 //
 // Every record a session serves is compared with the generator; a mismatch is a failed Step
 // (DataLoss), which makes the child exit and the test fail.
@@ -148,7 +152,13 @@ class Workload {
     // Announced first: a kill between the Delete's commit and its acknowledgement leaves the
     // parent unsure whether it happened.
     say_(Format("deleting", k.prefix));
-    CKV_RETURN_IF_ERROR(engine_.Delete(spec_, TokensOf(spec_, k.prefix)));
+    absl::Status deleted = engine_.Delete(spec_, TokensOf(spec_, k.prefix));
+    if (capped_ && absl::IsNotFound(deleted)) {
+      // The reclaimer evicted part of it since ReportMatches looked: no such prefix any more.
+      say_(Format("delmissed", k.prefix));
+      return ReportMatches();
+    }
+    CKV_RETURN_IF_ERROR(deleted);
     known_.erase(known_.begin() + victim);
     say_(Format("del", k.prefix));
     return ReportMatches();
@@ -184,8 +194,13 @@ class Workload {
     if (!matched.ok()) return matched.status();
     if (*matched == k.prefix.chunks) {
       auto described = engine_.DescribePrefix(keys[k.prefix.chunks - 1]);
-      if (!described.ok()) return described.status();
-      for (const ChunkPlacement& c : described->chunks) loads += c.loads;
+      if (capped_ && absl::IsNotFound(described.status())) {
+        // Evicted in part by the reclaimer since the Lookup: F is not reported (0).
+      } else if (!described.ok()) {
+        return described.status();
+      } else {
+        for (const ChunkPlacement& c : described->chunks) loads += c.loads;
+      }
     }
     ++i_;  // a new query seed for the next session
     say_(Format("reprefill", k.prefix, loads));

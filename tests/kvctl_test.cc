@@ -452,6 +452,70 @@ TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
   EXPECT_EQ(IntOf(*json, "matched_chunks"), 0);
 }
 
+TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
+  const std::string trace = dir.Sub("mooncake.jsonl");
+  // At 32 tokens per hash id: 4, 4 (and a tail of 5) and 4 chunks; blocks 1 and 2 are shared.
+  std::ofstream(trace)
+      << "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 2]}\n"
+         "{\"timestamp\": 9, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, 3]}\n"
+         "{\"timestamp\": 20, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 9]}\n";
+  KvctlRun r = Kvctl("replay " + store + " " + trace +
+                     " --model qwen2.5-0.5b --block-tokens 32 --speed 1000 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  EXPECT_EQ(*json->Find("format")->AsString(), "mooncake");
+  const tools::JsonValue::Array* turns = json->Find("turns")->AsArray();
+  ASSERT_EQ(turns->size(), 3u);
+  const int64_t want[3][4] = {{64, 4, 0, 4}, {69, 4, 4, 0}, {64, 4, 2, 2}};
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(IntOf((*turns)[i], "prompt_tokens"), want[i][0]);
+    EXPECT_EQ(IntOf((*turns)[i], "prompt_chunks"), want[i][1]);
+    EXPECT_EQ(IntOf((*turns)[i], "matched_chunks"), want[i][2]);
+    EXPECT_EQ(IntOf((*turns)[i], "chunks_written"), want[i][3]);
+  }
+  EXPECT_EQ(*(*turns)[2].Find("conversation")->AsString(), "r2");
+
+  // Bailian, named explicitly, at its own 16 tokens per id; only the first request.
+  const std::string bailian = dir.Sub("bailian.jsonl");
+  std::ofstream(bailian)
+      << "{\"chat_id\": 7, \"parent_chat_id\": -1, \"timestamp\": 1.5, \"input_length\": 40,"
+         " \"output_length\": 3, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [5, 6, 7]}\n"
+         "{\"chat_id\": 8, \"parent_chat_id\": 7, \"timestamp\": 2.5, \"input_length\": 48,"
+         " \"output_length\": 3, \"type\": \"text\", \"turn\": 2, \"hash_ids\": [5, 6, 8]}\n";
+  r = Kvctl("replay " + store + " " + bailian +
+            " --model qwen2.5-0.5b --format bailian --max-requests 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  turns = json->Find("turns")->AsArray();
+  ASSERT_EQ(turns->size(), 1u);
+  EXPECT_EQ(*(*turns)[0].Find("conversation")->AsString(), "7");
+  EXPECT_EQ(IntOf((*turns)[0], "prompt_chunks"), 2);
+
+  // Errors: a bad request names file:line and the value; options that need hash blocks.
+  std::ofstream(trace, std::ios::app)
+      << "{\"timestamp\": 30, \"input_length\": 5000, \"output_length\": 5, \"hash_ids\": [1]}\n";
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(trace + ":4: \"input_length\" 5000 does not fit 1 blocks of 512 "
+                               "tokens (1..512)"));
+  r = Kvctl("replay " + store + " " + bailian + " --model qwen2.5-0.5b --format ckv");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(bailian + ":1: unknown member"));
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --format sharegpt");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  const std::string ckv = dir.Sub("ckv.jsonl");
+  std::ofstream(ckv) << "{\"conversation\": \"a\", \"turn\": 1, \"tokens\": [1, 2]}\n";
+  r = Kvctl("replay " + store + " " + ckv + " --model qwen2.5-0.5b --block-tokens 32");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--block-tokens and --speed need a trace of hash blocks"));
+}
+
 TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
   TempDir dir;
   const std::string store = dir.Sub("store");

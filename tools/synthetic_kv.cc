@@ -217,4 +217,32 @@ size_t SyntheticKv::bytes() const {
   return total;
 }
 
+const KvTensors& ReplayKv::Fill(std::span<const int32_t> tokens, size_t first_chunk) {
+  const size_t c = spec_.chunk_tokens;
+  const size_t part_bytes = c * spec_.TokenBytesPerLayer();
+  const std::vector<ChunkKey> keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens,
+                                                    tokens);
+  const size_t bytes = keys.size() * part_bytes;
+  k_.resize(spec_.layers);
+  v_.resize(spec_.layers);
+  tensors_.tokens = keys.size() * c;
+  tensors_.k.clear();
+  tensors_.v.clear();
+  for (uint32_t l = 0; l < spec_.layers; ++l) {
+    if (k_[l].size() < bytes) {
+      k_[l].resize(bytes);
+      v_[l].resize(bytes);
+    }
+    const std::span<std::byte> ks(k_[l]);
+    const std::span<std::byte> vs(v_[l]);
+    for (size_t i = first_chunk; i < keys.size(); ++i) {
+      FillRecordParts(spec_, keys[i], l, ks.subspan(i * part_bytes, part_bytes),
+                      vs.subspan(i * part_bytes, part_bytes));
+    }
+    tensors_.k.emplace_back(k_[l].data(), bytes);
+    tensors_.v.emplace_back(v_[l].data(), bytes);
+  }
+  return tensors_;
+}
+
 }  // namespace ckv::synth

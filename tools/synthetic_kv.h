@@ -71,6 +71,27 @@ class SyntheticKv {
   KvTensors tensors_;
 };
 
+// The KV of replayed prompts, in buffers reused from one prompt to the next. Fill(tokens,
+// first_chunk) generates the records of whole chunks first_chunk.. of `tokens` exactly as
+// SyntheticKv does and leaves the bytes of the chunks before it unspecified (what an earlier
+// prompt left there): for a Put whose first `first_chunk` chunks the store holds already, which
+// Put does not write again. The caller must make sure they are stored (Lookup, with no eviction
+// before the Put) and should check PutResult::chunks_existing >= first_chunk afterwards.
+// A replay then generates only the new chunks of a request, not its whole prompt.
+class ReplayKv {
+ public:
+  explicit ReplayKv(const ModelSpec& spec) : spec_(spec) {}
+
+  // The tensors of the whole chunks of `tokens` (tokens.size() / c * c tokens). Valid until the
+  // next Fill.
+  const KvTensors& Fill(std::span<const int32_t> tokens, size_t first_chunk);
+
+ private:
+  ModelSpec spec_;
+  std::vector<std::vector<std::byte>> k_, v_;
+  KvTensors tensors_;
+};
+
 }  // namespace ckv::synth
 
 #endif  // CKV_TOOLS_SYNTHETIC_KV_H_

@@ -12,8 +12,8 @@
 //   - Checksums on read: a record whose bytes do not match its checksum is never returned; the
 //     call fails with DataLoss naming the record.
 //   - Hard cap: the segment bytes on disk never exceed max_disk_bytes. A Put that would pass it
-//     first evicts the lowest-score chunks no reader holds (ties: least recently used); when that
-//     cannot make room it fails with ResourceExhausted and stores nothing.
+//     first evicts the least recently used leaf chunks no reader holds (ties: lowest score); when
+//     that cannot make room it fails with ResourceExhausted and stores nothing.
 //   - Foreign specs: data written under one ModelSpec is never served under another.
 //
 // Thread-safety: all methods are thread-safe; Puts, reads and deletes may run concurrently.

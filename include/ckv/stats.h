@@ -31,6 +31,13 @@ struct EngineStats {
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
+  // The background reclaimer (EngineOptions::reclaim_margin_bytes), since Open. Its evictions are
+  // also counted in chunks_evicted and bytes_evicted.
+  uint64_t reclaim_rounds = 0;        // rounds that evicted: one synced catalog batch each
+  uint64_t reclaim_chunks = 0;        // chunks they evicted
+  uint64_t reclaim_bytes = 0;         // bytes they gave back (hole-punched)
+  uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
+  uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
 
   // Put latency since Open: the time Engine::Put took, from call to return, of the Puts that
   // returned OK (waits for staging memory, eviction and fdatasync included). p50 and p99 are

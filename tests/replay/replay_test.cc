@@ -179,6 +179,8 @@ TEST(ReplayTest, DeepConversationsUnderAStoreCapEvictAndMatchShorter) {
   EngineOptions eo = SmallTiers(spec);
   const uint64_t max_chunks = trace.max_prompt_tokens() / spec.chunk_tokens;
   eo.max_disk_bytes = max_chunks * 3 / 2 * ChunkDiskBytes(spec);
+  // The replayer checks each Put's own evictions against the catalog: no background reclaimer.
+  eo.reclaim_margin_bytes = 0;
   ReprefillOptions ro;
   ro.selector = Selector::kOracle;
   ro.budget_fraction = 0.2;

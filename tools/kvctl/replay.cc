@@ -1,6 +1,8 @@
 // kvctl replay: run a multi-turn trace against a store, a Re-Prefill and a Put per turn.
+#include <chrono>
 #include <cstdio>
 #include <functional>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,8 @@
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
+#include "tools/block_trace.h"
+#include "tools/json_reader.h"
 #include "tools/replay_trace.h"
 #include "tools/synthetic_kv.h"
 
@@ -24,11 +28,87 @@ struct ReplayOptions {
   uint64_t gpu_tier_bytes = 0;
   uint64_t cpu_tier_bytes = 0;
   bool no_put = false;
+  std::string format = "auto";
+  uint32_t block_tokens = 0;
+  uint64_t max_requests = 0;
+  double speed = 0;
   cli::JsonOutput json;
 };
 
 // A request's KV is generated whole for its Put: replay bounds it before starting.
 constexpr uint64_t kMaxRequestKvBytes = uint64_t{8} << 30;
+
+// One request of the trace, whatever its format.
+struct ReplayRequest {
+  std::string label;  // ckv: the conversation; bailian: chat_id; mooncake: "r" and its index
+  uint64_t turn = 1;
+  size_t line = 0;
+  double arrival_seconds = 0;  // 0 in the ckv format, which has no timestamps
+  uint64_t tokens = 0;         // of the whole request
+};
+
+// A trace read in one of its formats (tools/replay_trace.h, tools/block_trace.h): its requests,
+// and the prompt of each, made when the replay reaches it.
+class ReplayInput {
+ public:
+  // Reads o.trace in o.format (auto: detected). Errors name the file (and line).
+  static absl::StatusOr<ReplayInput> Read(const ReplayOptions& o) {
+    const tools::TraceLimits limits;
+    CKV_ASSIGN_OR_RETURN(const std::string text,
+                         tools::ReadFileUpTo(o.trace, limits.max_file_bytes, "trace"));
+    ReplayInput in;
+    if (o.format == "auto") {
+      CKV_ASSIGN_OR_RETURN(in.format_, tools::DetectTraceFormat(text, o.trace, limits));
+    } else {
+      CKV_ASSIGN_OR_RETURN(in.format_, tools::ParseTraceFormat(o.format));
+    }
+    if (in.format_ == tools::TraceFormat::kCkv) {
+      CKV_ASSIGN_OR_RETURN(in.turns_, tools::ParseTrace(text, o.trace, limits));
+      if (o.max_requests > 0 && in.turns_.size() > o.max_requests) in.turns_.resize(o.max_requests);
+      absl::flat_hash_map<std::string, uint64_t> context_tokens;
+      for (const tools::TraceTurn& t : in.turns_) {
+        in.requests_.push_back(ReplayRequest{t.conversation, t.turn, t.line, 0,
+                                             context_tokens[t.conversation] += t.tokens.size()});
+      }
+      return in;
+    }
+    tools::BlockTraceOptions options;
+    options.block_tokens = o.block_tokens;
+    options.max_requests = o.max_requests;
+    CKV_ASSIGN_OR_RETURN(in.blocks_,
+                         tools::ParseBlockTrace(text, o.trace, in.format_, options, limits));
+    for (const tools::BlockRequest& r : in.blocks_.requests) {
+      in.requests_.push_back(ReplayRequest{r.label, r.turn, r.line, r.arrival_seconds, r.tokens});
+    }
+    return in;
+  }
+
+  tools::TraceFormat format() const { return format_; }
+  // Tokens per hash id (0 for a ckv trace).
+  uint32_t block_tokens() const { return blocks_.block_tokens; }
+  const std::vector<ReplayRequest>& requests() const { return requests_; }
+
+  // The prompt of request i; REQUIRES: called for i = 0, 1, 2, ... in order (a ckv turn extends
+  // its conversation's context). Valid until the next call.
+  std::span<const int32_t> Prompt(size_t i) {
+    if (format_ == tools::TraceFormat::kCkv) {
+      const tools::TraceTurn& t = turns_[i];
+      std::vector<int32_t>& context = contexts_[t.conversation];
+      context.insert(context.end(), t.tokens.begin(), t.tokens.end());
+      return context;
+    }
+    prompt_ = tools::RequestTokens(blocks_, blocks_.requests[i]);
+    return prompt_;
+  }
+
+ private:
+  tools::TraceFormat format_ = tools::TraceFormat::kCkv;
+  std::vector<ReplayRequest> requests_;
+  std::vector<tools::TraceTurn> turns_;  // ckv
+  absl::flat_hash_map<std::string, std::vector<int32_t>> contexts_;
+  tools::BlockTrace blocks_;             // mooncake, bailian
+  std::vector<int32_t> prompt_;
+};
 
 
 // Deterministic stand-in queries for one layer of one turn: [window, q_heads, head_dim], values
@@ -61,14 +141,15 @@ struct ReplayTurnFigures {
 // One turn: a Re-Prefill over the stored leading chunks of `prompt`, then (unless no_put) a Put.
 absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& spec,
                                              const ReprefillOptions& options,
-                                             const tools::TraceTurn& turn,
-                                             std::span<const int32_t> prompt, bool no_put) {
+                                             const ReplayRequest& request,
+                                             std::span<const int32_t> prompt, bool no_put,
+                                             synth::ReplayKv& kv) {
   ReplayTurnFigures f;
-  f.conversation = turn.conversation;
-  f.turn = turn.turn;
+  f.conversation = request.label;
+  f.turn = request.turn;
   f.prompt_tokens = prompt.size();
   f.prompt_chunks = prompt.size() / spec.chunk_tokens;
-  const uint64_t turn_seed = std::hash<std::string>{}(turn.conversation) ^ (turn.turn << 32);
+  const uint64_t turn_seed = std::hash<std::string>{}(request.label) ^ (request.turn << 32);
   const auto reprefill_start = Clock::now();
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<ReprefillSession> session,
                        engine.BeginReprefill(spec, prompt, options));
@@ -84,10 +165,17 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
   f.reprefill_seconds = SecondsSince(reprefill_start);
   if (!no_put && f.prompt_chunks > 0) {
     const std::span<const int32_t> whole = prompt.first(f.prompt_chunks * spec.chunk_tokens);
-    GeneratedKv kv(spec, whole, /*progress=*/false);
+    // Only the chunks the session did not match are generated: the store holds the others (this
+    // replay's engine evicts only inside Put, which keeps them), and Put does not write them.
+    const KvTensors& tensors = kv.Fill(whole, f.matched_chunks);
     const auto put_start = Clock::now();
-    CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, kv.tensors()));
+    CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, tensors));
     f.put_seconds = SecondsSince(put_start);
+    if (put.chunks_existing < f.matched_chunks) {
+      return absl::InternalError(absl::StrCat("Put found ", put.chunks_existing,
+                                              " chunks stored of the ", f.matched_chunks,
+                                              " the session matched"));
+    }
     f.chunks_written = put.chunks_written;
     f.chunks_evicted = put.chunks_evicted;
   }
@@ -120,19 +208,16 @@ void WriteTurnJson(tools::JsonWriter& w, const ReplayTurnFigures& f) {
       .EndObject();
 }
 
-// The KV bytes of every turn's request, added up; an error names a request past
-// kMaxRequestKvBytes.
+// The KV bytes of every request, added up; an error names a request past kMaxRequestKvBytes.
 absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const ModelSpec& spec,
-                                      const std::vector<tools::TraceTurn>& turns) {
-  absl::flat_hash_map<std::string, uint64_t> context_tokens;
+                                      const std::vector<ReplayRequest>& requests) {
   uint64_t total_kv_bytes = 0;
-  for (const tools::TraceTurn& t : turns) {
-    const uint64_t tokens = context_tokens[t.conversation] += t.tokens.size();
-    const uint64_t kv_bytes = tokens * spec.KvBytesPerToken();
+  for (const ReplayRequest& r : requests) {
+    const uint64_t kv_bytes = r.tokens * spec.KvBytesPerToken();
     if (kv_bytes > kMaxRequestKvBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          trace_path, ":", t.line, ": turn ", t.turn, " of conversation \"", t.conversation,
-          "\" is a request of ", tokens, " tokens, ", FormatBytes(kv_bytes),
+          trace_path, ":", r.line, ": turn ", r.turn, " of \"", r.label, "\" is a request of ",
+          r.tokens, " tokens, ", FormatBytes(kv_bytes),
           " of KV; replay holds a request's KV in memory and refuses more than ",
           FormatBytes(kMaxRequestKvBytes)));
     }
@@ -145,7 +230,7 @@ absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const Model
 struct ReplayTotals {
   SessionStats session;
   uint64_t prompt_chunks = 0, matched = 0, written = 0;
-  double seconds = 0;
+  double seconds = 0, put_seconds = 0, reprefill_seconds = 0;
 };
 
 ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double seconds) {
@@ -155,6 +240,8 @@ ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double second
     t.prompt_chunks += f.prompt_chunks;
     t.matched += f.matched_chunks;
     t.written += f.chunks_written;
+    t.put_seconds += f.put_seconds;
+    t.reprefill_seconds += f.reprefill_seconds;
     t.session.records_served += f.session.records_served;
     t.session.bytes_needed += f.session.bytes_needed;
     t.session.bytes_read += f.session.bytes_read;
@@ -165,7 +252,7 @@ ReplayTotals Totals(const std::vector<ReplayTurnFigures>& figures, double second
   return t;
 }
 
-int PrintReplayJson(const ReplayOptions& o, const ModelSpec& spec,
+int PrintReplayJson(const ReplayOptions& o, const ReplayInput& input, const ModelSpec& spec,
                     const ReprefillOptions& options,
                     const std::vector<ReplayTurnFigures>& figures, const ReplayTotals& t,
                     const EngineStats& stats) {
@@ -173,6 +260,8 @@ int PrintReplayJson(const ReplayOptions& o, const ModelSpec& spec,
   w.BeginObject()
       .Key("store").String(o.store)
       .Key("trace").String(o.trace)
+      .Key("format").String(std::string(tools::TraceFormatName(input.format())))
+      .Key("block_tokens").Uint(input.block_tokens())
       .Key("model_id").String(spec.model_id)
       .Key("selector").String(std::string(SelectorName(options.selector)))
       .Key("budget").Double(options.budget_fraction)
@@ -191,6 +280,8 @@ int PrintReplayJson(const ReplayOptions& o, const ModelSpec& spec,
       .Key("cpu_hits").Uint(t.session.cpu_hits)
       .Key("nvme_records").Uint(t.session.nvme_records)
       .Key("seconds").Double(t.seconds)
+      .Key("put_seconds").Double(t.put_seconds)
+      .Key("reprefill_seconds").Double(t.reprefill_seconds)
       .Key("engine");
   WriteStatsJson(w, stats);
   w.EndObject();
@@ -224,14 +315,15 @@ void PrintReplayText(const ReplayOptions& o, const ModelSpec& spec,
           : static_cast<double>(total.gpu_hits + total.cpu_hits) / total.records_served;
   std::printf("totals: %llu of %llu request chunks matched, %llu records served, %s read "
               "(amplification %.2f), tier hits %.0f%% (gpu %llu, cpu %llu), %llu chunks "
-              "written, %.2fs\n",
+              "written, %.2fs (Put %.2fs, Re-Prefill %.2fs)\n",
               static_cast<unsigned long long>(t.matched),
               static_cast<unsigned long long>(t.prompt_chunks),
               static_cast<unsigned long long>(total.records_served),
               FormatBytes(total.bytes_read).c_str(), total.read_amplification(), hit_rate * 100,
               static_cast<unsigned long long>(total.gpu_hits),
               static_cast<unsigned long long>(total.cpu_hits),
-              static_cast<unsigned long long>(t.written), t.seconds);
+              static_cast<unsigned long long>(t.written), t.seconds, t.put_seconds,
+              t.reprefill_seconds);
 }
 
 int RunReplay(const ReplayOptions& o) {
@@ -254,38 +346,52 @@ int RunReplay(const ReplayOptions& o) {
   engine_options.gpu_tier_bytes = o.gpu_tier_bytes;
   engine_options.cpu_tier_bytes = o.cpu_tier_bytes;
 
-  auto turns = tools::ReadTraceFile(o.trace);
-  if (!turns.ok()) return StoreError("replay " + o.trace, turns.status());
-  const absl::StatusOr<uint64_t> total_kv_bytes = TraceKvBytes(o.trace, spec, *turns);
+  if (!(o.speed >= 0)) {
+    return UsageError("replay", absl::StrCat("--speed: '", o.speed, "' is not a number >= 0"));
+  }
+  auto input = ReplayInput::Read(o);
+  if (!input.ok()) return StoreError("replay " + o.trace, input.status());
+  if (input->format() == tools::TraceFormat::kCkv && (o.block_tokens > 0 || o.speed > 0)) {
+    return UsageError("replay", "--block-tokens and --speed need a trace of hash blocks "
+                                "(mooncake, bailian); " + o.trace + " is a ckv trace");
+  }
+  const std::vector<ReplayRequest>& requests = input->requests();
+  const absl::StatusOr<uint64_t> total_kv_bytes = TraceKvBytes(o.trace, spec, requests);
   if (!total_kv_bytes.ok()) return StoreError("replay " + o.trace, total_kv_bytes.status());
 
   auto engine = Engine::Open(engine_options, o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
 
   std::vector<ReplayTurnFigures> figures;
-  absl::flat_hash_map<std::string, std::vector<int32_t>> contexts;
+  synth::ReplayKv kv(spec);
   const auto start = Clock::now();
   {
     ProgressBar bar("replay", *total_kv_bytes);
     uint64_t done = 0;
-    for (const tools::TraceTurn& t : *turns) {
-      std::vector<int32_t>& context = contexts[t.conversation];
-      context.insert(context.end(), t.tokens.begin(), t.tokens.end());
-      auto f = ReplayTurn(**engine, spec, options, t, context, o.no_put);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const ReplayRequest& r = requests[i];
+      if (o.speed > 0) {  // arrive at the trace's time, o.speed times faster
+        const double due = (r.arrival_seconds - requests[0].arrival_seconds) / o.speed;
+        const double wait = due - SecondsSince(start);
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      }
+      const std::span<const int32_t> prompt = input->Prompt(i);
+      auto f = ReplayTurn(**engine, spec, options, r, prompt, o.no_put, kv);
       if (!f.ok()) {
         bar.Finish();
-        return StoreError(absl::StrCat("replay ", o.trace, ":", t.line, " (conversation \"",
-                                       t.conversation, "\", turn ", t.turn, ")"),
+        return StoreError(absl::StrCat("replay ", o.trace, ":", r.line, " (\"", r.label,
+                                       "\", turn ", r.turn, ")"),
                           f.status());
       }
       figures.push_back(*std::move(f));
-      done += context.size() * spec.KvBytesPerToken();
+      done += prompt.size() * spec.KvBytesPerToken();
       bar.Update(done);
     }
   }
   const ReplayTotals totals = Totals(figures, SecondsSince(start));
   if (o.json.enabled) {
-    const int rc = PrintReplayJson(o, spec, options, figures, totals, (*engine)->Stats());
+    const int rc = PrintReplayJson(o, *input, spec, options, figures, totals,
+                                     (*engine)->Stats());
     if (rc != kExitOk || o.json.ToStdout()) return rc;
   }
   PrintReplayText(o, spec, options, figures, totals);
@@ -310,6 +416,13 @@ Command AddReplay(CLI::App& kvctl) {
       "next turn matches them. It prints per turn the match length and the Re-Prefill figures,\n"
       "then the totals. The tiers live only as long as the replay. A request's KV is held in\n"
       "memory while it is stored; replay refuses a request of more than 8 GiB of KV.\n"
+      "Public traces of hash blocks are read too (--format, default: told from the first line):\n"
+      "  mooncake: {\"timestamp\": MS, \"input_length\": N, \"output_length\": N, \"hash_ids\": [..]}\n"
+      "  bailian:  {\"chat_id\": ID, \"parent_chat_id\": ID, \"timestamp\": S, \"input_length\": N,\n"
+      "             \"output_length\": N, \"type\": T, \"turn\": N, \"hash_ids\": [..]}\n"
+      "A hash id stands for a block of 512 (mooncake) or 16 (bailian) tokens, generated from the id\n"
+      "(equal ids, equal tokens); --block-tokens B makes every block B tokens (the partial last one\n"
+      "in proportion), so that long prompts fit a small machine.\n"
       "Example: kvctl replay ./store trace.jsonl --model qwen2.5-7b --gpu-tier-bytes 1G");
   AddStoreArg(*cmd, &o->store);
   cmd->add_option("TRACE", o->trace, "the trace, JSON Lines")->required()->type_name("");
@@ -323,6 +436,16 @@ Command AddReplay(CLI::App& kvctl) {
                 "GPU tier budget (host memory here; default 0: none)");
   cli::AddBytes(*cmd, "--cpu-tier-bytes", &o->cpu_tier_bytes, "CPU tier budget (default 0: none)");
   cmd->add_flag("--no-put", o->no_put, "do not store the turns (measure Re-Prefill of what is stored)");
+  cli::AddChoice(*cmd, "--format", &o->format, {"auto", "ckv", "mooncake", "bailian"},
+                 "the trace's format (default auto: told from its first line)");
+  cli::AddUint(*cmd, "--block-tokens", &o->block_tokens,
+               "tokens per hash id of a mooncake or bailian trace, 1..65536 (default: the "
+               "format's own, 512 or 16)", "B");
+  cli::AddUint(*cmd, "--max-requests", &o->max_requests,
+               "replay only the first N requests (default 0: all)");
+  cli::AddDouble(*cmd, "--speed", &o->speed,
+                 "send requests at their timestamps, X times faster than recorded (default 0: "
+                 "as fast as possible)");
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunReplay(*o); }};
 }
