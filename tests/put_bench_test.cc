@@ -53,9 +53,10 @@ double Num(const JsonValue& v, const char* key) {
 TEST(PutBenchTest, SteadyStateTinyRunEvictsOnEveryPutAndReportsLatency) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
-  // 64 tokens of qwen2.5-0.5b: 4 chunks a Put; the cap holds 2 prefixes and a half.
+  // 64 tokens of qwen2.5-0.5b: 4 chunks a Put; the cap holds 2 prefixes and a half. Without the
+  // background reclaimer each Put after the warm-up must evict inline.
   const Ran r = RunPutBench("--steady-state --store " + dir.path() +
-                            "/stores --model qwen2.5-0.5b --tokens 64 --puts 7 --cap-puts 2 "
+                            "/stores --model qwen2.5-0.5b --tokens 64 --puts 7 --cap-puts 2 --reclaim-margin 0 "
                             "--json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(json);
