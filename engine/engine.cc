@@ -29,6 +29,8 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.io_backend = options.io_backend;
   o.io_queue_depth = options.io_queue_depth;
   o.max_write_bytes = options.max_write_bytes;
+  o.put_staging_bytes = options.put_staging_bytes;
+  o.put_direct_writes = options.put_direct_writes;
   o.file_system = options.file_system;
   o.logger = options.logger;
   o.reclaim_margin_bytes = options.reclaim_margin_bytes;
@@ -59,6 +61,12 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.reclaim_bytes = st.reclaim_bytes;
   s.inline_evictions = st.inline_evictions;
   s.reclaim_margin_bytes = st.reclaim_margin_bytes;
+  s.put_latency_p50_us = st.put_latency_p50_us;
+  s.put_latency_p99_us = st.put_latency_p99_us;
+  s.put_latency_max_us = st.put_latency_max_us;
+  s.put_latency_window = st.put_latency_window;
+  s.put_staging_waits = st.put_staging_waits;
+  s.put_direct_bytes = st.put_direct_bytes;
   return s;
 }
 

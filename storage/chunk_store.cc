@@ -31,7 +31,12 @@ FileSystem* ChooseFileSystem(const StoreOptions& options) {
 
 ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs,
                        Logger* logger)
-    : options_(options), path_(std::move(path)), fs_(fs), logger_(logger) {}
+    : options_(options),
+      path_(std::move(path)),
+      fs_(fs),
+      logger_(logger),
+      staging_(std::make_unique<StagingPool>(fs, options.put_staging_bytes,
+                                             options.max_write_bytes, options.io_queue_depth)) {}
 
 // The reclaimer goes first: its rounds use the catalog, the segments and the listeners.
 ChunkStore::~ChunkStore() { StopReclaimer(); }
@@ -60,6 +65,11 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(
         absl::StrCat("EngineOptions.max_write_bytes = ", options.max_write_bytes,
                      ": must be a positive multiple of 4096"));
+  }
+  if (options.put_staging_bytes < (1u << 20) || options.put_staging_bytes > (64ull << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.put_staging_bytes = ", options.put_staging_bytes,
+                     ": must be in 1 MiB..64 GiB"));
   }
   if (options.period_layers < 1 || options.period_layers > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -743,6 +753,13 @@ StoreStats ChunkStore::Stats() {
   s.reclaim_bytes = reclaim_bytes_;
   s.inline_evictions = inline_evictions_;
   s.reclaim_margin_bytes = ReclaimMarginLocked();
+  const LatencyWindow::Summary put = put_latency_.Summarize();
+  s.put_latency_p50_us = put.p50_us;
+  s.put_latency_p99_us = put.p99_us;
+  s.put_latency_max_us = put.max_us;
+  s.put_latency_window = put.window;
+  s.put_staging_waits = staging_->waits();
+  s.put_direct_bytes = put_direct_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -15,8 +15,12 @@
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
 //      the same chunks waits); hold the parent so nothing removes it; evict to make room (one
 //      synced catalog batch, then the slots are punched); allocate slots, creating segments.
-//   2. unlocked: copy each record into aligned staging buffers, checksum it, write with the
-//      IoQueue (io_uring, O_DIRECT); fdatasync every segment written.
+//   2. unlocked: lease a lane of the store's staging pool (waiting while every lane is leased),
+//      copy each record into its reused, pre-faulted buffers, checksum it, write with the lane's
+//      IoQueue (io_uring with registered buffers, O_DIRECT), refilling a buffer as its write
+//      completes (with put_direct_writes, aligned K/V go straight from the caller's tensors as
+//      gathered writes instead); fdatasync every segment written. Staging memory is bounded by
+//      put_staging_bytes whatever the Puts' number and size.
 //   3. under mu_: one synced catalog batch names the chunks, the prefix and the counters; only
 //      then are the chunks published in memory and visible to Lookup and reads.
 // A failure at any step frees the slots (punched) and leaves the catalog as it was.
@@ -56,7 +60,9 @@
 #include "storage/clock.h"
 #include "storage/eviction_policy.h"
 #include "storage/file_system.h"
+#include "storage/latency_window.h"
 #include "storage/segment.h"
+#include "storage/staging_pool.h"
 
 namespace ckv::storage {
 
@@ -73,6 +79,10 @@ struct StoreOptions {
   IoBackend io_backend = IoBackend::kAuto;
   uint32_t io_queue_depth = 16;
   uint32_t max_write_bytes = 2u << 20;
+  // Staging memory of all Puts together (EngineOptions::put_staging_bytes).
+  uint64_t put_staging_bytes = 32ull << 20;
+  // Write aligned records straight from the caller's tensors (EngineOptions::put_direct_writes).
+  bool put_direct_writes = false;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
   FileSystem* file_system = nullptr;
   // nullptr = stderr. Not owned; must outlive the store.
@@ -119,6 +129,13 @@ struct StoreStats {
   uint64_t reclaim_bytes = 0;           // bytes they gave back (punched)
   uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
   uint64_t reclaim_margin_bytes = 0;    // the margin in force; 0 = no reclaimer
+  // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
+  uint64_t put_latency_p50_us = 0;
+  uint64_t put_latency_p99_us = 0;
+  uint64_t put_latency_max_us = 0;
+  uint64_t put_latency_window = 0;   // Puts that p50 and p99 are over
+  uint64_t put_staging_waits = 0;    // Puts that waited for staging memory
+  uint64_t put_direct_bytes = 0;     // bytes Puts wrote straight from the caller's tensors
 };
 
 // Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
@@ -523,6 +540,17 @@ class ChunkStore {
   uint64_t reclaim_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inline_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // ---- end of the background reclaimer ----
+  // ---- Put staging and latency (issue 20; chunk_store_put.cc) ----
+  // Put's work; Put times it into put_latency_.
+  absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                     const KvTensors& kv, const AuxRecords* aux);
+  // Staging buffers and write queues of every Put (storage/staging_pool.h).
+  std::unique_ptr<StagingPool> staging_;
+  // Latency of the Puts that returned OK.
+  LatencyWindow put_latency_;
+  // Bytes written straight from callers' tensors (gathered writes), since Open.
+  std::atomic<uint64_t> put_direct_bytes_{0};
+  // ---- end of Put staging and latency ----
 
   std::atomic<uint64_t> records_read_{0};
   std::atomic<uint64_t> bytes_read_{0};

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <memory>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,6 +101,18 @@ absl::Status ChunkStore::ValidateAux(const AuxRecords* aux) {
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                           const KvTensors& kv, const AuxRecords* aux) {
+  const int64_t start_ns = options_.clock->MonotonicNanos();
+  absl::StatusOr<PutResult> result = PutTimed(spec, tokens, kv, aux);
+  if (result.ok()) {
+    const int64_t ns = options_.clock->MonotonicNanos() - start_ns;
+    put_latency_.Record(static_cast<uint64_t>(std::max<int64_t>(ns, 0)) / 1000);
+  }
+  return result;
+}
+
+absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
+                                               std::span<const int32_t> tokens,
+                                               const KvTensors& kv, const AuxRecords* aux) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
   CKV_RETURN_IF_ERROR(ValidateAux(aux));
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
@@ -459,33 +473,95 @@ absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec,
   return raw;
 }
 
+namespace {
+
+// Copies the records of `count` consecutive new chunks (from new chunk `first_new`; new chunk i
+// is chunk first_chunk + i of the prefix) in band `band` into `dst`, laid out as their slots are
+// in the segment, padding zeroed, and sets their checksums: over exactly the bytes written.
+void StageBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
+               const std::vector<std::vector<std::byte>>& aux_data, size_t first_new,
+               size_t first_chunk, uint32_t count, std::byte* dst,
+               std::vector<std::vector<uint64_t>>* checksums) {
+  const uint32_t c = spec.chunk_tokens;
+  const size_t token_bytes = spec.TokenBytesPerLayer();
+  const size_t half = size_t{c} * token_bytes;  // K (or V) bytes of one chunk at one layer
+  const bool aux_band = band >= seg.layer_bands();
+  const uint64_t slot_stride = seg.record_stride(band);
+  const uint64_t band_slot = seg.band_slot_bytes(band);
+  const uint32_t first_record = seg.first_record_of_band(band);
+  const uint32_t records = seg.records_in_band(band);
+  for (uint32_t i = 0; i < count; ++i) {
+    const size_t new_index = first_new + i;
+    const size_t token_offset = (first_chunk + new_index) * c;
+    for (uint32_t j = 0; j < records; ++j) {
+      const uint32_t record = first_record + j;
+      const size_t bytes = seg.record_bytes(record);
+      std::byte* out = dst + i * band_slot + j * slot_stride;
+      if (aux_band) {
+        const size_t a = record - spec.layers;
+        std::memcpy(out, aux_data[a].data() + new_index * bytes, bytes);
+      } else {
+        std::memcpy(out, kv.k[record].data() + token_offset * token_bytes, half);
+        std::memcpy(out + half, kv.v[record].data() + token_offset * token_bytes, half);
+      }
+      if (slot_stride > bytes) std::memset(out + bytes, 0, slot_stride - bytes);
+      (*checksums)[new_index][record] = RecordChecksum(out, bytes);
+    }
+  }
+}
+
+// True when the records of band `band` can be written straight from the caller's tensors: a layer
+// band whose K and V halves are whole blocks of the file (slots need no padding) at addresses
+// aligned to a block. The block is at least 4 KiB whatever the file allows: ext4 serialises
+// direct writes from memory aligned below its block size.
+bool DirectBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
+                size_t alignment) {
+  if (band >= seg.layer_bands()) return false;
+  const size_t half = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
+  const size_t block = std::max(alignment, kDirectIoAlignment);
+  if (half % block != 0 || seg.record_stride(band) != 2 * half) return false;
+  const uint32_t first = seg.first_record_of_band(band);
+  for (uint32_t l = first; l < first + seg.records_in_band(band); ++l) {
+    if (reinterpret_cast<uintptr_t>(kv.k[l].data()) % block != 0 ||
+        reinterpret_cast<uintptr_t>(kv.v[l].data()) % block != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The pieces of a gathered write of `count` consecutive new chunks in a DirectBand: each record's
+// K then V half, straight from the caller's tensors, in slot order. Sets their checksums (over
+// the same bytes the kernel will read).
+void GatherBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
+                size_t first_new, size_t first_chunk, uint32_t count, XXH3_state_t* hash,
+                std::vector<IoPiece>* pieces, std::vector<std::vector<uint64_t>>* checksums) {
+  const size_t token_bytes = spec.TokenBytesPerLayer();
+  const size_t half = size_t{spec.chunk_tokens} * token_bytes;
+  const uint32_t first_record = seg.first_record_of_band(band);
+  const uint32_t records = seg.records_in_band(band);
+  pieces->clear();
+  for (uint32_t i = 0; i < count; ++i) {
+    const size_t new_index = first_new + i;
+    const size_t at = (first_chunk + new_index) * spec.chunk_tokens * token_bytes;
+    for (uint32_t l = first_record; l < first_record + records; ++l) {
+      const std::byte* k = kv.k[l].data() + at;
+      const std::byte* v = kv.v[l].data() + at;
+      pieces->push_back(IoPiece{k, half});
+      pieces->push_back(IoPiece{v, half});
+      (*checksums)[new_index][l] = RecordChecksum2(hash, k, half, v, half);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
                                      size_t first_chunk, const std::vector<PlannedRun>& plan,
                                      const std::vector<std::vector<std::byte>>& aux_data,
                                      const std::function<void()>& aux_ready,
                                      std::vector<std::vector<uint64_t>>* checksums,
                                      uint64_t* bytes_written) {
-  const uint32_t c = spec.chunk_tokens;
-  const size_t token_bytes = spec.TokenBytesPerLayer();
-  const size_t half = size_t{c} * token_bytes;  // K (or V) bytes of one chunk at one layer
-  const size_t depth = options_.io_queue_depth;
-  // Staging buffers, allocated as the pipeline needs them, at most depth + 1: a Submit into a
-  // full queue first reaps a completion (whose callback returns its buffer), so with one buffer
-  // more than the queue holds, one is always free to fill while `depth` writes are in flight.
-  // Declared before the queue so that they outlive it: nothing may free a buffer the kernel may
-  // still be reading.
-  std::vector<AlignedBuffer> buffers;
-  std::vector<size_t> free_buffers;
-  absl::Status first_error;
-  uint64_t written = 0;
-  CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue,
-                       fs_->NewIoQueue(static_cast<uint32_t>(depth)));
-  // On an early return, wait for what is in flight before the buffers go.
-  struct DrainOnExit {
-    IoQueue* q;
-    ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already reported or returned
-  } drain_on_exit{queue.get()};
-
   // Reserve the blocks first: one fallocate per band run instead of block-by-block allocation
   // under each direct write, and a full disk is found before any data moves.
   for (const PlannedRun& r : plan) {
@@ -496,80 +572,103 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
       CKV_RETURN_IF_ERROR(s);
     }
   }
+  // The staging buffers and the queue are the lane's: this Put streams through them, whatever
+  // its size, refilling each buffer once its write completes.
+  CKV_ASSIGN_OR_RETURN(StagingPool::Lease lease, staging_->LeaseLane());
+  IoQueue* const queue = lease.queue();
+  const std::span<std::byte* const> buffers = lease.buffers();
+  std::vector<size_t> free_buffers;
+  for (size_t i = buffers.size(); i > 0; --i) free_buffers.push_back(i - 1);
+  // The pieces of gathered writes (records written straight from the caller's tensors, see
+  // DirectBand), one set per buffer: a gathered write holds a buffer's turn, not its memory, so
+  // the lane bounds those in flight too.
+  std::vector<std::vector<IoPiece>> piece_sets(buffers.size());
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash(XXH3_createState(),
+                                                                      &XXH3_freeState);
+  if (hash == nullptr) throw std::bad_alloc();  // as for any allocation
+  // A band of one chunk larger than a staging buffer (or a file aligned beyond the pool's
+  // alignment) is staged in a buffer of its own, written alone: rare, and still bounded.
+  AlignedBuffer own;
+  absl::Status first_error;
+  uint64_t written = 0;
+  auto on_done = [&](size_t bi, size_t io_bytes, bool direct) {
+    return [&, bi, io_bytes, direct](const absl::Status& st) {
+      if (!st.ok() && first_error.ok()) first_error = st;
+      if (st.ok()) written += io_bytes;
+      if (st.ok() && direct) put_direct_bytes_.fetch_add(io_bytes, std::memory_order_relaxed);
+      // Each write completes once, so its buffer comes back once.
+      CKV_DCHECK(std::find(free_buffers.begin(), free_buffers.end(), bi) == free_buffers.end());
+      if (bi != SIZE_MAX) free_buffers.push_back(bi);
+    };
+  };
+  // On any return, nothing may stay in flight from the lane's buffers; a queue that failed
+  // itself is dropped, so the next Put of the lane makes a new one.
+  auto fail_queue = [&](absl::Status s) {
+    lease.DiscardQueue();
+    return s;
+  };
   bool aux_waited = false;
   for (const PlannedRun& r : plan) {
     Segment* seg = r.segment;
-    for (uint32_t band = 0; band < seg->bands(); ++band) {
-      const bool aux_band = band >= seg->layer_bands();
-      if (aux_band && !aux_waited) {
+    const size_t alignment = seg->file()->alignment();
+    for (uint32_t band = 0; band < seg->bands() && first_error.ok(); ++band) {
+      if (band >= seg->layer_bands() && !aux_waited) {
         aux_ready();
         aux_waited = true;
       }
-      const uint64_t slot_stride = seg->record_stride(band);
       const uint64_t band_slot = seg->band_slot_bytes(band);
-      const uint32_t per_io = static_cast<uint32_t>(
-          std::max<uint64_t>(1, options_.max_write_bytes / band_slot));
-      const uint32_t first_record = seg->first_record_of_band(band);
-      const uint32_t records = seg->records_in_band(band);
-      for (uint32_t s0 = 0; s0 < r.run.count; s0 += per_io) {
+      const bool direct = options_.put_direct_writes && DirectBand(*seg, band, spec, kv, alignment);
+      uint32_t per_io = static_cast<uint32_t>(std::max<uint64_t>(
+          1, std::min<uint64_t>(options_.max_write_bytes, staging_->buffer_bytes()) / band_slot));
+      if (direct) {
+        per_io = static_cast<uint32_t>(std::max<uint64_t>(
+            1, std::min<uint64_t>(options_.max_write_bytes / band_slot,
+                                  kMaxIoPieces / (2 * seg->records_in_band(band)))));
+      }
+      for (uint32_t s0 = 0; s0 < r.run.count && first_error.ok(); s0 += per_io) {
         const uint32_t count = std::min(per_io, r.run.count - s0);
         const size_t io_bytes = count * band_slot;
-        if (free_buffers.empty() && buffers.size() > depth) {
-          // Not reached while the queue keeps its promise (below); waiting for everything is
-          // the safe answer if it does not.
-          CKV_RETURN_IF_ERROR(queue->Drain());
-        }
-        size_t bi;
-        if (!free_buffers.empty()) {
+        const bool pooled = direct || (io_bytes <= staging_->buffer_bytes() &&
+                                       StagingPool::kBufferAlignment % alignment == 0);
+        size_t bi = SIZE_MAX;
+        std::byte* buf = nullptr;
+        if (pooled) {
+          // Wait for a buffer: a write of this Put completes and gives its buffer back.
+          for (int waits = 0; free_buffers.empty(); ++waits) {
+            CKV_DCHECK(waits < (1 << 20));  // each Reap(true) completes at least one write
+            if (absl::Status s = queue->Reap(/*wait=*/true); !s.ok()) return fail_queue(s);
+          }
           bi = free_buffers.back();
           free_buffers.pop_back();
+          buf = buffers[bi];
         } else {
-          bi = buffers.size();
-          buffers.emplace_back(io_bytes, seg->file()->alignment());
-        }
-        if (buffers[bi].size() < io_bytes) {
-          buffers[bi] = AlignedBuffer(io_bytes, seg->file()->alignment());
-        }
-        std::byte* buf = buffers[bi].data();
-        for (uint32_t i = 0; i < count; ++i) {
-          const size_t new_index = r.first + s0 + i;
-          const size_t token_offset = (first_chunk + new_index) * c;
-          for (uint32_t j = 0; j < records; ++j) {
-            const uint32_t record = first_record + j;
-            const size_t bytes = seg->record_bytes(record);
-            std::byte* dst = buf + i * band_slot + j * slot_stride;
-            if (aux_band) {
-              const size_t a = record - spec.layers;
-              std::memcpy(dst, aux_data[a].data() + new_index * bytes, bytes);
-            } else {
-              std::memcpy(dst, kv.k[record].data() + token_offset * token_bytes, half);
-              std::memcpy(dst + half, kv.v[record].data() + token_offset * token_bytes, half);
-            }
-            if (slot_stride > bytes) std::memset(dst + bytes, 0, slot_stride - bytes);
-            (*checksums)[new_index][record] = RecordChecksum(dst, bytes);
-          }
+          if (absl::Status s = queue->Drain(); !s.ok()) return fail_queue(s);
+          if (own.size() < io_bytes) own = AlignedBuffer(io_bytes, alignment);
+          buf = own.data();
         }
         IoOp op;
         op.kind = IoOp::Kind::kWrite;
         op.file = seg->file();
         op.offset = seg->BandOffset(band, r.run.start + s0);
-        op.buffer = buf;
         op.length = io_bytes;
-        CKV_RETURN_IF_ERROR(queue->Submit(op, [&, bi, io_bytes](const absl::Status& st) {
-          if (!st.ok() && first_error.ok()) first_error = st;
-          if (st.ok()) written += io_bytes;
-          // Each write completes once, so its buffer comes back once.
-          CKV_DCHECK(std::find(free_buffers.begin(), free_buffers.end(), bi) ==
-                     free_buffers.end());
-          free_buffers.push_back(bi);
-        }));
-        if (!first_error.ok()) break;
+        if (direct) {
+          GatherBand(*seg, band, spec, kv, r.first + s0, first_chunk, count, hash.get(),
+                     &piece_sets[bi], checksums);
+          op.gather = piece_sets[bi];
+        } else {
+          StageBand(*seg, band, spec, kv, aux_data, r.first + s0, first_chunk, count, buf,
+                    checksums);
+          op.buffer = buf;
+          op.buffer_index = pooled ? lease.buffer_index(bi) : kNoIoSlot;
+        }
+        if (absl::Status s = queue->Submit(op, on_done(bi, io_bytes, direct)); !s.ok()) {
+          return fail_queue(s);
+        }
       }
-      if (!first_error.ok()) break;
     }
     if (!first_error.ok()) break;
   }
-  CKV_RETURN_IF_ERROR(queue->Drain());
+  if (absl::Status s = queue->Drain(); !s.ok()) return fail_queue(s);
   CKV_RETURN_IF_ERROR(first_error);
   *bytes_written = written;
   return absl::OkStatus();

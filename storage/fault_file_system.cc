@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "ckv/status.h"
 #include "rocksdb/file_system.h"
+#include "storage/io_op_narrow.h"
 
 namespace ckv::storage {
 namespace {
@@ -269,6 +270,13 @@ class FaultIoQueue final : public IoQueue {
 
   static FaultFile* Unwrap(File* file) { return dynamic_cast<FaultFile*>(file); }
 
+  // The pieces of a narrowed gathered op (NarrowIoOp), kept alive by the callbacks that outlive it.
+  using Pieces = std::shared_ptr<std::vector<IoPiece>>;
+  static IoOp Narrow(const IoOp& op, size_t from, size_t length, Pieces* pieces) {
+    *pieces = std::make_shared<std::vector<IoPiece>>();
+    return NarrowIoOp(op, from, length, pieces->get());
+  }
+
   // One piece of an op (all of it, or the remainder after an injected short transfer), with
   // `op.file` the target's File: the op hook first, then the rules.
   absl::Status SubmitPiece(FaultFile* file, const IoOp& op, SharedCallback done) {
@@ -296,13 +304,11 @@ class FaultIoQueue final : public IoQueue {
         // A short transfer: the head goes to the target; the remainder is requeued when it lands,
         // as a queue requeues a real one.
         const auto head = static_cast<size_t>(f->transfer_limit);
-        IoOp first = op;
-        first.length = head;
-        IoOp rest = op;
-        rest.offset += head;
-        rest.buffer += head;
-        rest.length -= head;
-        return inner_->Submit(first, [this, file, rest, done](const absl::Status& status) {
+        Pieces first_pieces, rest_pieces;
+        const IoOp first = Narrow(op, 0, head, &first_pieces);
+        const IoOp rest = Narrow(op, head, op.length - head, &rest_pieces);
+        return inner_->Submit(first, [this, file, rest, rest_pieces, first_pieces,
+                                      done](const absl::Status& status) {
           if (!status.ok()) {
             Invoke(*done, status);
             return;
@@ -320,9 +326,10 @@ class FaultIoQueue final : public IoQueue {
     }
     absl::Status fault_status = FaultFile::FaultStatus(d, path, op.offset, op.length);
     if (FaultFile::TransfersSomething(d)) {
-      IoOp partial = op;
-      partial.length = d.partial_bytes;
-      return inner_->Submit(partial, [this, done, fault_status = std::move(fault_status)](
+      Pieces partial_pieces;
+      const IoOp partial = Narrow(op, 0, d.partial_bytes, &partial_pieces);
+      return inner_->Submit(partial, [this, done, partial_pieces,
+                                      fault_status = std::move(fault_status)](
                                          const absl::Status& status) {
         Invoke(*done, status.ok() ? fault_status : status);
       });

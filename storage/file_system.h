@@ -43,6 +43,14 @@ inline constexpr absl::string_view kSeamPutCommitted = "put: catalog committed, 
 // Alignment of buffers, offsets and lengths for direct I/O, unless a file says otherwise.
 inline constexpr size_t kDirectIoAlignment = 4096;
 
+// One piece of a gathered write (IoOp::gather, File::WriteGatherAt).
+struct IoPiece {
+  const std::byte* data = nullptr;
+  size_t length = 0;
+};
+// Most pieces one gathered write may have (the kernel's IOV_MAX).
+inline constexpr size_t kMaxIoPieces = 1024;
+
 class File {
  public:
   virtual ~File() = default;
@@ -57,6 +65,9 @@ class File {
   virtual absl::Status ReadAt(uint64_t offset, std::span<std::byte> out) = 0;
   // Writes all of `data` at `offset`, retrying short writes and EINTR.
   virtual absl::Status WriteAt(uint64_t offset, std::span<const std::byte> data) = 0;
+  // Writes the pieces back to back from `offset`, as one write where the file can (pwritev),
+  // retrying short writes and EINTR. Default: WriteAt of each piece in turn.
+  virtual absl::Status WriteGatherAt(uint64_t offset, std::span<const IoPiece> pieces);
   // fdatasync.
   virtual absl::Status Sync() = 0;
   // Frees the blocks of [offset, offset + length) (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE); reads of the
@@ -107,6 +118,12 @@ struct IoOp {
   uint32_t file_slot = kNoIoSlot;
   // The registered buffer (RegisterBuffers) that holds [buffer, buffer + length), or kNoIoSlot.
   uint32_t buffer_index = kNoIoSlot;
+  // A gathered write: when not empty, a write's bytes are these pieces in order (1..kMaxIoPieces,
+  // their lengths summing to `length`, each aligned like `buffer` in address and length), and
+  // `buffer` and `buffer_index` are not used. The pieces (the array and the bytes) must stay
+  // valid until the op completes. io_uring: one WRITEV; the thread fallback:
+  // File::WriteGatherAt. Writes only.
+  std::span<const IoPiece> gather = {};
 };
 
 // The one disk I/O layer: runs positioned reads and writes with up to `depth` operations in

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,6 +115,48 @@ absl::Status PosixFile::WriteAt(uint64_t offset, std::span<const std::byte> data
     if ((err == EINTR || err == EAGAIN) && ++retries < kMaxTransferRetries) continue;
     return TransferError(err, /*read=*/false, offset + done, data.data() + done,
                          data.size() - done);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PosixFile::WriteGatherAt(uint64_t offset, std::span<const IoPiece> pieces) {
+  // pwritev of up to IOV_MAX pieces at a time; a short write resumes inside its piece.
+  std::vector<iovec> iov;
+  size_t piece = 0;
+  size_t skip = 0;  // bytes of pieces[piece] already written
+  int retries = 0;
+  while (piece < pieces.size()) {
+    iov.clear();
+    for (size_t i = piece; i < pieces.size() && iov.size() < kMaxIoPieces; ++i) {
+      const size_t from = i == piece ? skip : 0;
+      iov.push_back({const_cast<std::byte*>(pieces[i].data + from), pieces[i].length - from});
+    }
+    const ssize_t n = ::pwritev(fd_, iov.data(), static_cast<int>(iov.size()),
+                                static_cast<off_t>(offset));
+    if (n > 0) {
+      offset += static_cast<uint64_t>(n);
+      size_t left = static_cast<size_t>(n);
+      while (left > 0 && piece < pieces.size()) {
+        const size_t in_piece = pieces[piece].length - skip;
+        if (left < in_piece) {
+          skip += left;
+          left = 0;
+        } else {
+          left -= in_piece;
+          skip = 0;
+          ++piece;
+        }
+      }
+      retries = 0;
+      continue;
+    }
+    if (n == 0) {
+      return absl::InternalError(
+          absl::StrCat("write ", path_, " at offset ", offset, ": wrote 0 bytes of a gather"));
+    }
+    const int err = errno;
+    if ((err == EINTR || err == EAGAIN) && ++retries < kMaxTransferRetries) continue;
+    return TransferError(err, /*read=*/false, offset, iov.front().iov_base, iov.front().iov_len);
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,16 @@ inline uint64_t RecordChecksum(const void* data, size_t bytes) {
   return XXH3_64bits_dispatch(data, bytes);
 }
 
+// RecordChecksum of the bytes of `a` followed by those of `b`, without joining them (a record
+// written straight from the caller's K and V tensors). `state` is scratch from XXH3_createState.
+inline uint64_t RecordChecksum2(XXH3_state_t* state, const void* a, size_t a_bytes, const void* b,
+                                size_t b_bytes) {
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update_dispatch(state, a, a_bytes);
+  XXH3_64bits_update_dispatch(state, b, b_bytes);
+  return XXH3_64bits_digest(state);
+}
+
 // The one verification of bytes read against the checksum their writer recorded, used by every
 // read path (the store's synchronous reads and the read engine's): OK, or DataLoss
 // "<what>: checksum 0x<actual> != 0x<expected>", where `what` names the record and where it was

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/assert.h"
+#include "ckv/status.h"
 #include "storage/file_system.h"
 
 namespace ckv::storage {
@@ -31,7 +32,7 @@ absl::Status IoQueue::SubmitBatch(std::span<const IoOp> ops, std::span<Callback>
   }
   // A bad op (InvalidArgument) refuses the whole batch before any of it is queued.
   for (const IoOp& op : ops) {
-    if (op.file == nullptr || (op.buffer == nullptr && op.length > 0)) {
+    if (op.file == nullptr || (op.buffer == nullptr && op.gather.empty() && op.length > 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("SubmitBatch: an op has no ", op.file == nullptr ? "file" : "buffer"));
     }
@@ -43,6 +44,14 @@ absl::Status IoQueue::SubmitBatch(std::span<const IoOp> ops, std::span<Callback>
 }
 
 absl::Status IoQueue::Reap(bool wait) { return wait ? Drain() : absl::OkStatus(); }
+
+absl::Status File::WriteGatherAt(uint64_t offset, std::span<const IoPiece> pieces) {
+  for (const IoPiece& piece : pieces) {
+    CKV_RETURN_IF_ERROR(WriteAt(offset, {piece.data, piece.length}));
+    offset += piece.length;
+  }
+  return absl::OkStatus();
+}
 
 namespace {
 
@@ -68,7 +77,7 @@ class ThreadIoQueue final : public IoQueue {
 
   absl::Status Submit(const IoOp& op, Callback done) override {
     if (op.file == nullptr) return absl::InvalidArgumentError("IoQueue(threads): op has no file");
-    if (op.buffer == nullptr && op.length > 0) {
+    if (op.buffer == nullptr && op.gather.empty() && op.length > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("IoQueue(threads): op on ", op.file->path(), " has no buffer"));
     }
@@ -149,10 +158,13 @@ class ThreadIoQueue final : public IoQueue {
       ++running_;
       mu_.Unlock();
       const IoOp& op = r->op;
-      r->status =
-          op.kind == IoOp::Kind::kRead
-              ? op.file->ReadAt(op.offset, {op.buffer, op.length})
-              : op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
+      if (op.kind == IoOp::Kind::kRead) {
+        r->status = op.file->ReadAt(op.offset, {op.buffer, op.length});
+      } else if (!op.gather.empty()) {
+        r->status = op.file->WriteGatherAt(op.offset, op.gather);
+      } else {
+        r->status = op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
+      }
       mu_.Lock();
       CKV_DCHECK(running_ > 0);
       --running_;

@@ -174,7 +174,7 @@ class UringIoQueue final : public IoQueue {
       Request* request = free_.back();
       free_.pop_back();
       CKV_DCHECK(!request->in_use);  // a table entry serves one op at a time
-      *request = Request{op, fd, fixed_file, 0, 0, std::move(done[i]), true};
+      *request = Request{op, fd, fixed_file, 0, 0, std::move(done[i]), true, {}};
       ++outstanding_;
       // At most `depth` ops outstanding: every table entry is either free or taken.
       CKV_DCHECK(outstanding_ <= depth_ && outstanding_ + free_.size() == depth_);
@@ -307,6 +307,7 @@ class UringIoQueue final : public IoQueue {
     int retries = 0;          // EINTR/EAGAIN in a row
     Callback callback;
     bool in_use = false;
+    std::vector<iovec> iov;   // a gathered write's pieces not yet transferred (WRITEV)
   };
 
   // The queue broke during a batch: the call reports `status` instead of the batch's callbacks.
@@ -319,9 +320,14 @@ class UringIoQueue final : public IoQueue {
   // The descriptor (or registered index) an op's SQE names.
   absl::Status Resolve(const IoOp& op, int& fd, bool& fixed_file) const {
     if (op.file == nullptr) return absl::InvalidArgumentError("IoQueue(io_uring): op has no file");
-    if (op.buffer == nullptr && op.length > 0) {
+    if (op.buffer == nullptr && op.gather.empty() && op.length > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("IoQueue(io_uring): op on ", op.file->path(), " has no buffer"));
+    }
+    if (!op.gather.empty() && (op.kind != IoOp::Kind::kWrite || op.gather.size() > kMaxIoPieces)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "IoQueue(io_uring): gathered op on ", op.file->path(), " with ", op.gather.size(),
+          " pieces: only writes of 1..", kMaxIoPieces, " pieces gather"));
     }
     if (op.file_slot != kNoIoSlot && op.file_slot < fds_.size() && fds_[op.file_slot] >= 0) {
       fixed_file = fixed_files_;
@@ -360,7 +366,11 @@ class UringIoQueue final : public IoQueue {
       std::byte* buffer = request->op.buffer + request->done_bytes;
       const uint64_t offset = request->op.offset + request->done_bytes;
       const bool read = request->op.kind == IoOp::Kind::kRead;
-      if (fixed_buffers_ && request->op.buffer_index != kNoIoSlot) {
+      if (!request->op.gather.empty()) {
+        GatherRemainder(*request);
+        io_uring_prep_writev(sqe, request->fd, request->iov.data(),
+                             static_cast<unsigned>(request->iov.size()), offset);
+      } else if (fixed_buffers_ && request->op.buffer_index != kNoIoSlot) {
         const int index = static_cast<int>(request->op.buffer_index);
         if (read) {
           io_uring_prep_read_fixed(sqe, request->fd, buffer, length, offset, index);
@@ -378,6 +388,21 @@ class UringIoQueue final : public IoQueue {
       // Only outstanding ops go into SQEs, each at most once at a time.
       CKV_DCHECK(request->in_use && in_flight_ <= outstanding_ && outstanding_ <= depth_);
       ++counters_.transfers;
+    }
+  }
+
+  // The iovecs of what a gathered write has left to transfer: its pieces after done_bytes.
+  static void GatherRemainder(Request& request) {
+    request.iov.clear();
+    size_t skip = request.done_bytes;
+    for (const IoPiece& piece : request.op.gather) {
+      if (skip >= piece.length) {
+        skip -= piece.length;
+        continue;
+      }
+      request.iov.push_back(
+          {const_cast<std::byte*>(piece.data + skip), piece.length - skip});  // read, not written
+      skip = 0;
     }
   }
 

@@ -43,6 +43,7 @@ class PosixFile final : public File {
   size_t alignment() const override { return alignment_; }
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> out) override;
   absl::Status WriteAt(uint64_t offset, std::span<const std::byte> data) override;
+  absl::Status WriteGatherAt(uint64_t offset, std::span<const IoPiece> pieces) override;
   absl::Status Sync() override;
   absl::Status PunchHole(uint64_t offset, uint64_t length) override;
   absl::Status Allocate(uint64_t offset, uint64_t length) override;

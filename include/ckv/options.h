@@ -56,6 +56,23 @@ struct EngineOptions {
   uint32_t io_queue_depth = 16;
   // Largest single write a Put issues, bytes (a multiple of 4096). Default: 2 MiB.
   uint32_t max_write_bytes = 2u << 20;
+  // Staging memory that all Puts together copy records into before writing them, bytes,
+  // allocated on the first Put, pre-faulted and reused (registered with io_uring where it is
+  // used). It is split into buffers of max_write_bytes and those into lanes (at least 2 buffers
+  // each, at most io_queue_depth); a Put holds one lane while it writes, larger Puts stream
+  // through it, and Puts wait for a lane when all are busy. 1 MiB..64 GiB. Default: 32 MiB
+  // (2 lanes of 8 x 2 MiB).
+  uint64_t put_staging_bytes = 32ull << 20;
+  // Write a layer's records straight from the caller's K and V tensors, with gathered writes
+  // (io_uring WRITEV, pwritev), without copying them into staging, where that is possible: each
+  // tensor starts on a 4 KiB boundary (and the file's direct-I/O alignment) and the K (or V) of
+  // one chunk at one layer is a whole number of such blocks (qwen2.5 presets in fp16/bf16 at
+  // 16-token chunks are). The caller's tensors must not change until Put returns (as always).
+  // Auxiliary records, and tensors that do not qualify, are staged. Default: false: on the
+  // machine of docs/results.md ("Put at steady state") copying into the registered staging
+  // buffers was as fast or faster (qwen2.5-0.5b: 1.78 GB/s staged, 1.57 direct; the gathered
+  // writes' 4-16 KiB pieces cost more in the kernel than the copy does in user space).
+  bool put_direct_writes = false;
 
   // Byte budgets of the tiers that Re-Prefill sessions load records into (ckv/session.h): the
   // GPU tier (device memory where ckv is built with CUDA and a device is present, host memory

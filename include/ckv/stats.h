@@ -39,6 +39,20 @@ struct EngineStats {
   uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
   uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
 
+  // Put latency since Open: the time Engine::Put took, from call to return, of the Puts that
+  // returned OK (waits for staging memory, eviction and fdatasync included). p50 and p99 are
+  // nearest-rank percentiles over the latest put_latency_window Puts (at most 4096); max is over
+  // all of them. 0 when no Put has returned OK.
+  uint64_t put_latency_p50_us = 0;
+  uint64_t put_latency_p99_us = 0;
+  uint64_t put_latency_max_us = 0;
+  uint64_t put_latency_window = 0;
+  // Puts that waited for a lane of staging memory (EngineOptions::put_staging_bytes) since Open.
+  uint64_t put_staging_waits = 0;
+  // Bytes Puts wrote straight from the caller's tensors, without staging
+  // (EngineOptions::put_direct_writes), since Open.
+  uint64_t put_direct_bytes = 0;
+
   // Re-Prefill sessions finished since Open, their figures summed (see SessionStats).
   uint64_t sessions = 0;
   uint64_t session_records_served = 0;

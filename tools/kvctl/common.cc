@@ -82,6 +82,12 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("disk_bytes_used").Uint(s.disk_bytes_used)
       .Key("max_disk_bytes").Uint(s.max_disk_bytes)
       .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
+      .Key("put_latency_p50_us").Uint(s.put_latency_p50_us)
+      .Key("put_latency_p99_us").Uint(s.put_latency_p99_us)
+      .Key("put_latency_max_us").Uint(s.put_latency_max_us)
+      .Key("put_latency_window").Uint(s.put_latency_window)
+      .Key("put_staging_waits").Uint(s.put_staging_waits)
+      .Key("put_direct_bytes").Uint(s.put_direct_bytes)
       .EndObject();
 }
 

@@ -165,6 +165,18 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
     std::printf("  on this open   %s of orphaned segment space reclaimed\n",
                 FormatBytes(stats.orphan_bytes_reclaimed).c_str());
   }
+  // Put latency is kept in memory since Open: a kvctl process that only reads shows none.
+  if (stats.put_latency_window == 0) {
+    std::printf("  put latency    none: no Put since this open (kept in memory per process)\n");
+  } else {
+    std::printf("  put latency    p50 %.3f ms, p99 %.3f ms, max %.3f ms over the last %llu puts; "
+                "%llu waited for staging\n",
+                static_cast<double>(stats.put_latency_p50_us) / 1e3,
+                static_cast<double>(stats.put_latency_p99_us) / 1e3,
+                static_cast<double>(stats.put_latency_max_us) / 1e3,
+                static_cast<unsigned long long>(stats.put_latency_window),
+                static_cast<unsigned long long>(stats.put_staging_waits));
+  }
   std::printf("  S = I x F      %llu chunks, %llu with S = 0; min %.4g, q1 %.4g, median %.4g, "
               "q3 %.4g, max %.4g\n",
               static_cast<unsigned long long>(spread.chunks),
