@@ -571,10 +571,11 @@ absl::StatusOr<std::unique_ptr<IoQueue>> FaultInjectingFileSystem::NewIoQueue(ui
 // ---------------------------------------------------------------------------------------------
 // Simulated power loss
 
-void FaultInjectingFileSystem::ArmCrash(uint64_t ops) {
+void FaultInjectingFileSystem::ArmCrash(uint64_t ops, bool catalog_only) {
   absl::MutexLock lock(&mu_);
   armed_ = true;
   crashed_ = false;
+  crash_in_catalog_only_ = catalog_only;
   ops_before_crash_ = ops;
   crash_seam_.clear();
   crash_point_.clear();
@@ -652,13 +653,10 @@ bool FaultInjectingFileSystem::crashed() const {
 
 absl::Status FaultInjectingFileSystem::CrashPoint(const std::string& what, bool counts) {
   absl::MutexLock lock(&mu_);
-  if (!crashed_ && armed_ && counts) {
-    if (ops_before_crash_ == 0) {
-      crashed_ = true;
-      crash_point_ = what;
-    } else {
-      --ops_before_crash_;
-    }
+  const bool counted = counts && (!crash_in_catalog_only_ || what.rfind("catalog", 0) == 0);
+  if (!crashed_ && armed_ && counted && ops_before_crash_-- == 0) {
+    crashed_ = true;
+    crash_point_ = what;
   }
   if (!crashed_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(what, ": the process is gone (simulated crash)"));

@@ -200,8 +200,9 @@ class FaultInjectingFileSystem final : public FileSystem {
   void ResetCounters();
 
   // Simulated power loss (see the top of this file). `ops`: data operations let through before
-  // the crash. Forgets the writes remembered so far (they count as synced).
-  void ArmCrash(uint64_t ops);
+  // the crash; with `catalog_only`, only the catalog's count, so that the crash lands inside a
+  // catalog operation. Forgets the writes remembered so far (they count as synced).
+  void ArmCrash(uint64_t ops, bool catalog_only = false);
   // As ArmCrash, but the crash happens at the crash seam named `seam` (CrashSeam), however many
   // operations come before it.
   void ArmCrashAt(absl::string_view seam);
@@ -322,6 +323,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   std::map<std::string, CatalogTail> catalog_tails_ ABSL_GUARDED_BY(mu_);
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  bool crash_in_catalog_only_ ABSL_GUARDED_BY(mu_) = false;  // ArmCrash's catalog_only
   uint64_t ops_before_crash_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<UnsyncedWrite> unsynced_ ABSL_GUARDED_BY(mu_);
   uint64_t write_seq_ ABSL_GUARDED_BY(mu_) = 0;

@@ -659,7 +659,14 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
                                });
       // A Put is about 25 data operations here (an allocation and a write per band, a sync, the
       // catalog's WAL append and sync).
-      fs.ArmCrash(next() % 130);
+      // Every eighth crash is drawn among the catalog's operations alone: under a cap the
+      // reclaimer's punches make segment operations so many that crashes counted over all of
+      // them landed in the catalog 1 to 4 times in 45, and the coverage check below flaked.
+      if (c % 8 == 7) {
+        fs.ArmCrash(next() % 6, /*catalog_only=*/true);
+      } else {
+        fs.ArmCrash(next() % 130);
+      }
       absl::Status s;
       for (int i = 0; i < 1000 && s.ok(); ++i, ++steps) s = workload.Step();
       ASSERT_FALSE(::testing::Test::HasFatalFailure());
