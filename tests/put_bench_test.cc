@@ -20,22 +20,10 @@ using tools::JsonValue;
 
 #ifdef CKV_PUT_BENCH_PATH
 
-struct Ran {
-  int exit_code = -1;
-  std::string output;
-};
+using Ran = ::ckv::testing::ProgramRun;
 
 Ran RunPutBench(const std::string& args) {
-  Ran r;
-  const std::string cmd = std::string(CKV_PUT_BENCH_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ::ckv::testing::RunProgram(CKV_PUT_BENCH_PATH, args);
 }
 
 double Num(const JsonValue& v, const char* key) {

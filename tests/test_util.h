@@ -3,6 +3,7 @@
 #define CKV_TESTS_TEST_UTIL_H_
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -187,6 +188,27 @@ inline absl::StatusOr<PutResult> PutSynthetic(Engine& engine, const ModelSpec& s
                                               const std::vector<int32_t>& tokens) {
   synth::SyntheticKv kv(spec, tokens);
   return engine.Put(spec, tokens, kv.tensors());
+}
+
+// What a program run through the shell printed (stdout and stderr together) and its exit status
+// (-1 when it did not exit normally or could not be started).
+struct ProgramRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `program args` with stderr merged into stdout, as the benchmark tests do.
+inline ProgramRun RunProgram(const std::string& program, const std::string& args) {
+  ProgramRun r;
+  const std::string cmd = program + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace ckv::testing
