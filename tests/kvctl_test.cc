@@ -72,6 +72,17 @@ TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
   r = Kvctl("ls " + store + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"prefixes\":2"), std::string::npos) << r.out;
+  // Under its 64 MiB cap the store keeps the reclaimer's default margin: 1/8 of the data cap.
+  auto listed = tools::ParseJson(r.out);
+  ASSERT_TRUE(listed.ok()) << r.out;
+  const tools::JsonValue& listed_stats = *listed->Find("stats");
+  const int64_t margin = *listed_stats.Find("reclaim_margin_bytes")->AsInt();
+  EXPECT_GT(margin, 7 << 20) << r.out;
+  EXPECT_LE(margin, 8 << 20) << r.out;
+  EXPECT_EQ(*listed_stats.Find("inline_evictions")->AsInt(), 0) << r.out;
+  r = Kvctl("stats " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("reclaimer      keeps ")) << r.out;
 
   r = Kvctl("verify " + store + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

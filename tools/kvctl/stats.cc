@@ -165,6 +165,15 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
     std::printf("  on this open   %s of orphaned segment space reclaimed\n",
                 FormatBytes(stats.orphan_bytes_reclaimed).c_str());
   }
+  if (stats.reclaim_margin_bytes > 0) {
+    std::printf("  reclaimer      keeps %s free under the cap; since this open %llu rounds "
+                "evicted %llu chunks (%s), %llu Puts evicted inline\n",
+                FormatBytes(stats.reclaim_margin_bytes).c_str(),
+                static_cast<unsigned long long>(stats.reclaim_rounds),
+                static_cast<unsigned long long>(stats.reclaim_chunks),
+                FormatBytes(stats.reclaim_bytes).c_str(),
+                static_cast<unsigned long long>(stats.inline_evictions));
+  }
   // Put latency is kept in memory since Open: a kvctl process that only reads shows none.
   if (stats.put_latency_window == 0) {
     std::printf("  put latency    none: no Put since this open (kept in memory per process)\n");
