@@ -23,25 +23,6 @@ constexpr uint32_t kMaxBlockTokens = 65536;
 // format) do not give the same tokens by accident.
 constexpr uint64_t kBlockSeedSalt = 0x626c6f636b696473ull;  // "blockids"
 
-// Calls `fn(line_number, content)` for each non-blank line of `text`, in order, until it
-// returns false or an error.
-template <typename Fn>
-absl::Status ForEachLine(std::string_view text, Fn fn) {
-  size_t line = 0;
-  for (size_t begin = 0; begin < text.size();) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view content = text.substr(begin, end - begin);
-    begin = end + 1;
-    ++line;
-    if (!content.empty() && content.back() == '\r') content.remove_suffix(1);
-    if (content.find_first_not_of(" \t") == std::string_view::npos) continue;
-    CKV_ASSIGN_OR_RETURN(const bool more, fn(line, content));
-    if (!more) break;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status LineError(std::string_view name, size_t line, std::string_view message) {
   return absl::InvalidArgumentError(
       absl::StrCat(std::string(name), ":", line, ": ", std::string(message)));

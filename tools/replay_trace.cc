@@ -124,11 +124,9 @@ class LineParser {
 
 }  // namespace
 
-absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::string_view name,
-                                                  const TraceLimits& limits) {
-  std::vector<TraceTurn> turns;
-  Conversations conversations;
-  size_t total = 0;
+absl::Status ForEachLine(
+    std::string_view text,
+    const std::function<absl::StatusOr<bool>(size_t line, std::string_view content)>& fn) {
   size_t line = 0;
   for (size_t begin = 0; begin < text.size();) {
     size_t end = text.find('\n', begin);
@@ -138,22 +136,36 @@ absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::st
     ++line;
     if (!content.empty() && content.back() == '\r') content.remove_suffix(1);
     if (content.find_first_not_of(" \t") == std::string_view::npos) continue;
-    const LineParser parser(name, line, limits);
-    if (content.size() > limits.max_line_bytes) {
-      return parser.Error(absl::StrCat("line of ", content.size(), " bytes; the limit is ",
-                                       limits.max_line_bytes));
-    }
-    CKV_ASSIGN_OR_RETURN(TraceTurn turn, parser.Parse(content, conversations));
-    total += turn.tokens.size();
-    if (total > limits.max_total_tokens) {
-      return parser.Error(absl::StrCat("the trace reaches ", total, " tokens; the limit is ",
-                                       limits.max_total_tokens));
-    }
-    auto& [last_turn, context] = conversations[turn.conversation];
-    last_turn = turn.turn;
-    context += turn.tokens.size();
-    turns.push_back(std::move(turn));
+    CKV_ASSIGN_OR_RETURN(const bool more, fn(line, content));
+    if (!more) break;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::string_view name,
+                                                  const TraceLimits& limits) {
+  std::vector<TraceTurn> turns;
+  Conversations conversations;
+  size_t total = 0;
+  CKV_RETURN_IF_ERROR(ForEachLine(
+      text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
+        const LineParser parser(name, line, limits);
+        if (content.size() > limits.max_line_bytes) {
+          return parser.Error(absl::StrCat("line of ", content.size(), " bytes; the limit is ",
+                                           limits.max_line_bytes));
+        }
+        CKV_ASSIGN_OR_RETURN(TraceTurn turn, parser.Parse(content, conversations));
+        total += turn.tokens.size();
+        if (total > limits.max_total_tokens) {
+          return parser.Error(absl::StrCat("the trace reaches ", total, " tokens; the limit is ",
+                                           limits.max_total_tokens));
+        }
+        auto& [last_turn, context] = conversations[turn.conversation];
+        last_turn = turn.turn;
+        context += turn.tokens.size();
+        turns.push_back(std::move(turn));
+        return true;
+      }));
   return turns;
 }
 

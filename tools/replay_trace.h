@@ -22,10 +22,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ckv::tools {
@@ -47,6 +49,13 @@ struct TraceLimits {
   // Most tokens in the whole trace. Default: 1 << 26.
   size_t max_total_tokens = size_t{1} << 26;
 };
+
+// Calls `fn(line_number, content)` for each line of JSON Lines `text` that is not blank (lines
+// numbered from 1; a trailing CR dropped; lines of spaces and tabs skipped), in order, until `fn`
+// returns false or an error, which it returns. The trace readers share it.
+absl::Status ForEachLine(
+    std::string_view text,
+    const std::function<absl::StatusOr<bool>(size_t line, std::string_view content)>& fn);
 
 // Parses the JSON Lines `text`; `name` (a path, say) prefixes error messages.
 absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::string_view name,
