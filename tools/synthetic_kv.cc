@@ -245,4 +245,15 @@ const KvTensors& ReplayKv::Fill(std::span<const int32_t> tokens, size_t first_ch
   return tensors_;
 }
 
+std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_t seed,
+                                 uint32_t layer) {
+  std::vector<float> q(size_t{window} * spec.q_heads * spec.head_dim);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + layer;
+  for (float& v : q) {
+    x += 0x9E3779B97F4A7C15ull;
+    v = static_cast<float>(static_cast<double>(Mix64(x) >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return q;
+}
+
 }  // namespace ckv::synth

@@ -76,8 +76,9 @@ class SyntheticKv {
 // SyntheticKv does and leaves the bytes of the chunks before it unspecified (what an earlier
 // prompt left there): for a Put whose first `first_chunk` chunks the store holds already, which
 // Put does not write again. The caller must make sure they are stored (Lookup, with no eviction
-// before the Put) and should check PutResult::chunks_existing >= first_chunk afterwards.
-// A replay then generates only the new chunks of a request, not its whole prompt.
+// before the Put: none with a background reclaimer, EngineStats::reclaim_margin_bytes > 0, which
+// may evict them at any moment) and should check PutResult::chunks_existing >= first_chunk
+// afterwards. A replay then generates only the new chunks of a request, not its whole prompt.
 class ReplayKv {
  public:
   explicit ReplayKv(const ModelSpec& spec) : spec_(spec) {}
@@ -91,6 +92,12 @@ class ReplayKv {
   std::vector<std::vector<std::byte>> k_, v_;
   KvTensors tensors_;
 };
+
+// Deterministic stand-in queries for one layer of a replayed request, float32 [window, q_heads,
+// head_dim] with values in [-1, 1) from `seed`: replays measure I/O and tiers, not the quality of
+// a selection.
+std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_t seed,
+                                 uint32_t layer);
 
 }  // namespace ckv::synth
 

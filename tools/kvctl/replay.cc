@@ -111,20 +111,6 @@ class ReplayInput {
 };
 
 
-// Deterministic stand-in queries for one layer of one turn: [window, q_heads, head_dim], values
-// in [-1, 1). Replay measures I/O and tiers, not the quality of a selection.
-std::vector<float> ReplayQueries(const ModelSpec& spec, uint32_t window, uint64_t turn_seed,
-                                 uint32_t layer) {
-  std::vector<float> q(size_t{window} * spec.q_heads * spec.head_dim);
-  uint64_t x = turn_seed * 0x9E3779B97F4A7C15ull + layer;
-  for (float& v : q) {
-    x += 0x9E3779B97F4A7C15ull;
-    const uint64_t z = synth::Mix64(x);
-    v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
-  }
-  return q;
-}
-
 struct ReplayTurnFigures {
   std::string conversation;
   uint64_t turn = 0;
@@ -156,7 +142,7 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
   f.matched_chunks = session->matched_chunks();
   if (f.matched_chunks > 0) {
     for (uint32_t layer = 0; layer < spec.layers; ++layer) {
-      const std::vector<float> q = ReplayQueries(spec, options.window, turn_seed, layer);
+      const std::vector<float> q = synth::ReplayQueries(spec, options.window, turn_seed, layer);
       CKV_RETURN_IF_ERROR(session->SubmitQueries(layer, q));
       CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(layer));
     }
@@ -165,13 +151,16 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
   f.reprefill_seconds = SecondsSince(reprefill_start);
   if (!no_put && f.prompt_chunks > 0) {
     const std::span<const int32_t> whole = prompt.first(f.prompt_chunks * spec.chunk_tokens);
-    // Only the chunks the session did not match are generated: the store holds the others (this
-    // replay's engine evicts only inside Put, which keeps them), and Put does not write them.
-    const KvTensors& tensors = kv.Fill(whole, f.matched_chunks);
+    // Only the chunks the session did not match are generated: the store holds the others and
+    // Put does not write them, as long as nothing evicts them before it. Eviction inside Put
+    // keeps them; a background reclaimer may not, so with one every chunk is generated.
+    const bool reclaimer = engine.Stats().reclaim_margin_bytes > 0;
+    const size_t generated_from = reclaimer ? 0 : f.matched_chunks;
+    const KvTensors& tensors = kv.Fill(whole, generated_from);
     const auto put_start = Clock::now();
     CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, tensors));
     f.put_seconds = SecondsSince(put_start);
-    if (put.chunks_existing < f.matched_chunks) {
+    if (put.chunks_existing < generated_from) {  // chunks written from unspecified bytes
       return absl::InternalError(absl::StrCat("Put found ", put.chunks_existing,
                                               " chunks stored of the ", f.matched_chunks,
                                               " the session matched"));
