@@ -59,6 +59,7 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.reclaim_rounds = st.reclaim_rounds;
   s.reclaim_chunks = st.reclaim_chunks;
   s.reclaim_bytes = st.reclaim_bytes;
+  s.free_kept_bytes = st.free_kept_bytes;
   s.inline_evictions = st.inline_evictions;
   s.reclaim_margin_bytes = st.reclaim_margin_bytes;
   s.put_latency_p50_us = st.put_latency_p50_us;

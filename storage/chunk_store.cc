@@ -751,6 +751,7 @@ StoreStats ChunkStore::Stats() {
   s.reclaim_rounds = reclaim_rounds_;
   s.reclaim_chunks = reclaim_chunks_;
   s.reclaim_bytes = reclaim_bytes_;
+  s.free_kept_bytes = unpunched_bytes_;
   s.inline_evictions = inline_evictions_;
   s.reclaim_margin_bytes = ReclaimMarginLocked();
   const LatencyWindow::Summary put = put_latency_.Summarize();

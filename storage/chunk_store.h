@@ -13,8 +13,10 @@
 //
 // Life of a Put:
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
-//      the same chunks waits); hold the parent so nothing removes it; evict to make room (one
-//      synced catalog batch, then the slots are punched); allocate slots, creating segments.
+//      the same chunks waits); hold the parent so nothing removes it; take the free slots of
+//      this model that the reclaimer freed without punching (to write over: their blocks exist
+//      and are counted); evict to make room for the rest (one synced catalog batch, then the
+//      slots are punched); allocate slots for the rest, creating segments.
 //   2. unlocked: lease a lane of the store's staging pool (waiting while every lane is leased),
 //      copy each record into its reused, pre-faulted buffers, checksum it, write with the lane's
 //      IoQueue (io_uring with registered buffers, O_DIRECT), refilling a buffer as its write
@@ -126,7 +128,8 @@ struct StoreStats {
   // ---- Background reclaimer (issue 20) ----
   uint64_t reclaim_rounds = 0;          // reclaimer rounds that evicted (since Open)
   uint64_t reclaim_chunks = 0;          // chunks they evicted (also in chunks_evicted)
-  uint64_t reclaim_bytes = 0;           // bytes they gave back (punched)
+  uint64_t reclaim_bytes = 0;           // bytes they freed (kept for Puts to write over)
+  uint64_t free_kept_bytes = 0;         // free slots still holding blocks (in disk_bytes_used)
   uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
   uint64_t reclaim_margin_bytes = 0;    // the margin in force; 0 = no reclaimer
   // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
@@ -328,7 +331,12 @@ class ChunkStore {
   struct PlannedRun {
     Segment* segment = nullptr;
     SlotRun run;
-    size_t first = 0;  // index into the Put's new chunks
+    size_t first = 0;   // index into the Put's new chunks
+    bool kept = false;  // unpunched slots written over: their blocks are allocated already
+  };
+  struct SegmentRun {
+    Segment* segment = nullptr;
+    SlotRun run;
   };
   using SlotId = std::pair<uint32_t, uint32_t>;  // segment, slot
 
@@ -364,8 +372,18 @@ class ChunkStore {
   // The bytes of chunk data that fit under max_disk_bytes once the file system's metadata for
   // the segment files is allowed for. REQUIRES: max_disk_bytes_ > 0.
   uint64_t DataCapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts leaves until `need` more bytes fit under the cap. Commits the removal.
-  absl::Status MakeRoomLocked(uint64_t need, uint64_t* evicted)
+  // The segments a Put of one model writes into: its fingerprint, the store's layout and the
+  // model's auxiliary records.
+  struct SlotOwner {
+    ChunkKey fingerprint;
+    const std::vector<uint32_t>* aux_bytes = nullptr;
+  };
+  bool OwnsLocked(const SlotOwner& owner, const Segment& segment) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts leaves until `need` more bytes fit under the cap. Commits the removal. With `owner`
+  // (a Put's), the evicted slots of the owner's segments are not punched but kept (unpunched_)
+  // for that Put to write over, and count as room for it.
+  absl::Status MakeRoomLocked(uint64_t need, uint64_t* evicted, const SlotOwner* owner = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `victims` (each a leaf once the ones before it are gone) from the catalog and from
   // memory, moving prefix ends to parents that become leaves. `batch` may carry more changes.
@@ -373,7 +391,7 @@ class ChunkStore {
   // delete does not. Eviction counts as evicted, the others as deleted.
   enum class Removal { kEvict, kDelete, kRepair };
   // The removed chunks' slots are punched and freed (batched per run), or, with `unpunched`,
-  // left allocated and appended there for the caller to punch (the reclaimer, outside mu_).
+  // left allocated and appended there for the caller (the reclaimer keeps them unpunched).
   absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
                                   Removal why, std::vector<SlotId>* unpunched = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -409,8 +427,8 @@ class ChunkStore {
   // which stay counted and wait in unpunched_.
   void ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Punches the free slots whose blocks an earlier punch could not give back (unpunched_); each
-  // one that succeeds leaves used_bytes_. Returns the bytes given back, or the first error.
+  // Punches the free slots that still hold blocks (unpunched_), one PunchSlots per run; each run
+  // that succeeds leaves used_bytes_. Returns the bytes given back, or the first error.
   absl::StatusOr<uint64_t> RetryPunchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // `aux_data[a]` holds auxiliary record a of every new chunk, back to back; `aux_ready` is
@@ -480,9 +498,23 @@ class ChunkStore {
   absl::flat_hash_set<ChunkKey> inflight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SlotId, uint32_t> read_pins_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<SlotId> deferred_free_ ABSL_GUARDED_BY(mu_);  // removed while pinned
-  // Free slots whose punch failed: their blocks are still allocated, so they stay counted in
-  // used_bytes_ (the cap is on allocated bytes) until a retry punches them or a Put reuses them.
+  // Free slots that still hold their blocks: the reclaimer's (kept for the next Puts of their
+  // model to write over) and those whose punch failed. They stay counted in used_bytes_ (the cap
+  // is on allocated bytes) until a Put reuses them or a punch gives them back.
   absl::flat_hash_set<SlotId> unpunched_ ABSL_GUARDED_BY(mu_);
+  uint64_t unpunched_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // their bytes
+  // Adds / removes unpunched slots, keeping unpunched_bytes_. Take returns whether it was one.
+  void KeepUnpunchedLocked(const Segment& segment, SlotRun run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TakeUnpunchedLocked(const Segment& segment, uint32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans up to `count` of the unpunched slots of `spec`'s segments for a Put (longest runs
+  // first), takes them out of unpunched_ and used_bytes_, and returns how many.
+  size_t PlanUnpunchedLocked(const SlotOwner& owner, size_t count,
+                             std::vector<PlannedRun>* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runs of consecutive slots of one segment in `slots`.
+  std::vector<SegmentRun> RunsOfLocked(std::vector<SlotId> slots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string last_punch_error_ ABSL_GUARDED_BY(mu_);  // for the refusal's message
   uint32_t next_segment_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Live chunks + in-flight reservations + unpunched_ slots.
@@ -499,10 +531,9 @@ class ChunkStore {
   std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk
 
   // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
-  // Evicts ahead of need: one round = pick up to kMaxReclaimVictims leaves in EvictionPolicy
-  // order under mu_, commit their removal in one synced catalog batch under mu_, punch their
-  // slots (one PunchSlots per contiguous run) without mu_, then free the slots under mu_. A slot being
-  // punched stays allocated in its segment (not reusable) and counted in used_bytes_.
+  // Evicts ahead of need: one round, under mu_, picks up to kMaxReclaimVictims leaves in
+  // EvictionPolicy order, commits their removal in one synced catalog batch, and frees their
+  // slots without punching them (unpunched_), for the next Puts to write over.
   static constexpr size_t kMaxReclaimVictims = 4096;
   // Victims in EvictionPolicy order freeing at least `bytes` where possible, at most
   // `max_victims`. Scans the chunks once into a bounded heap: O(chunks x log max_victims).
@@ -522,19 +553,18 @@ class ChunkStore {
   // Punches `slots` (free in no segment yet) one PunchSlots per contiguous run, then frees them
   // and takes their bytes out of used_bytes_; a run whose punch failed stays counted (unpunched_).
   void FreeSlotsLocked(std::vector<SlotId> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One round (see above); `*more` says whether another round could evict more. Releases mu_
-  // while it punches. REQUIRES: reclaim_running_ set by the caller.
+  // One round (see above); `*more` says whether another round could evict more.
+  // REQUIRES: reclaim_running_ set by the caller.
   absl::StatusOr<uint64_t> ReclaimRoundLocked(bool* more) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartReclaimer();
   void StopReclaimer();
   void ReclaimLoop();
-  absl::CondVar reclaim_cv_;  // signalled on kicks, stop, round ends and punches done
+  absl::CondVar reclaim_cv_;  // signalled on kicks, stop and round ends
   std::thread reclaimer_;
   bool reclaim_stop_ ABSL_GUARDED_BY(mu_) = false;
   bool reclaim_running_ ABSL_GUARDED_BY(mu_) = false;  // a round is in progress
   uint64_t reclaim_kicks_ ABSL_GUARDED_BY(mu_) = 0;    // wake-ups asked for
   uint64_t reclaim_seen_ ABSL_GUARDED_BY(mu_) = 0;     // wake-ups the thread has taken
-  uint64_t reclaim_punching_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in a round's unlocked punches
   uint64_t reclaim_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reclaim_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reclaim_bytes_ ABSL_GUARDED_BY(mu_) = 0;

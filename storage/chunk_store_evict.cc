@@ -28,19 +28,24 @@ uint64_t ChunkStore::DataCapLocked() const {
   return (max_disk_bytes_ - per_segment) / 257 * 256;
 }
 
-absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
+bool ChunkStore::OwnsLocked(const SlotOwner& owner, const Segment& segment) const {
+  const SegmentRecord& g = segment.geometry();
+  return g.fingerprint == owner.fingerprint && g.layout == layout_ &&
+         g.aux_record_bytes == *owner.aux_bytes;
+}
+
+absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
+                                        const SlotOwner* owner) {
   if (max_disk_bytes_ == 0) return absl::OkStatus();
   const uint64_t data_cap = DataCapLocked();
-  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_bytes_ + need <= data_cap; };
+  uint64_t kept = 0;  // bytes of evicted slots kept for the owner's Put (at most `need` count)
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return used_bytes_ - std::min(kept, need) + need <= data_cap;
+  };
   if (fits()) return absl::OkStatus();
-  // A reclaim round punching outside mu_ gives its bytes back soon: wait for it rather than
-  // evict more than needed.
-  while (!fits() && reclaim_punching_bytes_ > 0 &&
-         used_bytes_ - reclaim_punching_bytes_ + need <= data_cap) {
-    reclaim_cv_.Wait(&mu_);
-  }
-  if (fits()) return absl::OkStatus();
-  // Blocks an earlier punch could not give back first: they hold space no chunk uses.
+  // Free slots that still hold blocks first (the reclaimer's, kept for Puts of their model to
+  // write over, or a failed punch's): they hold space no chunk uses. The Put calling this took
+  // those of its own model already (ReservePutLocked).
   if (!unpunched_.empty()) {
     // A punch that fails again leaves its slot counted; eviction below makes up for it.
     RetryPunchesLocked().IgnoreError();
@@ -48,8 +53,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   }
   ++inline_evictions_;
   const uint64_t target = data_cap - std::min(need, data_cap);
-  const uint64_t in_use = used_bytes_ - reclaim_punching_bytes_;
-  const uint64_t excess = in_use > target ? in_use - target : 0;
+  const uint64_t excess = used_bytes_ > target ? used_bytes_ - target : 0;
   // Nothing changes until the plan is known to succeed. A first plan bounded by the chunks the
   // excess needs at the smallest chunk size keeps the heap small; the rare plan it cuts short
   // (held leaves, parents competing) is made again without the bound.
@@ -59,7 +63,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
   EvictionPlan plan = PlanEvictionLocked(excess, 2 * bound + 16);
   if (plan.bytes < excess && !plan.exhausted) plan = PlanEvictionLocked(excess, SIZE_MAX);
   if (plan.bytes < excess) {
-    // Slots the reclaimer freed but could not punch hold blocks no eviction can give back.
+    // Free slots whose punch failed (the retry above) hold blocks no eviction can give back.
     const std::string unpunched =
         unpunched_.empty()
             ? std::string()
@@ -72,10 +76,25 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted) {
         " can be evicted (the rest is held by readers or Puts in flight", unpunched, ")"));
   }
   Catalog::Batch batch = catalog_->NewBatch();
-  CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict));
+  std::vector<SlotId> slots;
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict,
+                                         owner != nullptr ? &slots : nullptr));
   *evicted += plan.victims.size();
-  // What a reclaim round is still punching was counted as given back.
-  while (!fits() && reclaim_punching_bytes_ > 0) reclaim_cv_.Wait(&mu_);
+  if (owner != nullptr) {
+    // The owner's Put writes over its model's evicted slots (no punch, no new reservation);
+    // the others are punched.
+    std::vector<SlotId> others;
+    for (const SegmentRun& r : RunsOfLocked(std::move(slots))) {
+      if (!OwnsLocked(*owner, *r.segment)) {
+        for (uint32_t i = 0; i < r.run.count; ++i) others.push_back({r.segment->id(), r.run.start + i});
+        continue;
+      }
+      r.segment->Free(r.run);
+      KeepUnpunchedLocked(*r.segment, r.run);
+      kept += r.run.count * r.segment->chunk_bytes();
+    }
+    FreeSlotsLocked(std::move(others));
+  }
   if (!fits()) {
     // Punches of evicted chunks failed: their blocks are still on disk, so the Put would pass
     // the cap. The chunks are gone (committed); the Put is refused.
@@ -189,7 +208,7 @@ void ChunkStore::FreeSlotLocked(uint32_t segment, uint32_t slot) {
     // Its blocks are still allocated: it keeps counting against the cap until a retry punches
     // it or a Put reuses it.
     last_punch_error_ = std::string(s.message());
-    unpunched_.insert(SlotId{segment, slot});
+    KeepUnpunchedLocked(*seg, SlotRun{slot, 1});
     return;
   }
   // Counted until here, not until the catalog forgot the chunk: a slot a reader still holds keeps

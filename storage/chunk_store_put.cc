@@ -192,31 +192,35 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
     inflight_cv_.SignalAll();
   };
   std::vector<PlannedRun>& plan = put.plan;
-  absl::Status s = MakeRoomLocked(need, &put.result.chunks_evicted);
+  // Free slots that still hold their blocks (the reclaimer's) are counted in used_bytes_: the
+  // Put writes over those of its model first. They leave used_bytes_ here, to come back below as
+  // part of `need`, so the room made is only for the rest.
+  const SlotOwner owner{put.fp, &put.aux_bytes};
+  size_t kept = PlanUnpunchedLocked(owner, n - m, &plan);
+  // Inline eviction, when needed, keeps the slots of this model for this Put to write over too.
+  absl::Status s = MakeRoomLocked(need, &put.result.chunks_evicted, &owner);
+  if (s.ok()) kept += PlanUnpunchedLocked(owner, n - m - kept, &plan);
   const size_t segments_before = segments_.size();
-  if (s.ok()) s = AllocateLocked(put.spec, put.aux_bytes, n - m, &plan);
+  if (s.ok()) s = AllocateLocked(put.spec, put.aux_bytes, n - m - kept, &plan);
   if (s.ok() && max_disk_bytes_ > 0 && segments_.size() > segments_before + 1 &&
       used_bytes_ + need > DataCapLocked()) {
     // The room was made for one new segment's metadata and the Put needed more segments: make
     // room again now that they exist (the slots are taken already and do not count yet).
     s = MakeRoomLocked(need, &put.result.chunks_evicted);
-    if (!s.ok()) {
-      ReleasePlanLocked(plan, /*counted=*/false);
-      plan.clear();
-    }
   }
   if (!s.ok()) {
+    ReleasePlanLocked(plan, /*counted=*/false);
+    plan.clear();
     undo();
     return s;
   }
-  // Reused slots whose punch had failed are counted already.
+  // Reused slots whose punch had failed (freed by inline eviction above) are counted already.
   uint64_t reused = 0;
   uint64_t planned = 0;
   for (const PlannedRun& r : plan) {
     planned += r.run.count;
-    for (uint32_t i = 0; i < r.run.count; ++i) {
-      reused += unpunched_.erase(SlotId{r.segment->id(), r.run.start + i});
-    }
+    if (r.kept) continue;
+    for (uint32_t i = 0; i < r.run.count; ++i) reused += TakeUnpunchedLocked(*r.segment, r.run.start + i);
   }
   CKV_DCHECK(planned == n - m);  // one slot for each new chunk
   used_bytes_ += need - reused * put.chunk_bytes;
@@ -358,8 +362,44 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   return put.result;
 }
 
+size_t ChunkStore::PlanUnpunchedLocked(const SlotOwner& owner, size_t count,
+                                       std::vector<PlannedRun>* plan) {
+  if (unpunched_.empty() || count == 0) return 0;
+  std::vector<SlotId> mine;
+  for (const SlotId& slot : unpunched_) {
+    if (OwnsLocked(owner, *segments_.at(slot.first))) mine.push_back(slot);
+  }
+  // Longest runs first, so the Put is written in as few runs as possible.
+  std::vector<SegmentRun> runs = RunsOfLocked(std::move(mine));
+  std::stable_sort(runs.begin(), runs.end(), [](const SegmentRun& a, const SegmentRun& b) {
+    return a.run.count > b.run.count;
+  });
+  size_t first = 0;  // the Put's chunks planned already
+  for (const PlannedRun& r : *plan) first += r.run.count;
+  size_t taken = 0;
+  for (const auto& [seg, whole] : runs) {
+    if (taken == count) break;
+    const SlotRun run{whole.start, static_cast<uint32_t>(std::min<size_t>(whole.count, count - taken))};
+    const bool free = seg->AllocateRun(run);
+    CKV_CHECK(free);  // an unpunched slot is free in its segment
+    for (uint32_t i = 0; i < run.count; ++i) TakeUnpunchedLocked(*seg, run.start + i);
+    CKV_DCHECK(used_bytes_ >= run.count * seg->chunk_bytes());
+    used_bytes_ -= run.count * seg->chunk_bytes();
+    plan->push_back(PlannedRun{seg, run, first + taken, /*kept=*/true});
+    taken += run.count;
+  }
+  return taken;
+}
+
 void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted) {
   for (const PlannedRun& r : plan) {
+    if (!counted && r.kept) {
+      // Written over by nothing yet: back to the unpunched slots, counted again.
+      r.segment->Free(r.run);
+      KeepUnpunchedLocked(*r.segment, r.run);
+      used_bytes_ += r.run.count * r.segment->chunk_bytes();
+      continue;
+    }
     absl::Status s = r.segment->PunchSlots(r.run);
     const bool punched = PunchGaveBack(s);
     if (!punched) {
@@ -376,54 +416,52 @@ void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool cou
       CKV_DCHECK(!read_pins_.contains(slot) && !deferred_free_.contains(slot));
       if (!counted) {
         // Not reserved by this Put; a reused unpunched slot is counted as such.
-        if (punched && unpunched_.erase(slot) > 0) used_bytes_ -= r.segment->chunk_bytes();
+        if (punched && TakeUnpunchedLocked(*r.segment, slot.second)) {
+          used_bytes_ -= r.segment->chunk_bytes();
+        }
       } else if (punched) {
         CKV_DCHECK(used_bytes_ >= r.segment->chunk_bytes());  // the reservation is counted
         used_bytes_ -= r.segment->chunk_bytes();
-      } else {
-        unpunched_.insert(slot);
       }
     }
+    if (counted && !punched) KeepUnpunchedLocked(*r.segment, r.run);
   }
 }
 
 absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked() {
   uint64_t given_back = 0;
   absl::Status first_error;
-  for (auto it = unpunched_.begin(); it != unpunched_.end();) {
-    auto seg = segments_.find(it->first);
-    if (seg == segments_.end()) {  // cannot happen: a segment with unpunched slots is not empty
-      unpunched_.erase(it++);
-      continue;
-    }
-    absl::Status s = seg->second->PunchSlots(SlotRun{it->second, 1});
+  std::vector<SlotId> slots(unpunched_.begin(), unpunched_.end());
+  for (const auto& [seg, run] : RunsOfLocked(std::move(slots))) {
+    absl::Status s = seg->PunchSlots(run);
     if (!PunchGaveBack(s)) {
       if (first_error.ok()) first_error = s;
-      ++it;
       continue;
     }
-    CKV_DCHECK(used_bytes_ >= seg->second->chunk_bytes());  // an unpunched slot is counted
-    used_bytes_ -= seg->second->chunk_bytes();
-    given_back += seg->second->chunk_bytes();
-    unpunched_.erase(it++);
+    for (uint32_t i = 0; i < run.count; ++i) TakeUnpunchedLocked(*seg, run.start + i);
+    const uint64_t bytes = run.count * seg->chunk_bytes();
+    CKV_DCHECK(used_bytes_ >= bytes);  // an unpunched slot is counted
+    used_bytes_ -= bytes;
+    given_back += bytes;
   }
-  if (!first_error.ok()) return first_error;
+  if (!first_error.ok()) {
+    last_punch_error_ = std::string(first_error.message());
+    return first_error;
+  }
   return given_back;
 }
 
 absl::Status ChunkStore::AllocateLocked(const ModelSpec& spec,
                                         const std::vector<uint32_t>& aux_bytes, size_t count,
                                         std::vector<PlannedRun>* plan) {
-  const ChunkKey fp = spec.Fingerprint();
+  const SlotOwner owner{spec.Fingerprint(), &aux_bytes};
   size_t done = 0;
+  for (const PlannedRun& r : *plan) done += r.run.count;  // planned already (unpunched slots)
+  count += done;
   // Segments of this spec in the current layout, oldest first, so space is reused before growth.
   std::vector<Segment*> candidates;
   for (auto& [id, seg] : segments_) {
-    const SegmentRecord& g = seg->geometry();
-    if (g.fingerprint == fp && g.layout == layout_ && g.aux_record_bytes == aux_bytes &&
-        seg->free_slots() > 0) {
-      candidates.push_back(seg.get());
-    }
+    if (OwnsLocked(owner, *seg) && seg->free_slots() > 0) candidates.push_back(seg.get());
   }
   std::sort(candidates.begin(), candidates.end(),
             [](Segment* a, Segment* b) { return a->id() < b->id(); });
@@ -565,6 +603,7 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   // Reserve the blocks first: one fallocate per band run instead of block-by-block allocation
   // under each direct write, and a full disk is found before any data moves.
   for (const PlannedRun& r : plan) {
+    if (r.kept) continue;  // written over: its blocks are allocated already
     for (uint32_t band = 0; band < r.segment->bands(); ++band) {
       absl::Status s = r.segment->file()->Allocate(r.segment->BandOffset(band, r.run.start),
                                                    r.run.count * r.segment->band_slot_bytes(band));

@@ -2,24 +2,27 @@
 // need so that a Put under a full cap rarely evicts inline, the eviction planner both paths
 // share, and the batched punching of freed slots.
 //
-// Life of a reclaim round (the thread's, or ReclaimNow's on the caller's thread; one at a time):
-//   1. under mu_: when more than the margin's worth of the cap is used, plan up to
-//      kMaxReclaimVictims victims in EvictionPolicy order (least recent use, then lowest score;
-//      leaves only, none held by a reader or a Put), freeing what brings usage back under
-//      cap - margin.
-//   2. under mu_: one synced catalog batch removes them (RemoveChunksLocked, the same removal
-//      Delete and inline eviction use; the removal observer sees it). Their slots are not freed:
-//      they stay allocated in their segments, so no Put can reuse them, and stay counted in
-//      used_bytes_ (reclaim_punching_bytes_ says how much of it is on its way out).
-//   3. without mu_: one PunchSlots per contiguous run of slots (a run punches each band once).
-//   4. under mu_: the runs are freed in their segments and leave used_bytes_; a run whose punch
-//      failed is freed but stays counted (unpunched_), as a failed punch does elsewhere.
+// Life of a reclaim round (the thread's, or ReclaimNow's on the caller's thread; one at a time),
+// all under mu_:
+//   1. when less than the margin is free under the cap (slots that are free but still hold
+//      blocks count as free here), plan up to kMaxReclaimVictims victims in EvictionPolicy order
+//      (least recent use, then lowest score; leaves only, none held by a reader or a Put),
+//      freeing what brings usage back under cap - margin.
+//   2. one synced catalog batch removes them (RemoveChunksLocked, the same removal Delete and
+//      inline eviction use; the removal observer sees it).
+//   3. their slots are freed in their segments but not punched: they keep their blocks, stay
+//      counted in used_bytes_ (the cap is on allocated blocks) and wait in unpunched_ for the
+//      next Put of their segment's model to write over them. Writing over allocated blocks skips
+//      the punch, the re-reservation and the file system's unwritten-extent conversion that a
+//      punched slot costs the Put that reuses it (docs/results.md, "Put at steady state").
+//      Slots of another model are punched, one PunchSlots per run, when a Put needs their room
+//      (MakeRoomLocked), by Gc, or by the next Open's reclamation.
 // A crash anywhere leaves a consistent store: before step 2's commit nothing changed; after it
-// the chunks are gone and their blocks, punched or not, are orphan space that Open reclaims.
+// the chunks are gone and their blocks are orphan space that Open reclaims.
 //
 // The thread sleeps on reclaim_cv_ until a Put leaves less than half the margin free (a kick),
 // or the store closes; it never sleeps on time. The destructor stops it and joins it before
-// anything the rounds use goes away; a round in progress finishes its punches first.
+// anything the rounds use goes away.
 #include <algorithm>
 #include <queue>
 
@@ -53,7 +56,7 @@ bool ChunkStore::ReclaimWantedLocked() const {
   const uint64_t margin = ReclaimMarginLocked();
   if (margin == 0) return false;
   const uint64_t data_cap = DataCapLocked();
-  const uint64_t in_use = used_bytes_ - reclaim_punching_bytes_;
+  const uint64_t in_use = used_bytes_ - unpunched_bytes_;
   return in_use + margin / 2 > data_cap;
 }
 
@@ -117,8 +120,9 @@ ChunkStore::EvictionPlan ChunkStore::PlanEvictionLocked(uint64_t bytes,
   return plan;
 }
 
-void ChunkStore::FreeSlotsLocked(std::vector<SlotId> slots) {
+std::vector<ChunkStore::SegmentRun> ChunkStore::RunsOfLocked(std::vector<SlotId> slots) const {
   std::sort(slots.begin(), slots.end());
+  std::vector<SegmentRun> runs;
   for (size_t i = 0; i < slots.size();) {
     // The run of consecutive slots of one segment starting at i.
     size_t j = i + 1;
@@ -126,29 +130,50 @@ void ChunkStore::FreeSlotsLocked(std::vector<SlotId> slots) {
            slots[j].second == slots[j - 1].second + 1) {
       ++j;
     }
-    Segment* seg = segments_.at(slots[i].first).get();
-    const SlotRun run{slots[i].second, static_cast<uint32_t>(j - i)};
-    for (size_t k = i; k < j; ++k) {
-      // A slot is freed once, when no chunk names it and no reader holds it.
-      CKV_DCHECK(!read_pins_.contains(slots[k]) && !deferred_free_.contains(slots[k]) &&
-                 !unpunched_.contains(slots[k]));
-    }
+    runs.push_back(SegmentRun{segments_.at(slots[i].first).get(),
+                              SlotRun{slots[i].second, static_cast<uint32_t>(j - i)}});
+    i = j;
+  }
+  return runs;
+}
+
+void ChunkStore::KeepUnpunchedLocked(const Segment& segment, SlotRun run) {
+  for (uint32_t i = 0; i < run.count; ++i) {
+    const bool inserted = unpunched_.insert(SlotId{segment.id(), run.start + i}).second;
+    CKV_DCHECK(inserted);  // a slot is freed once
+  }
+  unpunched_bytes_ += run.count * segment.chunk_bytes();
+}
+
+bool ChunkStore::TakeUnpunchedLocked(const Segment& segment, uint32_t slot) {
+  if (unpunched_.erase(SlotId{segment.id(), slot}) == 0) return false;
+  CKV_DCHECK(unpunched_bytes_ >= segment.chunk_bytes());
+  unpunched_bytes_ -= segment.chunk_bytes();
+  return true;
+}
+
+void ChunkStore::FreeSlotsLocked(std::vector<SlotId> slots) {
+  for (const SlotId& slot : slots) {
+    // A slot is freed once, when no chunk names it and no reader holds it.
+    CKV_DCHECK(!read_pins_.contains(slot) && !deferred_free_.contains(slot) &&
+               !unpunched_.contains(slot));
+  }
+  for (const auto& [seg, run] : RunsOfLocked(std::move(slots))) {
     absl::Status s = seg->PunchSlots(run);
     seg->Free(run);
     if (PunchGaveBack(s)) {
       CKV_DCHECK(used_bytes_ >= run.count * seg->chunk_bytes());
       used_bytes_ -= run.count * seg->chunk_bytes();
-    } else {
-      logger_->Log(LogLevel::kWarning,
-                   absl::StrCat("could not free blocks of slots ", run.start, "..",
-                                run.start + run.count - 1, " of segment ", seg->id(), ": ",
-                                s.message()));
-      // Their blocks are still allocated: they keep counting against the cap until a retry
-      // punches them or a Put reuses them.
-      last_punch_error_ = std::string(s.message());
-      for (size_t k = i; k < j; ++k) unpunched_.insert(slots[k]);
+      continue;
     }
-    i = j;
+    logger_->Log(LogLevel::kWarning,
+                 absl::StrCat("could not free blocks of slots ", run.start, "..",
+                              run.start + run.count - 1, " of segment ", seg->id(), ": ",
+                              s.message()));
+    // Their blocks are still allocated: they keep counting against the cap until a retry
+    // punches them or a Put reuses them.
+    last_punch_error_ = std::string(s.message());
+    KeepUnpunchedLocked(*seg, run);
   }
 }
 
@@ -156,73 +181,28 @@ absl::StatusOr<uint64_t> ChunkStore::ReclaimRoundLocked(bool* more) {
   *more = false;
   const uint64_t margin = ReclaimMarginLocked();
   if (margin == 0) return 0;
-  if (!unpunched_.empty()) {
-    // A punch that fails again leaves its slot counted; eviction below makes up for it.
-    RetryPunchesLocked().IgnoreError();
-  }
   const uint64_t target = DataCapLocked() - margin;
-  if (used_bytes_ <= target) return 0;
-  EvictionPlan plan = PlanEvictionLocked(used_bytes_ - target, kMaxReclaimVictims);
+  const uint64_t in_use = used_bytes_ - unpunched_bytes_;
+  if (in_use <= target) return 0;
+  EvictionPlan plan = PlanEvictionLocked(in_use - target, kMaxReclaimVictims);
   if (plan.victims.empty()) return 0;
   Catalog::Batch batch = catalog_->NewBatch();
   std::vector<SlotId> slots;
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict, &slots));
   ++reclaim_rounds_;
   reclaim_chunks_ += plan.victims.size();
-  // The runs to punch; their slots stay allocated (not reusable) until punched.
-  std::sort(slots.begin(), slots.end());
-  struct Run {
-    Segment* segment;
-    SlotRun run;
-    absl::Status punched;
-  };
-  std::vector<Run> runs;
-  uint64_t punching = 0;
-  for (const SlotId& slot : slots) {
-    Segment* seg = segments_.at(slot.first).get();
-    punching += seg->chunk_bytes();
-    if (!runs.empty() && runs.back().segment == seg &&
-        runs.back().run.start + runs.back().run.count == slot.second) {
-      runs.back().run.count++;
-    } else {
-      runs.push_back(Run{seg, SlotRun{slot.second, 1}, absl::OkStatus()});
-    }
+  // Freed, not punched: the slots keep their blocks, counted in used_bytes_, for the next Puts
+  // to write over (ReservePutLocked takes them first).
+  uint64_t freed = 0;
+  for (const auto& [seg, run] : RunsOfLocked(std::move(slots))) {
+    seg->Free(run);
+    KeepUnpunchedLocked(*seg, run);
+    freed += run.count * seg->chunk_bytes();
   }
-  reclaim_punching_bytes_ += punching;
-  mu_.Unlock();
-  // Segments outlive the round: a segment with used slots is never deleted (Gc), and the store
-  // joins this thread before it destroys them.
-  for (Run& r : runs) r.punched = r.segment->PunchSlots(r.run);
-  mu_.Lock();
-  uint64_t given_back = 0;
-  bool all_punched = true;
-  for (const Run& r : runs) {
-    r.segment->Free(r.run);
-    const uint64_t bytes = r.run.count * r.segment->chunk_bytes();
-    if (PunchGaveBack(r.punched)) {
-      CKV_DCHECK(used_bytes_ >= bytes);
-      used_bytes_ -= bytes;
-      given_back += bytes;
-      continue;
-    }
-    logger_->Log(LogLevel::kWarning,
-                 absl::StrCat("reclaimer could not free blocks of slots ", r.run.start, "..",
-                              r.run.start + r.run.count - 1, " of segment ", r.segment->id(),
-                              ": ", r.punched.message()));
-    last_punch_error_ = std::string(r.punched.message());
-    all_punched = false;
-    for (uint32_t i = 0; i < r.run.count; ++i) {
-      unpunched_.insert(SlotId{r.segment->id(), r.run.start + i});
-    }
-  }
-  reclaim_punching_bytes_ -= punching;
-  reclaim_bytes_ += given_back;
+  reclaim_bytes_ += freed;
   reclaim_cv_.SignalAll();
-  // After a failed punch, no further round: evicting more chunks to make up for blocks the file
-  // system will not give back would destroy data for nothing. A Put that needs the room evicts
-  // inline and reports the punch's error.
-  *more = all_punched && used_bytes_ > target && !plan.exhausted;
-  return given_back;
+  *more = used_bytes_ - unpunched_bytes_ > target && !plan.exhausted;
+  return freed;
 }
 
 absl::StatusOr<uint64_t> ChunkStore::ReclaimNow() {

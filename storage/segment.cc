@@ -122,6 +122,22 @@ SlotRun Segment::Allocate(uint32_t count) {
   return SlotRun{start, take};
 }
 
+bool Segment::AllocateRun(SlotRun run) {
+  if (run.count == 0) return true;
+  auto it = free_.upper_bound(run.start);
+  if (it == free_.begin()) return false;
+  --it;  // the free run starting at or before run.start
+  const uint32_t start = it->first, count = it->second;
+  if (run.start + run.count > start + count) return false;
+  free_.erase(it);
+  if (run.start > start) free_.emplace(start, run.start - start);
+  if (run.start + run.count < start + count) {
+    free_.emplace(run.start + run.count, start + count - run.start - run.count);
+  }
+  used_slots_ += run.count;
+  return true;
+}
+
 void Segment::Free(SlotRun run) {
   if (run.count == 0) return;
   // Freeing slots that are not in use (a double free, or a run past the end) would hand one slot

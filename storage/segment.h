@@ -12,8 +12,9 @@
 // each with slots of that record's size rounded up to 4096, so the summaries of consecutive slots
 // are one contiguous run too. In layer-major, layer l of consecutive slots is one contiguous run, and in period-major one
 // chunk's records of a period are. record_slot is the record size rounded up to 4096 for direct
-// I/O. Files are sparse: a slot's blocks exist only while a chunk lives in it (freed slots are
-// punched), so the allocated bytes of a segment are its live chunks. See docs/format.md.
+// I/O. Files are sparse: a slot's blocks exist while a chunk lives in it; a freed slot is punched,
+// or, when the reclaimer freed it, keeps its blocks for the next Put to write over (ChunkStore
+// counts those against the cap). See docs/format.md.
 //
 // Thread-safety: geometry methods are const and thread-safe. The allocator (Allocate/Free) is not
 // synchronised: ChunkStore calls it under its mutex. The File is thread-safe.
@@ -92,6 +93,8 @@ class Segment {
   // Takes up to `count` slots, as one run where one is free, else the first free run. Returns an
   // empty run when the segment is full.
   SlotRun Allocate(uint32_t count);
+  // Takes exactly `run`. False, taking nothing, unless every slot of it is free.
+  bool AllocateRun(SlotRun run);
   void Free(SlotRun run);
   uint32_t used_slots() const { return used_slots_; }
   uint32_t free_slots() const { return geometry_.capacity_slots - used_slots_; }

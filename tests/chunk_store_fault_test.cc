@@ -169,6 +169,10 @@ TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
   options.max_disk_bytes = 6 * ChunkDiskBytes(spec);
   auto engine = Engine::Open(options, dir.path());
   ASSERT_TRUE(engine.ok()) << engine.status();
+  // B is of another model (the same chunk size), so that a Put of B cannot write over A's
+  // evicted slots and must punch them.
+  ModelSpec other = spec;
+  other.model_id += "-other";
   const auto a = synth::Tokens(1, 4 * spec.chunk_tokens);
   const auto b = synth::Tokens(2, 4 * spec.chunk_tokens);
   ASSERT_TRUE(PutSynthetic(**engine, spec, a).ok());
@@ -177,21 +181,21 @@ TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
   rule.punch_hole_fail = 1;
   fs.AddRule(rule);
   // B needs A's space: A's chunks are evicted, but their blocks cannot be given back.
-  auto put = PutSynthetic(**engine, spec, b);
+  auto put = PutSynthetic(**engine, other, b);
   EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
   EXPECT_NE(put.status().message().find("could not give back"), absl::string_view::npos)
       << put.status();
   EXPECT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes);
-  EXPECT_EQ(*(*engine)->Lookup(spec, b), 0u);
+  EXPECT_EQ(*(*engine)->Lookup(other, b), 0u);
   const EngineStats held = (*engine)->Stats();
   EXPECT_LT(held.chunks, 4u) << "the eviction itself is committed";
   EXPECT_EQ(held.disk_bytes_used, 4 * ChunkDiskBytes(spec)) << "the unpunched slots still count";
   // Once punching works again the next Put gives the blocks back first, and fits.
   fs.ClearRules();
-  auto again = PutSynthetic(**engine, spec, b);
+  auto again = PutSynthetic(**engine, other, b);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_LE(SegmentBlocksBytes(dir.path()), *options.max_disk_bytes);
-  EXPECT_EQ(CountBadRecords(**engine, spec, b, 4), 0);
+  EXPECT_EQ(CountBadRecords(**engine, other, b, 4), 0);
   auto gc = (*engine)->Gc();
   ASSERT_TRUE(gc.ok()) << gc.status();
   const EngineStats st = (*engine)->Stats();

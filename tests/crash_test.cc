@@ -763,30 +763,34 @@ TEST(CrashTest, SimulatedPowerLossUnderACapKeepsTheCapAndWholePrefixes) {
                    0x9a12);
 }
 
-// A power loss at each data operation of one background-reclaimer round (issue 20), in turn:
-// inside its catalog batch (WAL append, sync) and inside its hole punches, until the
-// round completes. After each, the round's removal is entirely applied or not at all (and
-// applied if its commit was reported), every prefix it did not take is whole and bit-exact, the
-// deleted prefix stays deleted, Verify is clean, nothing is held by unpunched slots and the
-// disk is within the cap. The round is run with ChunkStore::ReclaimNow on a store the reclaimer
-// thread has not been woken in (no Put since Open), so the op count lands the same way each time.
-TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundKeepsTheCapAndWhatItDidNotTake) {
+// A power loss at each data operation of one background-reclaimer round (issue 20) and of the
+// Put that follows it, in turn: inside the round's catalog batch (WAL append, sync), then inside
+// the Put that writes over the slots the round freed without punching (its writes, fdatasync
+// and catalog batch), until both complete. After each, the round's removal is entirely applied
+// or not at all (and applied if its commit was reported), the Put's prefix is whole and
+// bit-exact or absent (and whole if the Put returned), every prefix the round did not take is
+// whole and bit-exact, the deleted prefix stays deleted, Verify is clean, the slots the round
+// kept hold nothing once reopened and the disk is within the cap. The round is run with
+// ChunkStore::ReclaimNow on a store whose reclaimer thread has not been woken (no Put since
+// Open), so the op count lands the same way each time.
+TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAndWholePrefixes) {
   const ModelSpec spec = crash::Spec();
   const uint64_t chunk = ChunkDiskBytes(spec);
   const uint64_t cap = 24 * chunk;
   const std::vector<crash::Prefix> prefixes = {{1, 4, 0}, {2, 4, 0}, {3, 4, 0}, {4, 4, 0},
                                                {5, 4, 0}};
   const crash::Prefix deleted = prefixes[1];  // frees slots 4..7: the round's victims make runs
+  const crash::Prefix after = {6, 4, 0};      // the Put after the round, over its slots
   auto put = [&](Engine& engine, const crash::Prefix& p) {
     const auto tokens = crash::TokensOf(spec, p);
     synth::SyntheticKv kv(spec, tokens);
     return engine.Put(spec, tokens, kv.tensors()).status();
   };
-  int in_catalog = 0, in_punches = 0, applied = 0, steps = 0;
+  int in_catalog = 0, in_put = 0, applied = 0, steps = 0;
   bool completed = false;
-  // Every op of the catalog batch (the first few), then every third: the punches are alike.
-  for (uint64_t n = 0; n < 100 && !completed; n += n < 4 ? 1 : 3, ++steps) {
-    const std::string run = "crash at op " + std::to_string(n) + " of the round";
+  // Every op, about 20 in all.
+  for (uint64_t n = 0; n < 160 && !completed; ++n, ++steps) {
+    const std::string run = "crash at op " + std::to_string(n) + " of the round and the Put";
     TempDir dir;
     const std::string store = dir.Sub("store");
     storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 500 + n);
@@ -803,8 +807,10 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundKeepsTheCapAndWhatItDidNotTak
     }
     // 16 chunks stored; a margin of 14 leaves room for about 9: the round takes about 7.
     options.reclaim_margin_bytes = 14 * chunk;
-    std::vector<ChunkKey> batch;  // the round's (one round: the store stops after a failed punch)
-    bool committed = false;
+    // The Put after the round leaves more than half the margin free: the reclaimer thread stays
+    // asleep.
+    std::vector<ChunkKey> batch;  // the round's
+    bool committed = false, put_returned = false;
     int batches = 0;
     {
       auto engine = Engine::Open(options, store);
@@ -822,17 +828,28 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundKeepsTheCapAndWhatItDidNotTak
       fs.ArmCrash(n);
       const absl::StatusOr<uint64_t> reclaimed = chunks.ReclaimNow();
       chunks.SetRemovalObserver(nullptr);
-      if (!fs.crashed()) {
+      const bool in_round = fs.crashed();
+      if (!in_round) {
         ASSERT_TRUE(reclaimed.ok()) << run << ": " << reclaimed.status();
         ASSERT_GT(*reclaimed, 0u) << run;
-        completed = true;
-      } else {
+        const uint64_t kept = (*engine)->Stats().free_kept_bytes;
+        ASSERT_GE(kept, after.chunks * chunk) << run << ": the round punched";
+        const absl::Status s = put(**engine, after);
+        put_returned = s.ok();
+        if (!fs.crashed()) {
+          ASSERT_TRUE(s.ok()) << run << ": " << s;
+          ASSERT_EQ((*engine)->Stats().free_kept_bytes, kept - after.chunks * chunk)
+              << run << ": the Put did not write over the round's slots";
+          completed = true;
+        }
+      }
+      if (fs.crashed()) {
         const std::string point = fs.crash_point();
-        if (point.rfind("catalog", 0) == 0) {
+        if (in_round) {
+          ASSERT_EQ(point.rfind("catalog", 0), 0u) << run << ": crashed at " << point;
           ++in_catalog;
         } else {
-          ASSERT_EQ(point.rfind("punch hole in", 0), 0u) << run << ": crashed at " << point;
-          ++in_punches;
+          ++in_put;
         }
       }
     }
@@ -879,23 +896,33 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundKeepsTheCapAndWhatItDidNotTak
       ASSERT_EQ(*matched, want) << run << ": prefix " << p.seed;
       ASSERT_EQ(CountBadRecords(**engine, spec, tokens, *matched), 0) << run;
     }
+    const auto after_tokens = crash::TokensOf(spec, after);
+    auto matched = (*engine)->Lookup(spec, after_tokens);
+    ASSERT_TRUE(matched.ok());
+    ASSERT_TRUE(*matched == 0 || *matched == after.chunks)
+        << run << ": the Put after the round is partly stored (" << *matched << " chunks)";
+    if (put_returned) {
+      ASSERT_EQ(*matched, after.chunks) << run << ": an acknowledged Put is lost";
+    }
+    ASSERT_EQ(CountBadRecords(**engine, spec, after_tokens, *matched), 0) << run;
     auto report = (*engine)->Verify();
     ASSERT_TRUE(report.ok());
     ASSERT_TRUE(report->ok()) << run << ": " << report->problems.front();
     const EngineStats stats = (*engine)->Stats();
     ASSERT_EQ(stats.disk_bytes_used, stats.chunks * chunk) << run;
+    ASSERT_EQ(stats.free_kept_bytes, 0u) << run;
     const uint64_t blocks = SegmentBlocksBytes(store);
     ASSERT_LE(blocks, cap) << run;
     ASSERT_LE(blocks, stats.disk_bytes_used + 64 * 1024 + stats.disk_bytes_used / 256)
-        << run << ": the round's unpunched slots were not reclaimed";
+        << run << ": the round's kept slots were not reclaimed";
   }
-  EXPECT_TRUE(completed) << "the round never completed within 100 operations";
+  EXPECT_TRUE(completed) << "the round and the Put never completed within 160 operations";
   EXPECT_GT(in_catalog, 0) << "no crash landed in the round's catalog batch";
-  EXPECT_GT(in_punches, 1) << "crashes did not land in the round's punches";
+  EXPECT_GT(in_put, 2) << "crashes did not land in the Put over the round's slots";
   EXPECT_GT(applied, 0);
-  std::printf("reclaim round crashes: %d steps, %d in the catalog batch, %d in hole punches, "
-              "%d with the removal applied\n",
-              steps, in_catalog, in_punches, applied);
+  std::printf("reclaim round crashes: %d steps, %d in the round's catalog batch, %d in the Put "
+              "after it, %d with the removal applied\n",
+              steps, in_catalog, in_put, applied);
 }
 
 // The deterministic crash seams (storage/file_system.h): a power loss exactly between a Put's

@@ -26,8 +26,8 @@ struct EngineStats {
   uint64_t chunks = 0;
   uint64_t prefixes = 0;
   uint64_t segments = 0;
-  // Allocated segment bytes: live chunks, Puts in flight, and freed slots whose blocks a failed
-  // punch left allocated (given back by Gc or the next Put that needs room, or reused).
+  // Allocated segment bytes: live chunks, Puts in flight, and free slots that still hold blocks
+  // (free_kept_bytes).
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
@@ -35,7 +35,12 @@ struct EngineStats {
   // also counted in chunks_evicted and bytes_evicted.
   uint64_t reclaim_rounds = 0;        // rounds that evicted: one synced catalog batch each
   uint64_t reclaim_chunks = 0;        // chunks they evicted
-  uint64_t reclaim_bytes = 0;         // bytes they gave back (hole-punched)
+  uint64_t reclaim_bytes = 0;         // bytes they freed
+  // Free slots that still hold their blocks, counted in disk_bytes_used: the reclaimer frees
+  // slots without punching them, for the next Puts of the same model to write over, and a failed
+  // punch leaves its slots so. A Put of another model that needs the room, Gc, or the next Open
+  // punches them.
+  uint64_t free_kept_bytes = 0;
   uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
   uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
 

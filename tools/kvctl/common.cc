@@ -86,6 +86,7 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("reclaim_rounds").Uint(s.reclaim_rounds)
       .Key("reclaim_chunks").Uint(s.reclaim_chunks)
       .Key("reclaim_bytes").Uint(s.reclaim_bytes)
+      .Key("free_kept_bytes").Uint(s.free_kept_bytes)
       .Key("inline_evictions").Uint(s.inline_evictions)
       .Key("put_latency_p50_us").Uint(s.put_latency_p50_us)
       .Key("put_latency_p99_us").Uint(s.put_latency_p99_us)

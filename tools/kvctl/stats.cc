@@ -167,12 +167,14 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
   }
   if (stats.reclaim_margin_bytes > 0) {
     std::printf("  reclaimer      keeps %s free under the cap; since this open %llu rounds "
-                "evicted %llu chunks (%s), %llu Puts evicted inline\n",
+                "evicted %llu chunks (%s), %llu Puts evicted inline; %s free but kept for Puts "
+                "to write over\n",
                 FormatBytes(stats.reclaim_margin_bytes).c_str(),
                 static_cast<unsigned long long>(stats.reclaim_rounds),
                 static_cast<unsigned long long>(stats.reclaim_chunks),
                 FormatBytes(stats.reclaim_bytes).c_str(),
-                static_cast<unsigned long long>(stats.inline_evictions));
+                static_cast<unsigned long long>(stats.inline_evictions),
+                FormatBytes(stats.free_kept_bytes).c_str());
   }
   // Put latency is kept in memory since Open: a kvctl process that only reads shows none.
   if (stats.put_latency_window == 0) {
