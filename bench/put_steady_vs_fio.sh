@@ -8,11 +8,17 @@
 #
 # Each round runs, on DIR, alternating which goes first:
 #   fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size=<N Puts' KV bytes>
-#       --iodepth=16 --filename=DIR/fio.dat --output-format=json      (then DIR/fio.dat is deleted)
+#       --iodepth=16 --filename=DIR/fio.dat --output-format=json      (a new file: fio lays it out
+#       with fallocate, and writes into unwritten extents)
+#   the same fio again over the file it wrote (overwrite: allocated, written blocks; faster on
+#       ext4 and XFS, which convert no extents), then DIR/fio.dat is deleted
 #   put_bench --steady-state --store DIR --model PRESET --tokens N --puts N --cap-puts K --json
 # and reports per round fio GB/s, the steady-state Put median GB/s and latency p50/p99/max, the
-# ratio put/fio and p99/median latency; then the median, min and max of each over the rounds.
-# The acceptance figures of issue 20 are ratio median >= 0.7 and p99 <= 3x the median latency.
+# ratios put/fio (new file) and put/fio-overwrite, and p99/median latency; then the median, min
+# and max of each over the rounds. A store at steady state writes mostly over blocks the
+# reclaimer freed without punching, so the overwrite ratio is the one that compares like with
+# like; it is the stricter of the two here. The acceptance figures of issue 20 are a ratio median
+# >= 0.7 and p99 <= 3x the median latency.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -102,8 +108,11 @@ settle() {
 
 run_fio() {
   settle
-  fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size="$FIO_BYTES" \
-    --iodepth=16 --filename="$DIR/fio.dat" --output-format=json >"$WORK/fio-$1.json"
+  local pass
+  for pass in new over; do
+    fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size="$FIO_BYTES" \
+      --iodepth=16 --filename="$DIR/fio.dat" --output-format=json >"$WORK/fio-$pass-$1.json"
+  done
   rm -f "$DIR/fio.dat"
 }
 
@@ -131,31 +140,40 @@ import json, statistics, sys
 work, rounds, model, tokens, puts, cap_puts, fio_bytes, directory, json_out = sys.argv[1:10]
 rounds = int(rounds)
 rows = []
-for r in range(1, rounds + 1):
-    with open(f"{work}/fio-{r}.json") as f:
+def fio_gbps_of(path, r):
+    with open(path) as f:
         job = json.load(f)["jobs"][0]
     if job.get("error", 0):
         sys.exit(f"put_steady_vs_fio: fio round {r} failed with error {job['error']}")
-    fio_gbps = job["write"]["bw"] * 1024 / 1e9  # fio reports KiB/s
+    return job["write"]["bw"] * 1024 / 1e9  # fio reports KiB/s
+
+for r in range(1, rounds + 1):
+    fio_gbps = fio_gbps_of(f"{work}/fio-new-{r}.json", r)
+    fio_over_gbps = fio_gbps_of(f"{work}/fio-over-{r}.json", r)
     with open(f"{work}/put-{r}.json") as f:
         put = json.load(f)
-    rows.append({"round": r, "fio_gbps": fio_gbps, "put_median_gbps": put["median_gbps"],
+    rows.append({"round": r, "fio_gbps": fio_gbps, "fio_overwrite_gbps": fio_over_gbps,
+                 "put_median_gbps": put["median_gbps"],
                  "put_min_gbps": put["min_gbps"], "put_max_gbps": put["max_gbps"],
                  "uncapped_median_gbps": put["uncapped"]["median_gbps"],
                  "latency_p50_ms": put["latency_p50_ms"], "latency_p99_ms": put["latency_p99_ms"],
                  "latency_max_ms": put["latency_max_ms"],
                  "every_put_evicted": put["every_put_evicted"],
                  "ratio": put["median_gbps"] / fio_gbps if fio_gbps > 0 else 0.0,
+                 "ratio_overwrite": put["median_gbps"] / fio_over_gbps
+                                    if fio_over_gbps > 0 else 0.0,
                  "p99_over_p50": put["latency_p99_ms"] / put["latency_p50_ms"]
                                  if put["latency_p50_ms"] > 0 else 0.0})
 
 print(f"Put at steady state vs fio: {model}, {tokens} tokens a Put, {puts} Puts "
       f"({cap_puts} warm-up), fio {int(fio_bytes) / 1e9:.3f} GB, on {directory}")
-print(f"{'round':<6} {'fio GB/s':>9} {'put GB/s':>9} {'uncapped':>9} {'put/fio':>8} "
-      f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/p50':>8} {'evicted':>8}")
+print(f"{'round':<6} {'fio GB/s':>9} {'fio over':>9} {'put GB/s':>9} {'uncapped':>9} "
+      f"{'put/fio':>8} {'put/over':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/p50':>8} "
+      f"{'evicted':>8}")
 for row in rows:
-    print(f"{row['round']:<6} {row['fio_gbps']:>9.3f} {row['put_median_gbps']:>9.3f} "
-          f"{row['uncapped_median_gbps']:>9.3f} {row['ratio']:>8.3f} {row['latency_p50_ms']:>8.1f} "
+    print(f"{row['round']:<6} {row['fio_gbps']:>9.3f} {row['fio_overwrite_gbps']:>9.3f} "
+          f"{row['put_median_gbps']:>9.3f} {row['uncapped_median_gbps']:>9.3f} "
+          f"{row['ratio']:>8.3f} {row['ratio_overwrite']:>8.3f} {row['latency_p50_ms']:>8.1f} "
           f"{row['latency_p99_ms']:>8.1f} {row['latency_max_ms']:>8.1f} "
           f"{row['p99_over_p50']:>8.2f} {'all' if row['every_put_evicted'] else 'NOT ALL':>8}")
 
@@ -163,8 +181,8 @@ def summary(key):
     values = [row[key] for row in rows]
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-keys = ("fio_gbps", "put_median_gbps", "uncapped_median_gbps", "ratio", "latency_p50_ms",
-        "latency_p99_ms", "p99_over_p50")
+keys = ("fio_gbps", "fio_overwrite_gbps", "put_median_gbps", "uncapped_median_gbps", "ratio",
+        "ratio_overwrite", "latency_p50_ms", "latency_p99_ms", "p99_over_p50")
 s = {k: summary(k) for k in keys}
 for key in keys:
     print(f"{key:<22} median {s[key]['median']:.3f}  min {s[key]['min']:.3f}  max {s[key]['max']:.3f}")
