@@ -255,15 +255,18 @@ absl::Status ChunkStore::ReclaimOrphans() {
     deleted_any = true;
   }
   if (deleted_any) CKV_RETURN_IF_ERROR(fs_->SyncDir(dir));
-  // Space inside segments that no committed chunk names: written by a Put that did not commit.
+  // Space inside segments that no committed chunk names: written by a Put that did not commit,
+  // or slots the last process freed and kept for its Puts to write over.
   for (auto& [id, segment] : segments_) {
     CKV_ASSIGN_OR_RETURN(uint64_t freed, PunchFreeRuns(*segment));
     reclaimed += freed;
   }
   orphan_bytes_reclaimed_ = reclaimed;
   if (reclaimed > 0) {
-    logger_->Log(LogLevel::kInfo, absl::StrCat("reclaimed ", reclaimed,
-                                               " bytes of uncommitted segment data in ", path_));
+    logger_->Log(LogLevel::kInfo,
+                 absl::StrCat("reclaimed ", reclaimed, " bytes of segment space no committed "
+                              "chunk names in ", path_, " (slots freed for reuse, or writes a "
+                              "crash left uncommitted)"));
   }
   return absl::OkStatus();
 }

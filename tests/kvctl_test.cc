@@ -679,7 +679,7 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   r = Kvctl("gc " + store + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   // Open logs what it reclaimed to stderr, before the JSON on stdout.
-  EXPECT_THAT(r.out, HasSubstr("reclaimed 65536 bytes of uncommitted segment data"));
+  EXPECT_THAT(r.out, HasSubstr("reclaimed 65536 bytes of segment space no committed chunk names"));
   auto gc = tools::ParseJson(r.out.substr(r.out.find('{')));
   ASSERT_TRUE(gc.ok()) << r.out;
   EXPECT_EQ(IntOf(*gc, "bytes_reclaimed"), 64 * 1024) << r.out;
