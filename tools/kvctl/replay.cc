@@ -129,7 +129,7 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
                                              const ReprefillOptions& options,
                                              const ReplayRequest& request,
                                              std::span<const int32_t> prompt, bool no_put,
-                                             synth::ReplayKv& kv) {
+                                             bool reclaimer, synth::ReplayKv& kv) {
   ReplayTurnFigures f;
   f.conversation = request.label;
   f.turn = request.turn;
@@ -153,8 +153,8 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
     const std::span<const int32_t> whole = prompt.first(f.prompt_chunks * spec.chunk_tokens);
     // Only the chunks the session did not match are generated: the store holds the others and
     // Put does not write them, as long as nothing evicts them before it. Eviction inside Put
-    // keeps them; a background reclaimer may not, so with one every chunk is generated.
-    const bool reclaimer = engine.Stats().reclaim_margin_bytes > 0;
+    // keeps them; a background reclaimer (`reclaimer`) may not, so with one every chunk is
+    // generated.
     const size_t generated_from = reclaimer ? 0 : f.matched_chunks;
     const KvTensors& tensors = kv.Fill(whole, generated_from);
     const auto put_start = Clock::now();
@@ -353,6 +353,7 @@ int RunReplay(const ReplayOptions& o) {
 
   std::vector<ReplayTurnFigures> figures;
   synth::ReplayKv kv(spec);
+  const bool reclaimer = (*engine)->Stats().reclaim_margin_bytes > 0;
   const auto start = Clock::now();
   {
     ProgressBar bar("replay", *total_kv_bytes);
@@ -365,7 +366,7 @@ int RunReplay(const ReplayOptions& o) {
         if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
       }
       const std::span<const int32_t> prompt = input->Prompt(i);
-      auto f = ReplayTurn(**engine, spec, options, r, prompt, o.no_put, kv);
+      auto f = ReplayTurn(**engine, spec, options, r, prompt, o.no_put, reclaimer, kv);
       if (!f.ok()) {
         bar.Finish();
         return StoreError(absl::StrCat("replay ", o.trace, ":", r.line, " (\"", r.label,
