@@ -22,6 +22,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/fio_common.sh
+source "$REPO_ROOT/bench/fio_common.sh"
 DIR="$PWD/ckv-put-steady-vs-fio"
 MODEL=qwen2.5-0.5b
 TOKENS=4096
@@ -84,34 +86,15 @@ command -v python3 >/dev/null || die "python3 not found (needed to read the JSON
 PUT_BYTES="$("$PUT_BENCH" --model "$MODEL" --tokens "$TOKENS" --print-bytes)"
 FIO_BYTES=$((PUT_BYTES * (PUTS - CAP_PUTS)))
 
-CREATED_DIR=0
-if [[ ! -d "$DIR" ]]; then
-  mkdir -p "$DIR"
-  CREATED_DIR=1
-fi
-DIR="$(cd "$DIR" && pwd)"
-WORK="$(mktemp -d)"
-cleanup() {
-  rm -f "$DIR/fio.dat"
-  rm -rf "$DIR"/put-bench-*
-  if ((CREATED_DIR)); then rmdir "$DIR" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+fio_setup_dir
 
 say "$ROUNDS rounds on $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 " on " $1 }')): $PUTS Puts of $PUT_BYTES bytes, fio $FIO_BYTES bytes"
-
-settle() {
-  sync -f "$DIR"
-  sleep "$SETTLE_SECONDS"
-}
 
 run_fio() {
   settle
   local pass
   for pass in new over; do
-    fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size="$FIO_BYTES" \
-      --iodepth=16 --filename="$DIR/fio.dat" --output-format=json >"$WORK/fio-$pass-$1.json"
+    fio_seq_write "$FIO_BYTES" "$WORK/fio-$pass-$1.json"
   done
   rm -f "$DIR/fio.dat"
 }

@@ -17,6 +17,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/fio_common.sh
+source "$REPO_ROOT/bench/fio_common.sh"
 DIR="$PWD/ckv-put-vs-fio"
 MODEL=qwen2.5-7b
 TOKENS=16384
@@ -77,36 +79,14 @@ fi
 
 BYTES="$("$PUT_BENCH" --model "$MODEL" --tokens "$TOKENS" --print-bytes)"
 
-CREATED_DIR=0
-if [[ ! -d "$DIR" ]]; then
-  mkdir -p "$DIR"
-  CREATED_DIR=1
-fi
-DIR="$(cd "$DIR" && pwd)"
-WORK="$(mktemp -d)"
-cleanup() {
-  rm -f "$DIR/fio.dat"
-  rm -rf "$DIR"/put-bench-*
-  if ((CREATED_DIR)); then rmdir "$DIR" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+fio_setup_dir
 
 say "$ROUNDS rounds on $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 " on " $1 }')), $BYTES bytes each"
-
-# Lets the device go quiet before a timed run. A file system mounted with online discard (ext4
-# -o discard) sends the freed blocks of the previous run's deleted file to the device after the
-# deletion; those discards would otherwise land inside the next timed run, of either tool.
-settle() {
-  sync -f "$DIR"
-  sleep "$SETTLE_SECONDS"
-}
 
 run_fio() {
   local round="$1"
   settle
-  fio --name=seqwrite --ioengine=io_uring --direct=1 --bs=1M --rw=write --size="$BYTES" \
-    --iodepth=16 --filename="$DIR/fio.dat" --output-format=json >"$WORK/fio-$round.json"
+  fio_seq_write "$BYTES" "$WORK/fio-$round.json"
   rm -f "$DIR/fio.dat"
 }
 
