@@ -25,7 +25,8 @@
 //      put_staging_bytes whatever the Puts' number and size.
 //   3. under mu_: one synced catalog batch names the chunks, the prefix and the counters; only
 //      then are the chunks published in memory and visible to Lookup and reads.
-// A failure at any step frees the slots (punched) and leaves the catalog as it was.
+// A failure at any step frees the slots (punched; slots taken from unpunched_ that were not yet
+// written go back there) and leaves the catalog as it was.
 //
 // Readers pin the slot they read; a chunk removed while pinned keeps its slot until unpinned, so
 // a slot is never reused under a reader.
@@ -298,7 +299,8 @@ class ChunkStore {
 
   // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
   // Runs reclaim rounds on the calling thread (after any round in progress) until the margin is
-  // free or nothing more can be evicted; returns the bytes given back. A no-op without a cap or
+  // free or nothing more can be evicted; returns the bytes freed (kept for Puts to write over,
+  // not punched: see chunk_store_reclaim.cc). A no-op without a cap or
   // with a margin of 0. For tests and tools; the store's own thread does this after Puts.
   absl::StatusOr<uint64_t> ReclaimNow();
   // Blocks until the reclaimer thread has no round running and no wake-up pending (returns at
@@ -377,12 +379,13 @@ class ChunkStore {
   struct SlotOwner {
     ChunkKey fingerprint;
     const std::vector<uint32_t>* aux_bytes = nullptr;
+    size_t slots = 0;  // how many slots the Put still needs (MakeRoomLocked keeps at most these)
   };
   bool OwnsLocked(const SlotOwner& owner, const Segment& segment) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts leaves until `need` more bytes fit under the cap. Commits the removal. With `owner`
-  // (a Put's), the evicted slots of the owner's segments are not punched but kept (unpunched_)
-  // for that Put to write over, and count as room for it.
+  // (a Put's), up to owner->slots evicted slots of the owner's segments are not punched but kept
+  // (unpunched_) for that Put to write over, and count as room for it; the rest are punched.
   absl::Status MakeRoomLocked(uint64_t need, uint64_t* evicted, const SlotOwner* owner = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `victims` (each a leaf once the ones before it are gone) from the catalog and from
@@ -424,12 +427,15 @@ class ChunkStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the slots of a Put's plan and punches them. `counted`: the plan's bytes are in
   // used_bytes_ (the Put had reserved them); they leave it, except for runs whose punch failed,
-  // which stay counted and wait in unpunched_.
+  // which stay counted and wait in unpunched_. Not counted: kept runs (taken from unpunched_,
+  // not written yet) go back to unpunched_ unpunched, counted again.
   void ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Punches the free slots that still hold blocks (unpunched_), one PunchSlots per run; each run
-  // that succeeds leaves used_bytes_. Returns the bytes given back, or the first error.
-  absl::StatusOr<uint64_t> RetryPunchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Punches free slots that still hold blocks (unpunched_), one PunchSlots per run, until at
+  // least `enough` bytes are given back (all of them by default); each run that succeeds leaves
+  // used_bytes_. Returns the bytes given back, or the first error.
+  absl::StatusOr<uint64_t> RetryPunchesLocked(uint64_t enough = UINT64_MAX)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // `aux_data[a]` holds auxiliary record a of every new chunk, back to back; `aux_ready` is
   // waited for before the first auxiliary band is written.
@@ -507,7 +513,7 @@ class ChunkStore {
   void KeepUnpunchedLocked(const Segment& segment, SlotRun run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeUnpunchedLocked(const Segment& segment, uint32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Plans up to `count` of the unpunched slots of `spec`'s segments for a Put (longest runs
+  // Plans up to `count` of the unpunched slots of the owner's segments for a Put (longest runs
   // first), takes them out of unpunched_ and used_bytes_, and returns how many.
   size_t PlanUnpunchedLocked(const SlotOwner& owner, size_t count,
                              std::vector<PlannedRun>* plan)

@@ -38,17 +38,20 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
                                         const SlotOwner* owner) {
   if (max_disk_bytes_ == 0) return absl::OkStatus();
   const uint64_t data_cap = DataCapLocked();
-  uint64_t kept = 0;  // bytes of evicted slots kept for the owner's Put (at most `need` count)
+  // Bytes of evicted slots kept for the owner's Put, which writes over every one of them (at most
+  // owner->slots): they are counted in used_bytes_ and are part of `need`.
+  uint64_t kept = 0;
   auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return used_bytes_ - std::min(kept, need) + need <= data_cap;
+    return used_bytes_ - kept + need <= data_cap;
   };
   if (fits()) return absl::OkStatus();
   // Free slots that still hold blocks first (the reclaimer's, kept for Puts of their model to
   // write over, or a failed punch's): they hold space no chunk uses. The Put calling this took
   // those of its own model already (ReservePutLocked).
   if (!unpunched_.empty()) {
-    // A punch that fails again leaves its slot counted; eviction below makes up for it.
-    RetryPunchesLocked().IgnoreError();
+    // Only as many runs as make room. A punch that fails again leaves its slot counted; eviction
+    // below makes up for it.
+    RetryPunchesLocked(used_bytes_ + need - data_cap).IgnoreError();
     if (fits()) return absl::OkStatus();
   }
   ++inline_evictions_;
@@ -84,14 +87,17 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
     // The owner's Put writes over its model's evicted slots (no punch, no new reservation);
     // the others are punched.
     std::vector<SlotId> others;
+    size_t wanted = owner->slots;
     for (const SegmentRun& r : RunsOfLocked(std::move(slots))) {
-      if (!OwnsLocked(*owner, *r.segment)) {
-        for (uint32_t i = 0; i < r.run.count; ++i) others.push_back({r.segment->id(), r.run.start + i});
-        continue;
-      }
-      r.segment->Free(r.run);
-      KeepUnpunchedLocked(*r.segment, r.run);
-      kept += r.run.count * r.segment->chunk_bytes();
+      const uint32_t keep =
+          OwnsLocked(*owner, *r.segment) ? static_cast<uint32_t>(std::min<size_t>(r.run.count, wanted)) : 0;
+      for (uint32_t i = keep; i < r.run.count; ++i) others.push_back({r.segment->id(), r.run.start + i});
+      if (keep == 0) continue;
+      const SlotRun run{r.run.start, keep};
+      r.segment->Free(run);
+      KeepUnpunchedLocked(*r.segment, run);
+      kept += keep * r.segment->chunk_bytes();
+      wanted -= keep;
     }
     FreeSlotsLocked(std::move(others));
   }
@@ -242,9 +248,11 @@ absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
   std::vector<std::pair<ChunkEntry*, const Usage*>> applied;
   for (auto& [u, record] : records) {
     auto it = chunks_.find(u->key);
-    // Only a chunk still stored in the same place: one deleted meanwhile must not come back.
+    // Only a chunk still stored in the same place by the same Put: one deleted meanwhile must not
+    // come back, and one evicted and stored again (maybe in the same slot, which a Put of its
+    // model writes over) must keep its new record.
     if (it == chunks_.end() || it->second.segment != record.segment ||
-        it->second.slot != record.slot) {
+        it->second.slot != record.slot || it->second.put_seq != record.put_seq) {
       continue;
     }
     record.importance = it->second.importance + u->importance;
@@ -282,7 +290,7 @@ absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
   for (auto& [key, record] : records) {
     auto it = chunks_.find(key);
     if (it == chunks_.end() || it->second.segment != record.segment ||
-        it->second.slot != record.slot) {
+        it->second.slot != record.slot || it->second.put_seq != record.put_seq) {
       continue;
     }
     record.importance = 0;

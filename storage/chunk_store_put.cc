@@ -195,9 +195,11 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   // Free slots that still hold their blocks (the reclaimer's) are counted in used_bytes_: the
   // Put writes over those of its model first. They leave used_bytes_ here, to come back below as
   // part of `need`, so the room made is only for the rest.
-  const SlotOwner owner{put.fp, &put.aux_bytes};
+  SlotOwner owner{put.fp, &put.aux_bytes};
   size_t kept = PlanUnpunchedLocked(owner, n - m, &plan);
-  // Inline eviction, when needed, keeps the slots of this model for this Put to write over too.
+  // Inline eviction, when needed, keeps the slots of this model for this Put to write over too,
+  // as many as it still needs.
+  owner.slots = n - m - kept;
   absl::Status s = MakeRoomLocked(need, &put.result.chunks_evicted, &owner);
   if (s.ok()) kept += PlanUnpunchedLocked(owner, n - m - kept, &plan);
   const size_t segments_before = segments_.size();
@@ -214,7 +216,8 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
     undo();
     return s;
   }
-  // Reused slots whose punch had failed (freed by inline eviction above) are counted already.
+  // Unpunched slots AllocateLocked took (none while PlanUnpunchedLocked drains this model's
+  // first; kept for safety) are counted already.
   uint64_t reused = 0;
   uint64_t planned = 0;
   for (const PlannedRun& r : plan) {
@@ -428,11 +431,12 @@ void ChunkStore::ReleasePlanLocked(const std::vector<PlannedRun>& plan, bool cou
   }
 }
 
-absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked() {
+absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked(uint64_t enough) {
   uint64_t given_back = 0;
   absl::Status first_error;
   std::vector<SlotId> slots(unpunched_.begin(), unpunched_.end());
   for (const auto& [seg, run] : RunsOfLocked(std::move(slots))) {
+    if (given_back >= enough) break;
     absl::Status s = seg->PunchSlots(run);
     if (!PunchGaveBack(s)) {
       if (first_error.ok()) first_error = s;

@@ -261,6 +261,18 @@ TEST_F(ReclaimTest, InlineEvictionWritesOverWhatItFreesOrPunchesItOncePerRun) {
   EXPECT_EQ(st.disk_bytes_used, 40 * kChunk);
   EXPECT_EQ(Stored(70, 8), 0u) << "looked up as the first model";
   EXPECT_EQ(*store_->Lookup(other, tokens), 8u);
+  // The second segment lowered the data cap below the 40 chunks in use (its metadata allowance),
+  // so the next Put of the first model evicts one chunk more than it writes: it keeps the 8 slots
+  // it writes over and punches the ninth, and fits.
+  fs_.ResetCounters();
+  auto again = Put(*store_, 51, 8);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->chunks_evicted, 9u);
+  EXPECT_EQ(Punches(), 1u);
+  st = store_->Stats();
+  EXPECT_EQ(st.free_kept_bytes, 0u);
+  EXPECT_EQ(st.disk_bytes_used, 39 * kChunk);
+  EXPECT_EQ(Stored(51, 8), 8u);
 }
 
 TEST_F(ReclaimTest, PinnedChunksAreNeverReclaimed) {

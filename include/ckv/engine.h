@@ -98,8 +98,9 @@ class Engine {
   // the last good chunk before it. Everything else is left as it was. Returns what it removed.
   virtual absl::StatusOr<RepairReport> Repair(const ProgressFn& progress = nullptr) = 0;
 
-  // Gives back segment space no chunk uses (freed slots whose blocks are still allocated, e.g.
-  // after a failed punch) and deletes segment files that hold no chunk. Does not move chunks.
+  // Gives back segment space no chunk uses (freed slots whose blocks are still allocated: those
+  // the reclaimer keeps for Puts to write over, EngineStats::free_kept_bytes, and those a failed
+  // punch left) and deletes segment files that hold no chunk. Does not move chunks.
   virtual absl::StatusOr<GcReport> Gc() = 0;
 
   // Starts a Re-Prefill of the stored leading chunks of `tokens` (see ckv/session.h). The
