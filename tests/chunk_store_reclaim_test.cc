@@ -275,6 +275,88 @@ TEST_F(ReclaimTest, InlineEvictionWritesOverWhatItFreesOrPunchesItOncePerRun) {
   EXPECT_EQ(Stored(51, 8), 8u);
 }
 
+// A Put larger than the kept slots: it writes over them, evicts inline for the rest and writes
+// over what it evicted too. Then the failure paths: a Put that cannot make room gives the kept
+// slots it had taken back, and a Put whose writes fail leaves the store consistent.
+TEST_F(ReclaimTest, APutWritesOverKeptSlotsAndWhatItEvictsAndItsFailuresGiveThemBack) {
+  StoreOptions options;
+  options.max_disk_bytes = CapFor(40);
+  options.reclaim_margin_bytes = 12 * kChunk;
+  options.reclaim_in_background = false;
+  Open(options);
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(Put(*store_, i, 4).ok());
+  ASSERT_EQ(*store_->ReclaimNow(), 12 * kChunk);  // prefixes 0..2 kept
+  CountPunches();
+  // 20 chunks: the 12 kept slots, then 8 more evicted inline (prefixes 3 and 4), kept and
+  // written over as well.
+  auto put = Put(*store_, 80, 20);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->chunks_evicted, 8u);
+  EXPECT_EQ(Punches(), 0u);
+  storage::StoreStats st = store_->Stats();
+  EXPECT_EQ(st.free_kept_bytes, 0u);
+  EXPECT_EQ(st.disk_bytes_used, 40 * kChunk);
+  EXPECT_EQ(st.segments, 1u);
+  EXPECT_EQ(Stored(4, 4), 0u);
+  EXPECT_EQ(Stored(5, 4), 4u);
+  const auto keys80 = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens,
+                                     synth::Tokens(80, 20 * spec_.chunk_tokens));
+  std::vector<std::byte> got(spec_.RecordBytes()), want(spec_.RecordBytes());
+  for (const ChunkKey& key : keys80) {
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      ASSERT_TRUE(store_->ReadRecord(spec_, key, l, got).ok());
+      synth::FillRecord(spec_, key, l, want);
+      ASSERT_EQ(got, want) << key.ToHex() << " layer " << l;
+    }
+  }
+
+  // 12 kept again (prefixes 5..7); every live prefix pinned, so a Put of 20 takes the 12 and
+  // cannot evict for the other 8: refused, and the 12 are kept as they were.
+  ASSERT_EQ(*store_->ReclaimNow(), 12 * kChunk);
+  std::vector<std::unique_ptr<storage::PinnedChunks>> pins;
+  for (uint64_t i = 5; i < 10; ++i) {  // the two of these still stored (a Lookup made 5 recent)
+    auto p = store_->Pin(spec_, ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens,
+                                               synth::Tokens(i, 4 * spec_.chunk_tokens)));
+    if (p.ok()) pins.push_back(std::move(*p));
+  }
+  ASSERT_EQ(pins.size(), 2u);
+  auto p80 = store_->Pin(spec_, keys80);
+  ASSERT_TRUE(p80.ok()) << p80.status();
+  auto refused = Put(*store_, 81, 20);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  st = store_->Stats();
+  EXPECT_EQ(st.free_kept_bytes, 12 * kChunk);
+  EXPECT_EQ(st.disk_bytes_used, 40 * kChunk);
+  EXPECT_EQ(Punches(), 0u);
+  pins.clear();
+  p80->reset();
+
+  // Writes fail while a Put writes over the kept slots: the Put fails, its slots are punched,
+  // and the next Put succeeds.
+  FaultRule eio;
+  eio.path_substring = "seg-";
+  eio.write_eio = 1;
+  fs_.ClearRules();  // the first rule that matches a file applies
+  fs_.AddRule(eio);
+  auto failed = Put(*store_, 82, 8);
+  EXPECT_FALSE(failed.ok());
+  fs_.ClearRules();
+  CountPunches();
+  st = store_->Stats();
+  EXPECT_EQ(st.free_kept_bytes, 4 * kChunk) << "the 8 written over were released, 4 stay kept";
+  EXPECT_EQ(st.disk_bytes_used, st.chunks * kChunk + st.free_kept_bytes);
+  EXPECT_EQ(Stored(82, 8), 0u);
+  auto again = Put(*store_, 82, 8);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Stored(82, 8), 8u);
+  st = store_->Stats();
+  EXPECT_EQ(st.disk_bytes_used, st.chunks * kChunk + st.free_kept_bytes);
+  EXPECT_LE(st.disk_bytes_used, 40 * kChunk);
+  auto report = store_->Verify(nullptr);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
 TEST_F(ReclaimTest, PinnedChunksAreNeverReclaimed) {
   StoreOptions options;
   options.max_disk_bytes = CapFor(40);
