@@ -509,10 +509,12 @@ class ChunkStore {
   // is on allocated bytes) until a Put reuses them or a punch gives them back.
   absl::flat_hash_set<SlotId> unpunched_ ABSL_GUARDED_BY(mu_);
   uint64_t unpunched_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // their bytes
-  // Adds / removes unpunched slots, keeping unpunched_bytes_. Take returns whether it was one.
+  // Adds / removes unpunched slots, keeping unpunched_bytes_. Take of a slot returns whether it
+  // was one; take of a run requires that every slot of it was.
   void KeepUnpunchedLocked(const Segment& segment, SlotRun run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeUnpunchedLocked(const Segment& segment, uint32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeUnpunchedLocked(const Segment& segment, SlotRun run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans up to `count` of the unpunched slots of the owner's segments for a Put (longest runs
   // first), takes them out of unpunched_ and used_bytes_, and returns how many.
   size_t PlanUnpunchedLocked(const SlotOwner& owner, size_t count,

@@ -89,9 +89,12 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
     std::vector<SlotId> others;
     size_t wanted = owner->slots;
     for (const SegmentRun& r : RunsOfLocked(std::move(slots))) {
-      const uint32_t keep =
-          OwnsLocked(*owner, *r.segment) ? static_cast<uint32_t>(std::min<size_t>(r.run.count, wanted)) : 0;
-      for (uint32_t i = keep; i < r.run.count; ++i) others.push_back({r.segment->id(), r.run.start + i});
+      const uint32_t keep = OwnsLocked(*owner, *r.segment)
+                                ? static_cast<uint32_t>(std::min<size_t>(r.run.count, wanted))
+                                : 0;
+      for (uint32_t i = keep; i < r.run.count; ++i) {
+        others.push_back({r.segment->id(), r.run.start + i});
+      }
       if (keep == 0) continue;
       const SlotRun run{r.run.start, keep};
       r.segment->Free(run);

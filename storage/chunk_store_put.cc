@@ -223,7 +223,9 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   for (const PlannedRun& r : plan) {
     planned += r.run.count;
     if (r.kept) continue;
-    for (uint32_t i = 0; i < r.run.count; ++i) reused += TakeUnpunchedLocked(*r.segment, r.run.start + i);
+    for (uint32_t i = 0; i < r.run.count; ++i) {
+      reused += TakeUnpunchedLocked(*r.segment, r.run.start + i);
+    }
   }
   CKV_DCHECK(planned == n - m);  // one slot for each new chunk
   used_bytes_ += need - reused * put.chunk_bytes;
@@ -382,10 +384,11 @@ size_t ChunkStore::PlanUnpunchedLocked(const SlotOwner& owner, size_t count,
   size_t taken = 0;
   for (const auto& [seg, whole] : runs) {
     if (taken == count) break;
-    const SlotRun run{whole.start, static_cast<uint32_t>(std::min<size_t>(whole.count, count - taken))};
+    const SlotRun run{whole.start,
+                      static_cast<uint32_t>(std::min<size_t>(whole.count, count - taken))};
     const bool free = seg->AllocateRun(run);
     CKV_CHECK(free);  // an unpunched slot is free in its segment
-    for (uint32_t i = 0; i < run.count; ++i) TakeUnpunchedLocked(*seg, run.start + i);
+    TakeUnpunchedLocked(*seg, run);
     CKV_DCHECK(used_bytes_ >= run.count * seg->chunk_bytes());
     used_bytes_ -= run.count * seg->chunk_bytes();
     plan->push_back(PlannedRun{seg, run, first + taken, /*kept=*/true});
@@ -442,7 +445,7 @@ absl::StatusOr<uint64_t> ChunkStore::RetryPunchesLocked(uint64_t enough) {
       if (first_error.ok()) first_error = s;
       continue;
     }
-    for (uint32_t i = 0; i < run.count; ++i) TakeUnpunchedLocked(*seg, run.start + i);
+    TakeUnpunchedLocked(*seg, run);
     const uint64_t bytes = run.count * seg->chunk_bytes();
     CKV_DCHECK(used_bytes_ >= bytes);  // an unpunched slot is counted
     used_bytes_ -= bytes;

@@ -152,6 +152,13 @@ bool ChunkStore::TakeUnpunchedLocked(const Segment& segment, uint32_t slot) {
   return true;
 }
 
+void ChunkStore::TakeUnpunchedLocked(const Segment& segment, SlotRun run) {
+  for (uint32_t i = 0; i < run.count; ++i) {
+    const bool was = TakeUnpunchedLocked(segment, run.start + i);
+    CKV_DCHECK(was);
+  }
+}
+
 void ChunkStore::FreeSlotsLocked(std::vector<SlotId> slots) {
   for (const SlotId& slot : slots) {
     // A slot is freed once, when no chunk names it and no reader holds it.
