@@ -195,6 +195,17 @@ struct Run {
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes_written) / 1e9 / seconds : 0; }
 };
 
+// The options of a store each measurement creates afresh (it must not exist yet).
+EngineOptions FreshStoreOptions(const Flags& f) {
+  EngineOptions options;
+  options.create_if_missing = true;
+  options.error_if_exists = true;
+  options.layout = f.layout;
+  options.io_backend = f.io_backend;
+  options.put_direct_writes = f.direct_writes;
+  return options;
+}
+
 // R timed Puts of `tokens` into fresh stores under f.store (see the banner).
 absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
                                           const std::vector<int32_t>& tokens,
@@ -215,12 +226,7 @@ absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
       ::sync();
       std::this_thread::sleep_for(std::chrono::duration<double>(f.settle_seconds));
     }
-    EngineOptions options;
-    options.create_if_missing = true;
-    options.error_if_exists = true;
-    options.layout = f.layout;
-    options.io_backend = f.io_backend;
-    options.put_direct_writes = f.direct_writes;
+    EngineOptions options = FreshStoreOptions(f);
     Run run;
     {
       auto engine = Engine::Open(options, dir);
@@ -340,12 +346,7 @@ absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "remove " + dir);
-  EngineOptions options;
-  options.create_if_missing = true;
-  options.error_if_exists = true;
-  options.layout = f.layout;
-  options.io_backend = f.io_backend;
-  options.put_direct_writes = f.direct_writes;
+  EngineOptions options = FreshStoreOptions(f);
   options.max_disk_bytes = cap_bytes;
   if (cap_bytes > 0) options.reclaim_margin_bytes = f.reclaim_margin;
   auto engine = Engine::Open(options, dir);
