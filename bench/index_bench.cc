@@ -170,12 +170,20 @@ int BuildStore(const Flags& f, uint64_t n, Built* out) {
                  catalog.status().ToString().c_str());
     return cli::kExitError;
   }
-  if (contents.chunks.size() != 1 || contents.segments.size() != 1) {
-    std::fprintf(stderr, "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1\n",
-                 kProg, contents.chunks.size(), contents.segments.size());
+  std::vector<storage::ChunkRecord> probes;
+  const absl::Status scanned = (*catalog)->ScanChunks(
+      [&](const ChunkKey& key, const storage::ChunkRecord&) -> absl::Status {
+        auto full = (*catalog)->GetChunk(key);  // with its token ids
+        if (!full.ok()) return full.status();
+        probes.push_back(*std::move(full));
+        return absl::OkStatus();
+      });
+  if (!scanned.ok() || probes.size() != 1 || contents.segments.size() != 1) {
+    std::fprintf(stderr, "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1 (%s)\n",
+                 kProg, probes.size(), contents.segments.size(), scanned.ToString().c_str());
     return cli::kExitError;
   }
-  const storage::ChunkRecord probe = contents.chunks[0].second;
+  const storage::ChunkRecord probe = probes[0];
   const storage::SegmentRecord geometry = contents.segments[0].second;
   const uint32_t capacity = geometry.capacity_slots;
   const uint64_t segment_file_bytes = uint64_t{capacity} * out->chunk_bytes;

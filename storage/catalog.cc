@@ -250,15 +250,6 @@ absl::Status Catalog::Load(Contents* contents) {
                                c.prefixes.emplace_back(key, r);
                                return absl::OkStatus();
                              }));
-  CKV_RETURN_IF_ERROR(ScanCf(db, h[kChunks], kCfChunks,
-                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
-                               CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
-                               CKV_ASSIGN_OR_RETURN(
-                                   ChunkRecord r,
-                                   DecodeChunkRecord(v, absl::StrCat("chunk ", key.ToHex())));
-                               c.chunks.emplace_back(key, std::move(r));
-                               return absl::OkStatus();
-                             }));
   *contents = std::move(c);
   return absl::OkStatus();
 }
@@ -289,6 +280,26 @@ absl::Status Catalog::FlushAndCompact() {
                   absl::StrCat("compact catalog ", dir_, " ", h->GetName())));
   }
   return absl::OkStatus();
+}
+
+absl::Status Catalog::ScanChunks(const ChunkFn& fn) {
+  ChunkRecord record;
+  return ScanCf(db_.get(), handles_[kChunks], kCfChunks,
+                [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                  CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
+                  // The entry's name costs a hex format: made only for the error message.
+                  if (!DecodeChunkRecordInto(v, "", /*with_tokens=*/false, &record).ok()) {
+                    return DecodeChunkRecordInto(v, absl::StrCat("chunk ", key.ToHex()),
+                                                 /*with_tokens=*/false, &record);
+                  }
+                  return fn(key, record);
+                });
+}
+
+uint64_t Catalog::EstimateChunks() {
+  uint64_t n = 0;
+  db_->GetIntProperty(handles_[kChunks], rocksdb::DB::Properties::kEstimateNumKeys, &n);
+  return n;
 }
 
 absl::StatusOr<ChunkRecord> Catalog::GetChunk(const ChunkKey& key) {

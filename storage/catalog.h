@@ -14,6 +14,7 @@
 #define CKV_STORAGE_CATALOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,14 +32,15 @@ namespace ckv::storage {
 
 class Catalog {
  public:
-  // Everything the catalog holds, read once at open.
+  // Everything the catalog holds but its chunks, read once at open; the chunks are read with
+  // ScanChunks, one at a time, so that opening a store of millions of chunks holds none of their
+  // records at once.
   struct Contents {
     bool created = false;  // the catalog was created by this Open
     uint32_t format_version = kCatalogFormatVersion;
     uint64_t max_disk_bytes = 0;
     RecordLayout layout = RecordLayout::kLayerMajor;
     int64_t created_unix_ms = 0;
-    std::vector<std::pair<ChunkKey, ChunkRecord>> chunks;
     std::vector<std::pair<ChunkKey, PrefixRecord>> prefixes;
     std::vector<std::pair<uint32_t, SegmentRecord>> segments;
     std::vector<ModelSpec> specs;
@@ -87,6 +89,15 @@ class Catalog {
   // Flushes every column family's memtable to SST files and compacts each whole, so that
   // RocksDB writes new SST, MANIFEST and WAL files (tests use it to check their modes).
   absl::Status FlushAndCompact();
+
+  // Calls `fn` with every chunk's key and record, in key order, the records decoded without their
+  // token ids (ChunkRecord::tokens is empty; GetChunk reads them). The record passed is reused
+  // from call to call. Stops at, and returns, the first error: fn's, or DataLoss naming a chunk
+  // whose key or record does not decode.
+  using ChunkFn = std::function<absl::Status(const ChunkKey& key, const ChunkRecord& record)>;
+  absl::Status ScanChunks(const ChunkFn& fn);
+  // RocksDB's estimate of the number of chunks (for sizing tables; may be off either way).
+  uint64_t EstimateChunks();
 
   // One chunk's full record (token ids included), read from the catalog.
   absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);

@@ -90,6 +90,11 @@ class Reader {
     }
     return absl::OkStatus();
   }
+  absl::Status Skip(size_t n) {
+    if (in_.size() < n) return Truncated();
+    in_.remove_prefix(n);
+    return absl::OkStatus();
+  }
   size_t remaining() const { return in_.size(); }
 
  private:
@@ -164,8 +169,15 @@ std::string EncodeChunkRecord(const ChunkRecord& r) {
 }
 
 absl::StatusOr<ChunkRecord> DecodeChunkRecord(absl::string_view bytes, absl::string_view what) {
-  Reader r(bytes, what);
   ChunkRecord c;
+  CKV_RETURN_IF_ERROR(DecodeChunkRecordInto(bytes, what, /*with_tokens=*/true, &c));
+  return c;
+}
+
+absl::Status DecodeChunkRecordInto(absl::string_view bytes, absl::string_view what,
+                                   bool with_tokens, ChunkRecord* out) {
+  Reader r(bytes, what);
+  ChunkRecord& c = *out;
   CKV_RETURN_IF_ERROR(r.Version(kChunkRecordV1));
   CKV_RETURN_IF_ERROR(r.GetKey(&c.parent));
   CKV_RETURN_IF_ERROR(r.GetKey(&c.fingerprint));
@@ -181,16 +193,20 @@ absl::StatusOr<ChunkRecord> DecodeChunkRecord(absl::string_view bytes, absl::str
   if (n == 0 || n > kMaxTokensPerChunk) {
     return absl::DataLossError(absl::StrCat("catalog entry ", what, ": ", n, " tokens per chunk"));
   }
-  c.tokens.resize(n);
-  for (auto& t : c.tokens) CKV_RETURN_IF_ERROR(r.Get(&t));
+  if (with_tokens) {
+    c.tokens.resize(n);
+    for (auto& t : c.tokens) CKV_RETURN_IF_ERROR(r.Get(&t));
+  } else {
+    c.tokens.clear();
+    CKV_RETURN_IF_ERROR(r.Skip(size_t{n} * sizeof(int32_t)));
+  }
   CKV_RETURN_IF_ERROR(r.Get(&n));
   if (n == 0 || n > kMaxLayers + kMaxAuxRecords) {
     return absl::DataLossError(absl::StrCat("catalog entry ", what, ": ", n, " checksums"));
   }
   c.checksums.resize(n);
   for (auto& x : c.checksums) CKV_RETURN_IF_ERROR(r.Get(&x));
-  CKV_RETURN_IF_ERROR(r.Finish());
-  return c;
+  return r.Finish();
 }
 
 std::string EncodePrefixRecord(const PrefixRecord& p) {

@@ -102,6 +102,11 @@ absl::StatusOr<uint32_t> DecodeSegmentKey(absl::string_view bytes);
 std::string EncodeChunkRecord(const ChunkRecord& record);
 // `what` names the entry in error messages.
 absl::StatusOr<ChunkRecord> DecodeChunkRecord(absl::string_view bytes, absl::string_view what);
+// As DecodeChunkRecord, into `out`, reusing its vectors' memory; without `with_tokens` the token
+// ids are checked for length and skipped (out->tokens is left empty): what opening a store reads
+// of every chunk.
+absl::Status DecodeChunkRecordInto(absl::string_view bytes, absl::string_view what,
+                                   bool with_tokens, ChunkRecord* out);
 std::string EncodePrefixRecord(const PrefixRecord& record);
 absl::StatusOr<PrefixRecord> DecodePrefixRecord(absl::string_view bytes, absl::string_view what);
 // Largest record (K and V of one chunk at one layer) a store keeps: a SegmentRecord holds its

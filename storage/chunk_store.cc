@@ -165,34 +165,14 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     next_segment_id_ = std::max(next_segment_id_, id + 1);
   }
 
-  for (const auto& [key, r] : c.chunks) {
-    auto seg = segments_.find(r.segment);
-    std::string problem;
-    if (seg == segments_.end()) {
-      problem = absl::StrCat("chunk ", key.ToHex(), " names segment ", r.segment,
-                             ", which the catalog does not hold");
-    } else if (r.slot >= seg->second->geometry().capacity_slots) {
-      problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ",
-                             r.segment, ", which has ", seg->second->geometry().capacity_slots);
-    } else if (!(seg->second->geometry().fingerprint == r.fingerprint) ||
-               r.checksums.size() != seg->second->records()) {
-      problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
-                             r.segment);
-    } else if (!seg->second->MarkUsed(r.slot)) {
-      problem = absl::StrCat("chunk ", key.ToHex(), " shares slot ", r.slot, " of segment ",
-                             r.segment, " with another chunk");
-    }
-    if (!problem.empty()) {
-      // Such a chunk cannot be served safely; keep it out of the index and let Verify say so.
-      open_problems_.push_back(problem);
-      dropped_chunks_.push_back(key);
-      logger_->Log(LogLevel::kError, problem);
-      continue;
-    }
-    put_seq_ = std::max(put_seq_, r.put_seq);
-    used_bytes_ += seg->second->chunk_bytes();
-    chunks_.emplace(key, EntryFromRecord(r, /*last_use=*/r.put_seq));
-  }
+  for (auto& [id, segment] : segments_) segment->BeginLoad();
+  chunks_.reserve(catalog_->EstimateChunks());
+  CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key,
+                                               const ChunkRecord& r) -> absl::Status {
+    LoadChunkLocked(key, r);
+    return absl::OkStatus();
+  }));
+  for (auto& [id, segment] : segments_) segment->EndLoad();
   use_clock_ = put_seq_;
   for (auto& [key, e] : chunks_) {
     if (e.parent.IsZero()) continue;
@@ -216,6 +196,35 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     prefixes_.emplace(key, PrefixEntry{p.fingerprint, p.chunks, p.created_unix_ms});
   }
   return absl::OkStatus();
+}
+
+void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
+  auto seg = segments_.find(r.segment);
+  std::string problem;
+  if (seg == segments_.end()) {
+    problem = absl::StrCat("chunk ", key.ToHex(), " names segment ", r.segment,
+                           ", which the catalog does not hold");
+  } else if (r.slot >= seg->second->geometry().capacity_slots) {
+    problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ",
+                           r.segment, ", which has ", seg->second->geometry().capacity_slots);
+  } else if (!(seg->second->geometry().fingerprint == r.fingerprint) ||
+             r.checksums.size() != seg->second->records()) {
+    problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
+                           r.segment);
+  } else if (!seg->second->MarkUsed(r.slot)) {
+    problem = absl::StrCat("chunk ", key.ToHex(), " shares slot ", r.slot, " of segment ",
+                           r.segment, " with another chunk");
+  }
+  if (!problem.empty()) {
+    // Such a chunk cannot be served safely; keep it out of the index and let Verify say so.
+    open_problems_.push_back(problem);
+    dropped_chunks_.push_back(key);
+    logger_->Log(LogLevel::kError, problem);
+    return;
+  }
+  put_seq_ = std::max(put_seq_, r.put_seq);
+  used_bytes_ += seg->second->chunk_bytes();
+  chunks_.emplace(key, EntryFromRecord(r, /*last_use=*/r.put_seq));
 }
 
 absl::StatusOr<uint64_t> ChunkStore::PunchFreeRuns(Segment& segment) {

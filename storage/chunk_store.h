@@ -345,6 +345,9 @@ class ChunkStore {
   ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
 
   absl::Status Load(const Catalog::Contents& contents);
+  // Load's step for one chunk of the catalog: indexes it, or records why it cannot be served.
+  void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReclaimOrphans();
   // Punches the free runs of `segment` when it holds more blocks than its live chunks need;
   // returns the bytes given back. REQUIRES: mu_ held (the free runs must not change).

@@ -88,17 +88,52 @@ uint64_t Segment::RecordOffset(uint32_t slot, uint32_t record) const {
   return BandOffset(band, slot) + uint64_t{record - first_record_of_band(band)} * record_stride(band);
 }
 
+void Segment::BeginLoad() {
+  CKV_CHECK(used_slots_ == 0);
+  free_.clear();
+  loading_.assign((uint64_t{geometry_.capacity_slots} + 63) / 64, 0);
+}
+
 bool Segment::MarkUsed(uint32_t slot) {
-  auto it = free_.upper_bound(slot);
-  if (it == free_.begin()) return false;
-  --it;
-  const uint32_t start = it->first, count = it->second;
-  if (slot >= start + count) return false;
-  free_.erase(it);
-  if (slot > start) free_.emplace(start, slot - start);
-  if (slot + 1 < start + count) free_.emplace(slot + 1, start + count - slot - 1);
+  CKV_DCHECK(slot < geometry_.capacity_slots && !loading_.empty());
+  uint64_t& word = loading_[slot / 64];
+  const uint64_t bit = uint64_t{1} << (slot % 64);
+  if ((word & bit) != 0) return false;
+  word |= bit;
   ++used_slots_;
   return true;
+}
+
+void Segment::EndLoad() {
+  // The free runs are the runs of clear bits below capacity_slots.
+  const uint32_t capacity = geometry_.capacity_slots;
+  uint32_t slot = 0;
+  auto bit = [&](uint32_t s) { return (loading_[s / 64] >> (s % 64)) & 1; };
+  while (slot < capacity) {
+    // Skip used slots, a whole word at a time where every slot in it is used.
+    if (slot % 64 == 0 && loading_[slot / 64] == ~uint64_t{0}) {
+      slot += 64;
+      continue;
+    }
+    if (bit(slot) != 0) {
+      ++slot;
+      continue;
+    }
+    const uint32_t start = slot;
+    while (slot < capacity) {
+      if (slot % 64 == 0 && loading_[slot / 64] == 0) {
+        slot += 64;
+      } else if (bit(slot) == 0) {
+        ++slot;
+      } else {
+        break;
+      }
+    }
+    slot = std::min(slot, capacity);
+    free_.emplace_hint(free_.end(), start, slot - start);
+  }
+  loading_.clear();
+  loading_.shrink_to_fit();
 }
 
 SlotRun Segment::Allocate(uint32_t count) {

@@ -88,8 +88,13 @@ class Segment {
   // Offset of record `record` of the chunk in `slot`.
   uint64_t RecordOffset(uint32_t slot, uint32_t record) const;
 
-  // Allocator. Marks `slot` used (while loading the catalog). False when it was used already.
+  // Allocator. Loading the catalog: BeginLoad, then MarkUsed of each live slot, in any order, at
+  // O(1) each (a bitmap), then EndLoad, which builds the free runs in one pass. MarkUsed is false
+  // when the slot was marked already. REQUIRES: BeginLoad on a segment with no slot used;
+  // MarkUsed between BeginLoad and EndLoad.
+  void BeginLoad();
   bool MarkUsed(uint32_t slot);
+  void EndLoad();
   // Takes up to `count` slots, as one run where one is free, else the first free run. Returns an
   // empty run when the segment is full.
   SlotRun Allocate(uint32_t count);
@@ -109,6 +114,7 @@ class Segment {
   SegmentRecord geometry_;
   std::unique_ptr<File> file_;
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
+  std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
   uint32_t used_slots_ = 0;
 };
 
