@@ -184,6 +184,9 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     }
     parent->second.children++;
   }
+  for (const auto& [key, e] : chunks_) {
+    if (e.children == 0) leaves_.insert(key);
+  }
   for (const auto& [key, p] : c.prefixes) {
     auto chunk = chunks_.find(key);
     if (chunk == chunks_.end()) {

@@ -501,6 +501,9 @@ class ChunkStore {
   RemovalObserver removal_observer_ ABSL_GUARDED_BY(mu_);
   absl::CondVar inflight_cv_;
   absl::flat_hash_map<ChunkKey, ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
+  // The stored chunks no stored chunk names as its parent (children == 0): the only chunks
+  // eviction may remove, so that planning an eviction looks at them and not at every chunk.
+  absl::flat_hash_set<ChunkKey> leaves_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkKey, PrefixEntry> prefixes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkKey, ModelSpec> specs_ ABSL_GUARDED_BY(mu_);  // by fingerprint
   absl::flat_hash_map<uint32_t, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
@@ -547,7 +550,7 @@ class ChunkStore {
   // slots without punching them (unpunched_), for the next Puts to write over.
   static constexpr size_t kMaxReclaimVictims = 4096;
   // Victims in EvictionPolicy order freeing at least `bytes` where possible, at most
-  // `max_victims`. Scans the chunks once into a bounded heap: O(chunks x log max_victims).
+  // `max_victims`. Scans the leaves (leaves_) once into a bounded heap: O(leaves x log max_victims).
   struct EvictionPlan {
     std::vector<ChunkKey> victims;
     uint64_t bytes = 0;

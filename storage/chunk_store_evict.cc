@@ -174,11 +174,12 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     auto it = chunks_.find(key);
     const ChunkEntry e = std::move(it->second);
     chunks_.erase(it);
+    leaves_.erase(key);
     if (e.prefix_end) prefixes_.erase(key);
     auto parent = chunks_.find(e.parent);
     // A stored chunk is counted among its stored parent's children.
     CKV_DCHECK(parent == chunks_.end() || parent->second.children > 0);
-    if (parent != chunks_.end()) parent->second.children--;
+    if (parent != chunks_.end() && --parent->second.children == 0) leaves_.insert(e.parent);
     const SlotId slot{e.segment, e.slot};
     if (read_pins_.contains(slot)) {
       deferred_free_.insert(slot);

@@ -358,6 +358,8 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   const uint64_t tick = ++use_clock_;
   for (const auto& [idx, rec] : records) chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
+  if (m > 0) leaves_.erase(keys[m - 1]);  // the stored chunk the new ones extend
+  leaves_.insert(keys[n - 1]);
   chunks_[keys[n - 1]].prefix_end = true;
   prefixes_[keys[n - 1]] = PrefixEntry{put.fp, n, now};
   put.result.chunks_written = n - m;

@@ -79,8 +79,10 @@ ChunkStore::EvictionPlan ChunkStore::PlanEvictionLocked(uint64_t bytes,
   // The max_victims first leaves in eviction order: a max-heap whose front is the last of them.
   std::vector<EvictionCandidate> kept;
   size_t leaves = 0;
-  for (const auto& [key, e] : chunks_) {
-    if (e.children != 0 || HeldLocked(key, e)) continue;
+  for (const ChunkKey& key : leaves_) {
+    const ChunkEntry& e = chunks_.at(key);
+    CKV_DCHECK(e.children == 0);
+    if (HeldLocked(key, e)) continue;
     ++leaves;
     const EvictionCandidate c = candidate(key, e);
     if (kept.size() < max_victims) {

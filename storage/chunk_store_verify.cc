@@ -68,6 +68,15 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
       report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " counts ", e.children,
                                              " children; ", want, " stored chunks name it"));
     }
+    if ((e.children == 0) != leaves_.contains(key)) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " with ", e.children,
+                                             " children is ", e.children == 0 ? "not " : "",
+                                             "in the set of leaves eviction picks from"));
+    }
+  }
+  if (leaves_.size() > chunks_.size()) {
+    report.problems.push_back(absl::StrCat(leaves_.size(), " leaves for ", chunks_.size(),
+                                           " stored chunks"));
   }
   for (const auto& [id, p] : prefixes_) {
     auto it = chunks_.find(id);
