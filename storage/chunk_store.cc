@@ -174,7 +174,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   }));
   for (auto& [id, segment] : segments_) segment->EndLoad();
   use_clock_ = put_seq_;
-  for (auto& [key, e] : chunks_) {
+  for (auto [key, e] : chunks_) {
     if (e.parent.IsZero()) continue;
     auto parent = chunks_.find(e.parent);
     if (parent == chunks_.end()) {

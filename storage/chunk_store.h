@@ -60,6 +60,7 @@
 #include "ckv/record_layout.h"
 #include "ckv/reports.h"
 #include "storage/catalog.h"
+#include "storage/chunk_table.h"
 #include "storage/clock.h"
 #include "storage/eviction_policy.h"
 #include "storage/file_system.h"
@@ -500,7 +501,7 @@ class ChunkStore {
   RemovalListener removal_listener_ ABSL_GUARDED_BY(mu_);
   RemovalObserver removal_observer_ ABSL_GUARDED_BY(mu_);
   absl::CondVar inflight_cv_;
-  absl::flat_hash_map<ChunkKey, ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
+  ChunkTable<ChunkEntry> chunks_ ABSL_GUARDED_BY(mu_);
   // The stored chunks no stored chunk names as its parent (children == 0): the only chunks
   // eviction may remove, so that planning an eviction looks at them and not at every chunk.
   absl::flat_hash_set<ChunkKey> leaves_ ABSL_GUARDED_BY(mu_);
