@@ -227,6 +227,7 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
   }
   put_seq_ = std::max(put_seq_, r.put_seq);
   used_bytes_ += seg->second->chunk_bytes();
+  seg->second->SetChecksums(r.slot, r.checksums);
   chunks_.emplace(key, EntryFromRecord(r, /*last_use=*/r.put_seq));
 }
 
@@ -292,10 +293,8 @@ ChunkStore::ChunkEntry ChunkStore::EntryFromRecord(const ChunkRecord& r, uint64_
   e.slot = r.slot;
   e.put_seq = r.put_seq;
   e.last_use = last_use;
-  e.created_unix_ms = r.created_unix_ms;
   e.importance = r.importance;
   e.loads = r.loads;
-  e.checksums = r.checksums;
   return e;
 }
 
@@ -402,7 +401,7 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
     e.last_use = ++use_clock_;
     seg = segments_.at(e.segment).get();
     slot = SlotId{e.segment, e.slot};
-    expected = e.checksums[layer];
+    expected = seg->checksums(e.slot)[layer];
     PinLocked(slot);
   }
   absl::Status s = ReadAndVerify(seg, slot.second, layer, expected, key, out);
@@ -503,8 +502,8 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
     }
     Segment* seg = segments_.at(e.segment).get();
     // A stored chunk sits inside its segment with one checksum per record (Load drops others).
-    CKV_DCHECK(e.slot < seg->geometry().capacity_slots && e.checksums.size() == seg->records());
-    chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, e.checksums,
+    CKV_DCHECK(e.slot < seg->geometry().capacity_slots);
+    chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, seg->checksums(e.slot),
                                          e.importance, e.loads});
   }
   const uint64_t tick = ++use_clock_;
@@ -559,7 +558,7 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinn
   for (size_t i = 0; i < which.size(); ++i) {
     const PinnedChunks::Chunk& c = pinned.chunks()[which[i]];
     reads.push_back(
-        BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, &c.checksums, i});
+        BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, c.checksums, i});
   }
   absl::Status first_error;
   CKV_RETURN_IF_ERROR(ReadBands(std::move(reads), max_io_bytes,
@@ -651,7 +650,7 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
             continue;
           }
           absl::Status check =
-              CheckRecord(*r.seg, r.slot, record, (*r.checksums)[record], *r.key, data);
+              CheckRecord(*r.seg, r.slot, record, r.checksums[record], *r.key, data);
           on_record(r, record, check, check.ok() ? data : nullptr);
         }
       }

@@ -165,8 +165,9 @@ class PinnedChunks {
     ChunkKey key;
     Segment* segment = nullptr;
     uint32_t slot = 0;
-    std::vector<uint64_t> checksums;  // per record: layers, then auxiliary records
-    double importance = 0;            // I and F when pinned
+    std::span<const uint64_t> checksums;  // per record: layers, then auxiliary records (the
+                                          // segment's; valid while pinned)
+    double importance = 0;                // I and F when pinned
     uint64_t loads = 0;
   };
   // Where one record is, and how to check it.
@@ -320,10 +321,9 @@ class ChunkStore {
     bool prefix_end = false; // a stored prefix ends here
     uint64_t put_seq = 0;
     uint64_t last_use = 0;
-    int64_t created_unix_ms = 0;
     double importance = 0;
     uint64_t loads = 0;
-    std::vector<uint64_t> checksums;  // per record: layers, then auxiliary records
+    // The records' checksums are the segment's (Segment::checksums(slot)).
   };
   struct PrefixEntry {
     ChunkKey fingerprint;
@@ -467,7 +467,7 @@ class ChunkStore {
     uint32_t slot = 0;
     uint32_t band = 0;
     const ChunkKey* key = nullptr;
-    const std::vector<uint64_t>* checksums = nullptr;  // the chunk's, all records
+    std::span<const uint64_t> checksums;  // the chunk's, all records
     size_t tag = 0;                                     // the caller's
   };
   // Called for every record of every band read: its status (the read's error, or the checksum

@@ -356,7 +356,10 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   counters_ = next;
   if (put.new_spec) specs_.emplace(put.fp, put.spec);
   const uint64_t tick = ++use_clock_;
-  for (const auto& [idx, rec] : records) chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
+  for (const auto& [idx, rec] : records) {
+    segments_.at(rec.segment)->SetChecksums(rec.slot, rec.checksums);
+    chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
+  }
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
   if (m > 0) leaves_.erase(keys[m - 1]);  // the stored chunk the new ones extend
   leaves_.insert(keys[n - 1]);

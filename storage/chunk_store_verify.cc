@@ -120,7 +120,7 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
     ChunkKey key;
     Segment* seg;
     uint32_t slot;
-    std::vector<uint64_t> checksums;
+    std::span<const uint64_t> checksums;  // the segment's: valid while pinned
   };
   uint64_t done_bytes = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kBatchChunks) {
@@ -133,7 +133,8 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
         auto it = chunks_.find(keys[i]);
         if (it == chunks_.end()) continue;  // removed while we verified
         const ChunkEntry& e = it->second;
-        pinned.push_back(Pinned{it->first, segments_.at(e.segment).get(), e.slot, e.checksums});
+        Segment* seg = segments_.at(e.segment).get();
+        pinned.push_back(Pinned{it->first, seg, e.slot, seg->checksums(e.slot)});
         PinLocked(SlotId{e.segment, e.slot});
       }
     }
@@ -141,7 +142,7 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
     for (size_t i = 0; i < pinned.size(); ++i) {
       for (uint32_t band = 0; band < pinned[i].seg->bands(); ++band) {
         reads.push_back(BandRead{pinned[i].seg, pinned[i].slot, band, &pinned[i].key,
-                                 &pinned[i].checksums, i});
+                                 pinned[i].checksums, i});
       }
     }
     absl::Status s = ReadBands(std::move(reads), kMaxIoBytes,

@@ -206,6 +206,26 @@ std::vector<SlotRun> Segment::FreeRuns() const {
   return runs;
 }
 
+std::span<const uint64_t> Segment::checksums(uint32_t slot) const {
+  const uint32_t n = records();
+  CKV_DCHECK(slot < geometry_.capacity_slots && slot / kChecksumBlock < checksums_.size() &&
+             checksums_[slot / kChecksumBlock] != nullptr);
+  return {checksums_[slot / kChecksumBlock].get() + size_t{slot % kChecksumBlock} * n, n};
+}
+
+void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
+  const uint32_t n = records();
+  CKV_CHECK(slot < geometry_.capacity_slots && values.size() == n);
+  const uint32_t block = slot / kChecksumBlock;
+  if (block >= checksums_.size()) checksums_.resize(block + 1);
+  if (checksums_[block] == nullptr) {
+    const uint32_t slots = std::min(kChecksumBlock, geometry_.capacity_slots - block * kChecksumBlock);
+    checksums_[block] = std::make_unique_for_overwrite<uint64_t[]>(size_t{slots} * n);
+  }
+  std::copy(values.begin(), values.end(),
+            checksums_[block].get() + size_t{slot % kChecksumBlock} * n);
+}
+
 absl::Status Segment::PunchSlots(SlotRun run) {
   if (run.count == 0) return absl::OkStatus();
   for (uint32_t b = 0; b < bands(); ++b) {

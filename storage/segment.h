@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -109,12 +110,23 @@ class Segment {
   // Frees the blocks of `run` in every band.
   absl::Status PunchSlots(SlotRun run);
 
+  // The checksums of the chunk in `slot`: one per record (its layers', then its auxiliary
+  // records'), as its catalog record holds them, set when the chunk is loaded or committed. They
+  // live here rather than per chunk entry: records() x 8 bytes per slot, allocated kChecksumBlock
+  // slots at a time as slots are first set, never moved, so a span stays valid (and unchanged
+  // while the slot is pinned: a pinned slot is not reused). REQUIRES: slot < capacity_slots;
+  // checksums() of a slot that was set.
+  std::span<const uint64_t> checksums(uint32_t slot) const;
+  void SetChecksums(uint32_t slot, std::span<const uint64_t> values);
+
  private:
   uint32_t id_;
   SegmentRecord geometry_;
   std::unique_ptr<File> file_;
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
   std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
+  static constexpr uint32_t kChecksumBlock = 4096;
+  std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
   uint32_t used_slots_ = 0;
 };
 

@@ -9,6 +9,7 @@
 
 #include "ckv/engine.h"
 #include "rocksdb/db.h"
+#include "storage/catalog.h"
 #include "storage/catalog_format.h"
 #include "storage/chunk_store.h"
 #include "tests/test_util.h"
@@ -198,6 +199,53 @@ TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
   EXPECT_NE(report->problems[0].find(keys[bad_chunk].ToHex().substr(0, 16) + "/L5"),
             std::string::npos)
       << report->problems[0];
+}
+
+TEST(ChunkStoreTest, AStaleCatalogEntryNamingAReusedSlotIsDataLossNeverTheOtherChunksBytes) {
+  // Chunk a's catalog entry is rewritten by hand to name the slot chunk b holds, and b's entry is
+  // removed: the state a slot reused under a stale entry would leave. The slot's bytes are b's,
+  // checked against a's checksums, so reading a is DataLoss.
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto a_tokens = synth::Tokens(21, spec.chunk_tokens);
+  const auto b_tokens = synth::Tokens(22, spec.chunk_tokens);
+  const ChunkKey a = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, a_tokens)[0];
+  const ChunkKey b = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, b_tokens)[0];
+  {
+    auto engine = OpenOrDie(dir.path());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, a_tokens).ok());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, b_tokens).ok());
+  }
+  {
+    storage::Catalog::Contents contents;
+    auto catalog = storage::Catalog::Open(dir.path() + "/catalog", false, false, &contents);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    auto ra = (*catalog)->GetChunk(a);
+    auto rb = (*catalog)->GetChunk(b);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    ASSERT_FALSE(ra->segment == rb->segment && ra->slot == rb->slot);
+    ra->segment = rb->segment;
+    ra->slot = rb->slot;
+    storage::Catalog::Batch batch = (*catalog)->NewBatch();
+    batch.PutChunk(a, *ra);
+    batch.DeleteChunk(b);
+    batch.DeletePrefix(b);
+    CKV_ASSERT_OK((*catalog)->Commit(batch));
+  }
+  auto engine = OpenOrDie(dir.path());
+  std::vector<std::byte> out(spec.RecordBytes(), std::byte{0x5a});
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    const absl::Status s = engine->ReadRecord(spec, a, l, out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "layer " << l << ": " << s;
+  }
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x5a}; }))
+      << "no byte of b's record reached the caller";
+  EXPECT_EQ(engine->ReadRecord(spec, b, 0, out).code(), absl::StatusCode::kNotFound);
+  // Verify, which reads through the batched read path, fails every record of a: its layers' and
+  // its summaries'.
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->checksum_failures, RecordsPerChunk(spec));
 }
 
 TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
