@@ -174,7 +174,17 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   }));
   for (auto& [id, segment] : segments_) segment->EndLoad();
   use_clock_ = put_seq_;
+  // Each chunk's parent, found at random: the parents of the chunks a few ahead are prefetched.
+  constexpr int kAhead = 8;
+  auto ahead = chunks_.begin();
+  for (int i = 0; i < kAhead && ahead != chunks_.end(); ++i, ++ahead) {
+    chunks_.Prefetch((*ahead).second.parent);
+  }
   for (auto [key, e] : chunks_) {
+    if (ahead != chunks_.end()) {
+      chunks_.Prefetch((*ahead).second.parent);
+      ++ahead;
+    }
     if (e.parent.IsZero()) continue;
     auto parent = chunks_.find(e.parent);
     if (parent == chunks_.end()) {
@@ -214,6 +224,8 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
              r.checksums.size() != seg->second->records()) {
     problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
                            r.segment);
+  } else if (absl::Status s = FingerprintOrdinalLocked(r.fingerprint).status(); !s.ok()) {
+    problem = absl::StrCat("chunk ", key.ToHex(), ": ", s.message());
   } else if (!seg->second->MarkUsed(r.slot)) {
     problem = absl::StrCat("chunk ", key.ToHex(), " shares slot ", r.slot, " of segment ",
                            r.segment, " with another chunk");
@@ -228,7 +240,7 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
   put_seq_ = std::max(put_seq_, r.put_seq);
   used_bytes_ += seg->second->chunk_bytes();
   seg->second->SetChecksums(r.slot, r.checksums);
-  chunks_.emplace(key, EntryFromRecord(r, /*last_use=*/r.put_seq));
+  chunks_.emplace(key, EntryFromRecordLocked(r, /*last_use=*/r.put_seq));
 }
 
 absl::StatusOr<uint64_t> ChunkStore::PunchFreeRuns(Segment& segment) {
@@ -284,10 +296,25 @@ absl::Status ChunkStore::ReclaimOrphans() {
   return absl::OkStatus();
 }
 
-ChunkStore::ChunkEntry ChunkStore::EntryFromRecord(const ChunkRecord& r, uint64_t last_use) {
+absl::StatusOr<uint16_t> ChunkStore::FingerprintOrdinalLocked(const ChunkKey& fp) {
+  auto it = fingerprint_ordinals_.find(fp);
+  if (it != fingerprint_ordinals_.end()) return it->second;
+  if (fingerprints_.size() > UINT16_MAX) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model spec ", fp.ToHex(), ": the store holds chunks of ", fingerprints_.size(),
+        " model specs, the most one store indexes"));
+  }
+  const auto ordinal = static_cast<uint16_t>(fingerprints_.size());
+  fingerprints_.push_back(fp);
+  fingerprint_ordinals_.emplace(fp, ordinal);
+  return ordinal;
+}
+
+ChunkStore::ChunkEntry ChunkStore::EntryFromRecordLocked(const ChunkRecord& r,
+                                                         uint64_t last_use) {
   ChunkEntry e;
   e.parent = r.parent;
-  e.fingerprint = r.fingerprint;
+  e.spec = fingerprint_ordinals_.at(r.fingerprint);
   e.depth = r.depth;
   e.segment = r.segment;
   e.slot = r.slot;
@@ -382,11 +409,11 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
       return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
     }
     ChunkEntry& e = it->second;
-    if (!(e.fingerprint == fp)) {
-      auto owner = specs_.find(e.fingerprint);
+    if (!(FingerprintOf(e) == fp)) {
+      auto owner = specs_.find(FingerprintOf(e));
       return absl::FailedPreconditionError(absl::StrCat(
           "chunk ", key.ToHex(), " is stored under model ",
-          owner == specs_.end() ? e.fingerprint.ToHex() : owner->second.DebugString(),
+          owner == specs_.end() ? FingerprintOf(e).ToHex() : owner->second.DebugString(),
           ", not ", spec.DebugString()));
     }
     if (layer >= spec.layers) {
@@ -496,7 +523,7 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
       return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " is not stored"));
     }
     const ChunkEntry& e = it->second;
-    if (!(e.fingerprint == fp)) {
+    if (!(FingerprintOf(e) == fp)) {
       return absl::FailedPreconditionError(
           absl::StrCat("chunk ", key.ToHex(), " is not stored under ", spec.DebugString()));
     }

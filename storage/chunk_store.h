@@ -310,15 +310,16 @@ class ChunkStore {
   void WaitForReclaimIdle();
 
  private:
+  // One per stored chunk, in RAM (issue 22: kept small; 72 bytes, with the key 88).
   struct ChunkEntry {
     ChunkKey parent;
-    ChunkKey fingerprint;
     uint32_t depth = 0;
     uint32_t segment = 0;
     uint32_t slot = 0;
     uint32_t children = 0;   // stored chunks whose parent this is (derived on open)
-    uint32_t put_pins = 0;   // Puts extending this chunk: it must not be removed
+    uint16_t spec = 0;       // its spec's fingerprint, as an ordinal (FingerprintOf)
     bool prefix_end = false; // a stored prefix ends here
+    uint32_t put_pins = 0;   // Puts extending this chunk: it must not be removed
     uint64_t put_seq = 0;
     uint64_t last_use = 0;
     double importance = 0;
@@ -422,7 +423,19 @@ class ChunkStore {
   // True when a Put extends the chunk, a Put is writing it, or a reader holds its slot.
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static ChunkEntry EntryFromRecord(const ChunkRecord& record, uint64_t last_use);
+  // REQUIRES: the record's fingerprint has an ordinal (FingerprintOrdinalLocked).
+  ChunkEntry EntryFromRecordLocked(const ChunkRecord& record, uint64_t last_use)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fingerprints of the specs chunks are stored under, by ordinal (ChunkEntry::spec): a
+  // chunk's entry holds 2 bytes instead of 16. The ordinal of `fp`, given one if it has none;
+  // ResourceExhausted when 65,536 fingerprints have one already.
+  absl::StatusOr<uint16_t> FingerprintOrdinalLocked(const ChunkKey& fp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const ChunkKey& FingerprintOf(const ChunkEntry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return fingerprints_[e.spec];
+  }
+  std::vector<ChunkKey> fingerprints_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ChunkKey, uint16_t> fingerprint_ordinals_ ABSL_GUARDED_BY(mu_);
   absl::Status AllocateLocked(const ModelSpec& spec, const std::vector<uint32_t>& aux_bytes,
                               size_t count, std::vector<PlannedRun>* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -158,7 +158,7 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     --it->second;
     if (ends) parent_gets_end.insert(e.parent);
     if (it->second == 0 && parent_gets_end.contains(e.parent) && !parent->second.prefix_end) {
-      PrefixEntry p{e.fingerprint, uint64_t{parent->second.depth} + 1, now};
+      PrefixEntry p{FingerprintOf(e), uint64_t{parent->second.depth} + 1, now};
       batch.PutPrefix(e.parent, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
       new_prefix_ends.emplace_back(e.parent, p);
     }

@@ -169,6 +169,8 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   }
   put.m = m;
   put.new_spec = !specs_.contains(put.fp);
+  // The new chunks' entries will name the spec by its ordinal.
+  CKV_RETURN_IF_ERROR(FingerprintOrdinalLocked(put.fp).status());
   const uint64_t tick = ++use_clock_;
   for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
   put.result.chunks_existing = m;
@@ -358,7 +360,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   const uint64_t tick = ++use_clock_;
   for (const auto& [idx, rec] : records) {
     segments_.at(rec.segment)->SetChecksums(rec.slot, rec.checksums);
-    chunks_.emplace(keys[idx], EntryFromRecord(rec, tick));
+    chunks_.emplace(keys[idx], EntryFromRecordLocked(rec, tick));
   }
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
   if (m > 0) leaves_.erase(keys[m - 1]);  // the stored chunk the new ones extend

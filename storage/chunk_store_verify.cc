@@ -37,7 +37,7 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
 void ChunkStore::CheckStructureLocked(VerifyReport& report,
                                       absl::flat_hash_set<ChunkKey>* corrupt) {
   for (const auto& [key, e] : chunks_) {
-    if (!specs_.contains(e.fingerprint)) {
+    if (!specs_.contains(FingerprintOf(e))) {
       report.problems.push_back(
           absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
     }

@@ -92,7 +92,6 @@ class ChunkTable {
 
   // Inserts `value` under `key` unless the key is present; true when it inserted.
   bool emplace(const ChunkKey& key, V value) {
-    if (index_.contains(key)) return false;
     uint32_t id;
     if (!free_.empty()) {
       id = free_.back();
@@ -104,11 +103,18 @@ class ChunkTable {
     }
     Slot& s = SlotOf(id);
     s.key = key;
+    // One probe of the index: the insert finds a present key by the id's key, which is `key`.
+    if (!index_.insert(id).second) {
+      free_.push_back(id);
+      return false;
+    }
     s.value = std::move(value);
     live_[id / 64] |= uint64_t{1} << (id % 64);
-    index_.insert(id);
     return true;
   }
+  // Starts loading the index's memory for `key`, for a find soon after (a scan that looks up
+  // keys at random hides the cache misses this way).
+  void Prefetch(const ChunkKey& key) const { index_.prefetch(key); }
   void erase(iterator it) { EraseId(it.id_); }
   // Returns how many were erased (0 or 1).
   size_t erase(const ChunkKey& key) {
@@ -136,7 +142,10 @@ class ChunkTable {
   struct IdEq {
     using is_transparent = void;
     const ChunkTable* table;
-    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    // Two ids are equal when their keys are: an insert of a new id finds a present key.
+    bool operator()(uint32_t a, uint32_t b) const {
+      return a == b || table->SlotOf(a).key == table->SlotOf(b).key;
+    }
     bool operator()(uint32_t id, const ChunkKey& key) const { return table->SlotOf(id).key == key; }
     bool operator()(const ChunkKey& key, uint32_t id) const { return table->SlotOf(id).key == key; }
   };
