@@ -275,6 +275,10 @@ struct Row {
   uint64_t puts = 0, put_chunks = 0, evicted = 0;
   double put_s = 0;
   uint64_t catalog_bytes = 0;
+  uint64_t index_bytes = 0;  // EngineStats::index_memory_bytes after the open
+  double IndexBytesPerChunk() const {
+    return chunks == 0 ? 0 : static_cast<double>(index_bytes) / static_cast<double>(chunks);
+  }
   double RssBytesPerChunk() const {
     return chunks == 0 ? 0
                        : static_cast<double>(rss_after - std::min(rss_after, rss_before)) /
@@ -364,7 +368,7 @@ int MeasureOpen(const Flags& f) {
     put_s += Seconds(a, b);
   }
   const EngineStats after = (*engine)->Stats();
-  std::printf("MEASURE %.9f %llu %llu %llu %.6f %.6f %.6f %.6f %llu %llu %llu %llu %.9f\n",
+  std::printf("MEASURE %.9f %llu %llu %llu %.6f %.6f %.6f %.6f %llu %llu %llu %llu %.9f %llu\n",
               Seconds(t0, t1), static_cast<unsigned long long>(rss_before),
               static_cast<unsigned long long>(rss_after), static_cast<unsigned long long>(hwm),
               Percentile(cold_ms, 0.5), Percentile(cold_ms, 0.99), Percentile(hot_ms, 0.5),
@@ -372,7 +376,7 @@ int MeasureOpen(const Flags& f) {
               static_cast<unsigned long long>(cold),
               static_cast<unsigned long long>(after.chunks_written - before.chunks_written),
               static_cast<unsigned long long>(after.chunks_evicted - before.chunks_evicted),
-              put_s);
+              put_s, static_cast<unsigned long long>(opened.index_memory_bytes));
   return cli::kExitOk;
 }
 
@@ -395,11 +399,12 @@ int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
   char line[1024];
   bool got = false;
   while (std::fgets(line, sizeof line, p) != nullptr) {
-    unsigned long long rb, ra, hwm, chain, cold, written, evicted;
-    if (std::sscanf(line, "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf",
+    unsigned long long rb, ra, hwm, chain, cold, written, evicted, index;
+    if (std::sscanf(line, "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu",
                     &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms,
                     &row->hot_p50_ms, &row->hot_p99_ms, &chain, &cold, &written, &evicted,
-                    &row->put_s) == 13) {
+                    &row->put_s, &index) == 14) {
+      row->index_bytes = index;
       row->rss_before = rb;
       row->rss_after = ra;
       row->hwm = hwm;
@@ -441,6 +446,8 @@ std::string ToJson(const Flags& f, const std::vector<Row>& rows) {
     j.Key("rss_after_open_bytes").Uint(r.rss_after);
     j.Key("rss_peak_bytes").Uint(r.hwm);
     j.Key("rss_bytes_per_chunk").Double(r.RssBytesPerChunk());
+    j.Key("index_memory_bytes").Uint(r.index_bytes);
+    j.Key("index_bytes_per_chunk").Double(r.IndexBytesPerChunk());
     j.Key("lookup_chain_chunks").Uint(r.lookup_chain_chunks);
     j.Key("cold_chains").Uint(r.cold_chains);
     j.Key("lookup_cold_p50_ms").Double(r.cold_p50_ms);
@@ -493,10 +500,11 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %9.3f %9.3f %9.3f %9.3f %8.1f %10.0f %10.1f\n",
+  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %8.1f %10.0f %10.1f\n",
               static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s,
               static_cast<double>(r.rss_after) / (1 << 20),
-              static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(), r.cold_p50_ms,
+              static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(),
+              r.IndexBytesPerChunk(), r.cold_p50_ms,
               r.cold_p99_ms, r.hot_p50_ms, r.hot_p99_ms, r.PutsPerSecond(),
               r.EvictedPerSecond(), static_cast<double>(r.catalog_bytes) / (1 << 20));
 }
@@ -520,8 +528,8 @@ int Run(const Flags& f, const char* self) {
     std::printf("one-layer model, prefixes of %llu chunks; the fake chunks' records are not "
                 "readable (sparse segments)\n",
                 static_cast<unsigned long long>(f.prefix_chunks));
-    std::printf("%11s %8s %8s %9s %9s %8s %9s %9s %9s %9s %8s %10s %10s\n", "chunks", "build s",
-                "open s", "RSS MiB", "peak MiB", "B/chunk", "cold p50", "cold p99", "hot p50",
+    std::printf("%11s %8s %8s %9s %9s %8s %8s %9s %9s %9s %9s %8s %10s %10s\n", "chunks",
+                "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B", "cold p50", "cold p99", "hot p50",
                 "hot p99", "Puts/s", "evicted/s", "catalog MiB");
     std::fflush(stdout);
   }

@@ -53,6 +53,7 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.chunks = st.chunks;
   s.prefixes = st.prefixes;
   s.segments = st.segments;
+  s.index_memory_bytes = st.index_memory_bytes;
   s.disk_bytes_used = st.disk_bytes_used;
   s.max_disk_bytes = st.max_disk_bytes;
   s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;

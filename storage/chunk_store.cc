@@ -786,6 +786,10 @@ StoreStats ChunkStore::Stats() {
   s.chunks = chunks_.size();
   s.prefixes = prefixes_.size();
   s.segments = segments_.size();
+  s.index_memory_bytes = chunks_.MemoryBytes() + leaves_.capacity() * (sizeof(ChunkKey) + 1) +
+                         fingerprints_.capacity() * sizeof(ChunkKey) +
+                         fingerprint_ordinals_.capacity() * (sizeof(ChunkKey) + 3);
+  for (const auto& [id, segment] : segments_) s.index_memory_bytes += segment->ChecksumBytes();
   s.disk_bytes_used = used_bytes_;
   s.max_disk_bytes = max_disk_bytes_;
   s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;

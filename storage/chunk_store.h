@@ -124,6 +124,7 @@ struct StoreStats {
   uint64_t chunks = 0;
   uint64_t prefixes = 0;
   uint64_t segments = 0;
+  uint64_t index_memory_bytes = 0;
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;
   uint64_t orphan_bytes_reclaimed = 0;

@@ -213,6 +213,16 @@ std::span<const uint64_t> Segment::checksums(uint32_t slot) const {
   return {checksums_[slot / kChecksumBlock].get() + size_t{slot % kChecksumBlock} * n, n};
 }
 
+uint64_t Segment::ChecksumBytes() const {
+  uint64_t bytes = checksums_.capacity() * sizeof(checksums_[0]);
+  for (uint32_t b = 0; b < checksums_.size(); ++b) {
+    if (checksums_[b] == nullptr) continue;
+    const uint32_t slots = std::min(kChecksumBlock, geometry_.capacity_slots - b * kChecksumBlock);
+    bytes += uint64_t{slots} * records() * sizeof(uint64_t);
+  }
+  return bytes;
+}
+
 void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
   const uint32_t n = records();
   CKV_CHECK(slot < geometry_.capacity_slots && values.size() == n);

@@ -118,6 +118,8 @@ class Segment {
   // checksums() of a slot that was set.
   std::span<const uint64_t> checksums(uint32_t slot) const;
   void SetChecksums(uint32_t slot, std::span<const uint64_t> values);
+  // Bytes of memory the checksums hold.
+  uint64_t ChecksumBytes() const;
 
  private:
   uint32_t id_;

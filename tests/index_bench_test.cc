@@ -78,6 +78,12 @@ TEST(IndexBenchTest, TwoTinySizesReportSaneFiguresThatGrowWithN) {
     EXPECT_GT(Num(*s, "puts_per_second"), 0);
     EXPECT_GT(Num(*s, "evicted_chunks_per_second"), 0);
     EXPECT_GT(Num(*s, "catalog_bytes"), 0);
+    // The index holds at least each chunk's key and a checksum, and is in the RSS the open added.
+    EXPECT_GE(Num(*s, "index_memory_bytes"), static_cast<double>(chunks) * (16 + 8));
+    EXPECT_LE(Num(*s, "index_memory_bytes"),
+              Num(*s, "rss_after_open_bytes") - Num(*s, "rss_before_open_bytes"));
+    EXPECT_DOUBLE_EQ(Num(*s, "index_bytes_per_chunk"),
+                     Num(*s, "index_memory_bytes") / static_cast<double>(chunks));
   }
   EXPECT_GT(Num(large, "rss_after_open_bytes") - Num(large, "rss_before_open_bytes"),
             Num(small, "rss_after_open_bytes") - Num(small, "rss_before_open_bytes"));

@@ -26,6 +26,12 @@ struct EngineStats {
   uint64_t chunks = 0;
   uint64_t prefixes = 0;
   uint64_t segments = 0;
+  // Memory the store's in-RAM index holds: the chunk table (an entry per chunk, its hash index),
+  // the records' checksums, the set of leaves and the fingerprint table. It grows with the chunk
+  // count: about 100 bytes per chunk, plus 8 per record of the chunk (its layers' and its
+  // summaries'); the rest of the engine's memory (RocksDB's caches, staging buffers, tiers) does
+  // not.
+  uint64_t index_memory_bytes = 0;
   // Allocated segment bytes: live chunks, Puts in flight, and free slots that still hold blocks
   // (free_kept_bytes).
   uint64_t disk_bytes_used = 0;

@@ -79,6 +79,7 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("chunks").Uint(s.chunks)
       .Key("prefixes").Uint(s.prefixes)
       .Key("segments").Uint(s.segments)
+      .Key("index_memory_bytes").Uint(s.index_memory_bytes)
       .Key("disk_bytes_used").Uint(s.disk_bytes_used)
       .Key("max_disk_bytes").Uint(s.max_disk_bytes)
       .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
