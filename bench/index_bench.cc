@@ -179,8 +179,9 @@ int BuildStore(const Flags& f, uint64_t n, Built* out) {
         return absl::OkStatus();
       });
   if (!scanned.ok() || probes.size() != 1 || contents.segments.size() != 1) {
-    std::fprintf(stderr, "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1 (%s)\n",
-                 kProg, probes.size(), contents.segments.size(), scanned.ToString().c_str());
+    std::fprintf(stderr,
+                 "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1 (%s)\n", kProg,
+                 probes.size(), contents.segments.size(), scanned.ToString().c_str());
     return cli::kExitError;
   }
   const storage::ChunkRecord probe = probes[0];
@@ -400,7 +401,8 @@ int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
   bool got = false;
   while (std::fgets(line, sizeof line, p) != nullptr) {
     unsigned long long rb, ra, hwm, chain, cold, written, evicted, index;
-    if (std::sscanf(line, "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu",
+    if (std::sscanf(line,
+                    "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu",
                     &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms,
                     &row->hot_p50_ms, &row->hot_p99_ms, &chain, &cold, &written, &evicted,
                     &row->put_s, &index) == 14) {
@@ -472,7 +474,8 @@ std::string ToJson(const Flags& f, const std::vector<Row>& rows) {
 void Plot(const Flags& f, const std::vector<Row>& rows) {
   std::string s = "set terminal png size 1200,420\nset output '" + f.plot + "'\n";
   s += "set multiplot layout 1,3 title 'ckv index at scale (index\\_bench, one-layer model)'\n";
-  s += "set logscale xy\nset xlabel 'chunks'\nset key top left\nset grid\n";
+  s += "set logscale xy\nset xlabel 'chunks'\nset format x '10^{%L}'\n"
+       "set key top left Left reverse\nset grid\n";
   auto data = [&](auto value) {
     std::string d;
     for (const Row& r : rows) d += absl::StrFormat("%u %g\n", r.chunks, value(r));
@@ -482,9 +485,11 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
   s += "plot '-' with linespoints title 'Engine::Open'\n";
   s += data([](const Row& r) { return r.open_s; });
   s += "set title 'memory'\nset ylabel 'MiB'\n";
-  s += "plot '-' with linespoints title 'RSS after open', '-' with linespoints title 'peak RSS'\n";
+  s += "plot '-' with linespoints title 'RSS after open', '-' with linespoints title 'peak RSS', "
+       "'-' with linespoints title 'index'\n";
   s += data([](const Row& r) { return static_cast<double>(r.rss_after) / (1 << 20); });
   s += data([](const Row& r) { return static_cast<double>(r.hwm) / (1 << 20); });
+  s += data([](const Row& r) { return static_cast<double>(r.index_bytes) / (1 << 20); });
   s += "set title 'Lookup of one prefix'\nset ylabel 'ms'\n";
   s += "plot '-' with linespoints title 'cold p99', '-' with linespoints title 'hot p99'\n";
   s += data([](const Row& r) { return r.cold_p99_ms; });
@@ -500,7 +505,8 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %8.1f %10.0f %10.1f\n",
+  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %8.1f %10.0f "
+              "%10.1f\n",
               static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s,
               static_cast<double>(r.rss_after) / (1 << 20),
               static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(),
@@ -529,8 +535,8 @@ int Run(const Flags& f, const char* self) {
                 "readable (sparse segments)\n",
                 static_cast<unsigned long long>(f.prefix_chunks));
     std::printf("%11s %8s %8s %9s %9s %8s %8s %9s %9s %9s %9s %8s %10s %10s\n", "chunks",
-                "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B", "cold p50", "cold p99", "hot p50",
-                "hot p99", "Puts/s", "evicted/s", "catalog MiB");
+                "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B", "cold p50",
+                "cold p99", "hot p50", "hot p99", "Puts/s", "evicted/s", "catalog MiB");
     std::fflush(stdout);
   }
   std::vector<Row> rows;
@@ -555,9 +561,14 @@ int Run(const Flags& f, const char* self) {
     }
   }
   if (table) {
-    std::printf("Lookup: ms per whole-prefix Lookup (%llu-chunk chain); cold = first Lookup of "
-                "a prefix after open. Puts of %llu new chunks, each evicting as many under the cap.\n",
-                static_cast<unsigned long long>(rows.empty() ? 0 : rows[0].lookup_chain_chunks),
+    // A store smaller than one prefix looks up its one shorter prefix: say the longest chain.
+    uint64_t chain = 0;
+    for (const Row& r : rows) chain = std::max(chain, r.lookup_chain_chunks);
+    std::printf("Lookup: ms per whole-prefix Lookup (%llu-chunk chains, or the store's one prefix "
+                "where it holds less); cold = first Lookup of a prefix after open. Puts of %llu "
+                "new chunks, each evicting as many under the cap. index B: the index's own "
+                "memory per chunk (EngineStats::index_memory_bytes).\n",
+                static_cast<unsigned long long>(chain),
                 static_cast<unsigned long long>(f.chunks_per_put));
   }
   if (f.json.enabled) {

@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <deque>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
 #include "rocksdb/options.h"
 #include "storage/private_file_system.h"
@@ -28,6 +31,10 @@ absl::Status ScanCf(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* cf, absl::stri
                     Fn fn) {
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
+  // A whole scan at open: read ahead, and keep its blocks out of the block cache, which it would
+  // fill with blocks no one reads again.
+  ro.fill_cache = false;
+  ro.readahead_size = 4 << 20;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     CKV_RETURN_IF_ERROR(fn(ToView(it->key()), ToView(it->value())));
@@ -283,17 +290,91 @@ absl::Status Catalog::FlushAndCompact() {
 }
 
 absl::Status Catalog::ScanChunks(const ChunkFn& fn) {
-  ChunkRecord record;
-  return ScanCf(db_.get(), handles_[kChunks], kCfChunks,
-                [&](absl::string_view k, absl::string_view v) -> absl::Status {
-                  CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
-                  // The entry's name costs a hex format: made only for the error message.
-                  if (!DecodeChunkRecordInto(v, "", /*with_tokens=*/false, &record).ok()) {
-                    return DecodeChunkRecordInto(v, absl::StrCat("chunk ", key.ToHex()),
-                                                 /*with_tokens=*/false, &record);
-                  }
-                  return fn(key, record);
-                });
+  // RocksDB's iterator, its decompression and the decoding run on a thread of their own, up to
+  // kBatches batches of kBatchChunks chunks ahead of `fn`, which runs on the caller's thread: on
+  // two cores the two halves of an open overlap. Batches go back and forth between the threads
+  // and are reused, so the records' vectors are allocated once per batch slot, not per chunk.
+  using Batch = std::vector<std::pair<ChunkKey, ChunkRecord>>;
+  constexpr size_t kBatchChunks = 4096;
+  constexpr size_t kBatches = 4;
+  struct Pipe {
+    absl::Mutex mu;
+    absl::CondVar cv;
+    std::deque<Batch> full ABSL_GUARDED_BY(mu);
+    std::deque<Batch> empty ABSL_GUARDED_BY(mu);
+    bool done ABSL_GUARDED_BY(mu) = false;  // the scanner has handed over its last batch
+    bool stop ABSL_GUARDED_BY(mu) = false;  // fn failed: the scanner must stop
+    absl::Status status ABSL_GUARDED_BY(mu);  // the scan's
+  } pipe;
+  {
+    absl::MutexLock lock(&pipe.mu);
+    pipe.empty.resize(kBatches);
+  }
+  std::thread scanner([&] {
+    Batch batch;
+    size_t n = 0;  // chunks decoded into batch
+    auto take_empty = [&]() -> bool {
+      absl::MutexLock lock(&pipe.mu);
+      while (pipe.empty.empty() && !pipe.stop) pipe.cv.Wait(&pipe.mu);
+      if (pipe.stop) return false;
+      batch = std::move(pipe.empty.front());
+      pipe.empty.pop_front();
+      n = 0;
+      return true;
+    };
+    auto hand_over = [&] {
+      batch.resize(n);
+      absl::MutexLock lock(&pipe.mu);
+      pipe.full.push_back(std::move(batch));
+      pipe.cv.SignalAll();
+    };
+    absl::Status s = take_empty() ? absl::OkStatus() : absl::CancelledError();
+    if (s.ok()) {
+      s = ScanCf(db_.get(), handles_[kChunks], kCfChunks,
+                 [&](absl::string_view k, absl::string_view v) -> absl::Status {
+                   if (n == batch.size()) batch.emplace_back();
+                   auto& [key, record] = batch[n];
+                   CKV_ASSIGN_OR_RETURN(key, DecodeChunkKey(k));
+                   // The entry's name costs a hex format: made only for the error message.
+                   if (!DecodeChunkRecordInto(v, "", /*with_tokens=*/false, &record).ok()) {
+                     return DecodeChunkRecordInto(v, absl::StrCat("chunk ", key.ToHex()),
+                                                  /*with_tokens=*/false, &record);
+                   }
+                   if (++n < kBatchChunks) return absl::OkStatus();
+                   hand_over();
+                   return take_empty() ? absl::OkStatus() : absl::CancelledError();
+                 });
+    }
+    if (s.ok() && n > 0) hand_over();
+    absl::MutexLock lock(&pipe.mu);
+    pipe.status = s;
+    pipe.done = true;
+    pipe.cv.SignalAll();
+  });
+  absl::Status result;
+  while (result.ok()) {
+    Batch batch;
+    {
+      absl::MutexLock lock(&pipe.mu);
+      while (pipe.full.empty() && !pipe.done) pipe.cv.Wait(&pipe.mu);
+      if (pipe.full.empty()) break;
+      batch = std::move(pipe.full.front());
+      pipe.full.pop_front();
+    }
+    for (const auto& [key, record] : batch) {
+      result = fn(key, record);
+      if (!result.ok()) break;
+    }
+    absl::MutexLock lock(&pipe.mu);
+    batch.resize(kBatchChunks);  // back to a whole batch's slots, their vectors kept
+    pipe.empty.push_back(std::move(batch));
+    if (!result.ok()) pipe.stop = true;
+    pipe.cv.SignalAll();
+  }
+  scanner.join();
+  if (!result.ok()) return result;
+  absl::MutexLock lock(&pipe.mu);
+  return pipe.status;
 }
 
 uint64_t Catalog::EstimateChunks() {

@@ -565,7 +565,8 @@ class ChunkStore {
   // slots without punching them (unpunched_), for the next Puts to write over.
   static constexpr size_t kMaxReclaimVictims = 4096;
   // Victims in EvictionPolicy order freeing at least `bytes` where possible, at most
-  // `max_victims`. Scans the leaves (leaves_) once into a bounded heap: O(leaves x log max_victims).
+  // `max_victims`. Scans the leaves (leaves_) once into a bounded heap:
+  // O(leaves x log max_victims).
   struct EvictionPlan {
     std::vector<ChunkKey> victims;
     uint64_t bytes = 0;

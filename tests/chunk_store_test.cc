@@ -238,7 +238,8 @@ TEST(ChunkStoreTest, AStaleCatalogEntryNamingAReusedSlotIsDataLossNeverTheOtherC
     const absl::Status s = engine->ReadRecord(spec, a, l, out);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "layer " << l << ": " << s;
   }
-  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x5a}; }))
+  EXPECT_TRUE(
+      std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x5a}; }))
       << "no byte of b's record reached the caller";
   EXPECT_EQ(engine->ReadRecord(spec, b, 0, out).code(), absl::StatusCode::kNotFound);
   // Verify, which reads through the batched read path, fails every record of a: its layers' and
