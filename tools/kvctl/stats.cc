@@ -1,8 +1,9 @@
 // kvctl stats: a store's figures, the spread of S = I x F, and what the tiers would hold.
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <utility>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "engine/tier_cache.h"
 #include "tools/kvctl/command.h"
@@ -68,6 +69,7 @@ void Spread(const std::vector<Ranked>& ranked, StoreFigures* f) {
   spread.chunks = ranked.size();
   if (ranked.empty()) return;
   std::vector<double> s;
+  s.reserve(ranked.size());
   for (const Ranked& r : ranked) {
     s.push_back(r.score);
     spread.total += r.score;
@@ -219,8 +221,11 @@ int RunStats(const StatsOptions& o) {
   auto engine = OpenExisting(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
 
+  f.stats = (*engine)->Stats();
   std::vector<Ranked> ranked;
-  std::set<ChunkKey> seen;
+  ranked.reserve(f.stats.chunks);
+  absl::flat_hash_set<ChunkKey> seen;  // prefixes share chunks: each is ranked once
+  seen.reserve(f.stats.chunks);
   for (const PrefixInfo& p : (*engine)->ListPrefixes()) {
     auto d = (*engine)->DescribePrefix(p.id);
     if (!d.ok()) return StoreError("stats " + p.id.ToHex(), d.status());
@@ -229,9 +234,11 @@ int RunStats(const StatsOptions& o) {
       if (seen.insert(c.key).second) ranked.push_back({c.key, c.score(), d->spec.layers, slot});
     }
   }
-  f.stats = (*engine)->Stats();
   Spread(ranked, &f);
-  FillTiers(std::move(ranked), &f.gpu, &f.cpu);
+  // The ranking sorts every chunk: only when a tier budget asks for it.
+  if (f.gpu.budget_bytes > 0 || f.cpu.budget_bytes > 0) {
+    FillTiers(std::move(ranked), &f.gpu, &f.cpu);
+  }
   f.fill = f.stats.max_disk_bytes == 0 ? 0
                                        : static_cast<double>(f.stats.disk_bytes_used) /
                                              static_cast<double>(f.stats.max_disk_bytes);
