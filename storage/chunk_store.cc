@@ -166,7 +166,9 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   }
 
   for (auto& [id, segment] : segments_) segment->BeginLoad();
-  chunks_.reserve(catalog_->EstimateChunks());
+  // Sized from RocksDB's estimate, bounded by the catalog's size (a chunk's record holds two
+  // 16-byte keys that do not compress), so that a damaged estimate cannot reserve without bound.
+  chunks_.reserve(std::min(catalog_->EstimateChunks(), catalog_->ApproximateBytes() / 16 + 4096));
   CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key,
                                                const ChunkRecord& r) -> absl::Status {
     LoadChunkLocked(key, r);

@@ -89,13 +89,30 @@ uint64_t Segment::RecordOffset(uint32_t slot, uint32_t record) const {
 }
 
 void Segment::BeginLoad() {
-  CKV_CHECK(used_slots_ == 0);
-  free_.clear();
-  loading_.assign((uint64_t{geometry_.capacity_slots} + 63) / 64, 0);
+  CKV_CHECK(used_slots_ == 0 && !loading_active_);
+  loading_active_ = true;  // the bitmap is allocated by the first MarkUsed: none for no chunk
 }
 
 bool Segment::MarkUsed(uint32_t slot) {
-  CKV_DCHECK(slot < geometry_.capacity_slots && !loading_.empty());
+  CKV_DCHECK(slot < geometry_.capacity_slots && loading_active_);
+  if (geometry_.capacity_slots > kMaxLoadBitmapSlots) {
+    // A bitmap this large is not worth its memory (a damaged geometry may claim 2^32 slots):
+    // split the slot out of the free runs instead, O(log runs) and no memory but the runs'.
+    auto it = free_.upper_bound(slot);
+    if (it == free_.begin()) return false;
+    --it;
+    const uint32_t start = it->first, count = it->second;
+    if (slot >= start + count) return false;
+    free_.erase(it);
+    if (slot > start) free_.emplace(start, slot - start);
+    if (slot + 1 < start + count) free_.emplace(slot + 1, start + count - slot - 1);
+    ++used_slots_;
+    return true;
+  }
+  if (loading_.empty()) {
+    loading_.assign((uint64_t{geometry_.capacity_slots} + 63) / 64, 0);
+    free_.clear();
+  }
   uint64_t& word = loading_[slot / 64];
   const uint64_t bit = uint64_t{1} << (slot % 64);
   if ((word & bit) != 0) return false;
@@ -105,6 +122,10 @@ bool Segment::MarkUsed(uint32_t slot) {
 }
 
 void Segment::EndLoad() {
+  CKV_CHECK(loading_active_);
+  loading_active_ = false;
+  // Without a bitmap, the free runs are right already: no slot was marked, or they were split.
+  if (loading_.empty()) return;
   // The free runs are the runs of clear bits below capacity_slots.
   const uint32_t capacity = geometry_.capacity_slots;
   uint32_t slot = 0;

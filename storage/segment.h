@@ -90,9 +90,12 @@ class Segment {
   uint64_t RecordOffset(uint32_t slot, uint32_t record) const;
 
   // Allocator. Loading the catalog: BeginLoad, then MarkUsed of each live slot, in any order, at
-  // O(1) each (a bitmap), then EndLoad, which builds the free runs in one pass. MarkUsed is false
-  // when the slot was marked already. REQUIRES: BeginLoad on a segment with no slot used;
-  // MarkUsed between BeginLoad and EndLoad.
+  // O(1) each (a bitmap of capacity_slots bits, allocated by the first MarkUsed), then EndLoad,
+  // which builds the free runs in one pass. A segment of more than kMaxLoadBitmapSlots slots
+  // splits each slot out of its free runs instead, so that a damaged geometry cannot make a load
+  // allocate without bound. MarkUsed is false when the slot was marked already. REQUIRES:
+  // BeginLoad on a segment with no slot used; MarkUsed between BeginLoad and EndLoad.
+  static constexpr uint32_t kMaxLoadBitmapSlots = uint32_t{1} << 26;  // an 8 MiB bitmap
   void BeginLoad();
   bool MarkUsed(uint32_t slot);
   void EndLoad();
@@ -127,6 +130,7 @@ class Segment {
   std::unique_ptr<File> file_;
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
   std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
+  bool loading_active_ = false;        // between BeginLoad and EndLoad
   static constexpr uint32_t kChecksumBlock = 4096;
   std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
   uint32_t used_slots_ = 0;

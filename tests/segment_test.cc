@@ -77,6 +77,29 @@ TEST(SegmentLoadTest, SlotsMarkedInAnyOrderGiveTheExactFreeRuns) {
   }
 }
 
+TEST(SegmentLoadTest, ASegmentTooLargeForABitmapSplitsItsRunsInstead) {
+  // A geometry over kMaxLoadBitmapSlots (a damaged catalog may claim 2^32 slots) is loaded
+  // without a bitmap of its size, with the same result.
+  MemFileSystem fs;
+  const uint32_t capacity = Segment::kMaxLoadBitmapSlots + 100;
+  Segment seg = MakeSegment(fs, capacity);
+  seg.BeginLoad();
+  for (uint32_t s : {capacity - 1, 5u, 6u, 0u, capacity - 50}) ASSERT_TRUE(seg.MarkUsed(s)) << s;
+  EXPECT_FALSE(seg.MarkUsed(6));
+  seg.EndLoad();
+  EXPECT_EQ(seg.used_slots(), 5u);
+  EXPECT_EQ(Runs(seg), (std::vector<std::pair<uint32_t, uint32_t>>{
+                           {1, 4}, {7, capacity - 57}, {capacity - 49, 48}}));
+}
+
+TEST(SegmentLoadTest, ASegmentWithNoChunkIsWhollyFree) {
+  MemFileSystem fs;
+  Segment seg = MakeSegment(fs, 1000);
+  seg.BeginLoad();
+  seg.EndLoad();
+  EXPECT_EQ(Runs(seg), (std::vector<std::pair<uint32_t, uint32_t>>{{0, 1000}}));
+}
+
 TEST(SegmentLoadTest, ASlotMarkedTwiceIsRefusedTheSecondTime) {
   MemFileSystem fs;
   Segment seg = MakeSegment(fs, 100);
