@@ -289,7 +289,8 @@ absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl:
   if (s.layers == 0 || s.layers > kMaxLayers || s.band_layers == 0 ||
       s.band_layers > s.layers || s.record_bytes == 0 || s.record_bytes > kMaxRecordBytes ||
       s.record_slot_bytes < s.record_bytes || s.record_slot_bytes > kMaxRecordBytes ||
-      s.record_slot_bytes % 4096 != 0 || s.capacity_slots == 0) {
+      s.record_slot_bytes % 4096 != 0 || s.capacity_slots == 0 ||
+      s.capacity_slots > kMaxSegmentSlots) {
     return absl::DataLossError(absl::StrCat("catalog entry ", what, ": inconsistent geometry"));
   }
   return s;

@@ -114,6 +114,10 @@ absl::StatusOr<PrefixRecord> DecodePrefixRecord(absl::string_view bytes, absl::s
 // whose record_bytes is larger is DataLoss. 1 GiB, as an auxiliary record.
 inline constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 30;
 
+// Most chunks a segment holds (Segment::GeometryFor clamps to it); decoding a segment that claims
+// more is DataLoss, so that a damaged geometry cannot size the structures a load builds.
+inline constexpr uint32_t kMaxSegmentSlots = uint32_t{1} << 30;
+
 std::string EncodeSegmentRecord(const SegmentRecord& record);
 absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl::string_view what);
 std::string EncodeModelSpec(const ModelSpec& spec);

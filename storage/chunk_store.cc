@@ -298,14 +298,19 @@ absl::Status ChunkStore::ReclaimOrphans() {
   return absl::OkStatus();
 }
 
+absl::Status ChunkStore::CheckFingerprintOrdinalLocked(const ChunkKey& fp) const {
+  if (fingerprints_.size() <= UINT16_MAX || fingerprint_ordinals_.contains(fp)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "model spec ", fp.ToHex(), ": the store has indexed chunks of ", fingerprints_.size(),
+      " model specs since it was opened, the most one open store indexes; reopen it"));
+}
+
 absl::StatusOr<uint16_t> ChunkStore::FingerprintOrdinalLocked(const ChunkKey& fp) {
   auto it = fingerprint_ordinals_.find(fp);
   if (it != fingerprint_ordinals_.end()) return it->second;
-  if (fingerprints_.size() > UINT16_MAX) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "model spec ", fp.ToHex(), ": the store holds chunks of ", fingerprints_.size(),
-        " model specs, the most one store indexes"));
-  }
+  CKV_RETURN_IF_ERROR(CheckFingerprintOrdinalLocked(fp));
   const auto ordinal = static_cast<uint16_t>(fingerprints_.size());
   fingerprints_.push_back(fp);
   fingerprint_ordinals_.emplace(fp, ordinal);

@@ -432,6 +432,10 @@ class ChunkStore {
   // ResourceExhausted when 65,536 fingerprints have one already.
   absl::StatusOr<uint16_t> FingerprintOrdinalLocked(const ChunkKey& fp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `fp` has an ordinal or one is left for it; the error FingerprintOrdinalLocked would
+  // give otherwise. Gives none.
+  absl::Status CheckFingerprintOrdinalLocked(const ChunkKey& fp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const ChunkKey& FingerprintOf(const ChunkEntry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return fingerprints_[e.spec];
   }

@@ -169,8 +169,9 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   }
   put.m = m;
   put.new_spec = !specs_.contains(put.fp);
-  // The new chunks' entries will name the spec by its ordinal.
-  CKV_RETURN_IF_ERROR(FingerprintOrdinalLocked(put.fp).status());
+  // The new chunks' entries will name the spec by an ordinal (given at commit): refuse the Put
+  // now when none is left for a spec without one.
+  CKV_RETURN_IF_ERROR(CheckFingerprintOrdinalLocked(put.fp));
   const uint64_t tick = ++use_clock_;
   for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
   put.result.chunks_existing = m;
@@ -316,6 +317,9 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   const uint64_t seq = ++put_seq_;
   StoredCounters next = counters_;
   std::vector<std::pair<size_t, ChunkRecord>> records;  // (index in keys, what the batch names)
+  // The new entries name the spec by its ordinal, given here, once the Put's data is written, so
+  // that a Put that fails earlier takes none (ReservePutLocked checked that one is left).
+  if (s.ok()) s = FingerprintOrdinalLocked(put.fp).status();
   if (s.ok()) {
     Catalog::Batch batch = catalog_->NewBatch();
     if (put.new_spec && !specs_.contains(put.fp)) batch.PutSpec(put.spec);

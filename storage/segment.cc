@@ -32,7 +32,7 @@ SegmentRecord Segment::GeometryFor(const ModelSpec& spec, RecordLayout layout,
   g.record_slot_bytes = static_cast<uint32_t>(RoundUp4K(spec.RecordBytes()));
   g.aux_record_bytes = aux_record_bytes;
   g.capacity_slots = static_cast<uint32_t>(
-      std::clamp<uint64_t>(segment_bytes / ChunkBytes(g), 1, uint64_t{1} << 30));
+      std::clamp<uint64_t>(segment_bytes / ChunkBytes(g), 1, kMaxSegmentSlots));
   g.created_unix_ms = now_unix_ms;
   return g;
 }
@@ -96,8 +96,8 @@ void Segment::BeginLoad() {
 bool Segment::MarkUsed(uint32_t slot) {
   CKV_DCHECK(slot < geometry_.capacity_slots && loading_active_);
   if (geometry_.capacity_slots > kMaxLoadBitmapSlots) {
-    // A bitmap this large is not worth its memory (a damaged geometry may claim 2^32 slots):
-    // split the slot out of the free runs instead, O(log runs) and no memory but the runs'.
+    // A bitmap this large is not worth its memory: split the slot out of the free runs instead,
+    // O(log runs) and no memory but the runs'.
     auto it = free_.upper_bound(slot);
     if (it == free_.begin()) return false;
     --it;

@@ -116,9 +116,9 @@ class Segment {
   // The checksums of the chunk in `slot`: one per record (its layers', then its auxiliary
   // records'), as its catalog record holds them, set when the chunk is loaded or committed. They
   // live here rather than per chunk entry: records() x 8 bytes per slot, allocated kChecksumBlock
-  // slots at a time as slots are first set, never moved, so a span stays valid (and unchanged
-  // while the slot is pinned: a pinned slot is not reused). REQUIRES: slot < capacity_slots;
-  // checksums() of a slot that was set.
+  // (256) slots at a time as slots are first set, never moved, so a span stays valid (and
+  // unchanged while the slot is pinned: a pinned slot is not reused). REQUIRES:
+  // slot < capacity_slots; checksums() of a slot that was set.
   std::span<const uint64_t> checksums(uint32_t slot) const;
   void SetChecksums(uint32_t slot, std::span<const uint64_t> values);
   // Bytes of memory the checksums hold.
@@ -131,7 +131,9 @@ class Segment {
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
   std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
   bool loading_active_ = false;        // between BeginLoad and EndLoad
-  static constexpr uint32_t kChecksumBlock = 4096;
+  // Slots per block of checksums: small, so that a block a chunk allocates holds little more
+  // than that chunk's checksums (a damaged catalog could place one chunk per block).
+  static constexpr uint32_t kChecksumBlock = 256;
   std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
   uint32_t used_slots_ = 0;
 };

@@ -196,6 +196,24 @@ TEST(SecurityTest, KvctlWritesNothingOutsideTheStoreAndTheOutputPathsItIsGiven) 
   EXPECT_EQ(Join(WrongModes(store, &files)), "") << "a store kvctl made";
 }
 
+TEST(SecurityTest, ASegmentClaimingMoreSlotsThanASegmentHoldsIsDataLoss) {
+  // The slots a load marks and the checksums it holds are sized by capacity_slots: a damaged one
+  // (any u32) must not size them.
+  storage::SegmentRecord g;
+  g.layers = 1;
+  g.band_layers = 1;
+  g.record_bytes = 4096;
+  g.record_slot_bytes = 4096;
+  g.capacity_slots = storage::kMaxSegmentSlots;
+  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
+  g.capacity_slots = storage::kMaxSegmentSlots + 1;
+  auto decoded = storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1");
+  ASSERT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+  EXPECT_NE(decoded.status().message().find("segments/1: inconsistent geometry"),
+            absl::string_view::npos)
+      << decoded.status();
+}
+
 }  // namespace
 }  // namespace ckv
 

@@ -78,8 +78,8 @@ TEST(SegmentLoadTest, SlotsMarkedInAnyOrderGiveTheExactFreeRuns) {
 }
 
 TEST(SegmentLoadTest, ASegmentTooLargeForABitmapSplitsItsRunsInstead) {
-  // A geometry over kMaxLoadBitmapSlots (a damaged catalog may claim 2^32 slots) is loaded
-  // without a bitmap of its size, with the same result.
+  // A geometry over kMaxLoadBitmapSlots (up to 2^30 slots, tiny chunks in huge segments) is
+  // loaded without a bitmap of its size, with the same result.
   MemFileSystem fs;
   const uint32_t capacity = Segment::kMaxLoadBitmapSlots + 100;
   Segment seg = MakeSegment(fs, capacity);
