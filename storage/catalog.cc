@@ -393,10 +393,15 @@ absl::StatusOr<ChunkRecord> Catalog::GetChunk(const ChunkKey& key) {
 }
 
 uint64_t Catalog::ApproximateBytes() {
-  uint64_t sst = 0, memtables = 0;
-  db_->GetIntProperty(rocksdb::DB::Properties::kTotalSstFilesSize, &sst);
-  db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &memtables);
-  return sst + memtables;
+  // Per column family: without a handle RocksDB answers for the default one only, which is empty.
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t sst = 0, memtables = 0;
+    db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &sst);
+    db_->GetIntProperty(h, rocksdb::DB::Properties::kCurSizeAllMemTables, &memtables);
+    total += sst + memtables;
+  }
+  return total;
 }
 
 }  // namespace ckv::storage

@@ -61,6 +61,11 @@ TEST(CatalogScanTest, EveryChunkComesOnceInKeyOrderWithItsFields) {
     return absl::OkStatus();
   }));
   EXPECT_EQ(count, kChunks);
+  // What opening a store sizes its table by: the estimate, and the catalog's bytes that bound it
+  // (each chunk's record holds at least two 16-byte keys).
+  EXPECT_GE((*catalog)->EstimateChunks(), kChunks / 2);
+  EXPECT_LE((*catalog)->EstimateChunks(), kChunks * 2);
+  EXPECT_GE((*catalog)->ApproximateBytes(), kChunks * 16);
 }
 
 TEST(CatalogScanTest, TheCallersErrorStopsTheScanAndIsReturned) {
