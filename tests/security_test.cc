@@ -196,24 +196,6 @@ TEST(SecurityTest, KvctlWritesNothingOutsideTheStoreAndTheOutputPathsItIsGiven) 
   EXPECT_EQ(Join(WrongModes(store, &files)), "") << "a store kvctl made";
 }
 
-TEST(SecurityTest, ASegmentClaimingMoreSlotsThanASegmentHoldsIsDataLoss) {
-  // The slots a load marks and the checksums it holds are sized by capacity_slots: a damaged one
-  // (any u32) must not size them.
-  storage::SegmentRecord g;
-  g.layers = 1;
-  g.band_layers = 1;
-  g.record_bytes = 4096;
-  g.record_slot_bytes = 4096;
-  g.capacity_slots = storage::kMaxSegmentSlots;
-  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
-  g.capacity_slots = storage::kMaxSegmentSlots + 1;
-  auto decoded = storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1");
-  ASSERT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
-  EXPECT_NE(decoded.status().message().find("segments/1: inconsistent geometry"),
-            absl::string_view::npos)
-      << decoded.status();
-}
-
 }  // namespace
 }  // namespace ckv
 
@@ -248,23 +230,44 @@ TEST(SecurityTest, APutWhoseRecordsExceedTheLimitIsRefusedNotTruncated) {
   EXPECT_EQ((*engine)->Stats().chunks, 0u);
 }
 
-// Regression (security audit): a segment record's record and slot sizes were bounded only by
-// their u32; a damaged catalog could make every read of the segment allocate up to 4 GiB.
-TEST(SecurityTest, ASegmentRecordWithRecordsOverTheLimitIsDataLoss) {
+// A segment geometry that decodes: one layer of 4 KiB records, one slot.
+storage::SegmentRecord SmallGeometry() {
   storage::SegmentRecord g;
   g.layers = 1;
   g.band_layers = 1;
   g.record_bytes = 4096;
   g.record_slot_bytes = 4096;
   g.capacity_slots = 1;
-  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
-  g.record_bytes = uint32_t{1} << 31;
-  g.record_slot_bytes = uint32_t{1} << 31;
+  return g;
+}
+
+// Expects `g` to decode, as written, to DataLoss naming it.
+void ExpectInconsistentGeometry(const storage::SegmentRecord& g) {
   auto decoded = storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1");
   ASSERT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
   EXPECT_NE(decoded.status().message().find("segments/1: inconsistent geometry"),
             absl::string_view::npos)
       << decoded.status();
+}
+
+// Regression (security audit): a segment record's record and slot sizes were bounded only by
+// their u32; a damaged catalog could make every read of the segment allocate up to 4 GiB.
+TEST(SecurityTest, ASegmentRecordWithRecordsOverTheLimitIsDataLoss) {
+  storage::SegmentRecord g = SmallGeometry();
+  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
+  g.record_bytes = uint32_t{1} << 31;
+  g.record_slot_bytes = uint32_t{1} << 31;
+  ExpectInconsistentGeometry(g);
+}
+
+TEST(SecurityTest, ASegmentClaimingMoreSlotsThanASegmentHoldsIsDataLoss) {
+  // The slots a load marks and the checksums it holds are sized by capacity_slots: a damaged one
+  // (any u32) must not size them.
+  storage::SegmentRecord g = SmallGeometry();
+  g.capacity_slots = storage::kMaxSegmentSlots;
+  ASSERT_TRUE(storage::DecodeSegmentRecord(storage::EncodeSegmentRecord(g), "segments/1").ok());
+  g.capacity_slots = storage::kMaxSegmentSlots + 1;
+  ExpectInconsistentGeometry(g);
 }
 
 }  // namespace
