@@ -59,11 +59,15 @@ class ReclaimTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
-  // Puts prefix `seed` of `chunks` chunks (no shared chunks).
+  // Puts prefix `seed` of `chunks` chunks (no shared chunks): of spec_, or of `spec`.
   absl::StatusOr<PutResult> Put(ChunkStore& store, uint64_t seed, uint64_t chunks) {
-    const auto tokens = synth::Tokens(seed, chunks * spec_.chunk_tokens);
-    synth::SyntheticKv kv(spec_, tokens);
-    return store.Put(spec_, tokens, kv.tensors());
+    return PutAs(store, spec_, seed, chunks);
+  }
+  absl::StatusOr<PutResult> PutAs(ChunkStore& store, const ModelSpec& spec, uint64_t seed,
+                                  uint64_t chunks) {
+    const auto tokens = synth::Tokens(seed, chunks * spec.chunk_tokens);
+    synth::SyntheticKv kv(spec, tokens);
+    return store.Put(spec, tokens, kv.tensors());
   }
   uint64_t Stored(uint64_t seed, uint64_t chunks) {
     auto n = store_->Lookup(spec_, synth::Tokens(seed, chunks * spec_.chunk_tokens));
@@ -97,6 +101,12 @@ class ReclaimTest : public ::testing::Test {
   TempDir dir_;
   FaultInjectingFileSystem fs_{storage::PosixFileSystem(), 11};
   const ModelSpec spec_ = SmallSpec();
+  // The same chunk size as spec_, another fingerprint: its chunks go to segments of their own.
+  const ModelSpec other_ = [this] {
+    ModelSpec other = spec_;
+    other.model_id = "reclaim-test-other-model";
+    return other;
+  }();
   std::unique_ptr<ChunkStore> store_;
 };
 
@@ -213,14 +223,10 @@ TEST_F(ReclaimTest, APutOfAnotherModelPunchesTheKeptSlotsItNeedsRoomFor) {
   Open(options);
   for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(Put(*store_, i, 4).ok());
   ASSERT_EQ(*store_->ReclaimNow(), 12 * kChunk);  // prefixes 0..2: slots 0..11, kept
-  ModelSpec other = spec_;
-  other.model_id = "reclaim-test-other-model";  // the same chunk size, another fingerprint
   CountPunches();
   // 28 live + 12 kept; the other model's 8 chunks need the room of 8: the kept run is punched
   // (once), and no live chunk is evicted.
-  const auto tokens = synth::Tokens(70, 8 * other.chunk_tokens);
-  synth::SyntheticKv kv(other, tokens);
-  auto put = store_->Put(other, tokens, kv.tensors());
+  auto put = PutAs(*store_, other_, 70, 8);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->chunks_evicted, 0u);
   EXPECT_EQ(Punches(), 1u);
@@ -253,11 +259,7 @@ TEST_F(ReclaimTest, InlineEvictionWritesOverWhatItFreesOrPunchesItOncePerRun) {
   EXPECT_EQ(Stored(50, 8), 8u);
   // Another model (a segment of its own): 8 chunks evict prefixes 2 and 3 (slots 8..15),
   // punched in one run.
-  ModelSpec other = spec_;
-  other.model_id = "reclaim-test-other-model";
-  const auto tokens = synth::Tokens(70, 8 * other.chunk_tokens);
-  synth::SyntheticKv kv(other, tokens);
-  auto put_other = store_->Put(other, tokens, kv.tensors());
+  auto put_other = PutAs(*store_, other_, 70, 8);
   ASSERT_TRUE(put_other.ok()) << put_other.status();
   EXPECT_EQ(put_other->chunks_evicted, 8u);
   EXPECT_EQ(Punches(), 1u) << "inline eviction punched per chunk, not per run";
@@ -266,7 +268,7 @@ TEST_F(ReclaimTest, InlineEvictionWritesOverWhatItFreesOrPunchesItOncePerRun) {
   EXPECT_EQ(st.free_kept_bytes, 0u);
   EXPECT_EQ(st.disk_bytes_used, 40 * kChunk);
   EXPECT_EQ(Stored(70, 8), 0u) << "looked up as the first model";
-  EXPECT_EQ(*store_->Lookup(other, tokens), 8u);
+  EXPECT_EQ(*store_->Lookup(other_, synth::Tokens(70, 8 * other_.chunk_tokens)), 8u);
   // The second segment lowered the data cap below the 40 chunks in use (its metadata allowance),
   // so the next Put of the first model evicts one chunk more than it writes: it keeps the 8 slots
   // it writes over and punches the ninth, and fits.
