@@ -35,8 +35,8 @@ struct EngineOptions {
   // batch per round) so that a Put rarely evicts inline. It frees their slots without punching
   // them: the next Puts of the same model write over those blocks (EngineStats::free_kept_bytes).
   // The reclaimer wakes when less than half of it is free. Unset = max(64 MiB, 5% of the cap),
-  // at most 1/8 of the cap; 0 = no reclaimer: a Put that needs room evicts inline. Ignored without a cap. Not persisted.
-  // Default: unset.
+  // at most 1/8 of the cap; 0 = no reclaimer: a Put that needs room evicts inline. Ignored
+  // without a cap. Not persisted. Default: unset.
   std::optional<uint64_t> reclaim_margin_bytes;
 
   // Layout of records in segments created from now on. Unset = the store's persisted layout
