@@ -238,9 +238,7 @@ uint64_t Segment::ChecksumBytes() const {
   uint64_t bytes = checksums_.capacity() * sizeof(checksums_[0]);
   for (uint32_t b = 0; b < checksums_.size(); ++b) {
     if (checksums_[b] == nullptr) continue;
-    const uint32_t slots =
-        std::min(kChecksumBlock, geometry_.capacity_slots - b * kChecksumBlock);
-    bytes += uint64_t{slots} * records() * sizeof(uint64_t);
+    bytes += uint64_t{ChecksumBlockSlots(b)} * records() * sizeof(uint64_t);
   }
   return bytes;
 }
@@ -251,9 +249,8 @@ void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
   const uint32_t block = slot / kChecksumBlock;
   if (block >= checksums_.size()) checksums_.resize(block + 1);
   if (checksums_[block] == nullptr) {
-    const uint32_t slots =
-        std::min(kChecksumBlock, geometry_.capacity_slots - block * kChecksumBlock);
-    checksums_[block] = std::make_unique_for_overwrite<uint64_t[]>(size_t{slots} * n);
+    checksums_[block] =
+        std::make_unique_for_overwrite<uint64_t[]>(size_t{ChecksumBlockSlots(block)} * n);
   }
   std::copy(values.begin(), values.end(),
             checksums_[block].get() + size_t{slot % kChecksumBlock} * n);

@@ -21,6 +21,7 @@
 #ifndef CKV_STORAGE_SEGMENT_H_
 #define CKV_STORAGE_SEGMENT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -135,6 +136,10 @@ class Segment {
   // than that chunk's checksums (a damaged catalog could place one chunk per block).
   static constexpr uint32_t kChecksumBlock = 256;
   std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
+  // Slots block `block` of checksums_ covers (the last block of a segment may be short).
+  uint32_t ChecksumBlockSlots(uint32_t block) const {
+    return std::min(kChecksumBlock, geometry_.capacity_slots - block * kChecksumBlock);
+  }
   uint32_t used_slots_ = 0;
 };
 
