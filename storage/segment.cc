@@ -235,12 +235,7 @@ std::span<const uint64_t> Segment::checksums(uint32_t slot) const {
 }
 
 uint64_t Segment::ChecksumBytes() const {
-  uint64_t bytes = checksums_.capacity() * sizeof(checksums_[0]);
-  for (uint32_t b = 0; b < checksums_.size(); ++b) {
-    if (checksums_[b] == nullptr) continue;
-    bytes += uint64_t{ChecksumBlockSlots(b)} * records() * sizeof(uint64_t);
-  }
-  return bytes;
+  return checksum_block_bytes_ + checksums_.capacity() * sizeof(checksums_[0]);
 }
 
 void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
@@ -249,8 +244,9 @@ void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
   const uint32_t block = slot / kChecksumBlock;
   if (block >= checksums_.size()) checksums_.resize(block + 1);
   if (checksums_[block] == nullptr) {
-    checksums_[block] =
-        std::make_unique_for_overwrite<uint64_t[]>(size_t{ChecksumBlockSlots(block)} * n);
+    const size_t values_in_block = size_t{ChecksumBlockSlots(block)} * n;
+    checksums_[block] = std::make_unique_for_overwrite<uint64_t[]>(values_in_block);
+    checksum_block_bytes_ += values_in_block * sizeof(uint64_t);
   }
   std::copy(values.begin(), values.end(),
             checksums_[block].get() + size_t{slot % kChecksumBlock} * n);

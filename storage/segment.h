@@ -122,7 +122,7 @@ class Segment {
   // slot < capacity_slots; checksums() of a slot that was set.
   std::span<const uint64_t> checksums(uint32_t slot) const;
   void SetChecksums(uint32_t slot, std::span<const uint64_t> values);
-  // Bytes of memory the checksums hold.
+  // Bytes of memory the checksums hold (O(1): Stats reads it under the store's lock).
   uint64_t ChecksumBytes() const;
 
  private:
@@ -136,6 +136,7 @@ class Segment {
   // than that chunk's checksums (a damaged catalog could place one chunk per block).
   static constexpr uint32_t kChecksumBlock = 256;
   std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
+  uint64_t checksum_block_bytes_ = 0;                    // bytes of the blocks allocated
   // Slots block `block` of checksums_ covers (the last block of a segment may be short).
   uint32_t ChecksumBlockSlots(uint32_t block) const {
     return std::min(kChecksumBlock, geometry_.capacity_slots - block * kChecksumBlock);
