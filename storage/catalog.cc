@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
+#include "rocksdb/cache.h"
 #include "rocksdb/options.h"
+#include "rocksdb/table.h"
 #include "storage/private_file_system.h"
 
 namespace ckv::storage {
@@ -168,6 +170,11 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
   db_options.max_background_jobs = 2;
   rocksdb::ColumnFamilyOptions cf_options;
   cf_options.write_buffer_size = 8 << 20;
+  // Records not kept in RAM (the checksums a read verifies) are read on demand through one block
+  // cache shared by the column families, of a fixed size whatever the store's.
+  rocksdb::BlockBasedTableOptions table_options;
+  table_options.block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
   for (const char* name : kCfNames) descriptors.emplace_back(name, cf_options);
@@ -381,6 +388,38 @@ uint64_t Catalog::EstimateChunks() {
   uint64_t n = 0;
   db_->GetIntProperty(handles_[kChunks], rocksdb::DB::Properties::kEstimateNumKeys, &n);
   return n;
+}
+
+absl::Status Catalog::GetChunks(std::span<const ChunkKey> keys, const IndexedChunkFn& fn) {
+  if (keys.empty()) return absl::OkStatus();
+  std::vector<std::string> encoded(keys.size());
+  std::vector<rocksdb::Slice> slices(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    encoded[i] = EncodeChunkKey(keys[i]);
+    slices[i] = encoded[i];
+  }
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  db_->MultiGet(ro, handles_[kChunks], keys.size(), slices.data(), values.data(),
+                statuses.data());
+  ChunkRecord record;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].IsNotFound()) {
+      return absl::NotFoundError(
+          absl::StrCat("chunk ", keys[i].ToHex(), " has no record in catalog ", dir_));
+    }
+    CKV_RETURN_IF_ERROR(FromRocks(statuses[i], absl::StrCat("read chunk ", keys[i].ToHex())));
+    const absl::string_view value(values[i].data(), values[i].size());
+    // The entry's name costs a hex format: made only for the error message.
+    if (!DecodeChunkRecordInto(value, "", /*with_tokens=*/false, &record).ok()) {
+      CKV_RETURN_IF_ERROR(DecodeChunkRecordInto(value, absl::StrCat("chunk ", keys[i].ToHex()),
+                                                /*with_tokens=*/false, &record));
+    }
+    CKV_RETURN_IF_ERROR(fn(i, record));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ChunkRecord> Catalog::GetChunk(const ChunkKey& key) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,16 @@ class Catalog {
 
   // One chunk's full record (token ids included), read from the catalog.
   absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);
+  // The records of `keys`, decoded without their token ids, read in one batch (RocksDB's
+  // MultiGet, through the block cache): calls `fn` with each key's index in `keys` and its record,
+  // in `keys`' order (the record passed is reused from call to call). Errors: NotFound naming the
+  // first chunk absent, DataLoss naming one whose record does not decode, the mapped I/O errors.
+  using IndexedChunkFn = std::function<absl::Status(size_t index, const ChunkRecord& record)>;
+  absl::Status GetChunks(std::span<const ChunkKey> keys, const IndexedChunkFn& fn);
+
+  // RocksDB's block cache, shared by the column families: what Get and GetChunks read is kept
+  // here, and nothing else of the catalog's records stays in memory.
+  static constexpr size_t kBlockCacheBytes = size_t{32} << 20;
 
   // Bytes of RocksDB's table files plus memtables (an estimate, for reporting).
   uint64_t ApproximateBytes();

@@ -241,7 +241,6 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
   }
   put_seq_ = std::max(put_seq_, r.put_seq);
   used_bytes_ += seg->second->chunk_bytes();
-  seg->second->SetChecksums(r.slot, r.checksums);
   chunks_.emplace(key, EntryFromRecordLocked(r, /*last_use=*/r.put_seq));
 }
 
@@ -435,10 +434,15 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
     e.last_use = ++use_clock_;
     seg = segments_.at(e.segment).get();
     slot = SlotId{e.segment, e.slot};
-    expected = seg->checksums(e.slot)[layer];
     PinLocked(slot);
   }
-  absl::Status s = ReadAndVerify(seg, slot.second, layer, expected, key, out);
+  absl::Status s = catalog_->GetChunks(
+      std::span<const ChunkKey>(&key, 1), [&](size_t, const ChunkRecord& r) {
+        CKV_RETURN_IF_ERROR(CheckPlace(key, r, *seg, slot.second));
+        expected = r.checksums[layer];
+        return absl::OkStatus();
+      });
+  if (s.ok()) s = ReadAndVerify(seg, slot.second, layer, expected, key, out);
   Unpin(slot);
   if (absl::IsDataLoss(s)) logger_->Log(LogLevel::kError, std::string(s.message()));
   return s;
@@ -504,19 +508,66 @@ FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(
     const ModelSpec& spec, std::span<const ChunkKey> keys) {
   CKV_RETURN_IF_ERROR(spec.Validate());
-  size_t m = 0;
+  std::unique_ptr<PinnedChunks> pinned;
   {
     absl::MutexLock lock(&mu_);
+    size_t m = 0;
     while (m < keys.size() && chunks_.contains(keys[m])) ++m;
-    return PinLocked(spec, keys.first(m));
+    CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys.first(m)));
   }
+  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned));
+  return pinned;
 }
 
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::Pin(const ModelSpec& spec,
                                                               std::span<const ChunkKey> keys) {
   CKV_RETURN_IF_ERROR(spec.Validate());
-  absl::MutexLock lock(&mu_);
-  return PinLocked(spec, keys);
+  std::unique_ptr<PinnedChunks> pinned;
+  {
+    absl::MutexLock lock(&mu_);
+    CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys));
+  }
+  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned));
+  return pinned;
+}
+
+absl::Status ChunkStore::CheckPlace(const ChunkKey& key, const ChunkRecord& record,
+                                    const Segment& segment, uint32_t slot) {
+  // A pinned chunk's record cannot change but for its usage (evicting or deleting it keeps its
+  // slot while pinned, and a chunk stored is not written again): any other record is damage.
+  if (record.segment != segment.id() || record.slot != slot) {
+    return absl::DataLossError(absl::StrCat(
+        "catalog record of chunk ", key.ToHex(), " names segment ", record.segment, " slot ",
+        record.slot, "; the store indexed it at segment ", segment.id(), " slot ", slot));
+  }
+  if (record.checksums.size() != segment.records()) {
+    return absl::DataLossError(absl::StrCat("catalog record of chunk ", key.ToHex(), " has ",
+                                            record.checksums.size(), " checksums; segment ",
+                                            segment.id(), " holds ", segment.records(),
+                                            " records per chunk"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned) {
+  std::vector<PinnedChunks::Chunk>& chunks = pinned.chunks_;
+  std::vector<ChunkKey> keys(chunks.size());
+  std::vector<size_t> offsets(chunks.size() + 1, 0);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    keys[i] = chunks[i].key;
+    offsets[i + 1] = offsets[i] + chunks[i].segment->records();
+  }
+  pinned.checksums_.resize(offsets.back());
+  CKV_RETURN_IF_ERROR(catalog_->GetChunks(keys, [&](size_t i, const ChunkRecord& r) {
+    CKV_RETURN_IF_ERROR(CheckPlace(keys[i], r, *chunks[i].segment, chunks[i].slot));
+    std::copy(r.checksums.begin(), r.checksums.end(), pinned.checksums_.begin() + offsets[i]);
+    return absl::OkStatus();
+  }));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].checksums =
+        std::span<const uint64_t>(pinned.checksums_).subspan(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
@@ -537,8 +588,7 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
     Segment* seg = segments_.at(e.segment).get();
     // A stored chunk sits inside its segment with one checksum per record (Load drops others).
     CKV_DCHECK(e.slot < seg->geometry().capacity_slots);
-    chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, seg->checksums(e.slot),
-                                         e.importance, e.loads});
+    chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, {}, e.importance, e.loads});
   }
   const uint64_t tick = ++use_clock_;
   for (const auto& c : chunks) {
@@ -796,7 +846,6 @@ StoreStats ChunkStore::Stats() {
   s.index_memory_bytes = chunks_.MemoryBytes() + leaves_.capacity() * (sizeof(ChunkKey) + 1) +
                          fingerprints_.capacity() * sizeof(ChunkKey) +
                          fingerprint_ordinals_.capacity() * (sizeof(ChunkKey) + 3);
-  for (const auto& [id, segment] : segments_) s.index_memory_bytes += segment->ChecksumBytes();
   s.disk_bytes_used = used_bytes_;
   s.max_disk_bytes = max_disk_bytes_;
   s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;

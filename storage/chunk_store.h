@@ -166,8 +166,8 @@ class PinnedChunks {
     ChunkKey key;
     Segment* segment = nullptr;
     uint32_t slot = 0;
-    std::span<const uint64_t> checksums;  // per record: layers, then auxiliary records (the
-                                          // segment's; valid while pinned)
+    std::span<const uint64_t> checksums;  // per record: layers, then auxiliary records (read
+                                          // from the catalog when pinned; the handle's)
     double importance = 0;                // I and F when pinned
     uint64_t loads = 0;
   };
@@ -201,6 +201,7 @@ class PinnedChunks {
       : store_(store), chunks_(std::move(chunks)) {}
   ChunkStore* store_;
   std::vector<Chunk> chunks_;
+  std::vector<uint64_t> checksums_;  // what chunks_[i].checksums view
 };
 
 class ChunkStore {
@@ -325,7 +326,8 @@ class ChunkStore {
     uint64_t last_use = 0;
     double importance = 0;
     uint64_t loads = 0;
-    // The records' checksums are the segment's (Segment::checksums(slot)).
+    // The records' checksums are not kept in memory: a read takes them from the catalog
+    // (ReadChecksums).
   };
   struct PrefixEntry {
     ChunkKey fingerprint;
@@ -473,6 +475,14 @@ class ChunkStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pins / unpins the slot of a chunk being read.
   void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the records' checksums of `pinned`'s chunks from the catalog, in one batch, into the
+  // handle. DataLoss when a chunk's record names another slot than the one pinned, or holds
+  // another number of checksums than its segment has records. REQUIRES: mu_ not held.
+  absl::Status ReadChecksums(PinnedChunks& pinned) ABSL_LOCKS_EXCLUDED(mu_);
+  // DataLoss unless `record`, the catalog's for `key`, places it at `slot` of `segment` with one
+  // checksum per record of the segment.
+  static absl::Status CheckPlace(const ChunkKey& key, const ChunkRecord& record,
+                                 const Segment& segment, uint32_t slot);
   void Unpin(SlotId slot);
   // "9f3c…/L7" or "9f3c…/aux0".
   static std::string RecordName(const Segment& seg, const ChunkKey& key, uint32_t record);

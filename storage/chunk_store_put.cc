@@ -363,7 +363,6 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   if (put.new_spec) specs_.emplace(put.fp, put.spec);
   const uint64_t tick = ++use_clock_;
   for (const auto& [idx, rec] : records) {
-    segments_.at(rec.segment)->SetChecksums(rec.slot, rec.checksums);
     chunks_.emplace(keys[idx], EntryFromRecordLocked(rec, tick));
   }
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;

@@ -116,32 +116,30 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
   // slots are read together; a batch's chunks are pinned while it is read.
   constexpr size_t kBatchChunks = 1024;
   constexpr uint64_t kMaxIoBytes = 1 << 20;
-  struct Pinned {
-    ChunkKey key;
-    Segment* seg;
-    uint32_t slot;
-    std::span<const uint64_t> checksums;  // the segment's: valid while pinned
-  };
   uint64_t done_bytes = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kBatchChunks) {
     const size_t end = std::min(keys.size(), begin + kBatchChunks);
-    std::vector<Pinned> pinned;
-    pinned.reserve(end - begin);
+    std::vector<PinnedChunks::Chunk> chunks;
+    chunks.reserve(end - begin);
+    std::unique_ptr<PinnedChunks> handle;  // unpins the batch when it goes
     {
       absl::MutexLock lock(&mu_);
       for (size_t i = begin; i < end; ++i) {
         auto it = chunks_.find(keys[i]);
         if (it == chunks_.end()) continue;  // removed while we verified
         const ChunkEntry& e = it->second;
-        Segment* seg = segments_.at(e.segment).get();
-        pinned.push_back(Pinned{it->first, seg, e.slot, seg->checksums(e.slot)});
+        chunks.push_back(PinnedChunks::Chunk{it->first, segments_.at(e.segment).get(), e.slot, {},
+                                             e.importance, e.loads});
         PinLocked(SlotId{e.segment, e.slot});
       }
+      handle.reset(new PinnedChunks(this, std::move(chunks)));
     }
+    CKV_RETURN_IF_ERROR(ReadChecksums(*handle));
+    const std::vector<PinnedChunks::Chunk>& pinned = handle->chunks();
     std::vector<BandRead> reads;
     for (size_t i = 0; i < pinned.size(); ++i) {
-      for (uint32_t band = 0; band < pinned[i].seg->bands(); ++band) {
-        reads.push_back(BandRead{pinned[i].seg, pinned[i].slot, band, &pinned[i].key,
+      for (uint32_t band = 0; band < pinned[i].segment->bands(); ++band) {
+        reads.push_back(BandRead{pinned[i].segment, pinned[i].slot, band, &pinned[i].key,
                                  pinned[i].checksums, i});
       }
     }
@@ -161,7 +159,6 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
                                  }
                                  report.problems.push_back(std::string(st.message()));
                                });
-    for (const Pinned& p : pinned) Unpin(SlotId{p.seg->id(), p.slot});
     CKV_RETURN_IF_ERROR(s);
     report.chunks_checked += pinned.size();
     if (progress) progress(done_bytes, total_bytes);

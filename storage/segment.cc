@@ -227,31 +227,6 @@ std::vector<SlotRun> Segment::FreeRuns() const {
   return runs;
 }
 
-std::span<const uint64_t> Segment::checksums(uint32_t slot) const {
-  const uint32_t n = records();
-  CKV_DCHECK(slot < geometry_.capacity_slots && slot / kChecksumBlock < checksums_.size() &&
-             checksums_[slot / kChecksumBlock] != nullptr);
-  return {checksums_[slot / kChecksumBlock].get() + size_t{slot % kChecksumBlock} * n, n};
-}
-
-uint64_t Segment::ChecksumBytes() const {
-  return checksum_block_bytes_ + checksums_.capacity() * sizeof(checksums_[0]);
-}
-
-void Segment::SetChecksums(uint32_t slot, std::span<const uint64_t> values) {
-  const uint32_t n = records();
-  CKV_CHECK(slot < geometry_.capacity_slots && values.size() == n);
-  const uint32_t block = slot / kChecksumBlock;
-  if (block >= checksums_.size()) checksums_.resize(block + 1);
-  if (checksums_[block] == nullptr) {
-    const size_t values_in_block = size_t{ChecksumBlockSlots(block)} * n;
-    checksums_[block] = std::make_unique_for_overwrite<uint64_t[]>(values_in_block);
-    checksum_block_bytes_ += values_in_block * sizeof(uint64_t);
-  }
-  std::copy(values.begin(), values.end(),
-            checksums_[block].get() + size_t{slot % kChecksumBlock} * n);
-}
-
 absl::Status Segment::PunchSlots(SlotRun run) {
   if (run.count == 0) return absl::OkStatus();
   for (uint32_t b = 0; b < bands(); ++b) {

@@ -114,17 +114,6 @@ class Segment {
   // Frees the blocks of `run` in every band.
   absl::Status PunchSlots(SlotRun run);
 
-  // The checksums of the chunk in `slot`: one per record (its layers', then its auxiliary
-  // records'), as its catalog record holds them, set when the chunk is loaded or committed. They
-  // live here rather than per chunk entry: records() x 8 bytes per slot, allocated kChecksumBlock
-  // (256) slots at a time as slots are first set, never moved, so a span stays valid (and
-  // unchanged while the slot is pinned: a pinned slot is not reused). REQUIRES:
-  // slot < capacity_slots; checksums() of a slot that was set.
-  std::span<const uint64_t> checksums(uint32_t slot) const;
-  void SetChecksums(uint32_t slot, std::span<const uint64_t> values);
-  // Bytes of memory the checksums hold (O(1): Stats reads it under the store's lock).
-  uint64_t ChecksumBytes() const;
-
  private:
   uint32_t id_;
   SegmentRecord geometry_;
@@ -132,15 +121,6 @@ class Segment {
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
   std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
   bool loading_active_ = false;        // between BeginLoad and EndLoad
-  // Slots per block of checksums: small, so that a block a chunk allocates holds little more
-  // than that chunk's checksums (a damaged catalog could place one chunk per block).
-  static constexpr uint32_t kChecksumBlock = 256;
-  std::vector<std::unique_ptr<uint64_t[]>> checksums_;  // slot / kChecksumBlock -> block
-  uint64_t checksum_block_bytes_ = 0;                    // bytes of the blocks allocated
-  // Slots block `block` of checksums_ covers (the last block of a segment may be short).
-  uint32_t ChecksumBlockSlots(uint32_t block) const {
-    return std::min(kChecksumBlock, geometry_.capacity_slots - block * kChecksumBlock);
-  }
   uint32_t used_slots_ = 0;
 };
 
