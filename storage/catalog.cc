@@ -174,6 +174,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
   // cache shared by the column families, of a fixed size whatever the store's.
   rocksdb::BlockBasedTableOptions table_options;
   table_options.block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
+  cf_options.compression = rocksdb::kNoCompression;
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
