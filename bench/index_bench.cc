@@ -12,13 +12,15 @@
 // created sparse, at their full size. The chunk keys are the real chain keys of synthetic
 // tokens, so Lookup finds them. The fake chunks' records were never written: their checksums
 // are zero and reading one is DataLoss. Everything this benchmark times (open, Lookup, Put,
-// eviction) reads only the catalog and the index, never those records.
+// eviction, pin) reads only the catalog and the index, never those records.
 //
 // Each measurement runs in a fresh process (this program, re-run with a hidden
 // --measure-open): Engine::Open with a cap just over the store's use, so nothing is evicted at
 // open; RSS before and after the open (VmRSS) and the peak (VmHWM); Lookup of --cold-chains
 // whole prefixes no lookup touched yet (the first lookup of each after open), then
-// --hot-lookups repeated lookups of one prefix; then --puts Puts of --chunks-per-put new chunks,
+// --hot-lookups repeated lookups of one prefix; pins of as many chains, cold (other prefixes)
+// and hot (one prefix again), as a Re-Prefill pins them: a pin reads the chain's catalog records
+// for their checksums, which the index does not hold; then --puts Puts of --chunks-per-put new chunks,
 // each of which must evict as many chunks to stay under the cap. Memory per chunk is the RSS the
 // open added, divided by N. Catalog bytes: the size of DIR/index-bench-N/catalog on disk.
 // The stores are removed afterwards unless --keep.
@@ -47,6 +49,7 @@
 #include "ckv/engine.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "engine/internal.h"
 #include "storage/catalog.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
@@ -272,6 +275,7 @@ struct Row {
   double open_s = 0;
   uint64_t rss_before = 0, rss_after = 0, hwm = 0;
   double cold_p50_ms = 0, cold_p99_ms = 0, hot_p50_ms = 0, hot_p99_ms = 0;
+  double pin_cold_p99_ms = 0, pin_hot_p99_ms = 0;  // pins of the same chains (catalog reads)
   uint64_t lookup_chain_chunks = 0, cold_chains = 0, hot_lookups = 0;
   uint64_t puts = 0, put_chunks = 0, evicted = 0;
   double put_s = 0;
@@ -352,6 +356,40 @@ int MeasureOpen(const Flags& f) {
     if (!lookup(0, &ms)) return cli::kExitError;
     hot_ms.push_back(ms);
   }
+  // Pins of the same chains, as a Re-Prefill pins them: the records' checksums are not in memory,
+  // so each pin reads the chain's catalog records (cold: other prefixes than those looked up).
+  storage::ChunkStore& store = engine::HostOf(**engine).store();
+  auto pin = [&](uint64_t p, double* ms) -> bool {
+    const auto tokens = synth::Tokens(kSeedBase + p, chain * spec.chunk_tokens);
+    const std::vector<ChunkKey> keys =
+        ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+    const auto a = std::chrono::steady_clock::now();
+    auto pinned = store.PinLeading(spec, keys);
+    const auto b = std::chrono::steady_clock::now();
+    if (!pinned.ok() || (*pinned)->chunks().size() != chain) {
+      std::fprintf(stderr, "%s: pin of prefix %llu: %s\n", kProg,
+                   static_cast<unsigned long long>(p),
+                   pinned.ok() ? absl::StrFormat("%u of %u chunks", (*pinned)->chunks().size(),
+                                                 chain).c_str()
+                               : pinned.status().ToString().c_str());
+      return false;
+    }
+    *ms = Seconds(a, b) * 1e3;
+    return true;
+  };
+  std::vector<double> pin_cold_ms, pin_hot_ms;
+  for (uint64_t i = 0; i < cold; ++i) {
+    double ms = 0;
+    if (!pin((i * available / cold + available / (2 * cold)) % available, &ms)) {
+      return cli::kExitError;
+    }
+    pin_cold_ms.push_back(ms);
+  }
+  for (uint64_t i = 0; i < f.hot_lookups; ++i) {
+    double ms = 0;
+    if (!pin(0, &ms)) return cli::kExitError;
+    pin_hot_ms.push_back(ms);
+  }
 
   const EngineStats before = (*engine)->Stats();
   double put_s = 0;
@@ -369,7 +407,8 @@ int MeasureOpen(const Flags& f) {
     put_s += Seconds(a, b);
   }
   const EngineStats after = (*engine)->Stats();
-  std::printf("MEASURE %.9f %llu %llu %llu %.6f %.6f %.6f %.6f %llu %llu %llu %llu %.9f %llu\n",
+  std::printf(
+      "MEASURE %.9f %llu %llu %llu %.6f %.6f %.6f %.6f %llu %llu %llu %llu %.9f %llu %.6f %.6f\n",
               Seconds(t0, t1), static_cast<unsigned long long>(rss_before),
               static_cast<unsigned long long>(rss_after), static_cast<unsigned long long>(hwm),
               Percentile(cold_ms, 0.5), Percentile(cold_ms, 0.99), Percentile(hot_ms, 0.5),
@@ -377,7 +416,8 @@ int MeasureOpen(const Flags& f) {
               static_cast<unsigned long long>(cold),
               static_cast<unsigned long long>(after.chunks_written - before.chunks_written),
               static_cast<unsigned long long>(after.chunks_evicted - before.chunks_evicted),
-              put_s, static_cast<unsigned long long>(opened.index_memory_bytes));
+              put_s, static_cast<unsigned long long>(opened.index_memory_bytes),
+              Percentile(pin_cold_ms, 0.99), Percentile(pin_hot_ms, 0.99));
   return cli::kExitOk;
 }
 
@@ -402,10 +442,10 @@ int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
   while (std::fgets(line, sizeof line, p) != nullptr) {
     unsigned long long rb, ra, hwm, chain, cold, written, evicted, index;
     if (std::sscanf(line,
-                    "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu",
+                    "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu %lf %lf",
                     &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms,
                     &row->hot_p50_ms, &row->hot_p99_ms, &chain, &cold, &written, &evicted,
-                    &row->put_s, &index) == 14) {
+                    &row->put_s, &index, &row->pin_cold_p99_ms, &row->pin_hot_p99_ms) == 16) {
       row->index_bytes = index;
       row->rss_before = rb;
       row->rss_after = ra;
@@ -457,6 +497,8 @@ std::string ToJson(const Flags& f, const std::vector<Row>& rows) {
     j.Key("hot_lookups").Uint(r.hot_lookups);
     j.Key("lookup_hot_p50_ms").Double(r.hot_p50_ms);
     j.Key("lookup_hot_p99_ms").Double(r.hot_p99_ms);
+    j.Key("pin_cold_p99_ms").Double(r.pin_cold_p99_ms);
+    j.Key("pin_hot_p99_ms").Double(r.pin_hot_p99_ms);
     j.Key("puts").Uint(r.puts);
     j.Key("put_chunks_written").Uint(r.put_chunks);
     j.Key("put_chunks_evicted").Uint(r.evicted);
@@ -505,13 +547,14 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %8.1f %10.0f "
-              "%10.1f\n",
+  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f "
+              "%8.1f %10.0f %10.1f\n",
               static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s,
               static_cast<double>(r.rss_after) / (1 << 20),
               static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(),
               r.IndexBytesPerChunk(), r.cold_p50_ms,
-              r.cold_p99_ms, r.hot_p50_ms, r.hot_p99_ms, r.PutsPerSecond(),
+              r.cold_p99_ms, r.hot_p50_ms, r.hot_p99_ms, r.pin_cold_p99_ms, r.pin_hot_p99_ms,
+              r.PutsPerSecond(),
               r.EvictedPerSecond(), static_cast<double>(r.catalog_bytes) / (1 << 20));
 }
 
@@ -534,9 +577,10 @@ int Run(const Flags& f, const char* self) {
     std::printf("one-layer model, prefixes of %llu chunks; the fake chunks' records are not "
                 "readable (sparse segments)\n",
                 static_cast<unsigned long long>(f.prefix_chunks));
-    std::printf("%11s %8s %8s %9s %9s %8s %8s %9s %9s %9s %9s %8s %10s %10s\n", "chunks",
-                "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B", "cold p50",
-                "cold p99", "hot p50", "hot p99", "Puts/s", "evicted/s", "catalog MiB");
+    std::printf("%11s %8s %8s %9s %9s %8s %8s %9s %9s %9s %9s %9s %9s %8s %10s %10s\n",
+                "chunks", "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B",
+                "cold p50", "cold p99", "hot p50", "hot p99", "pin cold", "pin hot", "Puts/s",
+                "evicted/s", "catalog MiB");
     std::fflush(stdout);
   }
   std::vector<Row> rows;

@@ -168,10 +168,16 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   for (auto& [id, segment] : segments_) segment->BeginLoad();
   // Sized from RocksDB's estimate, bounded by the catalog's size (a chunk's record holds two
   // 16-byte keys that do not compress), so that a damaged estimate cannot reserve without bound.
-  chunks_.reserve(std::min(catalog_->EstimateChunks(), catalog_->ApproximateBytes() / 16 + 4096));
+  const size_t expected_chunks =
+      std::min(catalog_->EstimateChunks(), catalog_->ApproximateBytes() / 16 + 4096);
+  chunks_.reserve(expected_chunks);
+  // The parents' keys, by the chunk's id in chunks_, until every chunk is in (a scan in key order
+  // meets a parent after its children as often as before): freed once the links are ids.
+  std::vector<ChunkKey> parent_keys;
+  parent_keys.reserve(expected_chunks);
   CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key,
                                                const ChunkRecord& r) -> absl::Status {
-    LoadChunkLocked(key, r);
+    LoadChunkLocked(key, r, parent_keys);
     return absl::OkStatus();
   }));
   for (auto& [id, segment] : segments_) segment->EndLoad();
@@ -180,22 +186,28 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   constexpr int kAhead = 8;
   auto ahead = chunks_.begin();
   for (int i = 0; i < kAhead && ahead != chunks_.end(); ++i, ++ahead) {
-    chunks_.Prefetch((*ahead).second.parent);
+    chunks_.Prefetch(parent_keys[ahead.id()]);
   }
-  for (auto [key, e] : chunks_) {
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
     if (ahead != chunks_.end()) {
-      chunks_.Prefetch((*ahead).second.parent);
+      chunks_.Prefetch(parent_keys[ahead.id()]);
       ++ahead;
     }
-    if (e.parent.IsZero()) continue;
-    auto parent = chunks_.find(e.parent);
+    const ChunkKey& parent_key = parent_keys[it.id()];
+    if (parent_key.IsZero()) continue;  // kRoot
+    auto [key, e] = *it;
+    auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) {
       open_problems_.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
-                                            " has no stored parent ", e.parent.ToHex()));
+                                            " has no stored parent ", parent_key.ToHex()));
+      e.parent = ChunkEntry::kLostParent;
+      lost_parents_.emplace(key, parent_key);
       continue;
     }
+    e.parent = parent.id();
     parent->second.children++;
   }
+  std::vector<ChunkKey>().swap(parent_keys);
   for (const auto& [key, e] : chunks_) {
     if (e.children == 0) leaves_.insert(key);
   }
@@ -213,7 +225,8 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   return absl::OkStatus();
 }
 
-void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
+void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r,
+                                 std::vector<ChunkKey>& parent_keys) {
   auto seg = segments_.find(r.segment);
   std::string problem;
   if (seg == segments_.end()) {
@@ -241,7 +254,10 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r) {
   }
   put_seq_ = std::max(put_seq_, r.put_seq);
   used_bytes_ += seg->second->chunk_bytes();
-  chunks_.emplace(key, EntryFromRecordLocked(r, /*last_use=*/r.put_seq));
+  const uint32_t id = chunks_.Insert(key, EntryFromRecordLocked(r, /*last_use=*/r.put_seq));
+  if (id == chunks_.kNoId) return;  // the scan gives each key once
+  if (id >= parent_keys.size()) parent_keys.resize(id + 1);
+  parent_keys[id] = r.parent;
 }
 
 absl::StatusOr<uint64_t> ChunkStore::PunchFreeRuns(Segment& segment) {
@@ -316,23 +332,33 @@ absl::StatusOr<uint16_t> ChunkStore::FingerprintOrdinalLocked(const ChunkKey& fp
   return ordinal;
 }
 
+void ChunkStore::PutUnpinLocked(const ChunkKey& key) {
+  auto it = put_pins_.find(key);
+  CKV_DCHECK(it != put_pins_.end() && it->second > 0);  // pinned by the Put that unpins it
+  if (--it->second == 0) put_pins_.erase(it);
+}
+
+ChunkKey ChunkStore::ParentKeyLocked(const ChunkKey& key, const ChunkEntry& e) const {
+  if (e.parent == ChunkEntry::kRoot) return ChunkKey{};
+  if (e.parent == ChunkEntry::kLostParent) return lost_parents_.at(key);
+  return chunks_.KeyAt(e.parent);
+}
+
 ChunkStore::ChunkEntry ChunkStore::EntryFromRecordLocked(const ChunkRecord& r,
                                                          uint64_t last_use) {
-  ChunkEntry e;
-  e.parent = r.parent;
+  ChunkEntry e;  // the parent is linked by the caller
   e.spec = fingerprint_ordinals_.at(r.fingerprint);
   e.depth = r.depth;
   e.segment = r.segment;
   e.slot = r.slot;
-  e.put_seq = r.put_seq;
   e.last_use = last_use;
-  e.importance = r.importance;
-  e.loads = r.loads;
+  e.importance = static_cast<float>(r.importance);
+  e.loads = static_cast<uint32_t>(std::min<uint64_t>(r.loads, UINT32_MAX));
   return e;
 }
 
 bool ChunkStore::HeldLocked(const ChunkKey& key, const ChunkEntry& e) const {
-  return e.put_pins > 0 || inflight_.contains(key) ||
+  return put_pins_.contains(key) || inflight_.contains(key) ||
          read_pins_.contains(SlotId{e.segment, e.slot});
 }
 
@@ -799,7 +825,7 @@ absl::StatusOr<PrefixDescription> ChunkStore::DescribePrefix(const ChunkKey& pre
     const Segment& seg = *segments_.at(e.segment);
     d.chunks.push_back(ChunkPlacement{key, e.segment, e.slot, seg.RecordOffset(e.slot, 0),
                                       seg.chunk_bytes(), e.importance, e.loads});
-    key = e.parent;
+    key = ParentKeyLocked(key, e);
   }
   std::reverse(d.chunks.begin(), d.chunks.end());
   auto s = specs_.find(p->second.fingerprint);
@@ -845,7 +871,9 @@ StoreStats ChunkStore::Stats() {
   s.segments = segments_.size();
   s.index_memory_bytes = chunks_.MemoryBytes() + leaves_.capacity() * (sizeof(ChunkKey) + 1) +
                          fingerprints_.capacity() * sizeof(ChunkKey) +
-                         fingerprint_ordinals_.capacity() * (sizeof(ChunkKey) + 3);
+                         fingerprint_ordinals_.capacity() * (sizeof(ChunkKey) + 3) +
+                         put_pins_.capacity() * (sizeof(ChunkKey) + 5) +
+                         lost_parents_.capacity() * (2 * sizeof(ChunkKey) + 1);
   s.disk_bytes_used = used_bytes_;
   s.max_disk_bytes = max_disk_bytes_;
   s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;

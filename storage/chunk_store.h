@@ -313,22 +313,25 @@ class ChunkStore {
 
  private:
   // One per stored chunk, in RAM (issue 22: kept small; 72 bytes, with the key 88).
+  // One per stored chunk, 40 bytes (56 with its key in chunks_): what lookup, eviction order and
+  // the cap need, and nothing else. The records' checksums are not kept in memory: a read takes
+  // them from the catalog (ReadChecksums). Puts extending a chunk pin it in put_pins_.
   struct ChunkEntry {
-    ChunkKey parent;
+    static constexpr uint32_t kRoot = UINT32_MAX;            // the first chunk of its prefixes
+    static constexpr uint32_t kLostParent = UINT32_MAX - 1;  // its parent is not stored: the
+                                                             // key is in lost_parents_
+    uint64_t last_use = 0;
+    uint32_t parent = kRoot;  // the parent's id in chunks_ (ParentKeyLocked)
     uint32_t depth = 0;
     uint32_t segment = 0;
     uint32_t slot = 0;
     uint32_t children = 0;   // stored chunks whose parent this is (derived on open)
+    float importance = 0;    // I (the catalog's record holds it as a double)
+    uint32_t loads = 0;      // F, saturating
     uint16_t spec = 0;       // its spec's fingerprint, as an ordinal (FingerprintOf)
     bool prefix_end = false; // a stored prefix ends here
-    uint32_t put_pins = 0;   // Puts extending this chunk: it must not be removed
-    uint64_t put_seq = 0;
-    uint64_t last_use = 0;
-    double importance = 0;
-    uint64_t loads = 0;
-    // The records' checksums are not kept in memory: a read takes them from the catalog
-    // (ReadChecksums).
   };
+  static_assert(sizeof(ChunkEntry) <= 40, "the index's entry grew (issue 22: 64 B per chunk)");
   struct PrefixEntry {
     ChunkKey fingerprint;
     uint64_t chunks = 0;
@@ -351,8 +354,9 @@ class ChunkStore {
 
   absl::Status Load(const Catalog::Contents& contents);
   // Load's step for one chunk of the catalog: indexes it, or records why it cannot be served.
-  void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its parent's key goes to parent_keys[its id in chunks_], for Load to link.
+  void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record,
+                       std::vector<ChunkKey>& parent_keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReclaimOrphans();
   // Punches the free runs of `segment` when it holds more blocks than its live chunks need;
   // returns the bytes given back. REQUIRES: mu_ held (the free runs must not change).
@@ -441,6 +445,27 @@ class ChunkStore {
   const ChunkKey& FingerprintOf(const ChunkEntry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return fingerprints_[e.spec];
   }
+  // The key of the parent of chunk `key` (entry `e`): zero for a first chunk; for a chunk whose
+  // parent is not stored (a damaged catalog), the key its record names.
+  ChunkKey ParentKeyLocked(const ChunkKey& key, const ChunkEntry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts extending a chunk (it must not be removed meanwhile), by chunk; absent = none.
+  absl::flat_hash_map<ChunkKey, uint32_t> put_pins_ ABSL_GUARDED_BY(mu_);
+  void PutUnpinLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parents named by chunks whose parent is not stored (ChunkEntry::kLostParent).
+  absl::flat_hash_map<ChunkKey, ChunkKey> lost_parents_ ABSL_GUARDED_BY(mu_);
+  // Counts the removals of chunks. A chunk stored again after a removal may sit in the same slot
+  // under the same key: a usage update that read records before a removal reads them again.
+  uint64_t removals_ ABSL_GUARDED_BY(mu_) = 0;
+  // The catalog's full records of `keys`, as (index in keys, record); those not found skipped.
+  absl::StatusOr<std::vector<std::pair<size_t, ChunkRecord>>> ReadRecords(
+      std::span<const ChunkKey> keys);
+  // ReadRecords for an update of the records under mu_: reads them with mu_ released, and again
+  // with it held when a chunk was removed meanwhile (removals_), so that each record read is the
+  // one of the chunk stored now. REQUIRES: mu_ held (released and taken again).
+  absl::Status ReadRecordsForUpdateLocked(std::span<const ChunkKey> keys,
+                                          std::vector<std::pair<size_t, ChunkRecord>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<ChunkKey> fingerprints_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkKey, uint16_t> fingerprint_ordinals_ ABSL_GUARDED_BY(mu_);
   absl::Status AllocateLocked(const ModelSpec& spec, const std::vector<uint32_t>& aux_bytes,

@@ -147,20 +147,21 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     // An evicted (or repaired) prefix end leaves its parent as the end of the (shorter) prefix
     // when nothing else extends the parent. A deleted one does not: the caller asked for it.
     const bool ends = carry_ends && (e.prefix_end || carries_end.contains(key));
-    if (e.parent.IsZero()) continue;
-    if (gone.contains(e.parent)) {
-      if (ends) carries_end.insert(e.parent);
+    const ChunkKey parent_key = ParentKeyLocked(key, e);
+    if (parent_key.IsZero()) continue;
+    if (gone.contains(parent_key)) {
+      if (ends) carries_end.insert(parent_key);
       continue;
     }
-    auto parent = chunks_.find(e.parent);
+    auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) continue;
-    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
+    auto [it, inserted] = children_left.try_emplace(parent_key, parent->second.children);
     --it->second;
-    if (ends) parent_gets_end.insert(e.parent);
-    if (it->second == 0 && parent_gets_end.contains(e.parent) && !parent->second.prefix_end) {
+    if (ends) parent_gets_end.insert(parent_key);
+    if (it->second == 0 && parent_gets_end.contains(parent_key) && !parent->second.prefix_end) {
       PrefixEntry p{FingerprintOf(e), uint64_t{parent->second.depth} + 1, now};
-      batch.PutPrefix(e.parent, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
-      new_prefix_ends.emplace_back(e.parent, p);
+      batch.PutPrefix(parent_key, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
+      new_prefix_ends.emplace_back(parent_key, p);
     }
   }
   batch.PutCounters(next);
@@ -170,16 +171,24 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
   counters_ = next;
   // Committed: apply to memory and give the space back, one punch per run of slots.
   std::vector<SlotId> to_free;
-  for (const ChunkKey& key : victims) {
+  // The parents' keys first: links are ids, and a victim's parent may be a victim too.
+  std::vector<ChunkKey> parent_keys;
+  parent_keys.reserve(victims.size());
+  for (const ChunkKey& key : victims) parent_keys.push_back(ParentKeyLocked(key, chunks_.at(key)));
+  removals_++;
+  for (size_t v = 0; v < victims.size(); ++v) {
+    const ChunkKey& key = victims[v];
+    const ChunkKey& parent_key = parent_keys[v];
     auto it = chunks_.find(key);
     const ChunkEntry e = std::move(it->second);
     chunks_.erase(it);
+    lost_parents_.erase(key);
     leaves_.erase(key);
     if (e.prefix_end) prefixes_.erase(key);
-    auto parent = chunks_.find(e.parent);
+    auto parent = chunks_.find(parent_key);
     // A stored chunk is counted among its stored parent's children.
     CKV_DCHECK(parent == chunks_.end() || parent->second.children > 0);
-    if (parent != chunks_.end() && --parent->second.children == 0) leaves_.insert(e.parent);
+    if (parent != chunks_.end() && --parent->second.children == 0) leaves_.insert(parent_key);
     const SlotId slot{e.segment, e.slot};
     if (read_pins_.contains(slot)) {
       deferred_free_.insert(slot);
@@ -237,38 +246,65 @@ void ChunkStore::SetRemovalObserver(RemovalObserver observer) {
   removal_observer_ = std::move(observer);
 }
 
+absl::StatusOr<std::vector<std::pair<size_t, ChunkRecord>>> ChunkStore::ReadRecords(
+    std::span<const ChunkKey> keys) {
+  std::vector<std::pair<size_t, ChunkRecord>> records;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto record = catalog_->GetChunk(keys[i]);
+    if (absl::IsNotFound(record.status())) continue;
+    CKV_RETURN_IF_ERROR(record.status());
+    records.emplace_back(i, std::move(*record));
+  }
+  return records;
+}
+
+absl::Status ChunkStore::ReadRecordsForUpdateLocked(
+    std::span<const ChunkKey> keys, std::vector<std::pair<size_t, ChunkRecord>>* out) {
+  uint64_t removals = removals_;
+  mu_.Unlock();
+  auto records = ReadRecords(keys);
+  mu_.Lock();
+  CKV_RETURN_IF_ERROR(records.status());
+  if (removals_ != removals) {
+    // A chunk removed meanwhile may be stored again, in the same slot, with a new record: read
+    // them again, while nothing can change them.
+    CKV_ASSIGN_OR_RETURN(records, ReadRecords(keys));
+  }
+  *out = std::move(*records);
+  return absl::OkStatus();
+}
+
 absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
   // The immutable fields come from the catalog; I and F from memory, updated and written under
   // mu_, so that concurrent additions do not lose each other.
-  std::vector<std::pair<const Usage*, ChunkRecord>> records;
-  for (const Usage& u : usage) {
-    auto record = catalog_->GetChunk(u.key);
-    if (absl::IsNotFound(record.status())) continue;
-    CKV_RETURN_IF_ERROR(record.status());
-    records.emplace_back(&u, std::move(*record));
-  }
+  std::vector<ChunkKey> keys;
+  keys.reserve(usage.size());
+  for (const Usage& u : usage) keys.push_back(u.key);
   absl::MutexLock lock(&mu_);
+  std::vector<std::pair<size_t, ChunkRecord>> records;
+  CKV_RETURN_IF_ERROR(ReadRecordsForUpdateLocked(keys, &records));
   Catalog::Batch batch = catalog_->NewBatch();
   std::vector<std::pair<ChunkEntry*, const Usage*>> applied;
-  for (auto& [u, record] : records) {
+  for (auto& [i, record] : records) {
+    const Usage* u = &usage[i];
     auto it = chunks_.find(u->key);
-    // Only a chunk still stored in the same place by the same Put: one deleted meanwhile must not
-    // come back, and one evicted and stored again (maybe in the same slot, which a Put of its
-    // model writes over) must keep its new record.
+    // Only a chunk still stored, in the place its record names: one deleted meanwhile must not
+    // come back (ReadRecordsForUpdateLocked gives the records of chunks stored again).
     if (it == chunks_.end() || it->second.segment != record.segment ||
-        it->second.slot != record.slot || it->second.put_seq != record.put_seq) {
+        it->second.slot != record.slot) {
       continue;
     }
-    record.importance = it->second.importance + u->importance;
-    record.loads = it->second.loads + u->loads;
+    record.importance = double{it->second.importance} + u->importance;
+    record.loads = uint64_t{it->second.loads} + u->loads;
     batch.PutChunk(u->key, record);
     applied.emplace_back(&it->second, u);
   }
   if (applied.empty()) return absl::OkStatus();
   CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/false));
   for (auto& [entry, u] : applied) {
-    entry->importance += u->importance;
-    entry->loads += u->loads;
+    entry->importance += static_cast<float>(u->importance);
+    entry->loads = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{entry->loads} + u->loads,
+                                                            UINT32_MAX));
   }
   return absl::OkStatus();
 }
@@ -281,20 +317,16 @@ absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
       if (entry.importance != 0 || entry.loads != 0) used.push_back(key);
     }
   }
-  std::vector<std::pair<ChunkKey, ChunkRecord>> records;
-  for (const ChunkKey& key : used) {
-    auto record = catalog_->GetChunk(key);
-    if (absl::IsNotFound(record.status())) continue;
-    CKV_RETURN_IF_ERROR(record.status());
-    records.emplace_back(key, std::move(*record));
-  }
   absl::MutexLock lock(&mu_);
+  std::vector<std::pair<size_t, ChunkRecord>> records;
+  CKV_RETURN_IF_ERROR(ReadRecordsForUpdateLocked(used, &records));
   Catalog::Batch batch = catalog_->NewBatch();
   std::vector<ChunkEntry*> applied;
-  for (auto& [key, record] : records) {
+  for (auto& [i, record] : records) {
+    const ChunkKey& key = used[i];
     auto it = chunks_.find(key);
     if (it == chunks_.end() || it->second.segment != record.segment ||
-        it->second.slot != record.slot || it->second.put_seq != record.put_seq) {
+        it->second.slot != record.slot) {
       continue;
     }
     record.importance = 0;
@@ -339,11 +371,12 @@ absl::Status ChunkStore::DeletePrefix(const ChunkKey& prefix_id) {
     if (it == chunks_.end()) break;
     const ChunkEntry& e = it->second;
     const bool is_end = e.prefix_end && !(key == prefix_id);
-    if (is_end || e.children != removed_children || e.put_pins > 0 || inflight_.contains(key)) {
+    if (is_end || e.children != removed_children || put_pins_.contains(key) ||
+        inflight_.contains(key)) {
       break;
     }
     victims.push_back(key);
-    key = e.parent;
+    key = ParentKeyLocked(key, e);
     removed_children = 1;
   }
   // The prefix entry goes whether or not its chunks do (others may still use them).

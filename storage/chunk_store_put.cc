@@ -188,10 +188,10 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
         " bytes of data after the file system's metadata allowance)"));
   }
   for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
-  if (m > 0) chunks_[keys[m - 1]].put_pins++;
+  if (m > 0) put_pins_[keys[m - 1]]++;
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
-    if (m > 0) chunks_[keys[m - 1]].put_pins--;
+    if (m > 0) PutUnpinLocked(keys[m - 1]);
     inflight_cv_.SignalAll();
   };
   std::vector<PlannedRun>& plan = put.plan;
@@ -352,7 +352,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
     s = catalog_->Commit(batch);
   }
   for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
-  if (m > 0) chunks_[keys[m - 1]].put_pins--;
+  if (m > 0) PutUnpinLocked(keys[m - 1]);
   inflight_cv_.SignalAll();
   if (!s.ok()) {
     // Nothing names the slots: free them and give their blocks back.
@@ -364,6 +364,9 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   const uint64_t tick = ++use_clock_;
   for (const auto& [idx, rec] : records) {
     chunks_.emplace(keys[idx], EntryFromRecordLocked(rec, tick));
+  }
+  for (size_t idx = m; idx < n; ++idx) {
+    chunks_[keys[idx]].parent = idx == 0 ? ChunkEntry::kRoot : chunks_.find(keys[idx - 1]).id();
   }
   for (size_t idx = std::max<size_t>(m, 1); idx < n; ++idx) chunks_[keys[idx - 1]].children++;
   if (m > 0) leaves_.erase(keys[m - 1]);  // the stored chunk the new ones extend

@@ -110,12 +110,13 @@ ChunkStore::EvictionPlan ChunkStore::PlanEvictionLocked(uint64_t bytes,
     const ChunkEntry& e = chunks_.at(top.key);
     plan.victims.push_back(top.key);
     plan.bytes += segments_.at(e.segment)->chunk_bytes();
-    if (e.parent.IsZero()) continue;
-    auto parent = chunks_.find(e.parent);
+    const ChunkKey parent_key = ParentKeyLocked(top.key, e);
+    if (parent_key.IsZero()) continue;
+    auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) continue;
-    auto [it, inserted] = children_left.try_emplace(e.parent, parent->second.children);
-    if (--it->second == 0 && !HeldLocked(e.parent, parent->second)) {
-      heap.push(candidate(e.parent, parent->second));
+    auto [it, inserted] = children_left.try_emplace(parent_key, parent->second.children);
+    if (--it->second == 0 && !HeldLocked(parent_key, parent->second)) {
+      heap.push(candidate(parent_key, parent->second));
     }
   }
   plan.exhausted = all_kept && heap.empty();

@@ -41,8 +41,9 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
       report.problems.push_back(
           absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
     }
-    if (!e.parent.IsZero()) {
-      auto parent = chunks_.find(e.parent);
+    const ChunkKey parent_key = ParentKeyLocked(key, e);
+    if (!parent_key.IsZero()) {
+      auto parent = chunks_.find(parent_key);
       if (parent == chunks_.end()) {
         report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
         if (corrupt != nullptr) corrupt->insert(key);
@@ -59,7 +60,8 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
   // Child counts are derived state: they must agree with the parent links they count.
   absl::flat_hash_map<ChunkKey, uint32_t> linked_children;
   for (const auto& [key, e] : chunks_) {
-    if (!e.parent.IsZero() && chunks_.contains(e.parent)) linked_children[e.parent]++;
+    const ChunkKey parent_key = ParentKeyLocked(key, e);
+    if (!parent_key.IsZero() && chunks_.contains(parent_key)) linked_children[parent_key]++;
   }
   for (const auto& [key, e] : chunks_) {
     auto linked = linked_children.find(key);
@@ -175,14 +177,15 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   // each is a leaf once the ones before it are gone (RemoveChunksLocked).
   absl::flat_hash_map<ChunkKey, std::vector<ChunkKey>> children;
   for (const auto& [key, e] : chunks_) {
-    if (!e.parent.IsZero()) children[e.parent].push_back(key);
+    const ChunkKey parent_key = ParentKeyLocked(key, e);
+    if (!parent_key.IsZero()) children[parent_key].push_back(key);
   }
   std::vector<ChunkKey> victims;
   absl::flat_hash_set<ChunkKey> taken;
   std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key) -> bool {
     if (taken.contains(key)) return true;
     const ChunkEntry& e = chunks_.at(key);
-    if (e.put_pins > 0 || inflight_.contains(key)) {
+    if (put_pins_.contains(key) || inflight_.contains(key)) {
       report.remaining.push_back(
           absl::StrCat("chunk ", key.ToHex(), " is being extended by a Put; run repair again"));
       return false;

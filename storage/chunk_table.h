@@ -57,6 +57,8 @@ class ChunkTable {
       id_ = table_->NextLive(id_ + 1);
       return *this;
     }
+    // The entry's id: stable while its key is present (ids of erased keys are reused).
+    uint32_t id() const { return id_; }
     bool operator==(const iterator& o) const { return id_ == o.id_; }
     bool operator!=(const iterator& o) const { return id_ != o.id_; }
 
@@ -90,8 +92,20 @@ class ChunkTable {
   }
   V& operator[](const ChunkKey& key) const { return at(key); }
 
+  // The key and value of the entry with id `id`. REQUIRES: an id of a present key.
+  const ChunkKey& KeyAt(uint32_t id) const {
+    CKV_DCHECK(id < used_ && Live(id));
+    return SlotOf(id).key;
+  }
+  V& ValueAt(uint32_t id) const {
+    CKV_DCHECK(id < used_ && Live(id));
+    return SlotOf(id).value;
+  }
   // Inserts `value` under `key` unless the key is present; true when it inserted.
-  bool emplace(const ChunkKey& key, V value) {
+  bool emplace(const ChunkKey& key, V value) { return Insert(key, std::move(value)) != kNoId; }
+  // As emplace; returns the new entry's id, or kNoId when the key was present.
+  static constexpr uint32_t kNoId = UINT32_MAX;
+  uint32_t Insert(const ChunkKey& key, V value) {
     uint32_t id;
     if (!free_.empty()) {
       id = free_.back();
@@ -106,11 +120,11 @@ class ChunkTable {
     // One probe of the index: the insert finds a present key by the id's key, which is `key`.
     if (!index_.insert(id).second) {
       free_.push_back(id);
-      return false;
+      return kNoId;
     }
     s.value = std::move(value);
     live_[id / 64] |= uint64_t{1} << (id % 64);
-    return true;
+    return id;
   }
   // Starts loading the index's memory for `key`, for a find soon after (a scan that looks up
   // keys at random hides the cache misses this way).
@@ -131,7 +145,7 @@ class ChunkTable {
   }
 
  private:
-  static constexpr uint32_t kEnd = UINT32_MAX;
+  static constexpr uint32_t kEnd = kNoId;
 
   struct IdHash {
     using is_transparent = void;
