@@ -173,33 +173,36 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   chunks_.reserve(expected_chunks);
   // The parents' keys, by the chunk's id in chunks_, until every chunk is in (a scan in key order
   // meets a parent after its children as often as before): freed once the links are ids.
-  std::vector<ChunkKey> parent_keys;
-  parent_keys.reserve(expected_chunks);
+  std::vector<LoadLink> links;
+  links.reserve(expected_chunks);
   CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key,
                                                const ChunkRecord& r) -> absl::Status {
-    LoadChunkLocked(key, r, parent_keys);
+    LoadChunkLocked(key, r, links);
     return absl::OkStatus();
   }));
   for (auto& [id, segment] : segments_) segment->EndLoad();
+  // The use order starts as the Put order: the latest 2^31 Puts keep theirs.
   use_clock_ = put_seq_;
+  use_base_ = use_clock_ > kUseRebase ? use_clock_ - kUseRebase : 0;
   // Each chunk's parent, found at random: the parents of the chunks a few ahead are prefetched.
   constexpr int kAhead = 8;
   auto ahead = chunks_.begin();
   for (int i = 0; i < kAhead && ahead != chunks_.end(); ++i, ++ahead) {
-    chunks_.Prefetch(parent_keys[ahead.id()]);
+    chunks_.Prefetch(links[ahead.id()].parent);
   }
   for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
     if (ahead != chunks_.end()) {
-      chunks_.Prefetch(parent_keys[ahead.id()]);
+      chunks_.Prefetch(links[ahead.id()].parent);
       ++ahead;
     }
-    const ChunkKey& parent_key = parent_keys[it.id()];
-    if (parent_key.IsZero()) continue;  // kRoot
     auto [key, e] = *it;
+    e.last_use = UseStampLocked(links[it.id()].put_seq);
+    const ChunkKey& parent_key = links[it.id()].parent;
+    if (parent_key.IsZero()) continue;  // kRoot
     auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) {
-      open_problems_.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
-                                            " has no stored parent ", parent_key.ToHex()));
+      open_problems_.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent ",
+                                            parent_key.ToHex()));
       e.parent = ChunkEntry::kLostParent;
       lost_parents_.emplace(key, parent_key);
       continue;
@@ -207,7 +210,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     e.parent = parent.id();
     parent->second.children++;
   }
-  std::vector<ChunkKey>().swap(parent_keys);
+  std::vector<LoadLink>().swap(links);
   for (const auto& [key, e] : chunks_) {
     if (e.children == 0) leaves_.insert(key);
   }
@@ -226,7 +229,7 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
 }
 
 void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r,
-                                 std::vector<ChunkKey>& parent_keys) {
+                                 std::vector<LoadLink>& links) {
   auto seg = segments_.find(r.segment);
   std::string problem;
   if (seg == segments_.end()) {
@@ -254,10 +257,10 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r,
   }
   put_seq_ = std::max(put_seq_, r.put_seq);
   used_bytes_ += seg->second->chunk_bytes();
-  const uint32_t id = chunks_.Insert(key, EntryFromRecordLocked(r, /*last_use=*/r.put_seq));
+  const uint32_t id = chunks_.Insert(key, EntryFromRecordLocked(r, /*last_use=*/0));
   if (id == chunks_.kNoId) return;  // the scan gives each key once
-  if (id >= parent_keys.size()) parent_keys.resize(id + 1);
-  parent_keys[id] = r.parent;
+  if (id >= links.size()) links.resize(id + 1);
+  links[id] = LoadLink{r.parent, r.put_seq};
 }
 
 absl::StatusOr<uint64_t> ChunkStore::PunchFreeRuns(Segment& segment) {
@@ -332,6 +335,43 @@ absl::StatusOr<uint16_t> ChunkStore::FingerprintOrdinalLocked(const ChunkKey& fp
   return ordinal;
 }
 
+uint64_t ChunkStore::ChainLengthLocked(const ChunkKey& key) const {
+  // Entries of one Put's chunks sit next to each other in the table: the walk is mostly in cache.
+  uint64_t length = 0;
+  auto it = chunks_.find(key);
+  // Bounded: a loop of links (a damaged catalog) stops at the table's size.
+  while (it != chunks_.end() && length <= chunks_.size()) {
+    ++length;
+    const uint32_t parent = (*it).second.parent;
+    if (parent == ChunkEntry::kRoot || parent == ChunkEntry::kLostParent) break;
+    it = chunks_.AtId(parent);
+  }
+  return length;
+}
+
+uint32_t ChunkStore::UseTickLocked() {
+  ++use_clock_;
+  if (use_clock_ - use_base_ > UINT32_MAX) RebaseUseLocked();
+  return UseStampLocked(use_clock_);
+}
+
+void ChunkStore::RebaseUseLocked() {
+  use_base_ += kUseRebase;
+  for (auto [key, e] : chunks_) {
+    e.last_use = e.last_use > kUseRebase ? static_cast<uint32_t>(e.last_use - kUseRebase) : 0;
+  }
+}
+
+void ChunkStore::SkipUseTicksForTesting(uint64_t ticks) {
+  absl::MutexLock lock(&mu_);
+  while (ticks > 0) {
+    const uint64_t step = std::min<uint64_t>(ticks, kUseRebase);
+    use_clock_ += step - 1;
+    UseTickLocked();
+    ticks -= step;
+  }
+}
+
 void ChunkStore::PutUnpinLocked(const ChunkKey& key) {
   auto it = put_pins_.find(key);
   CKV_DCHECK(it != put_pins_.end() && it->second > 0);  // pinned by the Put that unpins it
@@ -345,10 +385,9 @@ ChunkKey ChunkStore::ParentKeyLocked(const ChunkKey& key, const ChunkEntry& e) c
 }
 
 ChunkStore::ChunkEntry ChunkStore::EntryFromRecordLocked(const ChunkRecord& r,
-                                                         uint64_t last_use) {
+                                                         uint32_t last_use) {
   ChunkEntry e;  // the parent is linked by the caller
   e.spec = fingerprint_ordinals_.at(r.fingerprint);
-  e.depth = r.depth;
   e.segment = r.segment;
   e.slot = r.slot;
   e.last_use = last_use;
@@ -367,7 +406,7 @@ absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec,
   CKV_RETURN_IF_ERROR(spec.Validate());
   const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   absl::MutexLock lock(&mu_);
-  const uint64_t tick = ++use_clock_;
+  const uint32_t tick = UseTickLocked();
   uint64_t matched = 0;
   for (const ChunkKey& k : keys) {
     auto it = chunks_.find(k);
@@ -457,7 +496,7 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
                                                      " bytes; a record of ", spec.model_id,
                                                      " is ", spec.RecordBytes()));
     }
-    e.last_use = ++use_clock_;
+    e.last_use = UseTickLocked();
     seg = segments_.at(e.segment).get();
     slot = SlotId{e.segment, e.slot};
     PinLocked(slot);
@@ -616,7 +655,7 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLocked(
     CKV_DCHECK(e.slot < seg->geometry().capacity_slots);
     chunks.push_back(PinnedChunks::Chunk{key, seg, e.slot, {}, e.importance, e.loads});
   }
-  const uint64_t tick = ++use_clock_;
+  const uint32_t tick = UseTickLocked();
   for (const auto& c : chunks) {
     PinLocked(SlotId{c.segment->id(), c.slot});
     chunks_[c.key].last_use = tick;

@@ -227,6 +227,8 @@ class ChunkStore {
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();
   StoreStats Stats();
+  // Moves the use clock `ticks` uses on, as that many uses would (for tests of its rebase).
+  void SkipUseTicksForTesting(uint64_t ticks);
   // The clock the store reads (StoreOptions::clock); never null.
   Clock* clock() const { return options_.clock; }
 
@@ -313,16 +315,16 @@ class ChunkStore {
 
  private:
   // One per stored chunk, in RAM (issue 22: kept small; 72 bytes, with the key 88).
-  // One per stored chunk, 40 bytes (56 with its key in chunks_): what lookup, eviction order and
+  // One per stored chunk, 32 bytes (48 with its key in chunks_): what lookup, eviction order and
   // the cap need, and nothing else. The records' checksums are not kept in memory: a read takes
-  // them from the catalog (ReadChecksums). Puts extending a chunk pin it in put_pins_.
+  // them from the catalog (ReadChecksums); nor is the depth, which the parent links give. Puts
+  // extending a chunk pin it in put_pins_.
   struct ChunkEntry {
     static constexpr uint32_t kRoot = UINT32_MAX;            // the first chunk of its prefixes
     static constexpr uint32_t kLostParent = UINT32_MAX - 1;  // its parent is not stored: the
                                                              // key is in lost_parents_
-    uint64_t last_use = 0;
+    uint32_t last_use = 0;    // when last used: UseTickLocked's stamp
     uint32_t parent = kRoot;  // the parent's id in chunks_ (ParentKeyLocked)
-    uint32_t depth = 0;
     uint32_t segment = 0;
     uint32_t slot = 0;
     uint32_t children = 0;   // stored chunks whose parent this is (derived on open)
@@ -331,7 +333,7 @@ class ChunkStore {
     uint16_t spec = 0;       // its spec's fingerprint, as an ordinal (FingerprintOf)
     bool prefix_end = false; // a stored prefix ends here
   };
-  static_assert(sizeof(ChunkEntry) <= 40, "the index's entry grew (issue 22: 64 B per chunk)");
+  static_assert(sizeof(ChunkEntry) <= 32, "the index's entry grew (issue 22: 64 B per chunk)");
   struct PrefixEntry {
     ChunkKey fingerprint;
     uint64_t chunks = 0;
@@ -353,10 +355,15 @@ class ChunkStore {
   ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
 
   absl::Status Load(const Catalog::Contents& contents);
-  // Load's step for one chunk of the catalog: indexes it, or records why it cannot be served.
-  // Its parent's key goes to parent_keys[its id in chunks_], for Load to link.
+  // What Load keeps of a chunk's record until every chunk is in, by its id in chunks_.
+  struct LoadLink {
+    ChunkKey parent;
+    uint64_t put_seq = 0;  // the initial use order
+  };
+  // Indexes one chunk of the catalog, or records why it cannot be served; its LoadLink goes to
+  // links[its id in chunks_].
   void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record,
-                       std::vector<ChunkKey>& parent_keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       std::vector<LoadLink>& links) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReclaimOrphans();
   // Punches the free runs of `segment` when it holds more blocks than its live chunks need;
   // returns the bytes given back. REQUIRES: mu_ held (the free runs must not change).
@@ -418,9 +425,12 @@ class ChunkStore {
   // Verify's steps: the in-memory structure (parents, depths, child counts, prefix ends); each
   // catalog record's key against the hash of its parent, spec and tokens; every record's
   // checksum, read in slot order.
-  void CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt)
+  // Sets `depths` to the depth of each chunk whose parent links reach a first chunk.
+  void CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt,
+                            absl::flat_hash_map<ChunkKey, uint32_t>* depths)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckKeys(std::span<const ChunkKey> keys, VerifyReport& report,
+  void CheckKeys(std::span<const ChunkKey> keys,
+                 const absl::flat_hash_map<ChunkKey, uint32_t>& depths, VerifyReport& report,
                  absl::flat_hash_set<ChunkKey>* corrupt);
   absl::Status VerifyRecords(std::span<const ChunkKey> keys, uint64_t total_bytes,
                              const ProgressFn& progress, VerifyReport& report,
@@ -431,7 +441,7 @@ class ChunkStore {
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: the record's fingerprint has an ordinal (FingerprintOrdinalLocked).
-  ChunkEntry EntryFromRecordLocked(const ChunkRecord& record, uint64_t last_use)
+  ChunkEntry EntryFromRecordLocked(const ChunkRecord& record, uint32_t last_use)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fingerprints of the specs chunks are stored under, by ordinal (ChunkEntry::spec): a
   // chunk's entry holds 2 bytes instead of 16. The ordinal of `fp`, given one if it has none;
@@ -449,6 +459,9 @@ class ChunkStore {
   // parent is not stored (a damaged catalog), the key its record names.
   ChunkKey ParentKeyLocked(const ChunkKey& key, const ChunkEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chunks from the first of its prefixes to `key`, `key` included, as the parent links give
+  // them (up to a lost parent): O(that length). 0 when `key` is not stored.
+  uint64_t ChainLengthLocked(const ChunkKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts extending a chunk (it must not be removed meanwhile), by chunk; absent = none.
   absl::flat_hash_map<ChunkKey, uint32_t> put_pins_ ABSL_GUARDED_BY(mu_);
   void PutUnpinLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -589,7 +602,20 @@ class ChunkStore {
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_disk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   RecordLayout layout_ ABSL_GUARDED_BY(mu_) = RecordLayout::kLayerMajor;
+  // The use clock: one tick per use of the store (a Put, Pin, Lookup or read). Entries hold
+  // 32-bit stamps, use_clock_ - use_base_; when the clock runs 2^32 ticks past the base, the base
+  // moves 2^31 ticks on (RebaseUseLocked) and stamps older than the new base become 0: chunks
+  // unused for over 2^31 uses tie as the least recent, and the eviction order breaks the tie.
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t use_base_ ABSL_GUARDED_BY(mu_) = 0;
+  static constexpr uint64_t kUseRebase = uint64_t{1} << 31;
+  // Advances the clock by one tick and returns its stamp.
+  uint32_t UseTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stamp of tick `tick` (0 when before the base).
+  uint32_t UseStampLocked(uint64_t tick) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return tick <= use_base_ ? 0 : static_cast<uint32_t>(tick - use_base_);
+  }
+  void RebaseUseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t put_seq_ ABSL_GUARDED_BY(mu_) = 0;
   StoredCounters counters_ ABSL_GUARDED_BY(mu_);
   uint64_t orphan_bytes_reclaimed_ = 0;  // set during Open

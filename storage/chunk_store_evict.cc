@@ -159,7 +159,7 @@ absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims
     --it->second;
     if (ends) parent_gets_end.insert(parent_key);
     if (it->second == 0 && parent_gets_end.contains(parent_key) && !parent->second.prefix_end) {
-      PrefixEntry p{FingerprintOf(e), uint64_t{parent->second.depth} + 1, now};
+      PrefixEntry p{FingerprintOf(e), ChainLengthLocked(parent_key), now};
       batch.PutPrefix(parent_key, PrefixRecord{p.fingerprint, p.chunks, p.created_unix_ms});
       new_prefix_ends.emplace_back(parent_key, p);
     }

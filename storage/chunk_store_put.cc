@@ -172,7 +172,7 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   // The new chunks' entries will name the spec by an ordinal (given at commit): refuse the Put
   // now when none is left for a spec without one.
   CKV_RETURN_IF_ERROR(CheckFingerprintOrdinalLocked(put.fp));
-  const uint64_t tick = ++use_clock_;
+  const uint32_t tick = UseTickLocked();
   for (size_t i = 0; i < m; ++i) chunks_[keys[i]].last_use = tick;
   put.result.chunks_existing = m;
   if (m == n) {
@@ -361,7 +361,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
   }
   counters_ = next;
   if (put.new_spec) specs_.emplace(put.fp, put.spec);
-  const uint64_t tick = ++use_clock_;
+  const uint32_t tick = UseTickLocked();
   for (const auto& [idx, rec] : records) {
     chunks_.emplace(keys[idx], EntryFromRecordLocked(rec, tick));
   }

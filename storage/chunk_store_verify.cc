@@ -17,6 +17,7 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
                                                         std::vector<std::string>* unreadable) {
   VerifyReport report;
   std::vector<ChunkKey> keys;
+  absl::flat_hash_map<ChunkKey, uint32_t> depths;  // of the chunks on a rooted chain
   uint64_t total_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -26,35 +27,66 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
       keys.push_back(key);
       total_bytes += segments_.at(e.segment)->chunk_bytes();
     }
-    CheckStructureLocked(report, corrupt);
+    CheckStructureLocked(report, corrupt, &depths);
   }
   std::sort(keys.begin(), keys.end());
-  CheckKeys(keys, report, corrupt);
+  CheckKeys(keys, depths, report, corrupt);
   CKV_RETURN_IF_ERROR(VerifyRecords(keys, total_bytes, progress, report, corrupt, unreadable));
   return report;
 }
 
 void ChunkStore::CheckStructureLocked(VerifyReport& report,
-                                      absl::flat_hash_set<ChunkKey>* corrupt) {
-  for (const auto& [key, e] : chunks_) {
+                                      absl::flat_hash_set<ChunkKey>* corrupt,
+                                      absl::flat_hash_map<ChunkKey, uint32_t>* depths) {
+  // Each chunk's depth, from the parent links (memoised by id), for the prefixes' lengths here and
+  // the records' depths in CheckKeys. A chain whose first chunk's parent is not stored has none.
+  constexpr uint32_t kUnknown = UINT32_MAX, kLost = UINT32_MAX - 1, kLoop = UINT32_MAX - 2;
+  std::vector<uint32_t> depth(chunks_.IdBound(), kUnknown);
+  std::vector<uint32_t> path;
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+    path.clear();
+    uint32_t id = it.id();
+    uint32_t d = kUnknown;
+    while (d == kUnknown) {
+      if (depth[id] != kUnknown) {
+        d = depth[id];
+        break;
+      }
+      path.push_back(id);
+      const uint32_t parent = chunks_.ValueAt(id).parent;
+      if (parent == ChunkEntry::kRoot) {
+        d = 0;
+        path.pop_back();
+        depth[id] = 0;
+      } else if (parent == ChunkEntry::kLostParent) {
+        d = kLost;  // below a chunk whose parent is not stored
+      } else if (path.size() > chunks_.size()) {
+        d = kLoop;  // a loop of links (a damaged catalog) walks longer than the table
+      } else {
+        id = parent;
+      }
+    }
+    while (!path.empty()) {  // nearest the known one first
+      if (d < kLoop) ++d;
+      depth[path.back()] = d;
+      path.pop_back();
+    }
+  }
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+    const auto [key, e] = *it;
     if (!specs_.contains(FingerprintOf(e))) {
       report.problems.push_back(
           absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
     }
-    const ChunkKey parent_key = ParentKeyLocked(key, e);
-    if (!parent_key.IsZero()) {
-      auto parent = chunks_.find(parent_key);
-      if (parent == chunks_.end()) {
-        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
-        if (corrupt != nullptr) corrupt->insert(key);
-      } else if (parent->second.depth + 1 != e.depth) {
-        report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth,
-                                               " has a parent at depth ",
-                                               parent->second.depth));
-      }
-    } else if (e.depth != 0) {
-      report.problems.push_back(
-          absl::StrCat("chunk ", key.ToHex(), " at depth ", e.depth, " has no parent"));
+    if (e.parent == ChunkEntry::kLostParent) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
+      if (corrupt != nullptr) corrupt->insert(key);
+    } else if (depth[it.id()] == kLoop) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(),
+                                             " is on a loop of parent links"));
+      if (corrupt != nullptr) corrupt->insert(key);
+    } else if (depth[it.id()] != kLost) {
+      depths->emplace(key, depth[it.id()]);
     }
   }
   // Child counts are derived state: they must agree with the parent links they count.
@@ -82,7 +114,8 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
   }
   for (const auto& [id, p] : prefixes_) {
     auto it = chunks_.find(id);
-    if (it == chunks_.end() || it->second.depth + 1 != p.chunks) {
+    auto d = depths->find(id);
+    if (it == chunks_.end() || d == depths->end() || d->second + 1 != p.chunks) {
       report.problems.push_back(absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
                                              " chunks does not end at a stored chunk of that "
                                              "depth"));
@@ -90,8 +123,9 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
   }
 }
 
-void ChunkStore::CheckKeys(std::span<const ChunkKey> keys, VerifyReport& report,
-                           absl::flat_hash_set<ChunkKey>* corrupt) {
+void ChunkStore::CheckKeys(std::span<const ChunkKey> keys,
+                           const absl::flat_hash_map<ChunkKey, uint32_t>& depths,
+                           VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt) {
   // The catalog's own record: its key must be the hash of its parent, spec and tokens.
   for (const ChunkKey& key : keys) {
     auto record = catalog_->GetChunk(key);
@@ -106,6 +140,13 @@ void ChunkStore::CheckKeys(std::span<const ChunkKey> keys, VerifyReport& report,
                                              ": key does not match the hash of its parent, "
                                              "model and tokens"));
       if (corrupt != nullptr) corrupt->insert(key);
+    }
+    // The record's depth against its chain's: the index derives depths from the links.
+    auto depth = depths.find(key);
+    if (depth != depths.end() && record->depth != depth->second) {
+      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", record->depth,
+                                             " in its record is at depth ", depth->second,
+                                             " of its chain"));
     }
   }
 }
@@ -184,7 +225,6 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   absl::flat_hash_set<ChunkKey> taken;
   std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key) -> bool {
     if (taken.contains(key)) return true;
-    const ChunkEntry& e = chunks_.at(key);
     if (put_pins_.contains(key) || inflight_.contains(key)) {
       report.remaining.push_back(
           absl::StrCat("chunk ", key.ToHex(), " is being extended by a Put; run repair again"));
@@ -199,7 +239,7 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
     taken.insert(key);
     victims.push_back(key);
     report.removed.push_back(absl::StrCat(
-        "chunk ", key.ToHex(), " (depth ", e.depth, ")",
+        "chunk ", key.ToHex(), " (depth ", ChainLengthLocked(key) - 1, ")",
         corrupt.contains(key) ? ": failed a check" : ": follows a chunk that failed a check"));
     return true;
   };

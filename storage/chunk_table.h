@@ -92,6 +92,13 @@ class ChunkTable {
   }
   V& operator[](const ChunkKey& key) const { return at(key); }
 
+  // Every id is below this (ids of erased keys included).
+  uint32_t IdBound() const { return used_; }
+  // The entry with id `id`. REQUIRES: an id of a present key.
+  iterator AtId(uint32_t id) const {
+    CKV_DCHECK(id < used_ && Live(id));
+    return iterator(this, id);
+  }
   // The key and value of the entry with id `id`. REQUIRES: an id of a present key.
   const ChunkKey& KeyAt(uint32_t id) const {
     CKV_DCHECK(id < used_ && Live(id));

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ckv/engine.h"
+#include "engine/internal.h"
 #include "rocksdb/db.h"
 #include "storage/catalog.h"
 #include "storage/catalog_format.h"
@@ -326,6 +327,36 @@ TEST(ChunkStoreTest, EvictingSeveralLevelsOfAChainMovesItsEndToTheSurvivor) {
   // It can be deleted like any prefix, which frees its chunks.
   CKV_EXPECT_OK(engine->DeletePrefix(keys[1]));
   EXPECT_EQ(engine->Stats().chunks, 4u);
+}
+
+// The index keeps 32-bit use stamps and moves their base on as the use clock runs: recency must
+// still order eviction after the base moved past every stamp the store held.
+TEST(ChunkStoreTest, RecencyOrdersEvictionAcrossARebaseOfTheUseClock) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const uint64_t chunk = ChunkBytes(spec);
+  EngineOptions options;
+  // Room for 6.5 chunks of data once the metadata allowance of one segment is set aside.
+  options.max_disk_bytes = (13 * chunk / 2) * 257 / 256 + 2 * 4096 + 257;
+  auto engine = OpenOrDie(dir.path(), options);
+  const auto p = synth::Tokens(1, 3 * spec.chunk_tokens);
+  const auto q = synth::Tokens(2, 3 * spec.chunk_tokens);
+  const auto r = synth::Tokens(3, 3 * spec.chunk_tokens);
+  ASSERT_TRUE(PutSynthetic(*engine, spec, q).ok());
+  ASSERT_TRUE(PutSynthetic(*engine, spec, p).ok());
+  // Past two rebases: every stamp so far is older than the base. Then p is used, q is not.
+  engine::HostOf(*engine).store().SkipUseTicksForTesting((uint64_t{1} << 32) + (uint64_t{1} << 31));
+  EXPECT_EQ(*engine->Lookup(spec, q), 3u);
+  engine::HostOf(*engine).store().SkipUseTicksForTesting((uint64_t{1} << 32) - 7);
+  EXPECT_EQ(*engine->Lookup(spec, p), 3u);
+  auto put = PutSynthetic(*engine, spec, r);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->chunks_evicted, 3u);
+  EXPECT_EQ(*engine->Lookup(spec, p), 3u);  // used last
+  EXPECT_EQ(*engine->Lookup(spec, q), 0u);  // used 2^32 uses before p
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
 TEST(ChunkStoreTest, CapHoldsWhenPutsCreateManySmallSegments) {
