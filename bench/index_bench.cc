@@ -512,7 +512,7 @@ std::string ToJson(const Flags& f, const std::vector<Row>& rows) {
   return j.str();
 }
 
-// Open time, RSS after open and Lookup p99 by N (log-log), drawn by gnuplot into f.plot.
+// Open time, RSS after open, and Lookup and pin p99 by N (log-log), drawn by gnuplot into f.plot.
 void Plot(const Flags& f, const std::vector<Row>& rows) {
   std::string s = "set terminal png size 1200,420\nset output '" + f.plot + "'\n";
   s += "set multiplot layout 1,3 title 'ckv index at scale (index\\_bench, one-layer model)'\n";
@@ -532,10 +532,13 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
   s += data([](const Row& r) { return static_cast<double>(r.rss_after) / (1 << 20); });
   s += data([](const Row& r) { return static_cast<double>(r.hwm) / (1 << 20); });
   s += data([](const Row& r) { return static_cast<double>(r.index_bytes) / (1 << 20); });
-  s += "set title 'Lookup of one prefix'\nset ylabel 'ms'\n";
-  s += "plot '-' with linespoints title 'cold p99', '-' with linespoints title 'hot p99'\n";
+  s += "set title 'Lookup and pin of one prefix'\nset ylabel 'ms'\n";
+  s += "plot '-' with linespoints title 'Lookup cold p99', '-' with linespoints title 'Lookup hot "
+       "p99', '-' with linespoints title 'pin cold p99', '-' with linespoints title 'pin hot p99'\n";
   s += data([](const Row& r) { return r.cold_p99_ms; });
   s += data([](const Row& r) { return r.hot_p99_ms; });
+  s += data([](const Row& r) { return r.pin_cold_p99_ms; });
+  s += data([](const Row& r) { return r.pin_hot_p99_ms; });
   s += "unset multiplot\n";
   FILE* gp = popen("gnuplot", "w");
   if (gp == nullptr || std::fwrite(s.data(), 1, s.size(), gp) != s.size() || pclose(gp) != 0) {
@@ -609,9 +612,10 @@ int Run(const Flags& f, const char* self) {
     uint64_t chain = 0;
     for (const Row& r : rows) chain = std::max(chain, r.lookup_chain_chunks);
     std::printf("Lookup: ms per whole-prefix Lookup (%llu-chunk chains, or the store's one prefix "
-                "where it holds less); cold = first Lookup of a prefix after open. Puts of %llu "
-                "new chunks, each evicting as many under the cap. index B: the index's own "
-                "memory per chunk (EngineStats::index_memory_bytes).\n",
+                "where it holds less); cold = first Lookup of a prefix after open. pin: ms per "
+                "pin of such a chain, which reads its catalog records (p99; cold: prefixes not "
+                "looked up). Puts of %llu new chunks, each evicting as many under the cap. index "
+                "B: the index's own memory per chunk (EngineStats::index_memory_bytes).\n",
                 static_cast<unsigned long long>(chain),
                 static_cast<unsigned long long>(f.chunks_per_put));
   }
