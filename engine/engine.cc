@@ -57,6 +57,7 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.disk_bytes_used = st.disk_bytes_used;
   s.max_disk_bytes = st.max_disk_bytes;
   s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;
+  s.index_from_snapshot = st.index_from_snapshot;
   s.reclaim_rounds = st.reclaim_rounds;
   s.reclaim_chunks = st.reclaim_chunks;
   s.reclaim_bytes = st.reclaim_bytes;

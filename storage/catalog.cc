@@ -390,6 +390,14 @@ absl::Status Catalog::ScanChunks(const ChunkFn& fn) {
   return pipe.status;
 }
 
+uint64_t Catalog::LatestSequence() { return db_->GetLatestSequenceNumber(); }
+
+std::string Catalog::Identity() {
+  std::string id;
+  if (!db_->GetDbIdentity(id).ok()) return "";
+  return id;
+}
+
 uint64_t Catalog::EstimateChunks() {
   uint64_t n = 0;
   db_->GetIntProperty(handles_[kChunks], rocksdb::DB::Properties::kEstimateNumKeys, &n);

@@ -97,6 +97,10 @@ class Catalog {
   // whose key or record does not decode.
   using ChunkFn = std::function<absl::Status(const ChunkKey& key, const ChunkRecord& record)>;
   absl::Status ScanChunks(const ChunkFn& fn);
+  // RocksDB's sequence number of the last write, and the database's identity: together they name
+  // the catalog's state (the index snapshot is valid for one state only).
+  uint64_t LatestSequence();
+  std::string Identity();
   // RocksDB's estimate of the number of chunks (for sizing tables; may be off either way).
   uint64_t EstimateChunks();
 

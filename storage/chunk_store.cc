@@ -39,7 +39,15 @@ ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem
                                              options.max_write_bytes, options.io_queue_depth)) {}
 
 // The reclaimer goes first: its rounds use the catalog, the segments and the listeners.
-ChunkStore::~ChunkStore() { StopReclaimer(); }
+ChunkStore::~ChunkStore() {
+  StopReclaimer();
+  if (!snapshot_on_close_) return;
+  if (absl::Status s = WriteIndexSnapshot(); !s.ok()) {
+    logger_->Log(LogLevel::kWarning,
+                 absl::StrCat("could not write the index snapshot of ", path_, ": ", s.message(),
+                              " (the next open reads the catalog)"));
+  }
+}
 
 std::string ChunkStore::SegmentPath(uint32_t id) const {
   return absl::StrCat(path_, "/", kSegmentsDir, "/", Segment::FileName(id));
@@ -104,16 +112,37 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
 
   StoreOptions resolved = options;
   if (resolved.clock == nullptr) resolved.clock = RealClock();
-  auto store = std::unique_ptr<ChunkStore>(new ChunkStore(resolved, path, fs, logger));
+  std::unique_ptr<ChunkStore> store;
   Catalog::Contents contents;
-  CKV_ASSIGN_OR_RETURN(store->catalog_,
-                       Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
-                                     options.create_if_missing, options.error_if_exists,
-                                     &contents, fs, resolved.clock));
+  // With the index snapshot first; when it matched the catalog but did not load, again, afresh,
+  // from the catalog.
+  for (const bool use_snapshot : {true, false}) {
+    store.reset(new ChunkStore(resolved, path, fs, logger));
+    contents = Catalog::Contents{};
+    CKV_ASSIGN_OR_RETURN(store->catalog_,
+                         Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
+                                       options.create_if_missing,
+                                       options.error_if_exists && use_snapshot, &contents, fs,
+                                       resolved.clock));
+    bool snapshot_failed = false;
+    absl::Status loaded = store->Load(contents, use_snapshot, &snapshot_failed);
+    if (snapshot_failed) {
+      logger->Log(LogLevel::kWarning, absl::StrCat(loaded.message(), "; reading the catalog"));
+      continue;
+    }
+    CKV_RETURN_IF_ERROR(loaded);
+    break;
+  }
+  // The snapshot held the index as of the last close: gone before this open writes anything, so
+  // that no later state of the catalog can be taken for it.
+  const std::string snapshot = store->SnapshotPath();
+  if (fs->Exists(snapshot)) {
+    CKV_RETURN_IF_ERROR(fs->DeleteFile(snapshot));
+    CKV_RETURN_IF_ERROR(fs->SyncDir(path));
+  }
   // The parent's entry for a store directory made here must be durable before any Put is
   // acknowledged in it.
   if (!created_parent.empty()) CKV_RETURN_IF_ERROR(fs->SyncDir(created_parent));
-  CKV_RETURN_IF_ERROR(store->Load(contents));
   CKV_RETURN_IF_ERROR(store->ReclaimOrphans());
 
   absl::ReleasableMutexLock lock(&store->mu_);
@@ -143,10 +172,12 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   }
   lock.Release();
   store->StartReclaimer();
+  store->snapshot_on_close_ = true;
   return store;
 }
 
-absl::Status ChunkStore::Load(const Catalog::Contents& c) {
+absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
+                              bool* snapshot_failed) {
   absl::MutexLock lock(&mu_);
   max_disk_bytes_ = c.max_disk_bytes;
   layout_ = c.layout;
@@ -166,6 +197,34 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
   }
 
   for (auto& [id, segment] : segments_) segment->BeginLoad();
+  bool from_snapshot = false;
+  if (use_snapshot) {
+    if (absl::Status s = LoadIndexSnapshotLocked(&from_snapshot); !s.ok()) {
+      *snapshot_failed = true;
+      return s;
+    }
+  }
+  if (!from_snapshot) CKV_RETURN_IF_ERROR(ScanCatalogLocked());
+  index_from_snapshot_ = from_snapshot;
+  for (auto& [id, segment] : segments_) segment->EndLoad();
+  for (const auto& [key, e] : chunks_) {
+    if (e.children == 0) leaves_.insert(key);
+  }
+  for (const auto& [key, p] : c.prefixes) {
+    auto chunk = chunks_.find(key);
+    if (chunk == chunks_.end()) {
+      open_problems_.push_back(
+          absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored"));
+      dropped_prefixes_.push_back(key);
+      continue;
+    }
+    chunk->second.prefix_end = true;
+    prefixes_.emplace(key, PrefixEntry{p.fingerprint, p.chunks, p.created_unix_ms});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::ScanCatalogLocked() {
   // Sized from RocksDB's estimate, bounded by the catalog's size (a chunk's record holds two
   // 16-byte keys that do not compress), so that a damaged estimate cannot reserve without bound.
   const size_t expected_chunks =
@@ -180,7 +239,6 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     LoadChunkLocked(key, r, links);
     return absl::OkStatus();
   }));
-  for (auto& [id, segment] : segments_) segment->EndLoad();
   // The use order starts as the Put order: the latest 2^31 Puts keep theirs.
   use_clock_ = put_seq_;
   use_base_ = use_clock_ > kUseRebase ? use_clock_ - kUseRebase : 0;
@@ -211,20 +269,6 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c) {
     parent->second.children++;
   }
   std::vector<LoadLink>().swap(links);
-  for (const auto& [key, e] : chunks_) {
-    if (e.children == 0) leaves_.insert(key);
-  }
-  for (const auto& [key, p] : c.prefixes) {
-    auto chunk = chunks_.find(key);
-    if (chunk == chunks_.end()) {
-      open_problems_.push_back(
-          absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored"));
-      dropped_prefixes_.push_back(key);
-      continue;
-    }
-    chunk->second.prefix_end = true;
-    prefixes_.emplace(key, PrefixEntry{p.fingerprint, p.chunks, p.created_unix_ms});
-  }
   return absl::OkStatus();
 }
 
@@ -916,6 +960,7 @@ StoreStats ChunkStore::Stats() {
   s.disk_bytes_used = used_bytes_;
   s.max_disk_bytes = max_disk_bytes_;
   s.orphan_bytes_reclaimed = orphan_bytes_reclaimed_;
+  s.index_from_snapshot = index_from_snapshot_;
   s.reclaim_rounds = reclaim_rounds_;
   s.reclaim_chunks = reclaim_chunks_;
   s.reclaim_bytes = reclaim_bytes_;

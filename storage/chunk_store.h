@@ -128,6 +128,7 @@ struct StoreStats {
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;
   uint64_t orphan_bytes_reclaimed = 0;
+  bool index_from_snapshot = false;  // Open loaded the index snapshot rather than scanning
   // ---- Background reclaimer (issue 20) ----
   uint64_t reclaim_rounds = 0;          // reclaimer rounds that evicted (since Open)
   uint64_t reclaim_chunks = 0;          // chunks they evicted (also in chunks_evicted)
@@ -354,7 +355,20 @@ class ChunkStore {
 
   ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
 
-  absl::Status Load(const Catalog::Contents& contents);
+  // Indexes the catalog's chunks: from the index snapshot when `use_snapshot` and it matches the
+  // catalog, else by a scan. *snapshot_failed: the snapshot matched but did not load (the store
+  // is then half-loaded; Open starts again without it).
+  absl::Status Load(const Catalog::Contents& contents, bool use_snapshot, bool* snapshot_failed);
+  // The index snapshot (storage/chunk_store_snapshot.cc). Write: at a clean close, when the index
+  // is sound. Load: *loaded false when there is none or it does not match the catalog (nothing
+  // changed); an error when it matched but a record did not fit (the index is half-built).
+  std::string SnapshotPath() const;
+  absl::Status WriteIndexSnapshot() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status LoadIndexSnapshotLocked(bool* loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool snapshot_on_close_ = false;  // set once Open succeeded
+  bool index_from_snapshot_ = false;  // set by Load
+  // Load's scan of the catalog: every chunk's record, indexed, then linked to its parent.
+  absl::Status ScanCatalogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Load keeps of a chunk's record until every chunk is in, by its id in chunks_.
   struct LoadLink {
     ChunkKey parent;

@@ -10,6 +10,8 @@ namespace ckv::storage::chunk_store_internal {
 // Directories below the store's path.
 inline constexpr char kCatalogDir[] = "catalog";
 inline constexpr char kSegmentsDir[] = "segments";
+// The index a clean close leaves for the next open (storage/chunk_store_snapshot.cc).
+inline constexpr char kSnapshotFile[] = "index.snapshot";
 
 // Whether a punch gave its blocks back (a file system without hole punching never had them
 // allocated apart: Unimplemented counts as given back).

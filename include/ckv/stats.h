@@ -37,6 +37,9 @@ struct EngineStats {
   uint64_t disk_bytes_used = 0;
   uint64_t max_disk_bytes = 0;   // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
+  // Open loaded the chunk index from the snapshot the last clean close wrote, instead of reading
+  // every chunk's catalog record (it does when the catalog changed since, e.g. after a crash).
+  bool index_from_snapshot = false;
   // The background reclaimer (EngineOptions::reclaim_margin_bytes), since Open. Its evictions are
   // also counted in chunks_evicted and bytes_evicted.
   uint64_t reclaim_rounds = 0;        // rounds that evicted: one synced catalog batch each

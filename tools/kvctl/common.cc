@@ -83,6 +83,7 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("disk_bytes_used").Uint(s.disk_bytes_used)
       .Key("max_disk_bytes").Uint(s.max_disk_bytes)
       .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
+      .Key("index_from_snapshot").Bool(s.index_from_snapshot)
       .Key("reclaim_margin_bytes").Uint(s.reclaim_margin_bytes)
       .Key("reclaim_rounds").Uint(s.reclaim_rounds)
       .Key("reclaim_chunks").Uint(s.reclaim_chunks)

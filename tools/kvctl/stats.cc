@@ -147,11 +147,13 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
               static_cast<unsigned long long>(stats.chunks),
               static_cast<unsigned long long>(stats.prefixes), stats.prefixes == 1 ? "" : "es",
               static_cast<unsigned long long>(stats.segments), stats.segments == 1 ? "" : "s");
-  std::printf("  index memory   %s (%.0f B per chunk)\n",
+  std::printf("  index memory   %s (%.0f B per chunk), %s\n",
               FormatBytes(stats.index_memory_bytes).c_str(),
               stats.chunks == 0 ? 0.0
                                 : static_cast<double>(stats.index_memory_bytes) /
-                                      static_cast<double>(stats.chunks));
+                                      static_cast<double>(stats.chunks),
+              stats.index_from_snapshot ? "loaded from the snapshot of the last close"
+                                        : "built from the catalog");
   if (stats.max_disk_bytes == 0) {
     std::printf("  disk used      %s, cap unlimited\n", FormatBytes(stats.disk_bytes_used).c_str());
   } else {
