@@ -21,8 +21,10 @@
 // --hot-lookups repeated lookups of one prefix; pins of as many chains, cold (other prefixes)
 // and hot (one prefix again), as a Re-Prefill pins them: a pin reads the chain's catalog records
 // for their checksums, which the index does not hold; then --puts Puts of --chunks-per-put new chunks,
-// each of which must evict as many chunks to stay under the cap. Memory per chunk is the RSS the
-// open added, divided by N. Catalog bytes: the size of DIR/index-bench-N/catalog on disk.
+// each of which must evict as many chunks to stay under the cap. A second process then opens the
+// store again, from the index snapshot the first one's clean close left, and times its own close
+// (which writes the snapshot). Memory per chunk is the RSS the first open added, divided by N.
+// Catalog bytes: the size of DIR/index-bench-N/catalog on disk.
 // The stores are removed afterwards unless --keep.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -36,6 +38,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +76,7 @@ struct Flags {
   cli::JsonOutput json;
   // Hidden: measure the store at --measure-open (in a process of its own) with this cap.
   std::string measure_open;
+  bool measure_reopen = false;  // only open (from the snapshot the last close left) and close
   uint64_t measure_chunks = 0;
   uint64_t cap = 0;
 };
@@ -276,6 +280,10 @@ struct Row {
   uint64_t rss_before = 0, rss_after = 0, hwm = 0;
   double cold_p50_ms = 0, cold_p99_ms = 0, hot_p50_ms = 0, hot_p99_ms = 0;
   double pin_cold_p99_ms = 0, pin_hot_p99_ms = 0;  // pins of the same chains (catalog reads)
+  // The open after the measurement's clean close, and that open's own close (which writes it).
+  double reopen_s = 0, close_s = 0;
+  uint64_t reopen_rss = 0;
+  bool reopen_from_snapshot = false;
   uint64_t lookup_chain_chunks = 0, cold_chains = 0, hot_lookups = 0;
   uint64_t puts = 0, put_chunks = 0, evicted = 0;
   double put_s = 0;
@@ -314,6 +322,16 @@ int MeasureOpen(const Flags& f) {
   const uint64_t rss_after = ProcStatusBytes("VmRSS");
   const uint64_t hwm = ProcStatusBytes("VmHWM");
   const EngineStats opened = (*engine)->Stats();
+  if (f.measure_reopen) {
+    const auto c0 = std::chrono::steady_clock::now();
+    engine->reset();  // writes the index snapshot
+    const auto c1 = std::chrono::steady_clock::now();
+    std::printf("REOPEN %.9f %llu %d %.9f %llu\n", Seconds(t0, t1),
+                static_cast<unsigned long long>(rss_after - std::min(rss_after, rss_before)),
+                opened.index_from_snapshot ? 1 : 0, Seconds(c0, c1),
+                static_cast<unsigned long long>(opened.chunks));
+    return cli::kExitOk;
+  }
   if (opened.chunks != f.measure_chunks) {
     std::fprintf(stderr, "%s: the store opened with %llu chunks, not %llu\n", kProg,
                  static_cast<unsigned long long>(opened.chunks),
@@ -421,8 +439,30 @@ int MeasureOpen(const Flags& f) {
   return cli::kExitOk;
 }
 
+// Runs `cmd` (this program with --measure-open) and calls `parse` on each line it prints; true
+// when `parse` accepted one and the child succeeded.
+bool RunChild(const std::string& cmd, const std::string& dir,
+              const std::function<bool(const char* line)>& parse) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    std::fprintf(stderr, "%s: cannot run %s\n", kProg, cmd.c_str());
+    return false;
+  }
+  char line[1024];
+  bool got = false;
+  while (std::fgets(line, sizeof line, p) != nullptr) got = parse(line) || got;
+  const int status = pclose(p);
+  if (!got || status != 0) {
+    std::fprintf(stderr, "%s: the measurement of %s failed (status %d)\n", kProg, dir.c_str(),
+                 status);
+    return false;
+  }
+  return true;
+}
+
 // Runs this program again with --measure-open on `b`, so that the open is fresh and its RSS
-// its own; fills `row` from the child's line.
+// its own; fills `row` from the child's line. Then once more with --measure-reopen: the open from
+// the index snapshot the first child's clean close left, and the close that writes it again.
 int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
   // The cap: the store's use exactly (ChunkStore::DataCapLocked keeps (segments + 1) blocks and
   // 1/257 of the cap for file-system overhead), so the open evicts nothing and every Put does.
@@ -432,37 +472,38 @@ int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
       "--cold-chains %u --hot-lookups %u --puts %u --chunks-per-put %u",
       self, f.store, b.dir, b.chunks, cap, f.prefix_chunks, f.cold_chains, f.hot_lookups, f.puts,
       f.chunks_per_put);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    std::fprintf(stderr, "%s: cannot run %s\n", kProg, self);
-    return cli::kExitError;
-  }
-  char line[1024];
-  bool got = false;
-  while (std::fgets(line, sizeof line, p) != nullptr) {
+  const bool measured = RunChild(cmd, b.dir, [&](const char* line) {
     unsigned long long rb, ra, hwm, chain, cold, written, evicted, index;
     if (std::sscanf(line,
                     "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu %lf %lf",
                     &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms,
                     &row->hot_p50_ms, &row->hot_p99_ms, &chain, &cold, &written, &evicted,
-                    &row->put_s, &index, &row->pin_cold_p99_ms, &row->pin_hot_p99_ms) == 16) {
-      row->index_bytes = index;
-      row->rss_before = rb;
-      row->rss_after = ra;
-      row->hwm = hwm;
-      row->lookup_chain_chunks = chain;
-      row->cold_chains = cold;
-      row->put_chunks = written;
-      row->evicted = evicted;
-      got = true;
+                    &row->put_s, &index, &row->pin_cold_p99_ms, &row->pin_hot_p99_ms) != 16) {
+      return false;
     }
-  }
-  const int status = pclose(p);
-  if (!got || status != 0) {
-    std::fprintf(stderr, "%s: the measurement of %s failed (status %d)\n", kProg, b.dir.c_str(),
-                 status);
-    return cli::kExitError;
-  }
+    row->index_bytes = index;
+    row->rss_before = rb;
+    row->rss_after = ra;
+    row->hwm = hwm;
+    row->lookup_chain_chunks = chain;
+    row->cold_chains = cold;
+    row->put_chunks = written;
+    row->evicted = evicted;
+    return true;
+  });
+  if (!measured) return cli::kExitError;
+  const bool reopened = RunChild(cmd + " --measure-reopen", b.dir, [&](const char* line) {
+    unsigned long long rss, chunks;
+    int from_snapshot;
+    if (std::sscanf(line, "REOPEN %lf %llu %d %lf %llu", &row->reopen_s, &rss, &from_snapshot,
+                    &row->close_s, &chunks) != 5) {
+      return false;
+    }
+    row->reopen_rss = rss;
+    row->reopen_from_snapshot = from_snapshot != 0;
+    return true;
+  });
+  if (!reopened) return cli::kExitError;
   row->hot_lookups = f.hot_lookups;
   row->puts = f.puts;
   return cli::kExitOk;
@@ -499,6 +540,10 @@ std::string ToJson(const Flags& f, const std::vector<Row>& rows) {
     j.Key("lookup_hot_p99_ms").Double(r.hot_p99_ms);
     j.Key("pin_cold_p99_ms").Double(r.pin_cold_p99_ms);
     j.Key("pin_hot_p99_ms").Double(r.pin_hot_p99_ms);
+    j.Key("reopen_seconds").Double(r.reopen_s);
+    j.Key("reopen_from_snapshot").Bool(r.reopen_from_snapshot);
+    j.Key("reopen_rss_added_bytes").Uint(r.reopen_rss);
+    j.Key("close_seconds").Double(r.close_s);
     j.Key("puts").Uint(r.puts);
     j.Key("put_chunks_written").Uint(r.put_chunks);
     j.Key("put_chunks_evicted").Uint(r.evicted);
@@ -524,8 +569,11 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
     return d + "e\n";
   };
   s += "set title 'open time'\nset ylabel 'seconds'\n";
-  s += "plot '-' with linespoints title 'Engine::Open'\n";
+  s += "plot '-' with linespoints title 'Engine::Open (catalog scan)', '-' with linespoints "
+       "title 'Engine::Open (index snapshot)', '-' with linespoints title 'close (writes it)'\n";
   s += data([](const Row& r) { return r.open_s; });
+  s += data([](const Row& r) { return r.reopen_s; });
+  s += data([](const Row& r) { return r.close_s; });
   s += "set title 'memory'\nset ylabel 'MiB'\n";
   s += "plot '-' with linespoints title 'RSS after open', '-' with linespoints title 'peak RSS', "
        "'-' with linespoints title 'index'\n";
@@ -550,9 +598,10 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%11llu %8.2f %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f "
-              "%8.1f %10.0f %10.1f\n",
-              static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s,
+  std::printf("%11llu %8.2f %8.3f %8.3f%s %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f "
+              "%9.3f %9.3f %8.1f %10.0f %10.1f\n",
+              static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s, r.reopen_s,
+              r.reopen_from_snapshot ? " " : "!", r.close_s,
               static_cast<double>(r.rss_after) / (1 << 20),
               static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(),
               r.IndexBytesPerChunk(), r.cold_p50_ms,
@@ -580,8 +629,8 @@ int Run(const Flags& f, const char* self) {
     std::printf("one-layer model, prefixes of %llu chunks; the fake chunks' records are not "
                 "readable (sparse segments)\n",
                 static_cast<unsigned long long>(f.prefix_chunks));
-    std::printf("%11s %8s %8s %9s %9s %8s %8s %9s %9s %9s %9s %9s %9s %8s %10s %10s\n",
-                "chunks", "build s", "open s", "RSS MiB", "peak MiB", "B/chunk", "index B",
+    std::printf("%11s %8s %8s %9s %8s %9s %9s %8s %8s %9s %9s %9s %9s %9s %9s %8s %10s %10s\n",
+                "chunks", "build s", "open s", "reopen s", "close s", "RSS MiB", "peak MiB", "B/chunk", "index B",
                 "cold p50", "cold p99", "hot p50", "hot p99", "pin cold", "pin hot", "Puts/s",
                 "evicted/s", "catalog MiB");
     std::fflush(stdout);
@@ -612,7 +661,9 @@ int Run(const Flags& f, const char* self) {
     uint64_t chain = 0;
     for (const Row& r : rows) chain = std::max(chain, r.lookup_chain_chunks);
     std::printf("Lookup: ms per whole-prefix Lookup (%llu-chunk chains, or the store's one prefix "
-                "where it holds less); cold = first Lookup of a prefix after open. pin: ms per "
+                "where it holds less); cold = first Lookup of a prefix after open. reopen: the open "
+                "after that measurement's clean close, from the index snapshot it wrote (! where it "
+                "was not used); close: that open's own close, which writes it again. pin: ms per "
                 "pin of such a chain, which reads its catalog records (p99; cold: prefixes not "
                 "looked up). Puts of %llu new chunks, each evicting as many under the cap. index "
                 "B: the index's own memory per chunk (EngineStats::index_memory_bytes).\n",
@@ -656,6 +707,7 @@ int main(int argc, char** argv) {
       ->type_name("PNG");
   cli::AddJson(app, &f.json);
   app.add_option("--measure-open", f.measure_open)->group("");
+  app.add_flag("--measure-reopen", f.measure_reopen)->group("");
   cli::AddUint(app, "--measure-chunks", &f.measure_chunks, "")->group("");
   cli::AddUint(app, "--cap", &f.cap, "")->group("");
   if (auto code = cli::Parse(app, argc, argv)) return *code;

@@ -16,7 +16,7 @@
 //     16 bytes per fingerprint · XXH3-64 of the header up to here
 //   records, one per chunk, in the order of their ids: key (hi u64, lo u64) · parent u32 (the
 //     parent's index in this array, or ChunkEntry::kRoot) · segment u32 · slot u32 · last use u32 ·
-//     I f32 · F u32 · spec ordinal u16 · 6 bytes zero
+//     I f32 · F u32 · spec ordinal u16 · 2 bytes zero · children u32
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -36,7 +36,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the snapshot is written as in memory");
 
 constexpr char kMagic[8] = {'c', 'k', 'v', 'i', 'n', 'd', 'e', 'x'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kRecordBytes = 48;
 constexpr size_t kMaxIdentity = 128;
 constexpr size_t kFingerprintsOffset = 80 + kMaxIdentity;  // the fixed part of the header
@@ -117,6 +117,7 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
     PutLe<float>(r + 32, e.importance);
     PutLe<uint32_t>(r + 36, e.loads);
     PutLe<uint16_t>(r + 40, e.spec);
+    PutLe<uint32_t>(r + 44, e.children);
     filled += kRecordBytes;
     if (filled == buffer.size()) flush();
   }
@@ -216,13 +217,19 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
   AlignedBuffer buffer(std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) *
                                                             kRecordBytes)));
   uint64_t done = 0;
+  uint64_t children = 0, linked = 0;  // must agree: every link is one parent's child
   while (done < n) {
     const uint64_t count = std::min<uint64_t>(n - done, buffer.size() / kRecordBytes);
     const size_t bytes = count * kRecordBytes;
     CKV_RETURN_IF_ERROR((*file)->ReadAt(header_bytes + done * kRecordBytes,
                                         std::span<std::byte>(buffer.data(), RoundUp(bytes))));
     XXH3_64bits_update(state, buffer.data(), bytes);
+    constexpr uint64_t kAhead = 8;  // the hash index is probed at random: prefetched ahead
     for (uint64_t j = 0; j < count; ++j) {
+      if (j + kAhead < count) {
+        const std::byte* ahead = buffer.data() + (j + kAhead) * kRecordBytes;
+        chunks_.Prefetch(ChunkKey{GetLe<uint64_t>(ahead), GetLe<uint64_t>(ahead + 8)});
+      }
       const std::byte* r = buffer.data() + j * kRecordBytes;
       const uint64_t index = done + j;
       const ChunkKey key{GetLe<uint64_t>(r), GetLe<uint64_t>(r + 8)};
@@ -234,6 +241,9 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
       e.importance = GetLe<float>(r + 32);
       e.loads = GetLe<uint32_t>(r + 36);
       e.spec = GetLe<uint16_t>(r + 40);
+      e.children = GetLe<uint32_t>(r + 44);  // written, not derived: parents sit anywhere
+      children += e.children;
+      linked += e.parent != ChunkEntry::kRoot;
       auto seg = segments_.find(e.segment);
       if (seg == segments_.end() || e.slot >= seg->second->geometry().capacity_slots ||
           e.spec >= fingerprints_.size() ||
@@ -254,9 +264,8 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
     done += count;
   }
   if (XXH3_64bits_digest(state) != GetLe<uint64_t>(h + 64)) return damaged("records checksum");
-  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
-    const uint32_t parent = (*it).second.parent;
-    if (parent != ChunkEntry::kRoot) chunks_.ValueAt(parent).children++;
+  if (children != linked) {
+    return damaged(absl::StrCat(children, " children counted for ", linked, " parent links"));
   }
   use_clock_ = GetLe<uint64_t>(h + 32);
   use_base_ = GetLe<uint64_t>(h + 40);
