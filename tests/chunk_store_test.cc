@@ -298,16 +298,20 @@ TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
   EXPECT_EQ(*engine->Lookup(spec, huge), 0u);
 }
 
+// Options whose cap leaves room for 6.5 chunks of `spec`'s data once the metadata allowance of
+// one segment is set aside.
+EngineOptions RoomForSixAndAHalfChunks(const ModelSpec& spec) {
+  EngineOptions options;
+  options.max_disk_bytes = (13 * ChunkBytes(spec) / 2) * 257 / 256 + 2 * 4096 + 257;
+  return options;
+}
+
 // Regression: evicting two levels of a chain (D, then C of A<-B<-C<-D) lost the prefix end
 // instead of moving it to B, leaving chunks that no listed prefix reached.
 TEST(ChunkStoreTest, EvictingSeveralLevelsOfAChainMovesItsEndToTheSurvivor) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;
-  const uint64_t chunk = ChunkBytes(spec);
-  EngineOptions options;
-  // Room for 6.5 chunks of data once the metadata allowance of one segment is set aside.
-  options.max_disk_bytes = (13 * chunk / 2) * 257 / 256 + 2 * 4096 + 257;
-  auto engine = OpenOrDie(dir.path(), options);
+  auto engine = OpenOrDie(dir.path(), RoomForSixAndAHalfChunks(spec));
   const auto p = synth::Tokens(1, 4 * spec.chunk_tokens);
   const auto q = synth::Tokens(2, 4 * spec.chunk_tokens);
   ASSERT_TRUE(PutSynthetic(*engine, spec, p).ok());
@@ -334,11 +338,7 @@ TEST(ChunkStoreTest, EvictingSeveralLevelsOfAChainMovesItsEndToTheSurvivor) {
 TEST(ChunkStoreTest, RecencyOrdersEvictionAcrossARebaseOfTheUseClock) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;
-  const uint64_t chunk = ChunkBytes(spec);
-  EngineOptions options;
-  // Room for 6.5 chunks of data once the metadata allowance of one segment is set aside.
-  options.max_disk_bytes = (13 * chunk / 2) * 257 / 256 + 2 * 4096 + 257;
-  auto engine = OpenOrDie(dir.path(), options);
+  auto engine = OpenOrDie(dir.path(), RoomForSixAndAHalfChunks(spec));
   const auto p = synth::Tokens(1, 3 * spec.chunk_tokens);
   const auto q = synth::Tokens(2, 3 * spec.chunk_tokens);
   const auto r = synth::Tokens(3, 3 * spec.chunk_tokens);
