@@ -281,14 +281,22 @@ Catalog::~Catalog() {
     db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   }
   // Closing makes nothing durable that matters: every commit but AddUsage's statistics is a
-  // synced write, and those may lag after a crash by contract (catalog.h).
+  // synced write, and those may lag after a crash by contract (catalog.h). The index snapshot,
+  // which records the last sequence number, syncs the WAL itself first (SyncWal).
   db_->Close().PermitUncheckedError();
 }
 
 absl::Status Catalog::Commit(Batch& batch, bool sync) {
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  return FromRocks(db_->Write(wo, &batch.batch_), absl::StrCat("commit to catalog ", dir_));
+  absl::Status s =
+      FromRocks(db_->Write(wo, &batch.batch_), absl::StrCat("commit to catalog ", dir_));
+  if (!s.ok()) commit_failed_.store(true, std::memory_order_relaxed);
+  return s;
+}
+
+absl::Status Catalog::SyncWal() {
+  return FromRocks(db_->FlushWAL(/*sync=*/true), absl::StrCat("sync the WAL of catalog ", dir_));
 }
 
 absl::Status Catalog::FlushAndCompact() {
@@ -420,18 +428,20 @@ absl::Status Catalog::GetChunks(std::span<const ChunkKey> keys, const IndexedChu
                 statuses.data());
   ChunkRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
+    absl::Status status;
     if (statuses[i].IsNotFound()) {
-      return absl::NotFoundError(
+      status = absl::NotFoundError(
           absl::StrCat("chunk ", keys[i].ToHex(), " has no record in catalog ", dir_));
+    } else {
+      CKV_RETURN_IF_ERROR(FromRocks(statuses[i], absl::StrCat("read chunk ", keys[i].ToHex())));
+      const absl::string_view value(values[i].data(), values[i].size());
+      // The entry's name costs a hex format: made only for the error message.
+      if (!DecodeChunkRecordInto(value, "", /*with_tokens=*/false, &record).ok()) {
+        status = DecodeChunkRecordInto(value, absl::StrCat("chunk ", keys[i].ToHex()),
+                                       /*with_tokens=*/false, &record);
+      }
     }
-    CKV_RETURN_IF_ERROR(FromRocks(statuses[i], absl::StrCat("read chunk ", keys[i].ToHex())));
-    const absl::string_view value(values[i].data(), values[i].size());
-    // The entry's name costs a hex format: made only for the error message.
-    if (!DecodeChunkRecordInto(value, "", /*with_tokens=*/false, &record).ok()) {
-      CKV_RETURN_IF_ERROR(DecodeChunkRecordInto(value, absl::StrCat("chunk ", keys[i].ToHex()),
-                                                /*with_tokens=*/false, &record));
-    }
-    CKV_RETURN_IF_ERROR(fn(i, record));
+    CKV_RETURN_IF_ERROR(fn(i, status, record));
   }
   return absl::OkStatus();
 }

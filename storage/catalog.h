@@ -13,6 +13,7 @@
 #ifndef CKV_STORAGE_CATALOG_H_
 #define CKV_STORAGE_CATALOG_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -107,11 +108,18 @@ class Catalog {
   // One chunk's full record (token ids included), read from the catalog.
   absl::StatusOr<ChunkRecord> GetChunk(const ChunkKey& key);
   // The records of `keys`, decoded without their token ids, read in one batch (RocksDB's
-  // MultiGet, through the block cache): calls `fn` with each key's index in `keys` and its record,
-  // in `keys`' order (the record passed is reused from call to call). Errors: NotFound naming the
-  // first chunk absent, DataLoss naming one whose record does not decode, the mapped I/O errors.
-  using IndexedChunkFn = std::function<absl::Status(size_t index, const ChunkRecord& record)>;
+  // MultiGet, through the block cache): calls `fn` with each key's index in `keys`, its status and
+  // its record, in `keys`' order (the record passed is reused from call to call). A key's status
+  // is OK, NotFound (no record) or DataLoss (its record does not decode; `record` is then
+  // unspecified). Returns fn's first error, or the mapped I/O error of a read.
+  using IndexedChunkFn = std::function<absl::Status(size_t index, const absl::Status& status,
+                                                    const ChunkRecord& record)>;
   absl::Status GetChunks(std::span<const ChunkKey> keys, const IndexedChunkFn& fn);
+  // Makes every write so far durable, those committed with sync = false included.
+  absl::Status SyncWal();
+  // Whether a Commit failed since the catalog was opened (the in-memory index may then disagree
+  // with it: the index snapshot is not written).
+  bool CommitFailed() const { return commit_failed_.load(std::memory_order_relaxed); }
 
   // RocksDB's block cache, shared by the column families: what Get and GetChunks read is kept
   // here, and nothing else of the catalog's records stays in memory.
@@ -132,6 +140,7 @@ class Catalog {
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // indexes: see kCfIndex in catalog.cc
   std::string dir_;
+  std::atomic<bool> commit_failed_{false};
 };
 
 // Maps a RocksDB status to absl, with `context` naming the operation.

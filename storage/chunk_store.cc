@@ -516,7 +516,7 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
   const ChunkKey fp = spec.Fingerprint();
   Segment* seg = nullptr;
   SlotId slot;
-  uint64_t expected = 0;
+  std::unique_ptr<PinnedChunks> handle;  // unpins when it goes
   {
     absl::MutexLock lock(&mu_);
     auto it = chunks_.find(key);
@@ -544,15 +544,15 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
     seg = segments_.at(e.segment).get();
     slot = SlotId{e.segment, e.slot};
     PinLocked(slot);
+    handle.reset(new PinnedChunks(
+        this, {PinnedChunks::Chunk{key, seg, slot.second, {}, e.importance, e.loads}}));
   }
-  absl::Status s = catalog_->GetChunks(
-      std::span<const ChunkKey>(&key, 1), [&](size_t, const ChunkRecord& r) {
-        CKV_RETURN_IF_ERROR(CheckPlace(key, r, *seg, slot.second));
-        expected = r.checksums[layer];
-        return absl::OkStatus();
-      });
-  if (s.ok()) s = ReadAndVerify(seg, slot.second, layer, expected, key, out);
-  Unpin(slot);
+  std::vector<std::pair<size_t, absl::Status>> unusable;
+  absl::Status s = ReadChecksums(*handle, &unusable);
+  if (s.ok() && !unusable.empty()) s = unusable.front().second;
+  if (s.ok()) {
+    s = ReadAndVerify(seg, slot.second, layer, handle->chunks()[0].checksums[layer], key, out);
+  }
   if (absl::IsDataLoss(s)) logger_->Log(LogLevel::kError, std::string(s.message()));
   return s;
 }
@@ -624,7 +624,18 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(
     while (m < keys.size() && chunks_.contains(keys[m])) ++m;
     CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys.first(m)));
   }
-  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned));
+  if (pin_window_hook_) pin_window_hook_();
+  std::vector<std::pair<size_t, absl::Status>> unusable;
+  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned, &unusable));
+  if (!unusable.empty()) {
+    // A chunk removed since it was found ends the leading run, as if removed before; damage fails.
+    const auto& [first, status] = unusable.front();
+    if (!absl::IsNotFound(status)) return status;
+    for (size_t i = first; i < pinned->chunks_.size(); ++i) {
+      Unpin(SlotId{pinned->chunks_[i].segment->id(), pinned->chunks_[i].slot});
+    }
+    pinned->chunks_.resize(first);
+  }
   return pinned;
 }
 
@@ -636,7 +647,10 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::Pin(const ModelSpec& s
     absl::MutexLock lock(&mu_);
     CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys));
   }
-  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned));
+  if (pin_window_hook_) pin_window_hook_();
+  std::vector<std::pair<size_t, absl::Status>> unusable;
+  CKV_RETURN_IF_ERROR(ReadChecksums(*pinned, &unusable));
+  if (!unusable.empty()) return unusable.front().second;
   return pinned;
 }
 
@@ -658,7 +672,8 @@ absl::Status ChunkStore::CheckPlace(const ChunkKey& key, const ChunkRecord& reco
   return absl::OkStatus();
 }
 
-absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned) {
+absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned,
+                                       std::vector<std::pair<size_t, absl::Status>>* unusable) {
   std::vector<PinnedChunks::Chunk>& chunks = pinned.chunks_;
   std::vector<ChunkKey> keys(chunks.size());
   std::vector<size_t> offsets(chunks.size() + 1, 0);
@@ -667,14 +682,47 @@ absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned) {
     offsets[i + 1] = offsets[i] + chunks[i].segment->records();
   }
   pinned.checksums_.resize(offsets.back());
-  CKV_RETURN_IF_ERROR(catalog_->GetChunks(keys, [&](size_t i, const ChunkRecord& r) {
-    CKV_RETURN_IF_ERROR(CheckPlace(keys[i], r, *chunks[i].segment, chunks[i].slot));
-    std::copy(r.checksums.begin(), r.checksums.end(), pinned.checksums_.begin() + offsets[i]);
-    return absl::OkStatus();
-  }));
+  std::vector<std::pair<size_t, absl::Status>> misplaced;  // no record, or one elsewhere
+  CKV_RETURN_IF_ERROR(catalog_->GetChunks(
+      keys, [&](size_t i, const absl::Status& status, const ChunkRecord& r) {
+        if (absl::IsNotFound(status)) {
+          misplaced.emplace_back(i, status);
+        } else if (!status.ok()) {
+          unusable->emplace_back(i, status);
+        } else if (absl::Status place = CheckPlace(keys[i], r, *chunks[i].segment, chunks[i].slot);
+                   !place.ok()) {
+          misplaced.emplace_back(i, std::move(place));
+        } else {
+          std::copy(r.checksums.begin(), r.checksums.end(),
+                    pinned.checksums_.begin() + offsets[i]);
+        }
+        return absl::OkStatus();
+      }));
+  if (!misplaced.empty()) {
+    // The records were read after mu_ was released: a chunk deleted or evicted since (its slot
+    // stays pinned) has lost its record, or been stored again elsewhere. One the index still holds
+    // at the pinned slot has a damaged catalog.
+    absl::MutexLock lock(&mu_);
+    for (auto& [i, status] : misplaced) {
+      auto it = chunks_.find(keys[i]);
+      const bool indexed_there = it != chunks_.end() &&
+                                 it->second.segment == chunks[i].segment->id() &&
+                                 it->second.slot == chunks[i].slot;
+      unusable->emplace_back(
+          i, indexed_there ? (absl::IsNotFound(status)
+                                  ? absl::DataLossError(absl::StrCat(
+                                        "chunk ", keys[i].ToHex(),
+                                        " is stored but its catalog record is missing"))
+                                  : status)
+                           : absl::NotFoundError(absl::StrCat(
+                                 "chunk ", keys[i].ToHex(), " was removed while being pinned")));
+    }
+  }
+  std::sort(unusable->begin(), unusable->end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < chunks.size(); ++i) {
-    chunks[i].checksums =
-        std::span<const uint64_t>(pinned.checksums_).subspan(offsets[i], offsets[i + 1] - offsets[i]);
+    chunks[i].checksums = std::span<const uint64_t>(pinned.checksums_)
+                              .subspan(offsets[i], offsets[i + 1] - offsets[i]);
   }
   return absl::OkStatus();
 }

@@ -230,6 +230,10 @@ class ChunkStore {
   StoreStats Stats();
   // Moves the use clock `ticks` uses on, as that many uses would (for tests of its rebase).
   void SkipUseTicksForTesting(uint64_t ticks);
+  // Called by Pin and PinLeading between pinning (under the store's lock) and reading the
+  // checksums from the catalog (without it), for tests of what happens in that window. Set it
+  // before any pin; null = none.
+  void SetPinWindowHookForTesting(std::function<void()> hook) { pin_window_hook_ = std::move(hook); }
   // The clock the store reads (StoreOptions::clock); never null.
   Clock* clock() const { return options_.clock; }
 
@@ -315,7 +319,6 @@ class ChunkStore {
   void WaitForReclaimIdle();
 
  private:
-  // One per stored chunk, in RAM (issue 22: kept small; 72 bytes, with the key 88).
   // One per stored chunk, 32 bytes (48 with its key in chunks_): what lookup, eviction order and
   // the cap need, and nothing else. The records' checksums are not kept in memory: a read takes
   // them from the catalog (ReadChecksums); nor is the depth, which the parent links give. Puts
@@ -366,6 +369,7 @@ class ChunkStore {
   absl::Status WriteIndexSnapshot() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status LoadIndexSnapshotLocked(bool* loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool snapshot_on_close_ = false;  // set once Open succeeded
+  std::function<void()> pin_window_hook_;  // SetPinWindowHookForTesting
   bool index_from_snapshot_ = false;  // set by Load
   // Load's scan of the catalog: every chunk's record, indexed, then linked to its parent.
   absl::Status ScanCatalogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -528,9 +532,15 @@ class ChunkStore {
   // Pins / unpins the slot of a chunk being read.
   void PinLocked(SlotId slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the records' checksums of `pinned`'s chunks from the catalog, in one batch, into the
-  // handle. DataLoss when a chunk's record names another slot than the one pinned, or holds
-  // another number of checksums than its segment has records. REQUIRES: mu_ not held.
-  absl::Status ReadChecksums(PinnedChunks& pinned) ABSL_LOCKS_EXCLUDED(mu_);
+  // handle. The chunks whose checksums it could not give go to *unusable, in order, with why:
+  // NotFound for one removed since it was pinned (its record is gone, or names another slot, and
+  // the index no longer holds it at the pinned slot); DataLoss for a damaged record (one that
+  // does not decode, names another slot or holds another number of checksums than its segment
+  // has records, while the index holds the chunk at the pinned slot). Errors: the catalog's I/O
+  // errors. REQUIRES: mu_ not held.
+  absl::Status ReadChecksums(PinnedChunks& pinned,
+                             std::vector<std::pair<size_t, absl::Status>>* unusable)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // DataLoss unless `record`, the catalog's for `key`, places it at `slot` of `segment` with one
   // checksum per record of the segment.
   static absl::Status CheckPlace(const ChunkKey& key, const ChunkRecord& record,

@@ -260,17 +260,22 @@ absl::StatusOr<std::vector<std::pair<size_t, ChunkRecord>>> ChunkStore::ReadReco
 
 absl::Status ChunkStore::ReadRecordsForUpdateLocked(
     std::span<const ChunkKey> keys, std::vector<std::pair<size_t, ChunkRecord>>* out) {
-  uint64_t removals = removals_;
-  mu_.Unlock();
-  auto records = ReadRecords(keys);
-  mu_.Lock();
-  CKV_RETURN_IF_ERROR(records.status());
-  if (removals_ != removals) {
-    // A chunk removed meanwhile may be stored again, in the same slot, with a new record: read
-    // them again, while nothing can change them.
-    CKV_ASSIGN_OR_RETURN(records, ReadRecords(keys));
+  // A chunk removed meanwhile may be stored again, in the same slot, with a new record: a read
+  // during which no chunk was removed gives the records of the chunks stored now. A few tries
+  // without the lock; then one with it, while nothing can change them.
+  constexpr int kUnlockedTries = 3;
+  for (int attempt = 0; attempt < kUnlockedTries; ++attempt) {
+    const uint64_t removals = removals_;
+    mu_.Unlock();
+    auto records = ReadRecords(keys);
+    mu_.Lock();
+    CKV_RETURN_IF_ERROR(records.status());
+    if (removals_ == removals) {
+      *out = std::move(*records);
+      return absl::OkStatus();
+    }
   }
-  *out = std::move(*records);
+  CKV_ASSIGN_OR_RETURN(*out, ReadRecords(keys));
   return absl::OkStatus();
 }
 

@@ -72,8 +72,13 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
       !lost_parents_.empty() || !inflight_.empty() || !put_pins_.empty()) {
     return absl::OkStatus();
   }
+  // Nor one that may disagree with the catalog: a commit failed since the open.
+  if (catalog_->CommitFailed()) return absl::OkStatus();
   const std::string identity = catalog_->Identity();
   if (identity.empty() || identity.size() > kMaxIdentity) return absl::OkStatus();
+  // The sequence number stamped must be durable: after a power loss the catalog must not come back
+  // at an earlier one, from which other writes could reach the stamp with other contents.
+  CKV_RETURN_IF_ERROR(catalog_->SyncWal());
   const uint64_t sequence = catalog_->LatestSequence();
   const uint64_t n = chunks_.size();
   // Ids compacted to positions in the records array.
@@ -195,12 +200,15 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
   if (n >= ChunkEntry::kLostParent || header_bytes + RoundUp(n * kRecordBytes) > *size) {
     return skip(absl::StrCat("a file of ", *size, " bytes for ", n, " chunks"));
   }
+  std::vector<ChunkKey> fps(fingerprints);
+  absl::flat_hash_set<ChunkKey> distinct;
   for (uint32_t i = 0; i < fingerprints; ++i) {
-    const ChunkKey fp{GetLe<uint64_t>(h + kFingerprintsOffset + 16 * i),
+    fps[i] = ChunkKey{GetLe<uint64_t>(h + kFingerprintsOffset + 16 * i),
                       GetLe<uint64_t>(h + kFingerprintsOffset + 16 * i + 8)};
-    auto ordinal = FingerprintOrdinalLocked(fp);
-    if (!ordinal.ok() || *ordinal != i) return skip("a fingerprint listed twice");
+    if (!distinct.insert(fps[i]).second) return skip("a fingerprint listed twice");
   }
+  CKV_CHECK(fingerprints_.empty());  // Load gives ordinals to none before
+  for (const ChunkKey& fp : fps) CKV_RETURN_IF_ERROR(FingerprintOrdinalLocked(fp).status());
 
   // Applying: from here a record that does not fit fails the load, and Open reads the catalog
   // into a fresh store instead.
@@ -241,8 +249,7 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
       e.importance = GetLe<float>(r + 32);
       e.loads = GetLe<uint32_t>(r + 36);
       e.spec = GetLe<uint16_t>(r + 40);
-      e.children = GetLe<uint32_t>(r + 44);  // written, not derived: parents sit anywhere
-      children += e.children;
+      children += GetLe<uint32_t>(r + 44);  // counted again below, from the links
       linked += e.parent != ChunkEntry::kRoot;
       auto seg = segments_.find(e.segment);
       if (seg == segments_.end() || e.slot >= seg->second->geometry().capacity_slots ||
@@ -266,6 +273,11 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
   if (XXH3_64bits_digest(state) != GetLe<uint64_t>(h + 64)) return damaged("records checksum");
   if (children != linked) {
     return damaged(absl::StrCat(children, " children counted for ", linked, " parent links"));
+  }
+  // The links are the truth (docs/format.md): each chunk's children are counted from them.
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+    const uint32_t parent = (*it).second.parent;
+    if (parent != ChunkEntry::kRoot) chunks_.ValueAt(parent).children++;
   }
   use_clock_ = GetLe<uint64_t>(h + 32);
   use_base_ = GetLe<uint64_t>(h + 40);

@@ -177,10 +177,20 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
       }
       handle.reset(new PinnedChunks(this, std::move(chunks)));
     }
-    CKV_RETURN_IF_ERROR(ReadChecksums(*handle));
+    std::vector<std::pair<size_t, absl::Status>> unusable;
+    CKV_RETURN_IF_ERROR(ReadChecksums(*handle, &unusable));
     const std::vector<PinnedChunks::Chunk>& pinned = handle->chunks();
+    // A chunk removed while we verified is skipped; one whose record is damaged is a problem.
+    std::vector<bool> skip(pinned.size(), false);
+    for (const auto& [i, status] : unusable) {
+      skip[i] = true;
+      if (absl::IsNotFound(status)) continue;
+      report.problems.push_back(std::string(status.message()));
+      if (corrupt != nullptr) corrupt->insert(pinned[i].key);
+    }
     std::vector<BandRead> reads;
     for (size_t i = 0; i < pinned.size(); ++i) {
+      if (skip[i]) continue;
       for (uint32_t band = 0; band < pinned[i].segment->bands(); ++band) {
         reads.push_back(BandRead{pinned[i].segment, pinned[i].slot, band, &pinned[i].key,
                                  pinned[i].checksums, i});
@@ -203,7 +213,7 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
                                  report.problems.push_back(std::string(st.message()));
                                });
     CKV_RETURN_IF_ERROR(s);
-    report.chunks_checked += pinned.size();
+    report.chunks_checked += std::count(skip.begin(), skip.end(), false);
     if (progress) progress(done_bytes, total_bytes);
   }
   return absl::OkStatus();
@@ -223,8 +233,9 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   }
   std::vector<ChunkKey> victims;
   absl::flat_hash_set<ChunkKey> taken;
+  absl::flat_hash_set<ChunkKey> visiting;  // on the current path: a loop of links ends here
   std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key) -> bool {
-    if (taken.contains(key)) return true;
+    if (taken.contains(key) || !visiting.insert(key).second) return true;
     if (put_pins_.contains(key) || inflight_.contains(key)) {
       report.remaining.push_back(
           absl::StrCat("chunk ", key.ToHex(), " is being extended by a Put; run repair again"));
@@ -235,6 +246,7 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
     if (kids != children.end()) {
       for (const ChunkKey& child : kids->second) all = take(child) && all;
     }
+    visiting.erase(key);
     if (!all) return false;
     taken.insert(key);
     victims.push_back(key);

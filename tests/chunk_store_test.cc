@@ -202,6 +202,55 @@ TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
       << report->problems[0];
 }
 
+// Pins read the chunks' checksums from the catalog after the store's lock is released: a chunk
+// deleted in that window, or deleted and stored again elsewhere, was removed, not damaged.
+TEST(ChunkStoreTest, AChunkRemovedWhileBeingPinnedIsNotFoundNeverDataLoss) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  auto engine = OpenOrDie(dir.path());
+  storage::ChunkStore& store = engine::HostOf(*engine).store();
+  const auto tokens = synth::Tokens(41, 6 * spec.chunk_tokens);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  const auto head = synth::Tokens(41, 3 * spec.chunk_tokens);  // its first 3 chunks
+  ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+  ASSERT_TRUE(PutSynthetic(*engine, spec, head).ok());  // a prefix ends at chunk 3 too
+  for (const bool put_again : {false, true}) {
+    SCOPED_TRACE(put_again ? "deleted and stored again" : "deleted");
+    bool fired = false;
+    store.SetPinWindowHookForTesting([&] {
+      if (fired) return;
+      fired = true;
+      // Chunks 4-6 go (the shorter prefix keeps 1-3); their slots stay pinned, so a Put of them
+      // again takes other slots.
+      EXPECT_TRUE(engine->Delete(spec, tokens).ok());
+      if (put_again) {
+        EXPECT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+      }
+    });
+    auto all = store.Pin(spec, keys);
+    EXPECT_TRUE(absl::IsNotFound(all.status())) << all.status();
+    EXPECT_NE(all.status().message().find("removed while being pinned"), std::string_view::npos)
+        << all.status();
+    if (!put_again) {
+      ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+    }
+    fired = false;
+    auto leading = store.PinLeading(spec, keys);  // ends where the removed chunks begin
+    ASSERT_TRUE(leading.ok()) << leading.status();
+    EXPECT_EQ((*leading)->chunks().size(), 3u);
+    for (const auto& c : (*leading)->chunks()) EXPECT_EQ(c.checksums.size(), c.segment->records());
+    leading->reset();
+    store.SetPinWindowHookForTesting(nullptr);
+    if (!put_again) {
+      ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+    }
+  }
+  EXPECT_EQ(CountBadRecords(*engine, spec, tokens, 6), 0);
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
 TEST(ChunkStoreTest, AStaleCatalogEntryNamingAReusedSlotIsDataLossNeverTheOtherChunksBytes) {
   // Chunk a's catalog entry is rewritten by hand to name the slot chunk b holds, and b's entry is
   // removed: the state a slot reused under a stale entry would leave. The slot's bytes are b's,
