@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/attention_stats.cc: the statistics of the synthetic generator's attention
 // (tools/synthetic_attention.h) that published measurements of real models report, so that a
 // profile can be checked against them (docs/generator.md, "The calibrated profile").

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # bench/fio_common.sh: what the benchmarks that compare a ckv write with fio on one directory
 # share (sourced by put_vs_fio.sh and put_steady_vs_fio.sh; not run on its own).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // io_bench: read throughput and CPU cost of the prefetch read engine (prefetch/read_engine.h).
 //
 //   io_bench --file F [--file-size 2G] [--pattern random|runs] [--io-size 32K] [--qd 64]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/io_vs_fio.sh: the read engine's random-read bandwidth and CPU cost as a fraction of fio's,
 # measured back to back on the same file.
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/kernels_microbench.cc: Google Benchmark microbenchmarks of every selector, gather and the
 // reference attention, on qwen2.5-7b shapes (28 q heads, 4 kv heads, head dim 128, c = 16,
 // fp16, w = 32) at 8K and 32K prefix tokens, one layer per iteration, on one core, from random

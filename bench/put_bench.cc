@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // put_bench: Put throughput of one large prefix into a fresh store, or of a long run of
 // request-sized Puts into a full, capped store (--steady-state).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/put_steady_vs_fio.sh: ckv's Put throughput at steady state (a full, capped store where
 # every Put evicts; put_bench --steady-state) as a fraction of the sequential write bandwidth fio
 # measures on the same filesystem, in the same run.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/put_vs_fio.sh: ckv's Put throughput as a fraction of the sequential write bandwidth that fio
 # measures on the same filesystem, back to back in one run.
 #

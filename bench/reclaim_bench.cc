@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // reclaim_bench: what eviction costs a Put under a full cap, inline and with the background
 // reclaimer (issue 20, storage/chunk_store_reclaim.cc).
 //

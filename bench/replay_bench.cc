@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/replay_bench.cc: the store's capacity policy on a trace of production shape.
 //
 //   replay_bench --store DIR (--trace FILE | --synthetic N) [--format auto|mooncake|bailian]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/selector_fidelity.cc: how well each selector stands in for the full KV, on the planted
 // attention of the synthetic generator (tools/synthetic_attention.h).
 //

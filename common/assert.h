@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // common/assert.h: invariant checks (the discipline of TigerBeetle's assert and LevelDB's
 // assert): a condition that holds by construction is asserted where it holds, so that a broken
 // invariant stops the process at the line that knows, instead of serving wrong bytes later.

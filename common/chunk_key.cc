@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chunk keys: hex form and the hash chain (see include/ckv/chunk_key.h).
 //
 // Encoding hashed by ChainChunkKey (format 1; persisted in every store through the catalog's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StderrLogger and NullLogger (see include/ckv/log.h).
 #include "ckv/log.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ModelSpec: presets, validation, fingerprint and sizes (see include/ckv/model_spec.h).
 #include "ckv/model_spec.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one errno-to-Status mapping in ckv (see include/ckv/status.h).
 #include "ckv/status.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Engine facade: today a thin layer over storage::ChunkStore that adds the key summaries
 // to every Put. Re-Prefill sessions, tiers and
 // the prefetch planner join it here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/internal.h: the engine's internals that the benchmark harness (bench/reprefill) and the
 // tests reach. Not part of the public API: what it offers may change with the engine.
 //

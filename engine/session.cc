@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/session.cc: Re-Prefill sessions (see engine/session.h and ckv/session.h).
 #include "engine/session.h"
 

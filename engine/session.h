@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/session.h: the Re-Prefill session behind ckv/session.h, and what it needs of the engine.
 //
 // A session pins the matched chunks of its prefix (storage::PinnedChunks), loads the summaries

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/summaries.h: the key summaries of chunks, written at Put time and read by selectors.
 //
 // Every chunk an Engine stores gets two auxiliary records besides its layers' records (see

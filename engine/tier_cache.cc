@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/tier_cache.cc: see tier_cache.h.
 #include "engine/tier_cache.h"
 

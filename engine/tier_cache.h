@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/tier_cache.h: the GPU and CPU tiers, records ranked by their chunk's S = I x F.
 //
 // A tier caches records (one chunk's K and V at one layer, RecordId) in the memory of one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/attention.cc: exact attention, gather and reference attention (see attention.h).
 #include "kernels/attention.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/attention.h: exact attention over a prefix's keys, gather of selected chunks, and the
 // reference attention output, on the CPU (AVX2/FMA/F16C where present, scalar otherwise; both
 // built on kernels/matmul.h).

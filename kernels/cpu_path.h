@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cpu_path.h: which CPU implementation the kernels use.
 //
 // Every kernel has a scalar implementation and, where the CPU has AVX2, FMA and F16C, a vectorised

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_device_memory.cu: the CUDA DeviceMemory (see device_memory.h). Built only when nvcc
 // is found (C++17, see kernels/CMakeLists.txt).
 #include <cuda_runtime.h>

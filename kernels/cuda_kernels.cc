@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_kernels.cc: cuda_kernels.h on top of the device launchers (cuda_launch.h), or,
 // in a build without CUDA, functions that say so.
 #include "kernels/cuda_kernels.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_kernels.cu: CUDA versions of quest and mean-key scoring, exact attention and
 // gather, with the semantics of the CPU code (see cuda_kernels.h and cuda_launch.h). Built when
 // nvcc is found.

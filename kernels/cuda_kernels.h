@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_kernels.h: the CUDA implementations of the selectors' scoring, exact attention and
 // gather, with the semantics of their CPU counterparts (selector.h, attention.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_launch.h: the device side of kernels/cuda_kernels.h, in the C++17 that nvcc
 // compiles here (CMake 3.25 cannot ask nvcc for C++20, which ckv's headers need): raw host
 // pointers in, raw host pointers out. Each function copies its inputs to the device, runs on a

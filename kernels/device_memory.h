@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/device_memory.h: the memory a tier keeps records in, behind one small interface.
 //
 // The GPU tier keeps records in device memory and the CPU tier in host memory; both go through a

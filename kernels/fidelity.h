@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/fidelity.h: how well a selection stands in for the full KV, per layer.
 //
 // Thread-safety: pure functions.

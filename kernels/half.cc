@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/half.cc: bulk conversions, with an F16C path chosen at run time.
 #include "kernels/half.h"
 

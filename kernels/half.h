@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/half.h: conversions between the KV element types (fp16, bf16, fp32) and float.
 //
 // The scalar conversions are exact where the target can represent the value and round to nearest

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/host_device_memory.cc: the host DeviceMemory (see device_memory.h), and NewCudaMemory
 // of a build without CUDA.
 #include <cstring>

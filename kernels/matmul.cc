@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/matmul.cc: blocked Q K^T and P V (see matmul.h).
 #include "kernels/matmul.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/matmul.h: the two products of attention, S = scale * Q K^T and O += P V, on row-major
 // float matrices with leading dimensions (so that a head can be read in place out of
 // [tokens, heads, head_dim]). Internal to kernels/.

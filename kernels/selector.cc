@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/selector.cc: the selectors (see selector.h).
 #include "kernels/selector.h"
 

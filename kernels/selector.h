@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/selector.h: turning one layer's suffix queries into the set of chunks to load.
 //
 // Every selector scores the n chunks of a prefix and keeps the top ones under the budget, always

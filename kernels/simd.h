@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/simd.h: the few vector primitives the CPU kernels are built from, most in a scalar
 // form and an AVX2/FMA form, and the forms that choose between them through UseAvx2().
 // Internal to kernels/.

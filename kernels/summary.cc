@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/summary.cc: computing and decoding the quantised key summaries (see summary.h).
 #include "kernels/summary.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kernels/summary.h: the quantised key summaries that let a selector score chunks without
 // reading their KV.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReadEngine's I/O threads: each drives one queue of the storage I/O layer (storage::IoQueue,
 // made by the options' FileSystem: io_uring, or the thread fallback; the fault-injecting file
 // system wraps either), so that the engine owns only scheduling, coalescing, cancellation and

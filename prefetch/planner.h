@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // prefetch/planner.h: the prefetch planner: once the chunks of a layer are selected, which other
 // layers to request for the same chunks, and at which priority (cross-layer similarity of the
 // important chunks, docs/tiers.md).

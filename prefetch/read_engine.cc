@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReadEngine: the request table, the priority queues, coalescing, cancellation and the counters.
 // The backends (uring_read_backend.cc, thread_read_backend.cc) issue the reads.
 //

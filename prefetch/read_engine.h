@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // prefetch/read_engine.h: asynchronous, prioritised, coalescing, checksum-verifying reads.
 //
 // ReadEngine turns "these byte ranges (records) of these files" into device reads that keep the

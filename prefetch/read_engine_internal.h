@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // prefetch/read_engine_internal.h: the scheduler and the interface of its I/O threads
 // (prefetch/io_threads.cc). Internal to prefetch/.
 //

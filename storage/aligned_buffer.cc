@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AlignedBuffer (see storage/file_system.h): heap memory aligned for direct I/O.
 #include <algorithm>
 #include <bit>

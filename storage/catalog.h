@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/catalog.h: the store's metadata on RocksDB.
 //
 // The catalog names every committed chunk, prefix, segment and model spec, with the store's meta

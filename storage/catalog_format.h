@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/catalog_format.h: the catalog's column families, keys and value encodings.
 //
 // docs/format.md is the prose version of this file; keep them in step. Every value starts with a

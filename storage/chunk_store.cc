@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store.cc: ChunkStore open and load, lookup, pins and checked reads, prefix
 // listings and stats. Put is in chunk_store_put.cc, eviction, removal and usage in
 // chunk_store_evict.cc, verify and repair in chunk_store_verify.cc, gc in chunk_store_gc.cc.

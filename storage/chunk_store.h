@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store.h: the ContiguousChunk store: chunks on segment files, named by the catalog.
 //
 // ChunkStore keeps what ckv::Engine promises about data at rest (see include/ckv/engine.h; the

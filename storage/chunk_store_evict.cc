@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_evict.cc: ChunkStore capacity and removal: the data cap, score-ordered
 // eviction to make room, the removal of chunks (eviction, Delete, Repair) and of their slots, the
 // removal listeners, and the usage counts (I and F) eviction orders by.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_gc.cc: ChunkStore::Gc: gives back the blocks of free slots.
 #include <algorithm>
 

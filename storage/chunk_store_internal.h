@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_internal.h: helpers shared by the files that implement ChunkStore
 // (chunk_store*.cc). Not for use outside them.
 #ifndef CKV_STORAGE_CHUNK_STORE_INTERNAL_H_

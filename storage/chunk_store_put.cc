@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_put.cc: ChunkStore::Put: validation, slot allocation, new segments, the
 // unlocked write of the records, and the release of a failed Put's slots.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_snapshot.cc: the index snapshot, so that opening a large store need not
 // scan its catalog (issue 22).
 //

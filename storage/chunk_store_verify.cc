@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_verify.cc: ChunkStore::Verify (every record read and checked, the catalog's
 // structure checked) and ChunkStore::Repair (removes what Verify found damaged).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/chunk_table.h: a map from ChunkKey to a value, laid out for tens of millions of keys.
 //
 // ChunkStore keeps one entry per stored chunk in RAM (issue 22: an index that scales). A

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The real clock (see storage/clock.h).
 #include "storage/clock.h"
 

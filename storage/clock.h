@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/clock.h: the clock seam.
 //
 // Code under engine/, storage/ and prefetch/ reads time only through a Clock, so that tests can

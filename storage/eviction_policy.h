@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/eviction_policy.h: which chunk leaves the disk first when the store is at its cap.
 //
 // Only leaves are candidates (chunks that no stored chunk extends): a chunk's KV is useless

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The catalog behind FaultInjectingFileSystem's seam (see storage/fault_file_system.h): the
 // RocksDB FileSystem layer returned by FaultInjectingFileSystem::CatalogFileSystem.
 #include <memory>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultInjectingFileSystem (see storage/fault_file_system.h).
 #include "storage/fault_file_system.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/fault_file_system.h: a FileSystem wrapper that injects I/O faults, for tests.
 //
 // FaultInjectingFileSystem forwards every call to a target FileSystem, as LevelDB's EnvWrapper

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/file_system.h: the seam between ckv's data path and the operating system.
 //
 // Segment files are reached only through FileSystem and File, and their bulk reads and writes

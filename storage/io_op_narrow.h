@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/io_op_narrow.h: part of an IoOp, for a layer that splits a transfer (the
 // fault-injecting wrapper's short and torn transfers).
 //

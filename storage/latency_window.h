@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/latency_window.h: percentiles of the latest operation latencies, in bounded memory.
 //
 // Keeps the last kWindow latencies in a ring and the largest ever recorded; p50 and p99 are over

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-memory file system (see storage/mem_file_system.h).
 #include "storage/mem_file_system.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/mem_file_system.h: a FileSystem in memory, for tests (ckv/options.h promises one).
 //
 // Files, directories and their contents live in this object and vanish with it; nothing touches

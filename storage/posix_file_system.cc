@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The POSIX file system (see storage/file_system.h): PosixFile, and PosixFileSystem, which picks
 // the queue backend (io_uring, storage/uring_io_queue.cc, or the thread fallback,
 // storage/thread_io_queue.cc).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PrivateFileSystem (see storage/private_file_system.h).
 #include "storage/private_file_system.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/private_file_system.h: a RocksDB file system whose files are 0600 and directories 0700.
 //
 // RocksDB creates its files (SST, WAL, MANIFEST, CURRENT, IDENTITY, OPTIONS, LOG, LOCK) with

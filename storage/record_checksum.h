@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/record_checksum.h: the checksum of a record, the one definition every reader and
 // writer uses.
 //

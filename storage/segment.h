@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/segment.h: one segment file, its geometry and its free slots.
 //
 // A segment holds the records of up to capacity_slots chunks of one ModelSpec. A chunk occupies

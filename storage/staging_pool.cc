@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StagingPool (see storage/staging_pool.h).
 #include "storage/staging_pool.h"
 

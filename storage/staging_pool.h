@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/staging_pool.h: the Put path's staging memory and write queues, made once per store.
 //
 // A Put copies records into staging buffers and writes them with O_DIRECT. Allocating those

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The thread fallback of the I/O layer (NewThreadIoQueue, storage/file_system.h), and the
 // defaults of IoQueue's batched and reaping calls.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/tsan_absl_sync.cc: makes absl::Mutex visible to ThreadSanitizer. TSan builds only.
 //
 // Debian's Abseil is a shared library built without -fsanitize=thread, so TSan never sees the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring IoQueue (see storage/file_system.h and storage/uring_io_queue.h): the one
 // io_uring implementation of the I/O layer, for Put's writes and the read engine's reads alike.
 //

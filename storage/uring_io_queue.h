@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // storage/uring_io_queue.h: internals of the POSIX file system, shared by posix_file_system.cc
 // (PosixFile, PosixFileSystem) and uring_io_queue.cc (the io_uring queue).
 // Not part of the public API: everything else reaches files through storage/file_system.h.

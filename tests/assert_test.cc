@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of common/assert.h: a broken invariant stops the process with its file, line and
 // condition; CKV_DCHECK is on exactly where the build says so, and never evaluates its condition
 // when compiled out.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the public trace formats (tools/block_trace.h) and the synthetic Mooncake trace
 // (tools/synthetic_trace.h). The traces are written here; no recorded data is used.
 #include "tools/block_trace.h"

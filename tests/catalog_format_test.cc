@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for storage/catalog_format.h: the chunk record as opening a store decodes it.
 #include "storage/catalog_format.h"
 

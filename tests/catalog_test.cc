@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for storage/catalog.h: the chunk scan opening a store runs on (Catalog::ScanChunks), whose
 // decoding runs on a thread of its own, batches ahead of the caller.
 #include "storage/catalog.h"

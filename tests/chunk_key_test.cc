@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of ckv/chunk_key.h: hex form and the hash chain.
 #include "ckv/chunk_key.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults beneath the store, injected through the fault-injecting file system: a failed Put leaves
 // nothing visible and no space held; a disk that lies is caught by the checksums.
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of ChunkStore::Pin (what Re-Prefill sessions read through), AddUsage (I and F) and
 // DescribePrefix (where a prefix's chunks are, with their I and F).
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the ContiguousChunk store through the public Engine API (and ChunkStore where a test
 // needs to know where bytes live).
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for storage/chunk_table.h against a reference map.
 #include "storage/chunk_table.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The clock seam (storage/clock.h): FakeClock moves only when told, and what the store dates by
 // it (the catalog's creation time, each prefix's) reads the clock it is given, not the wall.
 #include "storage/clock.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What this machine lets the suite cover, said out loud. The engine falls back quietly (and
 // rightly, for users) to buffered I/O where the store's directory refuses O_DIRECT (tmpfs before
 // Linux 6.6, some FUSE and network file systems) and to the thread backend where io_uring is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv_crash_child: the process that crash tests kill with SIGKILL.
 //
 //   ckv_crash_child STORE SEED [MODE CAP_BYTES KNOWN_FILE]

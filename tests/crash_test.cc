@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Crash tests: the crash matrix of docs/reliability.md.
 //
 // SIGKILL cells: a child process (tests/crash_child.cc) runs a seeded workload

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/crash_workload.h: the seeded mix of operations that crash tests interrupt.
 //
 // A Workload drives an Engine one operation at a time and reports every operation through `say`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the disk eviction order (storage/eviction_policy.h).
 #include "storage/eviction_policy.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fault matrix (docs/reliability.md): EIO, short I/O, ENOSPC and slow I/O at several rates,
 // injected through the fault-injecting file system (storage/fault_file_system.h: its rules, or
 // its op hook on the read engine's reads), which wraps the one I/O layer's queues, io_uring where

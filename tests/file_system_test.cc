@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the data path's OS seam: AlignedBuffer, the POSIX file system, both IoQueue backends
 // (io_uring and the synchronous "threads" one) and the fault-injecting wrapper.
 #include "storage/file_system.h"

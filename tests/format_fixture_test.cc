@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checked-in format fixture: tests/data/format_v2/ is a small store written by the ckv of
 // catalog format version 2 (two prefixes sharing two chunks, 7 chunks with their key summaries,
 // one layer-major segment, the RocksDB catalog). Every later ckv must open it and serve every

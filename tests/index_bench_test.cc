@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // index_bench (bench/index_bench.cc) at two tiny sizes: its JSON has the documented fields, the
 // store it builds opens with every chunk, Lookup finds whole chains, every Put evicted as many
 // chunks as it wrote, and the index's memory and catalog grow with N. Nothing here is timed: the

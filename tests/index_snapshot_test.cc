@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the index snapshot (storage/chunk_store_snapshot.cc): a clean close leaves the index
 // for the next open, which loads it instead of scanning the catalog only while the catalog is the
 // one it was written against, and never trusts a damaged one.

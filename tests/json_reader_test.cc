@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/json_reader: what it accepts, and the specific error for what it rejects.
 #include "tools/json_reader.h"
 

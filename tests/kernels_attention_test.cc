@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of gather, the reference attention, the fidelity metrics and the dtype conversions.
 #include <algorithm>
 #include <cmath>

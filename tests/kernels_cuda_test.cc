@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the CUDA kernels against the CPU path. They run where a CUDA device is present and
 // skip, saying why, everywhere else (a build without nvcc, or no device).
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the blocked products of attention (kernels/matmul.h) against double-precision loops,
 // on shapes that hit every edge of the blocking: rows not a multiple of 4 or 6, keys not a
 // multiple of 3, head dims that are not multiples of 16 or 8 (the last takes the scalar loops),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the selectors (kernels/selector.h) against scalar references written here, on random
 // and planted data, on both CPU paths.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl, driven end to end as an operator would: exit codes and --json output.
 #include <sys/stat.h>
 #include <sys/wait.h>

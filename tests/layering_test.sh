@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tests/layering_test.sh: fails on an include that points the wrong way (README.md, "Repository
 # layout": dependencies point one way). Reads the #include "..." lines of every source file under
 # the ckv folders and checks each against the rules of its folder; prints file:line, the include

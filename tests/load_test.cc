@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The load test (docs/reliability.md): many threads (4 per core, at least 8) run Re-Prefill
 // sessions, Puts and Deletes on one capped, tiered store for a bounded time, twice. Checked at
 // every operation: every record served is bit-exact (synth::FillRecord of its chunk key and

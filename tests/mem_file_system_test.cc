@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-memory FileSystem (storage/mem_file_system.h). The contract it shares with the POSIX
 // file system runs against both in file_system_test.cc (PosixFileTest, parametrised); here is
 // what only memory shows: blocks and holes counted exactly, a deleted file still open, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of ckv/model_spec.h: presets, validation, fingerprint, sizes.
 #include "ckv/model_spec.h"
 

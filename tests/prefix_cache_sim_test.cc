@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the simulated prefix cache (tools/prefix_cache_sim.h).
 #include "tools/prefix_cache_sim.h"
 

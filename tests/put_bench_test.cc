@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // put_bench --steady-state (bench/put_bench.cc) on a tiny configuration: its JSON has the
 // documented schema, with the latency fields, and every Put after the warm-up evicted. Nothing
 // here is timed: the figures are checked only for the relations that hold by construction.

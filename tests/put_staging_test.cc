@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Put's staging pool and latency figures (storage/staging_pool.h, storage/latency_window.h):
 // Puts larger than the pool stream through it and come back bit-exact, concurrent Puts share a
 // pool of one lane by waiting, and the store's p50/p99/max of Put latency are the nearest-rank

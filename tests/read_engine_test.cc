@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of prefetch/read_engine.h, run for both backends of the storage I/O layer (io_uring and
 // the thread fallback): exact bytes, checksums, coalescing, priorities under a backlog, injected
 // faults (through storage::FaultInjectingFileSystem over either backend), cancellation racing

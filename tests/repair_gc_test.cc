@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of Engine::Repair (what `kvctl verify --repair` runs) and Engine::Gc.
 #include <fstream>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The capacity-policy benchmark (bench/replay_bench) on a tiny synthetic trace: its JSON has the
 // documented fields, the store's eviction matches the simulated LRU it is measured against, and
 // no policy beats the infinite cache.

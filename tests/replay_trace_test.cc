@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the replay trace reader (tools/replay_trace.h).
 #include "tools/replay_trace.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Re-Prefill benchmark harness (bench/reprefill_bench) on a tiny configuration: its JSON
 // has the documented schema and its figures keep the relations that hold by construction.
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/safetensors: the reader and writer, KV import and export, and the specific error for each
 // kind of malformed file.
 #include "tools/safetensors.h"

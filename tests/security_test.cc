@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The security checklist of docs/reliability.md: store files are 0600 and directories 0700
 // (RocksDB's too, including files it creates after open), and kvctl writes nothing outside the
 // paths it is given.

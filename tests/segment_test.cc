@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for storage/segment.h: the slot allocator, loaded in bulk as opening a store does.
 #include "storage/segment.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a Re-Prefill session does when the reads of one layer fail (the fault-injecting file
 // system's op hook fails every device read of that layer's records, on whichever backend the
 // I/O layer uses: io_uring where the kernel allows it): AwaitLayer of that layer fails with

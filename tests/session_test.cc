@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of Re-Prefill sessions (ckv/session.h) through the public Engine API.
 #include <atomic>
 #include <chrono>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of ckv/status.h (ErrnoToStatus, the macros) and ckv/log.h.
 #include <cerrno>
 #include <cstdio>

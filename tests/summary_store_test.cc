@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the key summaries: computed at Put time (engine/summaries.h, kernels/summary.h),
 // stored as auxiliary records (storage/segment.h) and read back with their checksums verified.
 #include <fstream>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the planted-attention generator (tools/synthetic_attention.h): determinism, shapes,
 // dtype conversion, and that exact attention over its data shows the structure it plants.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of tools/synthetic_kv.h: the deterministic prefix and KV generator.
 #include "tools/synthetic_kv.h"
 

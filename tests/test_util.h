@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/test_util.h: helpers shared by ckv's tests.
 #ifndef CKV_TESTS_TEST_UTIL_H_
 #define CKV_TESTS_TEST_UTIL_H_

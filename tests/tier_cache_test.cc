@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the GPU/CPU tiers (engine/tier_cache.h) and of the device-memory backends
 // (kernels/device_memory.h). The tiers run on host memory, or on a test DeviceMemory that counts
 // what it is asked to do; the CUDA tests skip without a device.

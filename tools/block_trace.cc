@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/block_trace.cc: see block_trace.h.
 #include "tools/block_trace.h"
 

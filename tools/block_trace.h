@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/block_trace.h: the public KV-cache traces of production studies, for `kvctl replay` and
 // bench/replay_bench. Both are JSON Lines, one request per line, in arrival order:
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tools/ckv.sh: the single entry point of ckv.
 #
 #   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest), then

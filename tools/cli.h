@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/cli.h: the one command-line parser of kvctl and the benchmarks.
 //
 // Every program of tools/ and bench/ parses its flags with CLI11 configured through this file,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The strict JSON reader (see tools/json_reader.h): recursive descent over a string_view, with
 // the depth bounded before each descent and the value count bounded before each allocation.
 #include "tools/json_reader.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/json_reader.h: a small, strict JSON reader for input that may be hostile.
 //
 // Reads one RFC 8259 JSON text into a JsonValue tree: objects, arrays, strings (all escapes,

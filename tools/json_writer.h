@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/json_writer.h: a tiny, correct JSON writer for the tools' --json output.
 //
 // Writes one JSON value into a string: objects, arrays, strings (escaped per RFC 8259: quote,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ModelSpec from JSON (see tools/model_spec_json.h).
 #include "tools/model_spec_json.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/model_spec_json.h: a ModelSpec from a JSON spec file (kvctl import --spec FILE).
 //
 // The fields are ModelSpec's (include/ckv/model_spec.h), by name:

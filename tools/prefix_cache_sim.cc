@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/prefix_cache_sim.cc: see prefix_cache_sim.h.
 #include "tools/prefix_cache_sim.h"
 

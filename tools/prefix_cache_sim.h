@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/prefix_cache_sim.h: a simulated prefix cache, the yardstick bench/replay_bench puts the
 // store's own eviction beside.
 //

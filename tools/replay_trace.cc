@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay_trace.cc: see replay_trace.h.
 #include "tools/replay_trace.h"
 

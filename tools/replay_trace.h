@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay_trace.h: multi-turn traces for `kvctl replay`, read from JSON Lines.
 //
 // One line per turn, in the order the turns arrive:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // safetensors files and KV import/export (see tools/safetensors.h).
 #include "tools/safetensors.h"
 

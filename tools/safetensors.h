@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/safetensors.h: safetensors files, and a prefix's KV imported from and exported to them.
 //
 // The format (Hugging Face's safetensors, the common way to hand tensors between programs):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/safetensors_internal.h: what the safetensors format (safetensors.cc) and the KV files
 // (safetensors_kv.cc) share: how their messages name tensors. Not for use outside them.
 #ifndef CKV_TOOLS_SAFETENSORS_INTERNAL_H_

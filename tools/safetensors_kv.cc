@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KV files in safetensors (tools/safetensors.h): a prefix's token ids and per-layer K and V,
 // imported (ImportKv, ReadTokenIdsFile) and exported (ExportKv). The file format itself, the
 // Reader and WriteFile, is in safetensors.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The planted-attention generator (see tools/synthetic_attention.h and docs/generator.md).
 //
 // Randomness is counter-based, as in synthetic_kv.cc: every value is Mix64 (the splitmix64

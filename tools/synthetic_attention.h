@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/synthetic_attention.h: synthetic K, V and suffix queries with planted attention
 // structure, for the selectors' tests and the fidelity benchmark. docs/generator.md ("Planted
 // attention" and "The calibrated profile") describes the models, their parameters and what they

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The synthetic prefix and KV generator (see tools/synthetic_kv.h and docs/generator.md).
 //
 // Everything here is defined in integer arithmetic, so the output is the same on every compiler,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/synthetic_kv.h: deterministic synthetic prefixes and their KV, for tests, kvctl and the
 // benchmarks. The model of the data is described in docs/generator.md.
 //

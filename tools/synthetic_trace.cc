@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/synthetic_trace.cc: see synthetic_trace.h.
 #include "tools/synthetic_trace.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/synthetic_trace.h: a SYNTHETIC trace in the Mooncake format (see block_trace.h), for tests,
 // the docs and bench/replay_bench when no recorded trace is at hand. It is not a recording of
 // any production system; its shape imitates what the Mooncake and Bailian papers describe:

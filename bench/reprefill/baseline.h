@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/baseline.h: what the baselines (full, h2o, impress) share: the engine's store
 // and read engine under tiers of their own, record reads built as the sessions build them
 // (engine::RecordRead), and key reads from the key file.

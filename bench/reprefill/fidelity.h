@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/fidelity.h: the attention over what a system attended to against the attention
 // over the full KV, computed on the CPU from the generator (whose records are the stored bytes).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/fio.h: fio on the store's file system replaying a system's own mix of read
 // sizes at its queue depth: the physical limit for that mix.
 #ifndef CKV_BENCH_REPREFILL_FIO_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/flags.h: the command line of reprefill_bench.
 #ifndef CKV_BENCH_REPREFILL_FLAGS_H_
 #define CKV_BENCH_REPREFILL_FLAGS_H_

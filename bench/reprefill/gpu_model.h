@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/gpu_model.h: the modelled GPU of the Re-Prefill benchmark (docs/baselines.md,
 // "Compute model"). Compute is modelled, I/O is real (DESIGN.md, decision 9).
 //

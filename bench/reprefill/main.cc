@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill: Re-Prefill latency of ckv against the published baselines, at equal output
 // quality, on one store, with one I/O engine and the same tier budgets (docs/baselines.md says
 // how each baseline follows its original, docs/results.md holds the measured tables).

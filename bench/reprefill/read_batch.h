@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/read_batch.h: reads through the engine's read engine, waited for as a batch.
 //
 // Thread-safety: one thread adds, submits and waits; callbacks run on the read engine's threads.

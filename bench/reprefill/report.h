@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/report.h: the benchmark's rows, the equal-recall comparison, the table, the
 // JSON and the plot.
 #ifndef CKV_BENCH_REPREFILL_REPORT_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/store.h: the benchmark's store: one ckv store per record layout that the
 // systems use, plus the key file of the token-level baselines. DIR/manifest.json names the
 // workload; a store whose manifest matches and which holds every prefix is reused.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv and ckv-paper: a ckv Re-Prefill session per request, as a serving system would run it.
 #include "absl/time/clock.h"
 #include "bench/reprefill/systems.h"

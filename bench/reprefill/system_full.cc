@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // full: AttentionStore (CachedAttention, ATC'24). No pruning: every record of every layer, the
 // next layer preloaded while this one computes, LRU tiers (a hit is a use).
 #include <numeric>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // h2o: AttentionStore + H2O. Every key of the layer (from the key file, or the K halves the tiers
 // hold), token-level top-k by accumulated attention, then only the selected chunks' values. The
 // next layer's keys are preloaded while this one computes (keys do not depend on queries). LRU

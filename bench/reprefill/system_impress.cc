@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // impress: IMPRESS (FAST'25), built as its authors describe it (docs/baselines.md, "impress"):
 //  - identification: the keys of 3 probe q heads (--impress-probes: "group", 3 heads of one GQA
 //    group, so one kv head's keys are read; or "spread", one head in each of 3 groups) are read

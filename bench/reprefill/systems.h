@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/systems.h: the systems the Re-Prefill benchmark compares (docs/baselines.md):
 //   full       AttentionStore: every record of every layer, next-layer preload, LRU tiers;
 //   h2o        AttentionStore + H2O: every key, then the selected tokens' values;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/workload.h: the conversations and requests of the Re-Prefill benchmark.
 //
 // `conversations` conversations, each a prefix of `prefix-tokens` tokens (the first

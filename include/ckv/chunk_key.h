@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/chunk_key.h: the identity of a ContiguousChunk.
 //
 // A chunk's key is a hash chain (as vLLM and TensorRT-LLM key their KV blocks):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/engine.h: a ckv store, opened.
 //
 // An Engine keeps the KV caches of prefixes on disk as ContiguousChunks. Put persists the whole

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/io_backend.h: which backend performs disk I/O, the one definition that the public options,
 // the storage I/O layer (storage/file_system.h), the read engine and the engine all use.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/kv.h: how a caller hands ckv the K and V of a prefix.
 //
 // Layout: for every layer l, one K tensor and one V tensor, each dense and row-major

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/log.h: where ckv's few log lines go.
 //
 // ckv logs rarely: once when it falls back from io_uring to a thread pool, when it reclaims orphaned

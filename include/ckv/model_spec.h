@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/model_spec.h: the shape of a model's KV cache, and the fingerprint that binds data to it.
 //
 // A ModelSpec says how many layers and KV heads a model has, the head dimension, the element type

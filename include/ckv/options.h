@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/options.h: how an Engine is opened.
 //
 // Thread-safety: plain structs.

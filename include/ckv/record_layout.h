@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/record_layout.h: how the records of a chunk are placed in a segment file (docs/format.md).
 //
 // Thread-safety: a plain enum.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/reports.h: what the store's operations return: Put's result, the stored prefixes and their
 // chunks, and the reports of Verify, Repair and Gc (see ckv/engine.h).
 //

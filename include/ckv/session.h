@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/session.h: a Re-Prefill session, one per request that reuses a stored prefix.
 //
 // A serving system that finds a stored prefix for a request asks ckv for that prefix's KV layer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/stats.h: what an Engine has done and holds.
 //
 // Thread-safety: plain structs, returned by value.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ckv/status.h: error helpers shared by every ckv module.
 //
 // Every fallible ckv call returns absl::Status or absl::StatusOr<T>; no exception crosses the API.

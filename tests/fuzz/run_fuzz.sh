@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the safetensors/JSON fuzzer (tests/fuzz/safetensors_fuzz.cc) with clang++, libFuzzer,
 # AddressSanitizer and UndefinedBehaviorSanitizer into BUILD_DIR/fuzz, and runs it for SECONDS
 # seconds from the seed corpus tests/fuzz/corpus/ (new inputs it finds go to BUILD_DIR/fuzz/corpus,

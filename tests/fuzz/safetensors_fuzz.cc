@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the JSON reader, the safetensors reader and ImportKv over untrusted bytes.
 // Built and run by tests/fuzz/run_fuzz.sh (clang, -fsanitize=fuzzer,address,undefined). Any crash,
 // sanitizer report, leak or broken invariant (__builtin_trap below) is a finding.

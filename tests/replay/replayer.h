@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/replay/replayer.h: replays a trace (tests/replay/trace.h) through an Engine and checks
 // every step with GoogleTest assertions.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tests/replay/trace.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/replay/trace.h: multi-turn conversation traces for the replay tests.
 //
 // A trace is a list of turns in the order a serving fleet would see them (conversations

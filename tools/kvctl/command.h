@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/kvctl/command.h: what kvctl's commands share: the command table's entry, exit codes and
 // error output, opening a store, the model options of put and replay, naming a stored prefix,
 // and the --json output.

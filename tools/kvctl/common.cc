@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What kvctl's commands share (command.h).
 #include <algorithm>
 #include <cctype>

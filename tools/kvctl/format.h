@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/kvctl/format.h: how kvctl writes numbers, sizes, durations and times for people.
 #ifndef CKV_TOOLS_KVCTL_FORMAT_H_
 #define CKV_TOOLS_KVCTL_FORMAT_H_

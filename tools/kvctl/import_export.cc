@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl import and export: a prefix's token ids and KV from and to a safetensors file.
 #include <cstdio>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl init: create an empty store.
 #include <cstdio>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl ls and show: what a store holds, and where one prefix's chunks live.
 #include <sys/ioctl.h>
 #include <unistd.h>

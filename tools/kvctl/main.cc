@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl: create, populate and inspect ckv stores from the command line.
 //
 //   kvctl init STORE [--max-disk-bytes N] [--layout layer-major|period-major]

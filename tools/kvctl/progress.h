@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/kvctl/progress.h: kvctl's progress on stderr, a bar redrawn in place on a terminal and
 // plain lines otherwise. KVCTL_PROGRESS=bar|lines|off chooses; unset (or anything else): a bar
 // when stderr is a terminal, plain lines when it is not. Results never go here: they go to

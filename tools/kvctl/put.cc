@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl put: store a synthetic prefix and its KV; GeneratedKv, the KV that put and replay store.
 #include <cstdio>
 #include <cstring>

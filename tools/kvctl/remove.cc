@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl rm and gc: remove a stored prefix, and give back the space nothing uses.
 #include <algorithm>
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl replay: run a multi-turn trace against a store, a Re-Prefill and a Put per turn.
 #include <chrono>
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl stats: a store's figures, the spread of S = I x F, and what the tiers would hold.
 #include <algorithm>
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvctl verify: read back every record, check its checksum and the catalog; --synthetic compares
 // with the generator, --repair removes what is corrupt.
 #include <algorithm>
