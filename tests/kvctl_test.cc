@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl, driven end to end as an operator would: exit codes and --json output.
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -51,6 +52,36 @@ KvctlRun Kvctl(const std::string& args, const std::string& progress = "off") {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+int64_t IntOf(const tools::JsonValue& object, std::string_view key) {
+  const tools::JsonValue* v = object.Find(key);
+  return v != nullptr && v->AsInt() != nullptr ? *v->AsInt() : -1;
+}
+
+// A store is a cache: without --max-disk-bytes, init caps it at 90% of the space free on its file
+// system (rather than leaving it unlimited, when a full disk would fail every Put), and says so.
+TEST(KvctlTest, InitWithoutACapTakesNinetyPercentOfTheFreeSpace) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  struct statvfs fs;
+  ASSERT_EQ(::statvfs(dir.path().c_str(), &fs), 0);
+  const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+  KvctlRun r = Kvctl("init " + store);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("90% of the "), std::string::npos) << r.out;
+  r = Kvctl("stats " + store + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto json = tools::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  const double cap = static_cast<double>(IntOf(*json->Find("stats"), "max_disk_bytes"));
+  // 90% of what was free then; the file system's use moves a little meanwhile.
+  EXPECT_GT(cap, 0.85 * free_bytes) << r.out;
+  EXPECT_LT(cap, 0.95 * free_bytes) << r.out;
+  // 0 still means unlimited.
+  r = Kvctl("init " + dir.Sub("unlimited") + " --max-disk-bytes 0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("cap unlimited"), std::string::npos) << r.out;
 }
 
 TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
@@ -404,11 +435,6 @@ TEST(KvctlTest, ExportFailuresNameTheFileAndLeaveItAsItWas) {
 }
 
 // Member `key` of `object` as an integer (-1 when absent or not an integer).
-int64_t IntOf(const tools::JsonValue& object, std::string_view key) {
-  const tools::JsonValue* v = object.Find(key);
-  return v != nullptr && v->AsInt() != nullptr ? *v->AsInt() : -1;
-}
-
 TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
   TempDir dir;
   const std::string store = dir.Sub("store");
