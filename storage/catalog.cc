@@ -14,7 +14,6 @@
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
 #include "rocksdb/cache.h"
-#include "rocksdb/filter_policy.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "storage/private_file_system.h"
@@ -176,10 +175,6 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
   // cache shared by the column families, of a fixed size whatever the store's.
   rocksdb::BlockBasedTableOptions table_options;
   table_options.block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
-  // A pin reads records of chunks that exist: bloom filters spare it the levels above the one
-  // holding each key, and none is kept for the last level, which holds most keys.
-  table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  cf_options.optimize_filters_for_hits = true;
   cf_options.compression = rocksdb::kNoCompression;
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
 
