@@ -2,10 +2,13 @@
 // kvctl init: create an empty store.
 #include <sys/statvfs.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "ckv/options.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
@@ -27,8 +30,9 @@ constexpr double kDefaultCapShareOfFree = 0.9;
 // Bytes free to an unprivileged writer on the file system that will hold `store` (its nearest
 // existing directory).
 absl::StatusOr<uint64_t> FreeBytesFor(const std::string& store) {
-  std::filesystem::path dir = std::filesystem::absolute(store);
   std::error_code ec;
+  std::filesystem::path dir = std::filesystem::absolute(store, ec);
+  if (ec) return absl::InternalError("resolve " + store + ": " + ec.message());
   while (!std::filesystem::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path()) {
     dir = dir.parent_path();
   }
