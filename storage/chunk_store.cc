@@ -625,7 +625,6 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::PinLeading(
     while (m < keys.size() && chunks_.contains(keys[m])) ++m;
     CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys.first(m)));
   }
-  if (pin_window_hook_) pin_window_hook_();
   std::vector<std::pair<size_t, absl::Status>> unusable;
   CKV_RETURN_IF_ERROR(ReadChecksums(*pinned, &unusable));
   if (!unusable.empty()) {
@@ -648,7 +647,6 @@ absl::StatusOr<std::unique_ptr<PinnedChunks>> ChunkStore::Pin(const ModelSpec& s
     absl::MutexLock lock(&mu_);
     CKV_ASSIGN_OR_RETURN(pinned, PinLocked(spec, keys));
   }
-  if (pin_window_hook_) pin_window_hook_();
   std::vector<std::pair<size_t, absl::Status>> unusable;
   CKV_RETURN_IF_ERROR(ReadChecksums(*pinned, &unusable));
   if (!unusable.empty()) return unusable.front().second;
@@ -675,6 +673,7 @@ absl::Status ChunkStore::CheckPlace(const ChunkKey& key, const ChunkRecord& reco
 
 absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned,
                                        std::vector<std::pair<size_t, absl::Status>>* unusable) {
+  if (pin_window_hook_) pin_window_hook_();
   std::vector<PinnedChunks::Chunk>& chunks = pinned.chunks_;
   std::vector<ChunkKey> keys(chunks.size());
   std::vector<size_t> offsets(chunks.size() + 1, 0);

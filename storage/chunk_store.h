@@ -231,10 +231,12 @@ class ChunkStore {
   StoreStats Stats();
   // Moves the use clock `ticks` uses on, as that many uses would (for tests of its rebase).
   void SkipUseTicksForTesting(uint64_t ticks);
-  // Called by Pin and PinLeading between pinning (under the store's lock) and reading the
-  // checksums from the catalog (without it), for tests of what happens in that window. Set it
-  // before any pin; null = none.
-  void SetPinWindowHookForTesting(std::function<void()> hook) { pin_window_hook_ = std::move(hook); }
+  // Called by ReadChecksums (every pin: Pin, PinLeading, ReadRecord, Verify) between pinning
+  // (under the store's lock) and reading the checksums from the catalog (without it), for tests
+  // of what happens in that window. Set it before any pin; null = none.
+  void SetPinWindowHookForTesting(std::function<void()> hook) {
+    pin_window_hook_ = std::move(hook);
+  }
   // The clock the store reads (StoreOptions::clock); never null.
   Clock* clock() const { return options_.clock; }
 
