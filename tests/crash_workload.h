@@ -54,6 +54,7 @@
 #include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tools/synthetic_kv.h"
+#include "tests/served_bytes.h"
 
 namespace ckv::crash {
 
@@ -181,7 +182,7 @@ class Workload {
       if (!view.ok()) return view.status();
       for (const LayerView::Record& rec : view->records()) {
         synth::FillRecord(spec_, keys[rec.chunk], layer, want);
-        if (std::memcmp(rec.data, want.data(), want.size()) != 0) {
+        if (!::ckv::testing::ServedEquals(rec, want.data(), want.size())) {
           return absl::DataLossError(absl::StrCat("session over prefix ", k.prefix.seed,
                                                   " served chunk ", rec.chunk, " layer ", layer,
                                                   " with bytes the generator did not make"));

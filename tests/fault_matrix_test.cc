@@ -29,9 +29,12 @@
 #include "storage/chunk_store.h"
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"
+#include "tests/served_bytes.h"
 
 namespace ckv {
 namespace {
+
+using ::ckv::testing::ServedEquals;
 
 using ::ckv::storage::FaultInjectingFileSystem;
 using ::ckv::storage::FaultRule;
@@ -317,7 +320,7 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
           << "layer " << l << " of " << n << " matched chunks";
       for (const auto& r : view->records()) {
         synth::FillRecord(spec_, keys[r.chunk], l, want);
-        ASSERT_EQ(0, std::memcmp(r.data, want.data(), want.size()))
+        ASSERT_TRUE(ServedEquals(r, want.data(), want.size()))
             << "wrong bytes served for chunk " << r.chunk << " layer " << l;
         MatrixTotals().records_served++;
         MatrixTotals().bytes_verified += want.size();

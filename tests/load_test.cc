@@ -25,9 +25,12 @@
 #include "absl/time/clock.h"
 #include "ckv/engine.h"
 #include "tests/test_util.h"
+#include "tests/served_bytes.h"
 
 namespace ckv {
 namespace {
+
+using ::ckv::testing::ServedEquals;
 
 using ::ckv::testing::ChunkDiskBytes;
 using ::ckv::testing::CountBadRecords;
@@ -188,7 +191,7 @@ class LoadTest : public ::testing::Test {
       if (!view.ok()) return Unexpected("AwaitLayer", view.status());
       for (const auto& r : view->records()) {
         synth::FillRecord(s, keys[r.chunk], l, want);
-        if (std::memcmp(r.data, want.data(), want.size()) != 0) {
+        if (!ServedEquals(r, want.data(), want.size())) {
           Unexpected("AwaitLayer", absl::DataLossError(absl::StrCat(
                                        "wrong bytes served for chunk ", r.chunk, " layer ", l)));
         }

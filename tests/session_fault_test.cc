@@ -15,9 +15,12 @@
 #include "storage/chunk_store.h"
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"
+#include "tests/served_bytes.h"
 
 namespace ckv {
 namespace {
+
+using ::ckv::testing::ServedEquals;
 
 using ::ckv::testing::PutSynthetic;
 using ::ckv::testing::TempDir;
@@ -113,7 +116,7 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
       EXPECT_EQ(view->records().size(), 4u);
       for (const auto& r : view->records()) {
         synth::FillRecord(spec, keys[r.chunk], l, want);
-        ASSERT_EQ(0, std::memcmp(r.data, want.data(), want.size())) << "chunk " << r.chunk
+        ASSERT_TRUE(ServedEquals(r, want.data(), want.size())) << "chunk " << r.chunk
                                                                      << " layer " << l;
       }
       ++served;
@@ -196,7 +199,7 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
     ASSERT_TRUE(view.ok()) << "layer " << l << ": " << view.status();
     for (const auto& r : view->records()) {
       synth::FillRecord(spec, keys[r.chunk], l, want);
-      ASSERT_EQ(0, std::memcmp(r.data, want.data(), want.size()));
+      ASSERT_TRUE(ServedEquals(r, want.data(), want.size()));
     }
     // The speculative read of layer 1 has been tried (and failed) before layer 1 needs it.
     if (l == 0) {

@@ -16,9 +16,12 @@
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_attention.h"
+#include "tests/served_bytes.h"
 
 namespace ckv {
 namespace {
+
+using ::ckv::testing::ServedEquals;
 
 using ::ckv::testing::TempDir;
 
@@ -142,7 +145,7 @@ TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
       const auto& r = view->records()[i];
       ASSERT_EQ(r.chunk, expected[i]) << "layer " << l;
       ASSERT_EQ(r.first_token, expected[i] * d.spec.chunk_tokens);
-      ASSERT_EQ(0, std::memcmp(r.data, d.Record(l, expected[i]), d.spec.RecordBytes()))
+      ASSERT_TRUE(ServedEquals(r, d.Record(l, expected[i]), d.spec.RecordBytes()))
           << "layer " << l << " chunk " << r.chunk;
     }
   }
@@ -191,7 +194,7 @@ SessionStats RunChecked(Engine& engine, const Planted& d, const ReprefillOptions
     EXPECT_TRUE(view.ok()) << view.status();
     if (!view.ok()) continue;
     for (const auto& r : view->records()) {
-      EXPECT_EQ(0, std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()))
+      EXPECT_TRUE(ServedEquals(r, d.Record(l, r.chunk), d.spec.RecordBytes()))
           << "layer " << l << " chunk " << r.chunk;
       if (tiers_seen != nullptr) (*tiers_seen)[r.tier]++;
     }
@@ -266,7 +269,7 @@ TEST(SessionTierTest, DeletingAPrefixErasesItsRecordsFromTheTiers) {
     EXPECT_GT(engine->Stats().cpu_tier_resident_bytes + engine->Stats().gpu_tier_resident_bytes,
               0u) << "the view's records stay until it is released";
     for (const auto& r : view->records()) {
-      EXPECT_EQ(0, std::memcmp(r.data, d.Record(0, r.chunk), d.spec.RecordBytes())) << r.chunk;
+      EXPECT_TRUE(ServedEquals(r, d.Record(0, r.chunk), d.spec.RecordBytes())) << r.chunk;
     }
   }
   EngineStats after = engine->Stats();
@@ -344,7 +347,7 @@ TEST(SessionStressTest, ConcurrentSessionsOverSharedAndDistinctPrefixesServeExac
           continue;
         }
         for (const auto& r : view->records()) {
-          if (std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()) != 0) ++failures;
+          if (!ServedEquals(r, d.Record(l, r.chunk), d.spec.RecordBytes())) ++failures;
         }
       }
       if (!(*session)->Finish().ok()) ++failures;
@@ -388,7 +391,7 @@ TEST(SessionLifeTest, APrefixDeletedMidSessionIsServedFromWhatTheSessionPinned) 
     auto view = (*session)->AwaitLayer(l);
     ASSERT_TRUE(view.ok()) << view.status();
     for (const auto& r : view->records()) {
-      ASSERT_EQ(0, std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()));
+      ASSERT_TRUE(ServedEquals(r, d.Record(l, r.chunk), d.spec.RecordBytes()));
     }
   }
   EXPECT_TRUE((*session)->Finish().ok());

@@ -9,9 +9,12 @@
 #include "kernels/selector.h"
 #include "kernels/summary.h"
 #include "tools/synthetic_kv.h"
+#include "tests/served_bytes.h"
 
 namespace ckv::replay {
 namespace {
+
+using ::ckv::testing::ServedEquals;
 
 using synth::Mix64;
 
@@ -214,7 +217,7 @@ void Replayer::RunSession(const Turn& turn, const std::vector<ChunkKey>& keys,
       ASSERT_EQ(r.first_token, expected[i] * s.chunk_tokens) << Where(turn) << " layer " << l;
       ASSERT_NE(r.data, nullptr);
       synth::FillRecord(s, keys[r.chunk], l, record_);
-      ASSERT_EQ(0, std::memcmp(r.data, record_.data(), record_.size()))
+      ASSERT_TRUE(ServedEquals(r, record_.data(), record_.size()))
           << Where(turn) << " layer " << l << " chunk " << r.chunk << " tier "
           << static_cast<int>(r.tier) << ": served bytes differ from the generator";
       ASSERT_LE(static_cast<size_t>(r.tier), 2u);

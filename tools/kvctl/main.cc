@@ -25,6 +25,7 @@
 // command table and the parse.
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,4 +81,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ckv::kvctl
 
-int main(int argc, char** argv) { return ckv::kvctl::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // kvctl writes nothing outside the store and the paths it is given. The CUDA driver keeps a JIT
+  // cache in $HOME/.nv/ComputeCache once the GPU tier touches a device; a user who names a cache
+  // (CUDA_CACHE_PATH) or turns it on or off (CUDA_CACHE_DISABLE) keeps that choice.
+  if (std::getenv("CUDA_CACHE_PATH") == nullptr) setenv("CUDA_CACHE_DISABLE", "1", 0);
+  return ckv::kvctl::Main(argc, argv);
+}
