@@ -32,7 +32,6 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   o.max_write_bytes = options.max_write_bytes;
   o.put_staging_bytes = options.put_staging_bytes;
   o.put_direct_writes = options.put_direct_writes;
-  o.file_system = options.file_system;
   o.logger = options.logger;
   o.reclaim_margin_bytes = options.reclaim_margin_bytes;
   return o;
@@ -76,8 +75,9 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
 
 class EngineImpl final : public Engine, public engine::SessionHost {
  public:
-  EngineImpl(const EngineOptions& options, std::unique_ptr<storage::ChunkStore> store)
-      : options_(options), store_(std::move(store)) {
+  EngineImpl(const EngineOptions& options, storage::FileSystem* file_system,
+             std::unique_ptr<storage::ChunkStore> store)
+      : options_(options), file_system_(file_system), store_(std::move(store)) {
     if (options.gpu_tier_bytes > 0 || options.cpu_tier_bytes > 0) {
       // The GPU tier is device memory where a device is present, host memory otherwise.
       auto cuda = kernels::NewCudaMemory();
@@ -191,7 +191,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       // Reads go through the same I/O layer as the store's writes: the caller's file system
       // (the fault-injecting one in tests, over io_uring or threads alike), else the POSIX one
       // for io_backend.
-      o.file_system = options_.file_system;
+      o.file_system = file_system_;
       o.backend = options_.io_backend;
       o.logger = options_.logger;
       o.clock = store_->clock();
@@ -211,6 +211,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
  private:
   const EngineOptions options_;
+  storage::FileSystem* const file_system_;  // nullptr: the POSIX one (engine::Seams)
   std::unique_ptr<storage::ChunkStore> store_;
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
@@ -226,20 +227,20 @@ SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); 
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
 }
-absl::StatusOr<std::unique_ptr<Engine>> OpenWithClock(const EngineOptions& options,
-                                                      const std::string& path,
-                                                      storage::Clock* clock) {
+absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& options,
+                                                      const std::string& path, const Seams& seams) {
   storage::StoreOptions store_options = StoreOptionsOf(options);
-  if (clock != nullptr) store_options.clock = clock;
+  if (seams.clock != nullptr) store_options.clock = seams.clock;
+  store_options.file_system = seams.file_system;
   auto store = storage::ChunkStore::Open(store_options, path);
   if (!store.ok()) return store.status();
-  return std::unique_ptr<Engine>(new EngineImpl(options, std::move(*store)));
+  return std::unique_ptr<Engine>(new EngineImpl(options, seams.file_system, std::move(*store)));
 }
 }  // namespace engine
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options,
                                                      const std::string& path) {
-  return engine::OpenWithClock(options, path, nullptr);
+  return engine::OpenWithSeams(options, path, {});
 }
 
 }  // namespace ckv

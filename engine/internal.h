@@ -27,13 +27,20 @@ SessionHost& HostOf(Engine& engine);
 // must outlive the sessions that start while it is set.
 void SetSelectorClock(Engine& engine, SelectorClock* clock);
 
-// Engine::Open, with `clock` (storage/clock.h; nullptr: the real one) as the time the engine
-// reads: its store's timestamps, its sessions' await_blocked_seconds and its read engine's stats.
-// For tests that step a FakeClock; EngineOptions has no clock, as the public API names no
-// storage type. Not owned; must outlive the engine.
-absl::StatusOr<std::unique_ptr<Engine>> OpenWithClock(const EngineOptions& options,
-                                                      const std::string& path,
-                                                      storage::Clock* clock);
+// What Engine::Open takes that the public API does not name, as it names no storage type: for
+// tests. nullptr: the real one. Not owned; each must outlive the engine.
+struct Seams {
+  // The time the engine reads: its store's timestamps, its sessions' await_blocked_seconds and
+  // its read engine's stats (tests step a FakeClock).
+  storage::Clock* clock = nullptr;
+  // The file system the store's and the read engine's data path goes through: an in-memory or
+  // fault-injecting one (storage/fault_file_system.h), over io_uring or threads alike.
+  storage::FileSystem* file_system = nullptr;
+};
+
+// Engine::Open, through `seams`.
+absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& options,
+                                                      const std::string& path, const Seams& seams);
 
 }  // namespace ckv::engine
 

@@ -74,7 +74,7 @@
 //   FakeClock clock;  // injected latency advances it: tests never sleep
 //   FaultInjectingFileSystem fs(PosixFileSystem(), /*seed=*/42, &clock);
 //   fs.AddRule({.path_substring = "seg-", .read_eio = 0.01, .torn_write = 0.05});
-//   options.file_system = &fs;
+//   store_options.file_system = &fs;  // an engine: OpenWithSeams(o, path, {.file_system = &fs})
 //   ... run; then check fs.injected(FaultKind::kTornWrite) ...
 //
 // Thread-safety: every method is thread-safe (the Files and the rules share one mutex); a

@@ -22,9 +22,7 @@ class StoreFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
     spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
-    EngineOptions options;
-    options.file_system = &fs_;
-    auto engine = Engine::Open(options, dir_.path());
+    auto engine = engine::OpenWithSeams(EngineOptions{}, dir_.path(), {.file_system = &fs_});
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     base_ = synth::Tokens(1, 4 * spec_.chunk_tokens);
@@ -51,9 +49,7 @@ class StoreFaultTest : public ::testing::Test {
     // And the store reopened from disk says the same: the failed Put left nothing in the
     // catalog, and its space is not held.
     engine_.reset();
-    EngineOptions options;
-    options.file_system = &fs_;
-    auto reopened = Engine::Open(options, dir_.path());
+    auto reopened = engine::OpenWithSeams(EngineOptions{}, dir_.path(), {.file_system = &fs_});
     ASSERT_TRUE(reopened.ok()) << reopened.status();
     engine_ = std::move(*reopened);
     EXPECT_EQ(*engine_->Lookup(spec_, tokens), 0u) << "after reopening";
@@ -166,9 +162,8 @@ TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
   FaultInjectingFileSystem fs(storage::PosixFileSystem(), /*seed=*/11);
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   EngineOptions options;
-  options.file_system = &fs;
   options.max_disk_bytes = 6 * ChunkDiskBytes(spec);
-  auto engine = Engine::Open(options, dir.path());
+  auto engine = engine::OpenWithSeams(options, dir.path(), {.file_system = &fs});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // B is of another model (the same chunk size), so that a Put of B cannot write over A's
   // evicted slots and must punch them.

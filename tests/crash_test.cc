@@ -641,7 +641,7 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
     const std::string run = "simulated crash " + std::to_string(c);
     {
       EngineOptions options;
-      options.file_system = &fs;
+      const engine::Seams seams{.file_system = &fs};
       options.logger = NullLogger();  // the failures after the crash are expected
       // Segments of 12 chunks: Puts create segment files (and Gc deletes them) often, so that
       // crashes land between a file's creation and its directory's fsync too.
@@ -650,7 +650,7 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
         options.max_disk_bytes = cap;
         options.reclaim_margin_bytes = cap / 3;  // most evictions by the background reclaimer
       }
-      auto engine = Engine::Open(options, store);
+      auto engine = engine::OpenWithSeams(options, store, seams);
       ASSERT_TRUE(engine.ok()) << run << ": " << engine.status();
       // The reclaimer's removal lines come from its own thread.
       crash::Workload workload(**engine, crash::Mode::kMixed, c + 1, cap > 0, ledger.Known(),
@@ -796,12 +796,12 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
     const std::string store = dir.Sub("store");
     storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 500 + n);
     EngineOptions options;
-    options.file_system = &fs;
+    const engine::Seams seams{.file_system = &fs};
     options.logger = NullLogger();
     options.max_disk_bytes = cap;
     options.reclaim_margin_bytes = 0;  // filled without the reclaimer
     {
-      auto engine = Engine::Open(options, store);
+      auto engine = engine::OpenWithSeams(options, store, seams);
       ASSERT_TRUE(engine.ok()) << engine.status();
       for (const crash::Prefix& p : prefixes) ASSERT_TRUE(put(**engine, p).ok());
       ASSERT_TRUE((*engine)->Delete(spec, crash::TokensOf(spec, deleted)).ok());
@@ -814,7 +814,7 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
     bool committed = false, put_returned = false;
     int batches = 0;
     {
-      auto engine = Engine::Open(options, store);
+      auto engine = engine::OpenWithSeams(options, store, seams);
       ASSERT_TRUE(engine.ok()) << engine.status();
       storage::ChunkStore& chunks = engine::HostOf(**engine).store();
       chunks.SetRemovalObserver([&](const storage::ChunkStore::RemovalEvent& e) {
@@ -934,8 +934,8 @@ class CrashSeamTest : public ::testing::Test {
   std::unique_ptr<Engine> Open(bool faulty) {
     EngineOptions options;
     options.logger = NullLogger();
-    if (faulty) options.file_system = &fs_;
-    auto engine = Engine::Open(options, store_);
+    const engine::Seams seams{.file_system = faulty ? &fs_ : nullptr};
+    auto engine = engine::OpenWithSeams(options, store_, seams);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }

@@ -153,14 +153,13 @@ TEST(MemFileSystemTest, StoreKeepsItsSegmentsInMemory) {
   CKV_ASSERT_OK(fs.CreateDirs(dir.path()));
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   const auto tokens = synth::Tokens(3, 4 * spec.chunk_tokens);
-  EngineOptions options;
-  options.file_system = &fs;
+  const engine::Seams seams{.file_system = &fs};
   {
-    auto engine = Engine::Open(options, dir.path());
+    auto engine = engine::OpenWithSeams(EngineOptions{}, dir.path(), seams);
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE(PutSynthetic(**engine, spec, tokens).ok());
   }
-  auto engine = Engine::Open(options, dir.path());
+  auto engine = engine::OpenWithSeams(EngineOptions{}, dir.path(), seams);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(*(*engine)->Lookup(spec, tokens), 4u);
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);

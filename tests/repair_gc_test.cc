@@ -17,8 +17,9 @@ using ::ckv::testing::TempDir;
 
 ModelSpec Spec() { return *ModelSpec::Preset("qwen2.5-0.5b"); }
 
-std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {}) {
-  auto engine = Engine::Open(options, dir);
+std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {},
+                             storage::FileSystem* fs = nullptr) {
+  auto engine = engine::OpenWithSeams(options, dir, {.file_system = fs});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
 }
@@ -112,9 +113,7 @@ TEST(GcTest, DeletesSegmentsThatHoldNothingAndTheStoreGoesOn) {
 TEST(GcTest, ReclaimsBlocksAFailedPunchLeftBehind) {
   TempDir dir;
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
-  EngineOptions o;
-  o.file_system = &fs;
-  auto engine = Open(dir.path(), o);
+  auto engine = Open(dir.path(), {}, &fs);
   const auto keep = synth::Tokens(6, 4 * Spec().chunk_tokens);
   const auto drop = synth::Tokens(7, 8 * Spec().chunk_tokens);
   ASSERT_TRUE(PutSynthetic(*engine, Spec(), keep).ok());

@@ -45,8 +45,8 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
   EngineOptions eo;
   eo.layout = RecordLayout::kLayerMajor;  // one layer's records are one band: reads never mix layers
-  eo.file_system = &fs;
-  auto opened = Engine::Open(eo, dir.path());
+  const engine::Seams seams{.file_system = &fs};
+  auto opened = engine::OpenWithSeams(eo, dir.path(), seams);
   ASSERT_TRUE(opened.ok()) << opened.status();
   Engine& engine = **opened;
   ASSERT_TRUE(PutSynthetic(engine, spec, tokens).ok());
@@ -165,8 +165,8 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
   EngineOptions eo;
   eo.layout = RecordLayout::kLayerMajor;
-  eo.file_system = &fs;
-  auto opened = Engine::Open(eo, dir.path());
+  const engine::Seams seams{.file_system = &fs};
+  auto opened = engine::OpenWithSeams(eo, dir.path(), seams);
   ASSERT_TRUE(opened.ok()) << opened.status();
   Engine& engine = **opened;
   ASSERT_TRUE(PutSynthetic(engine, spec, tokens).ok());

@@ -101,8 +101,9 @@ const Planted& Data() {
   return planted;
 }
 
-std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {}) {
-  auto engine = Engine::Open(options, dir);
+std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {},
+                             storage::FileSystem* fs = nullptr) {
+  auto engine = engine::OpenWithSeams(options, dir, {.file_system = fs});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
 }
@@ -491,7 +492,7 @@ TEST(SessionClockTest, TimestampsAndAwaitTimeComeFromTheEnginesClock) {
   const Planted& d = Data();
   TempDir dir;
   storage::FakeClock clock(absl::FromUnixMillis(1'650'000'000'123));
-  auto engine = engine::OpenWithClock(EngineOptions{}, dir.path(), &clock);
+  auto engine = engine::OpenWithSeams(EngineOptions{}, dir.path(), {.clock = &clock});
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE(d.Put(**engine).ok());
   const std::vector<PrefixInfo> prefixes = (*engine)->ListPrefixes();
@@ -527,9 +528,7 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   const Planted& d = Data();
   TempDir dir;
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
-  EngineOptions eo;
-  eo.file_system = &fs;
-  auto engine = Open(dir.path(), eo);
+  auto engine = Open(dir.path(), {}, &fs);
   ASSERT_TRUE(d.Put(*engine).ok());
   absl::Mutex mu;
   uint64_t reads = 0;

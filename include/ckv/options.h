@@ -14,9 +14,6 @@
 namespace ckv {
 
 class Logger;
-namespace storage {
-class FileSystem;
-}
 
 struct EngineOptions {
   // Create the store when `path` holds none. Default: true.
@@ -83,9 +80,6 @@ struct EngineOptions {
   uint64_t gpu_tier_bytes = 0;
   uint64_t cpu_tier_bytes = 0;
 
-  // Where data path files live. nullptr = the POSIX file system. Tests pass an in-memory or
-  // fault-injecting one. Not owned; must outlive the Engine.
-  storage::FileSystem* file_system = nullptr;
   // Where log lines go. nullptr = stderr. Not owned; must outlive the Engine.
   Logger* logger = nullptr;
 };

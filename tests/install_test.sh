@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# install_test.sh BUILD_DIR SOURCE_DIR [SANITIZERS]: installs the ckv built in BUILD_DIR into a
+# temporary prefix, builds SOURCE_DIR/examples against it with find_package(ckv) (and the first
+# example again with pkg-config and ckv.pc), runs them and checks the lines they print, the lines
+# README.md quotes. SANITIZERS (CKV_SANITIZE's value) builds the examples with them too.
+set -euo pipefail
+build=$1 src=$2 sanitize=${3:-}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ckv-install-test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "install_test: $*" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" || {
+  cat "$tmp/install.log" >&2; fail "cmake --install $build failed"; }
+for f in include/ckv/engine.h include/ckv/options.h lib/cmake/ckv/ckvConfig.cmake \
+         lib/cmake/ckv/ckvConfigVersion.cmake lib/cmake/ckv/ckvTargets.cmake \
+         lib/pkgconfig/ckv.pc bin/kvctl; do
+  [[ -e "$tmp/prefix/$f" ]] || fail "the install has no $f"
+done
+ls "$tmp/prefix"/lib/libckv.* >/dev/null 2>&1 || fail "the install has no lib/libckv.*"
+version=$("$tmp/prefix/bin/kvctl" --version) || fail "the installed kvctl does not run"
+[[ "$version" == "kvctl (ckv "[0-9]* ]] || fail "the installed kvctl --version printed '$version'"
+# Only include/ckv/ is public: nothing of engine/, storage/, kernels/ or tools/ is installed.
+extra=$(cd "$tmp/prefix/include" && find . -type f ! -path './ckv/*.h')
+[[ -z "$extra" ]] || fail "the install has headers outside include/ckv/: $extra"
+
+flags=()
+if [[ -n "$sanitize" ]]; then
+  flags=(-DCMAKE_CXX_FLAGS="-fsanitize=$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$sanitize")
+fi
+cmake -S "$src/examples" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$tmp/prefix" "${flags[@]}" >"$tmp/configure.log" 2>&1 || {
+  cat "$tmp/configure.log" >&2; fail "find_package(ckv) in examples/ failed"; }
+cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || {
+  cat "$tmp/build.log" >&2; fail "building examples/ against the install failed"; }
+
+expect() {  # expect WHAT WANT GOT
+  [[ "$3" == "$2" ]] || fail "$1 printed:
+$3
+expected:
+$2"
+}
+store="$tmp/store"
+expect "store_and_read (first run)" "wrote 256 chunks, 0 already stored
+256 chunks stored; read: OK" "$("$tmp/build/store_and_read" "$store")"
+expect "store_and_read (second run)" "wrote 0 chunks, 256 already stored
+256 chunks stored; read: OK" "$("$tmp/build/store_and_read" "$store")"
+expect "reprefill" "256 chunks matched, 364 records served, read amplification 2.41" \
+       "$("$tmp/build/reprefill" "$store")"
+
+# The same first example, built by hand with pkg-config and ckv.pc.
+if [[ -z "$sanitize" ]] && command -v pkg-config >/dev/null; then
+  pc=(env PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config)
+  static=()
+  ls "$tmp/prefix"/lib/libckv.so >/dev/null 2>&1 || static=(--static)
+  # shellcheck disable=SC2046
+  c++ -O1 -o "$tmp/by_pkg_config" "$src/examples/store_and_read.cc" \
+      $("${pc[@]}" --cflags ckv) $("${pc[@]}" "${static[@]}" --libs ckv) \
+      -Wl,-rpath,"$tmp/prefix/lib" 2>"$tmp/pc.log" || {
+    cat "$tmp/pc.log" >&2; fail "building examples/store_and_read.cc with pkg-config ckv failed"; }
+  expect "store_and_read (pkg-config build)" "wrote 0 chunks, 256 already stored
+256 chunks stored; read: OK" "$("$tmp/by_pkg_config" "$store")"
+fi
+# README.md quotes each example whole, below its header comment.
+for example in store_and_read reprefill; do
+  body=$(sed '/^\/\//d' "$src/examples/$example.cc")
+  [[ "$(cat "$src/README.md")" == *"$body"* ]] || fail "README.md does not quote examples/$example.cc as it is"
+done
+echo "install_test: installed into a prefix, built examples/ with find_package(ckv)" \
+     "${sanitize:+(-fsanitize=$sanitize) }and ran them"
