@@ -81,4 +81,14 @@ absl::Status ErrnoToStatus(int err, std::string_view context) {
                       absl::StrCat(Sv(context), ": ", ErrnoText(err), " (errno ", err, ")"));
 }
 
+bool IsNoSpace(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kResourceExhausted) return false;
+  static const std::string* const kTexts[] = {new std::string(ErrnoText(ENOSPC)),
+                                              new std::string(ErrnoText(EDQUOT))};
+  for (const std::string* text : kTexts) {
+    if (absl::StrContains(s.message(), *text)) return true;
+  }
+  return false;
+}
+
 }  // namespace ckv

@@ -63,6 +63,9 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   s.reclaim_bytes = st.reclaim_bytes;
   s.free_kept_bytes = st.free_kept_bytes;
   s.inline_evictions = st.inline_evictions;
+  s.no_space_puts = st.no_space_puts;
+  s.no_space_recovered = st.no_space_recovered;
+  s.no_space_evictions = st.no_space_evictions;
   s.reclaim_margin_bytes = st.reclaim_margin_bytes;
   s.put_latency_p50_us = st.put_latency_p50_us;
   s.put_latency_p99_us = st.put_latency_p99_us;

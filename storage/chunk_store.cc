@@ -1014,6 +1014,9 @@ StoreStats ChunkStore::Stats() {
   s.reclaim_bytes = reclaim_bytes_;
   s.free_kept_bytes = unpunched_bytes_;
   s.inline_evictions = inline_evictions_;
+  s.no_space_puts = no_space_puts_;
+  s.no_space_recovered = no_space_recovered_;
+  s.no_space_evictions = no_space_evictions_;
   s.reclaim_margin_bytes = ReclaimMarginLocked();
   const LatencyWindow::Summary put = put_latency_.Summarize();
   s.put_latency_p50_us = put.p50_us;

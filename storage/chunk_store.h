@@ -136,6 +136,11 @@ struct StoreStats {
   uint64_t reclaim_bytes = 0;           // bytes they freed (kept for Puts to write over)
   uint64_t free_kept_bytes = 0;         // free slots still holding blocks (in disk_bytes_used)
   uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
+  // Puts that found the file system full below the cap, those of them that stored their chunks
+  // on the one retry after giving back room, and the chunks evicted for them (since Open).
+  uint64_t no_space_puts = 0;
+  uint64_t no_space_recovered = 0;
+  uint64_t no_space_evictions = 0;
   uint64_t reclaim_margin_bytes = 0;    // the margin in force; 0 = no reclaimer
   // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
   uint64_t put_latency_p50_us = 0;
@@ -696,6 +701,18 @@ class ChunkStore {
   // Put's work; Put times it into put_latency_.
   absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,
                                      const KvTensors& kv, const AuxRecords* aux);
+  // One try of a Put; `need` gets the bytes of the chunks it had to write (0 before it knew).
+  absl::StatusOr<PutResult> PutOnce(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                    const KvTensors& kv, const AuxRecords* aux, uint64_t* need);
+  // After a Put found the file system full (IsNoSpace): gives back the blocks of at least
+  // `bytes` bytes if it can, first from free slots that still hold them, then by evicting
+  // chunks in score order (their slots punched). Returns the bytes given back; `evicted` counts
+  // the chunks evicted.
+  absl::StatusOr<uint64_t> FreeDiskLocked(uint64_t bytes, uint64_t* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t no_space_puts_ ABSL_GUARDED_BY(mu_) = 0;       // Puts that found the disk full
+  uint64_t no_space_recovered_ ABSL_GUARDED_BY(mu_) = 0;  // of those, retried and stored
+  uint64_t no_space_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // chunks evicted for them
   // Staging buffers and write queues of every Put (storage/staging_pool.h).
   std::unique_ptr<StagingPool> staging_;
   // Latency of the Puts that returned OK.

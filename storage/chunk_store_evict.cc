@@ -116,6 +116,24 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t* evicted) {
+  uint64_t freed = 0;
+  if (!unpunched_.empty()) {
+    // A punch that fails again leaves its slot; eviction below makes up for it.
+    absl::StatusOr<uint64_t> given_back = RetryPunchesLocked(bytes);
+    if (given_back.ok()) freed += *given_back;
+  }
+  if (freed >= bytes) return freed;
+  const uint64_t used_before = used_bytes_;
+  const EvictionPlan plan = PlanEvictionLocked(bytes - freed, SIZE_MAX);
+  if (plan.victims.empty()) return freed;
+  Catalog::Batch batch = catalog_->NewBatch();
+  CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict, nullptr));
+  *evicted += plan.victims.size();
+  // What the punches gave back (a failed punch keeps its slot's bytes counted).
+  return freed + (used_before > used_bytes_ ? used_before - used_bytes_ : 0);
+}
+
 absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
                                             Catalog::Batch& batch, Removal why,
                                             std::vector<SlotId>* unpunched) {

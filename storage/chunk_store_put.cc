@@ -114,6 +114,54 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
 absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                                                std::span<const int32_t> tokens,
                                                const KvTensors& kv, const AuxRecords* aux) {
+  uint64_t need = 0;
+  absl::StatusOr<PutResult> result = PutOnce(spec, tokens, kv, aux, &need);
+  if (result.ok() || !IsNoSpace(result.status()) || need == 0) return result;
+  // The file system is full below the cap: the cap was set above what the disk holds, or
+  // something else fills the disk. The store is a cache: it gives back blocks (free slots that
+  // still hold theirs, then chunks evicted by score) for as many bytes as the Put needed, and
+  // tries once more. The failed Put left nothing behind (its slots were freed).
+  uint64_t evicted = 0;
+  absl::StatusOr<uint64_t> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    ++no_space_puts_;
+    freed = FreeDiskLocked(need, &evicted);
+    no_space_evictions_ += evicted;
+  }
+  const std::string what = absl::StrCat("the file system was full (", result.status().message(),
+                                        ")");
+  if (!freed.ok()) {
+    return absl::Status(freed.status().code(),
+                        absl::StrCat("Put of ", spec.model_id, ": ", what,
+                                     "; giving back room for a retry failed: ",
+                                     freed.status().message()));
+  }
+  if (*freed == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Put of ", spec.model_id, ": ", what,
+        "; nothing could be evicted to make room (every chunk is held by readers or Puts)"));
+  }
+  logger_->Log(LogLevel::kWarning,
+               absl::StrCat("Put of ", spec.model_id, ": ", what, "; evicted ", evicted,
+                          " chunks and gave back ", *freed, " bytes; trying once more"));
+  need = 0;
+  result = PutOnce(spec, tokens, kv, aux, &need);
+  if (result.ok()) {
+    result->chunks_evicted += evicted;
+    absl::MutexLock lock(&mu_);
+    ++no_space_recovered_;
+    return result;
+  }
+  return absl::Status(result.status().code(),
+                      absl::StrCat(result.status().message(), " (after ", what, " and ", evicted,
+                                   " chunks were evicted to make room)"));
+}
+
+absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
+                                              std::span<const int32_t> tokens,
+                                              const KvTensors& kv, const AuxRecords* aux,
+                                              uint64_t* need) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
   CKV_RETURN_IF_ERROR(ValidateAux(aux));
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
@@ -129,7 +177,9 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
   {
     absl::MutexLock lock(&mu_);
     bool all_stored = false;
-    CKV_RETURN_IF_ERROR(ReservePutLocked(put, &all_stored));
+    const absl::Status reserved = ReservePutLocked(put, &all_stored);
+    *need = (put.n - put.m) * put.chunk_bytes;
+    CKV_RETURN_IF_ERROR(reserved);
     if (all_stored) return put.result;
   }
   // Step 2, unlocked: write the records and make them durable.

@@ -3,7 +3,13 @@
 // nothing visible and no space held; a disk that lies is caught by the checksums.
 #include <sys/stat.h>
 
+#include <atomic>
+#include <cerrno>
+#include <string>
+
 #include "ckv/engine.h"
+#include "ckv/status.h"
+#include "gmock/gmock.h"
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 
@@ -77,11 +83,75 @@ TEST_F(StoreFaultTest, WriteEioFailsThePutAndLeavesNothing) {
   ExpectPutFailsCleanly(rule, absl::StatusCode::kInternal);
 }
 
-TEST_F(StoreFaultTest, AFullDiskIsResourceExhaustedAndLeavesNothing) {
+TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutAfterEvictingOnceAndLeavesNothingOfIt) {
+  // Every segment write fails with ENOSPC: the Put gives back room (evicting every chunk it can,
+  // as it needed more than the store held), tries once more, fails again, and says so. The store
+  // is consistent: nothing of the Put, and the evicted chunks gone from disk as from the index.
   FaultRule rule;
   rule.path_substring = "seg-";
   rule.write_enospc = 1;
-  ExpectPutFailsCleanly(rule, absl::StatusCode::kResourceExhausted);
+  const auto tokens = synth::Tokens(2, 8 * spec_.chunk_tokens);
+  fs_.AddRule(rule);
+  auto put = PutSynthetic(*engine_, spec_, tokens);
+  fs_.ClearRules();
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  EXPECT_THAT(std::string(put.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("No space left on device"),
+                               ::testing::HasSubstr("4 chunks were evicted to make room")));
+  EXPECT_TRUE(IsNoSpace(put.status())) << put.status();
+  const EngineStats stats = engine_->Stats();
+  EXPECT_EQ(stats.no_space_puts, 1u);
+  EXPECT_EQ(stats.no_space_recovered, 0u);
+  EXPECT_EQ(stats.no_space_evictions, 4u);
+  EXPECT_EQ(stats.chunks, 0u);
+  EXPECT_EQ(stats.disk_bytes_used, 0u);
+  EXPECT_EQ(SegmentBlocksBytes(dir_.path()), 0u);
+  EXPECT_EQ(*engine_->Lookup(spec_, tokens), 0u);
+  EXPECT_EQ(*engine_->Lookup(spec_, base_), 0u);
+  auto report = engine_->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
+  auto again = PutSynthetic(*engine_, spec_, tokens);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);
+}
+
+TEST_F(StoreFaultTest, AFileSystemFullBelowTheCapEvictsInEvictionOrderAndTheRetryStores) {
+  // The file system fills below the cap (the first segment write of the Put fails with ENOSPC,
+  // as a disk shared with something else would): the store evicts what the Put needs, in its
+  // eviction order (least recently used leaves first), and the one retry stores the prefix.
+  const auto older = synth::Tokens(5, 12 * spec_.chunk_tokens);
+  ASSERT_TRUE(PutSynthetic(*engine_, spec_, older).ok());
+  ASSERT_EQ(*engine_->Lookup(spec_, base_), 4u);  // base_ is used again: `older` is the LRU now
+  std::atomic<int> enospc{1};
+  fs_.SetOpHook([&](const FaultInjectingFileSystem::OpInfo& op) {
+    FaultInjectingFileSystem::OpFault fault;
+    if (!op.read && op.path.find("seg-") != std::string::npos && enospc.fetch_sub(1) > 0) {
+      fault.error = ENOSPC;
+    }
+    return fault;
+  });
+  const auto tokens = synth::Tokens(2, 8 * spec_.chunk_tokens);
+  auto put = PutSynthetic(*engine_, spec_, tokens);
+  fs_.SetOpHook(nullptr);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->chunks_written, 8u);
+  EXPECT_EQ(put->chunks_evicted, 8u);
+  const EngineStats stats = engine_->Stats();
+  EXPECT_EQ(stats.no_space_puts, 1u);
+  EXPECT_EQ(stats.no_space_recovered, 1u);
+  EXPECT_EQ(stats.no_space_evictions, 8u);
+  EXPECT_EQ(stats.chunks, 4u + 12u);
+  EXPECT_EQ(stats.disk_bytes_used, 16 * ChunkDiskBytes(spec_));
+  // The last 8 chunks of `older` (its leaves, one after another) went; base_ stayed.
+  EXPECT_EQ(*engine_->Lookup(spec_, older), 4u);
+  EXPECT_EQ(*engine_->Lookup(spec_, base_), 4u);
+  EXPECT_EQ(*engine_->Lookup(spec_, tokens), 8u);
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
+  auto report = engine_->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
 }
 
 TEST_F(StoreFaultTest, AFailedSyncFailsThePutAndLeavesNothing) {

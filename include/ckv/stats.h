@@ -52,6 +52,13 @@ struct EngineStats {
   // punches them.
   uint64_t free_kept_bytes = 0;
   uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
+  // Puts that found the file system full (ENOSPC) below the cap, since Open: the store gave back
+  // room for each (free slots that still held blocks, then chunks evicted by score) and tried it
+  // once more. no_space_recovered counts those the retry stored; no_space_evictions the chunks
+  // evicted for them (also in chunks_evicted).
+  uint64_t no_space_puts = 0;
+  uint64_t no_space_recovered = 0;
+  uint64_t no_space_evictions = 0;
   uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
 
   // Put latency since Open: the time Engine::Put took, from call to return, of the Puts that

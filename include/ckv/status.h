@@ -29,6 +29,11 @@ namespace ckv {
 // seg-000003.ckv at offset 4096"; the message is "<context>: <strerror text> (errno N)".
 absl::Status ErrnoToStatus(int err, std::string_view context);
 
+// True when `s` says the file system is full: ENOSPC or EDQUOT from ckv's file I/O (as
+// ErrnoToStatus words it) or RocksDB's NoSpace from the catalog. Such a status is
+// ResourceExhausted; a cap that cannot be met is too, but is not a full file system.
+bool IsNoSpace(const absl::Status& s);
+
 }  // namespace ckv
 
 #define CKV_STATUS_CONCAT_INNER_(a, b) a##b
