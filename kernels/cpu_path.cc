@@ -7,9 +7,13 @@ namespace ckv::kernels {
 namespace {
 
 bool CpuHasAvx2() {
+#if CKV_X86
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                           __builtin_cpu_supports("f16c");
   return has;
+#else
+  return false;
+#endif
 }
 
 std::atomic<CpuPath> g_path{CpuPath::kAuto};

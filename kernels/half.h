@@ -3,7 +3,8 @@
 //
 // The scalar conversions are exact where the target can represent the value and round to nearest
 // even otherwise (the rule of the F16C instructions and of PyTorch's bf16 casts), so the CPU path
-// and the vectorised path give identical bits. ToFloat uses F16C when the CPU has it.
+// and the vectorised path give identical bits. ToFloat and FromFloat use F16C when UseAvx2()
+// (kernels/cpu_path.h: x86 with AVX2, FMA and F16C, unless a test forces the scalar path).
 //
 // Thread-safety: pure functions.
 #ifndef CKV_KERNELS_HALF_H_

@@ -10,6 +10,8 @@
 namespace ckv::kernels {
 namespace {
 
+#if CKV_X86
+
 // Query rows per pass over the keys: 32 rows of 128 floats (16 KiB) stay in L1 while the keys
 // stream past them once, 3 at a time.
 constexpr size_t kRowBlock = 32;
@@ -126,11 +128,15 @@ CKV_AVX2 void AccumulatePVAvx2(const float* p, size_t ldp, size_t rows, const fl
   }
 }
 
+#endif  // CKV_X86
+
 }  // namespace
 
 void ScoresQK(const float* q, size_t ldq, size_t rows, const float* k, size_t ldk, size_t tokens,
               size_t d, float scale, float* s, size_t lds) {
+#if CKV_X86
   if (UseAvx2() && d % 8 == 0) return ScoresQKAvx2(q, ldq, rows, k, ldk, tokens, d, scale, s, lds);
+#endif
   for (size_t r = 0; r < rows; ++r) {
     for (size_t t = 0; t < tokens; ++t) {
       s[r * lds + t] = simd::DotScalar(q + r * ldq, k + t * ldk, d) * scale;
@@ -140,7 +146,9 @@ void ScoresQK(const float* q, size_t ldq, size_t rows, const float* k, size_t ld
 
 void AccumulatePV(const float* p, size_t ldp, size_t rows, const float* v, size_t ldv,
                   size_t tokens, size_t d, float* o, size_t ldo) {
+#if CKV_X86
   if (UseAvx2() && d % 8 == 0) return AccumulatePVAvx2(p, ldp, rows, v, ldv, tokens, d, o, ldo);
+#endif
   for (size_t r = 0; r < rows; ++r) {
     for (size_t t = 0; t < tokens; ++t)
       simd::AxpyScalar(p[r * ldp + t], v + t * ldv, o + r * ldo, d);

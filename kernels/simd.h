@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // kernels/simd.h: the few vector primitives the CPU kernels are built from, most in a scalar
 // form and an AVX2/FMA form, and the forms that choose between them through UseAvx2().
-// Internal to kernels/.
+// The AVX2 forms exist only where CKV_X86 is 1 (kernels/cpu_path.h); elsewhere the chosen forms
+// are the scalar ones. Internal to kernels/.
 #ifndef CKV_KERNELS_SIMD_H_
 #define CKV_KERNELS_SIMD_H_
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +13,14 @@
 
 #include "kernels/cpu_path.h"
 
-namespace ckv::kernels::simd {
+#if CKV_X86
+#include <immintrin.h>
 
+// Compiles one function for AVX2/FMA/F16C; callers reach it only when UseAvx2().
 #define CKV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace ckv::kernels::simd {
 
 inline float DotScalar(const float* a, const float* b, size_t n) {
   float s = 0;
@@ -24,17 +28,36 @@ inline float DotScalar(const float* a, const float* b, size_t n) {
   return s;
 }
 
+// out[i] = q[i] * scale: an int8 vector decoded.
+inline void DecodeI8Scalar(const int8_t* q, float scale, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
+}
+
+inline float MaxScalar(const float* v, size_t n) { return *std::max_element(v, v + n); }
+
+// In place: v[i] = exp(v[i] - max); returns the sum.
+inline float ExpSubScalar(float* v, size_t n, float max) {
+  float sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - max);
+    sum += v[i];
+  }
+  return sum;
+}
+
+// y += a * x
+inline void AxpyScalar(float a, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if CKV_X86
+
 CKV_AVX2 inline float HorizontalSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
   lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
   return _mm_cvtss_f32(lo);
-}
-
-// out[i] = q[i] * scale: an int8 vector decoded.
-inline void DecodeI8Scalar(const int8_t* q, float scale, size_t n, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
 }
 
 CKV_AVX2 inline void DecodeI8Avx2(const int8_t* q, float scale, size_t n, float* out) {
@@ -46,8 +69,6 @@ CKV_AVX2 inline void DecodeI8Avx2(const int8_t* q, float scale, size_t n, float*
   }
   for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
 }
-
-inline float MaxScalar(const float* v, size_t n) { return *std::max_element(v, v + n); }
 
 CKV_AVX2 inline float MaxAvx2(const float* v, size_t n) {
   if (n < 8) return MaxScalar(v, n);
@@ -85,16 +106,6 @@ CKV_AVX2 inline __m256 ExpNonPositiveAvx2(__m256 x) {
   return _mm256_andnot_ps(dead, result);
 }
 
-// In place: v[i] = exp(v[i] - max); returns the sum.
-inline float ExpSubScalar(float* v, size_t n, float max) {
-  float sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    v[i] = std::exp(v[i] - max);
-    sum += v[i];
-  }
-  return sum;
-}
-
 CKV_AVX2 inline float ExpSubAvx2(float* v, size_t n, float max) {
   const __m256 m = _mm256_set1_ps(max);
   __m256 s = _mm256_setzero_ps();
@@ -122,24 +133,35 @@ CKV_AVX2 inline void AxpyAvx2(float a, const float* x, float* y, size_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-inline void AxpyScalar(float a, const float* x, float* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
+#endif  // CKV_X86
 
-// The forms chosen by UseAvx2().
+// The forms chosen by UseAvx2(). On x86 they are written as before the guard, so that the
+// machine code there is unchanged.
 
 inline void DecodeI8(const int8_t* q, float scale, size_t n, float* out) {
+#if CKV_X86
   UseAvx2() ? DecodeI8Avx2(q, scale, n, out) : DecodeI8Scalar(q, scale, n, out);
+#else
+  DecodeI8Scalar(q, scale, n, out);
+#endif
 }
 
 inline void Axpy(float a, const float* x, float* y, size_t n) {
+#if CKV_X86
   UseAvx2() ? AxpyAvx2(a, x, y, n) : AxpyScalar(a, x, y, n);
+#else
+  AxpyScalar(a, x, y, n);
+#endif
 }
 
 // In place: v[i] = exp(v[i] - max_j v[j]), the numerators of the softmax of v; returns their sum,
 // the denominator (>= 1). REQUIRES: n > 0.
 inline float SoftmaxNumerators(float* v, size_t n) {
+#if CKV_X86
   return UseAvx2() ? ExpSubAvx2(v, n, MaxAvx2(v, n)) : ExpSubScalar(v, n, MaxScalar(v, n));
+#else
+  return ExpSubScalar(v, n, MaxScalar(v, n));
+#endif
 }
 
 }  // namespace ckv::kernels::simd
