@@ -2,9 +2,12 @@
 // storage/record_checksum.h: the checksum of a record, the one definition every reader and
 // writer uses.
 //
-// XXH3-64 over the record bytes (K then V, without padding), seed 0. libxxhash's dispatching
-// entry point picks its AVX2 or AVX-512 code at run time where the CPU has it (XXH3_64bits itself
-// is the SSE2 build); the values are identical either way.
+// XXH3-64 over the record bytes (K then V, without padding), seed 0. On x86, libxxhash's
+// dispatching entry point (xxh_x86dispatch.h) picks its AVX2 or AVX-512 code at run time where
+// the CPU has it (XXH3_64bits itself is the SSE2 build); elsewhere (aarch64) plain XXH3_64bits,
+// NEON or scalar as libxxhash was built. XXH3 is defined independently of the instructions that
+// compute it, so the values, and a store's bytes, are identical on every path
+// (tests/record_checksum_test.cc checks them against the scalar reference).
 //
 // Thread-safety: pure functions.
 #ifndef CKV_STORAGE_RECORD_CHECKSUM_H_
@@ -16,12 +19,18 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "xxhash.h"
+#if defined(__x86_64__) || defined(__i386__)
 #include "xxh_x86dispatch.h"
+#endif
 
 namespace ckv::storage {
 
 inline uint64_t RecordChecksum(const void* data, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
   return XXH3_64bits_dispatch(data, bytes);
+#else
+  return XXH3_64bits(data, bytes);
+#endif
 }
 
 // RecordChecksum of the bytes of `a` followed by those of `b`, without joining them (a record
@@ -29,8 +38,13 @@ inline uint64_t RecordChecksum(const void* data, size_t bytes) {
 inline uint64_t RecordChecksum2(XXH3_state_t* state, const void* a, size_t a_bytes, const void* b,
                                 size_t b_bytes) {
   XXH3_64bits_reset(state);
+#if defined(__x86_64__) || defined(__i386__)
   XXH3_64bits_update_dispatch(state, a, a_bytes);
   XXH3_64bits_update_dispatch(state, b, b_bytes);
+#else
+  XXH3_64bits_update(state, a, a_bytes);
+  XXH3_64bits_update(state, b, b_bytes);
+#endif
   return XXH3_64bits_digest(state);
 }
 
