@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # tools/ckv.sh: the single entry point of ckv.
 #
-#   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest), then
-#                        again under AddressSanitizer + UndefinedBehaviorSanitizer, and under
-#                        ThreadSanitizer
+#   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest),
+#                        compile the library for aarch64 (tools/cross_aarch64.sh), then run the
+#                        suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and
+#                        under ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
 #   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
 #   tools/ckv.sh demo    install what is missing, build kvctl and reprefill_bench (not the tests),
@@ -42,8 +43,10 @@ Usage: tools/ckv.sh COMMAND
 
 Commands:
   test    install missing Debian packages, build into build/, run the whole suite with ctest;
-          then build into build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and
-          into build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
+          compile the library for aarch64 with g++-aarch64-linux-gnu (tools/cross_aarch64.sh;
+          skipped, saying so, where that compiler cannot be installed); then build into
+          build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and into
+          build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
           fails it; the TSan run leaves out the crash test, whose children it would only slow);
           then fuzzes the safetensors/JSON reader for 30 s (as fuzz does)
   sanitize  only the sanitizer runs of test
@@ -66,6 +69,7 @@ Environment:
   CKV_SKIP_INSTALL=1  do not check or install Debian packages
   CKV_SANITIZE=0      test: skip the sanitizer runs
   CKV_FUZZ=0          test: skip the fuzz run
+  CKV_CROSS=0         test: skip the aarch64 cross compile
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
   CKV_DEMO_BENCH_STORE=DIR  where the demo's benchmark keeps its store
                       (default ./ckv-demo-bench-store)
@@ -219,9 +223,25 @@ run_fuzz() {
   "$REPO_ROOT/tests/fuzz/run_fuzz.sh" "$REPO_ROOT/build-fuzz" "${CKV_FUZZ_SECONDS:-${1:-120}}"
 }
 
+# The library's sources checked for aarch64 (parsed, not compiled to objects: the cheaper mode),
+# so that x86-only code outside its guards fails here (docs/kernels.md, Portability).
+run_cross_aarch64() {
+  # Best effort: a machine that cannot install the cross compiler skips this step, not the rest.
+  (install_packages g++-aarch64-linux-gnu) ||
+    say "warning: could not install g++-aarch64-linux-gnu"
+  if ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then
+    say "skipping the aarch64 cross compile: aarch64-linux-gnu-g++ is not installed" \
+      "(Debian package g++-aarch64-linux-gnu)"
+    return 0
+  fi
+  say "compiling the library for aarch64 (tools/cross_aarch64.sh)"
+  "$REPO_ROOT/tools/cross_aarch64.sh" --syntax-only
+}
+
 run_tests() {
   build
   ctest_in "$BUILD_DIR" Release
+  if [[ "${CKV_CROSS:-1}" != 0 ]]; then run_cross_aarch64; fi
   if [[ "${CKV_SANITIZE:-1}" != 0 ]]; then run_sanitized; fi
   if [[ "${CKV_FUZZ:-1}" != 0 ]]; then run_fuzz 30; fi
 }
