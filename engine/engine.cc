@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "engine/internal.h"
+#include "engine/metrics.h"
 #include "engine/session.h"
 #include "engine/summaries.h"
 #include "kernels/cuda_kernels.h"
@@ -76,6 +77,64 @@ EngineStats EngineStatsOf(const storage::StoreStats& st) {
   return s;
 }
 
+// What Metrics() reports beside the stats: latencies and failures of the public calls.
+struct CallMetrics {
+  engine::LatencyHistogram put, lookup, await_layer, reprefill;
+  engine::FailureCounters failures;
+};
+
+absl::Status StatusOf(const absl::Status& status) { return status; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
+}
+
+// A session that times AwaitLayer and the whole Re-Prefill (from BeginReprefill to the first
+// Finish) and counts the failures of its calls. REQUIRES: `metrics` and `clock` outlive it (a
+// session must end before its engine).
+class MeteredSession final : public ReprefillSession {
+ public:
+  MeteredSession(std::unique_ptr<ReprefillSession> inner, CallMetrics& metrics,
+                 storage::Clock& clock, int64_t begin_ns)
+      : inner_(std::move(inner)), metrics_(metrics), clock_(clock), begin_ns_(begin_ns) {}
+
+  uint64_t matched_chunks() const override { return inner_->matched_chunks(); }
+  absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) override {
+    absl::Status status = inner_->SubmitQueries(layer, queries);
+    metrics_.failures.Record(engine::Op::kSubmitQueries, status);
+    return status;
+  }
+  absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {
+    const int64_t start_ns = clock_.MonotonicNanos();
+    absl::StatusOr<LayerView> view = inner_->AwaitLayer(layer);
+    if (view.ok()) {
+      metrics_.await_layer.Observe(clock_.MonotonicNanos() - start_ns);
+    } else {
+      metrics_.failures.Record(engine::Op::kAwaitLayer, view.status());
+    }
+    return view;
+  }
+  absl::StatusOr<SessionStats> Finish() override {
+    absl::StatusOr<SessionStats> stats = inner_->Finish();
+    if (!finished_) {  // a second Finish returns the same figures: counted once
+      finished_ = true;
+      if (stats.ok()) {
+        metrics_.reprefill.Observe(clock_.MonotonicNanos() - begin_ns_);
+      } else {
+        metrics_.failures.Record(engine::Op::kFinish, stats.status());
+      }
+    }
+    return stats;
+  }
+
+ private:
+  std::unique_ptr<ReprefillSession> inner_;
+  CallMetrics& metrics_;
+  storage::Clock& clock_;
+  const int64_t begin_ns_;
+  bool finished_ = false;
+};
+
 class EngineImpl final : public Engine, public engine::SessionHost {
  public:
   EngineImpl(const EngineOptions& options, storage::FileSystem* file_system,
@@ -84,6 +143,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     if (options.gpu_tier_bytes > 0 || options.cpu_tier_bytes > 0) {
       // The GPU tier is device memory where a device is present, host memory otherwise.
       auto cuda = kernels::NewCudaMemory();
+      gpu_tier_on_device_ = options.gpu_tier_bytes > 0 && cuda.ok();
       tiers_ = std::make_unique<engine::TierCache>(
           options.gpu_tier_bytes, options.cpu_tier_bytes,
           cuda.ok() ? std::move(*cuda) : kernels::NewHostMemory(), kernels::NewHostMemory());
@@ -102,38 +162,41 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
+    const int64_t start_ns = clock().MonotonicNanos();
     const storage::AuxRecords summaries = engine::SummaryRecords(spec, kv);
-    return store_->Put(spec, tokens, kv, &summaries);
+    absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries);
+    return Timed(engine::Op::kPut, metrics_.put, start_ns, std::move(result));
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
-    return store_->Lookup(spec, tokens);
+    const int64_t start_ns = clock().MonotonicNanos();
+    return Timed(engine::Op::kLookup, metrics_.lookup, start_ns, store_->Lookup(spec, tokens));
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
-    return store_->ReadRecord(spec, key, layer, out);
+    return Counted(engine::Op::kReadRecord, store_->ReadRecord(spec, key, layer, out));
   }
   absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) override {
-    return store_->Delete(spec, tokens);
+    return Counted(engine::Op::kDelete, store_->Delete(spec, tokens));
   }
   absl::Status DeletePrefix(const ChunkKey& prefix_id) override {
-    return store_->DeletePrefix(prefix_id);
+    return Counted(engine::Op::kDeletePrefix, store_->DeletePrefix(prefix_id));
   }
   std::vector<PrefixInfo> ListPrefixes() override { return store_->ListPrefixes(); }
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
                                                      ModelSpec* spec) override {
-    return store_->PrefixChunks(prefix_id, spec);
+    return Counted(engine::Op::kPrefixChunks, store_->PrefixChunks(prefix_id, spec));
   }
   absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) override {
-    return store_->DescribePrefix(prefix_id);
+    return Counted(engine::Op::kDescribePrefix, store_->DescribePrefix(prefix_id));
   }
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
-    return store_->Verify(progress);
+    return Counted(engine::Op::kVerify, store_->Verify(progress));
   }
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress) override {
-    return store_->Repair(progress);
+    return Counted(engine::Op::kRepair, store_->Repair(progress));
   }
-  absl::StatusOr<GcReport> Gc() override { return store_->Gc(); }
+  absl::StatusOr<GcReport> Gc() override { return Counted(engine::Op::kGc, store_->Gc()); }
   EngineStats Stats() override {
     EngineStats s = EngineStatsOf(store_->Stats());
     absl::MutexLock lock(&mu_);
@@ -163,8 +226,18 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
       const ModelSpec& spec, std::span<const int32_t> tokens,
       const ReprefillOptions& options) override {
-    return engine::BeginSession(*this, spec, tokens, options);
+    const int64_t begin_ns = clock().MonotonicNanos();
+    absl::StatusOr<std::unique_ptr<ReprefillSession>> session =
+        engine::BeginSession(*this, spec, tokens, options);
+    if (!session.ok()) {
+      metrics_.failures.Record(engine::Op::kBeginReprefill, session.status());
+      return session.status();
+    }
+    return std::unique_ptr<ReprefillSession>(
+        new MeteredSession(std::move(*session), metrics_, clock(), begin_ns));
   }
+
+  std::string Metrics() override;
 
   // engine::SessionHost
   storage::ChunkStore& store() override { return *store_; }
@@ -213,6 +286,27 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
 
  private:
+  // The store's clock (tests step a FakeClock): the latencies are measured on it.
+  storage::Clock& clock() { return *store_->clock(); }
+  template <typename T>
+  T Counted(engine::Op op, T result) {
+    metrics_.failures.Record(op, StatusOf(result));
+    return result;
+  }
+  // Observes the latency of a call that returned OK; counts a failure otherwise.
+  template <typename T>
+  T Timed(engine::Op op, engine::LatencyHistogram& histogram, int64_t start_ns, T result) {
+    if (result.ok()) {
+      histogram.Observe(clock().MonotonicNanos() - start_ns);
+    } else {
+      metrics_.failures.Record(op, result.status());
+    }
+    return result;
+  }
+  // "io_uring" or "threads": the backend of the engine's I/O layer, asked of the read engine
+  // when it exists, else of an I/O queue made once for the purpose.
+  std::string IoBackendInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const EngineOptions options_;
   storage::FileSystem* const file_system_;  // nullptr: the POSIX one (engine::Seams)
   std::unique_ptr<storage::ChunkStore> store_;
@@ -221,7 +315,217 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};
+  CallMetrics metrics_;
+  bool gpu_tier_on_device_ = false;  // the GPU tier's memory is a CUDA device's
+  std::string io_backend_ ABSL_GUARDED_BY(mu_);  // IoBackendInUse's answer, once known
 };
+
+std::string EngineImpl::IoBackendInUse() {
+  if (reads_ != nullptr) return reads_->backend();
+  if (io_backend_.empty()) {
+    storage::FileSystem* fs = options_.file_system != nullptr
+                                  ? options_.file_system
+                                  : storage::PosixFileSystem(options_.io_backend);
+    absl::StatusOr<std::unique_ptr<storage::IoQueue>> queue = fs->NewIoQueue(1);
+    if (!queue.ok()) return "unknown";  // asked again next time
+    io_backend_ = (*queue)->backend();
+  }
+  return io_backend_;
+}
+
+std::string EngineImpl::Metrics() {
+  const EngineStats s = Stats();
+  prefetch::ReadEngineStats r;  // zeros until the first session makes the read engine
+  std::string backend;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reads_ != nullptr) r = reads_->stats();
+    backend = IoBackendInUse();
+  }
+  engine::TierStats tiers[engine::kTierLevels];
+  if (tiers_ != nullptr) {
+    tiers[0] = tiers_->stats(engine::TierLevel::kGpu);
+    tiers[1] = tiers_->stats(engine::TierLevel::kCpu);
+  }
+
+  engine::MetricsText out;
+  engine::StoreMetrics(s, out);
+
+  // The store, since Open.
+  out.Counter("ckv_records_read_total", "Records read from segments, since Open.",
+              s.records_read);
+  out.Counter("ckv_record_read_bytes_total", "Segment bytes of the records read, since Open.",
+              s.bytes_read);
+  out.Counter("ckv_checksum_failures_total",
+              "Records whose checksum did not match when read, since Open.", s.checksum_failures);
+  out.Gauge("ckv_orphan_reclaimed_bytes",
+            "Segment space no committed chunk named, freed by Open.", s.orphan_bytes_reclaimed);
+  out.Gauge("ckv_index_from_snapshot",
+            "1 when Open loaded the chunk index from the snapshot of the last clean close.",
+            uint64_t{s.index_from_snapshot ? 1u : 0u});
+  out.Gauge("ckv_reclaim_margin_bytes",
+            "The margin the background reclaimer keeps free under the cap; 0 = no reclaimer.",
+            s.reclaim_margin_bytes);
+  out.Counter("ckv_reclaim_rounds_total",
+              "Background reclaimer rounds that evicted (one synced catalog batch each), since "
+              "Open.",
+              s.reclaim_rounds);
+  out.Counter("ckv_reclaimed_chunks_total", "Chunks the background reclaimer evicted, since Open.",
+              s.reclaim_chunks);
+  out.Counter("ckv_reclaimed_bytes_total", "Bytes the background reclaimer freed, since Open.",
+              s.reclaim_bytes);
+  out.Counter("ckv_inline_evictions_total",
+              "Puts that found too little room and evicted inline, since Open.",
+              s.inline_evictions);
+  out.Counter("ckv_put_staging_waits_total",
+              "Puts that waited for a lane of staging memory, since Open.", s.put_staging_waits);
+  out.Counter("ckv_put_direct_bytes_total",
+              "Bytes Puts wrote straight from the caller's tensors, without staging, since Open.",
+              s.put_direct_bytes);
+
+  // Re-Prefill sessions, summed when they finish.
+  out.Counter("ckv_sessions_total", "Re-Prefill sessions finished, since Open.", s.sessions);
+  out.Counter("ckv_session_records_served_total",
+              "Records finished sessions served in their views, since Open.",
+              s.session_records_served);
+  out.Counter("ckv_session_needed_bytes_total",
+              "Record bytes finished sessions served (what they needed), since Open.",
+              s.session_bytes_needed);
+  out.Counter("ckv_session_read_bytes_total",
+              "Bytes finished sessions read from NVMe (data and summaries), since Open.",
+              s.session_bytes_read);
+  out.Family("ckv_session_tier_hits_total", "counter",
+             "Records finished sessions found in a tier instead of reading them, since Open.");
+  out.Sample("ckv_session_tier_hits_total", {{"tier", "gpu"}}, s.gpu_hits);
+  out.Sample("ckv_session_tier_hits_total", {{"tier", "cpu"}}, s.cpu_hits);
+  out.Counter("ckv_session_summary_cache_hits_total",
+              "Chunks whose summaries finished sessions found in the CPU tier, since Open.",
+              s.summary_cache_hits);
+  out.Counter("ckv_prefetched_used_bytes_total",
+              "Prefetched (or speculated) bytes that a view then served, since Open.",
+              s.prefetched_bytes_used);
+  out.Counter("ckv_prefetched_wasted_bytes_total",
+              "Prefetched (or speculated) bytes that no view served, since Open.",
+              s.prefetched_bytes_wasted);
+  out.Counter("ckv_await_blocked_seconds_total",
+              "Time finished sessions' AwaitLayer calls waited for I/O, since Open.",
+              s.await_blocked_seconds);
+
+  // The tiers.
+  struct TierFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t engine::TierStats::*field;
+  };
+  static constexpr TierFamily kTierFamilies[] = {
+      {"ckv_tier_budget_bytes", "gauge", "The tier's byte budget for records (the CPU tier's without the summary cache's "
+       "share); 0 = disabled.",
+       &engine::TierStats::budget_bytes},
+      {"ckv_tier_allocated_bytes", "gauge",
+       "Slab bytes the tier took from its memory: resident and free slots.",
+       &engine::TierStats::allocated_bytes},
+      {"ckv_tier_resident_bytes", "gauge",
+       "Bytes of the records the tier holds, erased-but-pinned ones included.",
+       &engine::TierStats::resident_bytes},
+      {"ckv_tier_records", "gauge", "Records the tier holds, erased-but-pinned ones included.",
+       &engine::TierStats::records},
+      {"ckv_tier_hits_total", "counter", "Lookups the tier served, since Open.",
+       &engine::TierStats::hits},
+      {"ckv_tier_misses_total", "counter",
+       "Lookups that reached the tier and found nothing (a CPU hit is a GPU miss), since Open.",
+       &engine::TierStats::misses},
+      {"ckv_tier_admissions_total", "counter",
+       "Records placed in the tier: admitted, or demoted into it, since Open.",
+       &engine::TierStats::admissions},
+      {"ckv_tier_demotions_total", "counter",
+       "Records displaced from the tier into the next tier, since Open.",
+       &engine::TierStats::demotions},
+      {"ckv_tier_drops_total", "counter",
+       "Records displaced from the tier and cached nowhere, since Open.",
+       &engine::TierStats::drops},
+      {"ckv_tier_evictions_total", "counter",
+       "Records removed because their chunk left the store, since Open.",
+       &engine::TierStats::evictions},
+      {"ckv_tier_refusals_total", "counter",
+       "Records offered to the tier and not taken (outranked, or too much pinned), since Open.",
+       &engine::TierStats::refusals},
+      {"ckv_tier_errors_total", "counter",
+       "Records not cached because an allocation or copy failed, since Open.",
+       &engine::TierStats::errors},
+  };
+  for (const TierFamily& f : kTierFamilies) {
+    out.Family(f.name, f.type, f.help);
+    out.Sample(f.name, {{"tier", "gpu"}}, tiers[0].*f.field);
+    out.Sample(f.name, {{"tier", "cpu"}}, tiers[1].*f.field);
+  }
+  out.Gauge("ckv_gpu_tier_on_device",
+            "1 when the GPU tier is in a CUDA device's memory; 0 when it is host memory or "
+            "disabled.",
+            uint64_t{gpu_tier_on_device_ ? 1u : 0u});
+
+  // The read engine (made by the first Re-Prefill session; zeros before).
+  out.Counter("ckv_read_requests_submitted_total",
+              "Requests submitted to the read engine, since Open.", r.requests_submitted);
+  out.Family("ckv_read_requests_completed_total", "counter",
+             "Read engine requests by outcome (failed: I/O error or checksum mismatch; "
+             "cancelled: by Cancel or shutdown), since Open.");
+  out.Sample("ckv_read_requests_completed_total", {{"outcome", "ok"}}, r.requests_ok);
+  out.Sample("ckv_read_requests_completed_total", {{"outcome", "failed"}}, r.requests_failed);
+  out.Sample("ckv_read_requests_completed_total", {{"outcome", "cancelled"}},
+             r.requests_cancelled);
+  out.Counter("ckv_read_checksum_failures_total",
+              "Read engine requests whose checksum did not match, since Open.",
+              r.checksum_failures);
+  out.Counter("ckv_read_requests_coalesced_total",
+              "Requests that rode in another request's device read, since Open.",
+              r.requests_coalesced);
+  out.Counter("ckv_read_requested_bytes_total",
+              "Lengths of the requests issued to the device, since Open.", r.bytes_requested);
+  out.Counter("ckv_read_device_bytes_total",
+              "Bytes the device transferred for the read engine (retries included), since Open.",
+              r.bytes_read);
+  out.Counter("ckv_read_device_ios_total",
+              "Transfers the read engine's I/O queues issued (requeued remainders and retries "
+              "included), since Open.",
+              r.ios_issued);
+  out.Counter("ckv_read_busy_seconds_total",
+              "Time at least one device read was in flight, since the read engine started.",
+              r.busy_seconds);
+  out.Counter("ckv_read_idle_with_pending_seconds_total",
+              "Time no device read was in flight while requests were queued (bubbles), since "
+              "the read engine started.",
+              r.idle_with_pending_seconds);
+  out.Counter("ckv_read_elapsed_seconds_total", "Time since the read engine started.",
+              r.elapsed_seconds);
+  out.Gauge("ckv_read_mean_queue_depth",
+            "Time-weighted mean of device reads in flight since the read engine started.",
+            r.mean_queue_depth);
+
+  // Latencies of the calls that returned OK, and failures.
+  out.Histogram("ckv_put_latency_seconds",
+                "Time Engine::Put took, of the Puts that returned OK, since Open.",
+                metrics_.put.snapshot());
+  out.Histogram("ckv_lookup_latency_seconds",
+                "Time Engine::Lookup took, of the Lookups that returned OK, since Open.",
+                metrics_.lookup.snapshot());
+  out.Histogram("ckv_await_layer_latency_seconds",
+                "Time ReprefillSession::AwaitLayer took, of the calls that returned OK, since "
+                "Open.",
+                metrics_.await_layer.snapshot());
+  out.Histogram("ckv_reprefill_latency_seconds",
+                "Time from Engine::BeginReprefill to the session's Finish, of the sessions that "
+                "finished OK, since Open.",
+                metrics_.reprefill.snapshot());
+  out.Failures("ckv_failures_total",
+               "Calls of the public API that returned an error, by operation and status code, "
+               "since Open.",
+               metrics_.failures);
+
+  out.Family("ckv_io_backend_info", "gauge", "The disk I/O backend in use (io_uring or threads).");
+  out.Sample("ckv_io_backend_info", {{"backend", backend}}, uint64_t{1});
+  return out.Take();
+}
 
 }  // namespace
 

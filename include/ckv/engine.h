@@ -4,7 +4,7 @@
 // An Engine keeps the KV caches of prefixes on disk as ContiguousChunks. Put persists the whole
 // chunks of a prefix (skipping those already stored), Lookup tells how many leading chunks of a
 // token sequence are stored, ReadRecord reads one record (K then V of one chunk at one layer) with
-// its checksum verified, Delete drops a prefix, and Stats / ListPrefixes report.
+// its checksum verified, Delete drops a prefix, and Stats / Metrics / ListPrefixes report.
 //
 // Promises:
 //   - Durable before visible: a Put's records are written and fdatasync'd before one synced
@@ -113,6 +113,19 @@ class Engine {
       const ReprefillOptions& options = {}) = 0;
 
   virtual EngineStats Stats() = 0;
+
+  // The engine's figures in the Prometheus text exposition format (version 0.0.4), for a serving
+  // process to expose on its /metrics endpoint: the store (Stats(): what it holds, counters
+  // since creation and since Open), the GPU and CPU tiers (label tier="gpu"|"cpu"), the read
+  // engine, Re-Prefill sessions, latency histograms in seconds of Put, Lookup, AwaitLayer and a
+  // whole Re-Prefill (BeginReprefill to Finish) over the calls that returned OK, failures of
+  // the public calls by operation and status code (ckv_failures_total{op="put",
+  // code="RESOURCE_EXHAUSTED"}), the I/O backend in use (ckv_io_backend_info{backend="io_uring"}
+  // 1) and whether the GPU tier is device memory (ckv_gpu_tier_on_device). Names start with
+  // ckv_; docs/metrics.md lists them. Counters since Open restart at 0 with the process (the
+  // store's persisted counters do not). Cheap: no I/O; the histograms and failure counters are
+  // updated with relaxed atomics on the calls' paths.
+  virtual std::string Metrics() = 0;
 };
 
 }  // namespace ckv
