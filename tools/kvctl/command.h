@@ -8,9 +8,10 @@
 // CLI11 subcommand (tools/cli.h) and returns how to run it.
 //
 // kvctl uses the public API (include/ckv/) and tools/ (the synthetic generator, safetensors),
-// with two exceptions: export reads a prefix's token ids from the catalog, which the Engine API
-// does not expose (import_export.cc, ReadPrefixTokens), and stats takes the CPU tier's summary
-// share from engine/tier_cache.h.
+// with these exceptions: export reads a prefix's token ids from the catalog, which the Engine API
+// does not expose (import_export.cc, ReadPrefixTokens); stats takes the CPU tier's summary share
+// from engine/tier_cache.h, and writes --format prom with engine/metrics.h (StoreMetrics), so
+// that its names are Engine::Metrics()'s.
 #ifndef CKV_TOOLS_KVCTL_COMMAND_H_
 #define CKV_TOOLS_KVCTL_COMMAND_H_
 

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvctl stats: a store's figures, the spread of S = I x F, and what the tiers would hold.
+// kvctl stats: a store's figures, the spread of S = I x F, and what the tiers would hold; or,
+// with --format prom, the store's figures at rest in the Prometheus text format.
 #include <algorithm>
 #include <cstdio>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 
+#include "engine/metrics.h"
 #include "engine/tier_cache.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
@@ -18,6 +20,7 @@ struct StatsOptions {
   uint64_t gpu_tier_bytes = 0;
   uint64_t cpu_tier_bytes = 0;
   cli::JsonOutput json;
+  std::string format = "table";  // table, json (as --json) or prom
 };
 
 // What the tiers would hold if they kept the top-S records (see the footer of AddStats).
@@ -214,7 +217,40 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
               "'kvctl stats --help'\n");
 }
 
-int RunStats(const StatsOptions& o) {
+// The at-rest families (engine/metrics.h, StoreMetrics: the names Engine::Metrics() gives
+// them), each sample labelled with the store, for node_exporter's textfile collector.
+int PrintStatsProm(const StatsOptions& o, const EngineStats& stats) {
+  engine::MetricsText out({{"store", o.store}});
+  engine::StoreMetrics(stats, out);
+  std::fputs(out.text().c_str(), stdout);
+  return std::fflush(stdout) == 0 ? kExitOk
+                                  : StoreError("stats", absl::InternalError("cannot write stdout"));
+}
+
+int RunStats(StatsOptions o) {
+  if (o.format == "json") {
+    if (o.json.enabled && !o.json.ToStdout()) {
+      return UsageError("stats", "--format json writes stdout; --json " + o.json.path +
+                                     " writes a file: give one of them");
+    }
+    o.json.enabled = true;
+    o.json.path.clear();
+  } else if (o.format == "prom" && o.json.ToStdout()) {
+    return UsageError("stats", "--format prom and --json both write stdout: give --json a PATH");
+  }
+  if (o.format == "prom") {
+    auto engine = OpenExisting(o.store);
+    if (!engine.ok()) return StoreError("open " + o.store, engine.status());
+    const EngineStats stats = (*engine)->Stats();
+    if (o.json.enabled) {  // to its PATH
+      tools::JsonWriter w;
+      w.BeginObject().Key("store").String(o.store).Key("stats");
+      WriteStatsJson(w, stats);
+      w.EndObject();
+      if (const int rc = EmitJson(o.json, w); rc != kExitOk) return rc;
+    }
+    return PrintStatsProm(o, stats);
+  }
   StoreFigures f;
   f.gpu.budget_bytes = o.gpu_tier_bytes;
   f.cpu.budget_bytes = o.cpu_tier_bytes;
@@ -271,13 +307,24 @@ Command AddStats(CLI::App& kvctl) {
       "A store at rest has no running tiers: the figures of sessions (tier hits, bytes read,\n"
       "prefetch use, time blocked on I/O, bubbles) live in the serving process that ran them\n"
       "(Engine::Stats() there; 'kvctl replay' prints them for its own run).\n"
-      "Example: kvctl stats ./store --gpu-tier-bytes 1G --cpu-tier-bytes 4G");
+      "--format prom prints the store's figures at rest in the Prometheus text format, each\n"
+      "sample labelled store=\"STORE\", for node_exporter's textfile collector: ckv_chunks,\n"
+      "ckv_prefixes, ckv_segments, ckv_disk_used_bytes, ckv_disk_cap_bytes (0 = unlimited),\n"
+      "ckv_free_kept_bytes, ckv_index_memory_bytes, and the counters since creation\n"
+      "ckv_puts_total, ckv_chunks_written_total, ckv_chunks_deduplicated_total,\n"
+      "ckv_written_bytes_total, ckv_chunks_evicted_total, ckv_evicted_bytes_total,\n"
+      "ckv_chunks_deleted_total (the names a serving process's Engine::Metrics() gives them).\n"
+      "Example: kvctl stats ./store --gpu-tier-bytes 1G --cpu-tier-bytes 4G\n"
+      "Example: kvctl stats ./store --format prom > /var/lib/node_exporter/ckv.prom.tmp");
   AddStoreArg(*cmd, &o->store);
   cli::AddBytes(*cmd, "--gpu-tier-bytes", &o->gpu_tier_bytes,
                 "GPU tier budget to rank against (default 0: not shown)");
   cli::AddBytes(*cmd, "--cpu-tier-bytes", &o->cpu_tier_bytes,
                 "CPU tier budget to rank against (default 0: not shown)");
   cli::AddJson(*cmd, &o->json);
+  cli::AddChoice(*cmd, "--format", &o->format, {"table", "json", "prom"},
+                 "output: table (default), json (as --json), prom (Prometheus text, the figures "
+                 "at rest)");
   return {cmd, [o] { return RunStats(*o); }};
 }
 
