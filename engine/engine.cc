@@ -419,8 +419,9 @@ std::string EngineImpl::Metrics() {
     uint64_t engine::TierStats::*field;
   };
   static constexpr TierFamily kTierFamilies[] = {
-      {"ckv_tier_budget_bytes", "gauge", "The tier's byte budget for records (the CPU tier's without the summary cache's "
-       "share); 0 = disabled.",
+      {"ckv_tier_budget_bytes", "gauge",
+       "The tier's byte budget for records (the CPU tier's without the summary cache's share); "
+       "0 = disabled.",
        &engine::TierStats::budget_bytes},
       {"ckv_tier_allocated_bytes", "gauge",
        "Slab bytes the tier took from its memory: resident and free slots.",

@@ -117,7 +117,11 @@ void MetricsText::SampleText(std::string_view name, Labels labels, std::string_v
     out_ += '{';
     bool first = true;
     auto add = [&](std::string_view k, std::string_view v) {
-      out_.append(first ? "" : ",").append(k).append("=\"").append(EscapeLabelValue(v)).append("\"");
+      out_.append(first ? "" : ",")
+          .append(k)
+          .append("=\"")
+          .append(EscapeLabelValue(v))
+          .append("\"");
       first = false;
     };
     for (const auto& [k, v] : constant_labels_) add(k, v);
@@ -197,8 +201,7 @@ void StoreMetrics(const EngineStats& s, MetricsText& out) {
   out.Gauge("ckv_index_memory_bytes",
             "Memory of the in-RAM chunk index (chunk table, checksums, leaves, fingerprints).",
             s.index_memory_bytes);
-  out.Counter("ckv_puts_total", "Put calls that returned OK, since the store was created.",
-              s.puts);
+  out.Counter("ckv_puts_total", "Put calls that returned OK, since the store was created.", s.puts);
   out.Counter("ckv_chunks_written_total",
               "Chunks whose records a Put wrote, since the store was created.", s.chunks_written);
   out.Counter("ckv_chunks_deduplicated_total",
@@ -210,8 +213,8 @@ void StoreMetrics(const EngineStats& s, MetricsText& out) {
   out.Counter("ckv_chunks_evicted_total",
               "Chunks removed to keep the store under its cap, since the store was created.",
               s.chunks_evicted);
-  out.Counter("ckv_evicted_bytes_total", "Segment bytes evictions freed, since the store was created.",
-              s.bytes_evicted);
+  out.Counter("ckv_evicted_bytes_total",
+              "Segment bytes evictions freed, since the store was created.", s.bytes_evicted);
   out.Counter("ckv_chunks_deleted_total", "Chunks removed by Delete, since the store was created.",
               s.chunks_deleted);
 }

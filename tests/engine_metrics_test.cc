@@ -118,11 +118,9 @@ TEST(EngineMetricsTest, CountsCallsLatenciesSessionsAndFailuresByCode) {
   // Failures, each by its operation and code, and nothing else.
   EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "put"}, {"code", "INVALID_ARGUMENT"}}), 1);
   EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "delete"}, {"code", "NOT_FOUND"}}), 1);
-  EXPECT_EQ(p.Value("ckv_failures_total",
-                    {{"op", "begin_reprefill"}, {"code", "INVALID_ARGUMENT"}}),
-            1);
-  EXPECT_EQ(p.Value("ckv_failures_total",
-                    {{"op", "await_layer"}, {"code", "FAILED_PRECONDITION"}}),
+  EXPECT_EQ(
+      p.Value("ckv_failures_total", {{"op", "begin_reprefill"}, {"code", "INVALID_ARGUMENT"}}), 1);
+  EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "await_layer"}, {"code", "FAILED_PRECONDITION"}}),
             1);
   EXPECT_EQ(p.Count("ckv_failures_total"), 4u);
   // Sessions, the read engine and the tiers.
@@ -141,8 +139,7 @@ TEST(EngineMetricsTest, CountsCallsLatenciesSessionsAndFailuresByCode) {
             static_cast<double>(stats.cpu_tier_budget_bytes));
   EXPECT_EQ(p.Value("ckv_tier_resident_bytes", {{"tier", "gpu"}}),
             static_cast<double>(stats.gpu_tier_resident_bytes));
-  EXPECT_EQ(p.Value("ckv_gpu_tier_on_device"),
-            kernels::NewCudaMemory().ok() ? 1 : 0);
+  EXPECT_EQ(p.Value("ckv_gpu_tier_on_device"), kernels::NewCudaMemory().ok() ? 1 : 0);
   // The backend: the read engine's, the one the POSIX file system picks for kAuto.
   EXPECT_EQ(p.Count("ckv_io_backend_info"), 1u);
   EXPECT_EQ(p.Value("ckv_io_backend_info",

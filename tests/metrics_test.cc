@@ -19,8 +19,8 @@ using ::ckv::testing::PromText;
 TEST(LatencyHistogramTest, BucketsAreLogSpacedMicrosecondsWithInclusiveUpperBounds) {
   EXPECT_EQ(LatencyHistogram::BucketOf(-5), 0u);
   EXPECT_EQ(LatencyHistogram::BucketOf(0), 0u);
-  EXPECT_EQ(LatencyHistogram::BucketOf(1000), 0u);   // 1 us <= le 1e-06
-  EXPECT_EQ(LatencyHistogram::BucketOf(1001), 1u);   // just over 1 us: le 2e-06
+  EXPECT_EQ(LatencyHistogram::BucketOf(1000), 0u);  // 1 us <= le 1e-06
+  EXPECT_EQ(LatencyHistogram::BucketOf(1001), 1u);  // just over 1 us: le 2e-06
   EXPECT_EQ(LatencyHistogram::BucketOf(2000), 1u);
   EXPECT_EQ(LatencyHistogram::BucketOf(2001), 2u);
   EXPECT_EQ(LatencyHistogram::BucketOf(4000), 2u);
@@ -80,16 +80,17 @@ TEST(FailureCountersTest, CountsErrorsByOperationAndCodeAndIgnoresOk) {
 
 TEST(MetricsTextTest, WritesFamiliesThatParseWithCumulativeHistogramsAndEscapedLabels) {
   LatencyHistogram h;
-  h.Observe(500);            // bucket 0
-  h.Observe(3'000);          // 4 us
-  h.Observe(3'500);          // 4 us
-  h.Observe(900'000'000);    // 0.9 s: le 1.048576
+  h.Observe(500);                           // bucket 0
+  h.Observe(3'000);                         // 4 us
+  h.Observe(3'500);                         // 4 us
+  h.Observe(900'000'000);                   // 0.9 s: le 1.048576
   h.Observe(int64_t{100} * 1'000'000'000);  // +Inf
   FailureCounters f;
   f.Record(Op::kPut, absl::ResourceExhaustedError("cap"));
   f.Record(Op::kLookup, absl::FailedPreconditionError("foreign spec"));
 
-  MetricsText out(std::vector<std::pair<std::string, std::string>>{{"store", "/srv/a \"b\"\\c\nd"}});
+  MetricsText out(
+      std::vector<std::pair<std::string, std::string>>{{"store", "/srv/a \"b\"\\c\nd"}});
   out.Counter("ckv_things_total", "Things.\nWith a second line and a \\ backslash.", uint64_t{7});
   out.Gauge("ckv_ratio", "A ratio.", 0.25);
   out.Histogram("ckv_op_latency_seconds", "Latency.", h.snapshot());
@@ -122,13 +123,13 @@ TEST(MetricsTextTest, WritesFamiliesThatParseWithCumulativeHistogramsAndEscapedL
   // Failures: only the counts that are not 0, with the status code's canonical name.
   EXPECT_EQ(p.Count("ckv_failures_total"), 2u);
   EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "put"}, {"code", "RESOURCE_EXHAUSTED"}}), 1);
-  EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "lookup"}, {"code", "FAILED_PRECONDITION"}}),
-            1);
+  EXPECT_EQ(p.Value("ckv_failures_total", {{"op", "lookup"}, {"code", "FAILED_PRECONDITION"}}), 1);
   EXPECT_EQ(p.Value("ckv_io_backend_info", {{"backend", "io_uring"}}), 1);
   // The escapes as written.
   EXPECT_NE(text.find("store=\"/srv/a \\\"b\\\"\\\\c\\nd\""), std::string::npos) << text;
-  EXPECT_NE(text.find("# HELP ckv_things_total Things.\\nWith a second line and a \\\\ backslash.\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("# HELP ckv_things_total Things.\\nWith a second line and a \\\\ backslash.\n"),
+      std::string::npos)
       << text;
 }
 

@@ -35,8 +35,8 @@ struct PromText {
 
   // The value of the one sample named `name` whose labels include `labels`; NaN when there is
   // none, or more than one.
-  double Value(const std::string& name, const std::map<std::string, std::string>& labels = {})
-      const {
+  double Value(const std::string& name,
+               const std::map<std::string, std::string>& labels = {}) const {
     double found = std::nan("");
     int n = 0;
     for (const PromSample& s : samples) {
@@ -139,7 +139,8 @@ inline bool ParsePromText(std::string_view text, PromText* out, std::string* err
         if (out->help.count(name)) return fail(line, "second HELP");
         std::string unescaped;
         for (size_t i = 0; i < rest.size(); ++i) {
-          if (rest[i] == '\\' && i + 1 < rest.size() && (rest[i + 1] == '\\' || rest[i + 1] == 'n')) {
+          if (rest[i] == '\\' && i + 1 < rest.size() &&
+              (rest[i + 1] == '\\' || rest[i + 1] == 'n')) {
             unescaped += rest[i + 1] == 'n' ? '\n' : '\\';
             ++i;
           } else {
@@ -183,10 +184,14 @@ inline bool ParsePromText(std::string_view text, PromText* out, std::string* err
           if (c == '\\') {
             if (p >= line.size()) return fail(line, "dangling escape");
             const char e = line[p++];
-            if (e == '\\') value += '\\';
-            else if (e == '"') value += '"';
-            else if (e == 'n') value += '\n';
-            else return fail(line, "bad escape");
+            if (e == '\\')
+              value += '\\';
+            else if (e == '"')
+              value += '"';
+            else if (e == 'n')
+              value += '\n';
+            else
+              return fail(line, "bad escape");
           } else {
             value += c;
           }

@@ -123,8 +123,9 @@ class Engine {
   // code="RESOURCE_EXHAUSTED"}), the I/O backend in use (ckv_io_backend_info{backend="io_uring"}
   // 1) and whether the GPU tier is device memory (ckv_gpu_tier_on_device). Names start with
   // ckv_; docs/metrics.md lists them. Counters since Open restart at 0 with the process (the
-  // store's persisted counters do not). Cheap: no I/O; the histograms and failure counters are
-  // updated with relaxed atomics on the calls' paths.
+  // store's persisted counters do not). Cheap: no disk I/O (the first call before any session
+  // sets up one I/O queue to learn the backend); the histograms and failure counters are updated
+  // with relaxed atomics on the calls' paths.
   virtual std::string Metrics() = 0;
 };
 
