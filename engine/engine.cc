@@ -377,6 +377,15 @@ std::string EngineImpl::Metrics() {
   out.Counter("ckv_inline_evictions_total",
               "Puts that found too little room and evicted inline, since Open.",
               s.inline_evictions);
+  out.Counter("ckv_no_space_puts_total",
+              "Puts that found the file system full (ENOSPC) below the cap, evicted to make room "
+              "and tried once more, since Open.",
+              s.no_space_puts);
+  out.Counter("ckv_no_space_recovered_total",
+              "Of those Puts, the ones the retry stored, since Open.", s.no_space_recovered);
+  out.Counter("ckv_no_space_evictions_total",
+              "Chunks evicted because the file system was full, since Open.",
+              s.no_space_evictions);
   out.Counter("ckv_put_staging_waits_total",
               "Puts that waited for a lane of staging memory, since Open.", s.put_staging_waits);
   out.Counter("ckv_put_direct_bytes_total",
