@@ -323,8 +323,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 std::string EngineImpl::IoBackendInUse() {
   if (reads_ != nullptr) return reads_->backend();
   if (io_backend_.empty()) {
-    storage::FileSystem* fs = options_.file_system != nullptr
-                                  ? options_.file_system
+    storage::FileSystem* fs = file_system_ != nullptr
+                                  ? file_system_
                                   : storage::PosixFileSystem(options_.io_backend);
     absl::StatusOr<std::unique_ptr<storage::IoQueue>> queue = fs->NewIoQueue(1);
     if (!queue.ok()) return "unknown";  // asked again next time
