@@ -5,8 +5,15 @@
 #include "ckv/engine.h"
 
 #include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "ckv/status.h"
 #include "engine/internal.h"
 #include "engine/metrics.h"
 #include "engine/session.h"
@@ -537,6 +544,150 @@ std::string EngineImpl::Metrics() {
   return out.Take();
 }
 
+// An engine over a read-only view of a store that another process may write
+// (Engine::OpenReadOnly). The view is a ChunkStore opened read-only; CatchUp swaps in a new one,
+// and calls already under way keep the one they took.
+class ReadOnlyEngine final : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options,
+                                                      const std::string& path,
+                                                      storage::FileSystem* file_system) {
+    storage::StoreOptions o = StoreOptionsOf(options);
+    o.read_only = true;
+    o.file_system = file_system;
+    o.put_staging_bytes = 1u << 20;  // a view writes nothing: the smallest staging pool
+    auto engine = std::unique_ptr<ReadOnlyEngine>(new ReadOnlyEngine(o, path));
+    CKV_ASSIGN_OR_RETURN(engine->view_, engine->NewView());
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
+
+  absl::Status CatchUp() override {
+    CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> fresh, NewView());
+    absl::MutexLock lock(&mu_);
+    view_ = std::move(fresh);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PutResult> Put(const ModelSpec&, std::span<const int32_t>,
+                                const KvTensors&) override {
+    return Refused("Put");
+  }
+  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
+                                  std::span<const int32_t> tokens) override {
+    return View()->Lookup(spec, tokens);
+  }
+  absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                          std::span<std::byte> out) override {
+    absl::Status s = View()->ReadRecord(spec, key, layer, out);
+    if (!absl::IsDataLoss(s)) return s;
+    // The writer may have evicted or deleted the chunk after this view was taken and written
+    // another into its slot: a newer view says whether it is still stored, and where.
+    CKV_RETURN_IF_ERROR(CatchUp());
+    absl::Status again = View()->ReadRecord(spec, key, layer, out);
+    if (absl::IsNotFound(again)) {
+      return absl::NotFoundError(absl::StrCat(
+          "chunk ", key.ToHex(), " was evicted or deleted by the store's writer while it was "
+          "read (", again.message(), ")"));
+    }
+    if (absl::IsDataLoss(again)) LogError(again);
+    return again;
+  }
+  absl::Status Delete(const ModelSpec&, std::span<const int32_t>) override {
+    return Refused("Delete");
+  }
+  absl::Status DeletePrefix(const ChunkKey&) override { return Refused("DeletePrefix"); }
+  std::vector<PrefixInfo> ListPrefixes() override { return View()->ListPrefixes(); }
+  absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
+                                                     ModelSpec* spec) override {
+    return View()->PrefixChunks(prefix_id, spec);
+  }
+  absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) override {
+    return View()->DescribePrefix(prefix_id);
+  }
+  absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
+    std::shared_ptr<storage::ChunkStore> view = View();
+    absl::flat_hash_set<ChunkKey> failed;
+    CKV_ASSIGN_OR_RETURN(VerifyReport report, view->Verify(progress, &failed));
+    if (failed.empty()) return report;
+    // A chunk the writer evicted, deleted or moved while it was read is no problem of the store:
+    // a newer view drops it, or places it elsewhere.
+    CKV_RETURN_IF_ERROR(CatchUp());
+    std::shared_ptr<storage::ChunkStore> now = View();
+    for (const ChunkKey& key : failed) {
+      auto before = view->LocateRecord(key, 0);
+      auto after = now->LocateRecord(key, 0);
+      const bool same_place = before.ok() && after.ok() &&
+                              before->segment_path == after->segment_path &&
+                              before->offset == after->offset;
+      if (same_place) continue;
+      // Problems name a record by its chunk key's first 16 hex digits ("record 0bf6.../L0").
+      const std::string hex = key.ToHex().substr(0, 16);
+      std::erase_if(report.problems, [&](const std::string& p) {
+        if (p.find(hex) == std::string::npos) return false;
+        if (p.find("checksum") != std::string::npos && report.checksum_failures > 0) {
+          report.checksum_failures--;
+        }
+        return true;
+      });
+    }
+    return report;
+  }
+  absl::StatusOr<RepairReport> Repair(const ProgressFn&) override { return Refused("Repair"); }
+  absl::StatusOr<GcReport> Gc() override { return Refused("Gc"); }
+  absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
+      const ModelSpec&, std::span<const int32_t>, const ReprefillOptions&) override {
+    return Refused("BeginReprefill");
+  }
+  EngineStats Stats() override { return EngineStatsOf(View()->Stats()); }
+  std::string Metrics() override {
+    engine::MetricsText out;
+    engine::StoreMetrics(Stats(), out);
+    return out.Take();
+  }
+
+ private:
+  ReadOnlyEngine(storage::StoreOptions options, std::string path)
+      : options_(std::move(options)), path_(std::move(path)) {}
+
+  std::shared_ptr<storage::ChunkStore> View() {
+    absl::MutexLock lock(&mu_);
+    return view_;
+  }
+
+  // A fresh view. The writer may flush, compact or Gc under the open (a file the catalog named
+  // is gone): then the open is tried again, a bounded number of times.
+  absl::StatusOr<std::shared_ptr<storage::ChunkStore>> NewView() {
+    absl::Status last;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store =
+          storage::ChunkStore::Open(options_, path_);
+      if (store.ok()) return std::shared_ptr<storage::ChunkStore>(std::move(*store));
+      last = store.status();
+      if (!absl::IsUnavailable(last)) return last;
+      absl::SleepFor(absl::Milliseconds(5 * (attempt + 1)));
+    }
+    return absl::UnavailableError(absl::StrCat("open ", path_,
+                                               " read-only: the writer changed the store under "
+                                               "20 tries; last: ",
+                                               last.message()));
+  }
+
+  void LogError(const absl::Status& s) const {
+    Logger* logger = options_.logger != nullptr ? options_.logger : StderrLogger();
+    logger->Log(LogLevel::kError, std::string(s.message()));
+  }
+
+  absl::Status Refused(std::string_view op) const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        std::string(op), " on ", path_, ": the engine is read-only (Engine::OpenReadOnly)"));
+  }
+
+  const storage::StoreOptions options_;
+  const std::string path_;
+  absl::Mutex mu_;
+  std::shared_ptr<storage::ChunkStore> view_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 namespace engine {
@@ -553,11 +704,21 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& optio
   if (!store.ok()) return store.status();
   return std::unique_ptr<Engine>(new EngineImpl(options, seams.file_system, std::move(*store)));
 }
+absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
+                                                              const std::string& path,
+                                                              const Seams& seams) {
+  return ReadOnlyEngine::Open(options, path, seams.file_system);
+}
 }  // namespace engine
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options,
                                                      const std::string& path) {
   return engine::OpenWithSeams(options, path, {});
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::OpenReadOnly(const EngineOptions& options,
+                                                             const std::string& path) {
+  return engine::OpenReadOnlyWithSeams(options, path, {});
 }
 
 }  // namespace ckv

@@ -38,9 +38,13 @@ struct Seams {
   storage::FileSystem* file_system = nullptr;
 };
 
-// Engine::Open, through `seams`.
+// Engine::Open and Engine::OpenReadOnly, through `seams` (a read-only engine uses only the file
+// system).
 absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& options,
                                                       const std::string& path, const Seams& seams);
+absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
+                                                              const std::string& path,
+                                                              const Seams& seams);
 
 }  // namespace ckv::engine
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdarg>
 #include <deque>
 #include <filesystem>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
 #include "rocksdb/cache.h"
+#include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "storage/private_file_system.h"
@@ -157,8 +159,40 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   return catalog;
 }
 
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenReadOnly(const std::string& dir,
+                                                               Contents* contents,
+                                                               FileSystem* fs) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+    return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
+  }
+  absl::StatusOr<std::unique_ptr<Catalog>> catalog =
+      OpenDb(dir, /*create=*/false, fs, /*read_only=*/true);
+  if (!catalog.ok()) {
+    if (absl::IsNotFound(catalog.status()) || absl::IsInternal(catalog.status())) {
+      // A file the MANIFEST named was gone: the writer flushed or compacted meanwhile.
+      return absl::UnavailableError(absl::StrCat(catalog.status().message(),
+                                                 " (the writer changed the catalog meanwhile)"));
+    }
+    return catalog.status();
+  }
+  CKV_RETURN_IF_ERROR((*catalog)->Load(contents));
+  return catalog;
+}
+
+namespace {
+
+// RocksDB's info log of a read-only catalog goes nowhere: a read-only open writes no file.
+class DiscardingRocksLogger final : public rocksdb::Logger {
+ public:
+  using rocksdb::Logger::Logv;
+  void Logv(const char* /*format*/, va_list /*ap*/) override {}
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir, bool create,
-                                                         FileSystem* fs) {
+                                                         FileSystem* fs, bool read_only) {
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = create;
   db_options.create_missing_column_families = create;
@@ -187,6 +221,15 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
   // file system puts its layer over them (faults, simulated power loss).
   catalog->env_ = NewPrivateEnv(fs);
   db_options.env = catalog->env_.get();
+  if (read_only) {
+    db_options.info_log = std::make_shared<DiscardingRocksLogger>();
+    rocksdb::DB* raw = nullptr;
+    CKV_RETURN_IF_ERROR(FromRocks(
+        rocksdb::DB::OpenForReadOnly(db_options, dir, descriptors, &catalog->handles_, &raw),
+        absl::StrCat("open catalog ", dir, " read-only")));
+    catalog->db_.reset(raw);
+    return catalog;
+  }
   if (!create) {
     CKV_RETURN_IF_ERROR(FromRocks(TightenModes(dir), absl::StrCat("restrict modes of ", dir)));
   }

@@ -82,6 +82,13 @@ class Catalog {
                                                        bool error_if_exists, Contents* contents,
                                                        FileSystem* fs = nullptr,
                                                        Clock* clock = nullptr);
+  // Opens the catalog in `dir` read-only, while another process may hold it for writing: a
+  // consistent view of what was committed when it opened (RocksDB's read-only instance: no lock,
+  // no file written, its info log discarded). Commits fail. Errors as Open's; Unavailable when
+  // the writer removed a file the open was reading (a flush or compaction): open again.
+  static absl::StatusOr<std::unique_ptr<Catalog>> OpenReadOnly(const std::string& dir,
+                                                               Contents* contents,
+                                                               FileSystem* fs = nullptr);
   ~Catalog();
 
   Batch NewBatch() { return Batch(this); }
@@ -133,7 +140,7 @@ class Catalog {
   Catalog() = default;
   static absl::Status CreateEmpty(const std::string& dir, FileSystem* fs, Clock* clock);
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create,
-                                                         FileSystem* fs);
+                                                         FileSystem* fs, bool read_only = false);
   absl::Status Load(Contents* contents);
   // RocksDB's Env with PrivateFileSystem (storage/private_file_system.h): files 0600,
   // directories 0700. Declared before db_ so that it outlives the DB.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
@@ -90,6 +91,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
         "EngineOptions.io_backend = io_uring, but io_uring cannot be set up in this process "
         "(kernel.io_uring_disabled, a seccomp profile or an old kernel); use kAuto or kThreads");
   }
+  if (options.read_only) return OpenReadOnly(options, path);
   FileSystem* fs = ChooseFileSystem(options);
   Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
 
@@ -177,6 +179,35 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   return store;
 }
 
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::OpenReadOnly(const StoreOptions& options,
+                                                                     const std::string& path) {
+  FileSystem* fs = ChooseFileSystem(options);
+  Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
+  if (!fs->Exists(path)) return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
+  StoreOptions resolved = options;
+  if (resolved.clock == nullptr) resolved.clock = RealClock();
+  std::unique_ptr<ChunkStore> store(new ChunkStore(resolved, path, fs, logger));
+  Catalog::Contents contents;
+  CKV_ASSIGN_OR_RETURN(store->catalog_,
+                       Catalog::OpenReadOnly(absl::StrCat(path, "/", kCatalogDir), &contents, fs));
+  bool snapshot_failed = false;
+  absl::Status loaded = store->Load(contents, /*use_snapshot=*/false, &snapshot_failed);
+  if (absl::IsDataLoss(loaded) && absl::StrContains(loaded.message(), "is missing")) {
+    // Gc deleted a segment file the view's catalog still names: the view is already stale.
+    return absl::UnavailableError(absl::StrCat(loaded.message(),
+                                               " (the writer removed it meanwhile); open again"));
+  }
+  CKV_RETURN_IF_ERROR(loaded);
+  return store;
+}
+
+absl::Status ChunkStore::RefuseIfReadOnly(std::string_view op) const {
+  if (!options_.read_only) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(std::string(op), " on ", path_,
+                   ": the store is open read-only (Engine::OpenReadOnly)"));
+}
+
 absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
                               bool* snapshot_failed) {
   absl::MutexLock lock(&mu_);
@@ -192,7 +223,9 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
                                               ") named by the catalog is missing"));
     }
     CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                         fs_->Open(file_path, FileSystem::OpenMode::kReadWrite));
+                         fs_->Open(file_path, options_.read_only
+                                                  ? FileSystem::OpenMode::kReadOnly
+                                                  : FileSystem::OpenMode::kReadWrite));
     segments_.emplace(id, std::make_unique<Segment>(id, geometry, std::move(file)));
     next_segment_id_ = std::max(next_segment_id_, id + 1);
   }
@@ -554,7 +587,10 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
   if (s.ok()) {
     s = ReadAndVerify(seg, slot.second, layer, handle->chunks()[0].checksums[layer], key, out);
   }
-  if (absl::IsDataLoss(s)) logger_->Log(LogLevel::kError, std::string(s.message()));
+  // A read-only view's mismatch may be a slot its writer reused: its engine decides, and logs.
+  if (absl::IsDataLoss(s) && !options_.read_only) {
+    logger_->Log(LogLevel::kError, std::string(s.message()));
+  }
   return s;
 }
 

@@ -90,6 +90,12 @@ struct StoreOptions {
   bool put_direct_writes = false;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
   FileSystem* file_system = nullptr;
+  // A read-only view of a store another process may hold for writing (Engine::OpenReadOnly):
+  // the catalog as committed when the view opened, read through RocksDB's read-only instance;
+  // segment files opened read-only; nothing created, written, punched or reclaimed, on open,
+  // while open or on close. Put, Delete, Repair, Gc and usage updates fail with
+  // FailedPrecondition. Ignores create_if_missing, error_if_exists, max_disk_bytes and layout.
+  bool read_only = false;
   // nullptr = stderr. Not owned; must outlive the store.
   Logger* logger = nullptr;
   // The time the store reads: the creation times it records (catalog, segments, prefixes).
@@ -231,6 +237,12 @@ class ChunkStore {
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id, ModelSpec* spec);
   absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id);
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
+  // Verify, with `failed` given the chunks that failed a check (a read-only view checks them
+  // again against a newer view: the writer may have evicted them while they were read).
+  absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress,
+                                      absl::flat_hash_set<ChunkKey>* failed) {
+    return VerifyInternal(progress, failed, nullptr);
+  }
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();
   StoreStats Stats();
@@ -365,6 +377,11 @@ class ChunkStore {
   using SlotId = std::pair<uint32_t, uint32_t>;  // segment, slot
 
   ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
+  // Open's read-only path (StoreOptions::read_only).
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> OpenReadOnly(const StoreOptions& options,
+                                                                  const std::string& path);
+  // FailedPrecondition naming `op` when this is a read-only view; OK otherwise.
+  absl::Status RefuseIfReadOnly(std::string_view op) const;
 
   // Indexes the catalog's chunks: from the index snapshot when `use_snapshot` and it matches the
   // catalog, else by a scan. *snapshot_failed: the snapshot matched but did not load (the store

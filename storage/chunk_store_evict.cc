@@ -299,6 +299,7 @@ absl::Status ChunkStore::ReadRecordsForUpdateLocked(
 }
 
 absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("AddUsage"));
   // The immutable fields come from the catalog; I and F from memory, updated and written under
   // mu_, so that concurrent additions do not lose each other.
   std::vector<ChunkKey> keys;
@@ -334,6 +335,7 @@ absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
 }
 
 absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("ResetUsage"));
   std::vector<ChunkKey> used;
   {
     absl::MutexLock lock(&mu_);
@@ -368,6 +370,7 @@ absl::StatusOr<uint64_t> ChunkStore::ResetUsage() {
 }
 
 absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> tokens) {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Delete"));
   CKV_RETURN_IF_ERROR(spec.Validate());
   if (tokens.empty() || tokens.size() % spec.chunk_tokens != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -379,6 +382,7 @@ absl::Status ChunkStore::Delete(const ModelSpec& spec, std::span<const int32_t> 
 }
 
 absl::Status ChunkStore::DeletePrefix(const ChunkKey& prefix_id) {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("DeletePrefix"));
   absl::MutexLock lock(&mu_);
   auto p = prefixes_.find(prefix_id);
   if (p == prefixes_.end()) {

@@ -17,6 +17,7 @@ using chunk_store_internal::kSegmentsDir;
 }  // namespace
 
 absl::StatusOr<GcReport> ChunkStore::Gc() {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Gc"));
   GcReport report;
   absl::MutexLock lock(&mu_);
   CKV_ASSIGN_OR_RETURN(report.bytes_reclaimed, RetryPunchesLocked());

@@ -102,6 +102,7 @@ absl::Status ChunkStore::ValidateAux(const AuxRecords* aux) {
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                           const KvTensors& kv, const AuxRecords* aux) {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Put"));
   const int64_t start_ns = options_.clock->MonotonicNanos();
   absl::StatusOr<PutResult> result = PutTimed(spec, tokens, kv, aux);
   if (result.ok()) {

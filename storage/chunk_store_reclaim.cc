@@ -217,6 +217,7 @@ absl::StatusOr<uint64_t> ChunkStore::ReclaimRoundLocked(bool* more) {
 }
 
 absl::StatusOr<uint64_t> ChunkStore::ReclaimNow() {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("ReclaimNow"));
   absl::MutexLock lock(&mu_);
   while (reclaim_running_) reclaim_cv_.Wait(&mu_);
   if (reclaim_stop_) return absl::FailedPreconditionError("ReclaimNow: the store is closing");

@@ -221,6 +221,7 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
 }
 
 absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
+  CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Repair"));
   RepairReport report;
   absl::flat_hash_set<ChunkKey> corrupt;
   CKV_ASSIGN_OR_RETURN(report.verify, VerifyInternal(progress, &corrupt, &report.remaining));

@@ -230,7 +230,7 @@ class PosixFileSystemImpl final : public FileSystem {
   explicit PosixFileSystemImpl(IoBackend backend) : backend_(backend) {}
 
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override {
-    int flags = O_RDWR | O_CLOEXEC;
+    int flags = (mode == OpenMode::kReadOnly ? O_RDONLY : O_RDWR) | O_CLOEXEC;
     if (mode == OpenMode::kCreateReadWrite) flags |= O_CREAT;
     bool direct = true;
     int fd = OpenRetryingEintr(path, flags | O_DIRECT);

@@ -141,6 +141,10 @@ TEST_F(StoreFaultTest, AFileSystemFullBelowTheCapEvictsInEvictionOrderAndTheRetr
   EXPECT_EQ(stats.no_space_puts, 1u);
   EXPECT_EQ(stats.no_space_recovered, 1u);
   EXPECT_EQ(stats.no_space_evictions, 8u);
+  const std::string metrics = engine_->Metrics();
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_puts_total 1\n"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_recovered_total 1\n"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_evictions_total 8\n"));
   EXPECT_EQ(stats.chunks, 4u + 12u);
   EXPECT_EQ(stats.disk_bytes_used, 16 * ChunkDiskBytes(spec_));
   // The last 8 chunks of `older` (its leaves, one after another) went; base_ stayed.

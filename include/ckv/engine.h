@@ -50,7 +50,28 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options,
                                                       const std::string& path);
 
+  // Opens the store in `path` read-only, while another process may hold it for writing (a
+  // scheduler answering Lookup beside the worker that stores, kvctl inspecting a live store).
+  // The engine sees the store as it was when it opened, or when CatchUp last ran; it writes
+  // nothing, takes no lock and reclaims nothing. Lookup, ReadRecord, ListPrefixes, PrefixChunks,
+  // DescribePrefix, Verify, Stats and Metrics work; Put, Delete, DeletePrefix, Repair, Gc and
+  // BeginReprefill fail with FailedPrecondition. A chunk the writer evicts or deletes after the
+  // view was taken may have its slot written over: ReadRecord then finds a checksum that does
+  // not match, catches up, and says NotFound (or serves the chunk where it now lives), never
+  // the other chunk's bytes; DataLoss only when the chunk is still there and still fails. Of
+  // `options`, only io_backend, io_queue_depth and logger are used. Errors: NotFound when no
+  // store is at `path`; FailedPrecondition for a newer format; Unavailable when the writer kept
+  // changing the catalog under every try of the open.
+  static absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnly(const EngineOptions& options,
+                                                              const std::string& path);
+
   virtual ~Engine() = default;
+
+  // A read-only engine (OpenReadOnly) takes a new view of the store: what the writer committed
+  // since. It costs a reopen (the catalog's index is read again: about 0.8 s per million chunks
+  // here). Views already handed out (pinned reads in flight) finish on the old one. An engine
+  // that writes sees its own store: OK, nothing to do.
+  virtual absl::Status CatchUp() { return absl::OkStatus(); }
 
   // Stores the whole chunks of the prefix `tokens` with their KV `kv` (kv.tokens ==
   // tokens.size(), one K and one V tensor per layer, see ckv/kv.h). Chunks already stored are not

@@ -57,6 +57,7 @@ Command AddGc(CLI::App& kvctl);      // remove.cc
 Command AddImport(CLI::App& kvctl);  // import_export.cc
 Command AddExport(CLI::App& kvctl);  // import_export.cc
 Command AddReplay(CLI::App& kvctl);  // replay.cc
+Command AddLookup(CLI::App& kvctl);  // lookup.cc
 
 // "kvctl: MESSAGE" and "Run 'kvctl COMMAND --help' for usage." on stderr; returns kExitUsage.
 int UsageError(const std::string& command, const std::string& message);
@@ -73,6 +74,9 @@ CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix);
 
 // Opens the store at `path`, which must exist.
 absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path);
+// Opens it read-only (Engine::OpenReadOnly): for the commands that only read (ls, show, stats,
+// verify, lookup), which thus work while a serving process holds the store, and change nothing.
+absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path);
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s);
 // The fields of a Put's result that put and import both report: as JSON keys (kv_bytes, chunks,
 // chunks_written, ...), and as the lines of the table under the command's first line.

@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path) {
   return Engine::Open(options, path);
 }
 
+absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path) {
+  return Engine::OpenReadOnly(EngineOptions{}, path);
+}
+
 void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes) {
   w.Key("kv_bytes").Uint(kv_bytes)
       .Key("chunks").Uint(result.chunks)

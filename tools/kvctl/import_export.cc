@@ -217,7 +217,7 @@ int RunExport(const ExportOptions& o) {
   if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("export", error);
   if (absl::Status s = CheckOutPath(o.out); !s.ok()) return StoreError("export " + o.out, s);
 
-  auto engine = OpenExisting(o.store);
+  auto engine = OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
   ChunkKey prefix_id;
   if (const int code = FindPrefix(**engine, "export", o.store, wanted, &prefix_id);

@@ -20,7 +20,7 @@ struct LsOptions {
 
 int RunLs(const LsOptions& o) {
   const std::string& store = o.store;
-  auto engine = OpenExisting(store);
+  auto engine = OpenToRead(store);
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   const std::vector<PrefixInfo> prefixes = (*engine)->ListPrefixes();
   const EngineStats stats = (*engine)->Stats();
@@ -134,7 +134,7 @@ int RunShow(const ShowOptions& o) {
   const std::string& store = o.store;
   std::string wanted = o.prefix;
   if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("show", error);
-  auto engine = OpenExisting(store);
+  auto engine = OpenToRead(store);
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   ChunkKey prefix_id;
   if (const int code = FindPrefix(**engine, "show", store, wanted, &prefix_id); code != kExitOk) {

@@ -5,6 +5,8 @@
 //   kvctl put STORE --model PRESET --tokens N --seed S [--shared-tokens K --shared-seed S2]
 //                   [--dtype fp16|bf16|fp32] [--model-id ID] [--chunk-tokens C] [--json [PATH]]
 //   kvctl ls STORE [--json [PATH]]
+//   kvctl lookup STORE (--model PRESET | --spec FILE) --tokens-file F [--model-id ID]
+//                [--json [PATH]]
 //   kvctl show STORE PREFIX [--json [PATH]]
 //   kvctl stats STORE [--gpu-tier-bytes B] [--cpu-tier-bytes B] [--json [PATH]]
 //   kvctl verify STORE [--synthetic | --repair] [--json [PATH]]
@@ -43,6 +45,7 @@ int Main(int argc, char** argv) {
   const std::vector<Command> commands = {
       AddInit(app),   AddPut(app), AddLs(app),     AddShow(app),   AddStats(app),  AddVerify(app),
       AddRm(app),     AddGc(app),  AddImport(app), AddExport(app), AddReplay(app),
+      AddLookup(app),
   };
   app.add_subcommand("help", "show this help, or 'kvctl help COMMAND' for one command");
   app.require_subcommand(1);

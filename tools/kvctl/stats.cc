@@ -239,7 +239,7 @@ int RunStats(StatsOptions o) {
     return UsageError("stats", "--format prom and --json both write stdout: give --json a PATH");
   }
   if (o.format == "prom") {
-    auto engine = OpenExisting(o.store);
+    auto engine = OpenToRead(o.store);
     if (!engine.ok()) return StoreError("open " + o.store, engine.status());
     const EngineStats stats = (*engine)->Stats();
     if (o.json.enabled) {  // to its PATH
@@ -257,7 +257,7 @@ int RunStats(StatsOptions o) {
   f.gpu.record_budget_bytes = f.gpu.budget_bytes;
   f.cpu.record_budget_bytes = f.cpu.budget_bytes - static_cast<uint64_t>(
       static_cast<double>(f.cpu.budget_bytes) * engine::kSummaryShare);
-  auto engine = OpenExisting(o.store);
+  auto engine = OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
 
   f.stats = (*engine)->Stats();

@@ -180,7 +180,8 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
 }
 
 int RunVerify(const VerifyOptions& o) {
-  auto engine = OpenExisting(o.store);
+  // Verify alone reads: it works while a serving process holds the store. Repair writes.
+  auto engine = o.repair ? OpenExisting(o.store) : OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
   const auto start = Clock::now();
   VerifyFigures f;
