@@ -147,7 +147,7 @@ TEST(LiveInspectionTest, KvctlReadsAStoreAServingProcessHolds) {
   const std::string store = dir.path();
   const auto before = Files(store);
   for (const char* command : {"ls", "stats", "verify"}) {
-    const auto r = testing::RunCommand(absl::StrCat(CKV_KVCTL_PATH, " ", command, " ", store));
+    const auto r = testing::RunProgram(CKV_KVCTL_PATH, absl::StrCat(command, " ", store));
     EXPECT_EQ(r.exit_code, 0) << command << ": " << r.output;
     EXPECT_THAT(r.output, ::testing::Not(HasSubstr("open in another process"))) << command;
   }
@@ -161,21 +161,24 @@ TEST(LiveInspectionTest, KvctlReadsAStoreAServingProcessHolds) {
     std::fputs(json.c_str(), f);
     std::fclose(f);
   }
-  const auto lookup = testing::RunCommand(absl::StrCat(
-      CKV_KVCTL_PATH, " lookup ", store, " --model qwen2.5-0.5b --tokens-file ", tokens_file));
+  const auto lookup = testing::RunProgram(
+      CKV_KVCTL_PATH,
+      absl::StrCat("lookup ", store, " --model qwen2.5-0.5b --tokens-file ", tokens_file));
   EXPECT_EQ(lookup.exit_code, 0) << lookup.output;
   EXPECT_THAT(lookup.output, HasSubstr("6 of 6 chunks stored (96 of 99 tokens)"));
   EXPECT_THAT(lookup.output, HasSubstr("the last 3 tokens are not a whole chunk"));
-  const auto other = testing::RunCommand(absl::StrCat(
-      CKV_KVCTL_PATH, " lookup ", store,
-      " --model qwen2.5-0.5b --model-id someone-else --json --tokens-file ", tokens_file));
+  const auto other = testing::RunProgram(
+      CKV_KVCTL_PATH, absl::StrCat("lookup ", store,
+                                   " --model qwen2.5-0.5b --model-id someone-else --json "
+                                   "--tokens-file ",
+                                   tokens_file));
   EXPECT_EQ(other.exit_code, 0) << other.output;
   EXPECT_THAT(other.output, HasSubstr("\"stored_chunks\":0,"));
   EXPECT_THAT(other.output, HasSubstr("\"breaks_at_chunk\":0}"));
   std::filesystem::remove(tokens_file);
   EXPECT_EQ(Files(store), before) << "kvctl's read-only commands changed the store's files";
   // A write through kvctl still needs the store to itself.
-  const auto gc = testing::RunCommand(absl::StrCat(CKV_KVCTL_PATH, " gc ", store));
+  const auto gc = testing::RunProgram(CKV_KVCTL_PATH, "gc " + store);
   EXPECT_EQ(gc.exit_code, 3) << gc.output;
   EXPECT_THAT(gc.output, HasSubstr("open in another process"));
 }

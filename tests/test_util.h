@@ -96,23 +96,6 @@ class Watchdog {
 };
 
 // The process's resident set size in bytes (/proc/self/statm), or 0 when unreadable.
-// What a shell command printed (stdout and stderr) and its exit code (-1 when it did not exit).
-struct CommandRun {
-  int exit_code = -1;
-  std::string output;
-};
-inline CommandRun RunCommand(const std::string& command) {
-  CommandRun r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 inline uint64_t RssBytes() {
   std::FILE* f = std::fopen("/proc/self/statm", "r");
   if (f == nullptr) return 0;
