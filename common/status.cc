@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -76,19 +77,33 @@ absl::StatusCode CodeFor(int err, std::string_view context) {
 
 }  // namespace
 
+// The payload that marks a full file system (IsNoSpace).
+constexpr char kNoSpaceUrl[] = "type.googleapis.com/ckv.NoSpace";
+
 absl::Status ErrnoToStatus(int err, std::string_view context) {
-  return absl::Status(CodeFor(err, context),
-                      absl::StrCat(Sv(context), ": ", ErrnoText(err), " (errno ", err, ")"));
+  absl::Status s(CodeFor(err, context),
+                 absl::StrCat(Sv(context), ": ", ErrnoText(err), " (errno ", err, ")"));
+  if (err == ENOSPC || err == EDQUOT) s.SetPayload(kNoSpaceUrl, absl::Cord(ErrnoText(err)));
+  return s;
+}
+
+absl::Status NoSpaceError(std::string_view message) {
+  absl::Status s = absl::ResourceExhaustedError(Sv(message));
+  s.SetPayload(kNoSpaceUrl, absl::Cord("NoSpace"));
+  return s;
+}
+
+absl::Status WithMessage(const absl::Status& s, std::string_view message) {
+  absl::Status out(s.code(), Sv(message));
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 bool IsNoSpace(const absl::Status& s) {
-  if (s.code() != absl::StatusCode::kResourceExhausted) return false;
-  static const std::string* const kTexts[] = {new std::string(ErrnoText(ENOSPC)),
-                                              new std::string(ErrnoText(EDQUOT))};
-  for (const std::string* text : kTexts) {
-    if (absl::StrContains(s.message(), *text)) return true;
-  }
-  return false;
+  return s.code() == absl::StatusCode::kResourceExhausted &&
+         s.GetPayload(kNoSpaceUrl).has_value();
 }
 
 }  // namespace ckv

@@ -54,7 +54,7 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view context) {
   std::string msg = absl::StrCat(context, ": ", s.ToString());
   if (s.IsCorruption()) return absl::DataLossError(msg);
   if (s.IsNotFound()) return absl::NotFoundError(msg);
-  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  if (s.IsNoSpace()) return NoSpaceError(msg);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
   if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
   if (s.IsIOError()) {
@@ -65,9 +65,7 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view context) {
     if (s.ToString().find("Permission denied") != std::string::npos) {
       return absl::PermissionDeniedError(msg);
     }
-    if (s.ToString().find("No space") != std::string::npos) {
-      return absl::ResourceExhaustedError(msg);
-    }
+    if (s.ToString().find("No space") != std::string::npos) return NoSpaceError(msg);
   }
   return absl::InternalError(msg);
 }

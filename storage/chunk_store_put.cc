@@ -124,24 +124,31 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
   // tries once more. The failed Put left nothing behind (its slots were freed).
   uint64_t evicted = 0;
   absl::StatusOr<uint64_t> freed;
+  std::string punch_error;
   {
     absl::MutexLock lock(&mu_);
     ++no_space_puts_;
     freed = FreeDiskLocked(need, &evicted);
     no_space_evictions_ += evicted;
+    punch_error = last_punch_error_;
   }
   const std::string what = absl::StrCat("the file system was full (", result.status().message(),
                                         ")");
   if (!freed.ok()) {
-    return absl::Status(freed.status().code(),
-                        absl::StrCat("Put of ", spec.model_id, ": ", what,
-                                     "; giving back room for a retry failed: ",
-                                     freed.status().message()));
+    return WithMessage(freed.status(),
+                       absl::StrCat("Put of ", spec.model_id, ": ", what,
+                                    "; giving back room for a retry failed: ",
+                                    freed.status().message()));
   }
   if (*freed == 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "Put of ", spec.model_id, ": ", what,
-        "; nothing could be evicted to make room (every chunk is held by readers or Puts)"));
+    return WithMessage(
+        result.status(),
+        absl::StrCat("Put of ", spec.model_id, ": ", what, "; ",
+                     evicted == 0 ? std::string("nothing could be evicted to make room (every "
+                                                "chunk is held by readers or Puts)")
+                                  : absl::StrCat("evicted ", evicted,
+                                                 " chunks, but their blocks could not be given "
+                                                 "back (", punch_error, ")")));
   }
   logger_->Log(LogLevel::kWarning,
                absl::StrCat("Put of ", spec.model_id, ": ", what, "; evicted ", evicted,
@@ -154,9 +161,9 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
     ++no_space_recovered_;
     return result;
   }
-  return absl::Status(result.status().code(),
-                      absl::StrCat(result.status().message(), " (after ", what, " and ", evicted,
-                                   " chunks were evicted to make room)"));
+  return WithMessage(result.status(),
+                     absl::StrCat(result.status().message(), " (after ", what, " and ", evicted,
+                                  " chunks were evicted to make room)"));
 }
 
 absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,

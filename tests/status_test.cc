@@ -8,11 +8,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rocksdb/status.h"
+#include "storage/catalog.h"
 
 namespace ckv {
 namespace {
@@ -57,6 +60,30 @@ TEST(ErrnoToStatusTest, Message) {
   EXPECT_EQ(s.message(),
             "write segment seg-000003.ckv at offset 4096: No space left on device (errno 28)");
   EXPECT_THAT(ErrnoToStatus(99999, "x").message(), HasSubstr("(errno 99999)"));
+}
+
+// A full file system is told by a mark, not by words: ENOSPC and EDQUOT from the one errno
+// mapping and RocksDB's NoSpace carry it, keep it when a message is reworded, and a cap error
+// that quotes a punch's ENOSPC text does not have it (the Put would evict for nothing).
+TEST(ErrnoToStatusTest, IsNoSpaceGoesByTheMarkNotTheMessage) {
+  EXPECT_TRUE(IsNoSpace(ErrnoToStatus(ENOSPC, "write segment seg-000003.ckv")));
+  EXPECT_TRUE(IsNoSpace(ErrnoToStatus(EDQUOT, "write segment seg-000003.ckv")));
+  EXPECT_FALSE(IsNoSpace(ErrnoToStatus(ENOMEM, "allocate")));  // ResourceExhausted, not a disk
+  EXPECT_FALSE(IsNoSpace(ErrnoToStatus(EIO, "write segment seg-000003.ckv")));
+  const absl::Status rocks = storage::FromRocks(
+      rocksdb::Status::NoSpace("While appending to file: 000012.log"), "commit catalog batch");
+  EXPECT_EQ(rocks.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsNoSpace(rocks)) << rocks;
+  const absl::Status punch = ErrnoToStatus(ENOSPC, "punch hole in seg-000001.ckv");
+  const absl::Status cap = absl::ResourceExhaustedError(
+      absl::StrCat("cannot make room for 65536 bytes under max_disk_bytes 1048576: evicted 2 "
+                   "chunks but could not give back the blocks of 2 slots (",
+                   punch.message(), ")"));
+  EXPECT_FALSE(IsNoSpace(cap)) << cap;
+  const absl::Status reworded = WithMessage(punch, "Put of m: the file system was full");
+  EXPECT_TRUE(IsNoSpace(reworded));
+  EXPECT_EQ(reworded.message(), "Put of m: the file system was full");
+  EXPECT_TRUE(IsNoSpace(NoSpaceError("catalog full")));
 }
 
 absl::Status Fails() { return absl::DataLossError("bad"); }

@@ -29,10 +29,15 @@ namespace ckv {
 // seg-000003.ckv at offset 4096"; the message is "<context>: <strerror text> (errno N)".
 absl::Status ErrnoToStatus(int err, std::string_view context);
 
-// True when `s` says the file system is full: ENOSPC or EDQUOT from ckv's file I/O (as
-// ErrnoToStatus words it) or RocksDB's NoSpace from the catalog. Such a status is
-// ResourceExhausted; a cap that cannot be met is too, but is not a full file system.
+// True when `s` says the file system is full: ENOSPC or EDQUOT from ckv's file I/O
+// (ErrnoToStatus marks them) or RocksDB's NoSpace from the catalog (NoSpaceError). Such a
+// status is ResourceExhausted and carries a payload that says so; a cap that cannot be met is
+// ResourceExhausted too, but is not a full file system, whatever its message quotes.
 bool IsNoSpace(const absl::Status& s);
+// ResourceExhausted with `message`, marked as a full file system (IsNoSpace).
+absl::Status NoSpaceError(std::string_view message);
+// `s` with its message replaced by `message`, its code and payloads (IsNoSpace's mark) kept.
+absl::Status WithMessage(const absl::Status& s, std::string_view message);
 
 }  // namespace ckv
 
