@@ -5,6 +5,7 @@
 #include "ckv/engine.h"
 
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -557,16 +558,15 @@ class ReadOnlyEngine final : public Engine {
     o.file_system = file_system;
     o.put_staging_bytes = 1u << 20;  // a view writes nothing: the smallest staging pool
     auto engine = std::unique_ptr<ReadOnlyEngine>(new ReadOnlyEngine(o, path));
-    CKV_ASSIGN_OR_RETURN(engine->view_, engine->NewView());
+    CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> view, engine->NewView());
+    {
+      absl::MutexLock lock(&engine->mu_);
+      engine->view_ = std::move(view);
+    }
     return std::unique_ptr<Engine>(std::move(engine));
   }
 
-  absl::Status CatchUp() override {
-    CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> fresh, NewView());
-    absl::MutexLock lock(&mu_);
-    view_ = std::move(fresh);
-    return absl::OkStatus();
-  }
+  absl::Status CatchUp() override { return CatchUpFrom(View().generation); }
 
   absl::StatusOr<PutResult> Put(const ModelSpec&, std::span<const int32_t>,
                                 const KvTensors&) override {
@@ -574,16 +574,17 @@ class ReadOnlyEngine final : public Engine {
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
-    return View()->Lookup(spec, tokens);
+    return View().store->Lookup(spec, tokens);
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
-    absl::Status s = View()->ReadRecord(spec, key, layer, out);
+    const ViewRef view = View();
+    absl::Status s = view.store->ReadRecord(spec, key, layer, out);
     if (!absl::IsDataLoss(s)) return s;
     // The writer may have evicted or deleted the chunk after this view was taken and written
     // another into its slot: a newer view says whether it is still stored, and where.
-    CKV_RETURN_IF_ERROR(CatchUp());
-    absl::Status again = View()->ReadRecord(spec, key, layer, out);
+    CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
+    absl::Status again = View().store->ReadRecord(spec, key, layer, out);
     if (absl::IsNotFound(again)) {
       return absl::NotFoundError(absl::StrCat(
           "chunk ", key.ToHex(), " was evicted or deleted by the store's writer while it was "
@@ -596,39 +597,46 @@ class ReadOnlyEngine final : public Engine {
     return Refused("Delete");
   }
   absl::Status DeletePrefix(const ChunkKey&) override { return Refused("DeletePrefix"); }
-  std::vector<PrefixInfo> ListPrefixes() override { return View()->ListPrefixes(); }
+  std::vector<PrefixInfo> ListPrefixes() override { return View().store->ListPrefixes(); }
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
                                                      ModelSpec* spec) override {
-    return View()->PrefixChunks(prefix_id, spec);
+    return View().store->PrefixChunks(prefix_id, spec);
   }
   absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) override {
-    return View()->DescribePrefix(prefix_id);
+    return View().store->DescribePrefix(prefix_id);
   }
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
-    std::shared_ptr<storage::ChunkStore> view = View();
+    // A chunk the writer evicted, deleted or moved while it was read is no problem of the store.
+    // Problems are reported only when they show again in a newer view, with the chunk still in
+    // the same place: a failure that moves on with the writer's churn is not damage. Up to three
+    // views; the last one's problems are reported.
+    ViewRef view = View();
     absl::flat_hash_set<ChunkKey> failed;
-    CKV_ASSIGN_OR_RETURN(VerifyReport report, view->Verify(progress, &failed));
-    if (failed.empty()) return report;
-    // A chunk the writer evicted, deleted or moved while it was read is no problem of the store:
-    // a newer view drops it, or places it elsewhere.
-    CKV_RETURN_IF_ERROR(CatchUp());
-    std::shared_ptr<storage::ChunkStore> now = View();
-    for (const ChunkKey& key : failed) {
-      auto before = view->LocateRecord(key, 0);
-      auto after = now->LocateRecord(key, 0);
-      const bool same_place = before.ok() && after.ok() &&
-                              before->segment_path == after->segment_path &&
-                              before->offset == after->offset;
-      if (same_place) continue;
-      // Problems name a record by its chunk key's first 16 hex digits ("record 0bf6.../L0").
-      const std::string hex = key.ToHex().substr(0, 16);
-      std::erase_if(report.problems, [&](const std::string& p) {
-        if (p.find(hex) == std::string::npos) return false;
-        if (p.find("checksum") != std::string::npos && report.checksum_failures > 0) {
-          report.checksum_failures--;
+    CKV_ASSIGN_OR_RETURN(VerifyReport report, view.store->Verify(progress, &failed));
+    for (int round = 0; round < 2 && !failed.empty(); ++round) {
+      CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
+      const ViewRef now = View();
+      bool all_moved = true;
+      for (const ChunkKey& key : failed) {
+        auto before = view.store->LocateRecord(key, 0);
+        auto after = now.store->LocateRecord(key, 0);
+        if (before.ok() && after.ok() && before->segment_path == after->segment_path &&
+            before->offset == after->offset) {
+          all_moved = false;
+          break;
         }
-        return true;
-      });
+      }
+      if (all_moved) {
+        // Every failure was of a chunk the writer took away or moved: the rest was clean.
+        report.problems.clear();
+        report.checksum_failures = 0;
+        return report;
+      }
+      // Some chunk is still where it failed: check the whole store again in the newer view
+      // (the slot may have been reused and the chunk stored there again meanwhile).
+      view = now;
+      failed.clear();
+      CKV_ASSIGN_OR_RETURN(report, view.store->Verify(progress, &failed));
     }
     return report;
   }
@@ -638,7 +646,7 @@ class ReadOnlyEngine final : public Engine {
       const ModelSpec&, std::span<const int32_t>, const ReprefillOptions&) override {
     return Refused("BeginReprefill");
   }
-  EngineStats Stats() override { return EngineStatsOf(View()->Stats()); }
+  EngineStats Stats() override { return EngineStatsOf(View().store->Stats()); }
   std::string Metrics() override {
     engine::MetricsText out;
     engine::StoreMetrics(Stats(), out);
@@ -646,30 +654,74 @@ class ReadOnlyEngine final : public Engine {
   }
 
  private:
+  // A view and its generation (1 for the first, one more for each catch-up).
+  struct ViewRef {
+    std::shared_ptr<storage::ChunkStore> store;
+    uint64_t generation = 0;
+  };
+
   ReadOnlyEngine(storage::StoreOptions options, std::string path)
       : options_(std::move(options)), path_(std::move(path)) {}
 
-  std::shared_ptr<storage::ChunkStore> View() {
+  ViewRef View() {
     absl::MutexLock lock(&mu_);
-    return view_;
+    return {view_, generation_};
   }
 
-  // A fresh view. The writer may flush, compact or Gc under the open (a file the catalog named
-  // is gone): then the open is tried again, a bounded number of times.
+  // Takes a newer view than generation `seen`: one caller reopens while the others wait for it
+  // and use its view (a corrupt record read by many threads costs one reopen, not one each).
+  absl::Status CatchUpFrom(uint64_t seen) {
+    absl::MutexLock reopening(&catch_up_mu_);
+    if (View().generation > seen) return absl::OkStatus();
+    CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> fresh, NewView());
+    {
+      absl::MutexLock lock(&mu_);
+      std::swap(view_, fresh);
+      ++generation_;
+    }
+    fresh.reset();  // the old view closes here, outside mu_, once no call holds it
+    return absl::OkStatus();
+  }
+
+  // A fresh view. The writer may flush, compact or Gc under the open, so that a file the catalog
+  // named is gone: the open is tried again while the catalog's directory keeps changing between
+  // tries (at most 20 tries); a failure that repeats over an unchanged catalog is the store's
+  // own, and is returned as it is.
   absl::StatusOr<std::shared_ptr<storage::ChunkStore>> NewView() {
     absl::Status last;
+    std::string catalog_before = CatalogState();
     for (int attempt = 0; attempt < 20; ++attempt) {
       absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store =
           storage::ChunkStore::Open(options_, path_);
       if (store.ok()) return std::shared_ptr<storage::ChunkStore>(std::move(*store));
       last = store.status();
-      if (!absl::IsUnavailable(last)) return last;
+      if (absl::IsFailedPrecondition(last) || absl::IsInvalidArgument(last) ||
+          absl::IsPermissionDenied(last)) {
+        return last;
+      }
+      const std::string catalog_now = CatalogState();
+      if (!absl::IsUnavailable(last) && catalog_now == catalog_before) return last;
+      catalog_before = catalog_now;
       absl::SleepFor(absl::Milliseconds(5 * (attempt + 1)));
     }
     return absl::UnavailableError(absl::StrCat("open ", path_,
                                                " read-only: the writer changed the store under "
                                                "20 tries; last: ",
                                                last.message()));
+  }
+
+  // The names and sizes of the catalog's files and the segment files: what a writer's commit,
+  // flush, compaction or Gc changes.
+  std::string CatalogState() const {
+    std::string state;
+    std::error_code ec;
+    for (const char* sub : {"/catalog", "/segments"}) {
+      for (const auto& e : std::filesystem::directory_iterator(path_ + sub, ec)) {
+        absl::StrAppend(&state, e.path().filename().string(), ":",
+                        e.is_regular_file(ec) ? e.file_size(ec) : 0, ";");
+      }
+    }
+    return state;
   }
 
   void LogError(const absl::Status& s) const {
@@ -684,8 +736,10 @@ class ReadOnlyEngine final : public Engine {
 
   const storage::StoreOptions options_;
   const std::string path_;
+  absl::Mutex catch_up_mu_;  // one reopen at a time (CatchUpFrom)
   absl::Mutex mu_;
   std::shared_ptr<storage::ChunkStore> view_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace

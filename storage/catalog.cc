@@ -164,17 +164,9 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenReadOnly(const std::string
   if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
     return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
   }
-  absl::StatusOr<std::unique_ptr<Catalog>> catalog =
-      OpenDb(dir, /*create=*/false, fs, /*read_only=*/true);
-  if (!catalog.ok()) {
-    if (absl::IsNotFound(catalog.status()) || absl::IsInternal(catalog.status())) {
-      // A file the MANIFEST named was gone: the writer flushed or compacted meanwhile.
-      return absl::UnavailableError(absl::StrCat(catalog.status().message(),
-                                                 " (the writer changed the catalog meanwhile)"));
-    }
-    return catalog.status();
-  }
-  CKV_RETURN_IF_ERROR((*catalog)->Load(contents));
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<Catalog> catalog,
+                       OpenDb(dir, /*create=*/false, fs, /*read_only=*/true));
+  CKV_RETURN_IF_ERROR(catalog->Load(contents));
   return catalog;
 }
 

@@ -84,8 +84,9 @@ class Catalog {
                                                        Clock* clock = nullptr);
   // Opens the catalog in `dir` read-only, while another process may hold it for writing: a
   // consistent view of what was committed when it opened (RocksDB's read-only instance: no lock,
-  // no file written, its info log discarded). Commits fail. Errors as Open's; Unavailable when
-  // the writer removed a file the open was reading (a flush or compaction): open again.
+  // no file written, its info log discarded). Commits fail. Errors as Open's. A writer's flush
+  // or compaction may remove a file the open was reading (NotFound, Internal): the caller opens
+  // again when the catalog's files changed meanwhile (ReadOnlyEngine does).
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenReadOnly(const std::string& dir,
                                                                Contents* contents,
                                                                FileSystem* fs = nullptr);

@@ -191,13 +191,9 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::OpenReadOnly(const Store
   CKV_ASSIGN_OR_RETURN(store->catalog_,
                        Catalog::OpenReadOnly(absl::StrCat(path, "/", kCatalogDir), &contents, fs));
   bool snapshot_failed = false;
-  absl::Status loaded = store->Load(contents, /*use_snapshot=*/false, &snapshot_failed);
-  if (absl::IsDataLoss(loaded) && absl::StrContains(loaded.message(), "is missing")) {
-    // Gc deleted a segment file the view's catalog still names: the view is already stale.
-    return absl::UnavailableError(absl::StrCat(loaded.message(),
-                                               " (the writer removed it meanwhile); open again"));
-  }
-  CKV_RETURN_IF_ERROR(loaded);
+  // A segment the view's catalog names may be gone (DataLoss "is missing") because the writer's
+  // Gc deleted it after the catalog was read: the engine opens again when the store changed.
+  CKV_RETURN_IF_ERROR(store->Load(contents, /*use_snapshot=*/false, &snapshot_failed));
   return store;
 }
 

@@ -183,6 +183,23 @@ TEST(LiveInspectionTest, KvctlReadsAStoreAServingProcessHolds) {
   EXPECT_THAT(gc.output, HasSubstr("open in another process"));
 }
 
+TEST(LiveInspectionTest, ADamagedStoreAtRestIsDataLossAtOnceNotARaceToRetry) {
+  // A segment the catalog names is gone, and nothing writes the store: the read-only open does
+  // not take that for a writer's Gc racing it (it retries only while the store changes).
+  TempDir dir;
+  const ModelSpec spec = Spec();
+  {
+    auto writer = Engine::Open(EngineOptions{}, dir.path());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(PutSynthetic(**writer, spec, synth::Tokens(6, 4 * spec.chunk_tokens)).ok());
+  }
+  ASSERT_TRUE(std::filesystem::remove(dir.path() + "/segments/seg-00000001.ckv"));
+  auto reader = Engine::OpenReadOnly(EngineOptions{}, dir.path());
+  // Retried, it would end Unavailable ("the writer changed the store under 20 tries").
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << reader.status();
+  EXPECT_THAT(std::string(reader.status().message()), HasSubstr("is missing"));
+}
+
 // The writer in another process: ckv_crash_child runs Puts and Deletes under a cap (so it evicts
 // too) until it is killed. Its output is not needed here.
 pid_t SpawnWriter(const std::string& store, uint64_t cap, const std::string& known_file) {
