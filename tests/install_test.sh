@@ -12,12 +12,16 @@ fail() { echo "install_test: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" || {
   cat "$tmp/install.log" >&2; fail "cmake --install $build failed"; }
-for f in include/ckv/engine.h include/ckv/options.h lib/cmake/ckv/ckvConfig.cmake \
-         lib/cmake/ckv/ckvConfigVersion.cmake lib/cmake/ckv/ckvTargets.cmake \
-         lib/pkgconfig/ckv.pc bin/kvctl; do
+# The library directory as GNUInstallDirs chose it on this host (lib, lib64, ...).
+libdir=$(cd "$tmp/prefix" && dirname "$(find . -path '*/cmake/ckv/ckvConfig.cmake' | head -1)")
+libdir=${libdir%/cmake/ckv}
+libdir=${libdir#./}
+[[ -n "$libdir" && "$libdir" != . ]] || fail "the install has no cmake/ckv/ckvConfig.cmake"
+for f in include/ckv/engine.h include/ckv/options.h "$libdir/cmake/ckv/ckvConfigVersion.cmake" \
+         "$libdir/cmake/ckv/ckvTargets.cmake" "$libdir/pkgconfig/ckv.pc" bin/kvctl; do
   [[ -e "$tmp/prefix/$f" ]] || fail "the install has no $f"
 done
-ls "$tmp/prefix"/lib/libckv.* >/dev/null 2>&1 || fail "the install has no lib/libckv.*"
+ls "$tmp/prefix/$libdir"/libckv.* >/dev/null 2>&1 || fail "the install has no $libdir/libckv.*"
 version=$("$tmp/prefix/bin/kvctl" --version) || fail "the installed kvctl does not run"
 [[ "$version" == "kvctl (ckv "[0-9]* ]] || fail "the installed kvctl --version printed '$version'"
 # Only include/ckv/ is public: nothing of engine/, storage/, kernels/ or tools/ is installed.
@@ -50,13 +54,13 @@ expect "reprefill" "256 chunks matched, 364 records served, read amplification 2
 
 # The same first example, built by hand with pkg-config and ckv.pc.
 if [[ -z "$sanitize" ]] && command -v pkg-config >/dev/null; then
-  pc=(env PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config)
+  pc=(env PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig" pkg-config)
   static=()
-  ls "$tmp/prefix"/lib/libckv.so >/dev/null 2>&1 || static=(--static)
+  ls "$tmp/prefix/$libdir"/libckv.so >/dev/null 2>&1 || static=(--static)
   # shellcheck disable=SC2046
   c++ -O1 -o "$tmp/by_pkg_config" "$src/examples/store_and_read.cc" \
       $("${pc[@]}" --cflags ckv) $("${pc[@]}" "${static[@]}" --libs ckv) \
-      -Wl,-rpath,"$tmp/prefix/lib" 2>"$tmp/pc.log" || {
+      -Wl,-rpath,"$tmp/prefix/$libdir" 2>"$tmp/pc.log" || {
     cat "$tmp/pc.log" >&2; fail "building examples/store_and_read.cc with pkg-config ckv failed"; }
   expect "store_and_read (pkg-config build)" "wrote 0 chunks, 256 already stored
 256 chunks stored; read: OK" "$("$tmp/by_pkg_config" "$store")"
