@@ -14,6 +14,7 @@
 #   tools/, bench/  the public API, their own headers (bench/ also tools/), kernels/ (the compute
 #                 functions the tools and benchmarks run), engine/internal.h (the named internal
 #                 API of the benchmark harness), and the exceptions listed below by file.
+#   python/       the Python module: the public API only, as any program that links ckv::ckv.
 #
 # Usage: tests/layering_test.sh [source root]   (default: the repository this script is in)
 set -euo pipefail
@@ -70,6 +71,9 @@ allowed() {
     engine)
       rule="engine/ includes only the public API, engine/, prefetch/, storage/, kernels/, common/"
       [[ "$top" != tools && "$top" != bench ]] ;;
+    python)
+      rule="python/ includes only the public API (include/ckv/)"
+      [[ "$top" == ckv ]] ;;
     tools|bench)
       rule="$folder/ includes only the public API, its own headers, kernels/ and engine/internal.h"
       [[ "$top" == ckv || "$top" == "$folder" || "$top" == kernels ]] && return 0
@@ -93,7 +97,7 @@ while IFS= read -r file; do
       failures=$((failures + 1))
     fi
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
-done < <(find include common storage kernels prefetch engine tools bench \
+done < <(find include common storage kernels prefetch engine tools bench python \
            -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null | sort)
 
 if ((checked == 0)); then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # tests/spdx_test.sh: fails on a source file without its licence line (LICENSE: Apache-2.0). Every
-# C++ and CUDA source and header, CMakeLists.txt, shell script, sanitizer suppression and fuzzing
-# dictionary that git tracks names the licence in its first two lines, as
+# C++ and CUDA source and header, CMakeLists.txt, shell script, Python source and stub, sanitizer
+# suppression and fuzzing dictionary that git tracks names the licence in its first two lines, as
 # "SPDX-License-Identifier: Apache-2.0" in a comment. Test data (tests/data/) is left out.
 #
 # Usage: tests/spdx_test.sh [source root]   (default: the repository this script is in)
@@ -21,7 +21,8 @@ while IFS= read -r f; do
     echo "$f: no 'SPDX-License-Identifier: Apache-2.0' in its first two lines"
     missing=$((missing + 1))
   fi
-done < <(git ls-files -- '*.cc' '*.h' '*.cu' '*CMakeLists.txt' '*.sh' '.ci/run' '*.supp' '*.dict' \
+done < <(git ls-files -- '*.cc' '*.h' '*.cu' '*CMakeLists.txt' '*.sh' '*.py' '*.pyi' '.ci/run' \
+           '*.supp' '*.dict' \
            | grep -v '^tests/data/')
 if (( missing > 0 )); then
   echo "spdx_test: $missing file(s) without the licence line"

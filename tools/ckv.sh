@@ -32,6 +32,7 @@ readonly PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liburing-dev librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libcli11-dev fio gnuplot-nox
+  pybind11-dev python3-dev python3-numpy
 )
 
 say() { printf 'ckv.sh: %s\n' "$*" >&2; }
