@@ -80,13 +80,17 @@ class LayerRecord:
         """chunk * chunk_tokens."""
     @property
     def k(self) -> Tensor:
-        """K [chunk_tokens, kv_heads, head_dim], read-only, over the pinned record (no copy)."""
+        """K [chunk_tokens, kv_heads, head_dim], read-only, over the pinned record (no copy;
+        a host copy when the record is in GPU device memory, see copied)."""
     @property
     def v(self) -> Tensor:
         """V, as k."""
     @property
     def tier(self) -> str:
         """'gpu', 'cpu' or 'session'."""
+    @property
+    def copied(self) -> bool:
+        """True when k and v are a host copy of a record in GPU device memory."""
     @property
     def found_in(self) -> str:
         """Where the session found it: 'gpu', 'cpu' or 'session' (read from NVMe)."""

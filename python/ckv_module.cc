@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // python/ckv_module.cc: the Python module `ckv` (pybind11) over the public C++ API.
 //
-// Tensors come in through the buffer protocol without a copy: numpy arrays (or objects numpy.asarray
-// turns into arrays without copying, e.g. CPU torch tensors through __array__) of the exact dtype,
-// shape and C-contiguous strides; anything else is a ValueError naming the tensor. fp16 is numpy
-// float16, bf16 is numpy uint16 (the raw bits), fp32 is float32. Every blocking call releases the
-// GIL. A failed absl::Status becomes a ckv.Error (attribute `code`: the absl code name) of the
-// subclass for its code; see python/ckv.pyi and README.md ("Python").
+// Tensors come in through the buffer protocol without a copy: numpy arrays (or objects that
+// numpy.asarray turns into arrays without copying, e.g. CPU torch tensors through __array__) of
+// the exact dtype, shape and C-contiguous strides; anything else is a ValueError naming the
+// tensor. fp16 is numpy float16, bf16 is numpy uint16 (the raw bits), fp32 is float32. Every
+// blocking call releases the GIL. A failed absl::Status becomes a ckv.Error (attribute `code`:
+// the absl code name) of the subclass for its code. await_layer's arrays are views of the pinned
+// records, except GPU-tier records in device memory, which are copied to host memory. See
+// python/ckv.pyi and README.md ("Python").
 #include <pybind11/eval.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -32,6 +34,10 @@
 #include "ckv/options.h"
 #include "ckv/session.h"
 #include "ckv/stats.h"
+
+#ifdef CKV_PYTHON_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace py = pybind11;
 
@@ -306,7 +312,7 @@ py::dict SessionStatsDict(const ckv::SessionStats& s) {
   return d;
 }
 
-// ---- engine, sessions, views ----------------------------------------------------------------------
+// ---- engine, sessions, views --------------------------------------------------------------------
 
 struct PyEngine {
   std::shared_ptr<ckv::Engine> engine;
@@ -337,6 +343,7 @@ struct PyRecord {
   uint32_t first_token = 0;
   std::string tier;
   std::string found_in;
+  bool copied = false;  // a GPU-tier record in device memory, copied to host memory
   py::object k;
   py::object v;
 };
@@ -355,7 +362,8 @@ const char* TierName(ckv::LayerView::Tier tier) {
   return "?";
 }
 
-std::shared_ptr<PyEngine> OpenEngine(const std::string& path, std::optional<uint64_t> max_disk_bytes,
+std::shared_ptr<PyEngine> OpenEngine(const std::string& path,
+                                     std::optional<uint64_t> max_disk_bytes,
                                      uint64_t gpu_tier_bytes, uint64_t cpu_tier_bytes,
                                      bool create_if_missing, bool error_if_exists,
                                      bool read_only) {
@@ -469,7 +477,7 @@ PYBIND11_MODULE(ckv, m) {
       "The keys (32 hex digits each) of the whole chunks of `tokens` under `spec`, first to "
       "last; a shorter tail has none. The last is the prefix id put() reports.");
 
-  // ---- LayerView ----------------------------------------------------------------------------------
+  // ---- LayerView --------------------------------------------------------------------------------
   py::class_<PyRecord>(m, "LayerRecord", "One selected chunk of a LayerView.")
       .def_readonly("chunk", &PyRecord::chunk, "Index of the chunk in the prefix (0 = first).")
       .def_readonly("first_token", &PyRecord::first_token,
@@ -479,6 +487,9 @@ PYBIND11_MODULE(ckv, m) {
                     "(no copy).")
       .def_readonly("v", &PyRecord::v, "V, as k.")
       .def_readonly("tier", &PyRecord::tier, "Where the record is: 'gpu', 'cpu' or 'session'.")
+      .def_readonly("copied", &PyRecord::copied,
+                    "True when k and v are a host copy of a record in GPU device memory; "
+                    "False when they are views of the pinned record itself.")
       .def_readonly("found_in", &PyRecord::found_in,
                     "Where the session found it: 'gpu', 'cpu', or 'session' (read from NVMe).")
       .def("__repr__", [](const PyRecord& r) {
@@ -546,14 +557,36 @@ PYBIND11_MODULE(ckv, m) {
             holder->view = Take(std::move(view));
             PyLayer out;
             out.layer = holder->view.layer();
+            // Records in the GPU tier's device memory cannot be numpy arrays: they are copied to
+            // host arrays of their own (the only copy await_layer makes).
+            std::vector<py::object> host_copies(holder->view.records().size());  // null: a view
             if (s->gpu_tier_on_device) {
-              for (const auto& r : holder->view.records()) {
-                if (r.tier == ckv::LayerView::Tier::kGpu) {
-                  throw StatusError{absl::UnimplementedError(absl::StrCat(
-                      "layer ", layer, ", chunk ", r.chunk,
-                      ": the record is in the GPU tier's device memory, which the Python "
-                      "module cannot wrap; open the engine with gpu_tier_bytes=0"))};
+              const size_t bytes = s->spec.RecordBytes();
+              for (size_t i = 0; i < holder->view.records().size(); ++i) {
+                const auto& r = holder->view.records()[i];
+                if (r.tier != ckv::LayerView::Tier::kGpu) continue;
+#ifdef CKV_PYTHON_HAVE_CUDA
+                py::array_t<uint8_t> copy(static_cast<py::ssize_t>(bytes));
+                void* dst = copy.mutable_data();
+                cudaError_t err;
+                {
+                  py::gil_scoped_release release;
+                  err = cudaMemcpy(dst, r.data, bytes, cudaMemcpyDefault);
                 }
+                if (err != cudaSuccess) {
+                  throw StatusError{absl::InternalError(
+                      absl::StrCat("layer ", layer, ", chunk ", r.chunk,
+                                   ": copying the record from the GPU tier: ",
+                                   cudaGetErrorString(err)))};
+                }
+                host_copies[i] = std::move(copy);
+#else
+                (void)bytes;
+                throw StatusError{absl::UnimplementedError(absl::StrCat(
+                    "layer ", layer, ", chunk ", r.chunk,
+                    ": the record is in the GPU tier's device memory and this module was built "
+                    "without CUDA; open the engine with gpu_tier_bytes=0"))};
+#endif
               }
             }
             // One capsule owns a reference to the view; every array's base is that capsule.
@@ -561,14 +594,21 @@ PYBIND11_MODULE(ckv, m) {
               delete static_cast<std::shared_ptr<PyLayerView>*>(p);
             });
             const size_t half = s->spec.RecordBytes() / 2;
-            for (const auto& r : holder->view.records()) {
+            for (size_t i = 0; i < holder->view.records().size(); ++i) {
+              const auto& r = holder->view.records()[i];
               PyRecord rec;
               rec.chunk = r.chunk;
               rec.first_token = r.first_token;
               rec.tier = TierName(r.tier);
               rec.found_in = TierName(r.found_in);
-              py::array k = RecordHalf(s->spec, r.data, base);
-              py::array v = RecordHalf(s->spec, r.data + half, base);
+              rec.copied = static_cast<bool>(host_copies[i]);
+              py::handle owner = rec.copied ? py::handle(host_copies[i]) : py::handle(base);
+              const std::byte* data = r.data;
+              if (rec.copied) {
+                data = static_cast<const std::byte*>(host_copies[i].cast<py::array>().data());
+              }
+              py::array k = RecordHalf(s->spec, data, owner);
+              py::array v = RecordHalf(s->spec, data + half, owner);
               k.attr("setflags")(py::arg("write") = false);  // the tier's bytes are shared
               v.attr("setflags")(py::arg("write") = false);
               rec.k = std::move(k);
@@ -580,7 +620,8 @@ PYBIND11_MODULE(ckv, m) {
           py::arg("layer"),
           "Waits until every selected record of `layer` is readable and returns a LayerView: "
           "per chunk its index, first token and read-only numpy arrays k and v over the pinned "
-          "record (no copy). UnimplementedError for a record in GPU device memory.")
+          "record (no copy); a record in GPU device memory is copied to host arrays "
+          "(LayerRecord.copied).")
       .def(
           "finish",
           [](PySession& s) {
@@ -596,7 +637,8 @@ PYBIND11_MODULE(ckv, m) {
 
   // ---- Engine -----------------------------------------------------------------------------------
   py::class_<PyEngine, std::shared_ptr<PyEngine>>(
-      m, "Engine", "A ckv store, opened (ckv/engine.h). Thread-safe; blocking calls release the GIL.")
+      m, "Engine",
+      "A ckv store, opened (ckv/engine.h). Thread-safe; blocking calls release the GIL.")
       .def_static(
           "open",
           [](const std::string& path, std::optional<uint64_t> max_disk_bytes,
