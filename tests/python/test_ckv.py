@@ -1,0 +1,256 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tests of the Python module ckv (python/ckv_module.cc), with the standard library's unittest.
+
+Run by ctest (python_test) with PYTHONPATH set to the build's python/ folder, or by hand:
+  PYTHONPATH=build/python python3 -m unittest discover -s tests/python -v
+"""
+import os
+import shutil
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import ckv
+
+# A small model: 4 layers, 4 query heads, 2 KV heads, head dim 8, 16-token chunks.
+SPEC = ckv.ModelSpec(layers=4, q_heads=4, kv_heads=2, head_dim=8, dtype="fp16",
+                     chunk_tokens=16, model_id="test-model")
+
+
+def make_kv(spec, n, seed=0):
+    """Per-layer K and V lists of random fp16 arrays [n, kv_heads, head_dim]."""
+    rng = np.random.default_rng(seed)
+    shape = (n, spec.kv_heads, spec.head_dim)
+    k = [rng.standard_normal(shape).astype(np.float16) for _ in range(spec.layers)]
+    v = [rng.standard_normal(shape).astype(np.float16) for _ in range(spec.layers)]
+    return k, v
+
+
+def tokens_of(n, start=1000):
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+class CkvTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="ckv-python-test.")
+        self.path = os.path.join(self.dir, "store")
+        self.engine = ckv.Engine.open(self.path)
+
+    def tearDown(self):
+        self.engine.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_preset_spec(self):
+        spec = ckv.ModelSpec.preset("qwen2.5-0.5b")
+        self.assertEqual((spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim),
+                         (24, 14, 2, 64))
+        self.assertEqual(spec.dtype, "fp16")
+        self.assertEqual(spec.model_id, "qwen2.5-0.5b")
+        self.assertEqual(spec.numpy_dtype, np.dtype(np.float16))
+        self.assertEqual(spec.record_bytes, 2 * 16 * 2 * 64 * 2)
+        self.assertIn("qwen2.5-0.5b", ckv.ModelSpec.preset_names())
+        with self.assertRaises(ckv.InvalidArgumentError) as cm:
+            ckv.ModelSpec(layers=0, q_heads=4, kv_heads=2, head_dim=8, model_id="m")
+        self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("layers", str(cm.exception))
+
+    def test_put_lookup_read_record(self):
+        n = 16 * 5 + 7  # five whole chunks and a tail of 7
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n)
+        res = self.engine.put(SPEC, tokens, k, v)
+        self.assertEqual(res["chunks"], 5)
+        self.assertEqual(res["chunks_written"], 5)
+        self.assertEqual(res["tail_tokens"], 7)
+        self.assertEqual(self.engine.lookup(SPEC, tokens), 5)
+        self.assertEqual(self.engine.lookup(SPEC, tokens[:40]), 2)
+        self.assertEqual(self.engine.lookup(SPEC, tokens_of(64, start=7)), 0)
+
+        keys = ckv.chunk_keys(SPEC, tokens)
+        self.assertEqual(len(keys), 5)
+        self.assertTrue(all(len(key) == 32 for key in keys))
+        self.assertEqual(res["prefix_id"], keys[-1])
+        # A prefix of the tokens has the same leading keys (the hash chain).
+        self.assertEqual(ckv.chunk_keys(SPEC, tokens[:32]), keys[:2])
+        self.assertEqual(ckv.chunk_keys(SPEC, list(range(1000, 1032))), keys[:2])
+        self.assertEqual([p["id"] for p in self.engine.list_prefixes()], [keys[-1]])
+
+        for chunk, layer in [(0, 0), (3, 2), (4, 3)]:
+            k_c, v_c = self.engine.read_record(SPEC, keys[chunk], layer)
+            self.assertEqual(k_c.dtype, np.float16)
+            self.assertEqual(k_c.shape, (16, SPEC.kv_heads, SPEC.head_dim))
+            rows = slice(chunk * 16, (chunk + 1) * 16)
+            self.assertEqual(k_c.tobytes(), k[layer][rows].tobytes())
+            self.assertEqual(v_c.tobytes(), v[layer][rows].tobytes())
+
+        # A second put of the same prefix writes nothing.
+        again = self.engine.put(SPEC, tokens, k, v)
+        self.assertEqual((again["chunks_written"], again["chunks_existing"]), (0, 5))
+
+        stats = self.engine.stats()
+        self.assertEqual(stats["puts"], 2)
+        self.assertEqual(stats["chunks"], 5)
+        self.assertEqual(stats["prefixes"], 1)
+        self.assertIn("ckv_puts_total", self.engine.metrics())
+        self.assertTrue(self.engine.verify()["ok"])
+
+        self.engine.delete(SPEC, tokens[:80])
+        self.assertEqual(self.engine.lookup(SPEC, tokens), 0)
+        with self.assertRaises(ckv.NotFoundError) as cm:
+            self.engine.read_record(SPEC, keys[0], 0)
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        with self.assertRaises(ckv.NotFoundError):
+            self.engine.delete(SPEC, tokens[:80])
+
+    def test_one_array_per_tensor_and_bf16(self):
+        spec = ckv.ModelSpec(layers=2, q_heads=2, kv_heads=1, head_dim=4, dtype="bf16",
+                             chunk_tokens=4, model_id="bf16-model")
+        self.assertEqual(spec.numpy_dtype, np.dtype(np.uint16))
+        rng = np.random.default_rng(1)
+        k = rng.integers(0, 65535, size=(2, 8, 1, 4), dtype=np.uint16)
+        v = rng.integers(0, 65535, size=(2, 8, 1, 4), dtype=np.uint16)
+        res = self.engine.put(spec, tokens_of(8), k, v)
+        self.assertEqual(res["chunks"], 2)
+        k_c, v_c = self.engine.read_record(spec, ckv.chunk_keys(spec, tokens_of(8))[1], 1)
+        self.assertEqual(k_c.dtype, np.uint16)
+        np.testing.assert_array_equal(k_c, k[1, 4:8])
+        np.testing.assert_array_equal(v_c, v[1, 4:8])
+
+    def test_bad_tensors_raise_value_error_naming_the_tensor(self):
+        n = 32
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n)
+
+        def expect(message, tokens=tokens, k=k, v=v):
+            with self.assertRaises(ValueError) as cm:
+                self.engine.put(SPEC, tokens, k, v)
+            self.assertIn(message, str(cm.exception))
+            self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
+
+        wrong_dtype = list(k)
+        wrong_dtype[3] = k[3].astype(np.float32)
+        expect("k[3]: expected dtype float16", k=wrong_dtype)
+        wrong_shape = list(v)
+        wrong_shape[1] = np.zeros((n, SPEC.kv_heads + 1, SPEC.head_dim), np.float16)
+        expect("v[1]: expected shape [32, 2, 8], got [32, 3, 8]", v=wrong_shape)
+        strided = list(k)
+        strided[2] = np.zeros((n, SPEC.head_dim, SPEC.kv_heads), np.float16).transpose(0, 2, 1)
+        expect("k[2]: expected a C-contiguous array", k=strided)
+        expect("k: expected 4 tensors", k=k[:3])
+        expect("tokens: expected dtype int32", tokens=tokens.astype(np.int64))
+        expect("tokens: expected a C-contiguous array", tokens=tokens_of(2 * n)[::2])
+        with self.assertRaises(ValueError) as cm:
+            self.engine.put(SPEC, tokens, np.stack(k).astype(np.float32), v)
+        self.assertIn("k: expected dtype float16", str(cm.exception))
+        self.assertEqual(self.engine.lookup(SPEC, tokens), 0)
+
+    def test_missing_store_raises_not_found(self):
+        missing = os.path.join(self.dir, "missing")
+        with self.assertRaises(ckv.NotFoundError) as cm:
+            ckv.Engine.open(missing, create_if_missing=False)
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        self.assertIsInstance(cm.exception, ckv.Error)
+        self.assertIsInstance(cm.exception, LookupError)
+        with self.assertRaises(ckv.NotFoundError):
+            ckv.Engine.open_read_only(missing)
+
+    def test_read_only_engine_refuses_put_and_catches_up(self):
+        tokens = tokens_of(32)
+        k, v = make_kv(SPEC, 32)
+        self.engine.put(SPEC, tokens[:16], [x[:16] for x in k], [x[:16] for x in v])
+        with ckv.Engine.open_read_only(self.path) as reader:
+            self.assertTrue(reader.read_only)
+            self.assertEqual(reader.lookup(SPEC, tokens), 1)
+            with self.assertRaises(ckv.FailedPreconditionError) as cm:
+                reader.put(SPEC, tokens, k, v)
+            self.assertEqual(cm.exception.code, "FAILED_PRECONDITION")
+            self.engine.put(SPEC, tokens, k, v)
+            self.assertEqual(reader.lookup(SPEC, tokens), 1)
+            reader.catch_up()
+            self.assertEqual(reader.lookup(SPEC, tokens), 2)
+        with self.assertRaises(ckv.FailedPreconditionError):
+            reader.lookup(SPEC, tokens)  # closed by the with block
+
+    def test_reprefill_at_full_budget_serves_every_chunk(self):
+        n = 16 * 6
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n, seed=3)
+        self.engine.put(SPEC, tokens, k, v)
+        window = 4
+        rng = np.random.default_rng(4)
+        for selector in ("quest", "period-exact"):
+            s = self.engine.begin_reprefill(SPEC, tokens, selector=selector,
+                                            budget_fraction=1.0, window=window, period_layers=2)
+            self.assertEqual(s.matched_chunks, 6)
+            views = []
+            for layer in range(SPEC.layers):
+                q = rng.standard_normal((window, SPEC.q_heads, SPEC.head_dim)).astype(np.float32)
+                s.submit_queries(layer, q)
+                view = s.await_layer(layer)
+                self.assertEqual(view.layer, layer)
+                self.assertEqual([r.chunk for r in view], list(range(6)))
+                for r in view.records:
+                    self.assertEqual(r.first_token, r.chunk * 16)
+                    self.assertFalse(r.k.flags.writeable)
+                    self.assertFalse(r.k.flags.owndata)  # a view over the pinned record
+                    self.assertFalse(r.copied)
+                    rows = slice(r.first_token, r.first_token + 16)
+                    self.assertEqual(r.k.tobytes(), k[layer][rows].tobytes())
+                    self.assertEqual(r.v.tobytes(), v[layer][rows].tobytes())
+                views.append(view.records[0].k)  # an array alone keeps its view pinned
+            stats = s.finish()
+            self.assertEqual(stats["matched_chunks"], 6)
+            self.assertEqual(stats["layers_served"], SPEC.layers)
+            self.assertEqual(stats["records_served"], 6 * SPEC.layers)
+            del s, view
+            for layer, arr in enumerate(views):
+                self.assertEqual(arr.tobytes(), k[layer][0:16].tobytes())
+
+        s = self.engine.begin_reprefill(SPEC, tokens, selector="quest", window=window)
+        with self.assertRaises(ValueError) as cm:
+            s.submit_queries(0, np.zeros((window, SPEC.q_heads, SPEC.head_dim), np.float16))
+        self.assertIn("queries: expected dtype float32", str(cm.exception))
+        s.finish()
+
+    def test_put_releases_the_gil(self):
+        # A put of a large prefix (64 MiB, synced) runs in one thread while this one counts
+        # sleeps of 0.5 ms; the count must advance during the put. Were the GIL held through the
+        # put, this thread could run only before it (a tick or two) and after it.
+        spec = ckv.ModelSpec(layers=32, q_heads=8, kv_heads=8, head_dim=128, chunk_tokens=16,
+                             model_id="gil")
+        n = 1024
+        one = np.ones((n, 8, 128), np.float16)
+        k = [one] * spec.layers
+        started, done = threading.Event(), threading.Event()
+        errors = []
+
+        def put():
+            started.set()
+            try:
+                self.engine.put(spec, tokens_of(n), k, k)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+            done.set()
+
+        t = threading.Thread(target=put)
+        start = time.monotonic()
+        t.start()
+        started.wait()
+        ticks = 0
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.0005)
+        t.join()
+        seconds = time.monotonic() - start
+        self.assertEqual(errors, [])
+        self.assertEqual(self.engine.lookup(spec, tokens_of(n)), n // 16)
+        if seconds < 0.02:
+            self.skipTest(f"the put took {seconds * 1e3:.1f} ms: too short to tell")
+        self.assertGreaterEqual(ticks, 5, f"{ticks} ticks during a put of {seconds:.3f} s")
+
+
+if __name__ == "__main__":
+    unittest.main()
