@@ -119,6 +119,24 @@ class CkvTest(unittest.TestCase):
         np.testing.assert_array_equal(k_c, k[1, 4:8])
         np.testing.assert_array_equal(v_c, v[1, 4:8])
 
+    def test_objects_with_array_interface_are_taken(self):
+        # As a CPU torch tensor is (through __array__), without torch.
+        class Wrapped:
+            def __init__(self, a):
+                self.a = a
+
+            def __array__(self, dtype=None):
+                return self.a
+
+        k, v = make_kv(SPEC, 16, seed=5)
+        res = self.engine.put(SPEC, Wrapped(tokens_of(16)), [Wrapped(x) for x in k], v)
+        self.assertEqual(res["chunks_written"], 1)
+        k_c, _ = self.engine.read_record(SPEC, res["prefix_id"], 2)
+        self.assertEqual(k_c.tobytes(), k[2].tobytes())
+        with self.assertRaises(ValueError) as cm:
+            self.engine.put(SPEC, tokens_of(16), [x.tolist() for x in k], v)
+        self.assertIn("k[0]: expected dtype float16", str(cm.exception))
+
     def test_bad_tensors_raise_value_error_naming_the_tensor(self):
         n = 32
         tokens = tokens_of(n)
