@@ -42,17 +42,8 @@ KvctlRun Kvctl(const std::string& args) {
 // kvctl `args`: its stdout alone (a log line on stderr, such as an io_uring fallback, is not part
 // of the text a collector reads).
 ProgramRun KvctlStdout(const std::string& args) {
-  ProgramRun r;
-  const std::string cmd =
-      "KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH) + " " + args + " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return RunProgram("KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH), args,
+                    /*merge_stderr=*/false);
 }
 
 int64_t IntOf(const tools::JsonValue& object, std::string_view key) {

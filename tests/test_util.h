@@ -198,10 +198,12 @@ struct ProgramRun {
   std::string output;
 };
 
-// Runs `program args` with stderr merged into stdout, as the benchmark tests do.
-inline ProgramRun RunProgram(const std::string& program, const std::string& args) {
+// Runs `program args` with stderr merged into stdout, as the benchmark tests do, or dropped
+// (`merge_stderr` false: stdout alone, e.g. the text a collector reads).
+inline ProgramRun RunProgram(const std::string& program, const std::string& args,
+                             bool merge_stderr = true) {
   ProgramRun r;
-  const std::string cmd = program + " " + args + " 2>&1";
+  const std::string cmd = program + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
