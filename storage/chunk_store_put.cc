@@ -120,8 +120,8 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
   if (result.ok() || !IsNoSpace(result.status()) || need == 0) return result;
   // The file system is full below the cap: the cap was set above what the disk holds, or
   // something else fills the disk. The store is a cache: it gives back blocks (free slots that
-  // still hold theirs, then chunks evicted by score) for as many bytes as the Put needed, and
-  // tries once more. The failed Put left nothing behind (its slots were freed).
+  // still hold theirs, then chunks evicted in the store's eviction order, eviction_policy.h) for
+  // as many bytes as the Put needed, and tries once more. The failed Put left nothing behind (its slots were freed).
   uint64_t evicted = 0;
   absl::StatusOr<uint64_t> freed;
   std::string punch_error;
