@@ -568,9 +568,10 @@ class ReadOnlyEngine final : public Engine {
 
   absl::Status CatchUp() override { return CatchUpFrom(View().generation); }
 
-  absl::StatusOr<PutResult> Put(const ModelSpec&, std::span<const int32_t>,
-                                const KvTensors&) override {
-    return Refused("Put");
+  // The writes reach the read-only view, which refuses them (ChunkStore::RefuseIfReadOnly).
+  absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                const KvTensors& kv) override {
+    return View().store->Put(spec, tokens, kv);
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
@@ -593,10 +594,12 @@ class ReadOnlyEngine final : public Engine {
     if (absl::IsDataLoss(again)) LogError(again);
     return again;
   }
-  absl::Status Delete(const ModelSpec&, std::span<const int32_t>) override {
-    return Refused("Delete");
+  absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) override {
+    return View().store->Delete(spec, tokens);
   }
-  absl::Status DeletePrefix(const ChunkKey&) override { return Refused("DeletePrefix"); }
+  absl::Status DeletePrefix(const ChunkKey& prefix_id) override {
+    return View().store->DeletePrefix(prefix_id);
+  }
   std::vector<PrefixInfo> ListPrefixes() override { return View().store->ListPrefixes(); }
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
                                                      ModelSpec* spec) override {
@@ -652,11 +655,15 @@ class ReadOnlyEngine final : public Engine {
     }
     return report;
   }
-  absl::StatusOr<RepairReport> Repair(const ProgressFn&) override { return Refused("Repair"); }
-  absl::StatusOr<GcReport> Gc() override { return Refused("Gc"); }
+  absl::StatusOr<RepairReport> Repair(const ProgressFn& progress) override {
+    return View().store->Repair(progress);
+  }
+  absl::StatusOr<GcReport> Gc() override { return View().store->Gc(); }
+  // Sessions add usage (I and F) to the store at Finish: a read-only view serves none.
   absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
       const ModelSpec&, std::span<const int32_t>, const ReprefillOptions&) override {
-    return Refused("BeginReprefill");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "BeginReprefill on ", path_, ": the engine is read-only (Engine::OpenReadOnly)"));
   }
   EngineStats Stats() override { return EngineStatsOf(View().store->Stats()); }
   std::string Metrics() override {
@@ -739,11 +746,6 @@ class ReadOnlyEngine final : public Engine {
   void LogError(const absl::Status& s) const {
     Logger* logger = options_.logger != nullptr ? options_.logger : StderrLogger();
     logger->Log(LogLevel::kError, std::string(s.message()));
-  }
-
-  absl::Status Refused(std::string_view op) const {
-    return absl::FailedPreconditionError(absl::StrCat(
-        std::string(op), " on ", path_, ": the engine is read-only (Engine::OpenReadOnly)"));
   }
 
   const storage::StoreOptions options_;
