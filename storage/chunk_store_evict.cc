@@ -117,21 +117,18 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
 }
 
 absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t* evicted) {
-  uint64_t freed = 0;
-  if (!unpunched_.empty()) {
-    // A punch that fails again leaves its slot; eviction below makes up for it.
-    absl::StatusOr<uint64_t> given_back = RetryPunchesLocked(bytes);
-    if (given_back.ok()) freed += *given_back;
-  }
-  if (freed >= bytes) return freed;
+  // What was given back is what left used_bytes_: a punch that fails keeps its slot counted.
   const uint64_t used_before = used_bytes_;
-  const EvictionPlan plan = PlanEvictionLocked(bytes - freed, SIZE_MAX);
-  if (plan.victims.empty()) return freed;
+  auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_before - used_bytes_; };
+  // A punch that fails again leaves its slot; eviction below makes up for it.
+  if (!unpunched_.empty()) RetryPunchesLocked(bytes).IgnoreError();
+  if (freed() >= bytes) return freed();
+  const EvictionPlan plan = PlanEvictionLocked(bytes - freed(), SIZE_MAX);
+  if (plan.victims.empty()) return freed();
   Catalog::Batch batch = catalog_->NewBatch();
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict, nullptr));
   *evicted += plan.victims.size();
-  // What the punches gave back (a failed punch keeps its slot's bytes counted).
-  return freed + (used_before > used_bytes_ ? used_before - used_bytes_ : 0);
+  return freed();
 }
 
 absl::Status ChunkStore::RemoveChunksLocked(const std::vector<ChunkKey>& victims,
