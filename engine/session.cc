@@ -191,7 +191,12 @@ class SessionImpl final : public ReprefillSession {
           " layers and each is submitted once"));
     }
     const size_t want = size_t{options_.window} * spec_.q_heads * spec_.head_dim;
-    if (queries.size() != want) {
+    if (queries.empty() && options_.budget_fraction < 1.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "queries of layer ", layer, ": none given; only a session at budget_fraction 1 (every "
+          "chunk) selects without queries, and this one's is ", options_.budget_fraction));
+    }
+    if (!queries.empty() && queries.size() != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "queries of layer ", layer, ": ", queries.size(), " floats; window ", options_.window,
           " x ", spec_.q_heads, " q heads x ", spec_.head_dim, " = ", want));
@@ -231,7 +236,11 @@ class SessionImpl final : public ReprefillSession {
   absl::Status SubmitHead(uint32_t layer, std::span<const float> queries, bool per_layer,
                           uint32_t n, uint32_t p) {
     std::vector<uint32_t> chosen;
-    if (kernels::ReadsSummaries(kind_)) {
+    const bool queryless = queries.empty();  // at budget 1: every chunk, nothing scored
+    if (queryless) {
+      chosen.resize(n);
+      for (uint32_t j = 0; j < n; ++j) chosen[j] = j;
+    } else if (kernels::ReadsSummaries(kind_)) {
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
       chosen = std::move(sel.chunks);
       scores_[layer] = std::move(sel.scores);
@@ -269,7 +278,7 @@ class SessionImpl final : public ReprefillSession {
     const prefetch::PlanOptions plan{.layers = spec_.layers,
                                      .period_layers = p,
                                      .per_layer = per_layer,
-                                     .read_keys_ahead = !kernels::ReadsSummaries(kind_)};
+                                     .read_keys_ahead = !queryless && !kernels::ReadsSummaries(kind_)};
     for (const prefetch::PlannedRead& r : prefetch::PlanAfterSelection(layer, plan)) {
       if (r.keys_only) {
         std::vector<uint32_t> all(n);

@@ -110,10 +110,13 @@ class ReprefillSession:
     @property
     def matched_chunks(self) -> int:
         """Leading whole chunks of the prompt that are stored."""
-    def submit_queries(self, layer: int, queries: npt.NDArray[np.float32]) -> None:
-        """Layer `layer`'s suffix queries: float32 [window, q_heads, head_dim], C-contiguous."""
+    def submit_queries(self, layer: int,
+                       queries: Optional[npt.NDArray[np.float32]] = None) -> None:
+        """Layer `layer`'s suffix queries: float32 [window, q_heads, head_dim], C-contiguous.
+        None, only at budget_fraction 1: every matched chunk, nothing scored."""
     def await_layer(self, layer: int) -> LayerView:
-        """The selected chunks of `layer`, their K and V as numpy views over the pinned records."""
+        """The selected chunks of `layer`, their K and V as numpy views over the pinned records.
+        At budget_fraction 1 a layer with no submit_queries call gets one with None first."""
     def finish(self) -> dict[str, Union[int, float]]:
         """Ends the session; its SessionStats as a dict."""
 

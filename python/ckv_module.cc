@@ -330,7 +330,20 @@ struct PySession {
   std::unique_ptr<ckv::ReprefillSession> session;
   ckv::ModelSpec spec;
   bool gpu_tier_on_device = false;
+  bool full_budget = false;     // budget_fraction 1: every layer may go without queries
+  std::vector<bool> submitted;  // per layer: submit_queries was called (by the caller or for it)
 };
+
+// SubmitQueries with no queries (a full-budget session selects every chunk), GIL released.
+absl::Status SubmitNoQueries(PySession& s, uint32_t layer) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = s.session->SubmitQueries(layer, {});
+  }
+  if (status.ok() && layer < s.submitted.size()) s.submitted[layer] = true;
+  return status;
+}
 
 // A LayerView and what it needs alive: the numpy arrays over its records hold a reference to it.
 struct PyLayerView {
@@ -523,6 +536,10 @@ PYBIND11_MODULE(ckv, m) {
       .def(
           "submit_queries",
           [](PySession& s, uint32_t layer, const py::object& queries) {
+            if (queries.is_none()) {
+              Check(SubmitNoQueries(s, layer));
+              return;
+            }
             const auto q_heads = static_cast<py::ssize_t>(s.spec.q_heads);
             const auto dim = static_cast<py::ssize_t>(s.spec.head_dim);
             py::array a = AsArray(queries);
@@ -539,14 +556,20 @@ PYBIND11_MODULE(ckv, m) {
               py::gil_scoped_release release;
               status = s.session->SubmitQueries(layer, span);
             }
+            if (status.ok() && layer < s.submitted.size()) s.submitted[layer] = true;
             Check(status);
           },
-          py::arg("layer"), py::arg("queries"),
+          py::arg("layer"), py::arg("queries") = py::none(),
           "Hands over layer `layer`'s suffix queries: float32 [window, q_heads, head_dim], "
-          "C-contiguous (read during the call only). Starts the layer's selection and reads.")
+          "C-contiguous (read during the call only). Starts the layer's selection and reads. "
+          "None (only at budget_fraction 1): every matched chunk, with no scoring.")
       .def(
           "await_layer",
           [](const std::shared_ptr<PySession>& s, uint32_t layer) {
+            // At a full budget a layer needs no queries: submit none for the caller.
+            if (s->full_budget && layer < s->submitted.size() && !s->submitted[layer]) {
+              Check(SubmitNoQueries(*s, layer));
+            }
             absl::StatusOr<ckv::LayerView> view;
             {
               py::gil_scoped_release release;
@@ -619,6 +642,7 @@ PYBIND11_MODULE(ckv, m) {
           },
           py::arg("layer"),
           "Waits until every selected record of `layer` is readable and returns a LayerView: "
+          "(at budget_fraction 1 it first submits no queries for a layer that has none) "
           "per chunk its index, first token and read-only numpy arrays k and v over the pinned "
           "record (no copy); a record in GPU device memory is copied to host arrays "
           "(LayerRecord.copied).")
@@ -852,6 +876,8 @@ PYBIND11_MODULE(ckv, m) {
             out->engine = engine;
             out->spec = spec;
             out->gpu_tier_on_device = e.gpu_tier_on_device;
+            out->full_budget = budget_fraction >= 1.0;
+            out->submitted.assign(spec.layers, false);
             return out;
           },
           py::arg("spec"), py::arg("tokens"), py::kw_only(), py::arg("selector") = "period-exact",

@@ -16,6 +16,7 @@
 #include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_attention.h"
+#include "gmock/gmock.h"
 #include "tests/served_bytes.h"
 
 namespace ckv {
@@ -454,6 +455,46 @@ TEST(SessionLifeTest, ErrorsAreClear) {
   EXPECT_EQ((*none)->matched_chunks(), 0u);
   ASSERT_TRUE((*none)->SubmitQueries(0, d.layers[0].q).ok());
   EXPECT_TRUE((*none)->AwaitLayer(0)->records().empty());
+}
+
+// A connector with no queries (vLLM's per-layer load passes none) runs at budget 1: an empty
+// span selects every matched chunk, under every selector, and the bytes are the stored ones.
+// Below budget 1 an empty span is refused, naming the budget.
+TEST(SessionLifeTest, AFullBudgetSessionServesEveryChunkWithoutQueries) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  for (Selector selector : {Selector::kPeriodExact, Selector::kQuest, Selector::kOracle}) {
+    ReprefillOptions o;
+    o.selector = selector;
+    o.budget_fraction = 1.0;
+    auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_EQ((*session)->matched_chunks(), d.chunks());
+    for (uint32_t l = 0; l < d.spec.layers; ++l) {
+      ASSERT_TRUE((*session)->SubmitQueries(l, {}).ok()) << SelectorName(selector) << " L" << l;
+      auto view = (*session)->AwaitLayer(l);
+      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_EQ(view->records().size(), d.chunks()) << SelectorName(selector) << " L" << l;
+      for (size_t j = 0; j < d.chunks(); ++j) {
+        const auto& r = view->records()[j];
+        ASSERT_EQ(r.chunk, j);
+        ASSERT_TRUE(ServedEquals(r, d.Record(l, j), d.spec.RecordBytes())) << "L" << l << " " << j;
+      }
+    }
+    auto stats = (*session)->Finish();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->records_served, d.chunks() * d.spec.layers);
+  }
+  ReprefillOptions partial;
+  partial.budget_fraction = 0.5;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, partial);
+  ASSERT_TRUE(session.ok());
+  const absl::Status st = (*session)->SubmitQueries(0, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("budget_fraction 1"));
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("0.5"));
 }
 
 TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {

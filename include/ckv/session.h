@@ -165,7 +165,11 @@ class ReprefillSession {
 
   // Hands over layer `layer`'s suffix queries: float32 [window, q_heads, head_dim]. Starts the
   // layer's selection and its reads. Layers are submitted in order, each once.
-  // Errors: InvalidArgument for a wrong layer or shape; FailedPrecondition after Finish. A period
+  // A session at budget_fraction 1 serves every matched chunk whatever the queries say: it
+  // takes an empty span too (a connector that has no queries, such as vLLM's per-layer load),
+  // and then scores nothing (the layer adds nothing to the chunks' importance I, only loads F).
+  // Errors: InvalidArgument for a wrong layer or shape, or for no queries at a budget below 1;
+  // FailedPrecondition after Finish. A period
   // head under period-exact (or period_selection) reads its whole layer to score it: a read
   // error there is returned here too (as AwaitLayer would return it).
   virtual absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) = 0;
