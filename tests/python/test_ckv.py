@@ -231,7 +231,28 @@ class CkvTest(unittest.TestCase):
         with self.assertRaises(ValueError) as cm:
             s.submit_queries(0, np.zeros((window, SPEC.q_heads, SPEC.head_dim), np.float16))
         self.assertIn("queries: expected dtype float32", str(cm.exception))
+        # No queries below a full budget: refused, naming the budget.
+        with self.assertRaises(ckv.InvalidArgumentError) as cm:
+            s.submit_queries(0, None)
+        self.assertIn("budget_fraction 1", str(cm.exception))
         s.finish()
+
+    def test_a_full_budget_session_needs_no_queries(self):
+        n = 16 * 5
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n, seed=5)
+        self.engine.put(SPEC, tokens, k, v)
+        s = self.engine.begin_reprefill(SPEC, tokens, budget_fraction=1.0, period_layers=2)
+        for layer in range(SPEC.layers):
+            if layer % 2 == 0:
+                s.submit_queries(layer, None)  # explicitly none
+            view = s.await_layer(layer)         # odd layers: await_layer submits none itself
+            self.assertEqual([r.chunk for r in view], list(range(5)))
+            for r in view:
+                rows = slice(r.first_token, r.first_token + 16)
+                self.assertEqual(r.k.tobytes(), k[layer][rows].tobytes())
+                self.assertEqual(r.v.tobytes(), v[layer][rows].tobytes())
+        self.assertEqual(s.finish()["records_served"], 5 * SPEC.layers)
 
     def test_put_releases_the_gil(self):
         # A put of a large prefix (64 MiB, synced) runs in one thread while this one counts
