@@ -599,6 +599,29 @@ TEST_F(SafetensorsTest, ImportChecksTheMetadataItUses) {
   EXPECT_EQ(imported->spec, spec);
 }
 
+TEST_F(SafetensorsTest, ReadRangeReadsASliceOfOneTensorAndNoMore) {
+  std::string a(12, '\0'), b(8, '\0');
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>(i + 1);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(100 + i);
+  const std::string path = dir_.Sub("r.safetensors");
+  CKV_ASSERT_OK(WriteFile(
+      path, {{"a", Dtype::kF16, {6}, Bytes(a)}, {"b", Dtype::kI32, {2}, Bytes(b)}}, {}));
+  auto reader = Reader::OpenFile(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string out(4, '\0');
+  CKV_ASSERT_OK((*reader)->ReadRange(*(*reader)->Find("a"), 6,
+                                     std::as_writable_bytes(std::span(out.data(), out.size()))));
+  EXPECT_EQ(out, a.substr(6, 4));
+  CKV_ASSERT_OK((*reader)->ReadRange(*(*reader)->Find("b"), 4,
+                                     std::as_writable_bytes(std::span(out.data(), out.size()))));
+  EXPECT_EQ(out, b.substr(4, 4));
+  // Past the end of a: not into b.
+  const absl::Status past = (*reader)->ReadRange(
+      *(*reader)->Find("a"), 10, std::as_writable_bytes(std::span(out.data(), out.size())));
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+  EXPECT_THAT(std::string(past.message()), HasSubstr("not within tensor a of 12 bytes"));
+}
+
 TEST_F(SafetensorsTest, ImportsFromMemoryToo) {
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-7b");
   KvFixture f(spec, 3, KvLayout::kHeadsFirst);

@@ -348,6 +348,16 @@ absl::Status Reader::Read(const TensorInfo& tensor, std::span<std::byte> out) co
   return ReadAt(data_start_ + tensor.data_begin, out);
 }
 
+absl::Status Reader::ReadRange(const TensorInfo& tensor, uint64_t offset,
+                               std::span<std::byte> out) const {
+  if (offset > tensor.bytes() || out.size() > tensor.bytes() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("read ", path_, ": bytes [", offset, ", +",
+                                                   out.size(), ") are not within tensor ",
+                                                   tensor.name, " of ", tensor.bytes(), " bytes"));
+  }
+  return ReadAt(data_start_ + tensor.data_begin + offset, out);
+}
+
 absl::Status Reader::ReadAt(uint64_t offset, std::span<std::byte> out) const {
   if (fd_ < 0) {
     if (offset > buffer_.size() || out.size() > buffer_.size() - offset) {

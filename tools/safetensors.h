@@ -110,6 +110,10 @@ class Reader {
   // tensor.bytes(). Errors: the mapped read error; DataLoss when the file shrank since it was
   // opened.
   absl::Status Read(const TensorInfo& tensor, std::span<std::byte> out) const;
+  // Reads out.size() bytes of `tensor`'s data from byte `offset` of it (a slice of a large
+  // tensor, e.g. one conversation's K of a profile file). Errors: InvalidArgument when
+  // [offset, offset + out.size()) is not within the tensor; Read's otherwise.
+  absl::Status ReadRange(const TensorInfo& tensor, uint64_t offset, std::span<std::byte> out) const;
 
  private:
   Reader() = default;
