@@ -11,8 +11,10 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/attention_profile_writer.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 
@@ -320,6 +322,105 @@ TEST(ReprefillBenchTest, AnEndlessManifestIsNotReadWholeAndTheStoreIsRebuilt) {
   struct stat st {};
   ASSERT_EQ(::lstat((store + "/manifest.json").c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode)) << "the symlink was replaced by the manifest";
+}
+
+// A trained network's profile (here seeded random data in the file's format): the whole
+// benchmark runs on it, the workload's shape and the model are the file's, and every selector's
+// fidelity is measured on the file's KV and queries.
+TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
+  TempDir dir;
+  const std::string profile = dir.path() + "/profile.safetensors";
+  ::ckv::testing::TestProfile p;
+  p.layers = 2, p.q_heads = 14, p.kv_heads = 2, p.head_dim = 64;
+  p.prefix_tokens = 128, p.suffix_tokens = 32, p.turns = 3, p.window = 8;
+  p.model_id = "test/trained-tiny";
+  ASSERT_TRUE(p.Write(profile).ok());
+  const std::string store = dir.path() + "/store";
+  const std::string json = dir.path() + "/out.json";
+  const Ran ran = RunBench("--store " + store + " --attention-profile trained-tiny " +
+                           "--profile-file " + profile + " --budgets 10,50 --systems " + kSystems +
+                           " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio "
+                           "--rounds 1 --json " + json);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_NE(ran.output.find("attention profile " + profile + ": test/trained-tiny"),
+            std::string::npos) << ran.output;
+  EXPECT_NE(ran.output.find("reading the KV of 192 tokens"), std::string::npos) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  const JsonValue* workload = doc->Find("workload");
+  ASSERT_NE(workload, nullptr);
+  EXPECT_EQ(*workload->Find("model")->AsString(), "test/trained-tiny");
+  EXPECT_EQ(*workload->Find("attention_profile")->AsString(), "trained-tiny");
+  EXPECT_EQ(*workload->Find("profile_file")->AsString(), profile);
+  EXPECT_EQ(Num(*workload, "prefix_tokens"), 128);
+  EXPECT_EQ(Num(*workload, "suffix_tokens"), 32);
+  EXPECT_EQ(Num(*workload, "conversations"), 2);
+  EXPECT_EQ(Num(*workload, "turns"), 3);
+  EXPECT_EQ(Num(*workload, "window"), 8);
+  const JsonValue* results = doc->Find("results");
+  ASSERT_NE(results, nullptr);
+  std::set<std::string> systems;
+  for (const JsonValue& r : *results->AsArray()) {
+    const std::string sys = *r.Find("system")->AsString();
+    systems.insert(sys);
+    const double recall = Num(r, "attention_recall");
+    EXPECT_GE(recall, 0) << sys;
+    EXPECT_LE(recall, 1 + 1e-6) << sys;
+    const double error = Num(r, "output_rel_error");
+    EXPECT_GE(error, 0) << sys;
+    if (sys == "full") {
+      EXPECT_NEAR(recall, 1, 1e-5);
+      EXPECT_NEAR(error, 0, 1e-5);
+    }
+  }
+  EXPECT_EQ(systems, (std::set<std::string>{"full", "h2o", "impress", "ckv-paper", "ckv",
+                                            "recompute"}));
+
+  // Rerun: the store is reused; a rewritten file (another seed) makes a new one.
+  const std::string again = "--store " + store + " --attention-profile trained-tiny "
+                            "--profile-file " + profile + " --budgets 50 --systems ckv --no-fio "
+                            "--rounds 1";
+  const Ran reused = RunBench(again);
+  ASSERT_EQ(reused.exit_code, 0) << reused.output;
+  EXPECT_NE(reused.output.find("reusing the store"), std::string::npos) << reused.output;
+  p.seed = 2;
+  p.prefix_tokens = 160;
+  ASSERT_TRUE(p.Write(profile).ok());
+  const Ran rebuilt = RunBench(again);
+  ASSERT_EQ(rebuilt.exit_code, 0) << rebuilt.output;
+  EXPECT_NE(rebuilt.output.find("making a new store"), std::string::npos) << rebuilt.output;
+}
+
+TEST(ReprefillBenchTest, ProfileFileFlagsAreRefusedByName) {
+  TempDir dir;
+  const std::string profile = dir.path() + "/profile.safetensors";
+  ::ckv::testing::TestProfile p;
+  ASSERT_TRUE(p.Write(profile).ok());
+  const std::string base = "--store " + dir.path() + "/s --no-fio --rounds 1 ";
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--attention-profile trained-tiny", "needs --profile-file PATH"},
+           {"--profile-file " + profile, "--profile-file needs --attention-profile trained-tiny"},
+           {"--attention-profile trained-tiny --profile-file " + dir.path() + "/absent",
+            dir.path() + "/absent"},
+           {"--attention-profile trained-tiny --profile-file " + profile + " --turns 5",
+            "--turns 5 contradicts the profile file " + profile + ", which has 2"},
+           {"--attention-profile trained-tiny --profile-file " + profile + " --model qwen2.5-7b",
+            "--model qwen2.5-7b contradicts the profile file"},
+           {"--attention-profile trained-tiny --profile-file " + profile +
+                " --request-shift 0.5",
+            "--request-shift is the synthetic generator's"},
+           {"--attention-profile bogus", "or trained-tiny (with --profile-file)"}}) {
+    const Ran ran = RunBench(base + c.args);
+    EXPECT_EQ(ran.exit_code, 2) << c.args << "\n" << ran.output;
+    EXPECT_NE(ran.output.find(c.message), std::string::npos) << c.args << "\n" << ran.output;
+  }
+  // Flags that agree with the file are accepted (checked by a run that gets past them).
+  const Ran agreeing = RunBench(base + "--attention-profile trained-tiny --profile-file " +
+                                profile + " --turns 2 --window 4 --budgets 50 --systems ckv");
+  EXPECT_EQ(agreeing.exit_code, 0) << agreeing.output;
 }
 
 #else

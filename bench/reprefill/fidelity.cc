@@ -10,14 +10,15 @@
 
 namespace ckv::bench {
 
-const std::vector<std::byte>& Fidelity::Records(uint32_t conversation, uint32_t layer) {
+absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t conversation,
+                                                                 uint32_t layer) {
   const auto key = std::make_pair(conversation, layer);
   auto it = records_.find(key);
   if (it == records_.end()) {
-    synth::SyntheticAttention gen(w_.spec(), w_.stored_tokens(), w_.Params(conversation));
-    it = records_.emplace(key, gen.Records(gen.Generate(layer))).first;
+    CKV_ASSIGN_OR_RETURN(std::vector<std::byte> records, w_.Records(conversation, layer));
+    it = records_.emplace(key, std::move(records)).first;
   }
-  return it->second;
+  return &it->second;
 }
 
 absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<float>>& queries,
@@ -33,7 +34,8 @@ absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<f
   std::iota(all.begin(), all.end(), 0u);
   double rs = 0, rl = 0, es = 0;
   for (uint32_t l = 0; l < spec.layers; ++l) {
-    const std::vector<std::byte>& recs = Records(r.conversation, l);
+    CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* records, Records(r.conversation, l));
+    const std::vector<std::byte>& recs = *records;
     std::vector<const std::byte*> ptr(n);
     for (size_t j = 0; j < n; ++j) ptr[j] = recs.data() + j * spec.RecordBytes();
     const auto key = std::make_tuple(r.conversation, r.turn, l);

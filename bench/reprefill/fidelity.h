@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "bench/reprefill/workload.h"
 #include "kernels/attention.h"
 
@@ -40,7 +41,8 @@ class Fidelity {
     std::vector<float> token_mass;  // per token of the request's prefix (whole chunks)
     std::vector<float> output;      // attention output over every chunk
   };
-  const std::vector<std::byte>& Records(uint32_t conversation, uint32_t layer);
+  // The stored records of a conversation's layer (the workload's), cached.
+  absl::StatusOr<const std::vector<std::byte>*> Records(uint32_t conversation, uint32_t layer);
 
   const Workload& w_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;

@@ -60,8 +60,13 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
   cli::AddUint(app, "--window", &f->window, "suffix queries scored per layer (default 32)");
   cli::AddUint(app, "--seed", &f->seed, "workload seed (default 1)", "S");
   app.add_option("--attention-profile", f->attention_profile,
-                 "calibrated (default) or planted-chunks")
+                 "calibrated (default), planted-chunks, or trained-tiny (a trained network's "
+                 "KV and queries from --profile-file; docs/generator.md)")
       ->type_name("P");
+  app.add_option("--profile-file", f->profile_file,
+                 "the safetensors profile of --attention-profile trained-tiny; it sets the model, "
+                 "prefix and suffix tokens, conversations, turns and window")
+      ->type_name("PATH");
   cli::AddParsed(app, "--request-shift", "the generator's request shift, [0, 1]", "F",
                  "a number in [0, 1]", [f](const std::string& v) {
                    return cli::ParseDouble(v, &f->request_shift) && f->request_shift >= 0 &&
@@ -106,6 +111,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   AddWorkloadFlags(app, f);
   AddRunFlags(app, f);
   if (const std::optional<int> exit = cli::Parse(app, argc, argv)) return exit;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->count() > 0 && !o->get_lnames().empty()) f->given.insert("--" + o->get_lnames()[0]);
+  }
   if (f->prefix_tokens < 16 || f->turns < 1 || f->conversations < 1 || f->concurrency < 1 ||
       f->warmup_turns >= f->turns || f->window < 1 || f->suffix_tokens < 1 || f->rounds < 1 ||
       !(f->system_prompt_share >= 0 && f->system_prompt_share <= 1) || !(f->gpu_tflops > 0) ||

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,10 @@ struct Flags {
   std::vector<std::string> tiers = {"default"};
   uint32_t window = 32;
   uint64_t seed = 1;
-  // The synthetic attention (tools/synthetic_attention.h).
+  // The synthetic attention (tools/synthetic_attention.h), or kTrainedProfile: a trained
+  // network's, read from `profile_file` (tools/attention_profile_file.h).
   std::string attention_profile = "calibrated";
+  std::string profile_file;
   double request_shift = -1;  // < 0: the generator's default
   // The modelled GPU (docs/baselines.md, "Compute model"): an A800 80GB SXM.
   double gpu_tflops = 156;    // bf16 dense: 312 TFLOPS peak at 50%
@@ -59,7 +62,13 @@ struct Flags {
   double fio_seconds = 3;
   cli::JsonOutput json;  // --json [PATH]: the rows as JSON (tools/cli.h)
   std::string plot;
+  // The flags given on the command line (by long name, e.g. "--turns"), so that a profile file
+  // can tell the values it sets from flags that contradict it.
+  std::set<std::string> given;
 };
+
+// The attention profile whose KV and queries come from --profile-file.
+inline constexpr const char* kTrainedProfile = "trained-tiny";
 
 // Parses argv into *f (tools/cli.h). Returns the exit code when the program should stop: 0
 // after --help or --version, kExitUsage after printing a usage error.

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -40,6 +41,8 @@
 #include "ckv/engine.h"
 #include "ckv/status.h"
 #include "engine/internal.h"
+#include "tools/attention_profile_file.h"
+#include "tools/cli.h"
 #include "tools/synthetic_attention.h"
 
 namespace ckv::bench {
@@ -60,7 +63,7 @@ struct RunResult {
 };
 
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
-                                  const TierConfig& tiers) {
+                                  const TierConfig& tiers, const Arch& arch) {
   const Flags& f = w.flags();
   EngineOptions o;
   o.create_if_missing = false;
@@ -106,7 +109,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   ctx.gpu = &gpu;
   ctx.clock = &clock;
   ctx.state = &state;
-  ctx.arch = *ArchOf(f.model);
+  ctx.arch = arch;
 
   RunResult out;
   std::vector<Request> warm;
@@ -295,7 +298,7 @@ absl::Status MeasureFidelity(const Flags& f, const Workload& w, Fidelity& fideli
 // false when a run fails.
 bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& systems,
                const std::vector<TierConfig>& tier_configs, const std::vector<Job>& jobs,
-               Fidelity* fidelity, std::vector<JobFigures>* figures) {
+               const Arch& arch, Fidelity* fidelity, std::vector<JobFigures>* figures) {
   std::mt19937_64 rng(f.seed);
   for (uint32_t round = 0; round < f.rounds; ++round) {
     std::vector<size_t> order(jobs.size());
@@ -307,7 +310,7 @@ bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& sys
       const TierConfig& tc = tier_configs[job.tiers];
       std::fprintf(stderr, "%s: round %u/%u: %s at %.0f%%, %s tiers ...\n", kProg, round + 1,
                    f.rounds, sys.name.c_str(), job.budget * 100, tc.name.c_str());
-      auto run = RunOnce(w, sys, job.budget, tc);
+      auto run = RunOnce(w, sys, job.budget, tc, arch);
       if (!run.ok()) {
         std::fprintf(stderr, "%s: %s at %.0f%%: %s\n", kProg, sys.name.c_str(), job.budget * 100,
                      run.status().ToString().c_str());
@@ -417,24 +420,116 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
   return 0;
 }
 
-int Run(const Flags& f) {
-  auto spec = ModelSpec::Preset(f.model);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s: %s\n", kProg, spec.status().ToString().c_str());
+// A trained network's attention (--attention-profile trained-tiny): opens f->profile_file and
+// takes the model and the workload's shape from it into *f, *spec and *arch. A flag given on the
+// command line that contradicts the file is a usage error; the others are overridden, and a note
+// says what the file set. Prints the error and returns the exit code on failure.
+std::optional<int> ApplyProfileFile(Flags* f,
+                                    std::unique_ptr<synth::AttentionProfileFile>* file,
+                                    ModelSpec* spec, Arch* arch) {
+  if (f->profile_file.empty()) {
+    return cli::UsageError(kProg, absl::StrCat("--attention-profile ", kTrainedProfile,
+                                               " needs --profile-file PATH"));
+  }
+  auto opened = synth::AttentionProfileFile::Open(f->profile_file);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "%s: --profile-file: %s\n", kProg, opened.status().ToString().c_str());
     return kExitUsage;
   }
-  auto arch = ArchOf(f.model);
-  if (!arch.ok()) {
-    std::fprintf(stderr, "%s: %s\n", kProg, arch.status().ToString().c_str());
-    return kExitUsage;
+  const synth::AttentionProfileFile& p = **opened;
+  for (const char* name : {"--system-prompt-share", "--request-shift"}) {
+    if (f->given.contains(name)) {
+      return cli::UsageError(kProg, absl::StrCat(name, " is the synthetic generator's; the "
+                                                 "profile file ", p.path(), " fixes the tokens "
+                                                 "and the queries"));
+    }
   }
-  if (auto p = synth::ParseAttentionProfile(f.attention_profile); !p.ok()) {
-    std::fprintf(stderr, "%s: --attention-profile: %s\n", kProg, p.status().ToString().c_str());
-    return kExitUsage;
+  struct Field {
+    const char* flag;
+    uint32_t* value;
+    uint32_t from_file;
+  };
+  for (const Field& x : {Field{"--prefix-tokens", &f->prefix_tokens, p.prefix_tokens()},
+                         Field{"--suffix-tokens", &f->suffix_tokens, p.suffix_tokens()},
+                         Field{"--conversations", &f->conversations, p.conversations()},
+                         Field{"--turns", &f->turns, p.turns()},
+                         Field{"--window", &f->window, p.window()}}) {
+    if (f->given.contains(x.flag) && *x.value != x.from_file) {
+      return cli::UsageError(kProg, absl::StrCat(x.flag, " ", *x.value, " contradicts the profile "
+                                                 "file ", p.path(), ", which has ", x.from_file,
+                                                 " (leave the flag out: the file sets it)"));
+    }
+    *x.value = x.from_file;
+  }
+  if (f->given.contains("--model") && f->model != p.spec().model_id) {
+    return cli::UsageError(kProg, absl::StrCat("--model ", f->model, " contradicts the profile "
+                                               "file ", p.path(), ", whose model is ",
+                                               p.spec().model_id));
+  }
+  f->model = p.spec().model_id;
+  if (!f->given.contains("--warmup-turns")) {
+    f->warmup_turns = std::min(f->warmup_turns, f->turns - 1);
+  }
+  if (f->warmup_turns >= f->turns || f->prefix_tokens < 16) {
+    return cli::UsageError(kProg, absl::StrCat("the profile file ", p.path(), " has ", f->turns,
+                                               " turns and a prefix of ", f->prefix_tokens,
+                                               " tokens: need warmup-turns (", f->warmup_turns,
+                                               ") < turns and prefix-tokens >= 16"));
+  }
+  *spec = p.spec();
+  if (auto known = ArchOf(f->model); known.ok()) {
+    *arch = *known;
+  } else {
+    // A model without preset figures: hidden = q_heads * head_dim (as in most decoders) and a
+    // 4x MLP, for the modelled compute alone.
+    arch->hidden = spec->q_heads * spec->head_dim;
+    arch->intermediate = 4 * arch->hidden;
+  }
+  std::fprintf(stderr,
+               "%s: attention profile %s: %s (%u layers, %u q heads, %u kv heads, head_dim %u, "
+               "%u-token chunks, fp16), %u conversations, a %u-token prefix, %u turns of %u "
+               "tokens, window %u, warm-up turns %u; modelled compute as hidden %u, MLP %u\n",
+               kProg, p.path().c_str(), spec->model_id.c_str(), spec->layers, spec->q_heads,
+               spec->kv_heads, spec->head_dim, spec->chunk_tokens, f->conversations,
+               f->prefix_tokens, f->turns, f->suffix_tokens, f->window, f->warmup_turns,
+               arch->hidden, arch->intermediate);
+  *file = *std::move(opened);
+  return std::nullopt;
+}
+
+int Run(const Flags& flags) {
+  Flags f = flags;  // a profile file sets some of them
+  std::unique_ptr<synth::AttentionProfileFile> file;
+  ModelSpec spec;
+  Arch arch;
+  if (f.attention_profile == kTrainedProfile) {
+    if (const std::optional<int> exit = ApplyProfileFile(&f, &file, &spec, &arch)) return *exit;
+  } else {
+    if (!f.profile_file.empty()) {
+      return cli::UsageError(kProg, absl::StrCat("--profile-file needs --attention-profile ",
+                                                 kTrainedProfile));
+    }
+    auto preset = ModelSpec::Preset(f.model);
+    if (!preset.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProg, preset.status().ToString().c_str());
+      return kExitUsage;
+    }
+    spec = *preset;
+    auto known = ArchOf(f.model);
+    if (!known.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProg, known.status().ToString().c_str());
+      return kExitUsage;
+    }
+    arch = *known;
+    if (auto p = synth::ParseAttentionProfile(f.attention_profile); !p.ok()) {
+      std::fprintf(stderr, "%s: --attention-profile: %s, or %s (with --profile-file)\n", kProg,
+                   p.status().ToString().c_str(), kTrainedProfile);
+      return kExitUsage;
+    }
   }
   SystemSet set;
   if (!ParseSystems(f, &set)) return kExitUsage;
-  const Workload w(f, *spec);
+  const Workload w(f, spec, file.get());
   if (absl::Status st = Populate(w, set.layouts, set.need_keys, set.need_impress); !st.ok()) {
     std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
     return 1;
@@ -447,9 +542,9 @@ int Run(const Flags& f) {
   const std::vector<TierConfig> tier_configs = TierConfigs(f, w.store_bytes());
   const std::vector<Job> jobs = Jobs(f, set.systems, tier_configs.size());
   std::vector<JobFigures> figures(jobs.size());
-  if (!RunRounds(f, w, set.systems, tier_configs, jobs, fidelity.get(), &figures)) return 1;
+  if (!RunRounds(f, w, set.systems, tier_configs, jobs, arch, fidelity.get(), &figures)) return 1;
   std::vector<Row> out = CollectRows(f, set.systems, jobs, figures, fio.get());
-  AddRecomputeRows(f, w, *arch, tier_configs, &out);
+  AddRecomputeRows(f, w, arch, tier_configs, &out);
   return Report(f, w, set.systems, out);
 }
 

@@ -170,18 +170,20 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     if (!impress) return absl::PermissionDeniedError(absl::StrCat("cannot create ", impress_path));
   }
   for (uint32_t c = 0; c < f.conversations; ++c) {
-    std::fprintf(stderr, "%s: conversation %u/%u: generating the KV of %zu tokens (%s)\n", kProg,
-                 c + 1, f.conversations, w.stored_tokens(), w.spec().DebugString().c_str());
-    synth::SyntheticAttention gen(w.spec(), w.stored_tokens(), w.Params(c));
-    synth::PlantedKv kv(gen);
-    for (size_t i = 0; i < engines.size(); ++i) {
-      CKV_ASSIGN_OR_RETURN(PutResult r, engines[i]->Put(w.spec(), w.StoredTokens(c), kv.tensors()));
-      std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
-                   LayoutName(todo[i]), c + 1, f.conversations,
-                   static_cast<unsigned long long>(r.chunks_written));
-    }
-    if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv.tensors(), keys, key_path));
-    if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv.tensors(), impress, impress_path));
+    std::fprintf(stderr, "%s: conversation %u/%u: %s the KV of %zu tokens (%s)\n", kProg,
+                 c + 1, f.conversations, w.file() ? "reading" : "generating", w.stored_tokens(),
+                 w.spec().DebugString().c_str());
+    CKV_RETURN_IF_ERROR(w.WithStoredKv(c, [&](const KvTensors& kv) -> absl::Status {
+      for (size_t i = 0; i < engines.size(); ++i) {
+        CKV_ASSIGN_OR_RETURN(PutResult r, engines[i]->Put(w.spec(), w.StoredTokens(c), kv));
+        std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
+                     LayoutName(todo[i]), c + 1, f.conversations,
+                     static_cast<unsigned long long>(r.chunks_written));
+      }
+      if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path));
+      if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path));
+      return absl::OkStatus();
+    }));
   }
   if (!impress_ok) {
     impress.flush();

@@ -2,7 +2,9 @@
 #include "bench/reprefill/workload.h"
 
 #include <cmath>
+#include <filesystem>
 
+#include "ckv/status.h"
 #include "tools/json_writer.h"
 
 namespace ckv::bench {
@@ -14,8 +16,25 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-Workload::Workload(const Flags& f, ModelSpec spec) : f_(f), spec_(std::move(spec)) {
+Workload::Workload(const Flags& f, ModelSpec spec, const synth::AttentionProfileFile* file)
+    : f_(f), spec_(std::move(spec)), file_(file) {
   stored_tokens_ = f.prefix_tokens + size_t{f.turns - 1} * f.suffix_tokens;
+  for (uint32_t turn = 0; turn < f.turns; ++turn) {
+    for (uint32_t c = 0; c < f.conversations; ++c) {
+      requests_.push_back({c, turn, turn < f.warmup_turns});
+    }
+  }
+  base_.seed = f.seed;
+  base_.window = f.window;
+  if (f.request_shift >= 0) base_.request_shift = f.request_shift;
+  if (file_ != nullptr) {
+    tokens_.resize(f.conversations);
+    for (uint32_t c = 0; c < f.conversations; ++c) {
+      const std::span<const int32_t> t = file_->Tokens(c);
+      tokens_[c].assign(t.begin(), t.end());
+    }
+    return;
+  }
   const size_t shared = static_cast<size_t>(std::llround(f.system_prompt_share * f.prefix_tokens));
   tokens_.resize(f.conversations);
   for (uint32_t c = 0; c < f.conversations; ++c) {
@@ -26,15 +45,7 @@ Workload::Workload(const Flags& f, ModelSpec spec) : f_(f), spec_(std::move(spec
       t[i] = static_cast<int32_t>(h % 151643);  // qwen2.5's vocabulary
     }
   }
-  base_.seed = f.seed;
-  base_.window = f.window;
   base_.profile = *synth::ParseAttentionProfile(f.attention_profile);
-  if (f.request_shift >= 0) base_.request_shift = f.request_shift;
-  for (uint32_t turn = 0; turn < f.turns; ++turn) {
-    for (uint32_t c = 0; c < f.conversations; ++c) {
-      requests_.push_back({c, turn, turn < f.warmup_turns});
-    }
-  }
 }
 
 uint64_t Workload::store_bytes() const {
@@ -60,10 +71,28 @@ synth::AttentionParams Workload::Params(const Request& r) const {
 }
 
 std::vector<std::vector<float>> Workload::Queries(const Request& r) const {
+  if (file_ != nullptr) return file_->Queries(r.conversation, r.turn);
   synth::SyntheticAttention gen(spec_, stored_tokens_, Params(r));
   std::vector<std::vector<float>> q(spec_.layers);
   for (uint32_t l = 0; l < spec_.layers; ++l) q[l] = gen.Queries(l);
   return q;
+}
+
+absl::Status Workload::WithStoredKv(
+    uint32_t c, const std::function<absl::Status(const KvTensors&)>& fn) const {
+  if (file_ != nullptr) {
+    CKV_ASSIGN_OR_RETURN(synth::ProfileKv kv, file_->ReadKv(c, stored_tokens_));
+    return fn(kv.tensors);
+  }
+  synth::SyntheticAttention gen(spec_, stored_tokens_, Params(c));
+  synth::PlantedKv kv(gen);
+  return fn(kv.tensors());
+}
+
+absl::StatusOr<std::vector<std::byte>> Workload::Records(uint32_t c, uint32_t layer) const {
+  if (file_ != nullptr) return file_->Records(c, layer, stored_tokens_);
+  synth::SyntheticAttention gen(spec_, stored_tokens_, Params(c));
+  return gen.Records(gen.Generate(layer));
 }
 
 std::string Workload::Manifest() const {
@@ -74,6 +103,16 @@ std::string Workload::Manifest() const {
   w.Key("seed").Uint(f_.seed).Key("window").Uint(f_.window).Key("generator").Uint(2);
   // The KV depends on the profile, not on the requests' shift (queries are not stored).
   w.Key("attention_profile").String(f_.attention_profile);
+  if (file_ != nullptr) {
+    // The file by name, size and modification time: a rewritten profile makes a new store.
+    std::error_code size_ec, mtime_ec;
+    const auto size = std::filesystem::file_size(file_->path(), size_ec);
+    const auto mtime = std::filesystem::last_write_time(file_->path(), mtime_ec);
+    w.Key("profile_file").String(file_->path());
+    w.Key("profile_file_bytes").Uint(size_ec ? 0 : static_cast<uint64_t>(size));
+    w.Key("profile_file_mtime")
+        .Int(mtime_ec ? 0 : static_cast<int64_t>(mtime.time_since_epoch().count()));
+  }
   w.EndObject();
   return w.str();
 }
