@@ -352,6 +352,7 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
   EXPECT_EQ(*workload->Find("model")->AsString(), "test/trained-tiny");
   EXPECT_EQ(*workload->Find("attention_profile")->AsString(), "trained-tiny");
   EXPECT_EQ(*workload->Find("profile_file")->AsString(), profile);
+  EXPECT_EQ(workload->Find("request_shift"), nullptr);  // the generator's alone
   EXPECT_EQ(Num(*workload, "prefix_tokens"), 128);
   EXPECT_EQ(Num(*workload, "suffix_tokens"), 32);
   EXPECT_EQ(Num(*workload, "conversations"), 2);

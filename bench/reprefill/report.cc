@@ -180,8 +180,9 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows,
   j.Key("launch_us").Double(f.launch_us).Key("pcie_gb_s").Double(f.pcie_gb_s);
   j.Key("seed").Uint(f.seed).Key("rounds").Uint(f.rounds);
   j.Key("attention_profile").String(f.attention_profile);
+  // A profile file's queries are the network's: the generator's shift does not apply.
   if (w.file() != nullptr) j.Key("profile_file").String(w.file()->path());
-  j.Key("request_shift").Double(w.Params(Request{}).request_shift);
+  else j.Key("request_shift").Double(w.Params(Request{}).request_shift);
   j.Key("impress_probes").String(f.impress_probes);
   j.Key("store_bytes").Uint(w.store_bytes());
   j.EndObject();
