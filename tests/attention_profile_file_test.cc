@@ -49,6 +49,8 @@ TEST(AttentionProfileFileTest, ReadsBackTheShapeTokensQueriesAndKv) {
   EXPECT_EQ(file.window(), 4u);
   EXPECT_EQ(file.rope_theta(), 10000.0);
   EXPECT_EQ(file.total_tokens(), 64u);
+  EXPECT_EQ(file.hidden(), 0u);  // not in this file's metadata
+  EXPECT_EQ(file.intermediate(), 0u);
 
   const uint32_t t_all = 64, row = 2 * 8;  // tokens, kv elements per token
   // Tokens of conversation 1.
@@ -123,6 +125,22 @@ TEST(AttentionProfileFileTest, AWrongFileIsRefusedSayingWhatIsWrong) {
                 "\"rope_theta\" is \"-1\", not a positive number");
   ExpectRefused([](TestProfile& p) { p.metadata_overrides["window"] = "17"; },
                 "window 17 > suffix_tokens 16");
+  ExpectRefused([](TestProfile& p) { p.metadata_overrides["hidden"] = "0"; },
+                "\"hidden\" is \"0\", not a positive integer");
+}
+
+// The optional network sizes, for the benchmark's modelled compute.
+TEST(AttentionProfileFileTest, ReadsTheNetworksSizesWhenTheMetadataHasThem) {
+  TempDir dir;
+  const std::string path = dir.path() + "/p.safetensors";
+  TestProfile p;
+  p.metadata_overrides["hidden"] = "128";
+  p.metadata_overrides["intermediate"] = "384";
+  ASSERT_TRUE(p.Write(path).ok());
+  auto f = AttentionProfileFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->hidden(), 128u);
+  EXPECT_EQ((*f)->intermediate(), 384u);
 }
 
 TEST(AttentionProfileFileTest, AMissingFileIsNotFoundNamingIt) {

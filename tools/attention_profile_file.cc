@@ -64,6 +64,10 @@ absl::Status AttentionProfileFile::Init() {
   CKV_RETURN_IF_ERROR(count("suffix_tokens", &suffix_tokens_));
   CKV_RETURN_IF_ERROR(count("turns", &turns_));
   CKV_RETURN_IF_ERROR(count("window", &window_));
+  // Optional: the network's hidden and MLP sizes, for the benchmark's modelled compute.
+  for (auto [key, out] : {std::pair{"hidden", &hidden_}, std::pair{"intermediate", &intermediate_}}) {
+    if (meta.contains(key)) CKV_RETURN_IF_ERROR(count(key, out));
+  }
   {
     CKV_ASSIGN_OR_RETURN(std::string s, text("rope_theta"));
     if (!absl::SimpleAtod(s, &rope_theta_) || !std::isfinite(rope_theta_) || rope_theta_ <= 0) {

@@ -11,7 +11,8 @@
 //            the last `window` tokens of each turn's suffix
 //   tokens   I32 [conversations, total_tokens], every id >= 0
 //   __metadata__ (strings): model_id, layers, q_heads, kv_heads, head_dim, chunk_tokens,
-//            prefix_tokens, suffix_tokens, turns, window, rope_theta
+//            prefix_tokens, suffix_tokens, turns, window, rope_theta; optionally hidden and
+//            intermediate (the network's sizes, for the modelled compute)
 // with total_tokens = prefix_tokens + turns * suffix_tokens. Turn t (0-based) of conversation c
 // reuses tokens [0, prefix_tokens + t * suffix_tokens) as its stored prefix and brings the
 // suffix [prefix_tokens + t * suffix_tokens, prefix_tokens + (t + 1) * suffix_tokens), whose last
@@ -66,6 +67,9 @@ class AttentionProfileFile {
   uint32_t turns() const { return turns_; }
   uint32_t window() const { return window_; }
   double rope_theta() const { return rope_theta_; }
+  // The network's hidden and MLP sizes (metadata "hidden", "intermediate"); 0 when absent.
+  uint32_t hidden() const { return hidden_; }
+  uint32_t intermediate() const { return intermediate_; }
   size_t total_tokens() const { return size_t{prefix_tokens_} + size_t{turns_} * suffix_tokens_; }
 
   // Conversation c's total_tokens() token ids. REQUIRES: c < conversations().
@@ -93,6 +97,7 @@ class AttentionProfileFile {
   ModelSpec spec_;
   uint32_t conversations_ = 0, prefix_tokens_ = 0, suffix_tokens_ = 0, turns_ = 0, window_ = 0;
   double rope_theta_ = 0;
+  uint32_t hidden_ = 0, intermediate_ = 0;
   std::vector<int32_t> tokens_;  // [conversations, total_tokens]
   std::vector<float> q_;         // [conversations, turns, layers, window, q_heads, head_dim]
 };

@@ -479,6 +479,9 @@ std::optional<int> ApplyProfileFile(Flags* f,
   *spec = p.spec();
   if (auto known = ArchOf(f->model); known.ok()) {
     *arch = *known;
+  } else if (p.hidden() != 0 && p.intermediate() != 0) {
+    arch->hidden = p.hidden();  // the file says
+    arch->intermediate = p.intermediate();
   } else {
     // A model without preset figures: hidden = q_heads * head_dim (as in most decoders) and a
     // 4x MLP, for the modelled compute alone.
