@@ -254,6 +254,29 @@ class CkvTest(unittest.TestCase):
                 self.assertEqual(r.v.tobytes(), v[layer][rows].tobytes())
         self.assertEqual(s.finish()["records_served"], 5 * SPEC.layers)
 
+    def test_a_gpu_tier_serves_the_stored_bytes(self):
+        # A second session finds the records in the GPU tier. On a GPU (device memory) they are
+        # copied to host arrays; without one (the host backend) they are views, as the others.
+        n = 16 * 4
+        tokens = tokens_of(n, start=5000)
+        k, v = make_kv(SPEC, n, seed=6)
+        path = os.path.join(self.dir, "tiered")
+        with ckv.Engine.open(path, gpu_tier_bytes=1 << 20, cpu_tier_bytes=1 << 20) as eng:
+            on_device = "\nckv_gpu_tier_on_device 1" in eng.metrics()
+            eng.put(SPEC, tokens, k, v)
+            for round_ in range(2):
+                s = eng.begin_reprefill(SPEC, tokens, budget_fraction=1.0, period_layers=2)
+                for layer in range(SPEC.layers):
+                    for r in s.await_layer(layer):
+                        rows = slice(r.first_token, r.first_token + 16)
+                        self.assertEqual(r.k.tobytes(), k[layer][rows].tobytes())
+                        self.assertEqual(r.v.tobytes(), v[layer][rows].tobytes())
+                        if round_ == 1:
+                            self.assertEqual(r.found_in, "gpu")
+                            self.assertEqual(r.copied, on_device)
+                stats = s.finish()
+            self.assertEqual(stats["gpu_hits"], 4 * SPEC.layers)
+
     def test_put_releases_the_gil(self):
         # A put of a large prefix (64 MiB, synced) runs in one thread while this one counts
         # sleeps of 0.5 ms; the count must advance during the put. Were the GIL held through the
