@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The reference decoder's KV into ckv, and its Re-Prefill out of ckv.
+
+store()      a full prefill of the prompt; its post-RoPE K and V (float16), every layer, go to
+             ckv by Engine.put (whole chunks; the tail after the last whole chunk is not stored)
+reprefill()  a later request with a stored prefix: a ckv session serves each layer's selected
+             chunks, and the request's new tokens (the unstored tail and the suffix) are
+             computed over them at their true positions, layer after layer, to the first token
+masked()     the same computation over any per-layer token selection of the prefix, without ckv:
+             how the token-level baselines' selections are turned into a first token
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+import ckv
+
+from .model import Decoder, attend
+
+MODEL_ID = "ckv-ref-tiny"
+
+
+def spec_of(model: Decoder, chunk_tokens: int = 16, model_id: str = MODEL_ID) -> "ckv.ModelSpec":
+    c = model.cfg
+    return ckv.ModelSpec(layers=c.layers, q_heads=c.q_heads, kv_heads=c.kv_heads,
+                         head_dim=c.head_dim, dtype="fp16", chunk_tokens=chunk_tokens,
+                         model_id=model_id)
+
+
+def as_tokens(tokens) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
+
+
+def kv_arrays(ks: Sequence[torch.Tensor], vs: Sequence[torch.Tensor]):
+    """Per-layer float16 numpy K and V [n, kv_heads, head_dim], as ckv stores them."""
+    to16 = lambda t: np.ascontiguousarray(t.numpy().astype(np.float16))
+    return [to16(k) for k in ks], [to16(v) for v in vs]
+
+
+@torch.no_grad()
+def store(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, tokens) -> dict:
+    """Prefills `tokens` in full and puts their KV; returns put()'s result."""
+    tokens = as_tokens(tokens)
+    _, ks, vs, _, _ = model.forward_full(tokens)
+    k, v = kv_arrays(ks, vs)
+    return engine.put(spec, tokens, k, v)
+
+
+@dataclasses.dataclass
+class Reprefilled:
+    logits: torch.Tensor               # of the prompt's last token [vocab]
+    matched_chunks: int                # stored leading chunks the session served from
+    new_tokens: int                    # tokens computed: the unstored tail and the suffix
+    selections: list[list[int]]        # per layer, the chunks served
+    probs: list[Optional[torch.Tensor]]  # per layer, with keep_probs: [q_heads, new, attended]
+    stats: dict                        # the session's figures (finish())
+
+
+@torch.no_grad()
+def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, tokens, *,
+              selector: str = "period-exact", budget: float = 1.0, window: int = 32,
+              period_layers: int = 2, period_selection: bool = False, with_queries: bool = True,
+              keep_probs: bool = False) -> Reprefilled:
+    """The first token of `tokens` from a ckv Re-Prefill of its stored leading chunks.
+
+    The session is begun on tokens[:-1], so at least the last token is computed (as a serving
+    system recomputes the last token of a prompt it holds whole). The window is the last
+    min(window, new tokens) queries. with_queries=False (budget 1 only) submits none: every
+    matched chunk is served, as a connector with no queries would get them.
+    """
+    tokens = as_tokens(tokens)
+    if len(tokens) < 1:
+        raise ValueError("reprefill: an empty prompt")
+    c = spec.chunk_tokens
+    matched = engine.lookup(spec, tokens[:-1])
+    w = max(1, min(window, len(tokens) - matched * c))
+    session = engine.begin_reprefill(spec, tokens[:-1], selector=selector, budget_fraction=budget,
+                                     window=w, period_layers=period_layers,
+                                     period_selection=period_selection)
+    try:
+        matched = session.matched_chunks
+        start = matched * c
+        new = torch.as_tensor(tokens[start:].astype(np.int64))
+        if new.shape[0] < w:
+            raise RuntimeError(f"reprefill: {new.shape[0]} new tokens, fewer than the window {w}: "
+                               "the store changed between lookup and the session")
+        pos = torch.arange(start, len(tokens))
+        cos, sin = model.cos[pos], model.sin[pos]
+        h = model.embed(new)
+        selections, probs = [], []
+        for l, layer in enumerate(model.layers):
+            q, k, v = layer.qkv(h, cos, sin)
+            if with_queries:
+                session.submit_queries(l, np.ascontiguousarray(q[-w:].numpy(), dtype=np.float32))
+            view = session.await_layer(l)
+            chunks = [r.chunk for r in view]
+            if chunks:
+                k_sel = torch.from_numpy(np.concatenate([r.k for r in view]).astype(np.float32))
+                v_sel = torch.from_numpy(np.concatenate([r.v for r in view]).astype(np.float32))
+                p_sel = torch.cat([torch.arange(r.first_token, r.first_token + c) for r in view])
+                k_all, v_all = torch.cat([k_sel, k]), torch.cat([v_sel, v])
+                p_all = torch.cat([p_sel, pos])
+            else:
+                k_all, v_all, p_all = k, v, pos
+            del view  # unpins its records: the tensors above are copies
+            out, p = attend(q, k_all, v_all, pos, p_all, return_probs=True)
+            selections.append(chunks)
+            probs.append(p if keep_probs else None)
+            h = layer.finish(h, out)
+        logits = model.logits(h[-1])
+    except BaseException:
+        session.finish()
+        raise
+    stats = session.finish()
+    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats)
+
+
+@torch.no_grad()
+def masked(model: Decoder, tokens, prefix_tokens: int, keep: Sequence[torch.Tensor],
+           keep_probs: bool = False):
+    """The first token when the new tokens (those from prefix_tokens on) attend to only part of
+    the prefix. keep[l] is a bool mask over the prefix's tokens, [prefix_tokens] (one set for
+    every head) or [kv_heads, prefix_tokens] (a set per KV head, shared by its query heads).
+    The prefix's K and V are rounded to float16, as ckv stores them, so that a selection gives
+    here what a ckv session serving it would. Returns (logits [vocab], per layer probs [q_heads, new, prefix + new]
+    or None).
+    """
+    tokens = as_tokens(tokens)
+    n = len(tokens)
+    _, ks, vs, _, _ = model.forward_full(tokens[:prefix_tokens])
+    ks = [k.half().float() for k in ks]
+    vs = [v.half().float() for v in vs]
+    pos = torch.arange(prefix_tokens, n)
+    cos, sin = model.cos[pos], model.sin[pos]
+    h = model.embed(torch.as_tensor(tokens[prefix_tokens:].astype(np.int64)))
+    all_pos = torch.arange(n)
+    group = model.cfg.q_heads // model.cfg.kv_heads
+    probs = []
+    for l, layer in enumerate(model.layers):
+        q, k, v = layer.qkv(h, cos, sin)
+        k_all, v_all = torch.cat([ks[l], k]), torch.cat([vs[l], v])
+        mask = keep[l]
+        if mask.dim() == 1:
+            mask = mask[None, :].expand(model.cfg.kv_heads, -1)
+        mask = mask.repeat_interleave(group, dim=0)  # [q_heads, prefix]
+        visible = torch.cat([mask, torch.ones(mask.shape[0], n - prefix_tokens, dtype=torch.bool)],
+                            dim=1)
+        out, p = attend(q, k_all, v_all, pos, all_pos, return_probs=True, visible=visible)
+        probs.append(p if keep_probs else None)
+        h = layer.finish(h, out)
+    return model.logits(h[-1]), probs
+
