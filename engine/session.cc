@@ -133,6 +133,7 @@ class SessionImpl final : public ReprefillSession {
         selections_(spec.layers),
         scores_(spec.layers),
         submitted_(spec.layers, false),
+        queryless_(spec.layers, false),
         failed_(spec.layers) {
     select_options_.budget_fraction = options.budget_fraction;
     select_options_.sink_chunks = options.sink_chunks;
@@ -218,8 +219,10 @@ class SessionImpl final : public ReprefillSession {
     }
     // A layer inside a period: the head's selection serves it.
     if (!submitted_[head]) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      // The layer counts as submitted: AwaitLayer must return this, never an empty view.
+      failed_[layer] = absl::FailedPreconditionError(absl::StrCat(
           "queries of layer ", layer, " before those of its period head ", head));
+      return failed_[layer];
     }
     if (!failed_[head].ok()) {
       failed_[layer] = absl::Status(
@@ -240,6 +243,8 @@ class SessionImpl final : public ReprefillSession {
     if (queryless) {
       chosen.resize(n);
       for (uint32_t j = 0; j < n; ++j) chosen[j] = j;
+      queryless_[layer] = true;
+      CancelUnneeded(layer | kKeysOnly, {});  // keys an earlier head prefetched to score this one
     } else if (kernels::ReadsSummaries(kind_)) {
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
       chosen = std::move(sel.chunks);
@@ -350,11 +355,19 @@ class SessionImpl final : public ReprefillSession {
         }
       }
     }
-    // I: each chunk's share of the selectors' scores, averaged over the scored layers;
+    // I: each chunk's share of the selectors' scores, averaged over the scored layers; a head
+    // layer submitted without queries knows nothing of attention and counts every chunk alike
+    // (1/n), so that loads at a full budget still rank by F.
     // F: one load per chunk this session served.
     std::vector<double> importance(keys_.size(), 0.0);
     int scored = 0;
-    for (const auto& scores : scores_) {
+    for (size_t l = 0; l < scores_.size(); ++l) {
+      if (queryless_[l] && !keys_.empty()) {
+        for (double& i : importance) i += 1.0 / static_cast<double>(keys_.size());
+        ++scored;
+        continue;
+      }
+      const std::vector<float>& scores = scores_[l];
       if (scores.size() != keys_.size()) continue;
       double total = 0;
       for (float s : scores) total += std::max(0.0f, s);
@@ -621,6 +634,7 @@ class SessionImpl final : public ReprefillSession {
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   std::vector<std::vector<float>> scores_;          // per scored layer
   std::vector<bool> submitted_;
+  std::vector<bool> queryless_;  // per head layer submitted without queries (budget 1)
   // Per layer: the error of a period head that failed (scoring or requesting), and of the
   // layers of its period, which have no selection. OK otherwise.
   std::vector<absl::Status> failed_;

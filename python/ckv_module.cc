@@ -334,6 +334,15 @@ struct PySession {
   std::vector<bool> submitted;  // per layer: submit_queries was called (by the caller or for it)
 };
 
+// Whether the C++ session took the layer as submitted: it does for every call past its
+// argument checks (InvalidArgument), failed or not, so await_layer must not submit it again but
+// return what AwaitLayer says (the layer's own error, e.g. a period head's DataLoss).
+void MarkSubmitted(PySession& s, uint32_t layer, const absl::Status& status) {
+  if (layer < s.submitted.size() && status.code() != absl::StatusCode::kInvalidArgument) {
+    s.submitted[layer] = true;
+  }
+}
+
 // SubmitQueries with no queries (a full-budget session selects every chunk), GIL released.
 absl::Status SubmitNoQueries(PySession& s, uint32_t layer) {
   absl::Status status;
@@ -341,7 +350,7 @@ absl::Status SubmitNoQueries(PySession& s, uint32_t layer) {
     py::gil_scoped_release release;
     status = s.session->SubmitQueries(layer, {});
   }
-  if (status.ok() && layer < s.submitted.size()) s.submitted[layer] = true;
+  MarkSubmitted(s, layer, status);
   return status;
 }
 
@@ -556,7 +565,7 @@ PYBIND11_MODULE(ckv, m) {
               py::gil_scoped_release release;
               status = s.session->SubmitQueries(layer, span);
             }
-            if (status.ok() && layer < s.submitted.size()) s.submitted[layer] = true;
+            MarkSubmitted(s, layer, status);
             Check(status);
           },
           py::arg("layer"), py::arg("queries") = py::none(),

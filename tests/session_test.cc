@@ -449,6 +449,8 @@ TEST(SessionLifeTest, ErrorsAreClear) {
   EXPECT_EQ((*session)->SubmitQueries(1, d.layers[1].q).code(),
             absl::StatusCode::kFailedPrecondition)
       << "a layer before its period head";
+  EXPECT_EQ((*session)->AwaitLayer(1).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "never an empty view";
   // A prompt that matches nothing serves empty views.
   auto none = engine->BeginReprefill(d.spec, synth::Tokens(99, 64), ReprefillOptions{});
   ASSERT_TRUE(none.ok());
@@ -458,25 +460,38 @@ TEST(SessionLifeTest, ErrorsAreClear) {
 }
 
 // A connector with no queries (vLLM's per-layer load passes none) runs at budget 1: an empty
-// span selects every matched chunk, under every selector, and the bytes are the stored ones.
-// Below budget 1 an empty span is refused, naming the budget.
+// span selects every matched chunk, under every selector and mode, reads each record once and
+// no key or summary it does not need, and the bytes are the stored ones. Below budget 1 an
+// empty span is refused, naming the budget.
 TEST(SessionLifeTest, AFullBudgetSessionServesEveryChunkWithoutQueries) {
   const Planted& d = Data();
   TempDir dir;
   auto engine = Open(dir.path());
   ASSERT_TRUE(d.Put(*engine).ok());
-  for (Selector selector : {Selector::kPeriodExact, Selector::kQuest, Selector::kOracle}) {
+  struct Case {
+    Selector selector;
+    bool period_selection;
+    bool prefetch;
+  };
+  for (const Case& c : {Case{Selector::kPeriodExact, false, true},
+                        Case{Selector::kPeriodExact, false, false}, Case{Selector::kQuest, false, true},
+                        Case{Selector::kMeanKey, true, true}, Case{Selector::kOracle, false, true}}) {
+    std::string name(SelectorName(c.selector));
+    if (c.period_selection) name += "/period";
+    if (!c.prefetch) name += "/noprefetch";
     ReprefillOptions o;
-    o.selector = selector;
+    o.selector = c.selector;
+    o.period_selection = c.period_selection;
+    o.prefetch = c.prefetch;
     o.budget_fraction = 1.0;
     auto session = engine->BeginReprefill(d.spec, d.tokens, o);
     ASSERT_TRUE(session.ok()) << session.status();
     ASSERT_EQ((*session)->matched_chunks(), d.chunks());
     for (uint32_t l = 0; l < d.spec.layers; ++l) {
-      ASSERT_TRUE((*session)->SubmitQueries(l, {}).ok()) << SelectorName(selector) << " L" << l;
+      ASSERT_TRUE((*session)->SubmitQueries(l, {}).ok()) << name << " L" << l;
       auto view = (*session)->AwaitLayer(l);
       ASSERT_TRUE(view.ok()) << view.status();
-      ASSERT_EQ(view->records().size(), d.chunks()) << SelectorName(selector) << " L" << l;
+      ASSERT_EQ(view->records().size(), d.chunks()) << name << " L" << l;
       for (size_t j = 0; j < d.chunks(); ++j) {
         const auto& r = view->records()[j];
         ASSERT_EQ(r.chunk, j);
@@ -485,7 +500,38 @@ TEST(SessionLifeTest, AFullBudgetSessionServesEveryChunkWithoutQueries) {
     }
     auto stats = (*session)->Finish();
     ASSERT_TRUE(stats.ok());
-    EXPECT_EQ(stats->records_served, d.chunks() * d.spec.layers);
+    EXPECT_EQ(stats->records_served, d.chunks() * d.spec.layers) << name;
+    EXPECT_EQ(stats->bytes_read - stats->summary_bytes_read,
+              d.chunks() * d.spec.layers * d.spec.RecordBytes())
+        << name << ": every record once, and no keys read to score";
+    EXPECT_EQ(stats->prefetched_bytes_wasted, 0u) << name;
+  }
+  // Nothing scored, every chunk loaded: each of the 5 sessions adds 1/n to every chunk's
+  // importance (not 0, so that full-budget loads still rank by I x F) and one load.
+  {
+    const auto keys = ChainChunkKeys(d.spec.Fingerprint(), d.spec.chunk_tokens, d.tokens);
+    auto pinned = engine::HostOf(*engine).store().Pin(d.spec, keys);
+    ASSERT_TRUE(pinned.ok());
+    for (const auto& c : (*pinned)->chunks()) {
+      EXPECT_EQ(c.loads, 5u);
+      EXPECT_NEAR(c.importance, 5.0 / d.chunks(), 1e-6);
+    }
+  }
+  // Queries and none in one session (period heads 0, 8, 16): the keys prefetched to score head
+  // 8 are cancelled or counted wasted, never served, and every layer still serves every chunk.
+  {
+    ReprefillOptions o;
+    o.budget_fraction = 1.0;
+    auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+    ASSERT_TRUE(session.ok());
+    for (uint32_t l = 0; l < d.spec.layers; ++l) {
+      const bool none = l >= 8 && l < 16;
+      ASSERT_TRUE((*session)->SubmitQueries(l, none ? std::span<const float>() : d.layers[l].q).ok());
+      auto view = (*session)->AwaitLayer(l);
+      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_EQ(view->records().size(), d.chunks()) << "L" << l;
+    }
+    ASSERT_TRUE((*session)->Finish().ok());
   }
   ReprefillOptions partial;
   partial.budget_fraction = 0.5;

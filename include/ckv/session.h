@@ -167,7 +167,8 @@ class ReprefillSession {
   // layer's selection and its reads. Layers are submitted in order, each once.
   // A session at budget_fraction 1 serves every matched chunk whatever the queries say: it
   // takes an empty span too (a connector that has no queries, such as vLLM's per-layer load),
-  // and then scores nothing (the layer adds nothing to the chunks' importance I, only loads F).
+  // and then scores nothing: such a layer counts every chunk alike (1/n) in the importance I
+  // that Finish adds, and each served chunk's load in F.
   // Errors: InvalidArgument for a wrong layer or shape, or for no queries at a budget below 1;
   // FailedPrecondition after Finish. A period
   // head under period-exact (or period_selection) reads its whole layer to score it: a read
