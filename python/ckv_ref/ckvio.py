@@ -58,6 +58,7 @@ class Reprefilled:
     selections: list[list[int]]        # per layer, the chunks served
     probs: list[Optional[torch.Tensor]]  # per layer, with keep_probs: [q_heads, new, attended]
     stats: dict                        # the session's figures (finish())
+    queries: list[np.ndarray]          # per layer, what submit_queries got (empty without)
 
 
 @torch.no_grad()
@@ -75,6 +76,8 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     tokens = as_tokens(tokens)
     if len(tokens) < 1:
         raise ValueError("reprefill: an empty prompt")
+    if not with_queries and budget < 1.0:
+        raise ValueError(f"reprefill: with_queries=False needs budget 1, not {budget}")
     c = spec.chunk_tokens
     matched = engine.lookup(spec, tokens[:-1])
     w = max(1, min(window, len(tokens) - matched * c))
@@ -91,11 +94,13 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
         pos = torch.arange(start, len(tokens))
         cos, sin = model.cos[pos], model.sin[pos]
         h = model.embed(new)
-        selections, probs = [], []
+        selections, probs, queries = [], [], []
         for l, layer in enumerate(model.layers):
             q, k, v = layer.qkv(h, cos, sin)
+            window_q = np.ascontiguousarray(q[-w:].numpy(), dtype=np.float32)
+            queries.append(window_q if with_queries else window_q[:0])
             if with_queries:
-                session.submit_queries(l, np.ascontiguousarray(q[-w:].numpy(), dtype=np.float32))
+                session.submit_queries(l, window_q)
             view = session.await_layer(l)
             chunks = [r.chunk for r in view]
             if chunks:
@@ -116,7 +121,7 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
         session.finish()
         raise
     stats = session.finish()
-    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats)
+    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats, queries)
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ Run by ctest (python_test) with PYTHONPATH holding the build's python/ folder an
 python/ folder; skipped, saying so, when torch is not installed (Debian: python3-torch).
 """
 import glob
+import math
 import os
 import shutil
 import tempfile
@@ -22,6 +23,11 @@ except ImportError as e:  # pragma: no cover - the set-up script installs python
 
 from ckv_ref import ckvio, corpus
 from ckv_ref.model import load_weights
+
+try:
+    corpus.files()
+except FileNotFoundError as e:  # pragma: no cover - Debian's python3 ships these sources
+    raise unittest.SkipTest(f"no held-out text: {e}")
 
 WEIGHTS = os.environ.get("CKV_REF_WEIGHTS") or os.path.join(os.path.dirname(ckvio.__file__),
                                                               "weights", "tiny.npz")
@@ -133,6 +139,38 @@ class ReferenceModelTest(unittest.TestCase):
             # And it is not the full computation.
             full = m.forward_full(prompt)[0]
             self.assertGreater(float((got.logits - full).abs().max()), 1e-3, selector)
+
+    def test_the_oracle_maps_query_heads_to_their_kv_heads_as_the_model_does(self):
+        # ckv's oracle scores each layer by exact attention: per query and q head the softmax
+        # over the stored keys of the KV head that q head reads, averaged, summed per chunk
+        # (kernels/selector.h). Recomputed here from the session's own queries and the stored
+        # float16 keys, with Qwen2's GQA mapping (q head h reads KV head h // group), it picks
+        # the chunks the session served; with another mapping (h % kv_heads) it does not.
+        m, c = model(), self.spec.chunk_tokens
+        prompt = corpus.prompts(held_out(), 1, 512, seed=17)[0]
+        prefix = 448
+        n = prefix // c
+        ckvio.store(self.engine, self.spec, m, prompt[:prefix])
+        got = ckvio.reprefill(self.engine, self.spec, m, prompt, selector="oracle", budget=0.25)
+        keys = ckv.chunk_keys(self.spec, prompt[:prefix])
+        group = self.spec.q_heads // self.spec.kv_heads
+
+        def pick(layer, kv_of):
+            k = np.concatenate([self.engine.read_record(self.spec, key, layer)[0] for key in keys])
+            k = torch.from_numpy(k.astype(np.float32))                 # [prefix, kv, d]
+            q = torch.from_numpy(got.queries[layer])                   # [w, q_heads, d]
+            kk = k[:, [kv_of(h) for h in range(self.spec.q_heads)]]    # [prefix, q_heads, d]
+            p = torch.softmax(torch.einsum("whd,thd->hwt", q, kk) / math.sqrt(q.shape[-1]), -1)
+            mass = p.mean((0, 1)).reshape(n, c).sum(-1)
+            mass[0] = mass[n - 1] = float("inf")                       # sink and recent kept
+            order = sorted(range(n), key=lambda j: (-float(mass[j]), j))
+            return sorted(order[:round(0.25 * n)])
+
+        right = [pick(l, lambda h: h // group) == got.selections[l] for l in range(m.cfg.layers)]
+        wrong = [pick(l, lambda h: h % self.spec.kv_heads) == got.selections[l]
+                 for l in range(m.cfg.layers)]
+        self.assertEqual(right, [True] * m.cfg.layers, got.selections)
+        self.assertIn(False, wrong)
 
     def test_a_four_turn_conversation_reuses_each_earlier_turn(self):
         m, c = model(), self.spec.chunk_tokens
