@@ -131,8 +131,8 @@ def masked(model: Decoder, tokens, prefix_tokens: int, keep: Sequence[torch.Tens
     the prefix. keep[l] is a bool mask over the prefix's tokens, [prefix_tokens] (one set for
     every head) or [kv_heads, prefix_tokens] (a set per KV head, shared by its query heads).
     The prefix's K and V are rounded to float16, as ckv stores them, so that a selection gives
-    here what a ckv session serving it would. Returns (logits [vocab], per layer probs [q_heads, new, prefix + new]
-    or None).
+    here what a ckv session serving it would. Returns (logits [vocab], per layer probs
+    [q_heads, new, prefix + new] or None).
     """
     tokens = as_tokens(tokens)
     n = len(tokens)
