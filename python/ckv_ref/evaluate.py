@@ -13,8 +13,8 @@ queries are a layer's window, as in bench/attention_stats.cc.
 
 stats: per layer and over the layers, as bench/attention_stats.cc reports them for the synthetic
 generator, on each query's attention over the prefix alone (renormalised; the suffix's own
-tokens left out): sink (mass of the window's queries on the first 4 tokens), top5 / top10 (mass held by
-the top 5% / 10% of prefix tokens, per q head), adj (|A n B| / |A| of the top-10% chunks of a
+tokens left out): sink (mass of the window's queries on the first 4 tokens), top5 / top10 (mass
+held by the top 5% / 10% of prefix tokens, per q head), adj (|A n B| / |A| of the top-10% chunks of a
 layer and the previous one, on the q heads' averaged mass) and the overlap of adjacent period
 heads' top-10% chunks (layers 0, p, 2p, ...).
 
@@ -194,7 +194,8 @@ def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16
         n = len(r["top1"])
         out.append({"system": name, "budget": b, "prompts": n,
                     "top1_agreement": sum(r["top1"]) / n, "kl_mean": float(np.mean(r["kl"])),
-                    "kl_max": float(np.max(r["kl"])), "attention_recall": float(np.mean(r["recall"])),
+                    "kl_max": float(np.max(r["kl"])),
+                    "attention_recall": float(np.mean(r["recall"])),
                     "attended_share": float(np.mean(r["attended"]))})
     return out
 
