@@ -19,7 +19,7 @@ endif()
 install(EXPORT ckvTargets NAMESPACE ckv:: DESTINATION ${CKV_INSTALL_CMAKEDIR})
 
 # ckvConfig.cmake finds what libckv links: Abseil always (the public headers use it), and for a
-# static libckv RocksDB, liburing, xxhash, threads and, when built with CUDA, the CUDA runtime.
+# static libckv RocksDB, liburing, xxhash, hiredis, threads and, when built with CUDA, the CUDA runtime.
 set(CKV_CONFIG_SHARED OFF)
 if(BUILD_SHARED_LIBS)
   set(CKV_CONFIG_SHARED ON)
@@ -39,7 +39,7 @@ install(FILES ${PROJECT_BINARY_DIR}/ckvConfig.cmake ${PROJECT_BINARY_DIR}/ckvCon
 # ckv.pc, for build systems other than CMake: `pkg-config --cflags --libs ckv` (add --static for
 # a static libckv).
 set(CKV_PC_REQUIRES "absl_status absl_statusor absl_strings absl_str_format absl_synchronization absl_flat_hash_map absl_flat_hash_set absl_btree absl_time")
-set(CKV_PC_REQUIRES_PRIVATE "rocksdb liburing libxxhash")
+set(CKV_PC_REQUIRES_PRIVATE "rocksdb liburing libxxhash hiredis")
 set(CKV_PC_LIBS_PRIVATE "-lpthread")
 if(CKV_HAVE_CUDA)
   string(APPEND CKV_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")

@@ -10,7 +10,8 @@
 #   storage/, kernels/  the public value headers and common/; nothing of engine, sessions or the
 #                 Engine API.
 #   prefetch/     what storage/ may, and storage/.
-#   engine/       any public header, prefetch/, storage/, kernels/, common/.
+#   remote/       what storage/ may, and storage/ (the shared tier on Redis Cluster).
+#   engine/       any public header, prefetch/, remote/, storage/, kernels/, common/.
 #   tools/, bench/  the public API, their own headers (bench/ also tools/), kernels/ (the compute
 #                 functions the tools and benchmarks run), engine/internal.h (the named internal
 #                 API of the benchmark harness), and the exceptions listed below by file.
@@ -51,7 +52,7 @@ in_list() {  # in_list WORD LIST...
 allowed() {
   local file="$1" folder="$2" inc="$3" top="${3%%/*}"
   case "$top" in
-    ckv|common|storage|kernels|prefetch|engine|tools|bench) ;;
+    ckv|common|storage|kernels|prefetch|remote|engine|tools|bench) ;;
     *) return 0 ;;  # a third-party header (absl/, rocksdb/, ...)
   esac
   case "$folder" in
@@ -68,8 +69,12 @@ allowed() {
       rule="prefetch/ includes only prefetch/, storage/, common/ and the public value headers"
       [[ "$top" == prefetch || "$top" == storage || "$top" == common ]] ||
         in_list "$inc" $value_headers ;;
+    remote)
+      rule="remote/ includes only remote/, storage/, common/ and the public value headers"
+      [[ "$top" == remote || "$top" == storage || "$top" == common ]] ||
+        in_list "$inc" $value_headers ;;
     engine)
-      rule="engine/ includes only the public API, engine/, prefetch/, storage/, kernels/, common/"
+      rule="engine/ includes only the public API, engine/, prefetch/, remote/, storage/, kernels/, common/"
       [[ "$top" != tools && "$top" != bench ]] ;;
     python)
       rule="python/ includes only the public API (include/ckv/)"
@@ -97,7 +102,7 @@ while IFS= read -r file; do
       failures=$((failures + 1))
     fi
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
-done < <(find include common storage kernels prefetch engine tools bench python \
+done < <(find include common storage kernels prefetch remote engine tools bench python \
            -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null | sort)
 
 if ((checked == 0)); then

@@ -35,6 +35,7 @@ readonly PACKAGES=(
   liburing-dev librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libcli11-dev fio gnuplot-nox
   pybind11-dev python3-dev python3-numpy python3-torch libopenblas0-pthread
+  libhiredis-dev redis-server redis-tools
 )
 
 say() { printf 'ckv.sh: %s\n' "$*" >&2; }
