@@ -17,6 +17,7 @@
 #include "ckv/status.h"
 #include "engine/internal.h"
 #include "engine/metrics.h"
+#include "engine/remote_tier.h"
 #include "engine/session.h"
 #include "engine/summaries.h"
 #include "kernels/cuda_kernels.h"
@@ -164,21 +165,39 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   // Sessions must be finished or destroyed before the engine; the read engine goes first so
   // that no read lands after the store is closed.
   ~EngineImpl() override {
+    remote_.reset();  // its publisher reads the store
     store_->SetRemovalListener(nullptr);
     reads_.reset();
   }
+
+  // Starts the remote tier per options_.remote (after construction: it can fail).
+  absl::Status StartRemoteTier() {
+    if (options_.remote.seeds.empty()) return absl::OkStatus();
+    CKV_ASSIGN_OR_RETURN(remote_,
+                         engine::RemoteTier::Create(options_.remote, store_.get(), options_.logger));
+    return absl::OkStatus();
+  }
+  engine::RemoteTier* remote_tier() { return remote_.get(); }
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
     const int64_t start_ns = clock().MonotonicNanos();
     const storage::AuxRecords summaries = engine::SummaryRecords(spec, kv);
     absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries);
+    if (result.ok() && remote_ != nullptr && result->chunks > 0) {
+      // Committed locally: now (in the background) to the cluster as well.
+      const std::vector<ChunkKey> keys = ChainChunkKeys(
+          spec.Fingerprint(), spec.chunk_tokens, tokens.first(result->chunks * spec.chunk_tokens));
+      remote_->Publish(spec, keys);
+    }
     return Timed(engine::Op::kPut, metrics_.put, start_ns, std::move(result));
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
     const int64_t start_ns = clock().MonotonicNanos();
-    return Timed(engine::Op::kLookup, metrics_.lookup, start_ns, store_->Lookup(spec, tokens));
+    absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
+    if (local.ok()) local = FillFromRemote(spec, tokens, *local);
+    return Timed(engine::Op::kLookup, metrics_.lookup, start_ns, std::move(local));
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
@@ -228,6 +247,24 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       s.cpu_tier_budget_bytes = cpu.budget_bytes;
       s.cpu_tier_resident_bytes = cpu.resident_bytes;
     }
+    if (remote_ != nullptr) {
+      const engine::RemoteTierStats r = remote_->stats();
+      s.remote_enabled = true;
+      s.remote_publish_queued = r.publish_queued;
+      s.remote_publish_dropped = r.publish_dropped;
+      s.remote_published_chunks = r.published_chunks;
+      s.remote_published_bytes = r.published_bytes;
+      s.remote_publish_failures = r.publish_failures;
+      s.remote_fills = r.fills;
+      s.remote_fill_misses = r.fill_misses;
+      s.remote_fetched_chunks = r.fetched_chunks;
+      s.remote_fetched_bytes = r.fetched_bytes;
+      s.remote_corrupt_chunks = r.corrupt_chunks;
+      s.remote_errors = r.errors;
+      s.remote_timeouts = r.timeouts;
+      s.remote_publish_queue_depth = r.queue_depth;
+      s.remote_budget_bytes = r.budget_bytes;
+    }
     return s;
   }
 
@@ -235,6 +272,12 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       const ModelSpec& spec, std::span<const int32_t> tokens,
       const ReprefillOptions& options) override {
     const int64_t begin_ns = clock().MonotonicNanos();
+    if (remote_ != nullptr && spec.Validate().ok()) {
+      // A local miss is filled from the cluster first, so that the session pins the chunks it
+      // fetched like any other stored chunk.
+      absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
+      if (local.ok()) FillFromRemote(spec, tokens, *local);
+    }
     absl::StatusOr<std::unique_ptr<ReprefillSession>> session =
         engine::BeginSession(*this, spec, tokens, options);
     if (!session.ok()) {
@@ -311,6 +354,12 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     }
     return result;
   }
+  // How many leading chunks of `tokens` are stored locally once the remote tier (if any) filled
+  // what continues past the `local` ones.
+  uint64_t FillFromRemote(const ModelSpec& spec, std::span<const int32_t> tokens, uint64_t local) {
+    if (remote_ == nullptr) return local;
+    return remote_->Fill(spec, tokens, local);
+  }
   // "io_uring" or "threads": the backend of the engine's I/O layer, asked of the read engine
   // when it exists, else of an I/O queue made once for the purpose.
   std::string IoBackendInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -326,6 +375,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   CallMetrics metrics_;
   bool gpu_tier_on_device_ = false;  // the GPU tier's memory is a CUDA device's
   std::string io_backend_ ABSL_GUARDED_BY(mu_);  // IoBackendInUse's answer, once known
+  std::unique_ptr<engine::RemoteTier> remote_;  // null: no remote tier
 };
 
 std::string EngineImpl::IoBackendInUse() {
@@ -770,7 +820,14 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& optio
   store_options.file_system = seams.file_system;
   auto store = storage::ChunkStore::Open(store_options, path);
   if (!store.ok()) return store.status();
-  return std::unique_ptr<Engine>(new EngineImpl(options, seams.file_system, std::move(*store)));
+  auto engine = std::make_unique<EngineImpl>(options, seams.file_system, std::move(*store));
+  CKV_RETURN_IF_ERROR(engine->StartRemoteTier());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+bool WaitUntilRemotePublished(Engine& engine, absl::Duration timeout) {
+  auto* impl = dynamic_cast<EngineImpl*>(&engine);
+  if (impl == nullptr || impl->remote_tier() == nullptr) return true;
+  return impl->remote_tier()->WaitUntilPublished(timeout);
 }
 absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
                                                               const std::string& path,

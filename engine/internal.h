@@ -10,6 +10,7 @@
 #ifndef CKV_ENGINE_INTERNAL_H_
 #define CKV_ENGINE_INTERNAL_H_
 
+#include "absl/time/time.h"
 #include "ckv/engine.h"
 #include "engine/session.h"
 #include "engine/tier_cache.h"
@@ -45,6 +46,11 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& optio
 absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
                                                               const std::string& path,
                                                               const Seams& seams);
+
+// Waits until the remote tier of `engine` (EngineOptions::remote) has published every chunk
+// queued so far, or failed to, up to `timeout`: for tests and kvctl, which exit right after a
+// Put. True at once for an engine without one; false on timeout.
+bool WaitUntilRemotePublished(Engine& engine, absl::Duration timeout);
 
 }  // namespace ckv::engine
 

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ckv/io_backend.h"
 #include "ckv/record_layout.h"
@@ -14,6 +16,36 @@
 namespace ckv {
 
 class Logger;
+
+// The shared tier below NVMe, on a Redis Cluster that the operator runs (docs/remote.md). A Put
+// that commits locally also publishes its chunks to the cluster, in the background; a Lookup or
+// a Re-Prefill that finds fewer chunks locally than its tokens have asks the cluster how far the
+// chain continues there, fetches those chunks, verifies them and writes them into the local
+// store before it answers.
+struct RemoteTierOptions {
+  // Nodes of the cluster, "host:port" each; any node will do, the rest are learnt from the
+  // cluster's slot map. Empty: no remote tier. Default: empty.
+  std::vector<std::string> seeds;
+  // Longest one connection attempt may take, milliseconds. Default: 200.
+  uint32_t connect_timeout_ms = 200;
+  // Deadline of one call to the cluster (all its requests, redirections and retries),
+  // milliseconds. A Lookup or Re-Prefill that goes to the cluster makes at most two calls (how
+  // far the chain continues, then the fetch), so it waits at most twice this for the cluster;
+  // past it, the chunks not fetched are a miss. Default: 500.
+  uint32_t call_timeout_ms = 500;
+  // First part of every key ckv writes: "<key_prefix>:<model fingerprint>:<chunk key>". Must
+  // not contain '{' (a hash tag would put every chunk in one slot). Default: "ckv".
+  std::string key_prefix = "ckv";
+  // The bytes this store is meant to occupy in the cluster, for the operator's capacity
+  // planning (reported by metrics). ckv does not enforce it: the cluster's maxmemory with
+  // allkeys-lru does, and an evicted chunk is a miss. 0 = not stated. Default: 0.
+  uint64_t budget_bytes = 0;
+  // Chunks waiting to be published, at most; a Put whose chunks do not fit drops them (counted
+  // in EngineStats::remote_publish_dropped) rather than wait. 1..1,000,000. Default: 4096.
+  uint32_t publish_queue_chunks = 4096;
+  // Chunks published per pipelined call. 1..1024. Default: 16.
+  uint32_t publish_batch_chunks = 16;
+};
 
 struct EngineOptions {
   // Create the store when `path` holds none. Default: true.
@@ -79,6 +111,10 @@ struct EngineOptions {
   // see docs/tiers.md. 0 disables a tier. Default: 0 and 0 (records land in session memory).
   uint64_t gpu_tier_bytes = 0;
   uint64_t cpu_tier_bytes = 0;
+
+  // The shared tier on a Redis Cluster; off unless remote.seeds names a node. Used by Open
+  // (a read-only engine ignores it). Default: off.
+  RemoteTierOptions remote;
 
   // Where log lines go. nullptr = stderr. Not owned; must outlive the Engine.
   Logger* logger = nullptr;

@@ -93,6 +93,23 @@ struct EngineStats {
   uint64_t gpu_tier_resident_bytes = 0;
   uint64_t cpu_tier_budget_bytes = 0;
   uint64_t cpu_tier_resident_bytes = 0;
+  // The remote tier on a Redis Cluster (EngineOptions::remote; all 0 when it is off), since
+  // Open. docs/remote.md says what each counts.
+  bool remote_enabled = false;
+  uint64_t remote_publish_queued = 0;     // chunks queued for publishing
+  uint64_t remote_publish_dropped = 0;    // chunks a full publish queue turned away
+  uint64_t remote_published_chunks = 0;   // chunks SET in the cluster
+  uint64_t remote_published_bytes = 0;
+  uint64_t remote_publish_failures = 0;   // chunks whose SET failed
+  uint64_t remote_fills = 0;              // local misses that asked the cluster
+  uint64_t remote_fill_misses = 0;        // of which the cluster had nothing to give
+  uint64_t remote_fetched_chunks = 0;     // chunks fetched, verified and stored locally
+  uint64_t remote_fetched_bytes = 0;
+  uint64_t remote_corrupt_chunks = 0;     // values that failed verification: never served
+  uint64_t remote_errors = 0;             // cluster calls that failed (unreachable, timed out)
+  uint64_t remote_timeouts = 0;           // of which timed out
+  uint64_t remote_publish_queue_depth = 0;  // chunks waiting to be published now
+  uint64_t remote_budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
 };
 
 }  // namespace ckv

@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shared tier on a Redis Cluster (see engine/remote_tier.h).
+#include "engine/remote_tier.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/summaries.h"
+#include "remote/chunk_value.h"
+
+namespace ckv::engine {
+namespace {
+
+constexpr size_t kMaxKnownChunks = 1'000'000;
+constexpr absl::Duration kLogInterval = absl::Seconds(10);
+
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& options,
+                                                               storage::ChunkStore* store,
+                                                               Logger* logger) {
+  remote::ClusterOptions co;
+  for (const std::string& seed : options.seeds) {
+    auto parsed = remote::ParseEndpoints(seed);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote.seeds: ", parsed.status().message()));
+    }
+    co.seeds.insert(co.seeds.end(), parsed->begin(), parsed->end());
+  }
+  if (co.seeds.empty()) return absl::InvalidArgumentError("remote.seeds: no endpoint");
+  if (options.connect_timeout_ms == 0 || options.call_timeout_ms == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote timeouts must be positive: connect_timeout_ms ", options.connect_timeout_ms,
+        ", call_timeout_ms ", options.call_timeout_ms));
+  }
+  if (options.key_prefix.find('{') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote.key_prefix \"", options.key_prefix,
+        "\" contains '{': a hash tag would put every chunk in one slot"));
+  }
+  if (options.publish_queue_chunks < 1 || options.publish_queue_chunks > 1'000'000) {
+    return absl::InvalidArgumentError(absl::StrCat("remote.publish_queue_chunks ",
+                                                   options.publish_queue_chunks,
+                                                   " not in 1..1000000"));
+  }
+  if (options.publish_batch_chunks < 1 || options.publish_batch_chunks > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote.publish_batch_chunks ", options.publish_batch_chunks, " not in 1..1024"));
+  }
+  co.connect_timeout = absl::Milliseconds(options.connect_timeout_ms);
+  co.call_timeout = absl::Milliseconds(options.call_timeout_ms);
+  auto client = remote::ClusterClient::Create(co);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<RemoteTier>(
+      new RemoteTier(options, std::move(*client), store, logger));
+}
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options,
+                       std::unique_ptr<remote::ClusterClient> client, storage::ChunkStore* store,
+                       Logger* logger)
+    : options_(options),
+      client_(std::move(client)),
+      store_(store),
+      logger_(logger != nullptr ? logger : StderrLogger()) {
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.budget_bytes = options.budget_bytes;
+  }
+  publisher_ = std::thread([this] { PublishLoop(); });
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  publisher_.join();
+}
+
+RemoteTierStats RemoteTier::stats() const {
+  absl::MutexLock lock(&mu_);
+  RemoteTierStats s = stats_;
+  s.queue_depth = queue_.size();
+  s.client = client_->stats();
+  return s;
+}
+
+void RemoteTier::LogRateLimited(LogLevel level, const std::string& message) {
+  uint64_t suppressed = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_log_ < kLogInterval) {
+      ++logs_suppressed_;
+      return;
+    }
+    last_log_ = now;
+    suppressed = logs_suppressed_;
+    logs_suppressed_ = 0;
+  }
+  std::string line = absl::StrCat("remote tier: ", message);
+  if (suppressed > 0) absl::StrAppend(&line, " (", suppressed, " similar lines left out)");
+  logger_->Log(level, line);
+}
+
+void RemoteTier::NoteError(const absl::Status& status, std::string_view what) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.errors;
+    if (absl::IsDeadlineExceeded(status)) ++stats_.timeouts;
+  }
+  LogRateLimited(LogLevel::kWarning, absl::StrCat(Sv(what), ": ", status.ToString()));
+}
+
+void RemoteTier::Publish(const ModelSpec& spec, std::span<const ChunkKey> keys) {
+  auto shared = std::make_shared<const ModelSpec>(spec);
+  uint64_t dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (known_.size() > kMaxKnownChunks) known_.clear();
+    for (const ChunkKey& key : keys) {
+      if (known_.contains(key)) continue;
+      if (queue_.size() >= options_.publish_queue_chunks) {
+        ++dropped;
+        continue;
+      }
+      known_.insert(key);
+      queue_.push_back(Job{shared, key});
+      ++stats_.publish_queued;
+    }
+    stats_.publish_dropped += dropped;
+  }
+  if (dropped > 0) {
+    LogRateLimited(LogLevel::kWarning,
+                   absl::StrCat("publish queue full (", options_.publish_queue_chunks,
+                                " chunks): dropped ", dropped, " chunks of ", spec.model_id));
+  }
+}
+
+bool RemoteTier::WaitUntilPublished(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && in_flight_ == 0;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+void RemoteTier::PublishLoop() {
+  std::vector<Job> batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      batch.clear();
+      while (!queue_.empty() && batch.size() < options_.publish_batch_chunks) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      in_flight_ = batch.size();
+    }
+    PublishBatch(batch);
+    absl::MutexLock lock(&mu_);
+    in_flight_ = 0;
+  }
+}
+
+void RemoteTier::PublishBatch(std::vector<Job>& batch) {
+  std::vector<std::pair<std::string, std::string>> items;
+  std::vector<ChunkKey> item_keys;
+  uint64_t skipped = 0;
+  std::vector<std::vector<std::byte>> records;
+  std::vector<std::span<const std::byte>> spans;
+  for (const Job& job : batch) {
+    const ModelSpec& spec = *job.spec;
+    records.resize(spec.layers);
+    spans.clear();
+    bool ok = true;
+    for (uint32_t l = 0; l < spec.layers && ok; ++l) {
+      records[l].resize(spec.RecordBytes());
+      absl::Status s = store_->ReadRecord(spec, job.key, l, records[l]);
+      if (!s.ok()) {
+        // Evicted or deleted since its Put (NotFound), or unreadable here: nothing to publish.
+        ok = false;
+        if (!absl::IsNotFound(s)) {
+          LogRateLimited(LogLevel::kWarning,
+                         absl::StrCat("publish chunk ", job.key.ToHex(), ": ", s.ToString()));
+        }
+      }
+      spans.emplace_back(records[l]);
+    }
+    if (!ok) {
+      ++skipped;
+      continue;
+    }
+    items.emplace_back(remote::ChunkValueKey(options_.key_prefix, spec.Fingerprint(), job.key),
+                       remote::EncodeChunkValue(spec, job.key, spans));
+    item_keys.push_back(job.key);
+  }
+  std::vector<absl::Status> results;
+  if (!items.empty()) results = client_->MultiSet(items);
+  uint64_t published = 0, bytes = 0, failed = 0;
+  absl::Status first_error;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].ok()) {
+      ++published;
+      bytes += items[i].second.size();
+    } else {
+      ++failed;
+      if (first_error.ok()) first_error = results[i];
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.published_chunks += published;
+    stats_.published_bytes += bytes;
+    stats_.publish_failures += failed;
+    stats_.publish_skipped += skipped;
+    // A chunk that failed may be queued again by a later Put.
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!results[i].ok()) known_.erase(item_keys[i]);
+    }
+  }
+  if (!first_error.ok()) {
+    NoteError(first_error, absl::StrCat("publish of ", failed, " chunks failed"));
+  }
+}
+
+uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens,
+                          uint64_t local_chunks) {
+  const uint32_t c = spec.chunk_tokens;
+  const uint64_t total = tokens.size() / c;
+  if (local_chunks >= total) return local_chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.fills;
+  }
+  const ChunkKey fp = spec.Fingerprint();
+  const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens);
+  std::vector<std::string> cluster_keys;
+  for (uint64_t i = local_chunks; i < total; ++i) {
+    cluster_keys.push_back(remote::ChunkValueKey(options_.key_prefix, fp, keys[i]));
+  }
+  auto miss = [&]() {
+    absl::MutexLock lock(&mu_);
+    ++stats_.fill_misses;
+    return local_chunks;
+  };
+  // How far the chain continues in the cluster.
+  std::vector<absl::StatusOr<bool>> exists = client_->MultiExists(cluster_keys);
+  size_t found = 0;
+  while (found < exists.size() && exists[found].ok() && *exists[found]) ++found;
+  if (found < exists.size() && !exists[found].ok()) {
+    NoteError(exists[found].status(), "how far the chain continues");
+  }
+  if (found == 0) return miss();
+  cluster_keys.resize(found);
+  std::vector<absl::StatusOr<std::optional<std::string>>> values =
+      client_->MultiGet(cluster_keys);
+  // Verify in order; the chain ends at the first chunk that cannot be served.
+  std::vector<remote::DecodedChunkValue> decoded;
+  uint64_t value_bytes = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].ok()) {
+      NoteError(values[i].status(), "fetch");
+      break;
+    }
+    if (!values[i]->has_value()) break;  // evicted since the EXISTS
+    const ChunkKey& key = keys[local_chunks + i];
+    absl::StatusOr<remote::DecodedChunkValue> d =
+        remote::DecodeChunkValue(spec, key, **values[i]);
+    if (!d.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.corrupt_chunks;
+      }
+      LogRateLimited(LogLevel::kError, absl::StrCat("not served: ", d.status().ToString()));
+      break;
+    }
+    value_bytes += (*values[i])->size();
+    decoded.push_back(std::move(*d));
+  }
+  if (decoded.empty()) return miss();
+
+  // The Put of the whole chain up to the last fetched chunk: the locally stored chunks' records
+  // are read back (the Put skips writing them), the fetched ones come from the values.
+  const uint64_t chunks = local_chunks + decoded.size();
+  const size_t chunk_half = size_t{c} * spec.TokenBytesPerLayer();  // K (or V) of one chunk
+  std::vector<std::vector<std::byte>> k(spec.layers), v(spec.layers);
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    k[l].resize(chunks * chunk_half);
+    v[l].resize(chunks * chunk_half);
+  }
+  std::vector<std::byte> record(spec.RecordBytes());
+  for (uint64_t i = 0; i < chunks; ++i) {
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      const std::byte* src;
+      if (i < local_chunks) {
+        absl::Status s = store_->ReadRecord(spec, keys[i], l, record);
+        if (!s.ok()) {
+          // Evicted locally since the Lookup: a miss now; the next request tries again.
+          LogRateLimited(LogLevel::kWarning,
+                         absl::StrCat("fill: local chunk ", keys[i].ToHex(), ": ", s.ToString()));
+          return miss();
+        }
+        src = record.data();
+      } else {
+        src = decoded[i - local_chunks].records[l].data();
+      }
+      std::memcpy(k[l].data() + i * chunk_half, src, chunk_half);
+      std::memcpy(v[l].data() + i * chunk_half, src + chunk_half, chunk_half);
+    }
+  }
+  KvTensors kv;
+  kv.tokens = chunks * c;
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    kv.k.emplace_back(k[l]);
+    kv.v.emplace_back(v[l]);
+  }
+  const storage::AuxRecords summaries = SummaryRecords(spec, kv);
+  absl::StatusOr<PutResult> put = store_->Put(spec, tokens.first(kv.tokens), kv, &summaries);
+  if (!put.ok()) {
+    LogRateLimited(LogLevel::kWarning,
+                   absl::StrCat("fill: storing ", decoded.size(), " fetched chunks locally: ",
+                                put.status().ToString()));
+    return miss();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.fetched_chunks += decoded.size();
+    stats_.fetched_bytes += value_bytes;
+    // Fetched from the cluster: no need to publish them again.
+    for (uint64_t i = local_chunks; i < chunks; ++i) known_.insert(keys[i]);
+  }
+  return chunks;
+}
+
+}  // namespace ckv::engine

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// engine/remote_tier.h: the shared tier below NVMe, on a Redis Cluster (docs/remote.md).
+//
+// Publishing: Publish() queues the chunks of a Put that committed locally, without blocking
+// (a full queue drops them, counted). One background thread takes them in batches, reads each
+// chunk's records back from the local store (a chunk evicted meanwhile is skipped), encodes
+// each as one value (remote/chunk_value.h) and SETs the batch in one pipelined call, in
+// parallel across masters. The Put never waits for any of it: its durability is the local
+// store's.
+//
+// Filling: Fill() is called on a local miss: with the chain's keys past the chunks stored
+// locally, it asks the cluster (EXISTS, pipelined) how far the chain continues there, fetches
+// those values (GET, pipelined), verifies each (DecodeChunkValue: a bad checksum or a foreign
+// model or key is DataLoss, counted, logged, and ends the chain there: it is never served) and
+// writes the verified chunks into the local store with one Put, so that the caller, and every
+// later request, finds them locally. A cluster that is unreachable, slow or has evicted the
+// chunks is a miss: Fill returns what is stored locally, within two call deadlines.
+//
+// Log lines about the cluster are rate-limited: at most one per 10 s, with a count of the
+// lines left out.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef CKV_ENGINE_REMOTE_TIER_H_
+#define CKV_ENGINE_REMOTE_TIER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckv/chunk_key.h"
+#include "ckv/log.h"
+#include "ckv/model_spec.h"
+#include "ckv/options.h"
+#include "remote/cluster_client.h"
+#include "storage/chunk_store.h"
+
+namespace ckv::engine {
+
+// Counters since the engine opened.
+struct RemoteTierStats {
+  uint64_t publish_queued = 0;     // chunks queued for publishing
+  uint64_t publish_dropped = 0;    // chunks a full queue turned away
+  uint64_t published_chunks = 0;   // chunks SET in the cluster
+  uint64_t published_bytes = 0;    // their value bytes
+  uint64_t publish_failures = 0;   // chunks whose SET failed (cluster unreachable, OOM, ...)
+  uint64_t publish_skipped = 0;    // chunks gone from the local store before they were read
+  uint64_t fills = 0;              // local misses that asked the cluster
+  uint64_t fill_misses = 0;        // of which found nothing to fetch
+  uint64_t fetched_chunks = 0;     // chunks fetched, verified and written into the local store
+  uint64_t fetched_bytes = 0;      // their value bytes
+  uint64_t corrupt_chunks = 0;     // values that failed verification (DataLoss), never served
+  uint64_t errors = 0;             // calls that failed: unreachable, timed out, redirected away
+  uint64_t timeouts = 0;           // of which timed out
+  uint64_t budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
+  uint64_t queue_depth = 0;        // chunks waiting to be published now
+  remote::ClusterClientStats client;
+};
+
+class RemoteTier {
+ public:
+  // Checks `options` (InvalidArgument naming the field) and starts the publishing thread.
+  // Connects to nothing yet. `store` and `logger` must outlive the tier.
+  static absl::StatusOr<std::unique_ptr<RemoteTier>> Create(const RemoteTierOptions& options,
+                                                            storage::ChunkStore* store,
+                                                            Logger* logger);
+  // Stops the publishing thread (after the batch in flight); chunks still queued are dropped.
+  ~RemoteTier();
+
+  // Queues `keys` (chunks stored under `spec`) for publishing; those already published by
+  // this tier, or queued, are left out. Never blocks on the cluster.
+  void Publish(const ModelSpec& spec, std::span<const ChunkKey> keys);
+
+  // On a local miss: `local_chunks` of the whole chunks of `tokens` are stored locally; fetches
+  // from the cluster the chunks that continue the chain, verifies them, writes them into the
+  // local store, and returns how many leading chunks are stored locally now (>= local_chunks).
+  // Never fails: anything the cluster could not give is a miss (counted, logged).
+  uint64_t Fill(const ModelSpec& spec, std::span<const int32_t> tokens, uint64_t local_chunks);
+
+  // Waits until nothing is queued or being published, up to `timeout`; false on timeout.
+  bool WaitUntilPublished(absl::Duration timeout);
+
+  RemoteTierStats stats() const;
+
+ private:
+  struct Job {
+    std::shared_ptr<const ModelSpec> spec;
+    ChunkKey key;
+  };
+  RemoteTier(const RemoteTierOptions& options, std::unique_ptr<remote::ClusterClient> client,
+             storage::ChunkStore* store, Logger* logger);
+  void PublishLoop();
+  void PublishBatch(std::vector<Job>& batch);
+  // Counts a failed call and logs it, rate-limited.
+  void NoteError(const absl::Status& status, std::string_view what);
+  void LogRateLimited(LogLevel level, const std::string& message);
+
+  const RemoteTierOptions options_;
+  const std::unique_ptr<remote::ClusterClient> client_;
+  storage::ChunkStore* const store_;
+  Logger* const logger_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Chunks published or queued: not queued again. Forgotten when it passes a million entries.
+  absl::flat_hash_set<ChunkKey> known_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t logs_suppressed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread publisher_;
+};
+
+}  // namespace ckv::engine
+
+#endif  // CKV_ENGINE_REMOTE_TIER_H_
