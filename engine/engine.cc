@@ -532,6 +532,47 @@ std::string EngineImpl::Metrics() {
             "disabled.",
             uint64_t{gpu_tier_on_device_ ? 1u : 0u});
 
+  // The remote tier on a Redis Cluster (EngineOptions::remote; zeros when off).
+  out.Gauge("ckv_remote_enabled", "1 when the engine has a remote tier (EngineOptions::remote).",
+            uint64_t{s.remote_enabled ? 1u : 0u});
+  out.Gauge("ckv_remote_budget_bytes",
+            "The bytes this store is meant to occupy in the cluster (not enforced by ckv).",
+            s.remote_budget_bytes);
+  out.Gauge("ckv_remote_publish_queue_chunks", "Chunks waiting to be published now.",
+            s.remote_publish_queue_depth);
+  out.Counter("ckv_remote_publish_queued_total", "Chunks queued for publishing, since Open.",
+              s.remote_publish_queued);
+  out.Counter("ckv_remote_publish_dropped_total",
+              "Chunks a full publish queue turned away, since Open.", s.remote_publish_dropped);
+  out.Counter("ckv_remote_published_chunks_total", "Chunks SET in the cluster, since Open.",
+              s.remote_published_chunks);
+  out.Counter("ckv_remote_published_bytes_total", "Value bytes SET in the cluster, since Open.",
+              s.remote_published_bytes);
+  out.Counter("ckv_remote_publish_failures_total",
+              "Chunks whose SET failed (unreachable cluster, OOM, ...), since Open.",
+              s.remote_publish_failures);
+  out.Counter("ckv_remote_fills_total",
+              "Local misses (Lookup, BeginReprefill) that asked the cluster, since Open.",
+              s.remote_fills);
+  out.Counter("ckv_remote_fill_misses_total",
+              "Of those, the ones the cluster had nothing to give for, since Open.",
+              s.remote_fill_misses);
+  out.Counter("ckv_remote_fetched_chunks_total",
+              "Chunks fetched from the cluster, verified and stored locally, since Open.",
+              s.remote_fetched_chunks);
+  out.Counter("ckv_remote_fetched_bytes_total", "Value bytes of those chunks, since Open.",
+              s.remote_fetched_bytes);
+  out.Counter("ckv_remote_corrupt_chunks_total",
+              "Values that failed verification (checksum, model or key): never served, since "
+              "Open.",
+              s.remote_corrupt_chunks);
+  out.Counter("ckv_remote_errors_total",
+              "Calls to the cluster that failed (unreachable, timed out, redirected too often), "
+              "since Open.",
+              s.remote_errors);
+  out.Counter("ckv_remote_timeouts_total", "Of those, the ones that timed out, since Open.",
+              s.remote_timeouts);
+
   // The read engine (made by the first Re-Prefill session; zeros before).
   out.Counter("ckv_read_requests_submitted_total",
               "Requests submitted to the read engine, since Open.", r.requests_submitted);
@@ -824,6 +865,36 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& optio
   CKV_RETURN_IF_ERROR(engine->StartRemoteTier());
   return std::unique_ptr<Engine>(std::move(engine));
 }
+absl::StatusOr<RemoteCheckReport> VerifyRemote(Engine& engine) {
+  auto* impl = dynamic_cast<EngineImpl*>(&engine);
+  if (impl == nullptr || impl->remote_tier() == nullptr) {
+    return absl::FailedPreconditionError("the engine has no remote tier (EngineOptions::remote)");
+  }
+  // Every stored chunk once, grouped by the spec it is stored under.
+  RemoteCheckReport total;
+  absl::flat_hash_set<ChunkKey> seen;
+  for (const PrefixInfo& prefix : engine.ListPrefixes()) {
+    ModelSpec spec;
+    absl::StatusOr<std::vector<ChunkKey>> chunks = engine.PrefixChunks(prefix.id, &spec);
+    if (!chunks.ok()) continue;  // deleted since ListPrefixes
+    std::vector<ChunkKey> fresh;
+    for (const ChunkKey& key : *chunks) {
+      if (seen.insert(key).second) fresh.push_back(key);
+    }
+    RemoteCheckReport r = impl->remote_tier()->Check(spec, fresh);
+    total.chunks_checked += r.chunks_checked;
+    total.present += r.present;
+    total.missing += r.missing;
+    total.corrupt += r.corrupt;
+    total.differing += r.differing;
+    total.unreachable += r.unreachable;
+    for (std::string& p : r.problems) {
+      if (total.problems.size() < 100) total.problems.push_back(std::move(p));
+    }
+  }
+  return total;
+}
+
 bool WaitUntilRemotePublished(Engine& engine, absl::Duration timeout) {
   auto* impl = dynamic_cast<EngineImpl*>(&engine);
   if (impl == nullptr || impl->remote_tier() == nullptr) return true;

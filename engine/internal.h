@@ -12,6 +12,7 @@
 
 #include "absl/time/time.h"
 #include "ckv/engine.h"
+#include "engine/remote_tier.h"
 #include "engine/session.h"
 #include "engine/tier_cache.h"
 #include "prefetch/read_engine.h"
@@ -51,6 +52,11 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOption
 // queued so far, or failed to, up to `timeout`: for tests and kvctl, which exit right after a
 // Put. True at once for an engine without one; false on timeout.
 bool WaitUntilRemotePublished(Engine& engine, absl::Duration timeout);
+
+// Compares the cluster's copy of every chunk `engine` stores with its local records (kvctl
+// verify --remote; see RemoteTier::Check). FailedPrecondition when the engine has no remote
+// tier.
+absl::StatusOr<RemoteCheckReport> VerifyRemote(Engine& engine);
 
 }  // namespace ckv::engine
 

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "ckv/status.h"
 #include "engine/summaries.h"
 #include "remote/chunk_value.h"
 
@@ -20,9 +23,8 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& options,
-                                                               storage::ChunkStore* store,
-                                                               Logger* logger) {
+absl::StatusOr<remote::ClusterOptions> RemoteTier::ClientOptions(
+    const RemoteTierOptions& options) {
   remote::ClusterOptions co;
   for (const std::string& seed : options.seeds) {
     auto parsed = remote::ParseEndpoints(seed);
@@ -38,6 +40,15 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
         "remote timeouts must be positive: connect_timeout_ms ", options.connect_timeout_ms,
         ", call_timeout_ms ", options.call_timeout_ms));
   }
+  co.connect_timeout = absl::Milliseconds(options.connect_timeout_ms);
+  co.call_timeout = absl::Milliseconds(options.call_timeout_ms);
+  return co;
+}
+
+absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& options,
+                                                               storage::ChunkStore* store,
+                                                               Logger* logger) {
+  CKV_ASSIGN_OR_RETURN(remote::ClusterOptions co, ClientOptions(options));
   if (options.key_prefix.find('{') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "remote.key_prefix \"", options.key_prefix,
@@ -52,12 +63,10 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
     return absl::InvalidArgumentError(absl::StrCat(
         "remote.publish_batch_chunks ", options.publish_batch_chunks, " not in 1..1024"));
   }
-  co.connect_timeout = absl::Milliseconds(options.connect_timeout_ms);
-  co.call_timeout = absl::Milliseconds(options.call_timeout_ms);
-  auto client = remote::ClusterClient::Create(co);
-  if (!client.ok()) return client.status();
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<remote::ClusterClient> client,
+                       remote::ClusterClient::Create(co));
   return std::unique_ptr<RemoteTier>(
-      new RemoteTier(options, std::move(*client), store, logger));
+      new RemoteTier(options, std::move(client), store, logger));
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options,
@@ -341,6 +350,103 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
     for (uint64_t i = local_chunks; i < chunks; ++i) known_.insert(keys[i]);
   }
   return chunks;
+}
+
+RemoteCheckReport RemoteTier::Check(const ModelSpec& spec, std::span<const ChunkKey> keys) {
+  RemoteCheckReport report;
+  const ChunkKey fp = spec.Fingerprint();
+  std::vector<std::byte> local(spec.RecordBytes());
+  constexpr size_t kBatch = 64;
+  auto problem = [&](std::string line) {
+    if (report.problems.size() < 100) report.problems.push_back(std::move(line));
+  };
+  for (size_t begin = 0; begin < keys.size(); begin += kBatch) {
+    const size_t end = std::min(keys.size(), begin + kBatch);
+    std::vector<std::string> cluster_keys;
+    for (size_t i = begin; i < end; ++i) {
+      cluster_keys.push_back(remote::ChunkValueKey(options_.key_prefix, fp, keys[i]));
+    }
+    std::vector<absl::StatusOr<std::optional<std::string>>> values =
+        client_->MultiGet(cluster_keys);
+    for (size_t j = 0; j < values.size(); ++j) {
+      const ChunkKey& key = keys[begin + j];
+      ++report.chunks_checked;
+      if (!values[j].ok()) {
+        ++report.unreachable;
+        continue;
+      }
+      if (!values[j]->has_value()) {
+        ++report.missing;
+        continue;
+      }
+      absl::StatusOr<remote::DecodedChunkValue> d = remote::DecodeChunkValue(spec, key, **values[j]);
+      if (!d.ok()) {
+        ++report.corrupt;
+        problem(std::string(d.status().message()));
+        continue;
+      }
+      bool same = true;
+      for (uint32_t l = 0; l < spec.layers && same; ++l) {
+        absl::Status s = store_->ReadRecord(spec, key, l, local);
+        same = s.ok() && std::memcmp(local.data(), d->records[l].data(), local.size()) == 0;
+      }
+      if (same) {
+        ++report.present;
+      } else {
+        ++report.differing;
+        problem(absl::StrCat("remote chunk ", key.ToHex(), " of ", spec.model_id,
+                             ": verified, but its records differ from the local store's"));
+      }
+    }
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<RemoteNodeReport>> DescribeCluster(const RemoteTierOptions& options) {
+  CKV_ASSIGN_OR_RETURN(remote::ClusterOptions co, RemoteTier::ClientOptions(options));
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<remote::ClusterClient> client,
+                       remote::ClusterClient::Create(co));
+  CKV_ASSIGN_OR_RETURN(auto masters, client->Masters());
+  // "field:value" lines of an INFO reply.
+  auto info_field = [](const std::string& info, std::string_view field) -> std::string {
+    for (absl::string_view line : absl::StrSplit(info, '\n')) {
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      const absl::string_view f(field.data(), field.size());
+      if (line.size() > f.size() && line.substr(0, f.size()) == f && line[f.size()] == ':') {
+        return std::string(line.substr(f.size() + 1));
+      }
+    }
+    return "";
+  };
+  auto as_uint = [](const std::string& text) {
+    uint64_t v = 0;
+    return absl::SimpleAtoi(text, &v) ? v : 0;
+  };
+  std::vector<RemoteNodeReport> out;
+  for (const auto& [endpoint, slots] : masters) {
+    RemoteNodeReport r;
+    r.endpoint = endpoint.ToString();
+    r.slots = slots;
+    absl::StatusOr<remote::Reply> dbsize = client->ExecuteOn(endpoint, {"DBSIZE"});
+    absl::StatusOr<remote::Reply> memory = client->ExecuteOn(endpoint, {"INFO", "memory"});
+    absl::StatusOr<remote::Reply> stats = client->ExecuteOn(endpoint, {"INFO", "stats"});
+    if (!dbsize.ok() || !memory.ok() || !stats.ok()) {
+      r.error = std::string(
+          (!dbsize.ok() ? dbsize.status() : !memory.ok() ? memory.status() : stats.status())
+              .message());
+      out.push_back(std::move(r));
+      continue;
+    }
+    r.keys = static_cast<uint64_t>(dbsize->integer);
+    r.used_memory_bytes = as_uint(info_field(memory->str, "used_memory"));
+    r.maxmemory_bytes = as_uint(info_field(memory->str, "maxmemory"));
+    r.maxmemory_policy = info_field(memory->str, "maxmemory_policy");
+    r.evicted_keys = as_uint(info_field(stats->str, "evicted_keys"));
+    r.keyspace_hits = as_uint(info_field(stats->str, "keyspace_hits"));
+    r.keyspace_misses = as_uint(info_field(stats->str, "keyspace_misses"));
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 }  // namespace ckv::engine

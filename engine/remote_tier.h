@@ -64,10 +64,42 @@ struct RemoteTierStats {
   remote::ClusterClientStats client;
 };
 
+// What Check found for some chunks.
+struct RemoteCheckReport {
+  uint64_t chunks_checked = 0;
+  uint64_t present = 0;    // found in the cluster, verified, equal to the local records
+  uint64_t missing = 0;    // not in the cluster (never published, or evicted)
+  uint64_t corrupt = 0;    // failed verification (DataLoss)
+  uint64_t differing = 0;  // verified, but not equal to the local records
+  uint64_t unreachable = 0;  // not checked: the cluster did not answer in time
+  std::vector<std::string> problems;  // one line per corrupt or differing chunk (at most 100)
+};
+
+// One master of the cluster, as INFO reports it.
+struct RemoteNodeReport {
+  std::string endpoint;  // host:port
+  uint32_t slots = 0;
+  uint64_t keys = 0;               // DBSIZE
+  uint64_t used_memory_bytes = 0;  // INFO memory used_memory
+  uint64_t maxmemory_bytes = 0;    // 0 = none
+  std::string maxmemory_policy;
+  uint64_t evicted_keys = 0;       // INFO stats
+  uint64_t keyspace_hits = 0;
+  uint64_t keyspace_misses = 0;
+  std::string error;  // non-empty when the node did not answer
+};
+
+// The masters of the cluster `options` names (kvctl remote-stats). Errors: InvalidArgument for
+// bad options; Unavailable or DeadlineExceeded when no node gives the slot map.
+absl::StatusOr<std::vector<RemoteNodeReport>> DescribeCluster(const RemoteTierOptions& options);
+
 class RemoteTier {
  public:
   // Checks `options` (InvalidArgument naming the field) and starts the publishing thread.
   // Connects to nothing yet. `store` and `logger` must outlive the tier.
+  // The cluster client options of `options`; InvalidArgument naming the bad field.
+  static absl::StatusOr<remote::ClusterOptions> ClientOptions(const RemoteTierOptions& options);
+
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Create(const RemoteTierOptions& options,
                                                             storage::ChunkStore* store,
                                                             Logger* logger);
@@ -83,6 +115,10 @@ class RemoteTier {
   // local store, and returns how many leading chunks are stored locally now (>= local_chunks).
   // Never fails: anything the cluster could not give is a miss (counted, logged).
   uint64_t Fill(const ModelSpec& spec, std::span<const int32_t> tokens, uint64_t local_chunks);
+
+  // Compares the cluster's value of each of `keys` (stored locally under `spec`) with the
+  // local records (kvctl verify --remote). Reads in batches of 64.
+  RemoteCheckReport Check(const ModelSpec& spec, std::span<const ChunkKey> keys);
 
   // Waits until nothing is queued or being published, up to `timeout`; false on timeout.
   bool WaitUntilPublished(absl::Duration timeout);

@@ -378,6 +378,54 @@ absl::StatusOr<Endpoint> ClusterClient::MasterOf(uint32_t slot) {
   return map->masters[map->slot_master[slot]];
 }
 
+absl::StatusOr<std::vector<std::pair<Endpoint, uint32_t>>> ClusterClient::Masters() {
+  std::shared_ptr<const SlotMap> map = CurrentMap();
+  if (map == nullptr) {
+    absl::Status s = RefreshSlotMap();
+    if (!s.ok()) return s;
+    map = CurrentMap();
+  }
+  std::vector<std::pair<Endpoint, uint32_t>> out;
+  for (const Endpoint& m : map->masters) out.emplace_back(m, 0);
+  for (int32_t m : map->slot_master) {
+    if (m >= 0) out[m].second++;
+  }
+  return out;
+}
+
+absl::StatusOr<Reply> ClusterClient::ExecuteOn(const Endpoint& node,
+                                               const std::vector<std::string>& argv) {
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  absl::StatusOr<redisContext*> c = Acquire(node, deadline);
+  if (!c.ok()) return c.status();
+  redisSetTimeout(*c, TimevalOf(deadline - absl::Now()));
+  std::vector<const char*> args;
+  std::vector<size_t> lens;
+  for (const std::string& a : argv) {
+    args.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  void* raw = redisCommandArgv(*c, static_cast<int>(args.size()), args.data(), lens.data());
+  const std::string what = argv.empty() ? std::string() : argv[0];
+  if (raw == nullptr) {
+    absl::Status s = ContextError(*c, node, what, options_.call_timeout);
+    io_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (absl::IsDeadlineExceeded(s)) timeouts_.fetch_add(1, std::memory_order_relaxed);
+    Release(node, *c, false);
+    return s;
+  }
+  std::unique_ptr<redisReply, void (*)(void*)> reply(static_cast<redisReply*>(raw),
+                                                     freeReplyObject);
+  Release(node, *c, true);
+  if (reply->type == REDIS_REPLY_ERROR) {
+    return absl::InternalError(absl::StrFormat("redis %s: %s: %s", node.ToString(), what,
+                                               std::string(reply->str, reply->len)));
+  }
+  return CopyReply(reply.get());
+}
+
 void ClusterClient::RunGroup(Group& g, absl::Time deadline) {
   const size_t n = g.indices.size();
   g.fates.assign(n, Fate::kFailed);

@@ -131,6 +131,13 @@ class ClusterClient {
   // EXISTS of each key.
   std::vector<absl::StatusOr<bool>> MultiExists(const std::vector<std::string>& keys);
 
+  // Runs one command on `node` (not routed: CLUSTER INFO, INFO, DBSIZE, ...), under the call
+  // deadline. Errors as Execute's, and Internal for an error reply.
+  absl::StatusOr<Reply> ExecuteOn(const Endpoint& node, const std::vector<std::string>& argv);
+  // The masters of the current slot map (fetching it first if there is none), each with the
+  // number of slots it serves.
+  absl::StatusOr<std::vector<std::pair<Endpoint, uint32_t>>> Masters();
+
   // Fetches the slot map now. Errors: Unavailable when no known node answers, DeadlineExceeded
   // when the call's deadline passed first.
   absl::Status RefreshSlotMap();

@@ -283,6 +283,11 @@ TEST(RemoteTierNoClusterTest, FullPublishQueueDropsAndCounts) {
   const EngineStats st = (*engine)->Stats();
   EXPECT_EQ(st.remote_publish_queued, 2u);
   EXPECT_EQ(st.remote_publish_dropped, 8u);
+  // The same figures in the Prometheus text.
+  const std::string metrics = (*engine)->Metrics();
+  EXPECT_NE(metrics.find("\nckv_remote_enabled 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("\nckv_remote_publish_dropped_total 8\n"), std::string::npos);
+  EXPECT_NE(metrics.find("\nckv_remote_publish_queued_total 2\n"), std::string::npos);
 }
 
 TEST(RemoteTierNoClusterTest, BadOptionsAreRejectedAtOpen) {

@@ -58,6 +58,7 @@ Command AddImport(CLI::App& kvctl);  // import_export.cc
 Command AddExport(CLI::App& kvctl);  // import_export.cc
 Command AddReplay(CLI::App& kvctl);  // replay.cc
 Command AddLookup(CLI::App& kvctl);  // lookup.cc
+Command AddRemoteStats(CLI::App& kvctl);  // remote_stats.cc
 
 // "kvctl: MESSAGE" and "Run 'kvctl COMMAND --help' for usage." on stderr; returns kExitUsage.
 int UsageError(const std::string& command, const std::string& message);
@@ -72,12 +73,27 @@ CLI::Option* AddStoreArg(CLI::App& app, std::string* store);
 // The required positional PREFIX (show, rm, export).
 CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix);
 
-// Opens the store at `path`, which must exist.
-absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path);
+// Opens the store at `path`, which must exist; with `remote` (a --remote value), with the remote
+// tier on that cluster (EngineOptions::remote, docs/remote.md).
+absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path,
+                                                     const std::string& remote = "");
 // Opens it read-only (Engine::OpenReadOnly): for the commands that only read (ls, show, stats,
 // verify, lookup), which thus work while a serving process holds the store, and change nothing.
 absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path);
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s);
+
+// --remote HOST:PORT[,HOST:PORT...] (put, lookup, replay, verify, remote-stats): any nodes of a
+// Redis Cluster, the remote tier's seeds.
+CLI::Option* AddRemoteOption(CLI::App& app, std::string* remote);
+// Sets options->remote.seeds from a --remote value (nothing when it is empty).
+void ApplyRemote(const std::string& remote, EngineOptions* options);
+// After a command's Puts with --remote: waits (up to 60 s) until the remote tier has published
+// what they queued. False on timeout.
+bool AwaitRemotePublished(Engine& engine);
+// The remote tier's figures: as a "remote" JSON object, and as one text line
+// ("  remote               published 12 chunks (2.3 MiB), fetched 0, ...").
+void WriteRemoteJson(tools::JsonWriter& w, const EngineStats& s);
+void PrintRemoteLine(const EngineStats& s);
 // The fields of a Put's result that put and import both report: as JSON keys (kv_bytes, chunks,
 // chunks_written, ...), and as the lines of the table under the command's first line.
 void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes);

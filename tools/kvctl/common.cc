@@ -4,7 +4,9 @@
 #include <cctype>
 #include <cstdio>
 
+#include "absl/time/time.h"
 #include "ckv/options.h"
+#include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 
@@ -36,10 +38,63 @@ CLI::Option* AddPrefixArg(CLI::App& app, std::string* prefix) {
       ->type_name("");
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path,
+                                                     const std::string& remote) {
   EngineOptions options;
   options.create_if_missing = false;
+  ApplyRemote(remote, &options);
   return Engine::Open(options, path);
+}
+
+CLI::Option* AddRemoteOption(CLI::App& app, std::string* remote) {
+  return app
+      .add_option("--remote", *remote,
+                  "the remote tier: any nodes of a Redis Cluster, HOST:PORT[,HOST:PORT...] "
+                  "(docs/remote.md)")
+      ->type_name("HOST:PORT");
+}
+
+void ApplyRemote(const std::string& remote, EngineOptions* options) {
+  if (remote.empty()) return;
+  size_t start = 0;
+  while (start <= remote.size()) {
+    size_t end = remote.find(',', start);
+    if (end == std::string::npos) end = remote.size();
+    options->remote.seeds.push_back(remote.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+bool AwaitRemotePublished(Engine& engine) {
+  return engine::WaitUntilRemotePublished(engine, absl::Seconds(60));
+}
+
+void WriteRemoteJson(tools::JsonWriter& w, const EngineStats& s) {
+  w.Key("remote").BeginObject()
+      .Key("published_chunks").Uint(s.remote_published_chunks)
+      .Key("published_bytes").Uint(s.remote_published_bytes)
+      .Key("publish_failures").Uint(s.remote_publish_failures)
+      .Key("publish_dropped").Uint(s.remote_publish_dropped)
+      .Key("fetched_chunks").Uint(s.remote_fetched_chunks)
+      .Key("fetched_bytes").Uint(s.remote_fetched_bytes)
+      .Key("corrupt_chunks").Uint(s.remote_corrupt_chunks)
+      .Key("errors").Uint(s.remote_errors)
+      .Key("timeouts").Uint(s.remote_timeouts)
+      .EndObject();
+}
+
+void PrintRemoteLine(const EngineStats& s) {
+  std::printf("  remote               published %llu chunks (%s), %llu failed, %llu dropped; "
+              "fetched %llu chunks (%s), %llu corrupt; %llu errors (%llu timeouts)\n",
+              static_cast<unsigned long long>(s.remote_published_chunks),
+              FormatBytes(s.remote_published_bytes).c_str(),
+              static_cast<unsigned long long>(s.remote_publish_failures),
+              static_cast<unsigned long long>(s.remote_publish_dropped),
+              static_cast<unsigned long long>(s.remote_fetched_chunks),
+              FormatBytes(s.remote_fetched_bytes).c_str(),
+              static_cast<unsigned long long>(s.remote_corrupt_chunks),
+              static_cast<unsigned long long>(s.remote_errors),
+              static_cast<unsigned long long>(s.remote_timeouts));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path) {

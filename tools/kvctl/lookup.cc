@@ -16,6 +16,7 @@ struct LookupOptions {
   std::string store;
   PresetOptions preset;
   std::string tokens_file;
+  std::string remote;  // --remote: fill a local miss from this cluster
   cli::JsonOutput json;
 };
 
@@ -24,7 +25,9 @@ int RunLookup(const LookupOptions& o) {
   if (std::string error; !PresetSpec(o.preset, &spec, &error)) return UsageError("lookup", error);
   auto tokens = safetensors::ReadTokenIdsFile(o.tokens_file);
   if (!tokens.ok()) return StoreError("lookup --tokens-file", tokens.status());
-  auto engine = OpenToRead(o.store);
+  // With --remote, the store is opened for writing: what the cluster holds past the local
+  // chunks is fetched into it.
+  auto engine = o.remote.empty() ? OpenToRead(o.store) : OpenExisting(o.store, o.remote);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
   auto stored = (*engine)->Lookup(spec, *tokens);
   if (!stored.ok()) return StoreError("lookup in " + o.store, stored.status());
@@ -46,6 +49,7 @@ int RunLookup(const LookupOptions& o) {
     } else {
       w.Uint(*stored);
     }
+    if (!o.remote.empty()) WriteRemoteJson(w, (*engine)->Stats());
     w.EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
@@ -59,6 +63,7 @@ int RunLookup(const LookupOptions& o) {
                 static_cast<unsigned long long>(*stored * c),
                 static_cast<unsigned long long>((*stored + 1) * c - 1));
   }
+  if (!o.remote.empty()) PrintRemoteLine((*engine)->Stats());
   if (tokens->size() % c != 0) {
     std::printf("  the last %llu tokens are not a whole chunk and are never stored\n",
                 static_cast<unsigned long long>(tokens->size() % c));
@@ -77,13 +82,16 @@ Command AddLookup(CLI::App& kvctl) {
       "The tokens come from F, a JSON array of integers (as 'kvctl import --tokens-file'); the\n"
       "model options name the spec the chunks were stored under (as 'kvctl put': the model id\n"
       "is part of every chunk key). Opens the store read-only: it works while a serving process\n"
-      "holds the store, and sees what was committed when it opened.\n"
+      "holds the store, and sees what was committed when it opened. With --remote, it opens the\n"
+      "store for writing and fills a local miss from that Redis Cluster: the chunks that continue\n"
+      "the chain there are fetched, verified and stored (docs/remote.md).\n"
       "Example: kvctl lookup ./store --model qwen2.5-7b --tokens-file prompt.json");
   AddStoreArg(*cmd, &o->store);
   AddPresetOptions(*cmd, &o->preset);
   cmd->add_option("--tokens-file", o->tokens_file, "token ids from F, a JSON array of integers")
       ->required()
       ->type_name("F");
+  AddRemoteOption(*cmd, &o->remote);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunLookup(*o); }};
 }

@@ -17,6 +17,8 @@
 //   kvctl export STORE PREFIX OUT.safetensors [--json [PATH]]
 //   kvctl replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]
 //                [--cpu-tier-bytes B] [--no-put] [--json [PATH]]
+//   kvctl remote-stats --remote HOST:PORT[,...] [--json [PATH]]
+// put, lookup, replay and verify take --remote HOST:PORT[,...] too (docs/remote.md).
 //
 // Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
 // Results go to stdout (a table, or one JSON object with --json; --json PATH writes the JSON to
@@ -45,7 +47,7 @@ int Main(int argc, char** argv) {
   const std::vector<Command> commands = {
       AddInit(app),   AddPut(app), AddLs(app),     AddShow(app),   AddStats(app),  AddVerify(app),
       AddRm(app),     AddGc(app),  AddImport(app), AddExport(app), AddReplay(app),
-      AddLookup(app),
+      AddLookup(app), AddRemoteStats(app),
   };
   app.add_subcommand("help", "show this help, or 'kvctl help COMMAND' for one command");
   app.require_subcommand(1);

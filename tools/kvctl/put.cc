@@ -54,12 +54,13 @@ struct PutOptions {
   uint64_t shared_tokens = 0;
   uint64_t shared_seed = 0;
   bool shared = false;  // --shared-tokens and --shared-seed given
+  std::string remote;   // --remote: publish to this cluster too
   cli::JsonOutput json;
 };
 
 // Put's result: JSON (see tools/cli.h), then the text unless the JSON took its place.
 int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result,
-             uint64_t kv_bytes, double gen_seconds, double put_seconds) {
+             uint64_t kv_bytes, double gen_seconds, double put_seconds, const EngineStats& stats) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
@@ -76,8 +77,9 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
     }
     WritePutResultJson(w, result, kv_bytes);
     w.Key("generate_seconds").Double(gen_seconds)
-        .Key("put_seconds").Double(put_seconds)
-        .EndObject();
+        .Key("put_seconds").Double(put_seconds);
+    if (!o.remote.empty()) WriteRemoteJson(w, stats);
+    w.EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
   std::printf("put %s: %s, %llu tokens (%llu chunks)\n", result.prefix_id.ToHex().c_str(),
@@ -88,6 +90,7 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
               FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds
                                          : 0)
                   .c_str());
+  if (!o.remote.empty()) PrintRemoteLine(stats);
   return kExitOk;
 }
 
@@ -111,7 +114,7 @@ int RunPut(const PutOptions& o) {
   }
 
   // Open first: a missing store is reported before generating gigabytes.
-  auto engine = OpenExisting(o.store);
+  auto engine = OpenExisting(o.store, o.remote);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
 
   const auto gen_start = Clock::now();
@@ -129,7 +132,12 @@ int RunPut(const PutOptions& o) {
   }
   const double put_seconds = SecondsSince(put_start);
   if (!result.ok()) return StoreError("put " + o.store, result.status());
-  return PrintPut(o, spec, *result, kv.bytes(), gen_seconds, put_seconds);
+  // The Put is durable here; its chunks go to the cluster in the background: wait for them
+  // before the process exits.
+  if (!o.remote.empty() && !AwaitRemotePublished(**engine)) {
+    std::fprintf(stderr, "kvctl: put: the remote tier had not published every chunk in 60 s\n");
+  }
+  return PrintPut(o, spec, *result, kv.bytes(), gen_seconds, put_seconds, (*engine)->Stats());
 }
 
 }  // namespace
@@ -142,6 +150,8 @@ Command AddPut(CLI::App& kvctl) {
       "Tokens come from --seed; with --shared-tokens K and --shared-seed S2 the first K tokens come\n"
       "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the whole\n"
       "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
+      "With --remote, the chunks are also published to that Redis Cluster (docs/remote.md); put\n"
+      "waits for them before it exits and reports how many were published.\n"
       "Example: kvctl put ./store --model qwen2.5-7b --tokens 4096 --seed 1");
   AddStoreArg(*cmd, &o->store);
   AddPresetOptions(*cmd, &o->preset);
@@ -156,6 +166,7 @@ Command AddPut(CLI::App& kvctl) {
                    "S2");
   shared_tokens->needs(shared_seed);
   shared_seed->needs(shared_tokens);
+  AddRemoteOption(*cmd, &o->remote);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o, shared_tokens] {
             o->shared = shared_tokens->count() > 0;

@@ -33,6 +33,7 @@ struct ReplayOptions {
   uint32_t block_tokens = 0;
   uint64_t max_requests = 0;
   double speed = 0;
+  std::string remote;  // --remote: the remote tier's cluster
   cli::JsonOutput json;
 };
 
@@ -335,6 +336,7 @@ int RunReplay(const ReplayOptions& o) {
   engine_options.create_if_missing = false;
   engine_options.gpu_tier_bytes = o.gpu_tier_bytes;
   engine_options.cpu_tier_bytes = o.cpu_tier_bytes;
+  ApplyRemote(o.remote, &engine_options);
 
   if (!(o.speed >= 0)) {
     return UsageError("replay", absl::StrCat("--speed: '", o.speed, "' is not a number >= 0"));
@@ -380,12 +382,16 @@ int RunReplay(const ReplayOptions& o) {
     }
   }
   const ReplayTotals totals = Totals(figures, SecondsSince(start));
+  if (!o.remote.empty() && !AwaitRemotePublished(**engine)) {
+    std::fprintf(stderr, "kvctl: replay: the remote tier had not published every chunk in 60 s\n");
+  }
   if (o.json.enabled) {
     const int rc = PrintReplayJson(o, *input, spec, options, figures, totals,
                                      (*engine)->Stats());
     if (rc != kExitOk || o.json.ToStdout()) return rc;
   }
   PrintReplayText(o, spec, options, figures, totals);
+  if (!o.remote.empty()) PrintRemoteLine((*engine)->Stats());
   return kExitOk;
 }
 
@@ -437,6 +443,7 @@ Command AddReplay(CLI::App& kvctl) {
   cli::AddDouble(*cmd, "--speed", &o->speed,
                  "send requests at their timestamps, X times faster than recorded (default 0: "
                  "as fast as possible)");
+  AddRemoteOption(*cmd, &o->remote);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunReplay(*o); }};
 }

@@ -7,6 +7,8 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
@@ -19,6 +21,7 @@ struct VerifyOptions {
   std::string store;
   bool synthetic = false;
   bool repair = false;
+  std::string remote;  // --remote: also check the cluster's copy of every chunk
   cli::JsonOutput json;
 };
 
@@ -93,6 +96,7 @@ struct VerifyFigures {
   VerifyReport report;
   std::optional<RepairReport> repaired;
   ContentReport content;
+  std::optional<engine::RemoteCheckReport> remote;  // with --remote
   std::vector<std::string> problems;  // all of them
   double seconds = 0;
 };
@@ -129,6 +133,16 @@ int PrintVerifyJson(const VerifyOptions& o, const VerifyFigures& f) {
     w.Key("records_compared").Uint(f.content.records_compared)
         .Key("bytes_compared").Uint(f.content.bytes_compared);
   }
+  if (f.remote) {
+    w.Key("remote").BeginObject()
+        .Key("chunks_checked").Uint(f.remote->chunks_checked)
+        .Key("present").Uint(f.remote->present)
+        .Key("missing").Uint(f.remote->missing)
+        .Key("corrupt").Uint(f.remote->corrupt)
+        .Key("differing").Uint(f.remote->differing)
+        .Key("unreachable").Uint(f.remote->unreachable)
+        .EndObject();
+  }
   w.Key("seconds").Double(f.seconds).Key("problems").BeginArray();
   for (const std::string& p : f.problems) w.String(p);
   w.EndArray();
@@ -158,6 +172,16 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
                 static_cast<unsigned long long>(f.content.records_compared),
                 FormatBytes(f.content.bytes_compared).c_str());
   }
+  if (f.remote) {
+    std::printf("remote: %llu chunks checked in the cluster: %llu present and equal, %llu missing, "
+                "%llu corrupt, %llu differing, %llu unreachable\n",
+                static_cast<unsigned long long>(f.remote->chunks_checked),
+                static_cast<unsigned long long>(f.remote->present),
+                static_cast<unsigned long long>(f.remote->missing),
+                static_cast<unsigned long long>(f.remote->corrupt),
+                static_cast<unsigned long long>(f.remote->differing),
+                static_cast<unsigned long long>(f.remote->unreachable));
+  }
   if (problems.empty()) {
     std::printf("clean\n");
   } else {
@@ -181,7 +205,9 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
 
 int RunVerify(const VerifyOptions& o) {
   // Verify alone reads: it works while a serving process holds the store. Repair writes.
-  auto engine = o.repair ? OpenExisting(o.store) : OpenToRead(o.store);
+  // So does --remote, which needs the engine's remote tier (a read-only engine has none).
+  auto engine = o.repair || !o.remote.empty() ? OpenExisting(o.store, o.remote)
+                                              : OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
   const auto start = Clock::now();
   VerifyFigures f;
@@ -194,6 +220,18 @@ int RunVerify(const VerifyOptions& o) {
     if (!compared.ok()) return StoreError("verify " + o.store, compared.status());
     f.content = *std::move(compared);
     f.problems.insert(f.problems.end(), f.content.problems.begin(), f.content.problems.end());
+  }
+  if (!o.remote.empty()) {
+    // A chunk missing from the cluster is not a problem (never published, or evicted: a miss);
+    // one that is there and fails verification, or differs from the local one, is.
+    auto checked = engine::VerifyRemote(**engine);
+    if (!checked.ok()) return StoreError("verify --remote " + o.remote, checked.status());
+    f.remote = *std::move(checked);
+    f.problems.insert(f.problems.end(), f.remote->problems.begin(), f.remote->problems.end());
+    if (f.remote->unreachable > 0) {
+      f.problems.push_back(absl::StrCat(f.remote->unreachable,
+                                        " chunks could not be checked: the cluster did not answer"));
+    }
   }
   f.seconds = SecondsSince(start);
   const int problems_exit = f.problems.empty() ? kExitOk : kExitProblems;
@@ -220,6 +258,9 @@ Command AddVerify(CLI::App& kvctl) {
       "that ran through one then ends at the last good chunk, under a new id. It lists what it\n"
       "removed and what it left (read errors may pass, so they are not repaired). The exit code\n"
       "is still 1 when a problem was found, repaired or not; run verify again to see it clean.\n"
+      "With --remote, also fetch every chunk's value from that Redis Cluster and check it\n"
+      "(docs/remote.md): a value that fails verification, or differs from the local records, is a\n"
+      "problem; a chunk the cluster does not hold is counted as missing (a miss, not a problem).\n"
       "Example: kvctl verify ./store --repair");
   AddStoreArg(*cmd, &o->store);
   CLI::Option* synthetic = cmd->add_flag(
@@ -227,6 +268,7 @@ Command AddVerify(CLI::App& kvctl) {
   cmd->add_flag("--repair", o->repair,
                 "remove the corrupt chunks (and those after them) from the store")
       ->excludes(synthetic);
+  AddRemoteOption(*cmd, &o->remote);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunVerify(*o); }};
 }
