@@ -10,11 +10,13 @@
 #include "remote/cluster_client.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -42,36 +44,50 @@ timeval TimevalOf(absl::Duration d) {
   return absl::ToTimeval(d);
 }
 
-Reply CopyReply(const redisReply* r) {
-  Reply out;
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-      out.type = Reply::Type::kString;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_STATUS:
-      out.type = Reply::Type::kStatus;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = Reply::Type::kError;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.type = Reply::Type::kInteger;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = Reply::Type::kArray;
-      out.elements.reserve(r->elements);
-      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(CopyReply(r->element[i]));
-      break;
-    default:
-      out.type = Reply::Type::kNil;
-      break;
+// hiredis builds replies through these functions: straight into ckv's own Reply, so that a
+// value is copied once out of the reader's buffer (as hiredis's own objects would be), not once
+// more into a Reply. The root is allocated; an array's elements live in its vector, sized when
+// the array is created, and are never freed on their own (hiredis frees only the root).
+Reply* NewReplyObject(const redisReadTask* task) {
+  if (task->parent != nullptr) {
+    Reply* parent = static_cast<Reply*>(task->parent->obj);
+    return &parent->elements[static_cast<size_t>(task->idx)];
   }
-  return out;
+  return new Reply();
 }
+void* CreateString(const redisReadTask* task, char* str, size_t len) {
+  Reply* r = NewReplyObject(task);
+  r->type = task->type == REDIS_REPLY_ERROR    ? Reply::Type::kError
+            : task->type == REDIS_REPLY_STATUS ? Reply::Type::kStatus
+                                               : Reply::Type::kString;
+  r->str.assign(str, len);
+  return r;
+}
+void* CreateArray(const redisReadTask* task, int elements) {
+  Reply* r = NewReplyObject(task);
+  r->type = Reply::Type::kArray;
+  r->elements.resize(elements > 0 ? static_cast<size_t>(elements) : 0);
+  return r;
+}
+void* CreateInteger(const redisReadTask* task, long long value) {
+  Reply* r = NewReplyObject(task);
+  r->type = Reply::Type::kInteger;
+  r->integer = value;
+  return r;
+}
+void* CreateNil(const redisReadTask* task) {
+  Reply* r = NewReplyObject(task);
+  r->type = Reply::Type::kNil;
+  return r;
+}
+void FreeReply(void* reply) { delete static_cast<Reply*>(reply); }
+
+redisReplyObjectFunctions kReplyFunctions = {CreateString, CreateArray, CreateInteger, CreateNil,
+                                             FreeReply};
+
+// A reply that redisGetReply or redisCommand returned on a context made by Acquire.
+using OwnedReply = std::unique_ptr<Reply>;
+OwnedReply TakeReply(void* raw) { return OwnedReply(static_cast<Reply*>(raw)); }
 
 // Parses the "host:port" of a MOVED or ASK answer ("MOVED 3999 127.0.0.1:6381"). An empty host
 // (a node that does not know its address) means the host of the node that answered.
@@ -129,6 +145,7 @@ struct ClusterClient::Group {
   std::vector<Fate> fates;
   std::vector<absl::StatusOr<Reply>> outcomes;
   std::vector<Endpoint> targets;  // kMoved / kAsk
+  std::vector<bool> answered;     // a reply arrived (not failed by the connection)
   bool timed_out = false;
   bool io_error = false;
 };
@@ -235,6 +252,7 @@ absl::StatusOr<redisContext*> ClusterClient::Acquire(const Endpoint& node, absl:
     return s;
   }
   connections_opened_.fetch_add(1, std::memory_order_relaxed);
+  c->reader->fn = &kReplyFunctions;  // nothing is buffered yet
   return c;
 }
 
@@ -292,13 +310,12 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
       Release(node, *c, false);
       continue;
     }
-    std::unique_ptr<redisReply, void (*)(void*)> reply(static_cast<redisReply*>(raw),
-                                                       freeReplyObject);
+    OwnedReply reply = TakeReply(raw);
     Release(node, *c, true);
-    if (reply->type != REDIS_REPLY_ARRAY) {
+    if (reply->type != Reply::Type::kArray) {
       last = absl::UnavailableError(absl::StrFormat(
           "redis %s: CLUSTER SLOTS: %s", node.ToString(),
-          reply->type == REDIS_REPLY_ERROR ? reply->str : "not an array"));
+          reply->type == Reply::Type::kError ? reply->str : "not an array"));
       continue;
     }
     auto map = std::make_shared<SlotMap>();
@@ -309,31 +326,31 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
       list.push_back(e);
       return static_cast<int32_t>(list.size() - 1);
     };
-    auto endpoint_of = [&](const redisReply* r) -> std::optional<Endpoint> {
-      if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-          r->element[0]->type != REDIS_REPLY_STRING ||
-          r->element[1]->type != REDIS_REPLY_INTEGER) {
+    auto endpoint_of = [&](const Reply& r) -> std::optional<Endpoint> {
+      if (r.type != Reply::Type::kArray || r.elements.size() < 2 ||
+          r.elements[0].type != Reply::Type::kString ||
+          r.elements[1].type != Reply::Type::kInteger) {
         return std::nullopt;
       }
       Endpoint e;
-      e.host.assign(r->element[0]->str, r->element[0]->len);
+      e.host = r.elements[0].str;
       // A node that does not know its own address reports "": the address we reached it by.
       if (e.host.empty() || e.host == "?") e.host = node.host;
-      e.port = static_cast<int>(r->element[1]->integer);
+      e.port = static_cast<int>(r.elements[1].integer);
       return e;
     };
     bool malformed = false;
-    for (size_t i = 0; i < reply->elements && !malformed; ++i) {
-      const redisReply* range = reply->element[i];
-      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
-          range->element[0]->type != REDIS_REPLY_INTEGER ||
-          range->element[1]->type != REDIS_REPLY_INTEGER) {
+    for (size_t i = 0; i < reply->elements.size() && !malformed; ++i) {
+      const Reply& range = reply->elements[i];
+      if (range.type != Reply::Type::kArray || range.elements.size() < 3 ||
+          range.elements[0].type != Reply::Type::kInteger ||
+          range.elements[1].type != Reply::Type::kInteger) {
         malformed = true;
         break;
       }
-      const long long first = range->element[0]->integer;
-      const long long last_slot = range->element[1]->integer;
-      std::optional<Endpoint> master = endpoint_of(range->element[2]);
+      const long long first = range.elements[0].integer;
+      const long long last_slot = range.elements[1].integer;
+      std::optional<Endpoint> master = endpoint_of(range.elements[2]);
       if (!master || first < 0 || last_slot >= kClusterSlots || first > last_slot) {
         malformed = true;
         break;
@@ -341,8 +358,8 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
       const int32_t m = index_of(*master, map->masters);
       for (long long s = first; s <= last_slot; ++s) map->slot_master[s] = m;
       covered += static_cast<size_t>(last_slot - first + 1);
-      for (size_t r = 3; r < range->elements; ++r) {
-        if (std::optional<Endpoint> replica = endpoint_of(range->element[r])) {
+      for (size_t r = 3; r < range.elements.size(); ++r) {
+        if (std::optional<Endpoint> replica = endpoint_of(range.elements[r])) {
           index_of(*replica, map->replicas);
         }
       }
@@ -416,120 +433,210 @@ absl::StatusOr<Reply> ClusterClient::ExecuteOn(const Endpoint& node,
     Release(node, *c, false);
     return s;
   }
-  std::unique_ptr<redisReply, void (*)(void*)> reply(static_cast<redisReply*>(raw),
-                                                     freeReplyObject);
+  OwnedReply reply = TakeReply(raw);
   Release(node, *c, true);
-  if (reply->type == REDIS_REPLY_ERROR) {
-    return absl::InternalError(absl::StrFormat("redis %s: %s: %s", node.ToString(), what,
-                                               std::string(reply->str, reply->len)));
+  if (reply->type == Reply::Type::kError) {
+    return absl::InternalError(
+        absl::StrFormat("redis %s: %s: %s", node.ToString(), what, reply->str));
   }
-  return CopyReply(reply.get());
+  return std::move(*reply);
 }
 
-void ClusterClient::RunGroup(Group& g, absl::Time deadline) {
-  const size_t n = g.indices.size();
-  g.fates.assign(n, Fate::kFailed);
-  g.outcomes.assign(n, absl::UnknownError("not run"));
-  g.targets.assign(n, Endpoint{});
-  auto fail_all = [&](const absl::Status& s) {
-    for (size_t i = 0; i < n; ++i) {
-      if (g.fates[i] == Fate::kDone || g.fates[i] == Fate::kMoved || g.fates[i] == Fate::kAsk) {
-        continue;
-      }
-      // A broken connection is retried (after a map refresh) unless it timed out: then the
-      // deadline is spent anyway.
-      g.fates[i] = absl::IsDeadlineExceeded(s) ? Fate::kFailed : Fate::kRetry;
-      g.outcomes[i] = absl::Status(s.code(), absl::StrCat(s.message(), " (",
-                                                          Describe((*g.requests)[g.indices[i]]),
-                                                          ")"));
-    }
-  };
-  absl::StatusOr<redisContext*> acquired = Acquire(g.node, deadline);
-  if (!acquired.ok()) {
-    g.io_error = true;
-    g.timed_out = absl::IsDeadlineExceeded(acquired.status());
-    fail_all(acquired.status());
+void ClusterClient::FailGroup(Group& g, const absl::Status& s) {
+  g.io_error = true;
+  g.timed_out = absl::IsDeadlineExceeded(s);
+  io_errors_.fetch_add(1, std::memory_order_relaxed);
+  if (g.timed_out) timeouts_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < g.indices.size(); ++i) {
+    if (g.answered[i]) continue;
+    // A broken connection is retried (after a map refresh) unless it timed out: then the
+    // deadline is spent anyway.
+    g.fates[i] = g.timed_out ? Fate::kFailed : Fate::kRetry;
+    g.outcomes[i] = absl::Status(
+        s.code(), absl::StrCat(s.message(), " (", Describe((*g.requests)[g.indices[i]]), ")"));
+  }
+}
+
+void ClusterClient::HandleReply(Group& g, size_t i, Reply reply) {
+  g.answered[i] = true;
+  if (reply.type != Reply::Type::kError) {
+    g.fates[i] = Fate::kDone;
+    g.outcomes[i] = std::move(reply);
     return;
   }
-  redisContext* c = *acquired;
-  const absl::Duration left = deadline - absl::Now();
-  redisSetTimeout(c, TimevalOf(left));
-  std::vector<const char*> argv;
-  std::vector<size_t> argvlen;
-  for (size_t i = 0; i < n; ++i) {
-    const Request& r = (*g.requests)[g.indices[i]];
-    if (g.asking[i]) redisAppendCommand(c, "ASKING");
-    argv.clear();
-    argvlen.clear();
-    for (const std::string& a : r.argv) {
-      argv.push_back(a.data());
-      argvlen.push_back(a.size());
-    }
-    redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), argvlen.data());
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const Request& r = (*g.requests)[g.indices[i]];
-    void* raw = nullptr;
-    if (g.asking[i]) {
-      if (redisGetReply(c, &raw) != REDIS_OK) raw = nullptr;
-      if (raw == nullptr) {
-        absl::Status s = ContextError(c, g.node, "ASKING", left);
-        io_errors_.fetch_add(1, std::memory_order_relaxed);
-        if (absl::IsDeadlineExceeded(s)) timeouts_.fetch_add(1, std::memory_order_relaxed);
-        g.io_error = true;
-        g.timed_out = absl::IsDeadlineExceeded(s);
-        fail_all(s);
-        Release(g.node, c, false);
-        return;
-      }
-      freeReplyObject(raw);  // +OK
-      raw = nullptr;
-    }
-    if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
-      absl::Status s = ContextError(c, g.node, "read reply", left);
-      io_errors_.fetch_add(1, std::memory_order_relaxed);
-      if (absl::IsDeadlineExceeded(s)) timeouts_.fetch_add(1, std::memory_order_relaxed);
-      g.io_error = true;
-      g.timed_out = absl::IsDeadlineExceeded(s);
-      fail_all(s);
-      Release(g.node, c, false);
+  const Request& r = (*g.requests)[g.indices[i]];
+  const std::string_view error(reply.str);
+  const std::string what =
+      absl::StrFormat("redis %s: %s: %s", g.node.ToString(), Describe(r), Sv(error));
+  if (StartsWith(error, "MOVED ") || StartsWith(error, "ASK ")) {
+    std::optional<Endpoint> target = RedirectTarget(error, g.node);
+    if (!target) {
+      g.fates[i] = Fate::kFailed;
+      g.outcomes[i] = absl::InternalError(absl::StrCat(what, " (malformed redirection)"));
       return;
     }
-    std::unique_ptr<redisReply, void (*)(void*)> reply(static_cast<redisReply*>(raw),
-                                                       freeReplyObject);
-    if (reply->type != REDIS_REPLY_ERROR) {
-      g.fates[i] = Fate::kDone;
-      g.outcomes[i] = CopyReply(reply.get());
+    const bool ask = StartsWith(error, "ASK ");
+    (ask ? ask_ : moved_).fetch_add(1, std::memory_order_relaxed);
+    g.fates[i] = ask ? Fate::kAsk : Fate::kMoved;
+    g.targets[i] = *target;
+    g.outcomes[i] = absl::UnavailableError(what);
+  } else if (StartsWith(error, "CLUSTERDOWN") || StartsWith(error, "TRYAGAIN") ||
+             StartsWith(error, "LOADING") || StartsWith(error, "MASTERDOWN")) {
+    g.fates[i] = Fate::kRetry;
+    g.outcomes[i] = absl::UnavailableError(what);
+  } else if (StartsWith(error, "OOM")) {
+    g.fates[i] = Fate::kFailed;
+    g.outcomes[i] = absl::ResourceExhaustedError(what);
+  } else {
+    g.fates[i] = Fate::kFailed;
+    g.outcomes[i] = absl::InternalError(what);
+  }
+}
+
+// The groups of one round, on one thread: every group's pipeline is written into its
+// connection's output buffer, then one poll loop over all the connections writes what is left and
+// reads whatever replies arrive, from whichever node answers first, until every group has all
+// its replies or the deadline passes. The nodes work in parallel; ckv reads each byte once into
+// a large buffer and hands it to hiredis's reader (one read per 256 KiB, not per 16 KiB).
+void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
+  struct Live {
+    Group* g = nullptr;
+    redisContext* c = nullptr;
+    // The replies expected, in order: (request index in the group, is the ASKING reply).
+    std::vector<std::pair<size_t, bool>> expected;
+    size_t next = 0;
+    bool writing = false;
+    bool done = false;
+  };
+  std::vector<Live> live;
+  live.reserve(groups.size());
+  std::vector<const char*> argv;
+  std::vector<size_t> argvlen;
+  for (Group& g : groups) {
+    const size_t n = g.indices.size();
+    g.fates.assign(n, Fate::kFailed);
+    g.outcomes.assign(n, absl::UnknownError("not run"));
+    g.targets.assign(n, Endpoint{});
+    g.answered.assign(n, false);
+    absl::StatusOr<redisContext*> acquired = Acquire(g.node, deadline);
+    if (!acquired.ok()) {
+      // Acquire counted the error already.
+      g.io_error = true;
+      g.timed_out = absl::IsDeadlineExceeded(acquired.status());
+      for (size_t i = 0; i < n; ++i) {
+        g.fates[i] = g.timed_out ? Fate::kFailed : Fate::kRetry;
+        g.outcomes[i] = absl::Status(acquired.status().code(),
+                                     absl::StrCat(acquired.status().message(), " (",
+                                                  Describe((*g.requests)[g.indices[i]]), ")"));
+      }
       continue;
     }
-    const std::string_view error(reply->str, reply->len);
-    const std::string what = absl::StrFormat("redis %s: %s: %s", g.node.ToString(),
-                                             Describe(r), Sv(error));
-    if (StartsWith(error, "MOVED ") || StartsWith(error, "ASK ")) {
-      std::optional<Endpoint> target = RedirectTarget(error, g.node);
-      if (!target) {
-        g.fates[i] = Fate::kFailed;
-        g.outcomes[i] = absl::InternalError(absl::StrCat(what, " (malformed redirection)"));
+    Live l;
+    l.g = &g;
+    l.c = *acquired;
+    // A blocking write of a large pipeline (SETs) waits at most for what is left.
+    redisSetTimeout(l.c, TimevalOf(deadline - absl::Now()));
+    for (size_t i = 0; i < n; ++i) {
+      const Request& r = (*g.requests)[g.indices[i]];
+      if (g.asking[i]) {
+        redisAppendCommand(l.c, "ASKING");
+        l.expected.emplace_back(i, true);
+      }
+      argv.clear();
+      argvlen.clear();
+      for (const std::string& a : r.argv) {
+        argv.push_back(a.data());
+        argvlen.push_back(a.size());
+      }
+      redisAppendCommandArgv(l.c, static_cast<int>(argv.size()), argv.data(), argvlen.data());
+      l.expected.emplace_back(i, false);
+    }
+    l.writing = true;
+    live.push_back(std::move(l));
+  }
+  auto finish = [&](Live& l, const absl::Status* error) {
+    l.done = true;
+    if (error != nullptr) FailGroup(*l.g, *error);
+    Release(l.g->node, l.c, error == nullptr);
+  };
+  constexpr size_t kReadBytes = 256 << 10;
+  thread_local std::vector<char> buffer(kReadBytes);
+  std::vector<pollfd> fds;
+  std::vector<Live*> polled;
+  while (true) {
+    fds.clear();
+    polled.clear();
+    for (Live& l : live) {
+      if (l.done) continue;
+      fds.push_back(pollfd{l.c->fd, static_cast<short>(POLLIN | (l.writing ? POLLOUT : 0)), 0});
+      polled.push_back(&l);
+    }
+    if (fds.empty()) break;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      for (Live* l : polled) {
+        const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+            "redis ", l->g->node.ToString(), ": no reply within the deadline (",
+            absl::FormatDuration(options_.call_timeout), ")"));
+        finish(*l, &s);
+      }
+      break;
+    }
+    const int ready = poll(fds.data(), fds.size(),
+                           static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    if (ready < 0 && errno != EINTR) {
+      const absl::Status s = absl::UnavailableError(absl::StrCat("poll: errno ", errno));
+      for (Live* l : polled) finish(*l, &s);
+      break;
+    }
+    for (size_t k = 0; k < fds.size() && ready > 0; ++k) {
+      Live& l = *polled[k];
+      const short ev = fds[k].revents;
+      if (ev == 0) continue;
+      if (l.writing && (ev & POLLOUT) != 0) {
+        int written_all = 0;
+        if (redisBufferWrite(l.c, &written_all) != REDIS_OK) {
+          const absl::Status s = ContextError(l.c, l.g->node, "write", options_.call_timeout);
+          finish(l, &s);
+          continue;
+        }
+        l.writing = written_all == 0;
+      }
+      if ((ev & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t got = read(l.c->fd, buffer.data(), buffer.size());
+      if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (got <= 0) {
+        const absl::Status s = absl::UnavailableError(absl::StrCat(
+            "redis ", l.g->node.ToString(), ": ",
+            got == 0 ? std::string("connection closed by the server")
+                     : absl::StrCat("read: errno ", errno)));
+        finish(l, &s);
         continue;
       }
-      const bool ask = StartsWith(error, "ASK ");
-      (ask ? ask_ : moved_).fetch_add(1, std::memory_order_relaxed);
-      g.fates[i] = ask ? Fate::kAsk : Fate::kMoved;
-      g.targets[i] = *target;
-      g.outcomes[i] = absl::UnavailableError(what);
-    } else if (StartsWith(error, "CLUSTERDOWN") || StartsWith(error, "TRYAGAIN") ||
-               StartsWith(error, "LOADING") || StartsWith(error, "MASTERDOWN")) {
-      g.fates[i] = Fate::kRetry;
-      g.outcomes[i] = absl::UnavailableError(what);
-    } else if (StartsWith(error, "OOM")) {
-      g.fates[i] = Fate::kFailed;
-      g.outcomes[i] = absl::ResourceExhaustedError(what);
-    } else {
-      g.fates[i] = Fate::kFailed;
-      g.outcomes[i] = absl::InternalError(what);
+      if (redisReaderFeed(l.c->reader, buffer.data(), static_cast<size_t>(got)) != REDIS_OK) {
+        const absl::Status s = absl::InternalError(
+            absl::StrCat("redis ", l.g->node.ToString(), ": reader: ", l.c->reader->errstr));
+        finish(l, &s);
+        continue;
+      }
+      bool broken = false;
+      while (l.next < l.expected.size()) {
+        void* raw = nullptr;
+        if (redisGetReplyFromReader(l.c, &raw) != REDIS_OK) {
+          const absl::Status s = absl::InternalError(
+              absl::StrCat("redis ", l.g->node.ToString(), ": protocol error: ", l.c->errstr));
+          finish(l, &s);
+          broken = true;
+          break;
+        }
+        if (raw == nullptr) break;  // the rest has not arrived yet
+        OwnedReply reply = TakeReply(raw);
+        const auto [i, is_asking] = l.expected[l.next++];
+        if (!is_asking) HandleReply(*l.g, i, std::move(*reply));
+      }
+      if (!broken && l.next == l.expected.size()) finish(l, nullptr);
     }
   }
-  Release(g.node, c, true);
 }
 
 std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Request>& requests) {
@@ -623,13 +730,7 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
       groups[it->second].indices.push_back(p.index);
       groups[it->second].asking.push_back(p.asking);
     }
-    std::vector<std::thread> threads;
-    threads.reserve(groups.empty() ? 0 : groups.size() - 1);
-    for (size_t g = 1; g < groups.size(); ++g) {
-      threads.emplace_back([this, &groups, g, deadline] { RunGroup(groups[g], deadline); });
-    }
-    if (!groups.empty()) RunGroup(groups[0], deadline);
-    for (std::thread& t : threads) t.join();
+    RunGroups(groups, deadline);
 
     std::vector<Pending> next;
     backoff = false;

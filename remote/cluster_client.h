@@ -12,7 +12,8 @@
 //     them the request fails with Unavailable naming the last answer.
 //   - A call's requests are grouped by node; each group is one pipeline on one connection
 //     (all commands written, then all replies read), and the groups of different nodes run in
-//     parallel (one thread each but the first, which runs on the caller's thread).
+//     parallel: one poll loop on the caller's thread writes every pipeline and reads the
+//     replies as they arrive from whichever node answers.
 //   - Every call has a deadline (`call_timeout` from its start). Connecting is bounded by
 //     `connect_timeout` and by what is left of the deadline, and every read and write of a
 //     socket by what is left of the deadline, so a node that is stopped (SIGSTOP) or
@@ -153,7 +154,12 @@ class ClusterClient {
 
   absl::Status RefreshSlotMapBy(absl::Time deadline);
   std::shared_ptr<const SlotMap> CurrentMap();
-  void RunGroup(Group& group, absl::Time deadline);
+  // Runs every group's pipeline, the nodes in parallel, on the calling thread.
+  void RunGroups(std::vector<Group>& groups, absl::Time deadline);
+  // Records `reply` as the answer to request `i` of `group`.
+  void HandleReply(Group& group, size_t i, Reply reply);
+  // Fails the requests of `group` that have no answer yet with `status` (a connection error).
+  void FailGroup(Group& group, const absl::Status& status);
   // A connection to `node` from the pool, or a new one.
   absl::StatusOr<redisContext*> Acquire(const Endpoint& node, absl::Time deadline);
   void Release(const Endpoint& node, redisContext* context, bool healthy);
