@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tools/cross_aarch64.sh: compiles every .cc of the library (common/, storage/, kernels/,
+# tools/cross_aarch64.sh: compiles every .cc of the library (common/, storage/, kernels/, remote/,
 # prefetch/, engine/) for aarch64 with Debian's cross compiler, so that x86-only code (an
 # unguarded <immintrin.h>, target attribute, __builtin_cpu_supports or xxh_x86dispatch.h) fails
 # here rather than on a Grace Hopper machine. Objects go to a temporary directory and are thrown
 # away; nothing is linked (there are no aarch64 builds of the dependencies to link against).
 #
-# The dependencies' headers are the x86 host's: Abseil, RocksDB, liburing and xxhash install
+# The dependencies' headers are the x86 host's: Abseil, RocksDB, liburing, xxhash and hiredis install
 # architecture-independent headers under /usr/include, and Debian's cross compiler searches
 # /usr/include last, after its own C and C++ headers. So that nothing else of the host's comes in
 # that way (an x86-only header such as xxh_x86dispatch.h, which would compile but not link on
@@ -31,7 +31,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly CXX="${CKV_CROSS_CXX:-aarch64-linux-gnu-g++}"
 readonly JOBS="${CKV_CROSS_JOBS:-$(nproc 2>/dev/null || echo 2)}"
-readonly DIRS=(common storage kernels prefetch engine)
+readonly DIRS=(common storage kernels prefetch remote engine)
 mode=(-O2)
 mode_name="-c -O2"
 case "${1:-}" in
@@ -87,7 +87,7 @@ compile_one() {
   fi
   local stray
   stray="$(tr -s ' \\' '\n\n' <"$base.d" | grep '^/usr/include/' |
-    grep -v -E '^/usr/include/(absl/|rocksdb/|liburing/|liburing\.h$|xxhash\.h$|xxh3\.h$)' |
+    grep -v -E '^/usr/include/(absl/|rocksdb/|liburing/|liburing\.h$|xxhash\.h$|xxh3\.h$|hiredis/)' |
     sort -u || true)"
   if [[ -n "$stray" ]]; then
     sed 's/^/host header that is not a dependency'"'"'s: /' <<<"$stray" >>"$base.log"
