@@ -219,6 +219,30 @@ TEST_F(RemoteTierTest, ValueOfAnotherModelIsNeverServed) {
   EXPECT_EQ(b->Stats().chunks, 0u);
 }
 
+TEST_F(RemoteTierTest, EvictingClusterIsAMissNeverAnError) {
+  for (int i = 0; i < cluster_->size(); ++i) {
+    cluster_->Cli(i, "CONFIG SET maxmemory-policy allkeys-lru");
+    cluster_->Cli(i, "CONFIG SET maxmemory 3mb");
+  }
+  TempDir dir;
+  // 48 chunks of 196,856-byte values (9.4 MB) into 3 x 3 MB: most are evicted.
+  const std::vector<int32_t> tokens = synth::Tokens(51, 48 * spec_.chunk_tokens);
+  auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
+  ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, tokens).ok());
+  ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
+  auto b = OpenEngine(dir.Sub("b"), RemoteOptions());
+  auto found = b->Lookup(spec_, tokens);
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Cli(i, "CONFIG SET maxmemory 0");
+  ASSERT_TRUE(found.ok()) << found.status();
+  const EngineStats st = b->Stats();
+  // The chain ends at the first evicted chunk; what came before it is served, exact.
+  EXPECT_LT(*found, 48u);
+  EXPECT_EQ(st.remote_fetched_chunks, *found);
+  EXPECT_EQ(st.remote_corrupt_chunks, 0u);
+  EXPECT_EQ(st.remote_errors, 0u);
+  EXPECT_EQ(CountBadRecords(*b, spec_, tokens, *found), 0);
+}
+
 TEST_F(RemoteTierTest, StoppedClusterIsAMissWithinTheTimeout) {
   TempDir dir;
   const std::vector<int32_t> tokens = synth::Tokens(41, 6 * spec_.chunk_tokens);
