@@ -112,7 +112,8 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
   const std::vector<int32_t> tokens = synth::Tokens(4242, f.tokens);
   auto a = Engine::Open(eo, f.dir + "/a");
   if (!a.ok()) {
-    std::fprintf(stderr, "remote_bench: open %s/a: %s\n", f.dir.c_str(), a.status().ToString().c_str());
+    std::fprintf(stderr, "remote_bench: open %s/a: %s\n", f.dir.c_str(),
+                 a.status().ToString().c_str());
     return cli::kExitError;
   }
   {
@@ -278,7 +279,9 @@ int main(int argc, char** argv) {
                "throughput against redis-benchmark.",
                "remote_bench"};
   cli::Configure(app, "bench/remote_bench.sh starts a throwaway cluster on loopback and runs it.");
-  app.add_option("--remote", f.remote, "any node of the cluster")->type_name("HOST:PORT")->required();
+  app.add_option("--remote", f.remote, "any node of the cluster")
+      ->type_name("HOST:PORT")
+      ->required();
   app.add_option("--dir", f.dir, "directory for the stores (created; removed afterwards)")
       ->type_name("DIR")
       ->required();

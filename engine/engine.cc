@@ -173,8 +173,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   // Starts the remote tier per options_.remote (after construction: it can fail).
   absl::Status StartRemoteTier() {
     if (options_.remote.seeds.empty()) return absl::OkStatus();
-    CKV_ASSIGN_OR_RETURN(remote_,
-                         engine::RemoteTier::Create(options_.remote, store_.get(), options_.logger));
+    CKV_ASSIGN_OR_RETURN(
+        remote_, engine::RemoteTier::Create(options_.remote, store_.get(), options_.logger));
     return absl::OkStatus();
   }
   engine::RemoteTier* remote_tier() { return remote_.get(); }

@@ -379,7 +379,8 @@ RemoteCheckReport RemoteTier::Check(const ModelSpec& spec, std::span<const Chunk
         ++report.missing;
         continue;
       }
-      absl::StatusOr<remote::DecodedChunkValue> d = remote::DecodeChunkValue(spec, key, **values[j]);
+      absl::StatusOr<remote::DecodedChunkValue> d =
+          remote::DecodeChunkValue(spec, key, **values[j]);
       if (!d.ok()) {
         ++report.corrupt;
         problem(std::string(d.status().message()));

@@ -499,8 +499,8 @@ void ClusterClient::HandleReply(Group& g, size_t i, Reply reply) {
 // The groups of one round, on one thread: every group's pipeline is written into its
 // connection's output buffer, then one poll loop over all the connections writes what is left and
 // reads whatever replies arrive, from whichever node answers first, until every group has all
-// its replies or the deadline passes. The nodes work in parallel; ckv reads each byte once into
-// a large buffer and hands it to hiredis's reader (up to 64 KiB per read, not 16 KiB as redisBufferRead).
+// its replies or the deadline passes. The nodes work in parallel; ckv reads up to 64 KiB at a
+// time (redisBufferRead reads 16 KiB) and hands it to hiredis's reader.
 void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
   struct Live {
     Group* g = nullptr;

@@ -32,7 +32,9 @@ Records MakeRecords(const ModelSpec& spec, int seed) {
   Records r;
   for (uint32_t l = 0; l < spec.layers; ++l) {
     std::vector<std::byte> rec(spec.RecordBytes());
-    for (size_t i = 0; i < rec.size(); ++i) rec[i] = static_cast<std::byte>((i * 7 + l * 13 + seed) & 0xff);
+    for (size_t i = 0; i < rec.size(); ++i) {
+      rec[i] = static_cast<std::byte>((i * 7 + l * 13 + seed) & 0xff);
+    }
     r.bytes.push_back(std::move(rec));
   }
   for (const auto& b : r.bytes) r.spans.emplace_back(b);

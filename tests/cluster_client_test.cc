@@ -114,7 +114,8 @@ TEST_F(ClusterClientTest, SetThenGetAcrossAllMasters) {
   auto client = NewClient();
   std::vector<std::pair<std::string, std::string>> items;
   for (int i = 0; i < 300; ++i) {
-    items.emplace_back(absl::StrCat("t1:key:", i), std::string(100 + i, static_cast<char>('a' + i % 26)));
+    items.emplace_back(absl::StrCat("t1:key:", i),
+                       std::string(100 + i, static_cast<char>('a' + i % 26)));
   }
   for (const absl::Status& s : client->MultiSet(items)) ASSERT_TRUE(s.ok()) << s;
   std::vector<std::string> keys;
@@ -146,7 +147,8 @@ TEST_F(ClusterClientTest, SlotMigrationFollowsAskThenMoved) {
   const std::string staying_key = "{mig}staying";
   const uint32_t slot = KeySlot(moved_key);
   ASSERT_EQ(slot, KeySlot(staying_key));
-  for (const absl::Status& s : client->MultiSet({{moved_key, "v-moved"}, {staying_key, "v-stay"}})) {
+  for (const absl::Status& s :
+       client->MultiSet({{moved_key, "v-moved"}, {staying_key, "v-stay"}})) {
     ASSERT_TRUE(s.ok()) << s;
   }
   auto source_ep = client->MasterOf(slot);

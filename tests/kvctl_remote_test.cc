@@ -66,8 +66,8 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   ASSERT_EQ(Kvctl("init " + a).exit_code, 0);
   ASSERT_EQ(Kvctl("init " + b).exit_code, 0);
 
-  KvctlRun put = Kvctl(absl::StrCat("put ", a, " --model qwen2.5-0.5b --tokens 256 --seed 9 ", remote,
-                               " --json"));
+  KvctlRun put = Kvctl(
+      absl::StrCat("put ", a, " --model qwen2.5-0.5b --tokens 256 --seed 9 ", remote, " --json"));
   ASSERT_EQ(put.exit_code, 0) << put.out;
   auto put_json = tools::ParseJson(put.out);
   ASSERT_TRUE(put_json.ok()) << put.out;

@@ -117,7 +117,8 @@ TEST_F(RemoteTierTest, SecondMachineReprefillsBitExactFromTheClusterThenLocally)
     ASSERT_TRUE(view.ok()) << view.status();
     for (const auto& r : view->records()) {
       synth::FillRecord(spec_, keys[r.chunk], l, want);
-      ASSERT_TRUE(ServedEquals(r, want.data(), want.size())) << "layer " << l << " chunk " << r.chunk;
+      ASSERT_TRUE(ServedEquals(r, want.data(), want.size()))
+          << "layer " << l << " chunk " << r.chunk;
       ++served;
     }
   }

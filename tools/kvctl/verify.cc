@@ -229,8 +229,8 @@ int RunVerify(const VerifyOptions& o) {
     f.remote = *std::move(checked);
     f.problems.insert(f.problems.end(), f.remote->problems.begin(), f.remote->problems.end());
     if (f.remote->unreachable > 0) {
-      f.problems.push_back(absl::StrCat(f.remote->unreachable,
-                                        " chunks could not be checked: the cluster did not answer"));
+      f.problems.push_back(absl::StrCat(
+          f.remote->unreachable, " chunks could not be checked: the cluster did not answer"));
     }
   }
   f.seconds = SecondsSince(start);
