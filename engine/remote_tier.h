@@ -10,11 +10,13 @@
 //
 // Filling: Fill() is called on a local miss: with the chain's keys past the chunks stored
 // locally, it asks the cluster (EXISTS, pipelined) how far the chain continues there, fetches
-// those values (GET, pipelined), verifies each (DecodeChunkValue: a bad checksum or a foreign
+// those values (GET, pipelined, 32 chunks per call), verifies each (DecodeChunkValue: a bad checksum or a foreign
 // model or key is DataLoss, counted, logged, and ends the chain there: it is never served) and
 // writes the verified chunks into the local store with one Put, so that the caller, and every
 // later request, finds them locally. A cluster that is unreachable, slow or has evicted the
-// chunks is a miss: Fill returns what is stored locally, within two call deadlines.
+// chunks is a miss: Fill returns what is stored locally, or what it fetched before the call that
+// failed. No fetch starts past one call deadline since the fill began, so a fill waits on the
+// cluster at most about two call deadlines.
 //
 // Log lines about the cluster are rate-limited: at most one per 10 s, with a count of the
 // lines left out.

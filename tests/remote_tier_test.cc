@@ -89,8 +89,9 @@ std::string* RemoteTierTest::skip_reason_ = nullptr;
 
 TEST_F(RemoteTierTest, SecondMachineReprefillsBitExactFromTheClusterThenLocally) {
   TempDir dir;
-  const std::vector<int32_t> tokens = synth::Tokens(7, 32 * spec_.chunk_tokens + 5);
-  const size_t chunks = 32;
+  // 40 chunks: two fetch calls of the fill (32 chunks each at most), and a 5-token tail.
+  const std::vector<int32_t> tokens = synth::Tokens(7, 40 * spec_.chunk_tokens + 5);
+  const size_t chunks = 40;
   auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
   ASSERT_NE(a, nullptr);
   auto put = ckv::testing::PutSynthetic(*a, spec_, tokens);

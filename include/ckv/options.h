@@ -29,9 +29,11 @@ struct RemoteTierOptions {
   // Longest one connection attempt may take, milliseconds. Default: 200.
   uint32_t connect_timeout_ms = 200;
   // Deadline of one call to the cluster (all its requests, redirections and retries),
-  // milliseconds. A Lookup or Re-Prefill that goes to the cluster makes at most two calls (how
-  // far the chain continues, then the fetch), so it waits at most twice this for the cluster;
-  // past it, the chunks not fetched are a miss. Default: 500.
+  // milliseconds. A Lookup or Re-Prefill that goes to the cluster asks how far the chain
+  // continues there (one call), then fetches it, 32 chunks per call, starting no call past this
+  // since it began; a call that fails or passes its deadline ends the fill there, and the chunks
+  // not fetched are a miss. So the cluster delays a Lookup by at most about twice this.
+  // Default: 500.
   uint32_t call_timeout_ms = 500;
   // First part of every key ckv writes: "<key_prefix>:<model fingerprint>:<chunk key>". Must
   // not contain '{' (a hash tag would put every chunk in one slot). Default: "ckv".
