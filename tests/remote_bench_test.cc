@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench/remote_bench, run as a user would, on a small prefix against a real Redis Cluster on
+// loopback (tests/redis_cluster.h): it completes and reports figures that make sense. Skipped,
+// saying why, where redis-server is absent or the benchmarks are not built.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/redis_cluster.h"
+#include "tests/test_util.h"
+#include "tools/json_reader.h"
+
+namespace ckv {
+namespace {
+
+using ckv::testing::RedisCluster;
+using ckv::testing::TempDir;
+
+double NumberAt(const tools::JsonValue& v, std::string_view key) {
+  const tools::JsonValue* x = v.Find(key);
+  if (x == nullptr) return -1;
+  if (const double* d = x->AsDouble()) return *d;
+  if (const int64_t* i = x->AsInt()) return static_cast<double>(*i);
+  return -1;
+}
+
+TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
+#ifndef CKV_REMOTE_BENCH_PATH
+  GTEST_SKIP() << "remote_bench is not built (CKV_BUILD_BENCH=OFF)";
+#else
+  RedisCluster::Options o;
+  auto cluster = RedisCluster::Start(o);
+  if (!cluster.ok()) GTEST_SKIP() << "no Redis Cluster: " << cluster.status();
+  TempDir dir;
+  const std::string out = ckv::testing::RunCommand(absl::StrCat(
+      CKV_REMOTE_BENCH_PATH, " --remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
+      dir.Sub("stores"), " --tokens 128 --runs 1 --seconds 0.2 --json"));
+  auto json = tools::ParseJson(out.substr(out.find('{')));
+  ASSERT_TRUE(json.ok()) << out;
+  EXPECT_EQ(NumberAt(*json, "chunks"), 8);
+  EXPECT_EQ(NumberAt(*json, "masters"), 3);
+  EXPECT_EQ(NumberAt(*json, "value_bytes"), 196856);
+  EXPECT_GT(NumberAt(*json, "reprefill_local_s"), 0);
+  EXPECT_GT(NumberAt(*json, "reprefill_cold_remote_s"), NumberAt(*json, "cold_fill_s"));
+  EXPECT_EQ(NumberAt(*json, "fetched_bytes"), 8 * 196856);
+  EXPECT_GT(NumberAt(*json, "ckv_gets_per_s"), 0);
+  if (!ckv::testing::FindOnPath("redis-benchmark").empty()) {
+    EXPECT_GT(NumberAt(*json, "redis_benchmark_gets_per_s"), 0);
+    EXPECT_GT(NumberAt(*json, "ratio"), 0);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace ckv
