@@ -307,17 +307,25 @@ TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
   cluster.Kill(victim);
   // Until the failover, reads of the victim's keys fail (within the call's deadline); after
   // it, the client finds the promoted replica through a fresh slot map, and every key is there.
+  std::string last_problem;
   bool recovered = WaitUntil(
       [&] {
         auto got = (*client)->MultiGet(keys);
         for (size_t i = 0; i < keys.size(); ++i) {
-          if (!got[i].ok() || !got[i]->has_value()) return false;
-          if (**got[i] != items[i].second) return false;
+          if (!got[i].ok()) {
+            last_problem = got[i].status().ToString();
+            return false;
+          }
+          if (!got[i]->has_value() || **got[i] != items[i].second) {
+            last_problem = keys[i] + ": missing or wrong after the failover";
+            return false;
+          }
         }
         return true;
       },
       absl::Seconds(20));
-  EXPECT_TRUE(recovered);
+  EXPECT_TRUE(recovered) << last_problem << "\n"
+                         << cluster.Cli(victim == 0 ? 1 : 0, "CLUSTER NODES");
   auto now_master = (*client)->MasterOf(KeySlot(keys[0]));
   ASSERT_TRUE(now_master.ok());
   EXPECT_NE(now_master->port, victim_ep->port);

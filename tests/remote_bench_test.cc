@@ -16,7 +16,7 @@ namespace {
 using ckv::testing::RedisCluster;
 using ckv::testing::TempDir;
 
-double NumberAt(const tools::JsonValue& v, std::string_view key) {
+[[maybe_unused]] double NumberAt(const tools::JsonValue& v, std::string_view key) {
   const tools::JsonValue* x = v.Find(key);
   if (x == nullptr) return -1;
   if (const double* d = x->AsDouble()) return *d;
