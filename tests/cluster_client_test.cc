@@ -297,9 +297,11 @@ TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
     items.emplace_back(keys.back(), absl::StrCat("value-", i));
   }
   for (const absl::Status& s : (*client)->MultiSet(items)) ASSERT_TRUE(s.ok()) << s;
-  // Let the replicas catch up (WAIT on every master for its one replica).
+  // Let the replicas catch up: WAIT on every master until its one replica acknowledged.
   for (int i = 0; i < cluster.size(); ++i) {
-    if (cluster.IsMaster(i)) cluster.Cli(i, "WAIT 1 2000");
+    if (cluster.IsMaster(i)) {
+      ASSERT_EQ(cluster.Cli(i, "WAIT 1 5000"), "1\n") << "node " << i;
+    }
   }
   auto victim_ep = (*client)->MasterOf(KeySlot(keys[0]));
   ASSERT_TRUE(victim_ep.ok());

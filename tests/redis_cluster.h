@@ -3,9 +3,9 @@
 //
 // RedisCluster::Start runs `masters` redis-server processes (and `replicas_per_master` replicas
 // of each) on free loopback ports, each with cluster-enabled yes, no persistence (--save '',
-// --appendonly no) and its files in a temporary directory, joins them with
-// `redis-cli --cluster create ... --cluster-yes`, and waits until every node says
-// cluster_state:ok. The destructor sends SIGCONT then SIGKILL to every server it started
+// --appendonly no), no delay before a replica's first sync, and its files in a temporary
+// directory, joins them with `redis-cli --cluster create ... --cluster-yes`, and waits until
+// every node says cluster_state:ok and every replica has finished its first sync. The destructor sends SIGCONT then SIGKILL to every server it started
 // (whatever state a test left them in), reaps them and removes the directory. Start fails with
 // NotFound, naming the binary, where redis-server or redis-cli is absent: tests skip then.
 //
@@ -109,7 +109,8 @@ class RedisCluster {
         execl(server.c_str(), server.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1",
               "--cluster-enabled", "yes", "--cluster-config-file", conf.c_str(),
               "--cluster-node-timeout", node_timeout.c_str(), "--dir", c->dir_.c_str(),
-              "--save", "", "--appendonly", "no", "--logfile", log.c_str(), "--daemonize", "no",
+              "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+              "--logfile", log.c_str(), "--daemonize", "no",
               "--protected-mode", "no", static_cast<char*>(nullptr));
         _exit(127);
       }
@@ -134,6 +135,20 @@ class RedisCluster {
       if (!WaitUntil([&] { return c->ClusterOk(i); }, absl::Seconds(20))) {
         return absl::UnavailableError(
             absl::StrCat("node ", c->ports_[i], " never reached cluster_state:ok"));
+      }
+    }
+    // Every replica has finished its first sync: a master killed from now on has a replica that
+    // holds what it acknowledged (WAIT), so a failover loses nothing.
+    for (int i = 0; i < nodes; ++i) {
+      if (c->IsMaster(i)) continue;
+      if (!WaitUntil(
+              [&] {
+                return c->Cli(i, "INFO replication").find("master_link_status:up") !=
+                       std::string::npos;
+              },
+              absl::Seconds(20))) {
+        return absl::UnavailableError(
+            absl::StrCat("replica on port ", c->ports_[i], " never finished its first sync"));
       }
     }
     return c;
