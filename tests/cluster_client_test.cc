@@ -35,7 +35,7 @@ class ClusterClientTest : public ::testing::Test {
     o.node_timeout_ms = 5000;
     auto started = RedisCluster::Start(o);
     if (!started.ok()) {
-      skip_reason_ = new std::string(started.status().ToString());
+      start_status_ = new absl::Status(started.status());
       return;
     }
     cluster_ = started->release();
@@ -43,12 +43,14 @@ class ClusterClientTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
-    delete skip_reason_;
-    skip_reason_ = nullptr;
+    delete start_status_;
+    start_status_ = nullptr;
   }
   void SetUp() override {
     if (cluster_ == nullptr) {
-      GTEST_SKIP() << "no Redis Cluster: " << (skip_reason_ ? *skip_reason_ : "");
+      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
+                                           ? *start_status_
+                                           : absl::InternalError("the cluster is gone"));
     }
   }
   std::unique_ptr<ClusterClient> NewClient(absl::Duration call_timeout = absl::Seconds(2)) {
@@ -61,10 +63,10 @@ class ClusterClientTest : public ::testing::Test {
   }
 
   static RedisCluster* cluster_;
-  static std::string* skip_reason_;
+  static absl::Status* start_status_;  // why there is no cluster_
 };
 RedisCluster* ClusterClientTest::cluster_ = nullptr;
-std::string* ClusterClientTest::skip_reason_ = nullptr;
+absl::Status* ClusterClientTest::start_status_ = nullptr;
 
 TEST(ParseEndpointsTest, ListsAndErrors) {
   auto e = ParseEndpoints("127.0.0.1:7000,redis-a:7001");
@@ -283,7 +285,7 @@ TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
   o.replicas_per_master = 1;
   o.node_timeout_ms = 1000;
   auto started = RedisCluster::Start(o);
-  if (!started.ok()) GTEST_SKIP() << "no Redis Cluster: " << started.status();
+  CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(started.status());
   RedisCluster& cluster = **started;
   ClusterOptions co;
   co.seeds = cluster.endpoints();

@@ -58,7 +58,7 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   RedisCluster::Options o;
   o.masters = 3;
   auto cluster = RedisCluster::Start(o);
-  if (!cluster.ok()) GTEST_SKIP() << "no Redis Cluster: " << cluster.status();
+  CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(cluster.status());
   const std::string remote = absl::StrCat("--remote ", (*cluster)->endpoint(0).ToString(), ",",
                                           (*cluster)->endpoint(1).ToString());
   TempDir dir;

@@ -5,9 +5,11 @@
 // of each) on free loopback ports, each with cluster-enabled yes, no persistence (--save '',
 // --appendonly no), no delay before a replica's first sync, and its files in a temporary
 // directory, joins them with `redis-cli --cluster create ... --cluster-yes`, and waits until
-// every node says cluster_state:ok and every replica has finished its first sync. The destructor sends SIGCONT then SIGKILL to every server it started
-// (whatever state a test left them in), reaps them and removes the directory. Start fails with
-// NotFound, naming the binary, where redis-server or redis-cli is absent: tests skip then.
+// every node says cluster_state:ok and every replica has finished its first sync. The
+// destructor sends SIGCONT then SIGKILL to every server it started (whatever state a test left
+// them in), reaps them and removes the directory. Start fails with NotFound, naming the binary,
+// where redis-server or redis-cli is absent: tests skip then (CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER),
+// and fail on any other error.
 //
 // Thread-safety: none; one test thread drives a cluster.
 #ifndef CKV_TESTS_REDIS_CLUSTER_H_
@@ -84,7 +86,19 @@ class RedisCluster {
     int node_timeout_ms = 3000;
   };
 
+  // Starts a cluster; a failed start (a port taken between choosing it and binding it, by a
+  // test starting beside this one) is retried twice on other ports. NotFound at once where a
+  // binary is missing.
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Start(const Options& options) {
+    absl::StatusOr<std::unique_ptr<RedisCluster>> started;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      started = StartOnce(options);
+      if (started.ok() || absl::IsNotFound(started.status())) break;
+    }
+    return started;
+  }
+
+  static absl::StatusOr<std::unique_ptr<RedisCluster>> StartOnce(const Options& options) {
     const std::string server = FindOnPath("redis-server");
     const std::string cli = FindOnPath("redis-cli");
     if (server.empty()) return absl::NotFoundError("redis-server is not on PATH");
@@ -248,5 +262,17 @@ class RedisCluster {
 };
 
 }  // namespace ckv::testing
+
+// In a test: skips, saying why, when `status` (of RedisCluster::Start) is NotFound (redis-server
+// or redis-cli is not installed); fails the test for any other error, which a test must not
+// hide as a skip.
+#define CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(status)                                  \
+  do {                                                                            \
+    const ::absl::Status ckv_cluster_status_ = (status);                          \
+    if (::absl::IsNotFound(ckv_cluster_status_)) {                                \
+      GTEST_SKIP() << "no Redis Cluster: " << ckv_cluster_status_;                \
+    }                                                                             \
+    ASSERT_TRUE(ckv_cluster_status_.ok()) << "Redis Cluster: " << ckv_cluster_status_; \
+  } while (false)
 
 #endif  // CKV_TESTS_REDIS_CLUSTER_H_

@@ -30,7 +30,7 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
 #else
   RedisCluster::Options o;
   auto cluster = RedisCluster::Start(o);
-  if (!cluster.ok()) GTEST_SKIP() << "no Redis Cluster: " << cluster.status();
+  CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(cluster.status());
   TempDir dir;
   const std::string out = ckv::testing::RunCommand(absl::StrCat(
       CKV_REMOTE_BENCH_PATH, " --remote ", (*cluster)->endpoint(0).ToString(), " --dir ",

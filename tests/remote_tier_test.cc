@@ -39,7 +39,7 @@ class RemoteTierTest : public ::testing::Test {
     o.node_timeout_ms = 5000;
     auto started = RedisCluster::Start(o);
     if (!started.ok()) {
-      skip_reason_ = new std::string(started.status().ToString());
+      start_status_ = new absl::Status(started.status());
       return;
     }
     cluster_ = started->release();
@@ -47,12 +47,14 @@ class RemoteTierTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
-    delete skip_reason_;
-    skip_reason_ = nullptr;
+    delete start_status_;
+    start_status_ = nullptr;
   }
   void SetUp() override {
     if (cluster_ == nullptr) {
-      GTEST_SKIP() << "no Redis Cluster: " << (skip_reason_ ? *skip_reason_ : "");
+      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
+                                           ? *start_status_
+                                           : absl::InternalError("the cluster is gone"));
     }
     // Each test its own key prefix: tests do not see each other's chunks.
     prefix_ = absl::StrCat("t", ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -80,12 +82,12 @@ class RemoteTierTest : public ::testing::Test {
   std::string Cli(const std::string& args) { return cluster_->Cli(0, "-c " + args); }
 
   static RedisCluster* cluster_;
-  static std::string* skip_reason_;
+  static absl::Status* start_status_;  // why there is no cluster_
   std::string prefix_;
   ModelSpec spec_;
 };
 RedisCluster* RemoteTierTest::cluster_ = nullptr;
-std::string* RemoteTierTest::skip_reason_ = nullptr;
+absl::Status* RemoteTierTest::start_status_ = nullptr;
 
 TEST_F(RemoteTierTest, SecondMachineReprefillsBitExactFromTheClusterThenLocally) {
   TempDir dir;
