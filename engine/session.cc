@@ -283,7 +283,8 @@ class SessionImpl final : public ReprefillSession {
     const prefetch::PlanOptions plan{.layers = spec_.layers,
                                      .period_layers = p,
                                      .per_layer = per_layer,
-                                     .read_keys_ahead = !queryless && !kernels::ReadsSummaries(kind_)};
+                                     .read_keys_ahead =
+                                         !queryless && !kernels::ReadsSummaries(kind_)};
     for (const prefetch::PlannedRead& r : prefetch::PlanAfterSelection(layer, plan)) {
       if (r.keys_only) {
         std::vector<uint32_t> all(n);

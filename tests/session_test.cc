@@ -473,9 +473,10 @@ TEST(SessionLifeTest, AFullBudgetSessionServesEveryChunkWithoutQueries) {
     bool period_selection;
     bool prefetch;
   };
-  for (const Case& c : {Case{Selector::kPeriodExact, false, true},
-                        Case{Selector::kPeriodExact, false, false}, Case{Selector::kQuest, false, true},
-                        Case{Selector::kMeanKey, true, true}, Case{Selector::kOracle, false, true}}) {
+  for (const Case& c :
+       {Case{Selector::kPeriodExact, false, true}, Case{Selector::kPeriodExact, false, false},
+        Case{Selector::kQuest, false, true}, Case{Selector::kMeanKey, true, true},
+        Case{Selector::kOracle, false, true}}) {
     std::string name(SelectorName(c.selector));
     if (c.period_selection) name += "/period";
     if (!c.prefetch) name += "/noprefetch";
@@ -526,7 +527,8 @@ TEST(SessionLifeTest, AFullBudgetSessionServesEveryChunkWithoutQueries) {
     ASSERT_TRUE(session.ok());
     for (uint32_t l = 0; l < d.spec.layers; ++l) {
       const bool none = l >= 8 && l < 16;
-      ASSERT_TRUE((*session)->SubmitQueries(l, none ? std::span<const float>() : d.layers[l].q).ok());
+      const std::span<const float> q = none ? std::span<const float>() : d.layers[l].q;
+      ASSERT_TRUE((*session)->SubmitQueries(l, q).ok());
       auto view = (*session)->AwaitLayer(l);
       ASSERT_TRUE(view.ok()) << view.status();
       ASSERT_EQ(view->records().size(), d.chunks()) << "L" << l;

@@ -65,7 +65,8 @@ absl::Status AttentionProfileFile::Init() {
   CKV_RETURN_IF_ERROR(count("turns", &turns_));
   CKV_RETURN_IF_ERROR(count("window", &window_));
   // Optional: the network's hidden and MLP sizes, for the benchmark's modelled compute.
-  for (auto [key, out] : {std::pair{"hidden", &hidden_}, std::pair{"intermediate", &intermediate_}}) {
+  for (auto [key, out] :
+       {std::pair{"hidden", &hidden_}, std::pair{"intermediate", &intermediate_}}) {
     if (meta.contains(key)) CKV_RETURN_IF_ERROR(count(key, out));
   }
   {
