@@ -25,7 +25,7 @@ using ckv::testing::WaitUntil;
 
 // One cluster of three masters with one replica each, for the whole suite. Tests that change
 // the cluster put it back as they found it (or run last in their own cluster).
-class ClusterClientTest : public ::testing::Test {
+class ClusterClientTest : public ckv::testing::SuiteClusterTest {
  protected:
   static void SetUpTestSuite() {
     RedisCluster::Options o;
@@ -33,25 +33,7 @@ class ClusterClientTest : public ::testing::Test {
     o.replicas_per_master = 1;
     // Long enough that the SIGSTOP test does not cause a failover.
     o.node_timeout_ms = 5000;
-    auto started = RedisCluster::Start(o);
-    if (!started.ok()) {
-      start_status_ = new absl::Status(started.status());
-      return;
-    }
-    cluster_ = started->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-    delete start_status_;
-    start_status_ = nullptr;
-  }
-  void SetUp() override {
-    if (cluster_ == nullptr) {
-      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
-                                           ? *start_status_
-                                           : absl::InternalError("the cluster is gone"));
-    }
+    StartSuiteCluster(o);
   }
   std::unique_ptr<ClusterClient> NewClient(absl::Duration call_timeout = absl::Seconds(2)) {
     ClusterOptions o;
@@ -61,12 +43,7 @@ class ClusterClientTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status();
     return std::move(*client);
   }
-
-  static RedisCluster* cluster_;
-  static absl::Status* start_status_;  // why there is no cluster_
 };
-RedisCluster* ClusterClientTest::cluster_ = nullptr;
-absl::Status* ClusterClientTest::start_status_ = nullptr;
 
 TEST(ParseEndpointsTest, ListsAndErrors) {
   auto e = ParseEndpoints("127.0.0.1:7000,redis-a:7001");

@@ -35,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include "remote/cluster_client.h"
 
 namespace ckv::testing {
@@ -274,5 +275,41 @@ class RedisCluster {
     }                                                                             \
     ASSERT_TRUE(ckv_cluster_status_.ok()) << "Redis Cluster: " << ckv_cluster_status_; \
   } while (false)
+
+namespace ckv::testing {
+
+// A fixture whose suite shares one cluster: the derived fixture's SetUpTestSuite calls
+// StartSuiteCluster, the cluster is torn down after the suite's last test, and a test whose
+// cluster is not up skips (redis not installed) or fails (any other error) in SetUp. Suites run
+// one after another, so the one static cluster is never shared by two.
+class SuiteClusterTest : public ::testing::Test {
+ protected:
+  static void StartSuiteCluster(const RedisCluster::Options& options) {
+    auto started = RedisCluster::Start(options);
+    if (started.ok()) {
+      cluster_ = started->release();
+    } else {
+      start_status_ = new absl::Status(started.status());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+    delete start_status_;
+    start_status_ = nullptr;
+  }
+  void SetUp() override {
+    if (cluster_ == nullptr) {
+      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
+                                           ? *start_status_
+                                           : absl::InternalError("the cluster is gone"));
+    }
+  }
+
+  inline static RedisCluster* cluster_ = nullptr;
+  inline static absl::Status* start_status_ = nullptr;  // why there is no cluster_
+};
+
+}  // namespace ckv::testing
 
 #endif  // CKV_TESTS_REDIS_CLUSTER_H_

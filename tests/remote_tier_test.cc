@@ -30,32 +30,17 @@ using ckv::testing::RedisCluster;
 using ckv::testing::ServedEquals;
 using ckv::testing::TempDir;
 
-class RemoteTierTest : public ::testing::Test {
+class RemoteTierTest : public ckv::testing::SuiteClusterTest {
  protected:
   static void SetUpTestSuite() {
     RedisCluster::Options o;
     o.masters = 3;
     o.replicas_per_master = 0;
     o.node_timeout_ms = 5000;
-    auto started = RedisCluster::Start(o);
-    if (!started.ok()) {
-      start_status_ = new absl::Status(started.status());
-      return;
-    }
-    cluster_ = started->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-    delete start_status_;
-    start_status_ = nullptr;
+    StartSuiteCluster(o);
   }
   void SetUp() override {
-    if (cluster_ == nullptr) {
-      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
-                                           ? *start_status_
-                                           : absl::InternalError("the cluster is gone"));
-    }
+    SuiteClusterTest::SetUp();  // skips or fails the test when there is no cluster
     // Each test its own key prefix: tests do not see each other's chunks.
     prefix_ = absl::StrCat("t", ::testing::UnitTest::GetInstance()->current_test_info()->name());
     spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
@@ -81,13 +66,9 @@ class RemoteTierTest : public ::testing::Test {
   // redis-cli -c (following redirections) on any node.
   std::string Cli(const std::string& args) { return cluster_->Cli(0, "-c " + args); }
 
-  static RedisCluster* cluster_;
-  static absl::Status* start_status_;  // why there is no cluster_
   std::string prefix_;
   ModelSpec spec_;
 };
-RedisCluster* RemoteTierTest::cluster_ = nullptr;
-absl::Status* RemoteTierTest::start_status_ = nullptr;
 
 TEST_F(RemoteTierTest, SecondMachineReprefillsBitExactFromTheClusterThenLocally) {
   TempDir dir;
