@@ -3,9 +3,7 @@
 // loopback (tests/redis_cluster.h): a store filled on one "machine" is published, another store
 // is filled from the cluster, verify --remote finds a value corrupted in the cluster, and
 // remote-stats reports the masters. Skipped, saying why, where redis-server is absent.
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -26,25 +24,15 @@
 namespace ckv {
 namespace {
 
+using ckv::testing::ProgramRun;
 using ckv::testing::RedisCluster;
+using ckv::testing::RunProgram;
 using ckv::testing::TempDir;
 
-struct KvctlRun {
-  int exit_code = -1;
-  std::string out;
-};
-
-KvctlRun Kvctl(const std::string& args) {
-  KvctlRun r;
-  const std::string cmd = "KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH) + " " + args;
-  FILE* p = ::popen(cmd.c_str(), "r");  // stdout only: --json goes there
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// kvctl's stdout alone (--json goes there), progress off.
+ProgramRun Kvctl(const std::string& args) {
+  return RunProgram("KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH), args,
+                    /*merge_stderr=*/false);
 }
 
 int64_t IntAt(const tools::JsonValue& v, std::string_view object, std::string_view key) {
@@ -66,11 +54,11 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   ASSERT_EQ(Kvctl("init " + a).exit_code, 0);
   ASSERT_EQ(Kvctl("init " + b).exit_code, 0);
 
-  KvctlRun put = Kvctl(
+  ProgramRun put = Kvctl(
       absl::StrCat("put ", a, " --model qwen2.5-0.5b --tokens 256 --seed 9 ", remote, " --json"));
-  ASSERT_EQ(put.exit_code, 0) << put.out;
-  auto put_json = tools::ParseJson(put.out);
-  ASSERT_TRUE(put_json.ok()) << put.out;
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+  auto put_json = tools::ParseJson(put.output);
+  ASSERT_TRUE(put_json.ok()) << put.output;
   EXPECT_EQ(IntAt(*put_json, "remote", "published_chunks"), 16);
   EXPECT_EQ(IntAt(*put_json, "remote", "publish_failures"), 0);
 
@@ -78,21 +66,21 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   const std::vector<int32_t> tokens = synth::Tokens(9, 256);
   const std::string tokens_file = dir.Sub("tokens.json");
   std::ofstream(tokens_file) << "[" << absl::StrJoin(tokens, ",") << "]";
-  KvctlRun lookup = Kvctl(absl::StrCat("lookup ", b, " --model qwen2.5-0.5b --tokens-file ",
+  ProgramRun lookup = Kvctl(absl::StrCat("lookup ", b, " --model qwen2.5-0.5b --tokens-file ",
                                   tokens_file, " ", remote, " --json"));
-  ASSERT_EQ(lookup.exit_code, 0) << lookup.out;
-  auto lookup_json = tools::ParseJson(lookup.out);
-  ASSERT_TRUE(lookup_json.ok()) << lookup.out;
+  ASSERT_EQ(lookup.exit_code, 0) << lookup.output;
+  auto lookup_json = tools::ParseJson(lookup.output);
+  ASSERT_TRUE(lookup_json.ok()) << lookup.output;
   EXPECT_EQ(IntAt(*lookup_json, "", "stored_chunks"), 16);
   EXPECT_EQ(IntAt(*lookup_json, "remote", "fetched_chunks"), 16);
   // What b now holds is bit-exact: the generator's records.
-  KvctlRun verify_b = Kvctl("verify " + b + " --synthetic");
-  EXPECT_EQ(verify_b.exit_code, 0) << verify_b.out;
+  ProgramRun verify_b = Kvctl("verify " + b + " --synthetic");
+  EXPECT_EQ(verify_b.exit_code, 0) << verify_b.output;
 
-  KvctlRun verify_a = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
-  ASSERT_EQ(verify_a.exit_code, 0) << verify_a.out;
-  auto va = tools::ParseJson(verify_a.out);
-  ASSERT_TRUE(va.ok()) << verify_a.out;
+  ProgramRun verify_a = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
+  ASSERT_EQ(verify_a.exit_code, 0) << verify_a.output;
+  auto va = tools::ParseJson(verify_a.output);
+  ASSERT_TRUE(va.ok()) << verify_a.output;
   EXPECT_EQ(IntAt(*va, "remote", "present"), 16);
   EXPECT_EQ(IntAt(*va, "remote", "corrupt"), 0);
 
@@ -101,24 +89,24 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   const std::string key = remote::ChunkValueKey("ckv", spec.Fingerprint(), keys[3]);
   (*cluster)->Cli(0, absl::StrCat("-c SETRANGE ", key, " 5000 X"));
-  KvctlRun verify_bad = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
-  EXPECT_EQ(verify_bad.exit_code, 1) << verify_bad.out;
-  auto vb = tools::ParseJson(verify_bad.out);
-  ASSERT_TRUE(vb.ok()) << verify_bad.out;
+  ProgramRun verify_bad = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
+  EXPECT_EQ(verify_bad.exit_code, 1) << verify_bad.output;
+  auto vb = tools::ParseJson(verify_bad.output);
+  ASSERT_TRUE(vb.ok()) << verify_bad.output;
   EXPECT_EQ(IntAt(*vb, "remote", "corrupt"), 1);
   EXPECT_EQ(IntAt(*vb, "remote", "present"), 15);
 
-  KvctlRun stats = Kvctl(absl::StrCat("remote-stats ", remote, " --json"));
-  ASSERT_EQ(stats.exit_code, 0) << stats.out;
-  auto sj = tools::ParseJson(stats.out);
-  ASSERT_TRUE(sj.ok()) << stats.out;
+  ProgramRun stats = Kvctl(absl::StrCat("remote-stats ", remote, " --json"));
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  auto sj = tools::ParseJson(stats.output);
+  ASSERT_TRUE(sj.ok()) << stats.output;
   EXPECT_EQ(IntAt(*sj, "", "keys"), 16);
   const tools::JsonValue* masters = sj->Find("masters");
   ASSERT_NE(masters, nullptr);
   ASSERT_NE(masters->AsArray(), nullptr);
   EXPECT_EQ(masters->AsArray()->size(), 3u);
-  KvctlRun text = Kvctl(absl::StrCat("remote-stats ", remote));
-  EXPECT_NE(text.out.find("3 masters, 16 keys"), std::string::npos) << text.out;
+  ProgramRun text = Kvctl(absl::StrCat("remote-stats ", remote));
+  EXPECT_NE(text.output.find("3 masters, 16 keys"), std::string::npos) << text.output;
 
   // A cluster that does not answer: remote-stats says so (exit 3), and a bad --remote is usage.
   EXPECT_EQ(Kvctl("remote-stats --remote 127.0.0.1:1 2>/dev/null").exit_code, 3);
