@@ -59,6 +59,21 @@ class Reprefilled:
     probs: list[Optional[torch.Tensor]]  # per layer, with keep_probs: [q_heads, new, attended]
     stats: dict                        # the session's figures (finish())
     queries: list[np.ndarray]          # per layer, what submit_queries got (empty without)
+    chunk_tokens: int = 16
+
+    def attended(self, prefix_tokens: int) -> list[torch.Tensor]:
+        """Per layer, a bool mask over the first prefix_tokens tokens of what the new tokens
+        attended to: the served chunks' tokens and the unstored tail (recomputed), as
+        masked() takes it."""
+        c = self.chunk_tokens
+        masks = []
+        for chunks in self.selections:
+            keep = torch.zeros(prefix_tokens, dtype=torch.bool)
+            keep[self.matched_chunks * c:] = True
+            for j in chunks:
+                keep[j * c:(j + 1) * c] = True
+            masks.append(keep)
+        return masks
 
 
 @torch.no_grad()
@@ -121,7 +136,7 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
         session.finish()
         raise
     stats = session.finish()
-    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats, queries)
+    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats, queries, c)
 
 
 @torch.no_grad()

@@ -65,10 +65,11 @@ CKV_SYSTEMS = {
 TOKEN_SYSTEMS = ("h2o", "impress")
 
 
-def window_probs(model, tokens, window):
-    """Per layer, the full computation's attention of the last `window` queries, [q_heads, w, n]."""
-    _, _, _, _, probs = model.forward_full(tokens, keep_probs=True)
-    return [p[:, -window:, :] for p in probs]
+def full_computation(model, tokens, window):
+    """The full computation's last-token logits and, per layer, the attention of the last
+    `window` queries, [q_heads, w, n]."""
+    logits, _, _, _, probs = model.forward_full(tokens, keep_probs=True)
+    return logits, [p[:, -window:, :] for p in probs]
 
 
 def over_prefix(p_window, prefix):
@@ -94,7 +95,7 @@ def stats(model, prompts, prefix, window, period, c=16):
     per_layer = {k: np.zeros(layers) for k in ("sink", "top5", "top10", "adj")}
     period_overlap = []
     for tokens in prompts:
-        probs = window_probs(model, tokens, window)
+        _, probs = full_computation(model, tokens, window)
         tops = []
         for l, p in enumerate(probs):
             per_head = over_prefix(p, prefix).mean(1)  # the window's mean per q head [q, prefix]
@@ -166,20 +167,12 @@ def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16
     with ckv.Engine.open(store_dir) as engine:
         for i, tokens in enumerate(prompts):
             ckvio.store(engine, spec, model, tokens[:prefix])
-            full = model.forward_full(tokens)[0]
-            probs = window_probs(model, tokens, window)
+            full, probs = full_computation(model, tokens, window)
             for b in budget_list:
                 for name, opts in CKV_SYSTEMS.items():
                     got = ckvio.reprefill(engine, spec, model, tokens, budget=b, window=window,
                                           period_layers=period, **opts)
-                    keeps = []
-                    for chunks in got.selections:
-                        keep = torch.zeros(prefix, dtype=torch.bool)
-                        keep[got.matched_chunks * c:] = True  # the unstored tail, recomputed
-                        for j in chunks:
-                            keep[j * c:(j + 1) * c] = True
-                        keeps.append(keep)
-                    add(rows, name, b, full, got.logits, probs, prefix, keeps)
+                    add(rows, name, b, full, got.logits, probs, prefix, got.attended(prefix))
                 for name in TOKEN_SYSTEMS:
                     keeps = [token_selection(name, p, prefix, b, c, model.cfg.kv_heads)
                              for p in probs]

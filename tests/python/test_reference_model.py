@@ -125,15 +125,12 @@ class ReferenceModelTest(unittest.TestCase):
             got = ckvio.reprefill(self.engine, self.spec, m, prompt, selector=selector,
                                   budget=0.25)
             self.assertEqual(got.matched_chunks, prefix // c)
-            keeps = []
+            keeps = got.attended(prefix)
             for layer, chunks in enumerate(got.selections):
                 self.assertEqual(len(chunks), 7, (selector, layer))  # round(0.25 * 28)
                 self.assertIn(0, chunks)                               # the sink chunk
                 self.assertIn(prefix // c - 1, chunks)                 # the recent chunk
-                keep = torch.zeros(prefix, dtype=torch.bool)
-                for j in chunks:
-                    keep[j * c:(j + 1) * c] = True
-                keeps.append(keep)
+                self.assertEqual(int(keeps[layer].sum()), 7 * c, (selector, layer))
             want, _ = ckvio.masked(m, prompt, prefix, keeps)
             self.assertLess(float((got.logits - want).abs().max()), 1e-3, selector)
             # And it is not the full computation.
