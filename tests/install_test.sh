@@ -49,8 +49,20 @@ expect "store_and_read (first run)" "wrote 256 chunks, 0 already stored
 256 chunks stored; read: OK" "$("$tmp/build/store_and_read" "$store")"
 expect "store_and_read (second run)" "wrote 0 chunks, 256 already stored
 256 chunks stored; read: OK" "$("$tmp/build/store_and_read" "$store")"
-expect "reprefill" "256 chunks matched, 364 records served, read amplification 2.41" \
-       "$("$tmp/build/reprefill" "$store")"
+# The chunks matched and records served are fixed by the example; the read amplification is
+# not: it counts speculative reads (each layer's selection read ahead for the next layer), and how
+# many of those were still queued, and taken back, when the next layer's selection came depends
+# on timing (2.41 on a quiet machine, 2.38 seen under load). So its range is checked: at least
+# the records served plus every summary (quest's 256 chunks x 28 layers of key bounds: 0.625 of
+# the 364 records' bytes), at most that plus one wasted speculation of 13 records per layer (1.0).
+got=$("$tmp/build/reprefill" "$store")
+[[ "$got" =~ ^"256 chunks matched, 364 records served, read amplification "([0-9]+\.[0-9]{2})$ ]] ||
+  fail "reprefill printed:
+$got
+expected: 256 chunks matched, 364 records served, read amplification N.NN"
+amplification=${BASH_REMATCH[1]}
+awk -v a="$amplification" 'BEGIN { exit !(a >= 1.62 && a <= 2.63) }' ||
+  fail "reprefill's read amplification $amplification is outside [1.62, 2.63]"
 
 # The same first example, built by hand with pkg-config and ckv.pc.
 if [[ -z "$sanitize" ]] && command -v pkg-config >/dev/null; then
