@@ -177,7 +177,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
         remote_, engine::RemoteTier::Create(options_.remote, store_.get(), options_.logger));
     return absl::OkStatus();
   }
-  engine::RemoteTier* remote_tier() { return remote_.get(); }
+  engine::RemoteTier* remote_tier() override { return remote_.get(); }
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
@@ -259,6 +259,11 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       s.remote_fill_misses = r.fill_misses;
       s.remote_fetched_chunks = r.fetched_chunks;
       s.remote_fetched_bytes = r.fetched_bytes;
+      s.remote_head_chunks = r.head_chunks;
+      s.remote_session_records = r.session_records;
+      s.remote_session_record_bytes = r.session_record_bytes;
+      s.remote_fills_queued = r.fills_queued;
+      s.remote_fills_dropped = r.fills_dropped;
       s.remote_corrupt_chunks = r.corrupt_chunks;
       s.remote_errors = r.errors;
       s.remote_timeouts = r.timeouts;
@@ -272,9 +277,10 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       const ModelSpec& spec, std::span<const int32_t> tokens,
       const ReprefillOptions& options) override {
     const int64_t begin_ns = clock().MonotonicNanos();
-    if (remote_ != nullptr && spec.Validate().ok()) {
-      // A local miss is filled from the cluster first, so that the session pins the chunks it
-      // fetched like any other stored chunk.
+    if (remote_ != nullptr && spec.Validate().ok() && !engine::SelectsRemoteRecords(options)) {
+      // A session that reads every chunk anyway has a local miss filled from the cluster first,
+      // so that it pins the chunks fetched like any other stored chunk. One that selects reads
+      // only its selection from the cluster (engine/session.h).
       absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
       if (local.ok()) FillFromRemote(spec, tokens, *local);
     }
@@ -562,6 +568,22 @@ std::string EngineImpl::Metrics() {
               s.remote_fetched_chunks);
   out.Counter("ckv_remote_fetched_bytes_total", "Value bytes of those chunks, since Open.",
               s.remote_fetched_bytes);
+  out.Counter("ckv_remote_head_chunks_total",
+              "Chunk heads (header and summaries) Re-Prefill sessions read from the cluster, "
+              "verified, since Open.",
+              s.remote_head_chunks);
+  out.Counter("ckv_remote_session_records_total",
+              "Records Re-Prefill sessions read from the cluster (those they selected), verified, "
+              "since Open.",
+              s.remote_session_records);
+  out.Counter("ckv_remote_session_record_bytes_total", "Bytes of those records, since Open.",
+              s.remote_session_record_bytes);
+  out.Counter("ckv_remote_fills_queued_total",
+              "Whole-prefix fills queued after sessions that read from the cluster, since Open.",
+              s.remote_fills_queued);
+  out.Counter("ckv_remote_fills_dropped_total",
+              "Of those, the ones a full fill queue turned away, since Open.",
+              s.remote_fills_dropped);
   out.Counter("ckv_remote_corrupt_chunks_total",
               "Values that failed verification (checksum, model or key): never served, since "
               "Open.",

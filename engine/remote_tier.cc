@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -83,6 +84,7 @@ RemoteTier::RemoteTier(const RemoteTierOptions& options,
     stats_.budget_bytes = options.budget_bytes;
   }
   publisher_ = std::thread([this] { PublishLoop(); });
+  fetcher_ = std::thread([this] { FetchLoop(); });
 }
 
 RemoteTier::~RemoteTier() {
@@ -91,6 +93,16 @@ RemoteTier::~RemoteTier() {
     stop_ = true;
   }
   publisher_.join();
+  fetcher_.join();
+  std::deque<FetchJob> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(fetches_);
+  }
+  for (FetchJob& job : left) {
+    job.fetch.done(absl::CancelledError(absl::StrCat(
+        "remote record ", job.fetch.key.ToHex(), "/L", job.fetch.layer, ": the tier closed")));
+  }
 }
 
 RemoteTierStats RemoteTier::stats() const {
@@ -156,7 +168,7 @@ void RemoteTier::Publish(const ModelSpec& spec, std::span<const ChunkKey> keys) 
 bool RemoteTier::WaitUntilPublished(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && in_flight_ == 0;
+    return queue_.empty() && fills_.empty() && in_flight_ == 0;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
@@ -164,24 +176,202 @@ bool RemoteTier::WaitUntilPublished(absl::Duration timeout) {
 void RemoteTier::PublishLoop() {
   std::vector<Job> batch;
   while (true) {
+    std::optional<FillJob> fill;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
+        return stop_ || !queue_.empty() || !fills_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       batch.clear();
-      while (!queue_.empty() && batch.size() < options_.publish_batch_chunks) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      // Publishing first: what a Put committed is what other machines wait for.
+      if (queue_.empty()) {
+        fill = std::move(fills_.front());
+        fills_.pop_front();
+        in_flight_ = 1;
+      } else {
+        while (!queue_.empty() && batch.size() < options_.publish_batch_chunks) {
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+        in_flight_ = batch.size();
       }
-      in_flight_ = batch.size();
     }
-    PublishBatch(batch);
+    if (fill.has_value()) {
+      absl::StatusOr<uint64_t> local = store_->Lookup(*fill->spec, fill->tokens);
+      if (local.ok()) Fill(*fill->spec, fill->tokens, *local);
+    } else {
+      PublishBatch(batch);
+    }
     absl::MutexLock lock(&mu_);
     in_flight_ = 0;
   }
+}
+
+void RemoteTier::FillLater(const ModelSpec& spec, std::span<const int32_t> tokens) {
+  constexpr size_t kMaxFills = 4;
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (fills_.size() >= kMaxFills) {
+      ++stats_.fills_dropped;
+      dropped = true;
+    } else {
+      ++stats_.fills_queued;
+      fills_.push_back(FillJob{std::make_shared<const ModelSpec>(spec),
+                               std::vector<int32_t>(tokens.begin(), tokens.end())});
+    }
+  }
+  if (dropped) {
+    LogRateLimited(LogLevel::kWarning,
+                   absl::StrCat("fill queue full (", kMaxFills, " prefixes): a prefix of ",
+                                spec.model_id, " read from the cluster is not stored locally"));
+  }
+}
+
+RemoteHeads RemoteTier::FindHeads(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                  uint64_t local_chunks, uint64_t max_chunks) {
+  RemoteHeads out;
+  const uint32_t c = spec.chunk_tokens;
+  const uint64_t total = std::min<uint64_t>(tokens.size() / c, local_chunks + max_chunks);
+  if (local_chunks >= total) return out;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.fills;
+  }
+  const ChunkKey fp = spec.Fingerprint();
+  const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens.first(total * c));
+  const remote::ChunkValueLayout layout = remote::LayoutOfChunkValue(spec);
+  const std::string last = std::to_string(layout.head_bytes - 1);
+  const absl::Time start = absl::Now();
+  const absl::Duration call_timeout = absl::Milliseconds(options_.call_timeout_ms);
+  bool chain_ends = false;
+  // The heads' views point into these strings' buffers: no reallocation may move them.
+  out.bytes.reserve(total - local_chunks);
+  // In batches, one call each; no call starts past one deadline since the first (see Fill).
+  for (uint64_t begin = local_chunks; begin < total && !chain_ends; begin += kFetchBatch * 4) {
+    if (begin > local_chunks && absl::Now() - start > call_timeout) break;
+    const uint64_t end = std::min<uint64_t>(total, begin + kFetchBatch * 4);
+    std::vector<remote::Request> requests;
+    for (uint64_t i = begin; i < end; ++i) {
+      requests.push_back(remote::Request{
+          {"GETRANGE", remote::ChunkValueKey(options_.key_prefix, fp, keys[i]), "0", last}, 1});
+    }
+    std::vector<absl::StatusOr<remote::Reply>> replies = client_->Execute(requests);
+    for (size_t j = 0; j < replies.size(); ++j) {
+      if (!replies[j].ok()) {
+        NoteError(replies[j].status(), "reading chunk heads");
+        chain_ends = true;
+        break;
+      }
+      std::string& head = replies[j]->str;
+      if (head.empty()) {  // no such key (never published, or evicted)
+        chain_ends = true;
+        break;
+      }
+      const ChunkKey& key = keys[begin + j];
+      out.bytes.push_back(std::move(head));
+      absl::StatusOr<remote::DecodedChunkHead> d =
+          remote::DecodeChunkHead(spec, key, out.bytes.back());
+      if (!d.ok()) {
+        out.bytes.pop_back();
+        {
+          absl::MutexLock lock(&mu_);
+          ++stats_.corrupt_chunks;
+        }
+        LogRateLimited(LogLevel::kError, absl::StrCat("not served: ", d.status().ToString()));
+        chain_ends = true;
+        break;
+      }
+      out.keys.push_back(key);
+      out.heads.push_back(std::move(*d));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (out.keys.empty()) ++stats_.fill_misses;
+  stats_.head_chunks += out.keys.size();
+  return out;
+}
+
+void RemoteTier::FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches) {
+  auto shared = std::make_shared<const ModelSpec>(spec);
+  absl::MutexLock lock(&mu_);
+  for (RemoteRecordFetch& f : fetches) fetches_.push_back(FetchJob{shared, std::move(f)});
+}
+
+void RemoteTier::FetchLoop() {
+  constexpr size_t kRecordsPerCall = 64;
+  std::vector<FetchJob> batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !fetches_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      batch.clear();
+      while (!fetches_.empty() && batch.size() < kRecordsPerCall) {
+        batch.push_back(std::move(fetches_.front()));
+        fetches_.pop_front();
+      }
+    }
+    FetchBatch(batch);
+  }
+}
+
+void RemoteTier::FetchBatch(std::vector<FetchJob>& batch) {
+  std::vector<remote::Request> requests;
+  requests.reserve(batch.size());
+  for (const FetchJob& job : batch) {
+    const remote::ChunkValueLayout layout = remote::LayoutOfChunkValue(*job.spec);
+    const size_t offset = layout.RecordOffset(job.fetch.layer);
+    requests.push_back(remote::Request{
+        {"GETRANGE", remote::ChunkValueKey(options_.key_prefix, job.spec->Fingerprint(),
+                                           job.fetch.key),
+         std::to_string(offset), std::to_string(offset + layout.record_bytes - 1)},
+        1});
+  }
+  std::vector<absl::StatusOr<remote::Reply>> replies = client_->Execute(requests);
+  uint64_t records = 0, bytes = 0, corrupt = 0;
+  absl::Status first_error;
+  std::vector<absl::Status> statuses(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ModelSpec& spec = *batch[i].spec;
+    RemoteRecordFetch& f = batch[i].fetch;
+    absl::Status status;
+    if (!replies[i].ok()) {
+      status = replies[i].status();
+      if (first_error.ok()) first_error = status;
+    } else if (replies[i]->str.size() != f.dest.size()) {
+      // GETRANGE of a missing key is empty; of a shorter value, short.
+      status = absl::UnavailableError(absl::StrCat(
+          "remote record ", f.key.ToHex(), "/L", f.layer, " of ", spec.model_id, ": ",
+          replies[i]->str.size(), " bytes of ", f.dest.size(),
+          " (gone from the cluster since its head was read)"));
+    } else {
+      std::memcpy(f.dest.data(), replies[i]->str.data(), f.dest.size());
+      status = remote::VerifyChunkRecord(spec, f.key, *f.head, f.layer, f.dest);
+      if (status.ok()) {
+        ++records;
+        bytes += f.dest.size();
+      } else {
+        ++corrupt;
+        LogRateLimited(LogLevel::kError, absl::StrCat("not served: ", status.ToString()));
+      }
+    }
+    statuses[i] = std::move(status);
+  }
+  // Counted before any caller hears of its record: a session's Finish sees them counted.
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.session_records += records;
+    stats_.session_record_bytes += bytes;
+    stats_.corrupt_chunks += corrupt;
+  }
+  if (!first_error.ok()) NoteError(first_error, "reading records for a session");
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].fetch.done(statuses[i]);
 }
 
 void RemoteTier::PublishBatch(std::vector<Job>& batch) {
@@ -208,12 +398,26 @@ void RemoteTier::PublishBatch(std::vector<Job>& batch) {
       }
       spans.emplace_back(records[l]);
     }
+    // Its summaries, which sessions on other machines select from (remote/chunk_value.h).
+    absl::StatusOr<ChunkSummaries> minmax, mean;
+    if (ok) {
+      minmax = LoadSummaries(*store_, spec, std::span(&job.key, 1), SummaryPart::kMinMax);
+      mean = LoadSummaries(*store_, spec, std::span(&job.key, 1), SummaryPart::kMean);
+      if (!minmax.ok() || !mean.ok()) {
+        ok = false;
+        const absl::Status& s = !minmax.ok() ? minmax.status() : mean.status();
+        if (!absl::IsNotFound(s)) {
+          LogRateLimited(LogLevel::kWarning, absl::StrCat("publish chunk ", job.key.ToHex(),
+                                                          " (summaries): ", s.ToString()));
+        }
+      }
+    }
     if (!ok) {
       ++skipped;
       continue;
     }
     items.emplace_back(remote::ChunkValueKey(options_.key_prefix, spec.Fingerprint(), job.key),
-                       remote::EncodeChunkValue(spec, job.key, spans));
+                       remote::EncodeChunkValue(spec, job.key, spans, minmax->data, mean->data));
     item_keys.push_back(job.key);
   }
   std::vector<absl::Status> results;

@@ -8,15 +8,25 @@
 // parallel across masters. The Put never waits for any of it: its durability is the local
 // store's.
 //
-// Filling: Fill() is called on a local miss: with the chain's keys past the chunks stored
-// locally, it asks the cluster (EXISTS, pipelined) how far the chain continues there, fetches
-// those values (GET, pipelined, 32 chunks per call), verifies each (DecodeChunkValue: a bad checksum or a foreign
-// model or key is DataLoss, counted, logged, and ends the chain there: it is never served) and
-// writes the verified chunks into the local store with one Put, so that the caller, and every
-// later request, finds them locally. A cluster that is unreachable, slow or has evicted the
-// chunks is a miss: Fill returns what is stored locally, or what it fetched before the call that
-// failed. No fetch starts past one call deadline since the fill began, so a fill waits on the
-// cluster at most about two call deadlines.
+// Filling: Fill() is called on a local miss by Lookup, and by a Re-Prefill session that reads
+// every chunk anyway (budget 1, or a selector that scores records: period-exact, oracle): with
+// the chain's keys past the chunks stored locally, it asks the cluster (EXISTS, pipelined) how
+// far the chain continues there, fetches those values (GET, pipelined, 32 chunks per call),
+// verifies each (DecodeChunkValue: a bad checksum or a foreign model or key is DataLoss,
+// counted, logged, and ends the chain there: it is never served) and writes the verified chunks
+// into the local store with one Put, so that the caller, and every later request, finds them
+// locally. A cluster that is unreachable, slow or has evicted the chunks is a miss: Fill returns
+// what is stored locally, or what it fetched before the call that failed. No fetch starts past
+// one call deadline since the fill began, so a fill waits on the cluster at most about two call
+// deadlines.
+//
+// Selecting: a session whose selector reads summaries (quest, mean-key) below budget 1 fetches
+// only what it selects. FindHeads reads the heads of the chunks that continue its chain (GETRANGE
+// of each value's header and summaries, pipelined), verified, ending the chain at the first one
+// missing, unreadable or corrupt; the session selects from their summaries and FetchRecords reads
+// the records it selected (GETRANGE of each, pipelined on the fetch thread), each verified
+// against its head's checksum before its callback sees it as landed. After the session, FillLater
+// queues a Fill of the whole chain on the publishing thread, so that the next request is local.
 //
 // Log lines about the cluster are rate-limited: at most one per 10 s, with a count of the
 // lines left out.
@@ -27,6 +37,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,6 +52,7 @@
 #include "ckv/log.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "remote/chunk_value.h"
 #include "remote/cluster_client.h"
 #include "storage/chunk_store.h"
 
@@ -58,12 +70,38 @@ struct RemoteTierStats {
   uint64_t fill_misses = 0;        // of which found nothing to fetch
   uint64_t fetched_chunks = 0;     // chunks fetched, verified and written into the local store
   uint64_t fetched_bytes = 0;      // their value bytes
+  uint64_t head_chunks = 0;        // chunk heads sessions read (FindHeads), verified
+  uint64_t session_records = 0;    // records sessions read (FetchRecords), verified
+  uint64_t session_record_bytes = 0;  // their bytes
+  uint64_t fills_queued = 0;       // FillLater calls queued
+  uint64_t fills_dropped = 0;      // FillLater calls a full fill queue turned away
   uint64_t corrupt_chunks = 0;     // values that failed verification (DataLoss), never served
   uint64_t errors = 0;             // calls that failed: unreachable, timed out, redirected away
   uint64_t timeouts = 0;           // of which timed out
   uint64_t budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
   uint64_t queue_depth = 0;        // chunks waiting to be published now
   remote::ClusterClientStats client;
+};
+
+// The heads of the chunks that continue a chain in the cluster (FindHeads).
+struct RemoteHeads {
+  std::vector<ChunkKey> keys;                   // in chain order, past the local chunks
+  std::vector<std::string> bytes;               // each head's bytes
+  std::vector<remote::DecodedChunkHead> heads;  // verified, views into `bytes`
+  size_t size() const { return keys.size(); }
+};
+
+// A record a session wants from the cluster: layer `layer` of chunk `keys[i]` of FindHeads'
+// result, read into `dest` (spec.RecordBytes()), verified against `head`. `done` runs on the
+// fetch thread with OK once `dest` holds the verified record, or with the error: Unavailable for
+// a record gone from the cluster (evicted since its head was read) or a call that failed,
+// DeadlineExceeded for one that timed out, DataLoss for one that fails verification.
+struct RemoteRecordFetch {
+  ChunkKey key;
+  uint32_t layer = 0;
+  const remote::DecodedChunkHead* head = nullptr;  // must outlive `done`'s call
+  std::span<std::byte> dest;
+  std::function<void(const absl::Status&)> done;
 };
 
 // What Check found for some chunks.
@@ -105,7 +143,8 @@ class RemoteTier {
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Create(const RemoteTierOptions& options,
                                                             storage::ChunkStore* store,
                                                             Logger* logger);
-  // Stops the publishing thread (after the batch in flight); chunks still queued are dropped.
+  // Stops the publishing and fetch threads (after the batch in flight); chunks and fills still
+  // queued are dropped, record fetches still queued fail with Cancelled.
   ~RemoteTier();
 
   // Queues `keys` (chunks stored under `spec`) for publishing; those already published by
@@ -118,11 +157,28 @@ class RemoteTier {
   // Never fails: anything the cluster could not give is a miss (counted, logged).
   uint64_t Fill(const ModelSpec& spec, std::span<const int32_t> tokens, uint64_t local_chunks);
 
+  // For a session on a local miss: the verified heads of the chunks that continue the chain of
+  // `tokens` past `local_chunks` in the cluster, at most `max_chunks` of them. Never fails: what
+  // the cluster cannot give ends the chain there (counted, logged; empty when nothing is found).
+  RemoteHeads FindHeads(const ModelSpec& spec, std::span<const int32_t> tokens,
+                        uint64_t local_chunks, uint64_t max_chunks);
+
+  // Queues `fetches` for the fetch thread, which reads them in pipelined calls of up to 64
+  // records across the masters. Each `done` is called exactly once, on that thread (also when
+  // the tier closes: Cancelled). Records of `spec` only.
+  void FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches);
+
+  // Queues a Fill of `tokens` (its whole chunks) for the publishing thread: after a session that
+  // read some chunks from the cluster, so that the next request finds the prefix locally. At
+  // most 4 wait; more are dropped, counted.
+  void FillLater(const ModelSpec& spec, std::span<const int32_t> tokens);
+
   // Compares the cluster's value of each of `keys` (stored locally under `spec`) with the
   // local records (kvctl verify --remote). Reads in batches of 64.
   RemoteCheckReport Check(const ModelSpec& spec, std::span<const ChunkKey> keys);
 
-  // Waits until nothing is queued or being published, up to `timeout`; false on timeout.
+  // Waits until nothing is queued or being published or filled (FillLater), up to `timeout`;
+  // false on timeout.
   bool WaitUntilPublished(absl::Duration timeout);
 
   RemoteTierStats stats() const;
@@ -134,7 +190,17 @@ class RemoteTier {
   };
   RemoteTier(const RemoteTierOptions& options, std::unique_ptr<remote::ClusterClient> client,
              storage::ChunkStore* store, Logger* logger);
+  struct FillJob {
+    std::shared_ptr<const ModelSpec> spec;
+    std::vector<int32_t> tokens;
+  };
+  struct FetchJob {
+    std::shared_ptr<const ModelSpec> spec;
+    RemoteRecordFetch fetch;
+  };
   void PublishLoop();
+  void FetchLoop();
+  void FetchBatch(std::vector<FetchJob>& batch);
   void PublishBatch(std::vector<Job>& batch);
   // Counts a failed call and logs it, rate-limited.
   void NoteError(const absl::Status& status, std::string_view what);
@@ -150,11 +216,14 @@ class RemoteTier {
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Chunks published or queued: not queued again. Forgotten when it passes a million entries.
   absl::flat_hash_set<ChunkKey> known_ ABSL_GUARDED_BY(mu_);
+  std::deque<FillJob> fills_ ABSL_GUARDED_BY(mu_);
+  std::deque<FetchJob> fetches_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t logs_suppressed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread publisher_;
+  std::thread publisher_;  // publishes, and runs FillLater's fills
+  std::thread fetcher_;    // reads records for sessions
 };
 
 }  // namespace ckv::engine

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "engine/remote_tier.h"
 #include "engine/summaries.h"
 #include "kernels/selector.h"
 #include "prefetch/planner.h"
@@ -83,6 +84,7 @@ struct Slot {
   uint32_t read_bytes = 0;  // the device read's length
   bool served = false;      // shown in a view
   bool hit = false;         // found in a tier, not read
+  bool remote = false;      // read from the shared tier (its request cannot be cancelled)
   // Read from NVMe and not yet offered to the tiers: the session offers it when a layer first
   // needs it (on its own thread, so that the read engine's thread only reads and verifies).
   bool to_admit = false;
@@ -90,7 +92,7 @@ struct Slot {
 };
 
 // A selection of a prefix of `n` chunks: chunk indices, strictly increasing (CancelUnneeded
-// searches it), each one of the pinned chunks.
+// searches it), each one of the session's chunks.
 bool IsSelection(std::span<const uint32_t> chosen, size_t n) {
   for (size_t i = 0; i < chosen.size(); ++i) {
     if (chosen[i] >= n || (i > 0 && chosen[i - 1] >= chosen[i])) return false;
@@ -120,16 +122,21 @@ class SlotPins final : public LayerView::Pins {
 
 class SessionImpl final : public ReprefillSession {
  public:
+  // `keys`: the pinned chunks' keys, then those of `remote` (the chunks that continue the prefix
+  // in the shared tier; empty without one).
   SessionImpl(SessionHost& host, const ModelSpec& spec, const ReprefillOptions& options,
               std::vector<ChunkKey> keys, std::unique_ptr<storage::PinnedChunks> pinned,
-              prefetch::ReadEngine* reads)
+              prefetch::ReadEngine* reads, RemoteHeads remote, std::vector<int32_t> fill_tokens)
       : host_(host),
         spec_(spec),
         options_(options),
         kind_(KindOf(options.selector)),
         keys_(std::move(keys)),
         pinned_(std::move(pinned)),
+        local_(pinned_->chunks().size()),
         reads_(reads),
+        remote_(std::move(remote)),
+        fill_tokens_(std::move(fill_tokens)),
         selections_(spec.layers),
         scores_(spec.layers),
         submitted_(spec.layers, false),
@@ -139,6 +146,8 @@ class SessionImpl final : public ReprefillSession {
     select_options_.sink_chunks = options.sink_chunks;
     select_options_.recent_chunks = options.recent_chunks;
     stats_.matched_chunks = keys_.size();
+    stats_.remote_chunks = remote_.size();
+    CKV_DCHECK(keys_.size() == local_ + remote_.size());
     idle_at_begin_ = reads_->stats().idle_with_pending_seconds;
   }
 
@@ -154,8 +163,12 @@ class SessionImpl final : public ReprefillSession {
     const auto summary_part = static_cast<uint32_t>(part);
     TierCache* tiers = host_.tiers();
     summary_ptrs_.assign(keys_.size(), nullptr);
+    for (size_t j = local_; j < keys_.size(); ++j) {  // from the shared tier's verified heads
+      const remote::DecodedChunkHead& head = remote_.heads[j - local_];
+      summary_ptrs_[j] = (part == SummaryPart::kMinMax ? head.minmax : head.mean).data();
+    }
     std::vector<size_t> missing_index;
-    for (size_t j = 0; j < keys_.size(); ++j) {
+    for (size_t j = 0; j < local_; ++j) {
       TierCache::Handle h;
       if (tiers != nullptr) h = tiers->GetSummaries(keys_[j], summary_part);
       if (h) {
@@ -275,7 +288,7 @@ class SessionImpl final : public ReprefillSession {
       chosen = std::move(sel.chunks);
       scores_[layer] = std::move(sel.scores);
     }
-    CKV_DCHECK(IsSelection(chosen, pinned_->chunks().size()));  // only pinned chunks are read
+    CKV_DCHECK(IsSelection(chosen, keys_.size()));  // only the session's chunks are read
     selections_[layer] = chosen;
     CancelUnneeded(layer, chosen);
     CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
@@ -320,8 +333,8 @@ class SessionImpl final : public ReprefillSession {
       absl::MutexLock lock(&mu_);
       for (size_t i = 0; i < chosen.size(); ++i) {
         Slot& s = *slots[i];
-        // A layer serves only pinned chunks, each landed (read and verified, or a tier's).
-        CKV_DCHECK(chosen[i] < pinned_->chunks().size() && s.state == Slot::State::kLanded);
+        // A layer serves only the session's chunks, each landed (read and verified, or a tier's).
+        CKV_DCHECK(chosen[i] < keys_.size() && s.state == Slot::State::kLanded);
         if (!s.served) {
           s.served = true;
           stats_.records_served++;
@@ -382,13 +395,16 @@ class SessionImpl final : public ReprefillSession {
     }
     std::vector<storage::ChunkStore::Usage> usage;
     std::vector<size_t> chunk_of;  // usage[i] is chunk chunk_of[i]
-    for (size_t j = 0; j < keys_.size(); ++j) {
+    // Chunks read from the shared tier are not stored here (yet): their I and F start with the
+    // fill that stores them.
+    for (size_t j = 0; j < local_; ++j) {
       if (loaded[j] || importance[j] > 0) {
         usage.push_back({keys_[j], scored > 0 ? importance[j] / scored : 0.0, loaded[j] ? 1u : 0u});
         chunk_of.push_back(j);
       }
     }
     stats_.device_idle_seconds = reads_->stats().idle_with_pending_seconds - idle_at_begin_;
+    if (!remote_.keys.empty()) host_.remote_tier()->FillLater(spec_, fill_tokens_);
     host_.RecordSession(stats_);
     CKV_RETURN_IF_ERROR(host_.store().AddUsage(usage));
     if (TierCache* tiers = host_.tiers()) {
@@ -435,6 +451,7 @@ class SessionImpl final : public ReprefillSession {
     const uint32_t real_layer = layer & ~kKeysOnly;
     std::vector<prefetch::ReadRequest> batch;
     std::vector<std::shared_ptr<Slot>> new_slots;
+    std::vector<RemoteRecordFetch> remote_batch;
     {
       absl::MutexLock lock(&mu_);
       for (uint32_t j : chunks) {
@@ -449,7 +466,8 @@ class SessionImpl final : public ReprefillSession {
                              (s.state == Slot::State::kFailed &&
                               s.priority != prefetch::Priority::kDemand &&
                               priority == prefetch::Priority::kDemand);
-          if (!upgrade && !retry) continue;
+          // A read from the shared tier cannot be taken back: it is simply waited for.
+          if ((!upgrade || s.remote) && !retry) continue;
           if (upgrade) {
             // Only a queued request can be taken back; one in flight is simply waited for.
             const prefetch::RequestId id = s.id;
@@ -474,6 +492,29 @@ class SessionImpl final : public ReprefillSession {
           }
         }
         slot->data.resize(keys_only ? spec_.RecordBytes() / 2 : spec_.RecordBytes());
+        if (j >= local_) {
+          // Only selectors that read summaries take chunks from the shared tier: no key reads.
+          CKV_DCHECK(!keys_only);
+          slot->remote = true;
+          slot->read_bytes = spec_.RecordBytes();
+          remote_batch.push_back(RemoteRecordFetch{
+              keys_[j], real_layer, &remote_.heads[j - local_], slot->data,
+              [this, slot](const absl::Status& status) {
+                absl::MutexLock lock(&mu_);
+                CKV_DCHECK(slot->state == Slot::State::kQueued);  // each fetch completes once
+                if (status.ok()) {
+                  slot->to_admit = host_.tiers() != nullptr;
+                  slot->state = Slot::State::kLanded;
+                  stats_.remote_records++;
+                  stats_.remote_bytes_read += slot->read_bytes;
+                } else {
+                  slot->state = Slot::State::kFailed;
+                  slot->status = status;
+                }
+                cv_.SignalAll();
+              }});
+          continue;
+        }
         new_slots.push_back(slot);
         // Keys only: the record's first half, unverified (the checksum covers the record).
         CKV_ASSIGN_OR_RETURN(
@@ -501,6 +542,7 @@ class SessionImpl final : public ReprefillSession {
         batch.push_back(std::move(r));
       }
     }
+    if (!remote_batch.empty()) host_.remote_tier()->FetchRecords(spec_, std::move(remote_batch));
     if (batch.empty()) return absl::OkStatus();
     auto ids = reads_->SubmitBatch(batch);
     absl::MutexLock lock(&mu_);
@@ -591,7 +633,7 @@ class SessionImpl final : public ReprefillSession {
       absl::MutexLock lock(&mu_);
       for (auto it = slots_.lower_bound(SlotKey{layer, 0});
            it != slots_.end() && it->first.first == layer; ++it) {
-        if (it->second->state == Slot::State::kQueued &&
+        if (it->second->state == Slot::State::kQueued && !it->second->remote &&
             !std::binary_search(chosen.begin(), chosen.end(), it->first.second)) {
           ids.push_back(it->second->id);
         }
@@ -628,7 +670,10 @@ class SessionImpl final : public ReprefillSession {
   kernels::SelectOptions select_options_;
   const std::vector<ChunkKey> keys_;
   const std::unique_ptr<storage::PinnedChunks> pinned_;
+  const size_t local_;  // chunks [0, local_) are pinned here, the rest are remote_'s
   prefetch::ReadEngine* const reads_;
+  const RemoteHeads remote_;             // the chunks found only in the shared tier
+  const std::vector<int32_t> fill_tokens_;  // the prefix Finish has filled locally (FillLater)
   ChunkSummaries summaries_;                    // those read from NVMe
   std::vector<TierCache::Handle> summary_pins_;  // those in the CPU tier, pinned
   std::vector<const std::byte*> summary_ptrs_;   // per chunk, wherever it is
@@ -668,6 +713,10 @@ absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
   return r;
 }
 
+bool SelectsRemoteRecords(const ReprefillOptions& options) {
+  return kernels::ReadsSummaries(KindOf(options.selector)) && options.budget_fraction < 1.0;
+}
+
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
                                                                 const ModelSpec& spec,
                                                                 std::span<const int32_t> tokens,
@@ -687,10 +736,20 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
   std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<storage::PinnedChunks> pinned,
                        host.store().PinLeading(spec, keys));
-  keys.resize(pinned->chunks().size());
+  const uint64_t local = pinned->chunks().size();
+  RemoteHeads remote;
+  std::vector<int32_t> fill_tokens;
+  if (host.remote_tier() != nullptr && SelectsRemoteRecords(options) && local < keys.size()) {
+    remote = host.remote_tier()->FindHeads(spec, tokens, local, kMaxRemoteSessionChunks);
+    const size_t chunks = local + remote.size();
+    fill_tokens.assign(tokens.begin(), tokens.begin() + chunks * spec.chunk_tokens);
+  }
+  keys.resize(local);
+  keys.insert(keys.end(), remote.keys.begin(), remote.keys.end());
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   auto session = std::make_unique<SessionImpl>(host, spec, options, std::move(keys),
-                                               std::move(pinned), reads);
+                                               std::move(pinned), reads, std::move(remote),
+                                               std::move(fill_tokens));
   CKV_RETURN_IF_ERROR(session->LoadSummaries());
   return session;
 }

@@ -23,6 +23,14 @@
 // it. A prefetched record that no layer waited for is not offered. Finish re-ranks the session's
 // chunks with their new scores.
 //
+// The shared tier: where the engine has one and SelectsRemoteRecords, the chunks that continue the
+// prefix in the cluster (their verified heads: RemoteTier::FindHeads) follow the pinned ones.
+// Their summaries come from the heads, and each record selected of them is read from the cluster
+// (RemoteTier::FetchRecords: verified, then offered to the tiers like one read from NVMe) at the
+// priority's turn, never cancelled. A record the cluster no longer gives fails the layers that
+// need it (as a failed read does). Finish queues a fill of the whole prefix into the local store
+// (RemoteTier::FillLater).
+//
 // Bubbles: SessionStats::device_idle_seconds is the read engine's idle-with-work time during the
 // session (engine-wide: with several sessions at once it is shared, not split).
 //
@@ -47,6 +55,8 @@
 
 namespace ckv::engine {
 
+class RemoteTier;
+
 // A clock around each selector run of a session, for the benchmark harness: Begin just before a
 // selector scores a layer, End just after, with the FLOPs of that scoring
 // (kernels::ScoringFlops). Called on the session's calling thread.
@@ -70,7 +80,19 @@ class SessionHost {
   virtual void RecordSession(const SessionStats& stats) = 0;
   // The clock set by SetSelectorClock (engine/internal.h), or null.
   virtual SelectorClock* selector_clock() { return nullptr; }
+  // The shared tier on a Redis Cluster (EngineOptions::remote), or null.
+  virtual RemoteTier* remote_tier() { return nullptr; }
 };
+
+// Whether a session with `options`, on a local miss, reads the chunks that continue its prefix
+// in the shared tier record by record, only those it selects (a selector that reads summaries,
+// below budget 1), rather than having the engine fill the whole prefix into the local store
+// before it begins (RemoteTier::Fill).
+bool SelectsRemoteRecords(const ReprefillOptions& options);
+
+// The most chunks past the local ones a session takes from the shared tier (their heads stay in
+// memory for the session: qwen2.5-7b's are 44 KB each).
+inline constexpr uint64_t kMaxRemoteSessionChunks = 8192;
 
 // The read of record `record` (a layer, or an auxiliary record) of pinned chunk `chunk` into
 // `dest`: the pinned location's ready read (PinnedChunks::ReadOf: offset, length padded to the

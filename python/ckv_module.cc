@@ -307,6 +307,7 @@ py::dict SessionStatsDict(const ckv::SessionStats& s) {
   CKV_FIELD(summary_cache_hits); CKV_FIELD(gpu_hits); CKV_FIELD(cpu_hits);
   CKV_FIELD(nvme_records); CKV_FIELD(prefetched_bytes_used); CKV_FIELD(prefetched_bytes_wasted);
   CKV_FIELD(await_blocked_seconds); CKV_FIELD(device_idle_seconds);
+  CKV_FIELD(remote_chunks); CKV_FIELD(remote_records); CKV_FIELD(remote_bytes_read);
 #undef CKV_FIELD
   d["read_amplification"] = s.read_amplification();
   return d;

@@ -39,10 +39,10 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   ASSERT_TRUE(json.ok()) << out;
   EXPECT_EQ(NumberAt(*json, "chunks"), 8);
   EXPECT_EQ(NumberAt(*json, "masters"), 3);
-  EXPECT_EQ(NumberAt(*json, "value_bytes"), 196856);
+  EXPECT_EQ(NumberAt(*json, "value_bytes"), 206376);  // qwen2.5-0.5b: head 9,768 + 24 x 8 KiB
   EXPECT_GT(NumberAt(*json, "reprefill_local_s"), 0);
   EXPECT_GT(NumberAt(*json, "reprefill_cold_remote_s"), NumberAt(*json, "cold_fill_s"));
-  EXPECT_EQ(NumberAt(*json, "fetched_bytes"), 8 * 196856);
+  EXPECT_EQ(NumberAt(*json, "fetched_bytes"), 8 * 206376);
   EXPECT_GT(NumberAt(*json, "ckv_gets_per_s"), 0);
   if (!ckv::testing::FindOnPath("redis-benchmark").empty()) {
     EXPECT_GT(NumberAt(*json, "redis_benchmark_gets_per_s"), 0);

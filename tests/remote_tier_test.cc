@@ -152,6 +152,166 @@ TEST_F(RemoteTierTest, LocalChunksContinueFromTheCluster) {
   EXPECT_EQ(CountBadRecords(*b, spec_, turn2, 20), 0);
 }
 
+// Queries of one layer that differ from layer to layer (so do the selections).
+std::vector<float> LayerQueries(const ModelSpec& spec, const ReprefillOptions& o, uint32_t layer) {
+  std::vector<float> q(size_t{o.window} * spec.q_heads * spec.head_dim);
+  uint32_t x = 2654435761u * (layer + 1);
+  for (float& v : q) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<float>(static_cast<int32_t>(x >> 8) % 2001 - 1000) / 1000.0f;
+  }
+  return q;
+}
+
+// What a session served: per layer, the chunks and whether each record's bytes were the stored
+// ones. Fails the test on any error.
+struct SessionRun {
+  std::vector<std::vector<uint32_t>> chunks;  // per layer
+  SessionStats stats;
+};
+SessionRun RunSession(Engine& e, const ModelSpec& spec, const std::vector<int32_t>& tokens,
+                      const ReprefillOptions& o) {
+  SessionRun run;
+  auto session = e.BeginReprefill(spec, tokens, o);
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return run;
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  std::vector<std::byte> want(spec.RecordBytes());
+  for (uint32_t l = 0; l < spec.layers; ++l) {
+    EXPECT_TRUE((*session)->SubmitQueries(l, LayerQueries(spec, o, l)).ok());
+    auto view = (*session)->AwaitLayer(l);
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return run;
+    run.chunks.emplace_back();
+    for (const auto& r : view->records()) {
+      synth::FillRecord(spec, keys[r.chunk], l, want);
+      EXPECT_TRUE(ServedEquals(r, want.data(), want.size())) << "layer " << l << " chunk "
+                                                             << r.chunk;
+      run.chunks.back().push_back(r.chunk);
+    }
+  }
+  auto stats = (*session)->Finish();
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (stats.ok()) run.stats = *stats;
+  return run;
+}
+
+// A session that selects (quest and mean-key below budget 1) reads from the cluster only the
+// heads of the chunks it lacks and the records it selects: the same selection, bit-exact, as on
+// the machine that stored the prefix, without a byte from B's NVMe. Its Finish fills the prefix
+// into B's store; the next session there is local.
+TEST_F(RemoteTierTest, SessionReadsOnlyTheRecordsItSelectsFromTheCluster) {
+  TempDir dir;
+  const size_t chunks = 24;
+  const std::vector<int32_t> tokens = synth::Tokens(17, chunks * spec_.chunk_tokens + 3);
+  auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
+  ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, tokens).ok());
+  ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
+  int round = 0;
+  for (Selector selector : {Selector::kQuest, Selector::kMeanKey}) {
+    SCOPED_TRACE(SelectorName(selector));
+    ReprefillOptions o;
+    o.selector = selector;
+    o.budget_fraction = 0.25;  // 6 of 24 chunks per layer
+    const SessionRun local = RunSession(*a, spec_, tokens, o);
+    auto b = OpenEngine(dir.Sub(absl::StrCat("b", round++)), RemoteOptions());
+    const SessionRun cold = RunSession(*b, spec_, tokens, o);
+    ASSERT_EQ(cold.chunks.size(), spec_.layers);
+    EXPECT_EQ(cold.chunks, local.chunks);  // the same summaries select the same chunks
+    EXPECT_EQ(cold.stats.matched_chunks, chunks);
+    EXPECT_EQ(cold.stats.remote_chunks, chunks);
+    EXPECT_EQ(cold.stats.bytes_read, 0u);  // nothing from B's NVMe: it had nothing
+    EXPECT_EQ(cold.stats.records_served, 6u * spec_.layers);
+    // Each served record read once; speculation (layer l's selection for l + 1) adds at most one
+    // selection per layer, never the whole prefix.
+    EXPECT_GE(cold.stats.remote_records, cold.stats.records_served);
+    EXPECT_LE(cold.stats.remote_records, 2 * cold.stats.records_served);
+    EXPECT_EQ(cold.stats.remote_bytes_read, cold.stats.remote_records * spec_.RecordBytes());
+    EngineStats st = b->Stats();
+    EXPECT_EQ(st.remote_head_chunks, chunks);
+    EXPECT_EQ(st.remote_session_records, cold.stats.remote_records);
+    EXPECT_EQ(st.remote_corrupt_chunks, 0u);
+    EXPECT_EQ(st.remote_fills_queued, 1u);
+    // Finish queued the fill of the whole prefix: then B serves it from its own store.
+    ASSERT_TRUE(engine::WaitUntilRemotePublished(*b, absl::Seconds(10)));
+    st = b->Stats();
+    EXPECT_EQ(st.remote_fetched_chunks, chunks);
+    EXPECT_EQ(st.chunks, chunks);
+    EXPECT_EQ(CountBadRecords(*b, spec_, tokens, chunks), 0);
+    const SessionRun warm = RunSession(*b, spec_, tokens, o);
+    EXPECT_EQ(warm.chunks, local.chunks);
+    EXPECT_EQ(warm.stats.remote_chunks, 0u);
+    EXPECT_EQ(warm.stats.remote_records, 0u);
+    EXPECT_GT(warm.stats.bytes_read, 0u);
+    EXPECT_EQ(b->Stats().remote_head_chunks, chunks);  // the cluster was not asked again
+  }
+}
+
+// A record damaged in the cluster (SETRANGE) fails the layers that select it with DataLoss and
+// is never served; a damaged head ends the chain before its chunk; a record gone from the cluster
+// after the session read its head fails the layer that needs it with Unavailable, promptly.
+TEST_F(RemoteTierTest, SessionNeverServesADamagedOrMissingRecord) {
+  TempDir dir;
+  const size_t chunks = 8;
+  const std::vector<int32_t> tokens = synth::Tokens(19, chunks * spec_.chunk_tokens);
+  auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
+  ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, tokens).ok());
+  ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
+  const remote::ChunkValueLayout layout = remote::LayoutOfChunkValue(spec_);
+  // Layer 2's record of every chunk, one byte each: whatever layer 2 selects is damaged.
+  for (size_t j = 0; j < chunks; ++j) {
+    Cli(absl::StrCat("SETRANGE ", ClusterKey(spec_, tokens, j), " ",
+                     layout.RecordOffset(2) + 1000, " Z"));
+  }
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;
+  o.prefetch = false;  // each layer reads its own selection, so layer 1 reads no layer-2 record
+  auto b = OpenEngine(dir.Sub("b"), RemoteOptions());
+  {
+    auto session = b->BeginReprefill(spec_, tokens, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_EQ((*session)->matched_chunks(), chunks);
+    for (uint32_t l = 0; l < 3; ++l) {
+      ASSERT_TRUE((*session)->SubmitQueries(l, LayerQueries(spec_, o, l)).ok());
+      auto view = (*session)->AwaitLayer(l);
+      if (l < 2) {
+        ASSERT_TRUE(view.ok()) << view.status();
+        EXPECT_EQ(view->records().size(), 2u);
+      } else {
+        ASSERT_EQ(view.status().code(), absl::StatusCode::kDataLoss) << view.status();
+        EXPECT_NE(view.status().message().find("record L2"), absl::string_view::npos)
+            << view.status();
+      }
+    }
+  }
+  EXPECT_GE(b->Stats().remote_corrupt_chunks, 1u);
+
+  // A damaged head (chunk 5's summaries): the chain ends before it.
+  Cli(absl::StrCat("SETRANGE ", ClusterKey(spec_, tokens, 5), " ", layout.mean_offset + 3, " Z"));
+  auto c = OpenEngine(dir.Sub("c"), RemoteOptions());
+  {
+    auto session = c->BeginReprefill(spec_, tokens, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_EQ((*session)->matched_chunks(), 5u);
+  }
+  EXPECT_EQ(c->Stats().remote_corrupt_chunks, 1u);
+
+  // Every value deleted after the heads were read: the first layer fails, Unavailable, at once.
+  auto d = OpenEngine(dir.Sub("d"), RemoteOptions());
+  auto session = d->BeginReprefill(spec_, tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_EQ((*session)->matched_chunks(), 5u);
+  for (size_t j = 0; j < chunks; ++j) Cli(absl::StrCat("DEL ", ClusterKey(spec_, tokens, j)));
+  ASSERT_TRUE((*session)->SubmitQueries(0, LayerQueries(spec_, o, 0)).ok());
+  const absl::Time start = absl::Now();
+  auto view = (*session)->AwaitLayer(0);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1000));
+  ASSERT_EQ(view.status().code(), absl::StatusCode::kUnavailable) << view.status();
+  EXPECT_NE(view.status().message().find("gone from the cluster"), absl::string_view::npos)
+      << view.status();
+}
+
 TEST_F(RemoteTierTest, CorruptedValueIsDataLossAndNeverServed) {
   TempDir dir;
   const std::vector<int32_t> tokens = synth::Tokens(21, 10 * spec_.chunk_tokens);
@@ -160,7 +320,7 @@ TEST_F(RemoteTierTest, CorruptedValueIsDataLossAndNeverServed) {
   ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
   // One byte of chunk 6's layer-3 record, in the cluster.
   const std::string key = ClusterKey(spec_, tokens, 6);
-  const size_t offset = 56 + 8 * spec_.layers + 3 * spec_.RecordBytes() + 100;
+  const size_t offset = remote::LayoutOfChunkValue(spec_).RecordOffset(3) + 100;
   ASSERT_NE(Cli(absl::StrCat("SETRANGE ", key, " ", offset, " Z")).find(
                 std::to_string(remote::ChunkValueBytes(spec_))),
             std::string::npos);
@@ -210,22 +370,30 @@ TEST_F(RemoteTierTest, EvictingClusterIsAMissNeverAnError) {
     cluster_->Cli(i, "CONFIG SET maxmemory 3mb");
   }
   TempDir dir;
-  // 48 chunks of 196,856-byte values (9.4 MB) into 3 x 3 MB: most are evicted.
+  // 48 chunks of 206,376-byte values (9.9 MB) into 3 x 3 MB: most are evicted. Then a short
+  // prefix of 3 chunks, the most recently used keys, which LRU keeps.
   const std::vector<int32_t> tokens = synth::Tokens(51, 48 * spec_.chunk_tokens);
+  const std::vector<int32_t> recent = synth::Tokens(52, 3 * spec_.chunk_tokens);
   auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
   ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, tokens).ok());
   ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
+  ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, recent).ok());
+  ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
   auto b = OpenEngine(dir.Sub("b"), RemoteOptions());
   auto found = b->Lookup(spec_, tokens);
+  auto found_recent = b->Lookup(spec_, recent);
   for (int i = 0; i < cluster_->size(); ++i) cluster_->Cli(i, "CONFIG SET maxmemory 0");
   ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found_recent.ok()) << found_recent.status();
   const EngineStats st = b->Stats();
   // The chain ends at the first evicted chunk; what came before it is served, exact.
   EXPECT_LT(*found, 48u);
-  EXPECT_EQ(st.remote_fetched_chunks, *found);
+  EXPECT_GE(*found_recent, 1u);
+  EXPECT_EQ(st.remote_fetched_chunks, *found + *found_recent);
   EXPECT_EQ(st.remote_corrupt_chunks, 0u);
   EXPECT_EQ(st.remote_errors, 0u);
   EXPECT_EQ(CountBadRecords(*b, spec_, tokens, *found), 0);
+  EXPECT_EQ(CountBadRecords(*b, spec_, recent, *found_recent), 0);
 }
 
 TEST_F(RemoteTierTest, StoppedClusterIsAMissWithinTheTimeout) {

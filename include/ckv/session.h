@@ -135,6 +135,12 @@ struct SessionStats {
   uint64_t records_served = 0;     // records in those views
   uint64_t bytes_needed = 0;       // record bytes in those views
   uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
+  // The shared tier (EngineOptions::remote): matched chunks found there and not locally, whose
+  // selected records this session read from the cluster (a selector that reads summaries, below
+  // budget 1; see docs/remote.md), and those records and their bytes (not in bytes_read).
+  uint64_t remote_chunks = 0;
+  uint64_t remote_records = 0;
+  uint64_t remote_bytes_read = 0;
   uint64_t summary_bytes_read = 0; // of which summaries
   uint64_t summary_cache_hits = 0; // chunks whose summaries came from the CPU tier
   // Hits: records found in the GPU / CPU tier when the session looked them up. A record read
