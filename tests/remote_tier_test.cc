@@ -415,6 +415,45 @@ TEST_F(RemoteTierTest, StoppedClusterIsAMissWithinTheTimeout) {
   EXPECT_EQ(b->Stats().remote_fill_misses, 2u);
 }
 
+// A selecting session never waits on a stopped cluster past its call deadline: a layer whose
+// records the stopped masters hold fails with DeadlineExceeded, and a session begun while they
+// are stopped finds nothing there (matched 0), both within the deadline and a margin.
+TEST_F(RemoteTierTest, StoppedClusterFailsASessionsLayerWithinTheTimeout) {
+  TempDir dir;
+  const std::vector<int32_t> tokens = synth::Tokens(43, 8 * spec_.chunk_tokens);
+  auto a = OpenEngine(dir.Sub("a"), RemoteOptions());
+  ASSERT_TRUE(ckv::testing::PutSynthetic(*a, spec_, tokens).ok());
+  ASSERT_TRUE(engine::WaitUntilRemotePublished(*a, absl::Seconds(10)));
+  EngineOptions eo = RemoteOptions();
+  eo.remote.call_timeout_ms = 200;
+  auto b = OpenEngine(dir.Sub("b"), eo);
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;
+  o.prefetch = false;
+  auto session = b->BeginReprefill(spec_, tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_EQ((*session)->matched_chunks(), 8u);  // the heads, read
+  struct Continue {  // the masters run again whatever the test asserts
+    RedisCluster* cluster;
+    ~Continue() {
+      for (int i = 0; i < cluster->size(); ++i) cluster->Signal(i, SIGCONT);
+    }
+  } resume{cluster_};
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Signal(i, SIGSTOP);
+  ASSERT_TRUE((*session)->SubmitQueries(0, LayerQueries(spec_, o, 0)).ok());
+  absl::Time start = absl::Now();
+  auto view = (*session)->AwaitLayer(0);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(200 + 300));
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kDeadlineExceeded) << view.status();
+  start = absl::Now();
+  auto stopped = b->BeginReprefill(spec_, tokens, o);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(2 * 200 + 300));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ((*stopped)->matched_chunks(), 0u);
+  EXPECT_GE(b->Stats().remote_timeouts, 2u);
+}
+
 TEST(RemoteTierNoClusterTest, UnreachableClusterIsAMissAndPutsStillCommit) {
   TempDir dir;
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
