@@ -2,16 +2,21 @@
 // remote_bench: the remote tier on a Redis Cluster (issue 19, docs/remote.md), measured.
 //
 //   remote_bench --remote HOST:PORT --dir DIR [--model PRESET] [--tokens N] [--budget F]
-//                [--runs R] [--depth P] [--seconds S] [--redis-benchmark PATH] [--json [PATH]]
+//                [--selector NAME] [--runs R] [--depth P] [--seconds S]
+//                [--redis-benchmark PATH] [--json [PATH]]
 //
 // 1. Re-Prefill from a cold local store, served from the cluster, against the same Re-Prefill
 //    from the local NVMe. Engine A (DIR/a, remote tier on) stores a prefix of N tokens and
 //    publishes it. Then, R times each: a Re-Prefill of the prefix on A (every layer, synthetic
-//    queries, budget F, period-exact: records read from NVMe with O_DIRECT, no tiers), and the
-//    same Re-Prefill on a fresh engine with an empty store (DIR/cold-<r>, remote tier on), which
-//    fetches every chunk from the cluster, verifies it and stores it before the session starts.
-//    Medians are printed, with the cold one split into the fill (fetch, verify, local Put) and the
-//    session.
+//    queries, budget F, selector NAME (default period-exact): records read from NVMe with
+//    O_DIRECT, no tiers), and the same Re-Prefill on a fresh engine with an empty store
+//    (DIR/cold-<r>, remote tier on). With period-exact (or oracle, or budget 1) the cold engine
+//    first fetches every chunk from the cluster, verifies it and stores it (a Lookup, timed as
+//    the fill) before the session starts; with quest or mean-key below budget 1 the session reads
+//    the chunks' heads and then only the records it selects from the cluster (docs/remote.md),
+//    and the fill of the whole prefix it queues at Finish runs after the timing, waited for
+//    before the next run. Medians are printed, with the cold one split into the fill and the
+//    session, and the bytes the cold run took from the cluster before its session ended.
 // 2. GET throughput of the tier's client against redis-benchmark, on the same cluster, with the
 //    same value size (one chunk's value: remote::ChunkValueBytes of the model) and pipeline depth
 //    P, in the same run. The client runs MultiGet calls of P x masters keys from one thread (one
@@ -52,6 +57,7 @@ struct Flags {
   std::string model = "qwen2.5-0.5b";
   uint64_t tokens = 4096;
   double budget = 0.1;
+  std::string selector = "period-exact";
   uint64_t runs = 3;
   uint64_t depth = 16;
   double seconds = 3;
@@ -71,9 +77,10 @@ double Median(std::vector<double> v) {
 
 // One whole Re-Prefill session over `tokens`; its seconds, or < 0 on error (printed).
 double TimedReprefill(Engine& engine, const ModelSpec& spec, const std::vector<int32_t>& tokens,
-                      double budget, uint64_t* matched) {
+                      double budget, Selector selector, uint64_t* matched) {
   ReprefillOptions o;
   o.budget_fraction = budget;
+  o.selector = selector;
   std::vector<float> queries(size_t{o.window} * spec.q_heads * spec.head_dim, 0.5f);
   const auto start = Clock::now();
   auto session = engine.BeginReprefill(spec, tokens, o);
@@ -100,7 +107,8 @@ struct ReprefillFigures {
   double cold_s = 0;        // median Re-Prefill on an empty store, filled from the cluster
   double cold_fill_s = 0;   // of which the fill (a Lookup that fetches and stores)
   double cold_session_s = 0;
-  uint64_t fetched_bytes = 0;  // per cold run
+  uint64_t fetched_bytes = 0;  // per cold run, from the cluster before its session ended
+  bool selecting = false;      // the cold session read only its selection from the cluster
 };
 
 int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* out) {
@@ -132,10 +140,13 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
                  static_cast<unsigned long long>(out->chunks));
     return cli::kExitError;
   }
+  const Selector selector = *ParseSelector(f.selector);  // checked by main
+  out->selecting = (selector == Selector::kQuest || selector == Selector::kMeanKey) &&
+                   f.budget < 1.0;
   std::vector<double> local, cold, fill, session;
   for (uint64_t r = 0; r < f.runs; ++r) {
     uint64_t matched = 0;
-    const double t = TimedReprefill(**a, spec, tokens, f.budget, &matched);
+    const double t = TimedReprefill(**a, spec, tokens, f.budget, selector, &matched);
     if (t < 0 || matched != out->chunks) return cli::kExitError;
     local.push_back(t);
 
@@ -144,21 +155,37 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
     std::filesystem::remove_all(cold_dir, ec);
     auto b = Engine::Open(eo, cold_dir);
     if (!b.ok()) return cli::kExitError;
-    const auto start = Clock::now();
-    auto found = (*b)->Lookup(spec, tokens);  // the fill: fetch, verify, store
-    const double fill_s = Since(start);
-    if (!found.ok() || *found != out->chunks) {
-      std::fprintf(stderr, "remote_bench: cold fill found %llu of %llu chunks\n",
-                   static_cast<unsigned long long>(found.ok() ? *found : 0),
+    double fill_s = 0;
+    if (!out->selecting) {
+      const auto start = Clock::now();
+      auto found = (*b)->Lookup(spec, tokens);  // the fill: fetch, verify, store
+      fill_s = Since(start);
+      if (!found.ok() || *found != out->chunks) {
+        std::fprintf(stderr, "remote_bench: cold fill found %llu of %llu chunks\n",
+                     static_cast<unsigned long long>(found.ok() ? *found : 0),
+                     static_cast<unsigned long long>(out->chunks));
+        return cli::kExitError;
+      }
+    }
+    const double session_s = TimedReprefill(**b, spec, tokens, f.budget, selector, &matched);
+    if (session_s < 0) return cli::kExitError;
+    if (matched != out->chunks) {
+      std::fprintf(stderr, "remote_bench: the cold session matched %llu of %llu chunks\n",
+                   static_cast<unsigned long long>(matched),
                    static_cast<unsigned long long>(out->chunks));
       return cli::kExitError;
     }
-    const double session_s = TimedReprefill(**b, spec, tokens, f.budget, &matched);
-    if (session_s < 0) return cli::kExitError;
     fill.push_back(fill_s);
     session.push_back(session_s);
     cold.push_back(fill_s + session_s);
-    out->fetched_bytes = (*b)->Stats().remote_fetched_bytes;
+    const EngineStats st = (*b)->Stats();
+    out->fetched_bytes =
+        out->selecting
+            ? st.remote_head_chunks * remote::LayoutOfChunkValue(spec).head_bytes +
+                  st.remote_session_record_bytes
+            : st.remote_fetched_bytes;
+    // The fill a selecting session queued at Finish: done before the next run is timed.
+    if (!engine::WaitUntilRemotePublished(**b, absl::Seconds(300))) return cli::kExitError;
     b->reset();
     std::filesystem::remove_all(cold_dir, ec);
   }
@@ -288,6 +315,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "model preset (default qwen2.5-0.5b)")->type_name("PRESET");
   cli::AddUint(app, "--tokens", &f.tokens, "prefix length, a multiple of 16 (default 4096)");
   cli::AddDouble(app, "--budget", &f.budget, "Re-Prefill budget fraction (default 0.1)");
+  app.add_option("--selector", f.selector,
+                 "period-exact (default), quest, mean-key or oracle; quest and mean-key below "
+                 "budget 1 read only their selection from the cluster")
+      ->type_name("NAME");
   cli::AddUint(app, "--runs", &f.runs, "Re-Prefills of each kind; medians reported (default 3)");
   cli::AddUint(app, "--depth", &f.depth, "pipeline depth per connection (default 16)");
   cli::AddDouble(app, "--seconds", &f.seconds, "seconds of the client's GET run (default 3)");
@@ -297,6 +328,9 @@ int main(int argc, char** argv) {
   if (auto code = cli::Parse(app, argc, argv)) return *code;
   auto spec = ModelSpec::Preset(f.model);
   if (!spec.ok()) return cli::UsageError("remote_bench", std::string(spec.status().message()));
+  if (auto sel = ParseSelector(f.selector); !sel.ok()) {
+    return cli::UsageError("remote_bench", std::string(sel.status().message()));
+  }
   if (f.tokens == 0 || f.tokens % spec->chunk_tokens != 0 || f.runs == 0 || f.depth == 0) {
     return cli::UsageError("remote_bench",
                            "--tokens must be a positive multiple of 16; --runs, --depth > 0");
@@ -317,6 +351,8 @@ int main(int argc, char** argv) {
         .Key("tokens").Uint(f.tokens)
         .Key("chunks").Uint(rp.chunks)
         .Key("budget").Double(f.budget)
+        .Key("selector").String(f.selector)
+        .Key("selecting").Bool(rp.selecting)
         .Key("runs").Uint(f.runs)
         .Key("reprefill_local_s").Double(rp.local_s)
         .Key("reprefill_cold_remote_s").Double(rp.cold_s)
@@ -333,14 +369,24 @@ int main(int argc, char** argv) {
     if (absl::Status s = f.json.Write(w.str()); !s.ok()) return cli::kExitError;
     if (f.json.ToStdout()) return cli::kExitOk;
   }
-  std::printf("Re-Prefill of %llu tokens (%llu chunks) of %s at budget %.2f, median of %llu:\n",
+  std::printf("Re-Prefill of %llu tokens (%llu chunks) of %s, %s at budget %.2f, median of "
+              "%llu:\n",
               static_cast<unsigned long long>(f.tokens), static_cast<unsigned long long>(rp.chunks),
-              f.model.c_str(), f.budget, static_cast<unsigned long long>(f.runs));
+              f.model.c_str(), f.selector.c_str(), f.budget,
+              static_cast<unsigned long long>(f.runs));
   std::printf("  local NVMe                 %8.1f ms\n", rp.local_s * 1e3);
-  std::printf("  cold, from the cluster     %8.1f ms  (fill %.1f ms: %.1f MB fetched, verified, "
-              "stored; session %.1f ms)  %.2fx local\n",
-              rp.cold_s * 1e3, rp.cold_fill_s * 1e3, static_cast<double>(rp.fetched_bytes) / 1e6,
-              rp.cold_session_s * 1e3, rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
+  if (rp.selecting) {
+    std::printf("  cold, from the cluster     %8.1f ms  (heads and selected records: %.1f MB "
+                "fetched, verified)  %.2fx local\n",
+                rp.cold_s * 1e3, static_cast<double>(rp.fetched_bytes) / 1e6,
+                rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
+  } else {
+    std::printf("  cold, from the cluster     %8.1f ms  (fill %.1f ms: %.1f MB fetched, verified, "
+                "stored; session %.1f ms)  %.2fx local\n",
+                rp.cold_s * 1e3, rp.cold_fill_s * 1e3,
+                static_cast<double>(rp.fetched_bytes) / 1e6, rp.cold_session_s * 1e3,
+                rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
+  }
   std::printf("GET of %llu-byte values, pipeline depth %llu per connection, %llu masters:\n",
               static_cast<unsigned long long>(tp.value_bytes),
               static_cast<unsigned long long>(f.depth),

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench/remote_bench, run as a user would, on a small prefix against a real Redis Cluster on
-// loopback (tests/redis_cluster.h): it completes and reports figures that make sense. Skipped,
+// loopback (tests/redis_cluster.h): it completes and reports figures that make sense, for the
+// whole-prefix fill (period-exact) and for a session that selects (quest). Skipped,
 // saying why, where redis-server is absent or the benchmarks are not built.
 #include <string>
 
@@ -48,6 +49,21 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
     EXPECT_GT(NumberAt(*json, "redis_benchmark_gets_per_s"), 0);
     EXPECT_GT(NumberAt(*json, "ratio"), 0);
   }
+  // quest selects: the cold session takes the 8 heads (9,768 bytes each) and its selected
+  // records from the cluster (budget 0.25: 2 chunks of 8 per layer, 24 layers of 8 KiB, and
+  // what it reads ahead for the next layer: at most as much again), not the 8 whole values.
+  const std::string quest = ckv::testing::RunCommand(absl::StrCat(
+      CKV_REMOTE_BENCH_PATH, " --remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
+      dir.Sub("quest"), " --tokens 128 --runs 1 --seconds 0.2 --selector quest --budget 0.25",
+      " --json"));
+  auto q = tools::ParseJson(quest.substr(quest.find('{')));
+  ASSERT_TRUE(q.ok()) << quest;
+  const tools::JsonValue* selecting = q->Find("selecting");
+  ASSERT_TRUE(selecting != nullptr && selecting->AsBool() != nullptr) << quest;
+  EXPECT_TRUE(*selecting->AsBool());
+  EXPECT_EQ(NumberAt(*q, "cold_fill_s"), 0);
+  EXPECT_GE(NumberAt(*q, "fetched_bytes"), 8 * 9768 + 2 * 24 * 8192);
+  EXPECT_LE(NumberAt(*q, "fetched_bytes"), 8 * 9768 + 2 * 2 * 24 * 8192);
 #endif
 }
 
