@@ -125,8 +125,11 @@ class Engine:
     @staticmethod
     def open(path: str, *, max_disk_bytes: Optional[int] = None, gpu_tier_bytes: int = 0,
              cpu_tier_bytes: int = 0, create_if_missing: bool = True,
-             error_if_exists: bool = False) -> Engine:
-        """Opens (or creates) the store in `path`; max_disk_bytes None keeps the persisted cap."""
+             error_if_exists: bool = False, remote: Optional[str] = None,
+             remote_key_prefix: str = "ckv", remote_call_timeout_ms: int = 500,
+             remote_connect_timeout_ms: int = 200) -> Engine:
+        """Opens (or creates) the store in `path`; max_disk_bytes None keeps the persisted cap.
+        remote: "host:port[,host:port...]" of a Redis Cluster shared with other machines."""
     @staticmethod
     def open_read_only(path: str) -> Engine:
         """Opens the store read-only, beside a writer in another process."""

@@ -297,6 +297,15 @@ py::dict EngineStatsDict(const ckv::EngineStats& s) {
   CKV_FIELD(read_idle_with_pending_seconds); CKV_FIELD(gpu_tier_budget_bytes);
   CKV_FIELD(gpu_tier_resident_bytes); CKV_FIELD(cpu_tier_budget_bytes);
   CKV_FIELD(cpu_tier_resident_bytes);
+  CKV_FIELD(remote_enabled); CKV_FIELD(remote_publish_queued); CKV_FIELD(remote_publish_dropped);
+  CKV_FIELD(remote_published_chunks); CKV_FIELD(remote_published_bytes);
+  CKV_FIELD(remote_publish_failures); CKV_FIELD(remote_fills); CKV_FIELD(remote_fill_misses);
+  CKV_FIELD(remote_fetched_chunks); CKV_FIELD(remote_fetched_bytes);
+  CKV_FIELD(remote_head_chunks); CKV_FIELD(remote_session_records);
+  CKV_FIELD(remote_session_record_bytes); CKV_FIELD(remote_fills_queued);
+  CKV_FIELD(remote_fills_dropped); CKV_FIELD(remote_corrupt_chunks); CKV_FIELD(remote_errors);
+  CKV_FIELD(remote_timeouts); CKV_FIELD(remote_publish_queue_depth);
+  CKV_FIELD(remote_budget_bytes);
   return d;
 }
 
@@ -389,8 +398,10 @@ std::shared_ptr<PyEngine> OpenEngine(const std::string& path,
                                      std::optional<uint64_t> max_disk_bytes,
                                      uint64_t gpu_tier_bytes, uint64_t cpu_tier_bytes,
                                      bool create_if_missing, bool error_if_exists,
-                                     bool read_only) {
+                                     bool read_only,
+                                     const ckv::RemoteTierOptions& remote = {}) {
   ckv::EngineOptions options;
+  options.remote = remote;
   options.create_if_missing = create_if_missing;
   options.error_if_exists = error_if_exists;
   options.max_disk_bytes = max_disk_bytes;
@@ -677,16 +688,28 @@ PYBIND11_MODULE(ckv, m) {
           "open",
           [](const std::string& path, std::optional<uint64_t> max_disk_bytes,
              uint64_t gpu_tier_bytes, uint64_t cpu_tier_bytes, bool create_if_missing,
-             bool error_if_exists) {
+             bool error_if_exists, std::optional<std::string> remote,
+             const std::string& remote_key_prefix, uint32_t remote_call_timeout_ms,
+             uint32_t remote_connect_timeout_ms) {
+            ckv::RemoteTierOptions r;
+            if (remote.has_value()) r.seeds = {*remote};
+            r.key_prefix = remote_key_prefix;
+            r.call_timeout_ms = remote_call_timeout_ms;
+            r.connect_timeout_ms = remote_connect_timeout_ms;
             return OpenEngine(path, max_disk_bytes, gpu_tier_bytes, cpu_tier_bytes,
-                              create_if_missing, error_if_exists, /*read_only=*/false);
+                              create_if_missing, error_if_exists, /*read_only=*/false, r);
           },
           py::arg("path"), py::kw_only(), py::arg("max_disk_bytes") = py::none(),
           py::arg("gpu_tier_bytes") = 0, py::arg("cpu_tier_bytes") = 0,
           py::arg("create_if_missing") = true, py::arg("error_if_exists") = false,
+          py::arg("remote") = py::none(), py::arg("remote_key_prefix") = "ckv",
+          py::arg("remote_call_timeout_ms") = 500, py::arg("remote_connect_timeout_ms") = 200,
           "Opens (or creates) the store in directory `path`. max_disk_bytes: None keeps the "
           "store's persisted cap (0, unlimited, for a new store); a number sets and persists it. "
-          "NotFoundError when missing and create_if_missing is False.")
+          "NotFoundError when missing and create_if_missing is False. remote: "
+          "'host:port[,host:port...]', any nodes of a Redis Cluster to share chunks through "
+          "(docs/remote.md), with remote_key_prefix and the timeouts in milliseconds; "
+          "ValueError for a bad endpoint or timeout.")
       .def_static(
           "open_read_only",
           [](const std::string& path) {

@@ -33,6 +33,48 @@ def tokens_of(n, start=1000):
     return np.arange(start, start + n, dtype=np.int32)
 
 
+class OneNodeCluster:
+    """A Redis Cluster of one master on a free loopback port, owning all 16384 slots."""
+
+    def __init__(self, process, port):
+        self.process = process
+        self.port = port
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def start_one_node_cluster(redis_server, redis_cli, workdir):
+    import socket
+    import subprocess
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    node_dir = os.path.join(workdir, "redis")
+    os.makedirs(node_dir)
+    process = subprocess.Popen(
+        [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+         "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no",
+         "--dir", node_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = [redis_cli, "-p", str(port)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ping = subprocess.run(cli + ["PING"], capture_output=True, text=True)
+        if ping.stdout.strip() == "PONG":
+            break
+        time.sleep(0.05)
+    subprocess.run(cli + ["CLUSTER", "ADDSLOTSRANGE", "0", "16383"], check=True,
+                   capture_output=True)
+    while time.monotonic() < deadline:
+        info = subprocess.run(cli + ["CLUSTER", "INFO"], capture_output=True, text=True).stdout
+        if "cluster_state:ok" in info:
+            return OneNodeCluster(process, port)
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("redis-server on port %d: the cluster did not come up" % port)
+
+
 class CkvTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="ckv-python-test.")
@@ -276,6 +318,75 @@ class CkvTest(unittest.TestCase):
                             self.assertEqual(r.copied, on_device)
                 stats = s.finish()
             self.assertEqual(stats["gpu_hits"], 4 * SPEC.layers)
+
+    def test_bad_remote_options_raise_naming_the_field(self):
+        with self.assertRaises(ckv.InvalidArgumentError) as cm:
+            ckv.Engine.open(os.path.join(self.dir, "r1"), remote="no-port")
+        self.assertIn("remote.seeds", str(cm.exception))
+        with self.assertRaises(ckv.InvalidArgumentError) as cm:
+            ckv.Engine.open(os.path.join(self.dir, "r2"), remote="127.0.0.1:1",
+                            remote_call_timeout_ms=0)
+        self.assertIn("call_timeout_ms", str(cm.exception))
+
+    def test_two_engines_share_chunks_through_a_redis_cluster(self):
+        redis_server = shutil.which("redis-server")
+        redis_cli = shutil.which("redis-cli")
+        if redis_server is None or redis_cli is None:
+            self.skipTest("redis-server or redis-cli is not installed")
+        cluster = start_one_node_cluster(redis_server, redis_cli, self.dir)
+        try:
+            seed = "127.0.0.1:%d" % cluster.port
+            n = 16 * 8
+            tokens = tokens_of(n, start=5000)
+            k, v = make_kv(SPEC, n, seed=9)
+            a = ckv.Engine.open(os.path.join(self.dir, "a"), remote=seed,
+                                remote_key_prefix="py")
+            a.put(SPEC, tokens, k, v)
+            deadline = time.monotonic() + 10
+            while a.stats()["remote_published_chunks"] < 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(a.stats()["remote_published_chunks"], 8)
+            self.assertTrue(a.stats()["remote_enabled"])
+            # B, an empty store: a quest session at half the budget reads the heads and the
+            # records it selects from the cluster, bit-exact.
+            b = ckv.Engine.open(os.path.join(self.dir, "b"), remote=seed,
+                                remote_key_prefix="py")
+            window = 4
+            s = b.begin_reprefill(SPEC, tokens, selector="quest", budget_fraction=0.5,
+                                  window=window)
+            self.assertEqual(s.matched_chunks, 8)
+            rng = np.random.default_rng(10)
+            for layer in range(SPEC.layers):
+                q = rng.standard_normal((window, SPEC.q_heads, SPEC.head_dim)).astype(np.float32)
+                s.submit_queries(layer, q)
+                view = s.await_layer(layer)
+                self.assertEqual(len(view.records), 4)
+                for r in view.records:
+                    rows = slice(r.first_token, r.first_token + 16)
+                    self.assertEqual(r.k.tobytes(), k[layer][rows].tobytes())
+                    self.assertEqual(r.v.tobytes(), v[layer][rows].tobytes())
+                del view, r
+            stats = s.finish()
+            del s
+            self.assertEqual(stats["remote_chunks"], 8)
+            self.assertEqual(stats["bytes_read"], 0)
+            self.assertGreaterEqual(stats["remote_records"], 4 * SPEC.layers)
+            # Finish queued the fill of the whole prefix into B's store.
+            deadline = time.monotonic() + 10
+            while b.stats()["remote_fetched_chunks"] < 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(b.stats()["remote_fetched_chunks"], 8)
+            self.assertEqual(b.stats()["remote_fills_queued"], 1)
+            fills = b.stats()["remote_fills"]
+            self.assertEqual(b.lookup(SPEC, tokens), 8)  # local now: the cluster is not asked
+            self.assertEqual(b.stats()["remote_fills"], fills)
+            keys = ckv.chunk_keys(SPEC, tokens)
+            self.assertEqual(b.read_record(SPEC, keys[5], 2)[0].tobytes(),
+                             k[2][80:96].tobytes())
+            a.close()
+            b.close()
+        finally:
+            cluster.stop()
 
     def test_put_releases_the_gil(self):
         # A put of a large prefix (64 MiB, synced) runs in one thread while this one counts
