@@ -29,10 +29,13 @@ struct RemoteTierOptions {
   // Longest one connection attempt may take, milliseconds. Default: 200.
   uint32_t connect_timeout_ms = 200;
   // Deadline of one call to the cluster (all its requests, redirections and retries),
-  // milliseconds. A Lookup or Re-Prefill that goes to the cluster asks how far the chain
-  // continues there (one call), then fetches it, 32 chunks per call, starting no call past this
-  // since it began; a call that fails or passes its deadline ends the fill there, and the chunks
-  // not fetched are a miss. So the cluster delays a Lookup by at most about twice this.
+  // milliseconds. A Lookup (or a Re-Prefill that reads every chunk) that goes to the cluster
+  // asks how far the chain continues there (one call), then fetches it, 32 chunks per call,
+  // starting no call past this since it began; a call that fails or passes its deadline ends
+  // the fill there, and the chunks not fetched are a miss. So the cluster delays a Lookup by at
+  // most about twice this. A Re-Prefill that selects (quest, mean-key below budget 1) reads the
+  // chunks' heads the same way, and then its selected records, 64 per call: a layer whose
+  // records a call could not bring fails with that call's error (docs/remote.md).
   // Default: 500.
   uint32_t call_timeout_ms = 500;
   // First part of every key ckv writes: "<key_prefix>:<model fingerprint>:<chunk key>". Must
