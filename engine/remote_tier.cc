@@ -97,7 +97,9 @@ RemoteTier::~RemoteTier() {
   std::deque<FetchJob> left;
   {
     absl::MutexLock lock(&mu_);
-    left.swap(fetches_);
+    left.swap(demand_fetches_);
+    for (FetchJob& job : ahead_fetches_) left.push_back(std::move(job));
+    ahead_fetches_.clear();
   }
   for (FetchJob& job : left) {
     job.fetch.done(absl::CancelledError(absl::StrCat(
@@ -297,7 +299,9 @@ RemoteHeads RemoteTier::FindHeads(const ModelSpec& spec, std::span<const int32_t
 void RemoteTier::FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches) {
   auto shared = std::make_shared<const ModelSpec>(spec);
   absl::MutexLock lock(&mu_);
-  for (RemoteRecordFetch& f : fetches) fetches_.push_back(FetchJob{shared, std::move(f)});
+  for (RemoteRecordFetch& f : fetches) {
+    (f.demand ? demand_fetches_ : ahead_fetches_).push_back(FetchJob{shared, std::move(f)});
+  }
 }
 
 void RemoteTier::FetchLoop() {
@@ -307,14 +311,16 @@ void RemoteTier::FetchLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !fetches_.empty();
+        return stop_ || !demand_fetches_.empty() || !ahead_fetches_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       batch.clear();
-      while (!fetches_.empty() && batch.size() < kRecordsPerCall) {
-        batch.push_back(std::move(fetches_.front()));
-        fetches_.pop_front();
+      for (std::deque<FetchJob>* queue : {&demand_fetches_, &ahead_fetches_}) {
+        while (!queue->empty() && batch.size() < kRecordsPerCall) {
+          batch.push_back(std::move(queue->front()));
+          queue->pop_front();
+        }
       }
     }
     FetchBatch(batch);

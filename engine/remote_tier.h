@@ -102,6 +102,8 @@ struct RemoteRecordFetch {
   const remote::DecodedChunkHead* head = nullptr;  // must outlive `done`'s call
   std::span<std::byte> dest;
   std::function<void(const absl::Status&)> done;
+  // A record a layer waits for now: read before every queued read ahead (prefetch, speculation).
+  bool demand = true;
 };
 
 // What Check found for some chunks.
@@ -164,7 +166,7 @@ class RemoteTier {
                         uint64_t local_chunks, uint64_t max_chunks);
 
   // Queues `fetches` for the fetch thread, which reads them in pipelined calls of up to 64
-  // records across the masters. Each `done` is called exactly once, on that thread (also when
+  // records across the masters, demand reads first, each kind in the order queued. Each `done` is called exactly once, on that thread (also when
   // the tier closes: Cancelled). Records of `spec` only.
   void FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches);
 
@@ -217,7 +219,8 @@ class RemoteTier {
   // Chunks published or queued: not queued again. Forgotten when it passes a million entries.
   absl::flat_hash_set<ChunkKey> known_ ABSL_GUARDED_BY(mu_);
   std::deque<FillJob> fills_ ABSL_GUARDED_BY(mu_);
-  std::deque<FetchJob> fetches_ ABSL_GUARDED_BY(mu_);
+  std::deque<FetchJob> demand_fetches_ ABSL_GUARDED_BY(mu_);
+  std::deque<FetchJob> ahead_fetches_ ABSL_GUARDED_BY(mu_);  // prefetches and speculation
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -512,7 +512,8 @@ class SessionImpl final : public ReprefillSession {
                   slot->status = status;
                 }
                 cv_.SignalAll();
-              }});
+              },
+              priority == prefetch::Priority::kDemand});
           continue;
         }
         new_slots.push_back(slot);
