@@ -259,6 +259,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       s.remote_fill_misses = r.fill_misses;
       s.remote_fetched_chunks = r.fetched_chunks;
       s.remote_fetched_bytes = r.fetched_bytes;
+      s.remote_head_reads = r.head_reads;
+      s.remote_head_misses = r.head_misses;
       s.remote_head_chunks = r.head_chunks;
       s.remote_session_records = r.session_records;
       s.remote_session_record_bytes = r.session_record_bytes;
@@ -558,7 +560,8 @@ std::string EngineImpl::Metrics() {
               "Chunks whose SET failed (unreachable cluster, OOM, ...), since Open.",
               s.remote_publish_failures);
   out.Counter("ckv_remote_fills_total",
-              "Local misses (Lookup, BeginReprefill) that asked the cluster, since Open.",
+              "Fills from the cluster (a Lookup's local miss, a BeginReprefill's that reads every "
+              "chunk, a selecting session's after its Finish), since Open.",
               s.remote_fills);
   out.Counter("ckv_remote_fill_misses_total",
               "Of those, the ones the cluster had nothing to give for, since Open.",
@@ -568,6 +571,13 @@ std::string EngineImpl::Metrics() {
               s.remote_fetched_chunks);
   out.Counter("ckv_remote_fetched_bytes_total", "Value bytes of those chunks, since Open.",
               s.remote_fetched_bytes);
+  out.Counter("ckv_remote_head_reads_total",
+              "Local misses of selecting Re-Prefill sessions that asked the cluster for chunk "
+              "heads, since Open.",
+              s.remote_head_reads);
+  out.Counter("ckv_remote_head_misses_total",
+              "Of those, the ones the cluster had no chunk for, since Open.",
+              s.remote_head_misses);
   out.Counter("ckv_remote_head_chunks_total",
               "Chunk heads (header and summaries) Re-Prefill sessions read from the cluster, "
               "verified, since Open.",

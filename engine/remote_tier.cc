@@ -24,6 +24,14 @@ constexpr size_t kFetchBatch = 32;
 
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// `status` with the record it concerns named first.
+absl::Status NameRecord(const absl::Status& status, const ModelSpec& spec,
+                        const RemoteRecordFetch& f) {
+  return absl::Status(status.code(), absl::StrCat("remote record ", f.key.ToHex(), "/L", f.layer,
+                                                  " of ", spec.model_id, ": ",
+                                                  status.message()));
+}
+
 }  // namespace
 
 absl::StatusOr<remote::ClusterOptions> RemoteTier::ClientOptions(
@@ -102,8 +110,7 @@ RemoteTier::~RemoteTier() {
     ahead_fetches_.clear();
   }
   for (FetchJob& job : left) {
-    job.fetch.done(absl::CancelledError(absl::StrCat(
-        "remote record ", job.fetch.key.ToHex(), "/L", job.fetch.layer, ": the tier closed")));
+    job.fetch.done(NameRecord(absl::CancelledError("the tier closed"), *job.spec, job.fetch));
   }
 }
 
@@ -240,7 +247,7 @@ RemoteHeads RemoteTier::FindHeads(const ModelSpec& spec, std::span<const int32_t
   if (local_chunks >= total) return out;
   {
     absl::MutexLock lock(&mu_);
-    ++stats_.fills;
+    ++stats_.head_reads;
   }
   const ChunkKey fp = spec.Fingerprint();
   const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens.first(total * c));
@@ -291,16 +298,42 @@ RemoteHeads RemoteTier::FindHeads(const ModelSpec& spec, std::span<const int32_t
     }
   }
   absl::MutexLock lock(&mu_);
-  if (out.keys.empty()) ++stats_.fill_misses;
+  if (out.keys.empty()) ++stats_.head_misses;
   stats_.head_chunks += out.keys.size();
   return out;
 }
 
 void RemoteTier::FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches) {
   auto shared = std::make_shared<const ModelSpec>(spec);
-  absl::MutexLock lock(&mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      for (RemoteRecordFetch& f : fetches) {
+        (f.demand ? demand_fetches_ : ahead_fetches_).push_back(FetchJob{shared, std::move(f)});
+      }
+      return;
+    }
+  }
   for (RemoteRecordFetch& f : fetches) {
-    (f.demand ? demand_fetches_ : ahead_fetches_).push_back(FetchJob{shared, std::move(f)});
+    f.done(NameRecord(absl::CancelledError("the tier is closing"), spec, f));
+  }
+}
+
+void RemoteTier::CancelFetches(const void* owner) {
+  std::vector<FetchJob> taken;
+  {
+    absl::MutexLock lock(&mu_);
+    for (std::deque<FetchJob>* queue : {&demand_fetches_, &ahead_fetches_}) {
+      std::deque<FetchJob> kept;
+      for (FetchJob& job : *queue) {
+        (job.fetch.owner == owner ? taken.emplace_back(std::move(job))
+                                  : kept.emplace_back(std::move(job)));
+      }
+      queue->swap(kept);
+    }
+  }
+  for (FetchJob& job : taken) {
+    job.fetch.done(NameRecord(absl::CancelledError("taken back"), *job.spec, job.fetch));
   }
 }
 
@@ -315,7 +348,15 @@ void RemoteTier::FetchLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      batch.clear();
+      // Reads ahead that a layer now waits for go first: they were queued before any demand
+      // read now queued, and a flood of demand reads must not hold them back.
+      std::deque<FetchJob> ahead;
+      for (FetchJob& job : ahead_fetches_) {
+        const bool promoted = job.fetch.promoted != nullptr && job.fetch.promoted->load();
+        (promoted && batch.size() < kRecordsPerCall ? batch.emplace_back(std::move(job))
+                                                    : ahead.emplace_back(std::move(job)));
+      }
+      ahead_fetches_.swap(ahead);
       for (std::deque<FetchJob>* queue : {&demand_fetches_, &ahead_fetches_}) {
         while (!queue->empty() && batch.size() < kRecordsPerCall) {
           batch.push_back(std::move(queue->front()));
@@ -324,6 +365,7 @@ void RemoteTier::FetchLoop() {
       }
     }
     FetchBatch(batch);
+    batch.clear();  // the callbacks hold their sessions' slots: let them go now
   }
 }
 
@@ -348,8 +390,8 @@ void RemoteTier::FetchBatch(std::vector<FetchJob>& batch) {
     RemoteRecordFetch& f = batch[i].fetch;
     absl::Status status;
     if (!replies[i].ok()) {
-      status = replies[i].status();
-      if (first_error.ok()) first_error = status;
+      status = NameRecord(replies[i].status(), spec, f);
+      if (first_error.ok()) first_error = replies[i].status();
     } else if (replies[i]->str.size() != f.dest.size()) {
       // GETRANGE of a missing key is empty; of a shorter value, short.
       status = absl::UnavailableError(absl::StrCat(

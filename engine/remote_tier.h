@@ -36,6 +36,7 @@
 #define CKV_ENGINE_REMOTE_TIER_H_
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -70,12 +71,15 @@ struct RemoteTierStats {
   uint64_t fill_misses = 0;        // of which found nothing to fetch
   uint64_t fetched_chunks = 0;     // chunks fetched, verified and written into the local store
   uint64_t fetched_bytes = 0;      // their value bytes
+  uint64_t head_reads = 0;         // local misses of selecting sessions that asked (FindHeads)
+  uint64_t head_misses = 0;        // of which found no chunk there
   uint64_t head_chunks = 0;        // chunk heads sessions read (FindHeads), verified
   uint64_t session_records = 0;    // records sessions read (FetchRecords), verified
   uint64_t session_record_bytes = 0;  // their bytes
   uint64_t fills_queued = 0;       // FillLater calls queued
   uint64_t fills_dropped = 0;      // FillLater calls a full fill queue turned away
-  uint64_t corrupt_chunks = 0;     // values that failed verification (DataLoss), never served
+  uint64_t corrupt_chunks = 0;     // values, heads or records that failed verification
+                                   // (DataLoss), never served
   uint64_t errors = 0;             // calls that failed: unreachable, timed out, redirected away
   uint64_t timeouts = 0;           // of which timed out
   uint64_t budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
@@ -93,9 +97,10 @@ struct RemoteHeads {
 
 // A record a session wants from the cluster: layer `layer` of chunk `keys[i]` of FindHeads'
 // result, read into `dest` (spec.RecordBytes()), verified against `head`. `done` runs on the
-// fetch thread with OK once `dest` holds the verified record, or with the error: Unavailable for
-// a record gone from the cluster (evicted since its head was read) or a call that failed,
-// DeadlineExceeded for one that timed out, DataLoss for one that fails verification.
+// fetch thread with OK once `dest` holds the verified record, or with the error, naming the
+// record: Unavailable for a record gone from the cluster (evicted since its head was read) or a
+// call that failed, DeadlineExceeded for one that timed out, DataLoss for one that fails
+// verification, Cancelled for one taken back (CancelFetches, or the tier closing).
 struct RemoteRecordFetch {
   ChunkKey key;
   uint32_t layer = 0;
@@ -104,6 +109,10 @@ struct RemoteRecordFetch {
   std::function<void(const absl::Status&)> done;
   // A record a layer waits for now: read before every queued read ahead (prefetch, speculation).
   bool demand = true;
+  // A read ahead that a layer now waits for: set (by the session) to have it read first.
+  std::shared_ptr<std::atomic<bool>> promoted;
+  // Whose read it is (CancelFetches takes back an owner's queued reads).
+  const void* owner = nullptr;
 };
 
 // What Check found for some chunks.
@@ -166,9 +175,16 @@ class RemoteTier {
                         uint64_t local_chunks, uint64_t max_chunks);
 
   // Queues `fetches` for the fetch thread, which reads them in pipelined calls of up to 64
-  // records across the masters, demand reads first, each kind in the order queued. Each `done` is called exactly once, on that thread (also when
-  // the tier closes: Cancelled). Records of `spec` only.
+  // records across the masters: first the reads ahead that were promoted, then demand reads,
+  // then the other reads ahead, each kind in the order queued. Each `done` is called exactly
+  // once: on the fetch thread, or with Cancelled on the thread that takes the read back
+  // (CancelFetches, ~RemoteTier; a read queued after the tier began to close is cancelled at
+  // once). Records of `spec` only.
   void FetchRecords(const ModelSpec& spec, std::vector<RemoteRecordFetch> fetches);
+
+  // Takes back the reads of `owner` still queued, calling their `done` with Cancelled on this
+  // thread; those in a call already are not waited for here.
+  void CancelFetches(const void* owner);
 
   // Queues a Fill of `tokens` (its whole chunks) for the publishing thread: after a session that
   // read some chunks from the cluster, so that the next request finds the prefix locally. At

@@ -3,6 +3,7 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <utility>
@@ -84,7 +85,10 @@ struct Slot {
   uint32_t read_bytes = 0;  // the device read's length
   bool served = false;      // shown in a view
   bool hit = false;         // found in a tier, not read
-  bool remote = false;      // read from the shared tier (its request cannot be cancelled)
+  bool remote = false;      // read from the shared tier
+  // A remote read ahead: set when a layer comes to wait for it, so that the tier reads it first
+  // (a remote read cannot be resubmitted at another priority as a local one is).
+  std::shared_ptr<std::atomic<bool>> promoted;
   // Read from NVMe and not yet offered to the tiers: the session offers it when a layer first
   // needs it (on its own thread, so that the read engine's thread only reads and verifies).
   bool to_admit = false;
@@ -147,6 +151,7 @@ class SessionImpl final : public ReprefillSession {
     select_options_.recent_chunks = options.recent_chunks;
     stats_.matched_chunks = keys_.size();
     stats_.remote_chunks = remote_.size();
+    for (const std::string& head : remote_.bytes) stats_.remote_bytes_read += head.size();
     CKV_DCHECK(keys_.size() == local_ + remote_.size());
     idle_at_begin_ = reads_->stats().idle_with_pending_seconds;
   }
@@ -452,6 +457,7 @@ class SessionImpl final : public ReprefillSession {
     std::vector<prefetch::ReadRequest> batch;
     std::vector<std::shared_ptr<Slot>> new_slots;
     std::vector<RemoteRecordFetch> remote_batch;
+    absl::Status request_error;
     {
       absl::MutexLock lock(&mu_);
       for (uint32_t j : chunks) {
@@ -466,8 +472,11 @@ class SessionImpl final : public ReprefillSession {
                              (s.state == Slot::State::kFailed &&
                               s.priority != prefetch::Priority::kDemand &&
                               priority == prefetch::Priority::kDemand);
-          // A read from the shared tier cannot be taken back: it is simply waited for.
-          if ((!upgrade || s.remote) && !retry) continue;
+          if (upgrade && s.remote) {  // promoted in place, and waited for
+            if (s.promoted != nullptr) s.promoted->store(true);
+            continue;
+          }
+          if (!upgrade && !retry) continue;
           if (upgrade) {
             // Only a queued request can be taken back; one in flight is simply waited for.
             const prefetch::RequestId id = s.id;
@@ -497,6 +506,9 @@ class SessionImpl final : public ReprefillSession {
           CKV_DCHECK(!keys_only);
           slot->remote = true;
           slot->read_bytes = spec_.RecordBytes();
+          if (priority != prefetch::Priority::kDemand) {
+            slot->promoted = std::make_shared<std::atomic<bool>>(false);
+          }
           remote_batch.push_back(RemoteRecordFetch{
               keys_[j], real_layer, &remote_.heads[j - local_], slot->data,
               [this, slot](const absl::Status& status) {
@@ -507,21 +519,36 @@ class SessionImpl final : public ReprefillSession {
                   slot->state = Slot::State::kLanded;
                   stats_.remote_records++;
                   stats_.remote_bytes_read += slot->read_bytes;
+                } else if (absl::IsCancelled(status)) {
+                  slot->state = Slot::State::kCancelled;
                 } else {
                   slot->state = Slot::State::kFailed;
                   slot->status = status;
                 }
                 cv_.SignalAll();
               },
-              priority == prefetch::Priority::kDemand});
+              priority == prefetch::Priority::kDemand, slot->promoted, this});
           continue;
         }
         new_slots.push_back(slot);
         // Keys only: the record's first half, unverified (the checksum covers the record).
-        CKV_ASSIGN_OR_RETURN(
-            prefetch::ReadRequest r,
+        absl::StatusOr<prefetch::ReadRequest> read =
             RecordRead(host_, *pinned_, j, real_layer, priority, slot->data,
-                       keys_only ? static_cast<uint32_t>(slot->data.size()) : 0));
+                       keys_only ? static_cast<uint32_t>(slot->data.size()) : 0);
+        if (!read.ok()) {
+          // None of this call's local reads is submitted: their slots fail, so that no one
+          // waits for them (the remote ones queued so far go ahead).
+          request_error = read.status();
+          for (auto& s : new_slots) {
+            s->state = Slot::State::kFailed;
+            s->status = request_error;
+          }
+          new_slots.clear();
+          batch.clear();
+          cv_.SignalAll();
+          break;
+        }
+        prefetch::ReadRequest r = std::move(*read);
         slot->read_bytes = r.length;
         slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
         r.callback = [this, slot, keys_only](const prefetch::ReadResult& result) {
@@ -544,6 +571,7 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     if (!remote_batch.empty()) host_.remote_tier()->FetchRecords(spec_, std::move(remote_batch));
+    if (!request_error.ok()) return request_error;
     if (batch.empty()) return absl::OkStatus();
     auto ids = reads_->SubmitBatch(batch);
     absl::MutexLock lock(&mu_);
@@ -653,6 +681,9 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     for (prefetch::RequestId id : ids) reads_->Cancel(id).IgnoreError();  // see CancelUnneeded
+    // The shared tier's reads still queued are taken back; those in a call end within its
+    // deadline.
+    if (!remote_.keys.empty()) host_.remote_tier()->CancelFetches(this);
     // Callbacks capture `this`: wait for every read of this session before it goes.
     absl::MutexLock lock(&mu_);
     auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

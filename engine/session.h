@@ -26,10 +26,11 @@
 // The shared tier: where the engine has one and SelectsRemoteRecords, the chunks that continue the
 // prefix in the cluster (their verified heads: RemoteTier::FindHeads) follow the pinned ones.
 // Their summaries come from the heads, and each record selected of them is read from the cluster
-// (RemoteTier::FetchRecords: verified, then offered to the tiers like one read from NVMe) at the
-// priority's turn, never cancelled. A record the cluster no longer gives fails the layers that
-// need it (as a failed read does). Finish queues a fill of the whole prefix into the local store
-// (RemoteTier::FillLater).
+// (RemoteTier::FetchRecords: verified, then offered to the tiers like one read from NVMe), demand
+// reads first; a read ahead that a layer comes to need is promoted in place rather than
+// resubmitted, and Finish takes back those still queued (RemoteTier::CancelFetches). A record
+// the cluster no longer gives fails the layers that need it (as a failed read does). Finish
+// queues a fill of the whole prefix into the local store (RemoteTier::FillLater).
 //
 // Bubbles: SessionStats::device_idle_seconds is the read engine's idle-with-work time during the
 // session (engine-wide: with several sessions at once it is shared, not split).

@@ -301,6 +301,7 @@ py::dict EngineStatsDict(const ckv::EngineStats& s) {
   CKV_FIELD(remote_published_chunks); CKV_FIELD(remote_published_bytes);
   CKV_FIELD(remote_publish_failures); CKV_FIELD(remote_fills); CKV_FIELD(remote_fill_misses);
   CKV_FIELD(remote_fetched_chunks); CKV_FIELD(remote_fetched_bytes);
+  CKV_FIELD(remote_head_reads); CKV_FIELD(remote_head_misses);
   CKV_FIELD(remote_head_chunks); CKV_FIELD(remote_session_records);
   CKV_FIELD(remote_session_record_bytes); CKV_FIELD(remote_fills_queued);
   CKV_FIELD(remote_fills_dropped); CKV_FIELD(remote_corrupt_chunks); CKV_FIELD(remote_errors);

@@ -97,8 +97,9 @@ class LayerView {
     uint32_t first_token = 0;        // position of its first token: chunk * chunk_tokens
     const std::byte* data = nullptr; // K [c, kv_heads, head_dim] then V, in the spec's dtype
     Tier tier = Tier::kSession;      // kGpu: a device pointer (the host backend: host memory)
-    // Where the session found it: kGpu or kCpu for a tier hit, kSession when it was read from
-    // NVMe for this session (and then perhaps admitted to a tier, which `tier` says).
+    // Where the session found it: kGpu or kCpu for a tier hit, kSession when it was read for
+    // this session, from NVMe or from the shared tier (EngineOptions::remote), and then perhaps
+    // admitted to a tier, which `tier` says.
     Tier found_in = Tier::kSession;
   };
 
@@ -137,7 +138,9 @@ struct SessionStats {
   uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
   // The shared tier (EngineOptions::remote): matched chunks found there and not locally, whose
   // selected records this session read from the cluster (a selector that reads summaries, below
-  // budget 1; see docs/remote.md), and those records and their bytes (not in bytes_read).
+  // budget 1; see docs/remote.md); those records; and the bytes read from the cluster, the
+  // chunks' heads and those records (not in bytes_read). Prefetched bytes (used and wasted)
+  // count reads ahead from NVMe and from the cluster alike.
   uint64_t remote_chunks = 0;
   uint64_t remote_records = 0;
   uint64_t remote_bytes_read = 0;
@@ -155,9 +158,10 @@ struct SessionStats {
   double device_idle_seconds = 0;        // bubbles: time the read engine had no read in flight
                                          // while requests were queued, during the session
                                          // (engine-wide: shared by concurrent sessions)
-  // bytes_read / bytes_needed (0 when nothing was needed).
+  // (bytes_read + remote_bytes_read) / bytes_needed (0 when nothing was needed).
   double read_amplification() const {
-    return bytes_needed == 0 ? 0.0 : static_cast<double>(bytes_read) / bytes_needed;
+    return bytes_needed == 0 ? 0.0
+                             : static_cast<double>(bytes_read + remote_bytes_read) / bytes_needed;
   }
 };
 

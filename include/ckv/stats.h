@@ -106,12 +106,15 @@ struct EngineStats {
   uint64_t remote_fetched_chunks = 0;     // chunks fetched, verified and stored locally
   uint64_t remote_fetched_bytes = 0;
   // Re-Prefill sessions that select (docs/remote.md): chunk heads read, records read.
+  uint64_t remote_head_reads = 0;         // their local misses that asked the cluster
+  uint64_t remote_head_misses = 0;        // of which the cluster had no chunk to give
   uint64_t remote_head_chunks = 0;        // chunks whose head (header, summaries) was read
   uint64_t remote_session_records = 0;    // records read for sessions, verified
   uint64_t remote_session_record_bytes = 0;
   uint64_t remote_fills_queued = 0;       // whole-prefix fills queued after such sessions
   uint64_t remote_fills_dropped = 0;      // of those, turned away by a full queue
-  uint64_t remote_corrupt_chunks = 0;     // values that failed verification: never served
+  uint64_t remote_corrupt_chunks = 0;     // values, heads or records that failed verification:
+                                          // never served
   uint64_t remote_errors = 0;             // cluster calls that failed (unreachable, timed out)
   uint64_t remote_timeouts = 0;           // of which timed out
   uint64_t remote_publish_queue_depth = 0;  // chunks waiting to be published now
