@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "remote/key_slot.h"
+#include "remote/resp_reader.h"
 
 namespace ckv::remote {
 
@@ -499,8 +500,9 @@ void ClusterClient::HandleReply(Group& g, size_t i, Reply reply) {
 // The groups of one round, on one thread: every group's pipeline is written into its
 // connection's output buffer, then one poll loop over all the connections writes what is left and
 // reads whatever replies arrive, from whichever node answers first, until every group has all
-// its replies or the deadline passes. The nodes work in parallel; ckv reads up to 64 KiB at a
-// time (redisBufferRead reads 16 KiB) and hands it to hiredis's reader.
+// its replies or the deadline passes. The nodes work in parallel. Replies are read by ckv's own
+// RespReader (remote/resp_reader.h), not hiredis's: a value's payload goes from the socket
+// straight into the string the caller gets, with no copy through a reader buffer.
 void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
   struct Live {
     Group* g = nullptr;
@@ -508,6 +510,7 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     // The replies expected, in order: (request index in the group, is the ASKING reply).
     std::vector<std::pair<size_t, bool>> expected;
     size_t next = 0;
+    RespReader reader;
     bool writing = false;
     bool done = false;
   };
@@ -560,10 +563,9 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
   auto finish = [&](Live& l, const absl::Status* error) {
     l.done = true;
     if (error != nullptr) FailGroup(*l.g, *error);
-    Release(l.g->node, l.c, error == nullptr);
+    // A connection with bytes left over (none are expected past the last reply) is not reused.
+    Release(l.g->node, l.c, error == nullptr && l.reader.idle());
   };
-  constexpr size_t kReadBytes = 64 << 10;
-  thread_local std::vector<char> buffer(kReadBytes);
   std::vector<pollfd> fds;
   std::vector<Live*> polled;
   while (true) {
@@ -606,7 +608,7 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
         l.writing = written_all == 0;
       }
       if ((ev & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      const ssize_t got = read(l.c->fd, buffer.data(), buffer.size());
+      const ssize_t got = l.reader.ReadFrom(l.c->fd);
       if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (got <= 0) {
         const absl::Status s = absl::UnavailableError(absl::StrCat(
@@ -616,26 +618,22 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
         finish(l, &s);
         continue;
       }
-      if (redisReaderFeed(l.c->reader, buffer.data(), static_cast<size_t>(got)) != REDIS_OK) {
-        const absl::Status s = absl::InternalError(
-            absl::StrCat("redis ", l.g->node.ToString(), ": reader: ", l.c->reader->errstr));
-        finish(l, &s);
-        continue;
-      }
       bool broken = false;
       while (l.next < l.expected.size()) {
-        void* raw = nullptr;
-        if (redisGetReplyFromReader(l.c, &raw) != REDIS_OK) {
+        const auto [next_i, next_is_asking] = l.expected[l.next];
+        l.reader.UseStorageForNextReply(
+            next_is_asking ? nullptr : (*l.g->requests)[l.g->indices[next_i]].reply_storage);
+        absl::StatusOr<std::optional<Reply>> reply = l.reader.Next();
+        if (!reply.ok()) {
           const absl::Status s = absl::InternalError(
-              absl::StrCat("redis ", l.g->node.ToString(), ": protocol error: ", l.c->errstr));
+              absl::StrCat("redis ", l.g->node.ToString(), ": ", reply.status().message()));
           finish(l, &s);
           broken = true;
           break;
         }
-        if (raw == nullptr) break;  // the rest has not arrived yet
-        OwnedReply reply = TakeReply(raw);
+        if (!reply->has_value()) break;  // the rest has not arrived yet
         const auto [i, is_asking] = l.expected[l.next++];
-        if (!is_asking) HandleReply(*l.g, i, std::move(*reply));
+        if (!is_asking) HandleReply(*l.g, i, std::move(**reply));
       }
       if (!broken && l.next == l.expected.size()) finish(l, nullptr);
     }
@@ -783,6 +781,33 @@ std::vector<absl::StatusOr<std::optional<std::string>>> ClusterClient::MultiGet(
       out.push_back(std::optional<std::string>());
     } else if (replies[i]->type == Reply::Type::kString) {
       out.push_back(std::optional<std::string>(std::move(replies[i]->str)));
+    } else {
+      out.push_back(absl::InternalError(absl::StrCat("GET ", keys[i], ": not a string reply")));
+    }
+  }
+  return out;
+}
+
+std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(
+    const std::vector<std::string>& keys, std::vector<std::string>* values) {
+  values->resize(keys.size());
+  std::vector<Request> requests(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    requests[i].argv = {"GET", keys[i]};
+    requests[i].reply_storage = &(*values)[i];
+  }
+  std::vector<absl::StatusOr<Reply>> replies = Execute(requests);
+  std::vector<absl::StatusOr<bool>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!replies[i].ok()) {
+      out.push_back(replies[i].status());
+    } else if (replies[i]->type == Reply::Type::kNil) {
+      (*values)[i].clear();
+      out.push_back(false);
+    } else if (replies[i]->type == Reply::Type::kString) {
+      (*values)[i] = std::move(replies[i]->str);
+      out.push_back(true);
     } else {
       out.push_back(absl::InternalError(absl::StrCat("GET ", keys[i], ": not a string reply")));
     }

@@ -13,7 +13,9 @@
 //   - A call's requests are grouped by node; each group is one pipeline on one connection
 //     (all commands written, then all replies read), and the groups of different nodes run in
 //     parallel: one poll loop on the caller's thread writes every pipeline and reads the
-//     replies as they arrive from whichever node answers.
+//     replies as they arrive from whichever node answers. Replies are parsed by ckv's own
+//     reader (remote/resp_reader.h), which reads a large value's payload straight from the
+//     socket into the string the caller gets: no copy through an intermediate buffer.
 //   - Every call has a deadline (`call_timeout` from its start). Connecting is bounded by
 //     `connect_timeout` and by what is left of the deadline, and every read and write of a
 //     socket by what is left of the deadline, so a node that is stopped (SIGSTOP) or
@@ -95,6 +97,11 @@ struct Reply {
 struct Request {
   std::vector<std::string> argv;
   size_t key_index = 1;
+  // Where the reply's string may be built (a GET's value): moved from into the reply, keeping
+  // its memory, so a caller that hands the same strings back call after call reads values
+  // without allocating or touching fresh pages. Left alone when the reply is not a string; may
+  // be left moved from (empty) when the request failed. nullptr: a fresh string. Not owned.
+  std::string* reply_storage = nullptr;
 };
 
 // Counters since the client was made.
@@ -126,6 +133,13 @@ class ClusterClient {
   // GET of each key: the value, nullopt for a missing key.
   std::vector<absl::StatusOr<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys);
+  // GET of each key into `values` (resized to keys.size()), building each value in the memory
+  // its string held from the last call (Request::reply_storage): a caller that reads values of
+  // a similar size again and again passes the same vector each time, and no value is allocated
+  // after the first call. Per key: true (values[i] holds the value), false (a missing key:
+  // values[i] is empty, its capacity kept), or the error (values[i] unspecified).
+  std::vector<absl::StatusOr<bool>> MultiGetInto(const std::vector<std::string>& keys,
+                                                 std::vector<std::string>* values);
   // SET of each (key, value).
   std::vector<absl::Status> MultiSet(
       const std::vector<std::pair<std::string, std::string>>& items);

@@ -120,6 +120,41 @@ TEST_F(ClusterClientTest, SetThenGetAcrossAllMasters) {
   EXPECT_FALSE(*exists[1]);
 }
 
+TEST_F(ClusterClientTest, MultiGetIntoReusesTheCallersStrings) {
+  auto client = NewClient();
+  std::vector<std::pair<std::string, std::string>> items;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back(absl::StrCat("into:", i));
+    // Small values and values past the reader's direct threshold, each its own bytes.
+    items.emplace_back(keys.back(), std::string(i % 2 == 0 ? 100 + i : (64 << 10) + i,
+                                                static_cast<char>('a' + i)));
+  }
+  for (const absl::Status& s : client->MultiSet(items)) ASSERT_TRUE(s.ok()) << s;
+  keys.push_back("into:missing");
+  std::vector<std::string> values;
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass);
+    std::vector<const char*> memory;
+    for (const std::string& v : values) memory.push_back(v.data());
+    auto got = client->MultiGetInto(keys, &values);
+    ASSERT_EQ(got.size(), keys.size());
+    ASSERT_EQ(values.size(), keys.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      ASSERT_TRUE(got[i].ok()) << got[i].status();
+      EXPECT_TRUE(*got[i]) << keys[i];
+      EXPECT_TRUE(values[i] == items[i].second) << keys[i];
+      // The second pass reads each value into the memory the first left.
+      if (pass == 1) {
+        EXPECT_EQ(values[i].data(), memory[i]) << keys[i];
+      }
+    }
+    ASSERT_TRUE(got.back().ok()) << got.back().status();
+    EXPECT_FALSE(*got.back());
+    EXPECT_TRUE(values.back().empty());
+  }
+}
+
 TEST_F(ClusterClientTest, SlotMigrationFollowsAskThenMoved) {
   auto client = NewClient();
   const std::string moved_key = "{mig}moved";

@@ -45,9 +45,11 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   EXPECT_GT(NumberAt(*json, "reprefill_cold_remote_s"), NumberAt(*json, "cold_fill_s"));
   EXPECT_EQ(NumberAt(*json, "fetched_bytes"), 8 * 206376);
   EXPECT_GT(NumberAt(*json, "ckv_gets_per_s"), 0);
+  EXPECT_GT(NumberAt(*json, "ckv_fresh_gets_per_s"), 0);
   if (!ckv::testing::FindOnPath("redis-benchmark").empty()) {
     EXPECT_GT(NumberAt(*json, "redis_benchmark_gets_per_s"), 0);
     EXPECT_GT(NumberAt(*json, "ratio"), 0);
+    EXPECT_GT(NumberAt(*json, "fresh_ratio"), 0);
   }
   // quest selects: the cold session takes the 8 heads (9,768 bytes each) and its selected
   // records from the cluster (budget 0.25: 2 chunks of 8 per layer, 24 layers of 8 KiB, and
