@@ -8,10 +8,16 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "remote/key_slot.h"
@@ -260,37 +266,49 @@ TEST_F(ClusterClientTest, EvictionUnderMaxmemoryLooksLikeAMiss) {
     cluster_->Cli(m, "CONFIG SET maxmemory-policy allkeys-lru");
     cluster_->Cli(m, "CONFIG SET maxmemory 4mb");
   }
-  const std::string value(64 << 10, 'e');
+  // Each key its own bytes (its name, then a filler of its own), so a hit proves it is that
+  // key's value, not any value of the right size.
+  auto value_of = [](const std::string& key) {
+    std::string v = key;
+    v.resize(64 << 10, static_cast<char>('a' + key.size() % 7 + key.back() % 13));
+    return v;
+  };
   std::vector<std::string> keys;
   for (int batch = 0; batch < 8; ++batch) {
     std::vector<std::pair<std::string, std::string>> items;
     for (int i = 0; i < 32; ++i) {
       keys.push_back(absl::StrCat("evict:", batch, ":", i));
-      items.emplace_back(keys.back(), value);
+      items.emplace_back(keys.back(), value_of(keys.back()));
     }
     for (const absl::Status& s : client->MultiSet(items)) EXPECT_TRUE(s.ok()) << s;
   }
   auto got = client->MultiGet(keys);
+  // The suite's cluster back as it was, before any assertion can end the test.
+  for (int m : masters) {
+    cluster_->Cli(m, "CONFIG SET maxmemory 0");
+    cluster_->Cli(m, "CONFIG SET maxmemory-policy noeviction");
+  }
+  ASSERT_EQ(got.size(), keys.size());
   size_t misses = 0, hits = 0;
-  for (const auto& g : got) {
-    ASSERT_TRUE(g.ok()) << g.status();
-    if (g->has_value()) {
-      EXPECT_EQ(**g, value);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << keys[i] << ": " << got[i].status();
+    if (got[i]->has_value()) {
+      EXPECT_TRUE(**got[i] == value_of(keys[i])) << keys[i] << ": served another value";
       ++hits;
     } else {
       ++misses;
     }
-  }
-  for (int m : masters) {
-    cluster_->Cli(m, "CONFIG SET maxmemory 0");
-    cluster_->Cli(m, "CONFIG SET maxmemory-policy noeviction");
   }
   // 16 MiB of values into 3 x 4 MiB: some were evicted (misses), some kept, none an error.
   EXPECT_GT(misses, 0u);
   EXPECT_GT(hits, 0u);
 }
 
-// Its own cluster, as a failover changes which nodes are masters.
+// Its own cluster, as a failover changes which nodes are masters. A reader thread keeps calling
+// while the main thread kills a master under it: until the replica is promoted, the victim's keys
+// fail within the call's deadline (Unavailable or DeadlineExceeded, never a hang, a miss or
+// another key's bytes) while the other masters' keys are still served; after it, every key is
+// served with its own bytes again.
 TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
   RedisCluster::Options o;
   o.masters = 3;
@@ -308,40 +326,125 @@ TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
   std::vector<std::string> keys;
   for (int i = 0; i < 100; ++i) {
     keys.push_back(absl::StrCat("fo:", i));
-    items.emplace_back(keys.back(), absl::StrCat("value-", i));
+    items.emplace_back(keys.back(), absl::StrCat("value-", i, "-", std::string(i, 'v')));
   }
   for (const absl::Status& s : (*client)->MultiSet(items)) ASSERT_TRUE(s.ok()) << s;
-  // Let the replicas catch up: WAIT on every master until its one replica acknowledged.
-  for (int i = 0; i < cluster.size(); ++i) {
-    if (cluster.IsMaster(i)) {
-      ASSERT_EQ(cluster.Cli(i, "WAIT 1 5000"), "1\n") << "node " << i;
-    }
-  }
-  auto victim_ep = (*client)->MasterOf(KeySlot(keys[0]));
-  ASSERT_TRUE(victim_ep.ok());
-  const int victim = cluster.NodeOfPort(victim_ep->port);
-  cluster.Kill(victim);
-  // Until the failover, reads of the victim's keys fail (within the call's deadline); after
-  // it, the client finds the promoted replica through a fresh slot map, and every key is there.
-  std::string last_problem;
-  bool recovered = WaitUntil(
+  // Let the replicas catch up before the kill, or a promoted replica may lack the last writes
+  // (replication is asynchronous), which would read as misses. WAIT from redis-cli cannot tell:
+  // it waits only for the writes of its own connection, which made none. So every replica's
+  // replication offset is compared with its master's.
+  auto offset_in = [](const std::string& info, const std::string& field) -> long long {
+    const size_t at = info.find(field + ":");
+    return at == std::string::npos ? -1 : std::atoll(info.c_str() + at + field.size() + 1);
+  };
+  std::string lagging;
+  const bool caught_up = WaitUntil(
       [&] {
-        auto got = (*client)->MultiGet(keys);
-        for (size_t i = 0; i < keys.size(); ++i) {
-          if (!got[i].ok()) {
-            last_problem = got[i].status().ToString();
-            return false;
-          }
-          if (!got[i]->has_value() || **got[i] != items[i].second) {
-            last_problem = keys[i] + ": missing or wrong after the failover";
+        for (int i = 0; i < cluster.size(); ++i) {
+          const std::string info = cluster.Cli(i, "INFO replication");
+          if (info.find("role:slave") == std::string::npos) continue;
+          const int master = cluster.NodeOfPort(static_cast<int>(offset_in(info, "master_port")));
+          if (master < 0) return false;
+          const long long mine = offset_in(info, "slave_repl_offset");
+          const long long theirs =
+              offset_in(cluster.Cli(master, "INFO replication"), "master_repl_offset");
+          if (mine < theirs || theirs <= 0) {
+            lagging = absl::StrCat("replica ", cluster.port(i), " at ", mine, " of ", theirs);
             return false;
           }
         }
         return true;
       },
+      absl::Seconds(10));
+  ASSERT_TRUE(caught_up) << lagging;
+  auto victim_ep = (*client)->MasterOf(KeySlot(keys[0]));
+  ASSERT_TRUE(victim_ep.ok());
+  const int victim = cluster.NodeOfPort(victim_ep->port);
+
+  // What the reader saw, call by call.
+  struct Seen {
+    int calls = 0;
+    int failed_calls = 0;         // calls with at least one failed key
+    int served_while_failing = 0;  // keys served by calls that also had failures
+    int ok_after_failure = 0;     // calls that served every key after one that failed
+    absl::Duration longest_call;
+    std::vector<std::string> problems;  // a hang, a miss, wrong bytes, an unexpected status
+  };
+  absl::Mutex mu;
+  Seen seen;
+  std::atomic<bool> stop{false};
+  // A call may take the deadline plus one connect timeout (cluster_client.h); more is a hang.
+  // Generous for a loaded machine or a sanitizer build, far below what a hang would show.
+  const absl::Duration bound = co.call_timeout + co.connect_timeout + absl::Milliseconds(800);
+  std::thread reader([&] {
+    while (!stop.load()) {
+      const absl::Time start = absl::Now();
+      auto got = (*client)->MultiGet(keys);
+      const absl::Duration took = absl::Now() - start;
+      int failed = 0, served = 0;
+      std::vector<std::string> problems;
+      if (took > bound) {
+        problems.push_back(absl::StrCat("a call took ", absl::FormatDuration(took)));
+      }
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!got[i].ok()) {
+          ++failed;
+          const absl::StatusCode code = got[i].status().code();
+          if (code != absl::StatusCode::kUnavailable &&
+              code != absl::StatusCode::kDeadlineExceeded) {
+            problems.push_back(absl::StrCat(keys[i], ": ", got[i].status().ToString()));
+          }
+        } else if (!got[i]->has_value()) {
+          problems.push_back(absl::StrCat(keys[i], ": a miss (the replica had it: WAIT)"));
+        } else if (**got[i] != items[i].second) {
+          problems.push_back(absl::StrCat(keys[i], ": wrong bytes \"", **got[i], "\""));
+        } else {
+          ++served;
+        }
+      }
+      absl::MutexLock lock(&mu);
+      ++seen.calls;
+      seen.longest_call = std::max(seen.longest_call, took);
+      if (failed > 0) {
+        ++seen.failed_calls;
+        seen.served_while_failing += served;
+      } else if (seen.failed_calls > 0) {
+        ++seen.ok_after_failure;
+      }
+      for (std::string& p : problems) {
+        if (seen.problems.size() < 20) seen.problems.push_back(std::move(p));
+      }
+    }
+  });
+  // Kill the victim while the reader is in full flow, then wait until it has been served
+  // everything, several times over, after the failover.
+  const bool flowing = WaitUntil(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return seen.calls >= 5;
+      },
+      absl::Seconds(10));
+  cluster.Kill(victim);
+  const bool recovered = WaitUntil(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return seen.ok_after_failure >= 3;
+      },
       absl::Seconds(20));
-  EXPECT_TRUE(recovered) << last_problem << "\n"
+  stop.store(true);
+  reader.join();
+
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(flowing) << seen.calls << " calls before the kill";
+  EXPECT_TRUE(recovered) << seen.failed_calls << " failed calls, " << seen.ok_after_failure
+                         << " whole calls after them\n"
                          << cluster.Cli(victim == 0 ? 1 : 0, "CLUSTER NODES");
+  // The kill was seen mid-run: calls failed (the victim's keys), and within their deadline;
+  // the other masters' keys were served all along.
+  EXPECT_GT(seen.failed_calls, 0);
+  EXPECT_GT(seen.served_while_failing, 0);
+  EXPECT_LE(seen.longest_call, bound);
+  EXPECT_TRUE(seen.problems.empty()) << absl::StrJoin(seen.problems, "\n");
   auto now_master = (*client)->MasterOf(KeySlot(keys[0]));
   ASSERT_TRUE(now_master.ok());
   EXPECT_NE(now_master->port, victim_ep->port);
