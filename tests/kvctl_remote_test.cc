@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvctl's --remote (put, lookup, verify) and remote-stats against a real Redis Cluster on
+// kvctl's --remote (put, lookup, replay, verify) and remote-stats against a real Redis Cluster on
 // loopback (tests/redis_cluster.h): a store filled on one "machine" is published, another store
 // is filled from the cluster, verify --remote finds a value corrupted in the cluster, and
-// remote-stats reports the masters. Skipped, saying why, where redis-server is absent.
+// remote-stats reports the masters; a trace replayed on one store is replayed on an empty one
+// from the cluster. Skipped, saying why, where redis-server is absent.
 
 #include <fstream>
 #include <string>
@@ -111,6 +112,70 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   // A cluster that does not answer: remote-stats says so (exit 3), and a bad --remote is usage.
   EXPECT_EQ(Kvctl("remote-stats --remote 127.0.0.1:1 2>/dev/null").exit_code, 3);
   EXPECT_EQ(Kvctl("remote-stats --remote nonsense 2>/dev/null").exit_code, 2);
+}
+
+// One store replays a trace and publishes what it stores; a second, empty store replays the same
+// trace and finds every turn's context in the cluster: each turn matches its whole prompt,
+// writes nothing itself, and what it fetched is the generator's bytes.
+TEST(KvctlRemoteTest, ReplayPublishesThenAnEmptyStoreReplaysFromTheCluster) {
+  RedisCluster::Options o;
+  o.masters = 3;
+  auto cluster = RedisCluster::Start(o);
+  CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(cluster.status());
+  const std::string remote = absl::StrCat("--remote ", (*cluster)->endpoint(2).ToString());
+  TempDir dir;
+  const std::string a = dir.Sub("a"), b = dir.Sub("b");
+  ASSERT_EQ(Kvctl("init " + a).exit_code, 0);
+  ASSERT_EQ(Kvctl("init " + b).exit_code, 0);
+  const std::string trace = dir.Sub("trace.jsonl");
+  // Turn 1: 256 tokens (16 chunks); turn 2 adds 136 (8 more whole chunks, and a tail).
+  std::ofstream(trace)
+      << "{\"conversation\": \"c\", \"turn\": 1, \"generate\": {\"seed\": 4, \"tokens\": 256}}\n"
+         "{\"conversation\": \"c\", \"turn\": 2, \"generate\": {\"seed\": 5, \"tokens\": 136}}\n";
+  const std::string replay = " --model qwen2.5-0.5b " + remote + " --json";
+
+  ProgramRun first = Kvctl("replay " + a + " " + trace + replay);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto fj = tools::ParseJson(first.output);
+  ASSERT_TRUE(fj.ok()) << first.output;
+  EXPECT_EQ(IntAt(*fj, "", "matched_chunks"), 16);  // turn 2 matched turn 1's chunks
+  EXPECT_EQ(IntAt(*fj, "", "chunks_written"), 24);
+  EXPECT_EQ(IntAt(*fj, "remote", "published_chunks"), 24);
+  EXPECT_EQ(IntAt(*fj, "remote", "publish_failures"), 0);
+  EXPECT_EQ(IntAt(*fj, "remote", "fetched_chunks"), 0);
+
+  ProgramRun second = Kvctl("replay " + b + " " + trace + replay);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  auto sj = tools::ParseJson(second.output);
+  ASSERT_TRUE(sj.ok()) << second.output;
+  const tools::JsonValue* turns = sj->Find("turns");
+  ASSERT_NE(turns, nullptr);
+  ASSERT_NE(turns->AsArray(), nullptr);
+  ASSERT_EQ(turns->AsArray()->size(), 2u);
+  // {prompt chunks, matched chunks} per turn: the whole prompt each time, none written.
+  const int64_t want[2][2] = {{16, 16}, {24, 24}};
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    const tools::JsonValue& t = (*turns->AsArray())[i];
+    EXPECT_EQ(IntAt(t, "", "prompt_chunks"), want[i][0]);
+    EXPECT_EQ(IntAt(t, "", "matched_chunks"), want[i][1]);
+    EXPECT_EQ(IntAt(t, "", "chunks_written"), 0);
+    EXPECT_GT(IntAt(t, "", "records_served"), 0);
+  }
+  EXPECT_EQ(IntAt(*sj, "remote", "fetched_chunks"), 24);
+  EXPECT_EQ(IntAt(*sj, "remote", "fetched_bytes"),
+            24 * static_cast<int64_t>(remote::ChunkValueBytes(*ModelSpec::Preset("qwen2.5-0.5b"))));
+  EXPECT_EQ(IntAt(*sj, "remote", "corrupt_chunks"), 0);
+  EXPECT_EQ(IntAt(*sj, "remote", "errors"), 0);
+  EXPECT_EQ(IntAt(*sj->Find("engine"), "", "chunks"), 24);
+  // b now holds the generator's bytes for every chunk, and serves the trace without the cluster.
+  ProgramRun verify_b = Kvctl("verify " + b + " --synthetic");
+  EXPECT_EQ(verify_b.exit_code, 0) << verify_b.output;
+  ProgramRun local = Kvctl("replay " + b + " " + trace + " --model qwen2.5-0.5b --no-put --json");
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  auto lj = tools::ParseJson(local.output);
+  ASSERT_TRUE(lj.ok()) << local.output;
+  EXPECT_EQ(IntAt(*lj, "", "matched_chunks"), 40);
 }
 
 }  // namespace

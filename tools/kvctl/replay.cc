@@ -275,6 +275,7 @@ int PrintReplayJson(const ReplayOptions& o, const ReplayInput& input, const Mode
       .Key("reprefill_seconds").Double(t.reprefill_seconds)
       .Key("engine");
   WriteStatsJson(w, stats);
+  if (!o.remote.empty()) WriteRemoteJson(w, stats);
   w.EndObject();
   return EmitJson(o.json, w);
 }
