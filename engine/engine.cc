@@ -676,6 +676,15 @@ class ReadOnlyEngine final : public Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options,
                                                       const std::string& path,
                                                       storage::FileSystem* file_system) {
+    // A view can neither publish (it writes nothing) nor keep what it would fetch (a fill is a
+    // Put into the local store): a remote tier here would silently do nothing, so say so.
+    if (!options.remote.seeds.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OpenReadOnly ", path, ": remote.seeds names ", options.remote.seeds.size(),
+          " node(s) (first ", options.remote.seeds.front(),
+          "), but a read-only engine can neither publish to the remote tier nor store chunks "
+          "fetched from it; open it with Engine::Open, or leave remote.seeds empty"));
+    }
     storage::StoreOptions o = StoreOptionsOf(options);
     o.read_only = true;
     o.file_system = file_system;

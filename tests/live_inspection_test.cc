@@ -48,6 +48,26 @@ std::map<std::string, std::pair<uintmax_t, std::filesystem::file_time_type>> Fil
   return files;
 }
 
+// A read-only view can neither publish nor store what it would fetch: remote seeds are refused
+// rather than silently ignored, and the same options without them open the view.
+TEST(LiveInspectionTest, AReadOnlyEngineRefusesARemoteTier) {
+  TempDir dir;
+  {
+    auto writer = Engine::Open(EngineOptions{}, dir.path());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+  }
+  EngineOptions options;
+  options.remote.seeds = {"127.0.0.1:7000", "127.0.0.1:7001"};
+  auto refused = Engine::OpenReadOnly(options, dir.path());
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("127.0.0.1:7000"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("read-only"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(dir.path()));
+  options.remote.seeds.clear();
+  auto opened = Engine::OpenReadOnly(options, dir.path());
+  EXPECT_TRUE(opened.ok()) << opened.status();
+}
+
 TEST(LiveInspectionTest, AReadOnlyEngineReadsBesideAWriterWritesNothingAndRefusesWrites) {
   TempDir dir;
   const ModelSpec spec = Spec();

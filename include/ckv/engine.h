@@ -60,8 +60,9 @@ class Engine {
   // not match, catches up, and says NotFound (or serves the chunk where it now lives), never
   // the other chunk's bytes; DataLoss only when the chunk is still there and still fails. Of
   // `options`, io_backend, io_queue_depth and logger are used (and checked as Open checks them);
-  // the cap, layout, tiers and create flags are not. Errors: NotFound when no store is at
-  // `path`; FailedPrecondition for a newer format; DataLoss for a damaged store (an open that
+  // the cap, layout, tiers and create flags are not. Errors: InvalidArgument when
+  // options.remote.seeds is not empty (a view cannot use the remote tier, docs/remote.md);
+  // NotFound when no store is at `path`; FailedPrecondition for a newer format; DataLoss for a damaged store (an open that
   // fails over an unchanged store is not retried); Unavailable when the writer kept changing
   // the store under 20 tries of the open.
   static absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnly(const EngineOptions& options,

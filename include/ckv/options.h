@@ -117,8 +117,9 @@ struct EngineOptions {
   uint64_t gpu_tier_bytes = 0;
   uint64_t cpu_tier_bytes = 0;
 
-  // The shared tier on a Redis Cluster; off unless remote.seeds names a node. Used by Open
-  // (a read-only engine ignores it). Default: off.
+  // The shared tier on a Redis Cluster; off unless remote.seeds names a node. Used by Open;
+  // OpenReadOnly refuses seeds with InvalidArgument (a read-only view can neither publish nor
+  // store the chunks it would fetch). Default: off.
   RemoteTierOptions remote;
 
   // Where log lines go. nullptr = stderr. Not owned; must outlive the Engine.
