@@ -7,7 +7,8 @@
 #                        suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and
 #                        under ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
-#   tools/ckv.sh fuzz      the safetensors/JSON libFuzzer target for a bounded time (needs clang)
+#   tools/ckv.sh fuzz      the libFuzzer targets for a bounded time (needs clang): the
+#                          safetensors/JSON readers, and the RESP reader and remote chunk value
 #   tools/ckv.sh demo    install what is missing, build kvctl and reprefill_bench (not the tests),
 #                        run the demo on ./ckv-demo-store, then a short Re-Prefill benchmark on
 #                        ./ckv-demo-bench-store
@@ -52,10 +53,11 @@ Commands:
           build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and into
           build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
           fails it; the TSan run leaves out the crash test, whose children it would only slow);
-          then fuzzes the safetensors/JSON reader for 30 s (as fuzz does)
+          then fuzzes for 30 s in all (as fuzz does)
   sanitize  only the sanitizer runs of test
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
-          safetensors/JSON libFuzzer target into build-fuzz/ and run it for CKV_FUZZ_SECONDS
+          libFuzzer targets into build-fuzz/ (the safetensors/JSON readers; the RESP reader and
+          the remote chunk value's decoders) and run them for CKV_FUZZ_SECONDS in all
           (tests/fuzz/run_fuzz.sh); fails when it finds a crash, a sanitizer report or a leak
   demo    install missing Debian packages, build only kvctl and reprefill_bench (not the tests),
           then on a fresh store ./ckv-demo-store (in the current directory): kvctl init, put
@@ -77,7 +79,8 @@ Environment:
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
   CKV_DEMO_BENCH_STORE=DIR  where the demo's benchmark keeps its store
                       (default ./ckv-demo-bench-store)
-  CKV_FUZZ_SECONDS=N  how long to run the fuzzer (default 120 for fuzz, 30 within test)
+  CKV_FUZZ_SECONDS=N  how long to run the fuzzers, in all (default 120 for fuzz, 30 within
+                      test; two thirds to the safetensors/JSON target, a third to the remote one)
 EOF
 }
 

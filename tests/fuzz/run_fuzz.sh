@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Builds the safetensors/JSON fuzzer (tests/fuzz/safetensors_fuzz.cc) with clang++, libFuzzer,
-# AddressSanitizer and UndefinedBehaviorSanitizer into BUILD_DIR/fuzz, and runs it for SECONDS
-# seconds from the seed corpus tests/fuzz/corpus/ (new inputs it finds go to BUILD_DIR/fuzz/corpus,
-# a crashing input to BUILD_DIR/fuzz/crash-*). Exits non-zero when the fuzzer finds anything.
+# Builds the two fuzz targets with clang++, libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer into BUILD_DIR/fuzz, and runs them for SECONDS seconds in all: the
+# safetensors/JSON reader (tests/fuzz/safetensors_fuzz.cc, two thirds of the time, from the seed
+# corpus tests/fuzz/corpus/) and what a Redis Cluster node sends back, the RESP reader and the
+# remote chunk value's decoders (tests/fuzz/remote_fuzz.cc, a third, from tests/fuzz/remote_corpus/).
+# New inputs go to BUILD_DIR/fuzz/corpus and BUILD_DIR/fuzz/remote_corpus, a crashing input to
+# BUILD_DIR/fuzz/crash-*. Exits non-zero when a fuzzer finds anything.
 #
 # Needs the Debian packages clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes),
 # besides the project's libabsl-dev, libxxhash-dev and pkg-config. The project's sources the
@@ -27,25 +30,34 @@ if ! command -v "$CXX_FUZZ" >/dev/null; then
   echo "run_fuzz.sh: $CXX_FUZZ not found (Debian: apt-get install clang libclang-rt-14-dev)" >&2
   exit 1
 fi
-mkdir -p "$OUT/corpus"
+mkdir -p "$OUT/corpus" "$OUT/remote_corpus"
 
-sources=(
-  tests/fuzz/safetensors_fuzz.cc
-  tools/json_reader.cc tools/safetensors.cc tools/safetensors_kv.cc tools/model_spec_json.cc
-  common/model_spec.cc common/status.cc
-)
 # shellcheck disable=SC2207  # pkg-config prints space-separated flags
 libs=($(pkg-config --cflags --libs absl_status absl_statusor absl_strings absl_str_format libxxhash))
+build() {  # build NAME SOURCES...
+  local name=$1
+  shift
+  echo "run_fuzz.sh: building $OUT/$name" >&2
+  (cd "$REPO_ROOT" && "$CXX_FUZZ" -std=c++20 -O1 -g -fno-omit-frame-pointer \
+    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+    -Wall -Wextra -Werror -I include -I . "$@" "${libs[@]}" \
+    -o "$OUT/$name")
+}
+build safetensors_fuzz tests/fuzz/safetensors_fuzz.cc \
+  tools/json_reader.cc tools/safetensors.cc tools/safetensors_kv.cc tools/model_spec_json.cc \
+  common/model_spec.cc common/status.cc
+build remote_fuzz tests/fuzz/remote_fuzz.cc remote/resp_reader.cc remote/chunk_value.cc \
+  common/model_spec.cc common/chunk_key.cc common/status.cc
 
-echo "run_fuzz.sh: building $OUT/safetensors_fuzz" >&2
-(cd "$REPO_ROOT" && "$CXX_FUZZ" -std=c++20 -O1 -g -fno-omit-frame-pointer \
-  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -Wall -Wextra -Werror -I include -I . "${sources[@]}" "${libs[@]}" \
-  -o "$OUT/safetensors_fuzz")
-
-echo "run_fuzz.sh: fuzzing for ${SECONDS_TO_RUN}s" >&2
-# -rss_limit_mb: an input may make the reader allocate at most about its own size, so 2 GiB is a
+# -rss_limit_mb: an input may make a reader allocate at most about its own size, so 2 GiB is a
 # leak or a blow-up, not a big input. The first corpus directory receives new inputs.
-"$OUT/safetensors_fuzz" -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 \
-  -max_len=65536 -print_final_stats=1 -dict="$REPO_ROOT/tests/fuzz/safetensors.dict" \
+readonly REMOTE_SECONDS=$(( SECONDS_TO_RUN / 3 ))
+echo "run_fuzz.sh: fuzzing the safetensors/JSON reader for $(( SECONDS_TO_RUN - REMOTE_SECONDS ))s" >&2
+"$OUT/safetensors_fuzz" -max_total_time="$(( SECONDS_TO_RUN - REMOTE_SECONDS ))" -timeout=10 \
+  -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+  -dict="$REPO_ROOT/tests/fuzz/safetensors.dict" \
   -artifact_prefix="$OUT/" "$OUT/corpus" "$REPO_ROOT/tests/fuzz/corpus"
+echo "run_fuzz.sh: fuzzing the RESP reader and the remote chunk value for ${REMOTE_SECONDS}s" >&2
+"$OUT/remote_fuzz" -max_total_time="$REMOTE_SECONDS" -timeout=10 -rss_limit_mb=2048 \
+  -max_len=65536 -print_final_stats=1 \
+  -artifact_prefix="$OUT/" "$OUT/remote_corpus" "$REPO_ROOT/tests/fuzz/remote_corpus"
