@@ -46,33 +46,66 @@ class OneNodeCluster:
 
 
 def start_one_node_cluster(redis_server, redis_cli, workdir):
+    """Starts the node on a free port pair (the port and its cluster bus port, +10000); tries
+    another when a concurrent test took one first (the node then exits, and another test's node
+    could answer on the port: its process_id tells them apart)."""
     import socket
     import subprocess
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    node_dir = os.path.join(workdir, "redis")
-    os.makedirs(node_dir)
-    process = subprocess.Popen(
-        [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-         "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no",
-         "--dir", node_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cli = [redis_cli, "-p", str(port)]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        ping = subprocess.run(cli + ["PING"], capture_output=True, text=True)
-        if ping.stdout.strip() == "PONG":
-            break
-        time.sleep(0.05)
-    subprocess.run(cli + ["CLUSTER", "ADDSLOTSRANGE", "0", "16383"], check=True,
-                   capture_output=True)
-    while time.monotonic() < deadline:
-        info = subprocess.run(cli + ["CLUSTER", "INFO"], capture_output=True, text=True).stdout
-        if "cluster_state:ok" in info:
-            return OneNodeCluster(process, port)
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError("redis-server on port %d: the cluster did not come up" % port)
+    def free_port_pair():
+        # A port whose cluster bus port (+10000, at most 65535) is free too, as redis-server
+        # needs both.
+        for _ in range(100):
+            with socket.socket() as a:
+                a.bind(("127.0.0.1", 0))
+                port = a.getsockname()[1]
+                if port + 10000 > 65535:
+                    continue
+                try:
+                    with socket.socket() as b:
+                        b.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError("no free port pair on loopback")
+
+    for attempt in range(5):
+        port = free_port_pair()
+        node_dir = os.path.join(workdir, "redis-%d" % attempt)
+        os.makedirs(node_dir)
+        process = subprocess.Popen(
+            [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no",
+             "--dir", node_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cli = [redis_cli, "-p", str(port)]
+        ours = False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and process.poll() is None:
+            info = subprocess.run(cli + ["INFO", "server"], capture_output=True, text=True).stdout
+            if "process_id:%d\r" % process.pid in info or "process_id:%d\n" % process.pid in info:
+                ours = True
+                break
+            time.sleep(0.05)
+        if not ours:
+            process.kill()
+            process.wait()
+            continue
+        added = subprocess.run(cli + ["CLUSTER", "ADDSLOTSRANGE", "0", "16383"],
+                               capture_output=True, text=True)
+        if added.returncode != 0 or added.stdout.strip() != "OK":
+            process.kill()
+            process.wait()
+            raise RuntimeError("redis-server on port %d: CLUSTER ADDSLOTSRANGE answered %r %r"
+                               % (port, added.stdout, added.stderr))
+        while time.monotonic() < deadline:
+            info = subprocess.run(cli + ["CLUSTER", "INFO"], capture_output=True,
+                                  text=True).stdout
+            if "cluster_state:ok" in info:
+                return OneNodeCluster(process, port)
+            time.sleep(0.05)
+        process.kill()
+        process.wait()
+        raise RuntimeError("redis-server on port %d: the cluster did not come up" % port)
+    raise RuntimeError("redis-server: no free port after 5 tries")
 
 
 class CkvTest(unittest.TestCase):
