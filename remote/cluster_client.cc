@@ -769,20 +769,18 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
 
 std::vector<absl::StatusOr<std::optional<std::string>>> ClusterClient::MultiGet(
     const std::vector<std::string>& keys) {
-  std::vector<Request> requests(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) requests[i].argv = {"GET", keys[i]};
-  std::vector<absl::StatusOr<Reply>> replies = Execute(requests);
+  // Fresh strings, each value allocated as it arrives (no memory handed back).
+  std::vector<std::string> values;
+  std::vector<absl::StatusOr<bool>> found = MultiGetInto(keys, &values);
   std::vector<absl::StatusOr<std::optional<std::string>>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!replies[i].ok()) {
-      out.push_back(replies[i].status());
-    } else if (replies[i]->type == Reply::Type::kNil) {
-      out.push_back(std::optional<std::string>());
-    } else if (replies[i]->type == Reply::Type::kString) {
-      out.push_back(std::optional<std::string>(std::move(replies[i]->str)));
+    if (!found[i].ok()) {
+      out.push_back(found[i].status());
+    } else if (*found[i]) {
+      out.push_back(std::optional<std::string>(std::move(values[i])));
     } else {
-      out.push_back(absl::InternalError(absl::StrCat("GET ", keys[i], ": not a string reply")));
+      out.push_back(std::optional<std::string>());
     }
   }
   return out;
