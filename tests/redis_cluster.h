@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "remote/cluster_client.h"
+#include "tests/test_util.h"
 
 namespace ckv::testing {
 
@@ -56,17 +57,6 @@ inline std::string FindOnPath(const std::string& name) {
   return "";
 }
 
-// Runs `command` with /bin/sh, returns what it printed on stdout (stderr joined to it).
-inline std::string RunCommand(const std::string& command) {
-  std::string out;
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  pclose(f);
-  return out;
-}
 
 // Polls `done` every 20 ms until it is true or `timeout` passed; its last answer.
 inline bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout) {
@@ -140,9 +130,11 @@ class RedisCluster {
     }
     std::vector<std::string> addresses;
     for (int port : c->ports_) addresses.push_back(absl::StrCat("127.0.0.1:", port));
-    const std::string create = RunCommand(absl::StrCat(
-        cli, " --cluster create ", absl::StrJoin(addresses, " "), " --cluster-replicas ",
-        options.replicas_per_master, " --cluster-yes"));
+    const std::string create =
+        RunProgram(cli, absl::StrCat("--cluster create ", absl::StrJoin(addresses, " "),
+                                     " --cluster-replicas ", options.replicas_per_master,
+                                     " --cluster-yes"))
+            .output;
     if (create.find("All 16384 slots covered") == std::string::npos) {
       return absl::UnavailableError(absl::StrCat("redis-cli --cluster create failed: ", create));
     }
@@ -194,7 +186,7 @@ class RedisCluster {
 
   // redis-cli -p <node's port> <args> (args are passed through /bin/sh).
   std::string Cli(int node, const std::string& args) const {
-    return RunCommand(absl::StrCat(cli_, " -p ", ports_[node], " ", args));
+    return RunProgram(cli_, absl::StrCat("-p ", ports_[node], " ", args)).output;
   }
   bool ClusterOk(int node) const {
     return Cli(node, "CLUSTER INFO").find("cluster_state:ok") != std::string::npos;

@@ -33,9 +33,12 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   auto cluster = RedisCluster::Start(o);
   CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(cluster.status());
   TempDir dir;
-  const std::string out = ckv::testing::RunCommand(absl::StrCat(
-      CKV_REMOTE_BENCH_PATH, " --remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
-      dir.Sub("stores"), " --tokens 128 --runs 1 --seconds 0.2 --json"));
+  const std::string out =
+      ckv::testing::RunProgram(
+          CKV_REMOTE_BENCH_PATH,
+          absl::StrCat("--remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
+                       dir.Sub("stores"), " --tokens 128 --runs 1 --seconds 0.2 --json"))
+          .output;
   auto json = tools::ParseJson(out.substr(out.find('{')));
   ASSERT_TRUE(json.ok()) << out;
   EXPECT_EQ(NumberAt(*json, "chunks"), 8);
@@ -54,10 +57,14 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   // quest selects: the cold session takes the 8 heads (9,768 bytes each) and its selected
   // records from the cluster (budget 0.25: 2 chunks of 8 per layer, 24 layers of 8 KiB, and
   // what it reads ahead for the next layer: at most as much again), not the 8 whole values.
-  const std::string quest = ckv::testing::RunCommand(absl::StrCat(
-      CKV_REMOTE_BENCH_PATH, " --remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
-      dir.Sub("quest"), " --tokens 128 --runs 1 --seconds 0.2 --selector quest --budget 0.25",
-      " --json"));
+  const std::string quest =
+      ckv::testing::RunProgram(
+          CKV_REMOTE_BENCH_PATH,
+          absl::StrCat("--remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
+                       dir.Sub("quest"),
+                       " --tokens 128 --runs 1 --seconds 0.2 --selector quest --budget 0.25",
+                       " --json"))
+          .output;
   auto q = tools::ParseJson(quest.substr(quest.find('{')));
   ASSERT_TRUE(q.ok()) << quest;
   const tools::JsonValue* selecting = q->Find("selecting");
