@@ -711,20 +711,34 @@ class ReadOnlyEngine final : public Engine {
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
-    const ViewRef view = View();
-    absl::Status s = view.store->ReadRecord(spec, key, layer, out);
-    if (!absl::IsDataLoss(s)) return s;
     // The writer may have evicted or deleted the chunk after this view was taken and written
-    // another into its slot: a newer view says whether it is still stored, and where.
-    CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
-    absl::Status again = View().store->ReadRecord(spec, key, layer, out);
-    if (absl::IsNotFound(again)) {
-      return absl::NotFoundError(absl::StrCat(
-          "chunk ", key.ToHex(), " was evicted or deleted by the store's writer while it was "
-          "read (", again.message(), ")"));
+    // another into its slot: a newer view says whether it is still stored, and where. It commits
+    // an eviction (synced) before it reuses the slot, and a chunk's bytes before the catalog names
+    // them, so a view opened after a failed read that still names the place that failed shows
+    // damage, unless the writer stored the chunk there again meanwhile: a second read tells. A
+    // chunk that keeps moving (stored again elsewhere, evicted again before this read reached it)
+    // is followed through up to kReadRetries newer views.
+    constexpr int kReadRetries = 8;
+    ViewRef view = View();
+    absl::Status s = view.store->ReadRecord(spec, key, layer, out);
+    // Where the read failed in the previous view, if that view named a place.
+    absl::StatusOr<storage::ChunkStore::RecordLocation> failed_at =
+        absl::NotFoundError("no read failed yet");
+    for (int retry = 0; retry < kReadRetries && absl::IsDataLoss(s); ++retry) {
+      auto where = view.store->LocateRecord(key, layer);
+      if (where.ok() && failed_at.ok() && SamePlace(*where, *failed_at)) break;
+      failed_at = std::move(where);
+      CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
+      view = View();
+      s = view.store->ReadRecord(spec, key, layer, out);
+      if (absl::IsNotFound(s)) {
+        return absl::NotFoundError(absl::StrCat(
+            "chunk ", key.ToHex(), " was evicted or deleted by the store's writer while it was "
+            "read (", s.message(), ")"));
+      }
     }
-    if (absl::IsDataLoss(again)) LogError(again);
-    return again;
+    if (absl::IsDataLoss(s)) LogError(s);
+    return s;
   }
   absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) override {
     return View().store->Delete(spec, tokens);
@@ -755,8 +769,7 @@ class ReadOnlyEngine final : public Engine {
       for (const ChunkKey& key : failed) {
         auto before = view.store->LocateRecord(key, 0);
         auto after = now.store->LocateRecord(key, 0);
-        if (before.ok() && after.ok() && before->segment_path == after->segment_path &&
-            before->offset == after->offset) {
+        if (before.ok() && after.ok() && SamePlace(*before, *after)) {
           all_moved = false;
           break;
         }
@@ -813,6 +826,11 @@ class ReadOnlyEngine final : public Engine {
 
   ReadOnlyEngine(storage::StoreOptions options, std::string path)
       : options_(std::move(options)), path_(std::move(path)) {}
+
+  static bool SamePlace(const storage::ChunkStore::RecordLocation& a,
+                        const storage::ChunkStore::RecordLocation& b) {
+    return a.segment_path == b.segment_path && a.offset == b.offset;
+  }
 
   ViewRef View() {
     absl::MutexLock lock(&mu_);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "ckv/engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
@@ -154,6 +156,45 @@ TEST(LiveInspectionTest, ASlotTheWriterReusedIsNotFoundForTheReaderNeverOtherByt
   std::vector<std::byte> want(spec.RecordBytes());
   ASSERT_TRUE((*reader)->ReadRecord(spec, y_keys[0], 2, got).ok());
   synth::FillRecord(spec, y_keys[0], 2, want);
+  EXPECT_EQ(got, want);
+}
+
+TEST(LiveInspectionTest, ARecordDamagedInPlaceIsDataLossForTheReaderNotAnEviction) {
+  // A byte of a stored record flips on disk while the writer holds the store and changes nothing.
+  // The reader's read fails its checksum, it looks again in a newer view, finds the chunk still
+  // named at the place that failed, and reports the damage: never NotFound, never the bytes.
+  TempDir dir;
+  const ModelSpec spec = Spec();
+  auto writer = Engine::Open(EngineOptions{}, dir.path());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const auto x = synth::Tokens(5, 4 * spec.chunk_tokens);
+  ASSERT_TRUE(PutSynthetic(**writer, spec, x).ok());
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, x);
+  {
+    storage::StoreOptions o;
+    o.read_only = true;
+    auto located = storage::ChunkStore::Open(o, dir.path());
+    ASSERT_TRUE(located.ok()) << located.status();
+    auto where = (*located)->LocateRecord(keys[1], 3);
+    ASSERT_TRUE(where.ok()) << where.status();
+    std::fstream f(where->segment_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(where->offset + 100));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(where->offset + 100));
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  auto reader = Engine::OpenReadOnly(EngineOptions{}, dir.path());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::byte> got(spec.RecordBytes()), want(spec.RecordBytes());
+  const absl::Status s = (*reader)->ReadRecord(spec, keys[1], 3, got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checksum"));
+  // The chunk's other records, and the other chunks, still read exactly.
+  ASSERT_TRUE((*reader)->ReadRecord(spec, keys[1], 2, got).ok());
+  synth::FillRecord(spec, keys[1], 2, want);
+  EXPECT_EQ(got, want);
+  ASSERT_TRUE((*reader)->ReadRecord(spec, keys[2], 3, got).ok());
+  synth::FillRecord(spec, keys[2], 3, want);
   EXPECT_EQ(got, want);
 }
 
