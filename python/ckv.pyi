@@ -2,7 +2,8 @@
 """Typed stubs of the ckv Python module (python/ckv_module.cc). See README.md, section Python.
 
 Arrays: K and V are numpy arrays of the spec's dtype (ModelSpec.numpy_dtype): float16 for fp16,
-uint16 (the raw bits) for bf16, float32 for fp32; C-contiguous, read in place. Token ids are
+uint16 (the raw bits) for bf16, float32 for fp32; C-contiguous, read in place (CPU torch tensors
+too, a torch.bfloat16 one as its raw bits). Token ids are
 int32 1-D arrays (used in place) or sequences of ints (copied).
 """
 from types import TracebackType

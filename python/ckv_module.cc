@@ -151,12 +151,26 @@ std::string ArrayShape(const py::array& a) {
   return ShapeString(shape);
 }
 
-// `obj` as an array without a copy: an ndarray as it is, anything else through numpy.asarray
-// (buffer protocol, __array__, __array_interface__; a list becomes a new array and then usually
-// fails the dtype check).
-py::array AsArray(const py::handle& obj) {
+// `obj` (named `name`) as an array without a copy: an ndarray as it is, anything else through
+// numpy.asarray (buffer protocol, __array__, __array_interface__; a list becomes a new array and
+// then usually fails the dtype check). A torch bfloat16 tensor, which numpy has no dtype for, is
+// viewed as its raw bits (uint16, the module's bf16), still without a copy. What numpy cannot
+// take in place (a tensor on a GPU, say) is a ValueError naming the tensor.
+py::array AsArray(const py::handle& obj, const std::string& name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-  return py::module_::import("numpy").attr("asarray")(obj);
+  py::module_ numpy = py::module_::import("numpy");
+  try {
+    const std::string type_module = py::str(py::type::of(obj).attr("__module__"));
+    if (type_module.rfind("torch", 0) == 0 && py::hasattr(obj, "dtype") &&
+        py::str(obj.attr("dtype")).cast<std::string>() == "torch.bfloat16") {
+      py::object bits = obj.attr("view")(py::module_::import("torch").attr("int16"));
+      return numpy.attr("asarray")(bits).attr("view")("uint16");
+    }
+    return numpy.attr("asarray")(obj);
+  } catch (py::error_already_set& e) {
+    Invalid(absl::StrCat(name, ": cannot be read in place as an array (a CPU tensor or a numpy "
+                         "array is needed): ", e.what()));
+  }
 }
 
 std::string DTypeString(const py::dtype& dtype) { return py::str(dtype.attr("name")); }
@@ -193,7 +207,7 @@ const char* DTypeHint(ckv::DType dtype) {
 py::array_t<int32_t> Tokens(const py::handle& obj) {
   if (py::isinstance<py::array>(obj) || py::hasattr(obj, "__array__") ||
       PyObject_CheckBuffer(obj.ptr())) {
-    py::array a = AsArray(obj);
+    py::array a = AsArray(obj, "tokens");
     if (a.ndim() != 1) {
       Invalid(absl::StrCat("tokens: expected a 1-D array, got shape ", ArrayShape(a)));
     }
@@ -220,7 +234,7 @@ std::vector<std::span<const std::byte>> LayerTensors(const py::handle& obj, cons
   std::vector<std::span<const std::byte>> out;
   const size_t layer_bytes = static_cast<size_t>(n) * spec.TokenBytesPerLayer();
   if (py::isinstance<py::array>(obj) || py::hasattr(obj, "__array__")) {
-    py::array a = AsArray(obj);
+    py::array a = AsArray(obj, name);
     CheckArray(a, name, dtype, {layers, n, heads, dim}, DTypeHint(spec.dtype));
     const auto* base = static_cast<const std::byte*>(a.data());
     for (py::ssize_t l = 0; l < layers; ++l) out.emplace_back(base + l * layer_bytes, layer_bytes);
@@ -238,8 +252,9 @@ std::vector<std::span<const std::byte>> LayerTensors(const py::handle& obj, cons
                          seq.size()));
   }
   for (py::ssize_t l = 0; l < layers; ++l) {
-    py::array a = AsArray(seq[l]);
-    CheckArray(a, absl::StrCat(name, "[", l, "]"), dtype, {n, heads, dim}, DTypeHint(spec.dtype));
+    const std::string layer_name = absl::StrCat(name, "[", l, "]");
+    py::array a = AsArray(seq[l], layer_name);
+    CheckArray(a, layer_name, dtype, {n, heads, dim}, DTypeHint(spec.dtype));
     out.emplace_back(static_cast<const std::byte*>(a.data()), layer_bytes);
     keep->push_back(std::move(a));
   }
@@ -564,7 +579,7 @@ PYBIND11_MODULE(ckv, m) {
             }
             const auto q_heads = static_cast<py::ssize_t>(s.spec.q_heads);
             const auto dim = static_cast<py::ssize_t>(s.spec.head_dim);
-            py::array a = AsArray(queries);
+            py::array a = AsArray(queries, "queries");
             if (a.ndim() != 3) {
               Invalid(absl::StrCat("queries: expected shape [window, ", q_heads, ", ", dim,
                                    "], got ", ArrayShape(a)));

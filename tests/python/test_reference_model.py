@@ -246,6 +246,32 @@ class ReferenceModelTest(unittest.TestCase):
             self.assertEqual(len(s.await_layer(layer)), 14)
         s.finish()
 
+    def test_bf16_torch_tensors_go_in_as_their_raw_bits(self):
+        # numpy has no bfloat16: a torch bfloat16 tensor is read in place as its 16 raw bits (the
+        # module's bf16 is uint16), and comes back bit for bit. Something numpy cannot read in
+        # place is a ValueError naming the tensor.
+        spec = ckv.ModelSpec(layers=2, q_heads=2, kv_heads=1, head_dim=8, dtype="bf16",
+                             chunk_tokens=4, model_id="bf16-torch")
+        g = torch.Generator().manual_seed(3)
+        k = [torch.randn(8, 1, 8, generator=g).to(torch.bfloat16) for _ in range(2)]
+        v = [torch.randn(8, 1, 8, generator=g).to(torch.bfloat16) for _ in range(2)]
+        tokens = torch.arange(100, 108, dtype=torch.int32)
+        self.assertEqual(self.engine.put(spec, tokens, k, v)["chunks"], 2)
+        k_c, v_c = self.engine.read_record(spec, ckv.chunk_keys(spec, tokens.numpy())[1], 1)
+        self.assertEqual(k_c.dtype, np.uint16)
+        self.assertEqual(k_c.tobytes(), k[1][4:8].view(torch.int16).numpy().tobytes())
+        self.assertEqual(v_c.tobytes(), v[1][4:8].view(torch.int16).numpy().tobytes())
+        back = torch.from_numpy(k_c.view(np.int16).copy()).view(torch.bfloat16)
+        self.assertTrue(torch.equal(back, k[1][4:8]))
+
+        class NoArray:
+            def __array__(self, dtype=None):
+                raise TypeError("can't convert cuda:0 device type tensor to numpy")
+        with self.assertRaises(ValueError) as cm:
+            self.engine.put(spec, tokens, [k[0], NoArray()], v)
+        self.assertIn("k[1]: cannot be read in place as an array", str(cm.exception))
+        self.assertIn("cuda:0", str(cm.exception))
+
     def test_kv_of_another_spec_is_refused(self):
         m = model()
         prompt = corpus.prompts(held_out(), 1, 560, seed=5)[0]
