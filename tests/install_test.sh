@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# install_test.sh BUILD_DIR SOURCE_DIR [SANITIZERS]: installs the ckv built in BUILD_DIR into a
-# temporary prefix, builds SOURCE_DIR/examples against it with find_package(ckv) (and the first
-# example again with pkg-config and ckv.pc), runs them and checks the lines they print, the lines
-# README.md quotes. SANITIZERS (CKV_SANITIZE's value) builds the examples with them too.
+# install_test.sh BUILD_DIR SOURCE_DIR [SANITIZERS [PYTHON]]: installs the ckv built in BUILD_DIR
+# into a temporary prefix, builds SOURCE_DIR/examples against it with find_package(ckv) (and the
+# first example again with pkg-config and ckv.pc), runs them and checks the lines they print, the
+# lines README.md quotes. SANITIZERS (CKV_SANITIZE's value) builds the examples with them too.
+# PYTHON, the interpreter the build's Python module is for (empty when it built none): the
+# installed module, from the prefix's site-packages alone, stores and reads back a chunk.
 set -euo pipefail
-build=$1 src=$2 sanitize=${3:-}
+build=$1 src=$2 sanitize=${3:-} python=${4:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ckv-install-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "install_test: $*" >&2; exit 1; }
@@ -77,10 +79,32 @@ if [[ -z "$sanitize" ]] && command -v pkg-config >/dev/null; then
   expect "store_and_read (pkg-config build)" "wrote 0 chunks, 256 already stored
 256 chunks stored; read: OK" "$("$tmp/by_pkg_config" "$store")"
 fi
+# The Python module, from the install alone (not from the build tree).
+if [[ -n "$python" ]]; then
+  module=$(find "$tmp/prefix" -path '*-packages/ckv*.so' | head -1)
+  [[ -n "$module" ]] || fail "the install has no Python module (*-packages/ckv*.so)"
+  [[ -e "$(dirname "$module")/ckv.pyi" ]] || fail "the install has no ckv.pyi beside $module"
+  got=$(cd "$tmp" && PYTHONPATH="$(dirname "$module")" "$python" -c '
+import sys, numpy as np, ckv
+assert ckv.__file__.startswith(sys.argv[1]), ckv.__file__
+spec = ckv.ModelSpec(layers=2, q_heads=2, kv_heads=1, head_dim=8, dtype="fp16", chunk_tokens=4,
+                     model_id="install-test")
+tokens = np.arange(8, dtype=np.int32)
+k = np.arange(2 * 8 * 8, dtype=np.float16).reshape(2, 8, 1, 8)
+with ckv.Engine.open(sys.argv[2]) as eng:
+    eng.put(spec, tokens, k, -k)
+    k_c, v_c = eng.read_record(spec, ckv.chunk_keys(spec, tokens)[1], 1)
+    assert (k_c == k[1, 4:8]).all() and (v_c == -k[1, 4:8]).all()
+    print("import ckv from the install:", eng.lookup(spec, tokens), "chunks")
+' "$(dirname "$module")" "$tmp/py-store" 2>&1) || fail "the installed Python module failed:
+$got"
+  expect "the installed Python module" "import ckv from the install: 2 chunks" "$got"
+fi
+
 # README.md quotes each example whole, below its header comment.
 for example in store_and_read reprefill; do
   body=$(sed '/^\/\//d' "$src/examples/$example.cc")
   [[ "$(cat "$src/README.md")" == *"$body"* ]] || fail "README.md does not quote examples/$example.cc as it is"
 done
 echo "install_test: installed into a prefix, built examples/ with find_package(ckv)" \
-     "${sanitize:+(-fsanitize=$sanitize) }and ran them"
+     "${sanitize:+(-fsanitize=$sanitize) }and ran them${python:+; imported the installed Python module}"
