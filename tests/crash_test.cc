@@ -527,7 +527,18 @@ void RunKillCell(const Cell& cell) {
     }
     ASSERT_TRUE(alive) << "child exited early in run " << k;
     ASSERT_GE(ledger.acks(), acks_wanted) << "child made no progress in run " << k;
-    const auto delay = std::chrono::microseconds(next() % 20000);
+    // Every other kill is aimed: it waits for the child to announce its next operation and
+    // lands within 2 ms of that, so that kills inside operations do not depend on how long the
+    // child spends between them (preparing its next tensors takes longer on a loaded machine).
+    // The others land at any moment within 20 ms.
+    const bool aimed = k % 2 == 1;
+    while (aimed && alive && ledger.in_flight().empty() &&
+           std::chrono::steady_clock::now() < deadline) {
+      alive = Pump(child, 50, on_line);
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    }
+    ASSERT_TRUE(alive) << "child exited early in run " << k;
+    const auto delay = std::chrono::microseconds(next() % (aimed ? 2000 : 20000));
     const auto kill_at = std::chrono::steady_clock::now() + delay;
     while (std::chrono::steady_clock::now() < kill_at) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
