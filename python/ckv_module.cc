@@ -5,7 +5,8 @@
 // numpy.asarray turns into arrays without copying, e.g. CPU torch tensors through __array__) of
 // the exact dtype, shape and C-contiguous strides; anything else is a ValueError naming the
 // tensor. fp16 is numpy float16, bf16 is numpy uint16 (the raw bits), fp32 is float32. Every
-// blocking call releases the GIL. A failed absl::Status becomes a ckv.Error (attribute `code`:
+// blocking call releases the GIL, and so does the destruction of an engine or a session that
+// Python collects. A failed absl::Status becomes a ckv.Error (attribute `code`:
 // the absl code name) of the subclass for its code. await_layer's arrays are views of the pinned
 // records, except GPU-tier records in device memory, which are copied to host memory. See
 // python/ckv.pyi and README.md ("Python").
@@ -214,8 +215,30 @@ py::array_t<int32_t> Tokens(const py::handle& obj) {
     CheckArray(a, "tokens", py::dtype::of<int32_t>(), {a.shape(0)}, "token ids");
     return py::reinterpret_borrow<py::array_t<int32_t>>(a);
   }
-  // A Python sequence: copied into a new int32 array (numpy checks the values fit).
-  return py::array_t<int32_t>(py::module_::import("numpy").attr("asarray")(obj, "int32"));
+  // A Python sequence of ints: checked, then copied into a new int32 array.
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) ||
+      py::isinstance<py::bytes>(obj)) {
+    Invalid(absl::StrCat("tokens: expected an int32 array or a sequence of token ids, got ",
+                         py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  }
+  py::module_ numpy = py::module_::import("numpy");
+  py::array a = numpy.attr("asarray")(obj);
+  if (a.ndim() != 1) {
+    Invalid(absl::StrCat("tokens: expected a flat sequence of token ids, got shape ",
+                         ArrayShape(a)));
+  }
+  if (a.size() == 0) return py::array_t<int32_t>(0);
+  const std::string kind = py::str(a.dtype().attr("kind"));
+  if (kind != "i" && kind != "u") {
+    Invalid(absl::StrCat("tokens: expected integer token ids, got ", DTypeString(a.dtype()),
+                         " (first ", py::repr(obj[py::int_(0)]).cast<std::string>(), ")"));
+  }
+  const py::object lo = a.attr("min")(), hi = a.attr("max")();
+  if (lo.attr("__lt__")(INT32_MIN).cast<bool>() || hi.attr("__gt__")(INT32_MAX).cast<bool>()) {
+    Invalid(absl::StrCat("tokens: token ids must fit int32, got ", py::repr(lo).cast<std::string>(),
+                         "..", py::repr(hi).cast<std::string>()));
+  }
+  return py::array_t<int32_t>(a.attr("astype")("int32"));
 }
 
 std::span<const int32_t> TokenSpan(const py::array_t<int32_t>& t) {
@@ -340,7 +363,29 @@ py::dict SessionStatsDict(const ckv::SessionStats& s) {
 
 // ---- engine, sessions, views --------------------------------------------------------------------
 
+// Runs `drop` with the GIL released when this thread holds it (a collection from Python) and the
+// interpreter is not shutting down: an engine's destructor joins its threads and a session's waits
+// for its queued reads (remote fetches up to their deadline), which must not stall other Python
+// threads.
+template <typename Fn>
+void WithoutGil(Fn&& drop) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (PyGILState_Check() && !finalizing) {
+    py::gil_scoped_release release;
+    drop();
+  } else {
+    drop();
+  }
+}
+
 struct PyEngine {
+  ~PyEngine() {
+    WithoutGil([this] { engine.reset(); });
+  }
   std::shared_ptr<ckv::Engine> engine;
   bool read_only = false;
   bool gpu_tier_on_device = false;  // GPU-tier records are device pointers
@@ -352,11 +397,18 @@ struct PyEngine {
 };
 
 struct PySession {
+  ~PySession() {
+    WithoutGil([this] {
+      session.reset();
+      engine.reset();
+    });
+  }
   std::shared_ptr<ckv::Engine> engine;  // outlives the session
   std::unique_ptr<ckv::ReprefillSession> session;
   ckv::ModelSpec spec;
   bool gpu_tier_on_device = false;
   bool full_budget = false;     // budget_fraction 1: every layer may go without queries
+  uint32_t window = 0;          // queries per layer
   std::vector<bool> submitted;  // per layer: submit_queries was called (by the caller or for it)
 };
 
@@ -584,8 +636,14 @@ PYBIND11_MODULE(ckv, m) {
               Invalid(absl::StrCat("queries: expected shape [window, ", q_heads, ", ", dim,
                                    "], got ", ArrayShape(a)));
             }
-            CheckArray(a, "queries", py::dtype::of<float>(), {a.shape(0), q_heads, dim},
-                       "float32 queries");
+            if (a.shape(0) == 0) {
+              Invalid(absl::StrCat("queries: an array of 0 rows; pass None to submit no queries "
+                                   "(a session at budget_fraction 1 only), or [",
+                                   s.window, ", ", q_heads, ", ", dim, "] (the session's window)"));
+            }
+            CheckArray(a, "queries", py::dtype::of<float>(),
+                       {static_cast<py::ssize_t>(s.window), q_heads, dim},
+                       "float32 queries of the session's window");
             std::span<const float> span(static_cast<const float*>(a.data()),
                                         static_cast<size_t>(a.size()));
             absl::Status status;
@@ -926,6 +984,7 @@ PYBIND11_MODULE(ckv, m) {
             out->spec = spec;
             out->gpu_tier_on_device = e.gpu_tier_on_device;
             out->full_budget = budget_fraction >= 1.0;
+            out->window = window;
             out->submitted.assign(spec.layers, false);
             return out;
           },

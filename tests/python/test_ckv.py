@@ -240,6 +240,45 @@ class CkvTest(unittest.TestCase):
         self.assertIn("k: expected dtype float16", str(cm.exception))
         self.assertEqual(self.engine.lookup(SPEC, tokens), 0)
 
+    def test_bad_token_sequences_raise_value_error_naming_tokens(self):
+        # Sequences are checked, not cast: a nested list, floats, ids past int32 and a bare int
+        # are refused naming `tokens`; a flat list of ints is taken as an array would be.
+        def expect(message, tokens):
+            with self.assertRaises(ValueError) as cm:
+                self.engine.lookup(SPEC, tokens)
+            self.assertIn(message, str(cm.exception))
+            self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
+
+        expect("tokens: expected a flat sequence of token ids, got shape [16, 2]",
+               [[i, i] for i in range(16)])
+        expect("tokens: expected integer token ids, got float64 (first 1.5)",
+               [1.5] + [2.0] * 15)
+        expect("tokens: token ids must fit int32, got 0..4294967296", [0] * 15 + [2 ** 32])
+        expect("tokens: expected an int32 array or a sequence of token ids, got int", 7)
+        n = 32
+        k, v = make_kv(SPEC, n)
+        self.engine.put(SPEC, tokens_of(n), k, v)
+        self.assertEqual(self.engine.lookup(SPEC, [int(t) for t in tokens_of(n)]), 2)
+        self.assertEqual(self.engine.lookup(SPEC, []), 0)
+
+    def test_queries_of_the_wrong_window_raise_naming_the_shape(self):
+        n = 16 * 4
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n, seed=6)
+        self.engine.put(SPEC, tokens, k, v)
+        s = self.engine.begin_reprefill(SPEC, tokens, budget_fraction=1.0, window=4,
+                                        period_layers=2)
+        with self.assertRaises(ValueError) as cm:
+            s.submit_queries(0, np.zeros((0, SPEC.q_heads, SPEC.head_dim), np.float32))
+        self.assertIn("queries: an array of 0 rows; pass None", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            s.submit_queries(0, np.zeros((3, SPEC.q_heads, SPEC.head_dim), np.float32))
+        self.assertIn("queries: expected shape [4, 4, 8], got [3, 4, 8]", str(cm.exception))
+        # Refused before the session took them: the layer can still be submitted.
+        s.submit_queries(0, np.zeros((4, SPEC.q_heads, SPEC.head_dim), np.float32))
+        self.assertEqual(len(s.await_layer(0)), 4)
+        s.finish()
+
     def test_missing_store_raises_not_found(self):
         missing = os.path.join(self.dir, "missing")
         with self.assertRaises(ckv.NotFoundError) as cm:
