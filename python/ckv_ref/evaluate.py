@@ -5,7 +5,7 @@
   python3 -m ckv_ref.evaluate budgets [--prompts 16] [--budgets 5,10,25,50] [--json PATH]
                                       [--plot PATH]
 
-(from python/, with the ckv module on PYTHONPATH: PYTHONPATH=build/python:python)
+(from python/, with the ckv module on PYTHONPATH: PYTHONPATH=../build/python:.)
 
 Prompts are held-out Python sources (ckv_ref.corpus): a prefix of --prefix-tokens tokens
 (stored in ckv, 16-token chunks) and a suffix of --suffix-tokens, whose last --window tokens'

@@ -2,13 +2,16 @@
 """End-to-end tests: the reference decoder (python/ckv_ref) stores its KV in ckv and Re-Prefills
 from it, with the trained weights (python/ckv_ref/weights/tiny.npz).
 
-Run by ctest (python_test) with PYTHONPATH holding the build's python/ folder and the source's
-python/ folder; skipped, saying so, when torch is not installed (Debian: python3-torch).
+Run by ctest (reference_model_test) with PYTHONPATH holding the build's python/ folder and the
+source's python/ folder; skipped, saying so, when torch is not installed (Debian: python3-torch)
+or the training text is missing.
 """
 import glob
+import json
 import math
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 
@@ -272,6 +275,46 @@ class ReferenceModelTest(unittest.TestCase):
         self.assertIn("k[1]: cannot be read in place as an array", str(cm.exception))
         self.assertIn("cuda:0", str(cm.exception))
 
+    def test_the_exported_profile_is_what_reprefill_bench_stores_and_scores(self):
+        # export_profile (Python) writes the file that reprefill_bench (C++) reads as its
+        # trained-tiny attention profile: the bench must accept it, take its shape, and store
+        # the network's own float16 K and V under its chunk keys.
+        bench = os.environ.get("CKV_REPREFILL_BENCH")
+        if not bench or not os.path.exists(bench):
+            self.skipTest("reprefill_bench was not built (CKV_REPREFILL_BENCH)")
+        from ckv_ref import export_profile
+        profile = os.path.join(self.dir, "trained-tiny.safetensors")
+        args = dict(conversations=2, prefix_tokens=64, suffix_tokens=32, turns=2, window=8,
+                    seed=31)
+        export_profile.main(["--out", profile] +
+                            [f"--{k.replace('_', '-')}={v}" for k, v in args.items()])
+        store = os.path.join(self.dir, "bench-store")
+        out_json = os.path.join(self.dir, "bench.json")
+        ran = subprocess.run(
+            [bench, "--store", store, "--attention-profile", "trained-tiny", "--profile-file",
+             profile, "--budgets", "50", "--systems", "full,ckv", "--rounds", "1", "--no-fio",
+             "--gpu-tier-bytes", "0", "--cpu-tier-bytes", "0", "--json", out_json],
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
+        with open(out_json) as f:
+            workload = json.load(f)["workload"]
+        self.assertEqual(workload["model"], ckvio.MODEL_ID)
+        self.assertEqual((workload["prefix_tokens"], workload["suffix_tokens"],
+                          workload["conversations"], workload["turns"], workload["window"]),
+                         (64, 32, 2, 2, 8))
+        # The bench's store holds the network's KV of the first conversation's prefix.
+        m = model()
+        tokens = corpus.prompts(held_out(), 2, 64 + 2 * 32, seed=31)[0]
+        _, ks, vs, _, _ = m.forward_full(tokens)
+        k16, v16 = ckvio.kv_arrays(ks, vs)
+        spec = ckvio.spec_of(m)
+        with ckv.Engine.open_read_only(os.path.join(store, "layer-major")) as reader:
+            self.assertGreaterEqual(reader.lookup(spec, tokens[:64]), 4)
+            key = ckv.chunk_keys(spec, tokens[:64])[2]
+            k_c, v_c = reader.read_record(spec, key, 3)
+        self.assertEqual(k_c.tobytes(), k16[3][32:48].tobytes())
+        self.assertEqual(v_c.tobytes(), v16[3][32:48].tobytes())
+
     def test_kv_of_another_spec_is_refused(self):
         m = model()
         prompt = corpus.prompts(held_out(), 1, 560, seed=5)[0]
@@ -285,8 +328,9 @@ class ReferenceModelTest(unittest.TestCase):
             self.engine.put(wide, prompt[:512], k, v)
         self.assertIn("k[0]", str(cm.exception))
         # Fewer layers than the spec has.
-        with self.assertRaises(ValueError):
+        with self.assertRaises(ValueError) as cm:
             self.engine.put(self.spec, prompt[:512], k[:-1], v[:-1])
+        self.assertIn("k: expected 6 tensors (one per layer), got 5", str(cm.exception))
         # float32 where the spec says float16.
         with self.assertRaises(ValueError) as cm:
             self.engine.put(self.spec, prompt[:512], [x.astype(np.float32) for x in k], v)
