@@ -67,6 +67,8 @@ class ModelSpec:
     @property
     def fingerprint(self) -> str:
         """The spec's fingerprint, 32 hex digits."""
+    def __eq__(self, other: object) -> bool: ...
+    def __repr__(self) -> str: ...
 
 def chunk_keys(spec: ModelSpec, tokens: Tokens) -> list[str]:
     """The keys (32 hex digits) of the whole chunks of tokens; the last is put()'s prefix_id."""
@@ -95,6 +97,7 @@ class LayerRecord:
     @property
     def found_in(self) -> str:
         """Where the session found it: 'gpu', 'cpu' or 'session' (read from NVMe)."""
+    def __repr__(self) -> str: ...
 
 class LayerView:
     """The selected chunks of one layer; pinned while the view or any of its arrays lives."""
