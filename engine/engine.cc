@@ -199,6 +199,14 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     if (local.ok()) local = FillFromRemote(spec, tokens, *local);
     return Timed(engine::Op::kLookup, metrics_.lookup, start_ns, std::move(local));
   }
+  absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
+                                     std::span<const int32_t> tokens) override {
+    absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
+    if (!local.ok()) return Counted(engine::Op::kProbe, local.status());
+    PrefixExtent extent{.local_chunks = *local};
+    if (remote_ != nullptr) extent.remote_chunks = remote_->ChainLength(spec, tokens, *local);
+    return extent;
+  }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
     return Counted(engine::Op::kReadRecord, store_->ReadRecord(spec, key, layer, out));
@@ -708,6 +716,11 @@ class ReadOnlyEngine final : public Engine {
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
     return View().store->Lookup(spec, tokens);
+  }
+  absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
+                                     std::span<const int32_t> tokens) override {
+    CKV_ASSIGN_OR_RETURN(uint64_t local, View().store->Lookup(spec, tokens));
+    return PrefixExtent{.local_chunks = local};  // a view has no remote tier
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {

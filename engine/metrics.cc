@@ -53,6 +53,7 @@ const char* OpName(Op op) {
     case Op::kSubmitQueries: return "submit_queries";
     case Op::kAwaitLayer: return "await_layer";
     case Op::kFinish: return "finish";
+    case Op::kProbe: return "probe";
   }
   return "?";
 }

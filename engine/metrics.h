@@ -79,8 +79,9 @@ enum class Op : uint8_t {
   kSubmitQueries,
   kAwaitLayer,
   kFinish,
+  kProbe,
 };
-inline constexpr size_t kNumOps = 14;
+inline constexpr size_t kNumOps = 15;
 // "put", "lookup", "read_record", ..., the `op` label.
 const char* OpName(Op op);
 

@@ -497,6 +497,37 @@ void RemoteTier::PublishBatch(std::vector<Job>& batch) {
   }
 }
 
+std::vector<std::string> RemoteTier::ClusterKeys(const ChunkKey& fingerprint,
+                                                 std::span<const ChunkKey> keys,
+                                                 uint64_t from) const {
+  std::vector<std::string> out;
+  for (uint64_t i = from; i < keys.size(); ++i) {
+    out.push_back(remote::ChunkValueKey(options_.key_prefix, fingerprint, keys[i]));
+  }
+  return out;
+}
+
+size_t RemoteTier::ExistingPrefix(std::span<const std::string> cluster_keys) {
+  if (cluster_keys.empty()) return 0;
+  std::vector<absl::StatusOr<bool>> exists =
+      client_->MultiExists(std::vector<std::string>(cluster_keys.begin(), cluster_keys.end()));
+  size_t found = 0;
+  while (found < exists.size() && exists[found].ok() && *exists[found]) ++found;
+  if (found < exists.size() && !exists[found].ok()) {
+    NoteError(exists[found].status(), "how far the chain continues");
+  }
+  return found;
+}
+
+uint64_t RemoteTier::ChainLength(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                 uint64_t local_chunks) {
+  const uint64_t total = tokens.size() / spec.chunk_tokens;
+  if (local_chunks >= total) return 0;
+  const ChunkKey fp = spec.Fingerprint();
+  const std::vector<ChunkKey> keys = ChainChunkKeys(fp, spec.chunk_tokens, tokens);
+  return ExistingPrefix(ClusterKeys(fp, keys, local_chunks));
+}
+
 uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens,
                           uint64_t local_chunks) {
   const uint32_t c = spec.chunk_tokens;
@@ -508,10 +539,7 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
   }
   const ChunkKey fp = spec.Fingerprint();
   const std::vector<ChunkKey> keys = ChainChunkKeys(fp, c, tokens);
-  std::vector<std::string> cluster_keys;
-  for (uint64_t i = local_chunks; i < total; ++i) {
-    cluster_keys.push_back(remote::ChunkValueKey(options_.key_prefix, fp, keys[i]));
-  }
+  std::vector<std::string> cluster_keys = ClusterKeys(fp, keys, local_chunks);
   auto miss = [&]() {
     absl::MutexLock lock(&mu_);
     ++stats_.fill_misses;
@@ -519,13 +547,7 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
   };
   const absl::Time fill_start = absl::Now();
   const absl::Duration call_timeout = absl::Milliseconds(options_.call_timeout_ms);
-  // How far the chain continues in the cluster.
-  std::vector<absl::StatusOr<bool>> exists = client_->MultiExists(cluster_keys);
-  size_t found = 0;
-  while (found < exists.size() && exists[found].ok() && *exists[found]) ++found;
-  if (found < exists.size() && !exists[found].ok()) {
-    NoteError(exists[found].status(), "how far the chain continues");
-  }
+  const size_t found = ExistingPrefix(cluster_keys);
   if (found == 0) return miss();
   cluster_keys.resize(found);
   // Fetched in batches, one call each, so that a long chain is not one call that must finish

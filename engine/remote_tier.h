@@ -168,6 +168,11 @@ class RemoteTier {
   // Never fails: anything the cluster could not give is a miss (counted, logged).
   uint64_t Fill(const ModelSpec& spec, std::span<const int32_t> tokens, uint64_t local_chunks);
 
+  // How many chunks continue the chain of `tokens` past `local_chunks` in the cluster (existence
+  // only: nothing is fetched or verified). Never fails: an error ends the count there (logged).
+  uint64_t ChainLength(const ModelSpec& spec, std::span<const int32_t> tokens,
+                       uint64_t local_chunks);
+
   // For a session on a local miss: the verified heads of the chunks that continue the chain of
   // `tokens` past `local_chunks` in the cluster, at most `max_chunks` of them. Never fails: what
   // the cluster cannot give ends the chain there (counted, logged; empty when nothing is found).
@@ -222,6 +227,11 @@ class RemoteTier {
   void PublishBatch(std::vector<Job>& batch);
   // Counts a failed call and logs it, rate-limited.
   void NoteError(const absl::Status& status, std::string_view what);
+  // The cluster keys of `keys[from...]` under `fingerprint`.
+  std::vector<std::string> ClusterKeys(const ChunkKey& fingerprint, std::span<const ChunkKey> keys,
+                                       uint64_t from) const;
+  // How many of `cluster_keys`, from the first, exist in the cluster (one MultiExists).
+  size_t ExistingPrefix(std::span<const std::string> cluster_keys);
   void LogRateLimited(LogLevel level, const std::string& message);
 
   const RemoteTierOptions options_;

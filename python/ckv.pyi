@@ -150,7 +150,11 @@ class Engine:
         """Stores the whole chunks of tokens; k, v: per-layer [n, kv_heads, head_dim] arrays or
         one [layers, n, kv_heads, head_dim]. A dict of PutResult (prefix_id as hex)."""
     def lookup(self, spec: ModelSpec, tokens: Tokens) -> int:
-        """Leading whole chunks of tokens that are stored."""
+        """Leading whole chunks of tokens that are stored. With a remote tier, a local miss
+        first fetches the rest of the chain from the cluster and stores it here."""
+    def probe(self, spec: ModelSpec, tokens: Tokens) -> dict[str, int]:
+        """{'local_chunks', 'remote_chunks', 'chunks'}: the leading whole chunks stored here and
+        how far the chain continues in the remote tier; fetches and changes nothing."""
     def read_record(self, spec: ModelSpec, key: str, layer: int) -> tuple[Tensor, Tensor]:
         """(k, v) of chunk `key` at `layer`, each [chunk_tokens, kv_heads, head_dim]."""
     def delete(self, spec: ModelSpec, tokens: Tokens) -> None:

@@ -860,7 +860,31 @@ PYBIND11_MODULE(ckv, m) {
             return Take(std::move(n));
           },
           py::arg("spec"), py::arg("tokens"),
-          "The number of leading whole chunks of `tokens` stored under `spec`.")
+          "The number of leading whole chunks of `tokens` stored under `spec`. With a remote "
+          "tier, a local miss first fetches the rest of the chain from the cluster and stores "
+          "it here; probe() does not.")
+      .def(
+          "probe",
+          [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens) {
+            auto engine = e.Get();
+            py::array_t<int32_t> t = Tokens(tokens);
+            absl::StatusOr<ckv::PrefixExtent> extent;
+            {
+              py::gil_scoped_release release;
+              extent = engine->Probe(spec, TokenSpan(t));
+            }
+            const ckv::PrefixExtent x = Take(std::move(extent));
+            py::dict d;
+            d["local_chunks"] = x.local_chunks;
+            d["remote_chunks"] = x.remote_chunks;
+            d["chunks"] = x.chunks();
+            return d;
+          },
+          py::arg("spec"), py::arg("tokens"),
+          "How much of `tokens` could be served, changing nothing: {'local_chunks', "
+          "'remote_chunks', 'chunks'}, the leading whole chunks stored here and how far the "
+          "chain continues in the remote tier (existence only; nothing fetched). What a "
+          "scheduler asks before admitting a request.")
       .def(
           "read_record",
           [](PyEngine& e, const ckv::ModelSpec& spec, const std::string& key, uint32_t layer) {

@@ -82,6 +82,13 @@ TEST(LiveInspectionTest, AReadOnlyEngineReadsBesideAWriterWritesNothingAndRefuse
   auto reader = Engine::OpenReadOnly(EngineOptions{}, dir.path());
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(*(*reader)->Lookup(spec, a), 8u);
+  // Probe, here and on the writer (neither has a remote tier): the local chunks alone.
+  for (Engine* e : {reader->get(), writer->get()}) {
+    auto extent = e->Probe(spec, a);
+    ASSERT_TRUE(extent.ok()) << extent.status();
+    EXPECT_EQ(extent->local_chunks, 8u);
+    EXPECT_EQ(extent->remote_chunks, 0u);
+  }
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, a);
   std::vector<std::byte> got(spec.RecordBytes()), want(spec.RecordBytes());
   ASSERT_TRUE((*reader)->ReadRecord(spec, keys[3], 5, got).ok());

@@ -76,6 +76,7 @@ TEST(FailureCountersTest, CountsErrorsByOperationAndCodeAndIgnoresOk) {
   EXPECT_EQ(f.count(Op::kLookup, absl::StatusCode::kDataLoss), 0u);
   EXPECT_STREQ(OpName(Op::kBeginReprefill), "begin_reprefill");
   EXPECT_STREQ(OpName(Op::kFinish), "finish");
+  EXPECT_STREQ(OpName(Op::kProbe), "probe");
 }
 
 TEST(MetricsTextTest, WritesFamiliesThatParseWithCumulativeHistogramsAndEscapedLabels) {

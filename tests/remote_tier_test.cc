@@ -145,10 +145,31 @@ TEST_F(RemoteTierTest, LocalChunksContinueFromTheCluster) {
     ASSERT_TRUE(ckv::testing::PutSynthetic(*b, spec_, turn1).ok());
   }
   auto b = OpenEngine(dir.Sub("b"), RemoteOptions());
+  // Probe says how far the chain goes, here and in the cluster, and changes nothing.
+  auto extent = b->Probe(spec_, turn2);
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->local_chunks, 8u);
+  EXPECT_EQ(extent->remote_chunks, 12u);
+  EXPECT_EQ(b->Stats().chunks, 8u);
+  EXPECT_EQ(b->Stats().remote_fills, 0u);
+  EXPECT_EQ(b->Stats().remote_fetched_chunks, 0u);
+  // A chain that is not in the cluster at all, and one whose whole chunks are all local.
+  extent = b->Probe(spec_, synth::Tokens(12, 4 * spec_.chunk_tokens));
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->chunks(), 0u);
+  extent = b->Probe(spec_, turn1);
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->local_chunks, 8u);
+  EXPECT_EQ(extent->remote_chunks, 0u);
+  // Lookup fills: the chunks come from the cluster and are stored here.
   auto found = b->Lookup(spec_, turn2);
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(*found, 20u);
   EXPECT_EQ(b->Stats().remote_fetched_chunks, 12u);
+  extent = b->Probe(spec_, turn2);
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->local_chunks, 20u);
+  EXPECT_EQ(extent->remote_chunks, 0u);
   EXPECT_EQ(CountBadRecords(*b, spec_, turn2, 20), 0);
 }
 
@@ -215,6 +236,11 @@ TEST_F(RemoteTierTest, SessionReadsOnlyTheRecordsItSelectsFromTheCluster) {
     o.budget_fraction = 0.25;  // 6 of 24 chunks per layer
     const SessionRun local = RunSession(*a, spec_, tokens, o);
     auto b = OpenEngine(dir.Sub(absl::StrCat("b", round++)), RemoteOptions());
+    // What a scheduler asks first: Probe, which leaves the session its selecting path.
+    auto extent = b->Probe(spec_, tokens);
+    ASSERT_TRUE(extent.ok()) << extent.status();
+    EXPECT_EQ(extent->local_chunks, 0u);
+    EXPECT_EQ(extent->remote_chunks, chunks);
     const SessionRun cold = RunSession(*b, spec_, tokens, o);
     ASSERT_EQ(cold.chunks.size(), spec_.layers);
     EXPECT_EQ(cold.chunks, local.chunks);  // the same summaries select the same chunks
@@ -498,6 +524,17 @@ TEST(RemoteTierNoClusterTest, UnreachableClusterIsAMissAndPutsStillCommit) {
   auto local = (*engine)->Lookup(spec, tokens);
   ASSERT_TRUE(local.ok());
   EXPECT_EQ(*local, 4u);
+  // Probe: the local chunks, and none in a cluster it cannot reach, promptly, and no error.
+  const absl::Time probe_start = absl::Now();
+  auto extent = (*engine)->Probe(spec, synth::Tokens(4, 4 * spec.chunk_tokens));
+  EXPECT_LT(absl::Now() - probe_start, absl::Seconds(1));
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->chunks(), 0u);
+  extent = (*engine)->Probe(spec, tokens);
+  ASSERT_TRUE(extent.ok()) << extent.status();
+  EXPECT_EQ(extent->local_chunks, 4u);
+  EXPECT_EQ(extent->remote_chunks, 0u);
+  EXPECT_GT((*engine)->Stats().remote_errors, st.remote_errors);
 }
 
 TEST(RemoteTierNoClusterTest, FullPublishQueueDropsAndCounts) {

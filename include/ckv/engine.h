@@ -53,12 +53,13 @@ class Engine {
   // Opens the store in `path` read-only, while another process may hold it for writing (a
   // scheduler answering Lookup beside the worker that stores, kvctl inspecting a live store).
   // The engine sees the store as it was when it opened, or when CatchUp last ran; it writes
-  // nothing, takes no lock and reclaims nothing. Lookup, ReadRecord, ListPrefixes, PrefixChunks,
-  // DescribePrefix, Verify, Stats and Metrics work; Put, Delete, DeletePrefix, Repair, Gc and
-  // BeginReprefill fail with FailedPrecondition. A chunk the writer evicts or deletes after the
-  // view was taken may have its slot written over: ReadRecord then finds a checksum that does
-  // not match, catches up, and says NotFound (or serves the chunk where it now lives), never
-  // the other chunk's bytes; DataLoss only when the chunk is still there and still fails. Of
+  // nothing, takes no lock and reclaims nothing. Lookup, Probe, ReadRecord, ListPrefixes,
+  // PrefixChunks, DescribePrefix, Verify, Stats and Metrics work; Put, Delete, DeletePrefix,
+  // Repair, Gc and BeginReprefill fail with FailedPrecondition. A chunk the writer evicts or
+  // deletes after the view was taken may have its slot written over: ReadRecord then finds a
+  // checksum that does not match, catches up (through newer views while the writer keeps moving
+  // the chunk), and says NotFound (or serves the chunk where it now lives), never the other
+  // chunk's bytes; DataLoss only when the chunk fails at the same place in two views. Of
   // `options`, io_backend, io_queue_depth and logger are used (and checked as Open checks them);
   // the cap, layout, tiers and create flags are not. Errors: InvalidArgument when
   // options.remote.seeds is not empty (a view cannot use the remote tier, docs/remote.md);
@@ -86,8 +87,19 @@ class Engine {
                                         const KvTensors& kv) = 0;
 
   // The number of leading whole chunks of `tokens` that are stored under `spec` (0..size/c).
+  // With a remote tier, a local miss fetches the rest of the chain from the cluster and stores it
+  // here first (EngineOptions::remote), so the count includes it; Probe does not fetch.
   virtual absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                           std::span<const int32_t> tokens) = 0;
+
+  // How much of `tokens` could be served, changing nothing: the leading whole chunks stored here,
+  // and how far the chain continues in the remote tier (existence checks only, within one call
+  // timeout; nothing is fetched or stored). What a scheduler asks before it admits a request
+  // (vLLM's get_num_new_matched_tokens): a Re-Prefill session that follows can then read only the
+  // records it selects from the cluster. An unreachable cluster counts 0 remote chunks.
+  // Errors: InvalidArgument for a bad spec.
+  virtual absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
+                                             std::span<const int32_t> tokens) = 0;
 
   // Reads the record of chunk `key` at `layer` into `out` (spec.RecordBytes() bytes: K
   // [c, kv_heads, head_dim] then V, as in ckv/kv.h) and verifies its checksum.

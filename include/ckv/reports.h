@@ -78,6 +78,15 @@ struct PutResult {
   ChunkKey prefix_id;            // key of the last chunk: the id ListPrefixes reports
 };
 
+// How much of a prompt could be served (Engine::Probe): its leading whole chunks stored here, and
+// how many chunks after them the remote tier holds in an unbroken chain (0 without a remote tier,
+// or when the cluster cannot be reached in time).
+struct PrefixExtent {
+  uint64_t local_chunks = 0;
+  uint64_t remote_chunks = 0;
+  uint64_t chunks() const { return local_chunks + remote_chunks; }
+};
+
 // One stored prefix: a chain of chunks that a Put ended at (or that eviction trimmed to).
 struct PrefixInfo {
   ChunkKey id;                  // the key of its last chunk; names the prefix

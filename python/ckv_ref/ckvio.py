@@ -94,7 +94,9 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     if not with_queries and budget < 1.0:
         raise ValueError(f"reprefill: with_queries=False needs budget 1, not {budget}")
     c = spec.chunk_tokens
-    matched = engine.lookup(spec, tokens[:-1])
+    # probe, not lookup: with a remote tier, lookup would fetch the whole chain before the
+    # session, which then could not read only the records it selects from the cluster.
+    matched = engine.probe(spec, tokens[:-1])["chunks"]
     w = max(1, min(window, len(tokens) - matched * c))
     session = engine.begin_reprefill(spec, tokens[:-1], selector=selector, budget_fraction=budget,
                                      window=w, period_layers=period_layers,
@@ -105,7 +107,7 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
         new = torch.as_tensor(tokens[start:].astype(np.int64))
         if new.shape[0] < w:
             raise RuntimeError(f"reprefill: {new.shape[0]} new tokens, fewer than the window {w}: "
-                               "the store changed between lookup and the session")
+                               "the store changed between probe and the session")
         pos = torch.arange(start, len(tokens))
         cos, sin = model.cos[pos], model.sin[pos]
         h = model.embed(new)

@@ -143,6 +143,8 @@ class CkvTest(unittest.TestCase):
         self.assertEqual(self.engine.lookup(SPEC, tokens), 5)
         self.assertEqual(self.engine.lookup(SPEC, tokens[:40]), 2)
         self.assertEqual(self.engine.lookup(SPEC, tokens_of(64, start=7)), 0)
+        self.assertEqual(self.engine.probe(SPEC, tokens),
+                         {"local_chunks": 5, "remote_chunks": 0, "chunks": 5})
 
         keys = ckv.chunk_keys(SPEC, tokens)
         self.assertEqual(len(keys), 5)
@@ -423,6 +425,11 @@ class CkvTest(unittest.TestCase):
             # records it selects from the cluster, bit-exact.
             b = ckv.Engine.open(os.path.join(self.dir, "b"), remote=seed,
                                 remote_key_prefix="py")
+            # What a scheduler asks first: probe, which fetches nothing.
+            self.assertEqual(b.probe(SPEC, tokens),
+                             {"local_chunks": 0, "remote_chunks": 8, "chunks": 8})
+            self.assertEqual(b.stats()["chunks"], 0)
+            self.assertEqual(b.stats()["remote_fetched_chunks"], 0)
             window = 4
             s = b.begin_reprefill(SPEC, tokens, selector="quest", budget_fraction=0.5,
                                   window=window)
