@@ -201,7 +201,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
   absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
                                      std::span<const int32_t> tokens) override {
-    absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
+    absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens, /*touch=*/false);
     if (!local.ok()) return Counted(engine::Op::kProbe, local.status());
     PrefixExtent extent{.local_chunks = *local};
     if (remote_ != nullptr) extent.remote_chunks = remote_->ChainLength(spec, tokens, *local);
@@ -698,15 +698,11 @@ class ReadOnlyEngine final : public Engine {
     o.file_system = file_system;
     o.put_staging_bytes = 1u << 20;  // a view writes nothing: the smallest staging pool
     auto engine = std::unique_ptr<ReadOnlyEngine>(new ReadOnlyEngine(o, path));
-    CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> view, engine->NewView());
-    {
-      absl::MutexLock lock(&engine->mu_);
-      engine->view_ = std::move(view);
-    }
+    CKV_RETURN_IF_ERROR(engine->CatchUpAfter(engine->Tick()));
     return std::unique_ptr<Engine>(std::move(engine));
   }
 
-  absl::Status CatchUp() override { return CatchUpFrom(View().generation); }
+  absl::Status CatchUp() override { return CatchUpAfter(Tick()); }
 
   // The writes reach the read-only view, which refuses them (ChunkStore::RefuseIfReadOnly).
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
@@ -719,7 +715,7 @@ class ReadOnlyEngine final : public Engine {
   }
   absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
                                      std::span<const int32_t> tokens) override {
-    CKV_ASSIGN_OR_RETURN(uint64_t local, View().store->Lookup(spec, tokens));
+    CKV_ASSIGN_OR_RETURN(uint64_t local, View().store->Lookup(spec, tokens, /*touch=*/false));
     return PrefixExtent{.local_chunks = local};  // a view has no remote tier
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
@@ -730,18 +726,29 @@ class ReadOnlyEngine final : public Engine {
     // them, so a view opened after a failed read that still names the place that failed shows
     // damage, unless the writer stored the chunk there again meanwhile: a second read tells. A
     // chunk that keeps moving (stored again elsewhere, evicted again before this read reached it)
-    // is followed through up to kReadRetries newer views.
+    // is followed through up to kReadRetries newer views, then Unavailable. Each newer view is
+    // one whose open began after the failed read (CatchUpAfter), not merely a newer one: a view
+    // another thread opened before the failure may still name the reused slot.
     constexpr int kReadRetries = 8;
     ViewRef view = View();
     absl::Status s = view.store->ReadRecord(spec, key, layer, out);
     // Where the read failed in the previous view, if that view named a place.
     absl::StatusOr<storage::ChunkStore::RecordLocation> failed_at =
         absl::NotFoundError("no read failed yet");
-    for (int retry = 0; retry < kReadRetries && absl::IsDataLoss(s); ++retry) {
+    for (int retry = 0; absl::IsDataLoss(s); ++retry) {
       auto where = view.store->LocateRecord(key, layer);
-      if (where.ok() && failed_at.ok() && SamePlace(*where, *failed_at)) break;
+      if (where.ok() && failed_at.ok() && SamePlace(*where, *failed_at)) {
+        LogError(s);  // it failed at the same place in two views: damage
+        return s;
+      }
+      if (retry == kReadRetries) {
+        return absl::UnavailableError(absl::StrCat(
+            "chunk ", key.ToHex(), " layer ", layer, " moved through ", kReadRetries,
+            " views of the store while it was read (its writer keeps evicting and storing it); "
+            "last: ", s.message()));
+      }
       failed_at = std::move(where);
-      CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
+      CKV_RETURN_IF_ERROR(CatchUpAfter(Tick()));
       view = View();
       s = view.store->ReadRecord(spec, key, layer, out);
       if (absl::IsNotFound(s)) {
@@ -750,7 +757,6 @@ class ReadOnlyEngine final : public Engine {
             "read (", s.message(), ")"));
       }
     }
-    if (absl::IsDataLoss(s)) LogError(s);
     return s;
   }
   absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) override {
@@ -776,7 +782,7 @@ class ReadOnlyEngine final : public Engine {
     absl::flat_hash_set<ChunkKey> failed;
     CKV_ASSIGN_OR_RETURN(VerifyReport report, view.store->Verify(progress, &failed));
     for (int round = 0; round < 2 && !failed.empty(); ++round) {
-      CKV_RETURN_IF_ERROR(CatchUpFrom(view.generation));
+      CKV_RETURN_IF_ERROR(CatchUpAfter(Tick()));
       const ViewRef now = View();
       bool all_moved = true;
       for (const ChunkKey& key : failed) {
@@ -831,10 +837,10 @@ class ReadOnlyEngine final : public Engine {
   }
 
  private:
-  // A view and its generation (1 for the first, one more for each catch-up).
+  // A view and when its open began, on the engine's clock (Tick).
   struct ViewRef {
     std::shared_ptr<storage::ChunkStore> store;
-    uint64_t generation = 0;
+    uint64_t opened_at = 0;
   };
 
   ReadOnlyEngine(storage::StoreOptions options, std::string path)
@@ -847,19 +853,24 @@ class ReadOnlyEngine final : public Engine {
 
   ViewRef View() {
     absl::MutexLock lock(&mu_);
-    return {view_, generation_};
+    return {view_, opened_at_};
   }
 
-  // Takes a newer view than generation `seen`: one caller reopens while the others wait for it
-  // and use its view (a corrupt record read by many threads costs one reopen, not one each).
-  absl::Status CatchUpFrom(uint64_t seen) {
+  // The engine's clock: every call returns a later time than every earlier call.
+  uint64_t Tick() { return clock_.fetch_add(1, std::memory_order_acq_rel) + 1; }
+
+  // Makes the view one whose open began after time `tick` (taken after whatever the caller must
+  // see, e.g. a failed read): one caller reopens while the others wait and use its view when it
+  // began late enough (a corrupt record read by many threads costs one reopen, not one each).
+  absl::Status CatchUpAfter(uint64_t tick) {
     absl::MutexLock reopening(&catch_up_mu_);
-    if (View().generation > seen) return absl::OkStatus();
+    if (View().opened_at > tick) return absl::OkStatus();
+    const uint64_t opened_at = Tick();
     CKV_ASSIGN_OR_RETURN(std::shared_ptr<storage::ChunkStore> fresh, NewView());
     {
       absl::MutexLock lock(&mu_);
       std::swap(view_, fresh);
-      ++generation_;
+      opened_at_ = opened_at;
     }
     fresh.reset();  // the old view closes here, outside mu_, once no call holds it
     return absl::OkStatus();
@@ -913,10 +924,11 @@ class ReadOnlyEngine final : public Engine {
 
   const storage::StoreOptions options_;
   const std::string path_;
-  absl::Mutex catch_up_mu_;  // one reopen at a time (CatchUpFrom)
+  std::atomic<uint64_t> clock_{0};
+  absl::Mutex catch_up_mu_;  // one reopen at a time (CatchUpAfter)
   absl::Mutex mu_;
   std::shared_ptr<storage::ChunkStore> view_ ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t opened_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -230,8 +230,17 @@ py::array_t<int32_t> Tokens(const py::handle& obj) {
   if (a.size() == 0) return py::array_t<int32_t>(0);
   const std::string kind = py::str(a.dtype().attr("kind"));
   if (kind != "i" && kind != "u") {
+    std::string offending;
+    py::ssize_t at = 0;
+    for (const py::handle item : py::reinterpret_borrow<py::sequence>(obj)) {
+      if (!PyIndex_Check(item.ptr())) {
+        offending = absl::StrCat(" (tokens[", at, "] = ", py::repr(item).cast<std::string>(), ")");
+        break;
+      }
+      ++at;
+    }
     Invalid(absl::StrCat("tokens: expected integer token ids, got ", DTypeString(a.dtype()),
-                         " (first ", py::repr(obj[py::int_(0)]).cast<std::string>(), ")"));
+                         offending));
   }
   const py::object lo = a.attr("min")(), hi = a.attr("max")();
   if (lo.attr("__lt__")(INT32_MIN).cast<bool>() || hi.attr("__gt__")(INT32_MAX).cast<bool>()) {

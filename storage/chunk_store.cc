@@ -476,16 +476,16 @@ bool ChunkStore::HeldLocked(const ChunkKey& key, const ChunkEntry& e) const {
 }
 
 absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec,
-                                            std::span<const int32_t> tokens) {
+                                            std::span<const int32_t> tokens, bool touch) {
   CKV_RETURN_IF_ERROR(spec.Validate());
   const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   absl::MutexLock lock(&mu_);
-  const uint32_t tick = UseTickLocked();
+  const uint32_t tick = touch ? UseTickLocked() : 0;
   uint64_t matched = 0;
   for (const ChunkKey& k : keys) {
     auto it = chunks_.find(k);
     if (it == chunks_.end()) break;
-    it->second.last_use = tick;
+    if (touch) it->second.last_use = tick;
     ++matched;
   }
   return matched;

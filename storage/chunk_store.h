@@ -228,7 +228,10 @@ class ChunkStore {
   // segments whose auxiliary records have the same sizes.
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv, const AuxRecords* aux = nullptr);
-  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens);
+  // The leading whole chunks of `tokens` stored. `touch` marks them used now (their recency, which
+  // eviction reads); Engine::Probe, which must change nothing, passes false.
+  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                  bool touch = true);
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out);
   absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens);

@@ -409,6 +409,35 @@ TEST(ChunkStoreTest, RecencyOrdersEvictionAcrossARebaseOfTheUseClock) {
   EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
+// Lookup marks what it finds used; Probe, which a scheduler calls for requests it may never
+// admit, leaves recency (and so the eviction order) as it was.
+TEST(ChunkStoreTest, ProbeLeavesTheEvictionOrderAsItWasLookupDoesNot) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  for (bool probe : {true, false}) {
+    SCOPED_TRACE(probe ? "probe" : "lookup");
+    TempDir dir;
+    auto engine = OpenOrDie(dir.path(), RoomForSixAndAHalfChunks(spec));
+    const auto p = synth::Tokens(1, 3 * spec.chunk_tokens);
+    const auto q = synth::Tokens(2, 3 * spec.chunk_tokens);
+    const auto r = synth::Tokens(3, 3 * spec.chunk_tokens);
+    ASSERT_TRUE(PutSynthetic(*engine, spec, p).ok());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, q).ok());
+    if (probe) {
+      auto extent = engine->Probe(spec, p);
+      ASSERT_TRUE(extent.ok()) << extent.status();
+      EXPECT_EQ(extent->local_chunks, 3u);
+    } else {
+      EXPECT_EQ(*engine->Lookup(spec, p), 3u);
+    }
+    auto put = PutSynthetic(*engine, spec, r);
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->chunks_evicted, 3u);
+    // Probed, p is still the least recently used and goes; looked up, q goes instead.
+    EXPECT_EQ(engine->Probe(spec, p)->local_chunks, probe ? 0u : 3u);
+    EXPECT_EQ(engine->Probe(spec, q)->local_chunks, probe ? 3u : 0u);
+  }
+}
+
 TEST(ChunkStoreTest, CapHoldsWhenPutsCreateManySmallSegments) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
   TempDir dir;

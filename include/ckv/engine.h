@@ -59,7 +59,8 @@ class Engine {
   // deletes after the view was taken may have its slot written over: ReadRecord then finds a
   // checksum that does not match, catches up (through newer views while the writer keeps moving
   // the chunk), and says NotFound (or serves the chunk where it now lives), never the other
-  // chunk's bytes; DataLoss only when the chunk fails at the same place in two views. Of
+  // chunk's bytes; DataLoss only when the chunk fails at the same place in two views (the second
+  // opened after the first failure), Unavailable when it moved through 8 views meanwhile. Of
   // `options`, io_backend, io_queue_depth and logger are used (and checked as Open checks them);
   // the cap, layout, tiers and create flags are not. Errors: InvalidArgument when
   // options.remote.seeds is not empty (a view cannot use the remote tier, docs/remote.md);

@@ -253,8 +253,8 @@ class CkvTest(unittest.TestCase):
 
         expect("tokens: expected a flat sequence of token ids, got shape [16, 2]",
                [[i, i] for i in range(16)])
-        expect("tokens: expected integer token ids, got float64 (first 1.5)",
-               [1.5] + [2.0] * 15)
+        expect("tokens: expected integer token ids, got float64 (tokens[3] = 2.5)",
+               [1, 2, 3, 2.5] + [2] * 12)
         expect("tokens: token ids must fit int32, got 0..4294967296", [0] * 15 + [2 ** 32])
         expect("tokens: expected an int32 array or a sequence of token ids, got int", 7)
         n = 32
