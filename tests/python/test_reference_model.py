@@ -173,25 +173,41 @@ class ReferenceModelTest(unittest.TestCase):
         self.assertIn(False, wrong)
 
     def test_a_four_turn_conversation_reuses_each_earlier_turn(self):
+        # Each turn's prompt is the conversation so far: the previous prompt, the model's own
+        # greedy reply to it (4 tokens, the first from the ckv Re-Prefill), and the next user
+        # message (held-out text). Each turn is stored; the next reuses it.
         m, c = model(), self.spec.chunk_tokens
-        text = corpus.prompts(held_out(), 1, 1200, seed=11)[0]
-        turn_ends = [500, 700, 900, 1100]  # each turn's prompt: the conversation so far
+        text = corpus.prompts(held_out(), 1, 1300, seed=11)[0]
+        reply_tokens, message_tokens = 4, 196
+        prompt, used = text[:500], 500
         stored = 0  # tokens of the conversation stored so far
-        for t, end in enumerate(turn_ends):
-            prompt = text[:end]
+        prompts = []
+        for t in range(4):
+            prompts.append(prompt)
+            self.assertEqual(self.engine.probe(self.spec, prompt)["chunks"], stored // c,
+                             f"turn {t}")
             self.assertEqual(self.engine.lookup(self.spec, prompt), stored // c, f"turn {t}")
             full = m.forward_full(prompt)[0]
+            first = int(full.argmax())
             if stored:
                 got = ckvio.reprefill(self.engine, self.spec, m, prompt, budget=1.0)
                 self.assertEqual(got.matched_chunks, stored // c, f"turn {t}")
-                self.assertEqual(int(got.logits.argmax()), int(full.argmax()), f"turn {t}")
+                self.assertEqual(int(got.logits.argmax()), first, f"turn {t}")
                 self.assertLess(float((got.logits - full).abs().max()), LOGIT_TOLERANCE)
             # The turn's context is stored; the chunks the previous turn stored are not rewritten.
             res = ckvio.store(self.engine, self.spec, m, prompt)
-            self.assertEqual(res["chunks"], end // c)
-            self.assertEqual(res["chunks_written"], end // c - stored // c, f"turn {t}")
-            stored = end
-        self.assertEqual(self.engine.lookup(self.spec, text), turn_ends[-1] // c)
+            self.assertEqual(res["chunks"], len(prompt) // c)
+            self.assertEqual(res["chunks_written"], len(prompt) // c - stored // c, f"turn {t}")
+            stored = len(prompt)
+            reply = [first]
+            while len(reply) < reply_tokens:
+                context = np.concatenate([prompt, np.asarray(reply, np.int32)])
+                reply.append(int(m.forward_full(context)[0].argmax()))
+            message = text[used:used + message_tokens]
+            used += message_tokens
+            prompt = np.concatenate([prompt, np.asarray(reply, np.int32), message])
+        self.assertEqual([len(p) for p in prompts], [500, 700, 900, 1100])
+        self.assertEqual(self.engine.lookup(self.spec, prompt), len(prompts[-1]) // c)
         self.assertEqual(len(self.engine.list_prefixes()), 4)
 
     def test_a_tampered_record_is_refused_and_never_becomes_a_token(self):
