@@ -306,10 +306,11 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
       last = c.status();
       continue;
     }
-    redisSetTimeout(*c, TimevalOf(deadline - absl::Now()));
+    const absl::Duration left = deadline - absl::Now();  // what the call may take
+    redisSetTimeout(*c, TimevalOf(left));
     void* raw = redisCommand(*c, "CLUSTER SLOTS");
     if (raw == nullptr) {
-      last = ContextError(*c, node, "CLUSTER SLOTS", deadline - absl::Now());
+      last = ContextError(*c, node, "CLUSTER SLOTS", left);
       io_errors_.fetch_add(1, std::memory_order_relaxed);
       Release(node, *c, false);
       continue;

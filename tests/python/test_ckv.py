@@ -6,6 +6,7 @@ Run by ctest (python_test) with PYTHONPATH set to the build's python/ folder, or
 """
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -466,6 +467,42 @@ class CkvTest(unittest.TestCase):
             b.close()
         finally:
             cluster.stop()
+
+    def test_collecting_an_engine_releases_the_gil_while_it_waits(self):
+        # An engine whose remote tier is a node that accepts and never answers: its destructor
+        # waits for the publisher's call to time out. Python collects it with the GIL released,
+        # so another Python thread keeps running meanwhile.
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        accepted = []
+        threading.Thread(target=lambda: accepted.extend(server.accept() for _ in range(4)),
+                         daemon=True).start()
+        try:
+            eng = ckv.Engine.open(os.path.join(self.dir, "silent"),
+                                  remote=f"127.0.0.1:{server.getsockname()[1]}",
+                                  remote_call_timeout_ms=500, remote_connect_timeout_ms=500)
+            n = 16
+            k, v = make_kv(SPEC, n)
+            eng.put(SPEC, tokens_of(n), k, v)  # queues a publish, which will wait for the node
+            ticks, stop = [0], threading.Event()
+
+            def spin():
+                while not stop.is_set():
+                    ticks[0] += 1
+                    time.sleep(0.001)
+            spinner = threading.Thread(target=spin)
+            spinner.start()
+            time.sleep(0.05)
+            before, start = ticks[0], time.monotonic()
+            del eng
+            waited, during = time.monotonic() - start, ticks[0] - before
+            stop.set()
+            spinner.join()
+            self.assertGreater(waited, 0.2)  # it did wait for the silent node
+            self.assertGreater(during, 20, f"{during} ticks of another thread in {waited:.2f} s")
+        finally:
+            server.close()
 
     def test_put_releases_the_gil(self):
         # A put of a large prefix (64 MiB, synced) runs in one thread while this one counts
