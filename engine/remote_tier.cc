@@ -507,10 +507,9 @@ std::vector<std::string> RemoteTier::ClusterKeys(const ChunkKey& fingerprint,
   return out;
 }
 
-size_t RemoteTier::ExistingPrefix(std::span<const std::string> cluster_keys) {
+size_t RemoteTier::ExistingPrefix(const std::vector<std::string>& cluster_keys) {
   if (cluster_keys.empty()) return 0;
-  std::vector<absl::StatusOr<bool>> exists =
-      client_->MultiExists(std::vector<std::string>(cluster_keys.begin(), cluster_keys.end()));
+  std::vector<absl::StatusOr<bool>> exists = client_->MultiExists(cluster_keys);
   size_t found = 0;
   while (found < exists.size() && exists[found].ok() && *exists[found]) ++found;
   if (found < exists.size() && !exists[found].ok()) {

@@ -231,7 +231,7 @@ class RemoteTier {
   std::vector<std::string> ClusterKeys(const ChunkKey& fingerprint, std::span<const ChunkKey> keys,
                                        uint64_t from) const;
   // How many of `cluster_keys`, from the first, exist in the cluster (one MultiExists).
-  size_t ExistingPrefix(std::span<const std::string> cluster_keys);
+  size_t ExistingPrefix(const std::vector<std::string>& cluster_keys);
   void LogRateLimited(LogLevel level, const std::string& message);
 
   const RemoteTierOptions options_;

@@ -392,12 +392,18 @@ void WithoutGil(Fn&& drop) {
 }
 
 struct PyEngine {
-  ~PyEngine() {
-    WithoutGil([this] { engine.reset(); });
-  }
+  ~PyEngine() { Close(); }
   std::shared_ptr<ckv::Engine> engine;
   bool read_only = false;
   bool gpu_tier_on_device = false;  // GPU-tier records are device pointers
+
+  // Drops this handle's engine (closed now unless a session still holds it); later calls raise
+  // FailedPreconditionError. The pointer is taken out with the GIL held, so no other Python
+  // thread sees it half-reset; the engine closes without it.
+  void Close() {
+    std::shared_ptr<ckv::Engine> closing = std::move(engine);
+    WithoutGil([&closing] { closing.reset(); });
+  }
 
   std::shared_ptr<ckv::Engine> Get() const {
     if (!engine) throw StatusError{absl::FailedPreconditionError("the engine is closed")};
@@ -806,19 +812,13 @@ PYBIND11_MODULE(ckv, m) {
           "Whether the engine was opened with open_read_only.")
       .def(
           "close",
-          [](PyEngine& e) {
-            std::shared_ptr<ckv::Engine> engine = std::move(e.engine);
-            py::gil_scoped_release release;
-            engine.reset();  // closes now unless a session still holds it
-          },
+          [](PyEngine& e) { e.Close(); },
           "Closes the engine (once its sessions are gone too); later calls raise "
           "FailedPreconditionError.")
       .def("__enter__", [](const std::shared_ptr<PyEngine>& e) { return e; })
       .def("__exit__",
            [](PyEngine& e, const py::object&, const py::object&, const py::object&) {
-             std::shared_ptr<ckv::Engine> engine = std::move(e.engine);
-             py::gil_scoped_release release;
-             engine.reset();
+             e.Close();
            })
       .def(
           "catch_up",
