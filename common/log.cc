@@ -32,9 +32,10 @@ std::string_view LevelPrefix(LogLevel level) {
 class StderrLoggerImpl final : public Logger {
  public:
   void Log(LogLevel level, std::string_view message) override {
-    // The whole line is built first and written with one fwrite under a mutex, so lines from
+    // A message may carry strings from outside (host names, error texts sent by a server):
+    // escaped, so the terminal shows them rather than obeys them. The whole line is built first and written with one fwrite under a mutex, so lines from
     // concurrent threads never interleave, even with other stdio users of stderr.
-    std::string line = absl::StrCat(Sv(LevelPrefix(level)), Sv(message), "\n");
+    std::string line = absl::StrCat(Sv(LevelPrefix(level)), Printable(message), "\n");
     absl::MutexLock lock(&mu_);
     std::fwrite(line.data(), 1, line.size(), stderr);
     std::fflush(stderr);

@@ -9,6 +9,7 @@
 #ifndef CKV_LOG_H_
 #define CKV_LOG_H_
 
+#include <string>
 #include <string_view>
 
 namespace ckv {
@@ -25,6 +26,18 @@ class Logger {
 Logger* StderrLogger();
 // Drops every line. Never destroyed.
 Logger* NullLogger();
+
+// Untrusted bytes made safe to print on a terminal or in a log line. Strings that come from
+// outside (a model id from an imported file, a host name or an error text sent by a cluster
+// node, a trace's fields) can hold escape sequences a terminal would obey: move the cursor,
+// retitle the window, hide what follows. Printable(s) is `s` with every byte below 0x20 and DEL
+// (0x7f) shown as a C escape (\n, \r, \t, others as \xNN): nothing a terminal acts on. Bytes of
+// 0x80 and above are kept, so UTF-8 text stays readable, and so is a backslash, so that
+// Printable(Printable(s)) == Printable(s): a message escaped once may pass through a logger that
+// escapes again. StderrLogger applies it to every message.
+std::string Printable(std::string_view s);
+// True when Printable(s) == s.
+bool IsPrintable(std::string_view s);
 
 }  // namespace ckv
 
