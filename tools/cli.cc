@@ -2,13 +2,14 @@
 #include "tools/cli.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <system_error>
 
+#include "ckv/log.h"
 #include "ckv/status.h"
+#include "tools/output_file.h"
 
 #ifndef CKV_VERSION
 #define CKV_VERSION "unknown"
@@ -194,18 +195,11 @@ absl::Status JsonOutput::Write(std::string_view json) const {
     std::fflush(stdout);
     return absl::OkStatus();
   }
-  const std::string context = "write " + path;
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return ErrnoToStatus(errno, context);
-  const bool written = std::fwrite(json.data(), 1, json.size(), f) == json.size() &&
-                       std::fputc('\n', f) != EOF;
-  const int write_errno = errno;
-  if (!written) {
-    std::fclose(f);
-    return ErrnoToStatus(write_errno, context);
-  }
-  if (std::fclose(f) != 0) return ErrnoToStatus(errno, context);
-  return absl::OkStatus();
+  // Through tools/output_file.h: never through a link planted at PATH or beside it, mode 0600,
+  // and PATH is the old file or the whole new one.
+  std::string text(json);
+  text.push_back('\n');
+  return tools::WriteOutputFile(path, text);
 }
 
 }  // namespace ckv::cli

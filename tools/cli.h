@@ -110,7 +110,9 @@ struct JsonOutput {
 
   // True when the JSON takes the place of the table on stdout.
   bool ToStdout() const { return enabled && (path.empty() || path == "-"); }
-  // Writes `json` and a newline to stdout or PATH (truncated first). Errors name PATH.
+  // Writes `json` and a newline to stdout or PATH. PATH is replaced whole, as
+  // tools/output_file.h says (a new file is mode 0600; a link at PATH is replaced, not
+  // followed). Errors name PATH.
   absl::Status Write(std::string_view json) const;
 };
 CLI::Option* AddJson(CLI::App& app, JsonOutput* out);

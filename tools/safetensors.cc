@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +31,7 @@
 #include "ckv/status.h"
 #include "tools/json_reader.h"
 #include "tools/json_writer.h"
+#include "tools/output_file.h"
 #include "tools/safetensors_internal.h"
 
 namespace ckv::safetensors {
@@ -176,30 +176,6 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name, const tools
   return t;
 }
 
-
-absl::Status WriteAll(int fd, const std::string& path, std::span<const std::byte> data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), std::min(data.size(), kIoPieceBytes));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path));
-    data = data.subspan(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-// fsync of the directory holding `path`, so that a rename into it is durable.
-absl::Status SyncParentDir(const std::string& path) {
-  // Not `dir = "."` after the fact: g++ 12 at -O3 warns falsely (-Wrestrict) on that assignment.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("sync directory ", dir));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -441,31 +417,21 @@ absl::Status WriteFile(const std::string& path, std::vector<TensorData> tensors,
   }
   const uint64_t header_bytes = header.size();
 
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
-  absl::Status status = WriteAll(fd, tmp, std::as_bytes(std::span(&header_bytes, 1)));
-  if (status.ok()) status = WriteAll(fd, tmp, std::as_bytes(std::span(header)));
-  uint64_t done = 0;
-  for (const TensorData& t : tensors) {
-    for (size_t at = 0; status.ok() && at < t.data.size(); at += kIoPieceBytes) {
-      const std::span<const std::byte> piece =
-          t.data.subspan(at, std::min(kIoPieceBytes, t.data.size() - at));
-      status = WriteAll(fd, tmp, piece);
-      done += piece.size();
-      if (progress) progress(done, total);
+  return tools::WriteOutputFile(path, [&](const tools::OutputWriteFn& write) -> absl::Status {
+    CKV_RETURN_IF_ERROR(write(std::as_bytes(std::span(&header_bytes, 1))));
+    CKV_RETURN_IF_ERROR(write(std::as_bytes(std::span(header))));
+    uint64_t done = 0;
+    for (const TensorData& t : tensors) {
+      for (size_t at = 0; at < t.data.size(); at += kIoPieceBytes) {
+        const std::span<const std::byte> piece =
+            t.data.subspan(at, std::min(kIoPieceBytes, t.data.size() - at));
+        CKV_RETURN_IF_ERROR(write(piece));
+        done += piece.size();
+        if (progress) progress(done, total);
+      }
     }
-  }
-  if (status.ok() && ::fsync(fd) != 0) status = ErrnoToStatus(errno, absl::StrCat("sync ", tmp));
-  if (::close(fd) != 0 && status.ok()) status = ErrnoToStatus(errno, absl::StrCat("close ", tmp));
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());  // best effort: the error being returned is the one that matters
-    return status;
-  }
-  return SyncParentDir(path);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace ckv::safetensors

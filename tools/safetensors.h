@@ -28,8 +28,9 @@
 //
 // Writing (WriteFile) is deterministic: tensors sorted by name, their data in that order, the
 // metadata first, the header padded with spaces to a multiple of 8 bytes (so the data area is
-// 8-byte aligned). The file is written to PATH.tmp, fsync'd and renamed over PATH, so PATH is
-// either the old file or the complete new one.
+// 8-byte aligned). The file is written as tools/output_file.h says: under a unique temporary name
+// in PATH's directory (never through a link planted there), mode 0600, fsync'd and renamed over
+// PATH, so PATH is either the old file or the complete new one.
 //
 // KV files. ExportKv writes a prefix as:
 //   token_ids          I32 [tokens]
@@ -141,7 +142,8 @@ struct TensorData {
 // Writes `tensors` and `metadata` (omitted when empty) to `path` as described above. `progress`,
 // if set, is called with data bytes written and their total. Errors: InvalidArgument for a
 // tensor whose data does not match its shape, duplicate or empty names, the name "__metadata__",
-// or names and metadata that are not UTF-8; the mapped I/O error (PATH.tmp is removed then).
+// or names and metadata that are not UTF-8; tools::WriteOutputFile's errors (the temporary file
+// is removed then).
 absl::Status WriteFile(const std::string& path, std::vector<TensorData> tensors,
                        const std::map<std::string, std::string>& metadata,
                        const ProgressFn& progress = nullptr);

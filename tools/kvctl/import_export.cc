@@ -325,7 +325,8 @@ Command AddExport(CLI::App& kvctl) {
       "Every record is read with its checksum verified. OUT holds token_ids (I32 [tokens]) and,\n"
       "for every layer l, layers.{l}.key and layers.{l}.value ([tokens, kv_heads, head_dim] in\n"
       "the store's dtype), with the model id, dtype and chunk size in its __metadata__: 'kvctl\n"
-      "import' stores it back as the same chunks. OUT is written as OUT.tmp, synced, and renamed.\n"
+      "import' stores it back as the same chunks. OUT is written under a unique temporary name\n"
+      "beside it (never through a link planted there), mode 0600, synced, and renamed.\n"
       "The prefix's whole KV is held in memory while OUT is written (about OUT's size).\n"
       "Example: kvctl export ./store 9f3c0a17b2d4e6f8 prefix.safetensors");
   AddStoreArg(*cmd, &o->store);
