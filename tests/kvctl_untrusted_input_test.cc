@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl against what an attacker or a careless operator hands it (issue 32): planted links at
-// its output files. Each is refused or neutralised with a clear message and the documented exit
-// code, quickly and in little memory.
+// its output files, escape sequences in model ids and labels. Each is refused or neutralised with
+// a clear message and the documented exit code, quickly and in little memory.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -145,6 +145,52 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("store", "victim", "out.safetensors",
                                                      "out.safetensors.tmp", "export.json",
                                                      "export.json.tmp", "ls.json"));
+}
+
+// Regression (issue 32, item 6): a model id from an imported file ("\x1b]0;pwned\x07" retitles
+// an xterm) and a trace's labels reached the terminal raw through import, ls, show and errors.
+TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  spec.model_id = "evil\x1b]0;pwned\x07";
+  const std::vector<int32_t> ids = synth::Tokens(3, 32);
+  const synth::SyntheticKv kv(spec, ids);
+  const std::string file = dir.Sub("evil.safetensors");
+  CKV_ASSERT_OK(safetensors::ExportKv(file, spec, ids, kv.tensors()));
+
+  ShellRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b", dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x07'), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("evil\\x1b]0;pwned\\x07 (24 layers"));
+  r = Kvctl("ls " + store, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("evil\\x1b]0;pwned\\x07"));
+  r = Kvctl("ls " + store + " --json", dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("evil\\u001b]0;pwned\\u0007"));
+  const std::string id = JsonString(r.out, "id");
+  r = Kvctl("show " + store + " " + id, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+
+  // A trace's label, in the replay table and in an error message.
+  const std::string trace = dir.Sub("t.jsonl");
+  std::ofstream(trace) << "{\"conversation\": \"\\u001b[2J\", \"turn\": 1, \"tokens\": [1, 2]}\n";
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\\x1b[2J"));
+  std::ofstream(trace, std::ios::app)
+      << "{\"conversation\": \"\\u001b[2J\", \"turn\": 3, \"tokens\": [1, 2]}\n";
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("turn 3 of conversation \"\\x1b[2J\" follows turn 1"));
 }
 
 }  // namespace

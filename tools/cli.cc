@@ -114,8 +114,10 @@ std::optional<int> Parse(CLI::App& app, std::vector<std::string> args) {
 }
 
 int UsageError(std::string_view program, std::string_view message, std::string_view command) {
-  std::fprintf(stderr, "%.*s: %.*s\n", static_cast<int>(program.size()), program.data(),
-               static_cast<int>(message.size()), message.data());
+  // The message may quote an argument a script took from a file: shown, not obeyed.
+  const std::string shown = Printable(message);
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(),
+               shown.c_str());
   if (command.empty()) command = program;
   std::fprintf(stderr, "Run '%.*s --help' for usage.\n", static_cast<int>(command.size()),
                command.data());

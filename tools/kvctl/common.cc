@@ -4,7 +4,9 @@
 #include <cctype>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "ckv/log.h"
 #include "ckv/options.h"
 #include "engine/internal.h"
 #include "tools/kvctl/command.h"
@@ -17,7 +19,9 @@ int UsageError(const std::string& command, const std::string& message) {
 }
 
 int StoreError(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "kvctl: %s: %s\n", what.c_str(), status.ToString().c_str());
+  // Both may quote a file, a store or a server (a model id, a trace's label, a node's reply).
+  std::fprintf(stderr, "kvctl: %s: %s\n", Printable(what).c_str(),
+               Printable(status.ToString()).c_str());
   return kExitStoreError;
 }
 

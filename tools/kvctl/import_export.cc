@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "storage/catalog.h"
+#include "ckv/log.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
@@ -52,8 +53,10 @@ int PrintImport(const ImportOptions& o, const safetensors::ImportedKv& imported,
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
+  // The model id may come from FILE's metadata: shown, not obeyed.
   std::printf("imported %s from %s: %s, %llu tokens (%llu chunks)\n",
-              result.prefix_id.ToHex().c_str(), o.file.c_str(), spec.DebugString().c_str(),
+              result.prefix_id.ToHex().c_str(), Printable(o.file).c_str(),
+              Printable(spec.DebugString()).c_str(),
               static_cast<unsigned long long>(tokens),
               static_cast<unsigned long long>(result.chunks));
   PrintPutResultLines(result, /*with_tail=*/true);
@@ -268,7 +271,7 @@ int RunExport(const ExportOptions& o) {
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
   std::printf("exported %s to %s: %s, %zu tokens (%zu chunks), %s\n", prefix_id.ToHex().c_str(),
-              o.out.c_str(), spec.DebugString().c_str(), tokens, keys->size(),
+              Printable(o.out).c_str(), Printable(spec.DebugString()).c_str(), tokens, keys->size(),
               FormatBytes(file_bytes).c_str());
   std::printf("  time                 read %.2fs, write %.2fs\n", read_seconds, write_seconds);
   return kExitOk;

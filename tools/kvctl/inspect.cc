@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string_view>
 
+#include "ckv/log.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 
@@ -65,7 +66,7 @@ int RunLs(const LsOptions& o) {
   std::printf("%-16s  %-24s  %10s  %8s  %11s  %s\n", "PREFIX", "MODEL", "TOKENS", "CHUNKS",
               "BYTES", "CREATED");
   for (const PrefixInfo& p : prefixes) {
-    std::string model = p.model_id;
+    std::string model = Printable(p.model_id);  // the store's bytes, shown not obeyed
     if (model.size() > 24) model = model.substr(0, 23) + "~";
     std::printf("%-16s  %-24s  %10llu  %8llu  %11s  %s\n", p.id.ToHex().substr(0, 16).c_str(),
                 model.c_str(), static_cast<unsigned long long>(p.tokens),
@@ -187,7 +188,7 @@ int RunShow(const ShowOptions& o) {
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
   std::printf("prefix %s: %s, %zu tokens (%zu chunks), %s\n", prefix_id.ToHex().c_str(),
-              spec.DebugString().c_str(), d->chunks.size() * spec.chunk_tokens, d->chunks.size(),
+              Printable(spec.DebugString()).c_str(), d->chunks.size() * spec.chunk_tokens, d->chunks.size(),
               FormatBytes(bytes).c_str());
   std::printf("tier: all on NVMe (GPU and CPU tiers exist only in a serving process)\n\n");
   std::printf("importance I along the prefix, one character per chunk (max I %.4g%s):\n", max_i,

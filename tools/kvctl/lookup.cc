@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ckv/log.h"
 #include "tools/kvctl/command.h"
 #include "tools/safetensors.h"
 
@@ -56,7 +57,7 @@ int RunLookup(const LookupOptions& o) {
   std::printf("%llu of %llu chunks stored (%llu of %zu tokens) under %s\n",
               static_cast<unsigned long long>(*stored), static_cast<unsigned long long>(chunks),
               static_cast<unsigned long long>(*stored * c), tokens->size(),
-              spec.model_id.c_str());
+              Printable(spec.model_id).c_str());
   if (!whole) {
     std::printf("  the chain breaks at chunk %llu (tokens %llu..%llu): not stored\n",
                 static_cast<unsigned long long>(*stored),

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/internal.h"
+#include "ckv/log.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 
@@ -64,14 +65,18 @@ int RunRemoteStats(const RemoteStatsOptions& o) {
               "used", "maxmemory", "policy", "evicted", "hits", "misses");
   for (const engine::RemoteNodeReport& n : *nodes) {
     if (!n.error.empty()) {
-      std::printf("  %-22s %6u  error: %s\n", n.endpoint.c_str(), n.slots, n.error.c_str());
+      // What a node sent (its address, its error text): shown, not obeyed.
+      std::printf("  %-22s %6u  error: %s\n", Printable(n.endpoint).c_str(), n.slots,
+                  Printable(n.error).c_str());
       continue;
     }
-    std::printf("  %-22s %6u %10llu %12s %12s %-16s %10llu %10llu %10llu\n", n.endpoint.c_str(),
+    std::printf("  %-22s %6u %10llu %12s %12s %-16s %10llu %10llu %10llu\n",
+                Printable(n.endpoint).c_str(),
                 n.slots, static_cast<unsigned long long>(n.keys),
                 FormatBytes(n.used_memory_bytes).c_str(),
                 n.maxmemory_bytes == 0 ? "none" : FormatBytes(n.maxmemory_bytes).c_str(),
-                n.maxmemory_policy.c_str(), static_cast<unsigned long long>(n.evicted_keys),
+                Printable(n.maxmemory_policy).c_str(),
+                static_cast<unsigned long long>(n.evicted_keys),
                 static_cast<unsigned long long>(n.keyspace_hits),
                 static_cast<unsigned long long>(n.keyspace_misses));
   }

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "ckv/log.h"
 #include "ckv/session.h"
 #include "ckv/status.h"
 #include "tools/kvctl/command.h"
@@ -284,16 +285,17 @@ void PrintReplayText(const ReplayOptions& o, const ModelSpec& spec,
                      const ReprefillOptions& options,
                      const std::vector<ReplayTurnFigures>& figures, const ReplayTotals& t) {
   const SessionStats& total = t.session;
-  std::printf("replay %s: %zu turns, %s, %s at %.0f%%\n", o.trace.c_str(), figures.size(),
-              spec.DebugString().c_str(), std::string(SelectorName(options.selector)).c_str(),
-              options.budget_fraction * 100);
+  std::printf("replay %s: %zu turns, %s, %s at %.0f%%\n", Printable(o.trace).c_str(),
+              figures.size(), Printable(spec.DebugString()).c_str(),
+              std::string(SelectorName(options.selector)).c_str(), options.budget_fraction * 100);
   std::printf("%-14s %5s %8s %15s %8s %10s %6s %7s %7s %9s %8s %9s\n", "conversation", "turn",
               "tokens", "matched", "records", "read", "amp", "gpu", "cpu", "reprefill", "written",
               "put");
   for (const ReplayTurnFigures& f : figures) {
     const std::string matched_text = absl::StrCat(f.matched_chunks, "/", f.prompt_chunks);
     std::printf("%-14s %5llu %8llu %15s %8llu %10s %6.2f %7llu %7llu %8.1fms %8llu %8.1fms\n",
-                f.conversation.substr(0, 14).c_str(), static_cast<unsigned long long>(f.turn),
+                Printable(f.conversation).substr(0, 14).c_str(),
+                static_cast<unsigned long long>(f.turn),
                 static_cast<unsigned long long>(f.prompt_tokens), matched_text.c_str(),
                 static_cast<unsigned long long>(f.session.records_served),
                 FormatBytes(f.session.bytes_read).c_str(), f.session.read_amplification(),

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/internal.h"
+#include "ckv/log.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
@@ -186,19 +187,21 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
     std::printf("clean\n");
   } else {
     std::printf("%zu problem%s:\n", problems.size(), problems.size() == 1 ? "" : "s");
-    for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
+    for (const std::string& p : problems) std::printf("  %s\n", Printable(p).c_str());
   }
   if (f.repaired && !problems.empty()) {
     const RepairReport& repaired = *f.repaired;
     std::printf("repair removed %llu chunk%s:\n",
                 static_cast<unsigned long long>(repaired.chunks_removed),
                 repaired.chunks_removed == 1 ? "" : "s");
-    for (const std::string& r : repaired.removed) std::printf("  %s\n", r.c_str());
+    for (const std::string& r : repaired.removed) std::printf("  %s\n", Printable(r).c_str());
     if (repaired.remaining.empty()) {
       std::printf("nothing left to repair\n");
     } else {
       std::printf("left as it was (%zu):\n", repaired.remaining.size());
-      for (const std::string& r : repaired.remaining) std::printf("  %s\n", r.c_str());
+      for (const std::string& r : repaired.remaining) {
+        std::printf("  %s\n", Printable(r).c_str());
+      }
     }
   }
 }
