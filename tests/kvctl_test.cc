@@ -579,7 +579,9 @@ TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
       << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 600000}}\n";
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b");
   EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("refuses more than 8.0 GiB"));
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
+                               ":1: turn 1 of \"a\": 600000 tokens, 32.0 GiB of KV"));
+  EXPECT_THAT(r.out, HasSubstr("per request (--max-request-kv-bytes)"));
 }
 
 // Member `key` of `object` as a number (JsonWriter writes whole doubles as integers; NaN when

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl against what an attacker or a careless operator hands it (issue 32): planted links at
-// its output files, escape sequences in model ids and labels. Each is refused or neutralised with
-// a clear message and the documented exit code, quickly and in little memory.
+// its output files, requests larger than memory, files that are no trace, escape sequences in
+// model ids and labels. Each is refused or neutralised with a clear message and the documented
+// exit code, quickly and in little memory.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -145,6 +146,126 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("store", "victim", "out.safetensors",
                                                      "out.safetensors.tmp", "export.json",
                                                      "export.json.tmp", "ls.json"));
+}
+
+// Regression (issue 32, item 5): one 100-byte Mooncake line with --block-tokens 65536 made a
+// 768 MiB request, and replay built it (975 MB RSS) before any check but its 8 GiB bound.
+TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocating) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  const std::string trace = dir.Sub("m.jsonl");
+  std::ofstream(trace)
+      << "{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [7]}\n";
+  ShellRun r = Kvctl("replay " + store + " " + trace +
+                    " --model qwen2.5-0.5b --block-tokens 65536 --max-request-kv-bytes 256M",
+                dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
+                               ":1: turn 1 of \"r0\": 65536 tokens, 768.0 MiB of KV"));
+  EXPECT_THAT(r.out, HasSubstr("over the limit of 256.0 MiB per request (--max-request-kv-bytes)"));
+  if (!::ckv::testing::kSanitizerBuild) {
+    EXPECT_LT(r.max_rss_kb, 128 * 1024) << r.out;
+  }
+  // Under the default limit, the request is still more than this 64 MiB store could hold: it is
+  // refused before its KV is generated, as the store would refuse its Put after.
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --block-tokens 65536",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: Put of 4096 new chunks: 768.0 MiB of KV, more "
+                               "than the store's cap of 64.0 MiB (max_disk_bytes); not generated"));
+  if (!::ckv::testing::kSanitizerBuild) {
+    EXPECT_LT(r.max_rss_kb, 128 * 1024) << r.out;
+  }
+
+  // put and import state the same limit.
+  r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 65536 --seed 1 "
+                "--max-request-kv-bytes 256M",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: the prefix: 65536 tokens, 768.0 MiB of KV"));
+  if (!::ckv::testing::kSanitizerBuild) {
+    EXPECT_LT(r.max_rss_kb, 128 * 1024) << r.out;
+  }
+
+  const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  const std::vector<int32_t> ids = synth::Tokens(3, 64);
+  const synth::SyntheticKv kv(spec, ids);
+  const std::string file = dir.Sub("kv.safetensors");
+  CKV_ASSERT_OK(safetensors::ExportKv(file, spec, ids, kv.tensors()));
+  r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --max-request-kv-bytes 64K",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("over the import limit of 65536 bytes (--max-request-kv-bytes"));
+  // ... and the limit is a byte count, at most 1T.
+  r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 16 --seed 1 "
+                "--max-request-kv-bytes 2T",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--max-request-kv-bytes: '2T' is not a byte count up to 1T"));
+}
+
+// Regression (issue 32, item 5): under a 3 GiB address-space limit a 7.9 GiB request ended in an
+// uncaught std::bad_alloc (SIGABRT), not exit 3.
+TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbort) {
+  if (::ckv::testing::kSanitizerBuild) {
+    GTEST_SKIP() << "sanitizers reserve terabytes of address space: ulimit -v cannot apply";
+  }
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  // A cap the request fits (nothing is written: the cap only lets the replay get that far).
+  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 16G", dir.path()).exit_code, 0);
+  // 262144 tokens of qwen2.5-0.5b are 3 GiB of KV, under the 8 GiB limit given, over the 2 GiB of
+  // address space the shell allows.
+  const std::string limit = "ulimit -v 2097152 && exec " + std::string(CKV_KVCTL_PATH);
+  ShellRun r = Shell(limit + " put " + store +
+                    " --model qwen2.5-0.5b --tokens 262144 --seed 1 --max-request-kv-bytes 8G",
+                dir.path());
+  EXPECT_EQ(r.signal, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: out of memory allocating 3.0 GiB"));
+
+  const std::string trace = dir.Sub("t.jsonl");
+  std::ofstream(trace)
+      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 262144}}\n";
+  r = Shell(limit + " replay " + store + " " + trace +
+                " --model qwen2.5-0.5b --max-request-kv-bytes 8G",
+            dir.path());
+  EXPECT_EQ(r.signal, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: out of memory"));
+  // The store is as it was: nothing of either was stored.
+  r = Kvctl("verify " + store + " --json", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"chunks_checked\":0"));
+}
+
+// Regression (issue 32, item 5): /dev/zero as a trace read 256 MiB (the file limit) before it was
+// refused.
+TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ShellRun r = Kvctl("replay " + store + " /dev/zero --model qwen2.5-0.5b", dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("/dev/zero:1: a NUL byte at byte 0 of the file: binary data, not a "
+                               "JSON Lines trace"));
+  if (!::ckv::testing::kSanitizerBuild) {
+    EXPECT_LT(r.max_rss_kb, 64 * 1024) << r.out;
+  }
+  // Text that is no trace: refused at its first character, not at the end of the file.
+  const std::string text = dir.Sub("notes.txt");
+  std::ofstream(text) << "\n  hello\n" << std::string(1 << 20, 'x') << "\n";
+  r = Kvctl("replay " + store + " " + text + " --model qwen2.5-0.5b", dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(text + ":2: the line starts with 'h', not '{'"));
+  // A line that never ends is refused once it passes the line limit (16 MiB), not the file's.
+  r = Shell("head -c 40000000 /dev/zero | tr '\\0' '{' | exec timeout 60 " +
+                std::string(CKV_KVCTL_PATH) + " replay " + store +
+                " /dev/stdin --model qwen2.5-0.5b",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("/dev/stdin:1: line of more than 16777216 bytes"));
 }
 
 // Regression (issue 32, item 6): a model id from an imported file ("\x1b]0;pwned\x07" retitles

@@ -110,5 +110,39 @@ TEST(ReplayTraceTest, FilesAreReadUpToTheirLimit) {
             absl::StatusCode::kNotFound);
 }
 
+// Regression (issue 32, item 5): /dev/zero as a trace was read up to the 256 MiB file limit before
+// it was refused; ReadTraceText refuses a non-trace in the read that shows it is one.
+TEST(ReplayTraceTest, ReadTraceTextRefusesWhatIsNoTraceAsItReadsIt) {
+  ::ckv::testing::TempDir dir;
+  TraceLimits limits;
+  limits.max_line_bytes = 64;
+  const auto read = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return ReadTraceText(path, limits);
+  };
+  const std::string line = "{\"conversation\": \"a\", \"turn\": 1, \"tokens\": [3]}\n";
+  auto text = read("ok.jsonl", "\n  " + line + "\r\n\t" + line);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "\n  " + line + "\r\n\t" + line);
+  EXPECT_EQ(read("nul.jsonl", line + std::string("{\0", 2)).status().message(),
+            dir.path() + "/nul.jsonl:2: a NUL byte at byte 49 of the file: binary data, not a "
+                         "JSON Lines trace");
+  EXPECT_EQ(read("text.jsonl", line + "  # \x1b[2J\n").status().message(),
+            dir.path() + "/text.jsonl:2: the line starts with '#', not '{': every line of a "
+                         "trace is a JSON object");
+  EXPECT_EQ(read("esc.jsonl", "\x1b[2J").status().message(),
+            dir.path() + "/esc.jsonl:1: the line starts with '\\x1b', not '{': every line of a "
+                         "trace is a JSON object");
+  EXPECT_EQ(read("long.jsonl", line + "{" + std::string(100, ' ') + "}\n").status().message(),
+            dir.path() + "/long.jsonl:2: line of more than 64 bytes; the limit is 64");
+  // /dev/zero: refused in its first read, whatever the file limit.
+  limits.max_file_bytes = size_t{1} << 40;
+  const auto zero = ReadTraceText("/dev/zero", limits);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(zero.status().message(),
+            "/dev/zero:1: a NUL byte at byte 0 of the file: binary data, not a JSON Lines trace");
+}
+
 }  // namespace
 }  // namespace ckv::tools

@@ -2,6 +2,10 @@
 // tools/replay_trace.cc: see replay_trace.h.
 #include "tools/replay_trace.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -11,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "ckv/log.h"
 #include "ckv/status.h"
 #include "tools/json_reader.h"
 #include "tools/synthetic_kv.h"
@@ -170,10 +175,68 @@ absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::st
   return turns;
 }
 
+absl::StatusOr<std::string> ReadTraceText(const std::string& path, const TraceLimits& limits) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  std::string text;
+  absl::Status status;
+  size_t line = 1;
+  size_t line_bytes = 0;      // of the line being read, so far
+  bool line_started = false;  // a character other than space or tab seen on it
+  char buf[65536];
+  while (status.ok()) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = ErrnoToStatus(errno, absl::StrCat("read ", path));
+      break;
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > limits.max_file_bytes) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          path, ": over the trace size limit of ", limits.max_file_bytes, " bytes"));
+      break;
+    }
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      const char c = buf[i];
+      if (c == '\n') {
+        ++line;
+        line_bytes = 0;
+        line_started = false;
+        continue;
+      }
+      if (c == '\0') {
+        status = absl::InvalidArgumentError(
+            absl::StrCat(path, ":", line, ": a NUL byte at byte ", text.size() + i,
+                         " of the file: binary data, not a JSON Lines trace"));
+        break;
+      }
+      if (++line_bytes > limits.max_line_bytes) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            path, ":", line, ": line of more than ", limits.max_line_bytes,
+            " bytes; the limit is ", limits.max_line_bytes));
+        break;
+      }
+      if (!line_started && c != ' ' && c != '\t' && c != '\r') {
+        line_started = true;
+        if (c != '{') {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              path, ":", line, ": the line starts with '", Printable(std::string_view(&c, 1)),
+              "', not '{': every line of a trace is a JSON object"));
+          break;
+        }
+      }
+    }
+    if (status.ok()) text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  CKV_RETURN_IF_ERROR(status);
+  return text;
+}
+
 absl::StatusOr<std::vector<TraceTurn>> ReadTraceFile(const std::string& path,
                                                      const TraceLimits& limits) {
-  CKV_ASSIGN_OR_RETURN(const std::string text,
-                       ReadFileUpTo(path, limits.max_file_bytes, "trace"));
+  CKV_ASSIGN_OR_RETURN(const std::string text, ReadTraceText(path, limits));
   return ParseTrace(text, path, limits);
 }
 

@@ -62,7 +62,17 @@ absl::Status ForEachLine(
 absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::string_view name,
                                                   const TraceLimits& limits = {});
 
-// Reads the file at `path` and parses it. Errors name the path.
+// The text of the trace file at `path` (any of the JSON Lines trace formats), checked as it is
+// read so that a file that is no trace is refused early, not after limits.max_file_bytes:
+// a NUL byte (binary data, /dev/zero) is refused in the read that brings it, and so is a line
+// whose first character other than space or tab is not '{' (every line of a trace is a JSON
+// object); a line is refused once it grows past limits.max_line_bytes, the file once it grows
+// past limits.max_file_bytes. So at most max_line_bytes plus one read (64 KiB) is held before a
+// refusal. Errors: the mapped open/read error; InvalidArgument naming the path (and line).
+absl::StatusOr<std::string> ReadTraceText(const std::string& path,
+                                          const TraceLimits& limits = {});
+
+// Reads the file at `path` (ReadTraceText) and parses it. Errors name the path.
 absl::StatusOr<std::vector<TraceTurn>> ReadTraceFile(const std::string& path,
                                                      const TraceLimits& limits = {});
 

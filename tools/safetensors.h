@@ -173,6 +173,9 @@ struct ImportOptions {
   // anything is allocated: a sparse file can claim terabytes that its size check lets through.
   // Default: 8 GiB (kvctl replay's bound on one request's KV).
   uint64_t max_kv_bytes = uint64_t{8} << 30;
+  // How the error for a file over max_kv_bytes names the limit (kvctl: its flag).
+  // Default: "ImportOptions::max_kv_bytes".
+  std::string max_kv_bytes_name = "ImportOptions::max_kv_bytes";
 };
 
 // Most token ids an import takes (from the token_ids tensor or a JSON file), checked before they
@@ -205,7 +208,8 @@ struct ImportedKv {
 // Errors: InvalidArgument naming the tensor for anything missing, extra, misshaped or out of
 // range (and for an invalid spec); FailedPrecondition for a dtype that differs from the spec's;
 // the file's read errors. Bounds: more than kMaxImportTokens token ids, or K and V of more than
-// options.max_kv_bytes, is InvalidArgument, found before either is allocated.
+// options.max_kv_bytes, is InvalidArgument, found before either is allocated. Every K and V
+// buffer is allocated before any is read; a failed allocation is ResourceExhausted.
 absl::StatusOr<ImportedKv> ImportKv(const Reader& file, const ModelSpec& spec,
                                     const ImportOptions& options = {});
 

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -285,21 +286,33 @@ absl::Status ReadKvTensors(const Reader& file, const KvTensorSet& set, DType dty
     return absl::InvalidArgumentError(absl::StrCat(
         "K and V of ", tokens, " tokens x ", layers, " layers are ",
         uint64_t{2} * layers * tensor_bytes, " bytes, over the import limit of ",
-        options.max_kv_bytes, " bytes (ImportOptions::max_kv_bytes)"));
+        options.max_kv_bytes, " bytes (", options.max_kv_bytes_name, ")"));
   }
   const size_t row_bytes = dim * DTypeBytes(dtype);
-  std::unique_ptr<std::byte[]> scratch;
-  if (out->file_layout == KvLayout::kHeadsFirst) {
-    scratch = std::make_unique_for_overwrite<std::byte[]>(tensor_bytes);
-  }
   const uint64_t total = uint64_t{2} * layers * tensor_bytes;
+  // Every buffer before any read: a file too large for this process's memory (ulimit -v, a
+  // small machine) fails at once, not after reading most of it.
+  std::unique_ptr<std::byte[]> scratch;
+  try {
+    if (out->file_layout == KvLayout::kHeadsFirst) {
+      scratch = std::make_unique_for_overwrite<std::byte[]>(tensor_bytes);
+    }
+    out->buffers.reserve(out->buffers.size() + 2 * size_t{layers});
+    for (uint32_t i = 0; i < 2 * layers; ++i) {
+      out->buffers.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+    }
+  } catch (const std::bad_alloc&) {
+    out->buffers.clear();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory allocating K and V of ", tokens, " tokens x ", layers,
+                     " layers (", total, " bytes)"));
+  }
   uint64_t done = 0;
+  size_t next_buffer = out->buffers.size() - 2 * size_t{layers};
   out->kv.tokens = tokens;
   for (uint32_t l = 0; l < layers; ++l) {
     for (const TensorInfo* t : {k[l], v[l]}) {
-      std::byte* buffer = out->buffers
-                              .emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes))
-                              .get();
+      std::byte* buffer = out->buffers[next_buffer++].get();
       if (out->file_layout == KvLayout::kTokensFirst) {
         CKV_RETURN_IF_ERROR(file.Read(*t, std::span(buffer, tensor_bytes)));
       } else {

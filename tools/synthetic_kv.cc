@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -224,24 +225,38 @@ const KvTensors& ReplayKv::Fill(std::span<const int32_t> tokens, size_t first_ch
   const std::vector<ChunkKey> keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens,
                                                     tokens);
   const size_t bytes = keys.size() * part_bytes;
-  k_.resize(spec_.layers);
-  v_.resize(spec_.layers);
   tensors_.tokens = keys.size() * c;
   tensors_.k.clear();
   tensors_.v.clear();
-  for (uint32_t l = 0; l < spec_.layers; ++l) {
-    if (k_[l].size() < bytes) {
-      k_[l].resize(bytes);
-      v_[l].resize(bytes);
+  // Every layer's buffers grow before any is filled: an allocation that fails (it throws
+  // std::bad_alloc) does so before the time to generate is spent. The old ones go first, so
+  // that the process never holds both.
+  if (capacity_bytes_ < bytes) {
+    k_.clear();
+    v_.clear();
+    capacity_bytes_ = 0;
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      k_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes));
+      v_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes));
     }
-    const std::span<std::byte> ks(k_[l]);
-    const std::span<std::byte> vs(v_[l]);
+    capacity_bytes_ = bytes;
+    // The chunks before first_chunk are not generated: zeros here rather than whatever the
+    // allocator returned (they were the previous prompt's bytes while buffers grew in place).
+    const size_t skipped = std::min(first_chunk, keys.size()) * part_bytes;
+    for (uint32_t l = 0; l < spec_.layers; ++l) {
+      std::memset(k_[l].get(), 0, skipped);
+      std::memset(v_[l].get(), 0, skipped);
+    }
+  }
+  for (uint32_t l = 0; l < spec_.layers; ++l) {
+    const std::span<std::byte> ks(k_[l].get(), bytes);
+    const std::span<std::byte> vs(v_[l].get(), bytes);
     for (size_t i = first_chunk; i < keys.size(); ++i) {
       FillRecordParts(spec_, keys[i], l, ks.subspan(i * part_bytes, part_bytes),
                       vs.subspan(i * part_bytes, part_bytes));
     }
-    tensors_.k.emplace_back(k_[l].data(), bytes);
-    tensors_.v.emplace_back(v_[l].data(), bytes);
+    tensors_.k.emplace_back(k_[l].get(), bytes);
+    tensors_.v.emplace_back(v_[l].get(), bytes);
   }
   return tensors_;
 }

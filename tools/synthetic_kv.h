@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <memory>
 #include <vector>
 
 #include "ckv/chunk_key.h"
@@ -85,12 +86,16 @@ class ReplayKv {
   explicit ReplayKv(const ModelSpec& spec) : spec_(spec) {}
 
   // The tensors of the whole chunks of `tokens` (tokens.size() / c * c tokens). Valid until the
-  // next Fill.
+  // next Fill. Buffers grow (to the largest request so far) before any is filled; a failed
+  // allocation throws std::bad_alloc.
   const KvTensors& Fill(std::span<const int32_t> tokens, size_t first_chunk);
 
  private:
   ModelSpec spec_;
-  std::vector<std::vector<std::byte>> k_, v_;
+  // Per layer, K and V of capacity_bytes_ each; not zeroed (Fill writes what it hands out), so
+  // growing touches no memory, and a request too large for the process fails at once.
+  std::vector<std::unique_ptr<std::byte[]>> k_, v_;
+  size_t capacity_bytes_ = 0;
   KvTensors tensors_;
 };
 

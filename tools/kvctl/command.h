@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,6 +100,22 @@ void PrintRemoteLine(const EngineStats& s);
 void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes);
 void PrintPutResultLines(const PutResult& result, bool with_tail);
 
+// --max-request-kv-bytes BYTES (put, import, replay): the most KV one request may hold in memory
+// (tokens x the model's K+V bytes per token, all layers), checked before it is allocated. Put
+// generates a prefix's KV whole, import reads a file's whole, replay generates each request's
+// whole; each refuses a request over the limit with ResourceExhausted (exit 3) naming both.
+// Default: 8 GiB, or half the machine's physical memory where that is less. At most 1 TiB.
+inline constexpr uint64_t kMaxRequestKvBytesCeiling = uint64_t{1} << 40;
+uint64_t DefaultMaxRequestKvBytes();
+CLI::Option* AddMaxRequestKvBytes(CLI::App& app, uint64_t* limit);
+// OK when `tokens` of `spec` are at most `limit` bytes of KV; else ResourceExhausted
+// "WHAT: N tokens, X of KV (B per token of MODEL), over the limit of Y per request
+// (--max-request-kv-bytes): ...".
+absl::Status CheckRequestKvBytes(std::string_view what, uint64_t tokens, const ModelSpec& spec,
+                                 uint64_t limit);
+// ResourceExhausted for a std::bad_alloc caught while allocating `bytes` for `what`.
+absl::Status OutOfMemory(std::string_view what, uint64_t bytes);
+
 // --model PRESET (required), --dtype, --model-id and --chunk-tokens, as put and replay take them.
 struct PresetOptions {
   std::string model;
@@ -127,13 +144,19 @@ int FindPrefix(Engine& engine, const std::string& command, const std::string& st
 // put.cc.
 class GeneratedKv {
  public:
-  // `progress`: show the generation's progress (see ProgressBar).
-  GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress = true);
+  // Allocates every tensor first, then generates: a failed allocation is ResourceExhausted
+  // (OutOfMemory), before any time is spent generating. `progress`: show the generation's
+  // progress (see ProgressBar).
+  static absl::StatusOr<std::unique_ptr<GeneratedKv>> Generate(const ModelSpec& spec,
+                                                               std::span<const int32_t> tokens,
+                                                               bool progress = true);
 
   const KvTensors& tensors() const { return tensors_; }
   uint64_t bytes() const { return total_bytes_; }
 
  private:
+  GeneratedKv() = default;
+
   std::vector<std::unique_ptr<std::byte[]>> k_, v_;
   KvTensors tensors_;
   uint64_t total_bytes_ = 0;

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What kvctl's commands share (command.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -164,6 +166,49 @@ void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
       .Key("put_staging_waits").Uint(s.put_staging_waits)
       .Key("put_direct_bytes").Uint(s.put_direct_bytes)
       .EndObject();
+}
+
+uint64_t DefaultMaxRequestKvBytes() {
+  constexpr uint64_t kDefault = uint64_t{8} << 30;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return kDefault;
+  const uint64_t half = static_cast<uint64_t>(pages) / 2 * static_cast<uint64_t>(page_bytes);
+  return std::min(kDefault, half);
+}
+
+CLI::Option* AddMaxRequestKvBytes(CLI::App& app, uint64_t* limit) {
+  *limit = DefaultMaxRequestKvBytes();
+  return cli::AddParsed(
+      app, "--max-request-kv-bytes",
+      "most KV one request may hold in memory, refused before it is allocated (default: 8 GiB "
+      "or half the physical memory, whichever is less; here " + FormatBytes(*limit) + ")",
+      "BYTES", "a byte count up to 1T (an integer, optionally with a K/M/G/T suffix)",
+      [limit](const std::string& text) {
+        uint64_t v = 0;
+        if (!cli::ParseBytes(text, &v) || v > kMaxRequestKvBytesCeiling) return false;
+        *limit = v;
+        return true;
+      });
+}
+
+absl::Status CheckRequestKvBytes(std::string_view what, uint64_t tokens, const ModelSpec& spec,
+                                 uint64_t limit) {
+  uint64_t kv_bytes = 0;
+  const bool overflow = __builtin_mul_overflow(tokens, spec.KvBytesPerToken(), &kv_bytes);
+  if (!overflow && kv_bytes <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      std::string(what), ": ", tokens, " tokens, ",
+      overflow ? std::string("more than 2^64 bytes") : FormatBytes(kv_bytes), " of KV (",
+      FormatBytes(spec.KvBytesPerToken()), " per token of ", spec.model_id,
+      "), over the limit of ", FormatBytes(limit),
+      " per request (--max-request-kv-bytes): a request's KV is held in memory whole"));
+}
+
+absl::Status OutOfMemory(std::string_view what, uint64_t bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "out of memory allocating ", FormatBytes(bytes), " for ", std::string(what),
+      " (a memory limit such as ulimit -v, or too little memory: lower --max-request-kv-bytes)"));
 }
 
 std::string ModelHelp() {

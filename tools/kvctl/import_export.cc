@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <system_error>
 
 #include "storage/catalog.h"
@@ -26,6 +27,7 @@ struct ImportOptions {
   std::string spec_file;    // --spec SPEC.json
   std::string model_id;     // --model-id; empty: see the footer
   std::string tokens_file;  // --tokens-file
+  uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
 
@@ -86,6 +88,8 @@ int RunImport(const ImportOptions& o) {
     given = *std::move(spec);
   }
   safetensors::ImportOptions options;
+  options.max_kv_bytes = o.max_request_kv_bytes;
+  options.max_kv_bytes_name = "--max-request-kv-bytes: the file's KV is held in memory whole";
   options.dtype_from_file = !given.has_dtype;
   options.chunk_tokens_from_file = !given.has_chunk_tokens;
   options.model_id_from_file = !o.model.empty();
@@ -190,14 +194,22 @@ absl::StatusOr<KvTensors> ReadPrefixKv(Engine& engine, const ModelSpec& spec,
   const size_t tensor_bytes = tokens * spec.TokenBytesPerLayer();
   KvTensors kv;
   kv.tokens = tokens;
-  std::vector<std::byte> record(spec.RecordBytes());
+  std::vector<std::byte> record;
+  // Every buffer before any read: a prefix too large for this process's memory fails at once.
+  try {
+    record.resize(spec.RecordBytes());
+    for (uint32_t i = 0; i < 2 * spec.layers; ++i) {
+      buffers->push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+    }
+  } catch (const std::bad_alloc&) {
+    buffers->clear();
+    return OutOfMemory("the prefix's KV", uint64_t{2} * spec.layers * tensor_bytes);
+  }
   ProgressBar bar("read", uint64_t{spec.layers} * keys.size() * record.size());
   uint64_t done = 0;
   for (uint32_t layer = 0; layer < spec.layers; ++layer) {
-    std::byte* k =
-        buffers->emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
-    std::byte* v =
-        buffers->emplace_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes)).get();
+    std::byte* k = (*buffers)[2 * layer].get();
+    std::byte* v = (*buffers)[2 * layer + 1].get();
     for (size_t i = 0; i < keys.size(); ++i) {
       const absl::Status read = engine.ReadRecord(spec, keys[i], layer, record);
       if (!read.ok()) {
@@ -296,7 +308,8 @@ Command AddImport(CLI::App& kvctl) {
       "must be FILE's). With --tokens-file the token ids come from F, a JSON array of integers,\n"
       "and FILE must hold no token_ids. A malformed FILE, spec or token file exits 3 with the\n"
       "store unchanged. The prefix's whole KV is held in memory while it is stored (about\n"
-      "FILE's size; the store takes a prefix in one Put).\n"
+      "FILE's size; the store takes a prefix in one Put): a FILE of more than\n"
+      "--max-request-kv-bytes of KV is refused (exit 3) before its KV is read.\n"
       "Example: kvctl import ./store prefix.safetensors --model qwen2.5-7b");
   AddStoreArg(*cmd, &o->store);
   cmd->add_option("FILE", o->file, "the safetensors file")->required()->type_name("");
@@ -309,6 +322,7 @@ Command AddImport(CLI::App& kvctl) {
       ->type_name("ID");
   cmd->add_option("--tokens-file", o->tokens_file, "token ids from F, a JSON array of integers")
       ->type_name("F");
+  AddMaxRequestKvBytes(*cmd, &o->max_request_kv_bytes);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o, model, spec] {
             if ((model->count() > 0) == (spec->count() > 0)) {

@@ -17,10 +17,12 @@
 //   kvctl export STORE PREFIX OUT.safetensors [--json [PATH]]
 //   kvctl replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]
 //                [--cpu-tier-bytes B] [--no-put] [--json [PATH]]
+// put, import and replay take --max-request-kv-bytes B: the most KV one request holds in memory.
 //   kvctl remote-stats --remote HOST:PORT[,...] [--json [PATH]]
 // put, lookup, replay and verify take --remote HOST:PORT[,...] too (docs/remote.md).
 //
-// Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error.
+// Exit codes: 0 ok, 1 problems found (verify), 2 usage error, 3 I/O or store error (out of
+// memory included: a request over --max-request-kv-bytes, or a failed allocation).
 // Results go to stdout (a table, or one JSON object with --json; --json PATH writes the JSON to
 // PATH instead, see tools/cli.h); errors and progress go to stderr: a bar on a terminal, plain
 // lines otherwise (KVCTL_PROGRESS=bar|lines|off chooses).
@@ -30,6 +32,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,7 +81,16 @@ int Main(int argc, char** argv) {
   }
   if (const std::optional<int> exit = cli::Parse(app, argc, argv)) return *exit;
   for (const Command& c : commands) {
-    if (c.app->parsed()) return c.run();
+    if (!c.app->parsed()) continue;
+    // The big buffers (a request's KV) turn a failed allocation into ResourceExhausted where they
+    // are made; anything else that runs out of memory ends here, as exit 3 rather than abort.
+    try {
+      return c.run();
+    } catch (const std::bad_alloc&) {
+      return StoreError(c.app->get_name(),
+                        absl::ResourceExhaustedError("out of memory (a memory limit such as "
+                                                     "ulimit -v, or too little memory)"));
+    }
   }
   return UsageError("", "no command given");
 }

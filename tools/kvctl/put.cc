@@ -2,8 +2,10 @@
 // kvctl put: store a synthetic prefix and its KV; GeneratedKv, the KV that put and replay store.
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
@@ -11,25 +13,37 @@
 
 namespace ckv::kvctl {
 
-GeneratedKv::GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens, bool progress) {
+absl::StatusOr<std::unique_ptr<GeneratedKv>> GeneratedKv::Generate(
+    const ModelSpec& spec, std::span<const int32_t> tokens, bool progress) {
   const size_t c = spec.chunk_tokens;
   const size_t chunks = tokens.size() / c;
   const size_t token_bytes = spec.TokenBytesPerLayer();
   const size_t half = c * token_bytes;  // bytes of K (or V) of one chunk at one layer
-  const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   const size_t tensor_bytes = tokens.size() * token_bytes;
-  total_bytes_ = 2 * tensor_bytes * spec.layers;
+  std::unique_ptr<GeneratedKv> kv(new GeneratedKv());
+  kv->total_bytes_ = 2 * tensor_bytes * spec.layers;
+  std::vector<std::byte> record;
+  std::vector<ChunkKey> keys;
+  // Every buffer first: a request too large for this process's memory (ulimit -v, a small
+  // machine) fails here, at once, rather than after generating most of it.
+  try {
+    for (uint32_t layer = 0; layer < spec.layers; ++layer) {
+      kv->k_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+      kv->v_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
+    }
+    record.resize(spec.RecordBytes());
+    keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(absl::StrCat("the KV of ", tokens.size(), " tokens"), kv->total_bytes_);
+  }
 
   std::optional<ProgressBar> bar;
-  if (progress) bar.emplace("generate", total_bytes_);
-  std::vector<std::byte> record(spec.RecordBytes());
-  tensors_.tokens = tokens.size();
+  if (progress) bar.emplace("generate", kv->total_bytes_);
+  kv->tensors_.tokens = tokens.size();
   uint64_t done = 0;
   for (uint32_t layer = 0; layer < spec.layers; ++layer) {
-    k_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
-    v_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
-    std::byte* k = k_.back().get();
-    std::byte* v = v_.back().get();
+    std::byte* k = kv->k_[layer].get();
+    std::byte* v = kv->v_[layer].get();
     for (size_t i = 0; i < chunks; ++i) {
       synth::FillRecord(spec, keys[i], layer, record);
       std::memcpy(k + i * half, record.data(), half);
@@ -37,12 +51,12 @@ GeneratedKv::GeneratedKv(const ModelSpec& spec, std::span<const int32_t> tokens,
       done += record.size();
       if (bar) bar->Update(done);
     }
-    tensors_.k.emplace_back(k, tensor_bytes);
-    tensors_.v.emplace_back(v, tensor_bytes);
+    kv->tensors_.k.emplace_back(k, tensor_bytes);
+    kv->tensors_.v.emplace_back(v, tensor_bytes);
   }
   if (bar) bar->Finish();
+  return kv;
 }
-
 
 namespace {
 
@@ -55,6 +69,7 @@ struct PutOptions {
   uint64_t shared_seed = 0;
   bool shared = false;  // --shared-tokens and --shared-seed given
   std::string remote;   // --remote: publish to this cluster too
+  uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
 
@@ -103,14 +118,15 @@ int RunPut(const PutOptions& o) {
                                  " is not a positive multiple of the chunk size " +
                                  std::to_string(spec.chunk_tokens));
   }
-  // Keep the generated KV addressable (and sane) on any host: 1 TiB of KV is far past a demo.
-  if (o.tokens > (uint64_t{1} << 40) / spec.KvBytesPerToken()) {
-    return UsageError("put", "--tokens: " + std::to_string(o.tokens) +
-                                 " tokens would need more than 1 TiB of KV");
-  }
   if (o.shared_tokens > o.tokens) {
     return UsageError("put", "--shared-tokens " + std::to_string(o.shared_tokens) +
                                  " is more than --tokens " + std::to_string(o.tokens));
+  }
+  // The prefix's KV is generated whole: refused here, before anything is allocated, when it is
+  // over the limit (at most 1 TiB, which also keeps its size addressable on any host).
+  if (absl::Status fits = CheckRequestKvBytes("the prefix", o.tokens, spec, o.max_request_kv_bytes);
+      !fits.ok()) {
+    return StoreError("put " + o.store, fits);
   }
 
   // Open first: a missing store is reported before generating gigabytes.
@@ -121,7 +137,9 @@ int RunPut(const PutOptions& o) {
   const std::vector<int32_t> tokens =
       o.shared ? synth::TokensWithSharedPrefix(o.shared_seed, o.shared_tokens, o.seed, o.tokens)
                : synth::Tokens(o.seed, o.tokens);
-  GeneratedKv kv(spec, tokens);
+  auto generated = GeneratedKv::Generate(spec, tokens);
+  if (!generated.ok()) return StoreError("put " + o.store, generated.status());
+  const GeneratedKv& kv = **generated;
   const double gen_seconds = SecondsSince(gen_start);
 
   const auto put_start = Clock::now();
@@ -151,7 +169,11 @@ Command AddPut(CLI::App& kvctl) {
       "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the whole\n"
       "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
       "With --remote, the chunks are also published to that Redis Cluster (docs/remote.md); put\n"
-      "waits for them before it exits and reports how many were published.\n"
+      "waits for them before it exits (at most 60 s) and reports how many were published. A\n"
+      "cluster that fails a whole call has the chunks queued behind it dropped, so a down or\n"
+      "hostile cluster holds put for about one call timeout (500 ms), not one per batch.\n"
+      "The prefix's KV is generated in memory whole: a prefix of more than\n"
+      "--max-request-kv-bytes of KV is refused (exit 3) before anything is allocated.\n"
       "Example: kvctl put ./store --model qwen2.5-7b --tokens 4096 --seed 1");
   AddStoreArg(*cmd, &o->store);
   AddPresetOptions(*cmd, &o->preset);
@@ -167,6 +189,7 @@ Command AddPut(CLI::App& kvctl) {
   shared_tokens->needs(shared_seed);
   shared_seed->needs(shared_tokens);
   AddRemoteOption(*cmd, &o->remote);
+  AddMaxRequestKvBytes(*cmd, &o->max_request_kv_bytes);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o, shared_tokens] {
             o->shared = shared_tokens->count() > 0;

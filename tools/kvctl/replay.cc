@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <new>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,11 +36,9 @@ struct ReplayOptions {
   uint64_t max_requests = 0;
   double speed = 0;
   std::string remote;  // --remote: the remote tier's cluster
+  uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
-
-// A request's KV is generated whole for its Put: replay bounds it before starting.
-constexpr uint64_t kMaxRequestKvBytes = uint64_t{8} << 30;
 
 // One request of the trace, whatever its format.
 struct ReplayRequest {
@@ -57,8 +56,7 @@ class ReplayInput {
   // Reads o.trace in o.format (auto: detected). Errors name the file (and line).
   static absl::StatusOr<ReplayInput> Read(const ReplayOptions& o) {
     const tools::TraceLimits limits;
-    CKV_ASSIGN_OR_RETURN(const std::string text,
-                         tools::ReadFileUpTo(o.trace, limits.max_file_bytes, "trace"));
+    CKV_ASSIGN_OR_RETURN(const std::string text, tools::ReadTraceText(o.trace, limits));
     ReplayInput in;
     if (o.format == "auto") {
       CKV_ASSIGN_OR_RETURN(in.format_, tools::DetectTraceFormat(text, o.trace, limits));
@@ -128,11 +126,14 @@ struct ReplayTurnFigures {
 };
 
 // One turn: a Re-Prefill over the stored leading chunks of `prompt`, then (unless no_put) a Put.
+// `max_disk_bytes`: the store's cap (0: none); a Put whose new chunks' KV alone is over it is
+// refused before their KV is generated, as the store would refuse it after.
 absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& spec,
                                              const ReprefillOptions& options,
                                              const ReplayRequest& request,
                                              std::span<const int32_t> prompt, bool no_put,
-                                             bool reclaimer, synth::ReplayKv& kv) {
+                                             bool reclaimer, uint64_t max_disk_bytes,
+                                             synth::ReplayKv& kv) {
   ReplayTurnFigures f;
   f.conversation = request.label;
   f.turn = request.turn;
@@ -159,6 +160,14 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
     // keeps them; a background reclaimer (`reclaimer`) may not, so with one every chunk is
     // generated.
     const size_t generated_from = reclaimer ? 0 : f.matched_chunks;
+    const uint64_t new_kv_bytes = (f.prompt_chunks - f.matched_chunks) * spec.chunk_tokens *
+                                  spec.KvBytesPerToken();
+    if (max_disk_bytes > 0 && new_kv_bytes > max_disk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Put of ", f.prompt_chunks - f.matched_chunks, " new chunks: ",
+          FormatBytes(new_kv_bytes), " of KV, more than the store's cap of ",
+          FormatBytes(max_disk_bytes), " (max_disk_bytes); not generated"));
+    }
     const KvTensors& tensors = kv.Fill(whole, generated_from);
     const auto put_start = Clock::now();
     CKV_ASSIGN_OR_RETURN(PutResult put, engine.Put(spec, whole, tensors));
@@ -200,20 +209,17 @@ void WriteTurnJson(tools::JsonWriter& w, const ReplayTurnFigures& f) {
       .EndObject();
 }
 
-// The KV bytes of every request, added up; an error names a request past kMaxRequestKvBytes.
+// The KV bytes of every request, added up; an error names a request past `max_request_kv_bytes`
+// (ResourceExhausted, see CheckRequestKvBytes), before any is generated.
 absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const ModelSpec& spec,
-                                      const std::vector<ReplayRequest>& requests) {
+                                      const std::vector<ReplayRequest>& requests,
+                                      uint64_t max_request_kv_bytes) {
   uint64_t total_kv_bytes = 0;
   for (const ReplayRequest& r : requests) {
-    const uint64_t kv_bytes = r.tokens * spec.KvBytesPerToken();
-    if (kv_bytes > kMaxRequestKvBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          trace_path, ":", r.line, ": turn ", r.turn, " of \"", r.label, "\" is a request of ",
-          r.tokens, " tokens, ", FormatBytes(kv_bytes),
-          " of KV; replay holds a request's KV in memory and refuses more than ",
-          FormatBytes(kMaxRequestKvBytes)));
-    }
-    total_kv_bytes += kv_bytes;
+    CKV_RETURN_IF_ERROR(CheckRequestKvBytes(
+        absl::StrCat(trace_path, ":", r.line, ": turn ", r.turn, " of \"", r.label, "\""),
+        r.tokens, spec, max_request_kv_bytes));
+    total_kv_bytes += r.tokens * spec.KvBytesPerToken();
   }
   return total_kv_bytes;
 }
@@ -351,7 +357,8 @@ int RunReplay(const ReplayOptions& o) {
                                 "(mooncake, bailian); " + o.trace + " is a ckv trace");
   }
   const std::vector<ReplayRequest>& requests = input->requests();
-  const absl::StatusOr<uint64_t> total_kv_bytes = TraceKvBytes(o.trace, spec, requests);
+  const absl::StatusOr<uint64_t> total_kv_bytes =
+      TraceKvBytes(o.trace, spec, requests, o.max_request_kv_bytes);
   if (!total_kv_bytes.ok()) return StoreError("replay " + o.trace, total_kv_bytes.status());
 
   auto engine = Engine::Open(engine_options, o.store);
@@ -360,6 +367,7 @@ int RunReplay(const ReplayOptions& o) {
   std::vector<ReplayTurnFigures> figures;
   synth::ReplayKv kv(spec);
   const bool reclaimer = (*engine)->Stats().reclaim_margin_bytes > 0;
+  const uint64_t max_disk_bytes = (*engine)->Stats().max_disk_bytes;
   const auto start = Clock::now();
   {
     ProgressBar bar("replay", *total_kv_bytes);
@@ -371,8 +379,16 @@ int RunReplay(const ReplayOptions& o) {
         const double wait = due - SecondsSince(start);
         if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
       }
-      const std::span<const int32_t> prompt = input->Prompt(i);
-      auto f = ReplayTurn(**engine, spec, options, r, prompt, o.no_put, reclaimer, kv);
+      absl::StatusOr<ReplayTurnFigures> f;
+      std::span<const int32_t> prompt;
+      try {
+        prompt = input->Prompt(i);
+        f = ReplayTurn(**engine, spec, options, r, prompt, o.no_put, reclaimer, max_disk_bytes,
+                       kv);
+      } catch (const std::bad_alloc&) {
+        // The request's KV (checked against --max-request-kv-bytes) did not fit this process.
+        f = OutOfMemory("the request's KV", r.tokens * spec.KvBytesPerToken());
+      }
       if (!f.ok()) {
         bar.Finish();
         return StoreError(absl::StrCat("replay ", o.trace, ":", r.line, " (\"", r.label,
@@ -415,7 +431,8 @@ Command AddReplay(CLI::App& kvctl) {
       "with synthetic KV (as 'kvctl put'; chunks already stored are not written again), so the\n"
       "next turn matches them. It prints per turn the match length and the Re-Prefill figures,\n"
       "then the totals. The tiers live only as long as the replay. A request's KV is held in\n"
-      "memory while it is stored; replay refuses a request of more than 8 GiB of KV.\n"
+      "memory while it is stored: replay refuses a trace with a request of more than\n"
+      "--max-request-kv-bytes of KV (exit 3) before it starts.\n"
       "Public traces of hash blocks are read too (--format, default: told from the first line):\n"
       "  mooncake: {\"timestamp\": MS, \"input_length\": N, \"output_length\": N, \"hash_ids\": [..]}\n"
       "  bailian:  {\"chat_id\": ID, \"parent_chat_id\": ID, \"timestamp\": S, \"input_length\": N,\n"
@@ -447,6 +464,7 @@ Command AddReplay(CLI::App& kvctl) {
                  "send requests at their timestamps, X times faster than recorded (default 0: "
                  "as fast as possible)");
   AddRemoteOption(*cmd, &o->remote);
+  AddMaxRequestKvBytes(*cmd, &o->max_request_kv_bytes);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunReplay(*o); }};
 }
