@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl against what an attacker or a careless operator hands it (issue 32): planted links at
 // its output files, requests larger than memory, files that are no trace, escape sequences in
-// model ids and labels. Each is refused or neutralised with a clear message and the documented
-// exit code, quickly and in little memory.
+// model ids and labels, and timestamps and speeds that would sleep for ages. Each is refused or
+// neutralised with a clear message and the documented exit code, quickly and in little memory.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -312,6 +312,39 @@ TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("turn 3 of conversation \"\\x1b[2J\" follows turn 1"));
+}
+
+// Regression (issue 32, item 6): --speed 1e-20, or a timestamp of 1e15 ms at --speed 1, slept for
+// ages. Both are refused before the replay starts.
+TEST(KvctlUntrustedInputTest, ReplaySpeedsAndTimestampGapsThatWouldSleepForAgesAreRefused) {
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  const std::string trace = dir.Sub("m.jsonl");
+  std::ofstream(trace)
+      << "{\"timestamp\": 0, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n"
+         "{\"timestamp\": 9, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
+  ShellRun r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1e-20",
+                dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--speed: 1e-20 is not 0 or a number in [0.001, 1e+06]"));
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 2e6",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+
+  std::ofstream(trace, std::ios::app)
+      << "{\"timestamp\": 1e15, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1", dir.path());
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(trace + ":3: request \"r2\" arrives 1e+12 s after the one before "
+                               "it; at --speed 1 replay would wait 1e+12 s, and it waits at most "
+                               "3600 s between requests"));
+  EXPECT_LT(r.seconds, 30) << r.out;
+  // Slowed down within the bounds, the first two requests replay (9 ms apart, at half speed).
+  r = Kvctl("replay " + store + " " + trace +
+                " --model qwen2.5-0.5b --speed 0.5 --max-requests 2 --json",
+            dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 //                [--json [PATH]]
 //   kvctl export STORE PREFIX OUT.safetensors [--json [PATH]]
 //   kvctl replay STORE TRACE --model PRESET [--selector S] [--budget F] [--gpu-tier-bytes B]
-//                [--cpu-tier-bytes B] [--no-put] [--json [PATH]]
+//                [--cpu-tier-bytes B] [--no-put] [--speed X] [--json [PATH]]
 // put, import and replay take --max-request-kv-bytes B: the most KV one request holds in memory.
 //   kvctl remote-stats --remote HOST:PORT[,...] [--json [PATH]]
 // put, lookup, replay and verify take --remote HOST:PORT[,...] too (docs/remote.md).

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl replay: run a multi-turn trace against a store, a Re-Prefill and a Put per turn.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -39,6 +40,14 @@ struct ReplayOptions {
   uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
+
+// --speed: 0 (as fast as possible) or within these. Outside them a replay is either absurdly slow
+// (1e-20: a millisecond of the trace becomes an age) or no different from 0.
+constexpr double kMinSpeed = 1e-3;
+constexpr double kMaxSpeed = 1e6;
+// The longest replay waits between two requests (the gap of their timestamps over --speed); a
+// trace and speed that would wait longer are refused before the replay starts.
+constexpr double kMaxWaitSeconds = 3600;
 
 // One request of the trace, whatever its format.
 struct ReplayRequest {
@@ -224,6 +233,26 @@ absl::StatusOr<uint64_t> TraceKvBytes(const std::string& trace_path, const Model
   return total_kv_bytes;
 }
 
+// With --speed: an error names the first request that would wait more than kMaxWaitSeconds after
+// the one before it. Timestamps out of order wait for nothing.
+absl::Status CheckWaits(const std::string& trace_path, const std::vector<ReplayRequest>& requests,
+                        double speed) {
+  if (speed <= 0 || requests.empty()) return absl::OkStatus();
+  double latest = requests[0].arrival_seconds;
+  for (const ReplayRequest& r : requests) {
+    const double wait = (r.arrival_seconds - latest) / speed;
+    if (wait > kMaxWaitSeconds) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          trace_path, ":", r.line, ": request \"", r.label, "\" arrives ",
+          r.arrival_seconds - latest, " s after the one before it; at --speed ", speed,
+          " replay would wait ", wait, " s, and it waits at most ", kMaxWaitSeconds,
+          " s between requests (raise --speed, or 0 to replay as fast as possible)"));
+    }
+    latest = std::max(latest, r.arrival_seconds);
+  }
+  return absl::OkStatus();
+}
+
 // The totals over the turns.
 struct ReplayTotals {
   SessionStats session;
@@ -347,8 +376,9 @@ int RunReplay(const ReplayOptions& o) {
   engine_options.cpu_tier_bytes = o.cpu_tier_bytes;
   ApplyRemote(o.remote, &engine_options);
 
-  if (!(o.speed >= 0)) {
-    return UsageError("replay", absl::StrCat("--speed: '", o.speed, "' is not a number >= 0"));
+  if (o.speed != 0 && !(o.speed >= kMinSpeed && o.speed <= kMaxSpeed)) {
+    return UsageError("replay", absl::StrCat("--speed: ", o.speed, " is not 0 or a number in [",
+                                             kMinSpeed, ", ", kMaxSpeed, "]"));
   }
   auto input = ReplayInput::Read(o);
   if (!input.ok()) return StoreError("replay " + o.trace, input.status());
@@ -360,6 +390,9 @@ int RunReplay(const ReplayOptions& o) {
   const absl::StatusOr<uint64_t> total_kv_bytes =
       TraceKvBytes(o.trace, spec, requests, o.max_request_kv_bytes);
   if (!total_kv_bytes.ok()) return StoreError("replay " + o.trace, total_kv_bytes.status());
+  if (absl::Status waits = CheckWaits(o.trace, requests, o.speed); !waits.ok()) {
+    return StoreError("replay " + o.trace, waits);
+  }
 
   auto engine = Engine::Open(engine_options, o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
@@ -440,6 +473,8 @@ Command AddReplay(CLI::App& kvctl) {
       "A hash id stands for a block of 512 (mooncake) or 16 (bailian) tokens, generated from the id\n"
       "(equal ids, equal tokens); --block-tokens B makes every block B tokens (the partial last one\n"
       "in proportion), so that long prompts fit a small machine.\n"
+      "--speed X sends each request at its timestamp, X times faster (X in [0.001, 1e6]); a trace\n"
+      "that would wait more than an hour between two requests at that speed is refused.\n"
       "Example: kvctl replay ./store trace.jsonl --model qwen2.5-7b --gpu-tier-bytes 1G");
   AddStoreArg(*cmd, &o->store);
   cmd->add_option("TRACE", o->trace, "the trace, JSON Lines")->required()->type_name("");
@@ -461,8 +496,8 @@ Command AddReplay(CLI::App& kvctl) {
   cli::AddUint(*cmd, "--max-requests", &o->max_requests,
                "replay only the first N requests (default 0: all)");
   cli::AddDouble(*cmd, "--speed", &o->speed,
-                 "send requests at their timestamps, X times faster than recorded (default 0: "
-                 "as fast as possible)");
+                 "send requests at their timestamps, X times faster than recorded, X in "
+                 "[0.001, 1e6] (default 0: as fast as possible)");
   AddRemoteOption(*cmd, &o->remote);
   AddMaxRequestKvBytes(*cmd, &o->max_request_kv_bytes);
   cli::AddJson(*cmd, &o->json);
