@@ -264,8 +264,9 @@ RemoteHeads RemoteTier::FindHeads(const ModelSpec& spec, std::span<const int32_t
     const uint64_t end = std::min<uint64_t>(total, begin + kFetchBatch * 4);
     std::vector<remote::Request> requests;
     for (uint64_t i = begin; i < end; ++i) {
-      requests.push_back(remote::Request{
-          {"GETRANGE", remote::ChunkValueKey(options_.key_prefix, fp, keys[i]), "0", last}, 1});
+      remote::Request& r = requests.emplace_back();
+      r.argv = {"GETRANGE", remote::ChunkValueKey(options_.key_prefix, fp, keys[i]), "0", last};
+      r.max_reply_bytes = layout.head_bytes;
     }
     std::vector<absl::StatusOr<remote::Reply>> replies = client_->Execute(requests);
     for (size_t j = 0; j < replies.size(); ++j) {
@@ -375,11 +376,11 @@ void RemoteTier::FetchBatch(std::vector<FetchJob>& batch) {
   for (const FetchJob& job : batch) {
     const remote::ChunkValueLayout layout = remote::LayoutOfChunkValue(*job.spec);
     const size_t offset = layout.RecordOffset(job.fetch.layer);
-    requests.push_back(remote::Request{
-        {"GETRANGE", remote::ChunkValueKey(options_.key_prefix, job.spec->Fingerprint(),
-                                           job.fetch.key),
-         std::to_string(offset), std::to_string(offset + layout.record_bytes - 1)},
-        1});
+    remote::Request& r = requests.emplace_back();
+    r.argv = {"GETRANGE",
+              remote::ChunkValueKey(options_.key_prefix, job.spec->Fingerprint(), job.fetch.key),
+              std::to_string(offset), std::to_string(offset + layout.record_bytes - 1)};
+    r.max_reply_bytes = layout.record_bytes;
   }
   std::vector<absl::StatusOr<remote::Reply>> replies = client_->Execute(requests);
   uint64_t records = 0, bytes = 0, corrupt = 0;
@@ -491,6 +492,14 @@ void RemoteTier::PublishBatch(std::vector<Job>& batch) {
     for (size_t i = 0; i < results.size(); ++i) {
       if (!results[i].ok()) known_.erase(item_keys[i]);
     }
+    if (published == 0 && failed > 0) {
+      // The cluster failed a whole call. The chunks queued behind it would most likely fail the
+      // same way, one call deadline each, and hold a closing engine (kvctl put waits for its
+      // publishing) for minutes: they are dropped, counted, and a later Put queues them again.
+      stats_.publish_dropped += queue_.size();
+      for (const Job& job : queue_) known_.erase(job.key);
+      queue_.clear();
+    }
   }
   if (!first_error.ok()) {
     NoteError(first_error, absl::StrCat("publish of ", failed, " chunks failed"));
@@ -562,7 +571,8 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
     if (begin > 0 && absl::Now() - fill_start > call_timeout) break;
     const size_t end = std::min(cluster_keys.size(), begin + kFetchBatch);
     std::vector<absl::StatusOr<std::optional<std::string>>> values = client_->MultiGet(
-        std::vector<std::string>(cluster_keys.begin() + begin, cluster_keys.begin() + end));
+        std::vector<std::string>(cluster_keys.begin() + begin, cluster_keys.begin() + end),
+        remote::ChunkValueBytes(spec));
     for (size_t j = 0; j < values.size(); ++j) {
       if (!values[j].ok()) {
         NoteError(values[j].status(), "fetch");
@@ -660,7 +670,7 @@ RemoteCheckReport RemoteTier::Check(const ModelSpec& spec, std::span<const Chunk
       cluster_keys.push_back(remote::ChunkValueKey(options_.key_prefix, fp, keys[i]));
     }
     std::vector<absl::StatusOr<std::optional<std::string>>> values =
-        client_->MultiGet(cluster_keys);
+        client_->MultiGet(cluster_keys, remote::ChunkValueBytes(spec));
     for (size_t j = 0; j < values.size(); ++j) {
       const ChunkKey& key = keys[begin + j];
       ++report.chunks_checked;

@@ -9,8 +9,10 @@
 // or still pending at the deadline, fails.
 #include "remote/cluster_client.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -21,17 +23,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ckv/log.h"
 #include "remote/key_slot.h"
 #include "remote/resp_reader.h"
+#include "remote/slot_map.h"
 
 namespace ckv::remote {
-
-// The slot map: for each slot the index of its master in `masters` (-1: no master).
-struct ClusterClient::SlotMap {
-  std::vector<Endpoint> masters;
-  std::vector<Endpoint> replicas;  // known for the refresh only
-  std::vector<int32_t> slot_master = std::vector<int32_t>(kClusterSlots, -1);
-};
 
 namespace {
 
@@ -45,66 +42,33 @@ timeval TimevalOf(absl::Duration d) {
   return absl::ToTimeval(d);
 }
 
-// hiredis builds replies through these functions: straight into ckv's own Reply, so that a
-// value is copied once out of the reader's buffer (as hiredis's own objects would be), not once
-// more into a Reply. The root is allocated; an array's elements live in its vector, sized when
-// the array is created, and are never freed on their own (hiredis frees only the root).
-Reply* NewReplyObject(const redisReadTask* task) {
-  if (task->parent != nullptr) {
-    Reply* parent = static_cast<Reply*>(task->parent->obj);
-    return &parent->elements[static_cast<size_t>(task->idx)];
+// Appends `argv` to `out` as one RESP command (an array of bulk strings), as hiredis's
+// redisFormatCommandArgv would, into the connection's own output buffer.
+void AppendCommand(const std::vector<std::string>& argv, std::string* out) {
+  absl::StrAppend(out, "*", argv.size(), "\r\n");
+  for (const std::string& a : argv) {
+    absl::StrAppend(out, "$", a.size(), "\r\n");
+    out->append(a);
+    out->append("\r\n");
   }
-  return new Reply();
 }
-void* CreateString(const redisReadTask* task, char* str, size_t len) {
-  Reply* r = NewReplyObject(task);
-  r->type = task->type == REDIS_REPLY_ERROR    ? Reply::Type::kError
-            : task->type == REDIS_REPLY_STATUS ? Reply::Type::kStatus
-                                               : Reply::Type::kString;
-  r->str.assign(str, len);
-  return r;
-}
-void* CreateArray(const redisReadTask* task, int elements) {
-  Reply* r = NewReplyObject(task);
-  r->type = Reply::Type::kArray;
-  r->elements.resize(elements > 0 ? static_cast<size_t>(elements) : 0);
-  return r;
-}
-void* CreateInteger(const redisReadTask* task, long long value) {
-  Reply* r = NewReplyObject(task);
-  r->type = Reply::Type::kInteger;
-  r->integer = value;
-  return r;
-}
-void* CreateNil(const redisReadTask* task) {
-  Reply* r = NewReplyObject(task);
-  r->type = Reply::Type::kNil;
-  return r;
-}
-void FreeReply(void* reply) { delete static_cast<Reply*>(reply); }
 
-redisReplyObjectFunctions kReplyFunctions = {CreateString, CreateArray, CreateInteger, CreateNil,
-                                             FreeReply};
-
-// A reply that redisGetReply or redisCommand returned on a context made by Acquire.
-using OwnedReply = std::unique_ptr<Reply>;
-OwnedReply TakeReply(void* raw) { return OwnedReply(static_cast<Reply*>(raw)); }
-
-// Parses the "host:port" of a MOVED or ASK answer ("MOVED 3999 127.0.0.1:6381"). An empty host
-// (a node that does not know its address) means the host of the node that answered.
-std::optional<Endpoint> RedirectTarget(std::string_view error, const Endpoint& answered_by) {
-  const size_t last_space = error.rfind(' ');
-  if (last_space == std::string_view::npos) return std::nullopt;
-  std::string_view address = error.substr(last_space + 1);
-  const size_t colon = address.rfind(':');
-  if (colon == std::string_view::npos) return std::nullopt;
-  Endpoint e;
-  e.host = std::string(address.substr(0, colon));
-  if (e.host.empty()) e.host = answered_by.host;
-  std::string_view port = address.substr(colon + 1);
-  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), e.port);
-  if (ec != std::errc() || ptr != port.data() + port.size() || e.port <= 0) return std::nullopt;
-  return e;
+const char* TypeName(Reply::Type type) {
+  switch (type) {
+    case Reply::Type::kNil:
+      return "nil";
+    case Reply::Type::kString:
+      return "a bulk string";
+    case Reply::Type::kStatus:
+      return "a status";
+    case Reply::Type::kInteger:
+      return "an integer";
+    case Reply::Type::kArray:
+      return "an array";
+    case Reply::Type::kError:
+      return "an error";
+  }
+  return "an unknown type";
 }
 
 bool StartsWith(std::string_view s, std::string_view prefix) {
@@ -131,8 +95,11 @@ absl::Status ContextError(const redisContext* c, const Endpoint& node, std::stri
 }
 
 std::string Describe(const Request& request) {
-  std::string key = request.key_index < request.argv.size() ? request.argv[request.key_index] : "";
-  return absl::StrCat(request.argv.empty() ? "" : request.argv[0], " ", key);
+  if (request.argv.empty()) return "";
+  if (request.key_index == 0 || request.key_index >= request.argv.size()) {
+    return Printable(request.argv[0]);
+  }
+  return Printable(absl::StrCat(request.argv[0], " ", request.argv[request.key_index]));
 }
 
 }  // namespace
@@ -252,11 +219,18 @@ absl::StatusOr<redisContext*> ClusterClient::Acquire(const Endpoint& node, absl:
     if (absl::IsDeadlineExceeded(s)) timeouts_.fetch_add(1, std::memory_order_relaxed);
     return s;
   }
+  // From here on the socket is only polled, written with send(MSG_DONTWAIT) and read by
+  // RespReader: non-blocking, so no read or write can outlast the call's deadline. hiredis's
+  // own reader and writer are never used on it.
+  const int flags = ::fcntl(c->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    const int e = errno;
+    redisFree(c);
+    io_errors_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError(
+        absl::StrCat("redis ", node.ToString(), ": cannot make the socket non-blocking: errno ", e));
+  }
   connections_opened_.fetch_add(1, std::memory_order_relaxed);
-  c->reader->fn = &kReplyFunctions;  // nothing is buffered yet
-  // Keep the reader's buffer when it drains: hiredis frees an idle buffer past 16 KiB, which for
-  // values of hundreds of KiB means a fresh allocation (and its page faults) per reply.
-  c->reader->maxbuf = 0;
   return c;
 }
 
@@ -272,7 +246,7 @@ void ClusterClient::Release(const Endpoint& node, redisContext* c, bool healthy)
   redisFree(c);
 }
 
-std::shared_ptr<const ClusterClient::SlotMap> ClusterClient::CurrentMap() {
+std::shared_ptr<const SlotMap> ClusterClient::CurrentMap() {
   absl::MutexLock lock(&mu_);
   return map_;
 }
@@ -296,91 +270,31 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
     }
   }
   absl::Status last = absl::UnavailableError("no node to ask for the slot map");
+  Request request;
+  request.argv = {"CLUSTER", "SLOTS"};
+  // 16384 ranges, each with a master and replicas: about 100 bytes a node on the wire.
+  request.max_reply_bytes = 16 << 20;
   for (const Endpoint& node : candidates) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("slot map: deadline passed; last error: ", last.message()));
     }
-    absl::StatusOr<redisContext*> c = Acquire(node, deadline);
-    if (!c.ok()) {
-      last = c.status();
+    absl::StatusOr<Reply> reply = RunOn(node, request, deadline);
+    if (!reply.ok()) {
+      // A node that broke the protocol or answered an error has given no map: Unavailable, as
+      // one that did not answer (a timeout stays DeadlineExceeded).
+      last = absl::IsDeadlineExceeded(reply.status())
+                 ? reply.status()
+                 : absl::UnavailableError(reply.status().message());
       continue;
     }
-    const absl::Duration left = deadline - absl::Now();  // what the call may take
-    redisSetTimeout(*c, TimevalOf(left));
-    void* raw = redisCommand(*c, "CLUSTER SLOTS");
-    if (raw == nullptr) {
-      last = ContextError(*c, node, "CLUSTER SLOTS", left);
-      io_errors_.fetch_add(1, std::memory_order_relaxed);
-      Release(node, *c, false);
-      continue;
-    }
-    OwnedReply reply = TakeReply(raw);
-    Release(node, *c, true);
-    if (reply->type != Reply::Type::kArray) {
-      last = absl::UnavailableError(absl::StrFormat(
-          "redis %s: CLUSTER SLOTS: %s", node.ToString(),
-          reply->type == Reply::Type::kError ? reply->str : "not an array"));
-      continue;
-    }
-    auto map = std::make_shared<SlotMap>();
-    size_t covered = 0;
-    auto index_of = [&](const Endpoint& e, std::vector<Endpoint>& list) {
-      auto it = std::find(list.begin(), list.end(), e);
-      if (it != list.end()) return static_cast<int32_t>(it - list.begin());
-      list.push_back(e);
-      return static_cast<int32_t>(list.size() - 1);
-    };
-    auto endpoint_of = [&](const Reply& r) -> std::optional<Endpoint> {
-      if (r.type != Reply::Type::kArray || r.elements.size() < 2 ||
-          r.elements[0].type != Reply::Type::kString ||
-          r.elements[1].type != Reply::Type::kInteger) {
-        return std::nullopt;
-      }
-      Endpoint e;
-      e.host = r.elements[0].str;
-      // A node that does not know its own address reports "": the address we reached it by.
-      if (e.host.empty() || e.host == "?") e.host = node.host;
-      e.port = static_cast<int>(r.elements[1].integer);
-      return e;
-    };
-    bool malformed = false;
-    for (size_t i = 0; i < reply->elements.size() && !malformed; ++i) {
-      const Reply& range = reply->elements[i];
-      if (range.type != Reply::Type::kArray || range.elements.size() < 3 ||
-          range.elements[0].type != Reply::Type::kInteger ||
-          range.elements[1].type != Reply::Type::kInteger) {
-        malformed = true;
-        break;
-      }
-      const long long first = range.elements[0].integer;
-      const long long last_slot = range.elements[1].integer;
-      std::optional<Endpoint> master = endpoint_of(range.elements[2]);
-      if (!master || first < 0 || last_slot >= kClusterSlots || first > last_slot) {
-        malformed = true;
-        break;
-      }
-      const int32_t m = index_of(*master, map->masters);
-      for (long long s = first; s <= last_slot; ++s) map->slot_master[s] = m;
-      covered += static_cast<size_t>(last_slot - first + 1);
-      for (size_t r = 3; r < range.elements.size(); ++r) {
-        if (std::optional<Endpoint> replica = endpoint_of(range.elements[r])) {
-          index_of(*replica, map->replicas);
-        }
-      }
-    }
-    if (malformed) {
-      last = absl::UnavailableError(
-          absl::StrCat("redis ", node.ToString(), ": CLUSTER SLOTS: malformed reply"));
-      continue;
-    }
-    if (covered == 0) {
-      last = absl::UnavailableError(
-          absl::StrCat("redis ", node.ToString(), ": CLUSTER SLOTS: no slot is served"));
+    absl::StatusOr<SlotMap> map = ParseSlotMap(*reply, node);
+    if (!map.ok()) {
+      last = map.status();
       continue;
     }
     absl::MutexLock lock(&mu_);
-    map_ = std::move(map);
+    map_ = std::make_shared<const SlotMap>(*std::move(map));
     map_stale_ = false;
     return absl::OkStatus();
   }
@@ -419,32 +333,23 @@ absl::StatusOr<Reply> ClusterClient::ExecuteOn(const Endpoint& node,
                                                const std::vector<std::string>& argv) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   requests_.fetch_add(1, std::memory_order_relaxed);
-  const absl::Time deadline = absl::Now() + options_.call_timeout;
-  absl::StatusOr<redisContext*> c = Acquire(node, deadline);
-  if (!c.ok()) return c.status();
-  redisSetTimeout(*c, TimevalOf(deadline - absl::Now()));
-  std::vector<const char*> args;
-  std::vector<size_t> lens;
-  for (const std::string& a : argv) {
-    args.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  void* raw = redisCommandArgv(*c, static_cast<int>(args.size()), args.data(), lens.data());
-  const std::string what = argv.empty() ? std::string() : argv[0];
-  if (raw == nullptr) {
-    absl::Status s = ContextError(*c, node, what, options_.call_timeout);
-    io_errors_.fetch_add(1, std::memory_order_relaxed);
-    if (absl::IsDeadlineExceeded(s)) timeouts_.fetch_add(1, std::memory_order_relaxed);
-    Release(node, *c, false);
-    return s;
-  }
-  OwnedReply reply = TakeReply(raw);
-  Release(node, *c, true);
-  if (reply->type == Reply::Type::kError) {
-    return absl::InternalError(
-        absl::StrFormat("redis %s: %s: %s", node.ToString(), what, reply->str));
-  }
-  return std::move(*reply);
+  if (argv.empty()) return absl::InvalidArgumentError("ExecuteOn: no command");
+  Request request;
+  request.argv = argv;
+  request.key_index = 0;  // named in messages; not routed
+  return RunOn(node, request, absl::Now() + options_.call_timeout);
+}
+
+absl::StatusOr<Reply> ClusterClient::RunOn(const Endpoint& node, const Request& request,
+                                           absl::Time deadline) {
+  const std::vector<Request> requests = {request};
+  std::vector<Group> groups(1);
+  groups[0].node = node;
+  groups[0].indices = {0};
+  groups[0].asking = {false};
+  groups[0].requests = &requests;
+  RunGroups(groups, deadline);
+  return std::move(groups[0].outcomes[0]);
 }
 
 void ClusterClient::FailGroup(Group& g, const absl::Status& s) {
@@ -454,9 +359,9 @@ void ClusterClient::FailGroup(Group& g, const absl::Status& s) {
   if (g.timed_out) timeouts_.fetch_add(1, std::memory_order_relaxed);
   for (size_t i = 0; i < g.indices.size(); ++i) {
     if (g.answered[i]) continue;
-    // A broken connection is retried (after a map refresh) unless it timed out: then the
-    // deadline is spent anyway.
-    g.fates[i] = g.timed_out ? Fate::kFailed : Fate::kRetry;
+    // A broken connection is retried (after a map refresh) unless it timed out (the deadline
+    // is spent anyway) or the node broke the protocol (it would again).
+    g.fates[i] = absl::IsUnavailable(s) ? Fate::kRetry : Fate::kFailed;
     g.outcomes[i] = absl::Status(
         s.code(), absl::StrCat(s.message(), " (", Describe((*g.requests)[g.indices[i]]), ")"));
   }
@@ -472,7 +377,7 @@ void ClusterClient::HandleReply(Group& g, size_t i, Reply reply) {
   const Request& r = (*g.requests)[g.indices[i]];
   const std::string_view error(reply.str);
   const std::string what =
-      absl::StrFormat("redis %s: %s: %s", g.node.ToString(), Describe(r), Sv(error));
+      absl::StrFormat("redis %s: %s: %s", g.node.ToString(), Describe(r), Printable(error));
   if (StartsWith(error, "MOVED ") || StartsWith(error, "ASK ")) {
     std::optional<Endpoint> target = RedirectTarget(error, g.node);
     if (!target) {
@@ -498,12 +403,13 @@ void ClusterClient::HandleReply(Group& g, size_t i, Reply reply) {
   }
 }
 
-// The groups of one round, on one thread: every group's pipeline is written into its
-// connection's output buffer, then one poll loop over all the connections writes what is left and
-// reads whatever replies arrive, from whichever node answers first, until every group has all
-// its replies or the deadline passes. The nodes work in parallel. Replies are read by ckv's own
-// RespReader (remote/resp_reader.h), not hiredis's: a value's payload goes from the socket
-// straight into the string the caller gets, with no copy through a reader buffer.
+// The groups of one round, on one thread: every group's pipeline is formatted into its own
+// output buffer, then one poll loop over all the connections writes what is left and reads
+// whatever replies arrive, from whichever node answers first, until every group has all its
+// replies or the deadline passes. The nodes work in parallel. The sockets are non-blocking, so
+// the loop, and with it the call, ends at the deadline whatever a node does. Replies are read by
+// ckv's own RespReader (remote/resp_reader.h), each within its request's limit: a value's
+// payload goes from the socket straight into the string the caller gets.
 void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
   struct Live {
     Group* g = nullptr;
@@ -512,13 +418,12 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     std::vector<std::pair<size_t, bool>> expected;
     size_t next = 0;
     RespReader reader;
-    bool writing = false;
+    std::string out;  // the pipeline's commands
+    size_t sent = 0;
     bool done = false;
   };
   std::vector<Live> live;
   live.reserve(groups.size());
-  std::vector<const char*> argv;
-  std::vector<size_t> argvlen;
   for (Group& g : groups) {
     const size_t n = g.indices.size();
     g.fates.assign(n, Fate::kFailed);
@@ -541,24 +446,15 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     Live l;
     l.g = &g;
     l.c = *acquired;
-    // A blocking write of a large pipeline (SETs) waits at most for what is left.
-    redisSetTimeout(l.c, TimevalOf(deadline - absl::Now()));
     for (size_t i = 0; i < n; ++i) {
       const Request& r = (*g.requests)[g.indices[i]];
       if (g.asking[i]) {
-        redisAppendCommand(l.c, "ASKING");
+        AppendCommand({"ASKING"}, &l.out);
         l.expected.emplace_back(i, true);
       }
-      argv.clear();
-      argvlen.clear();
-      for (const std::string& a : r.argv) {
-        argv.push_back(a.data());
-        argvlen.push_back(a.size());
-      }
-      redisAppendCommandArgv(l.c, static_cast<int>(argv.size()), argv.data(), argvlen.data());
+      AppendCommand(r.argv, &l.out);
       l.expected.emplace_back(i, false);
     }
-    l.writing = true;
     live.push_back(std::move(l));
   }
   auto finish = [&](Live& l, const absl::Status* error) {
@@ -567,6 +463,19 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     // A connection with bytes left over (none are expected past the last reply) is not reused.
     Release(l.g->node, l.c, error == nullptr && l.reader.idle());
   };
+  // Tells the reader what the next reply may be: its request's limit, and its storage.
+  auto expect_next = [&](Live& l) {
+    if (l.next >= l.expected.size()) return;
+    const auto [i, is_asking] = l.expected[l.next];
+    const Request& r = (*l.g->requests)[l.g->indices[i]];
+    if (is_asking) {
+      l.reader.ExpectNextReply(64);  // +OK
+    } else {
+      l.reader.ExpectNextReply(
+          r.max_reply_bytes != 0 ? r.max_reply_bytes : options_.max_reply_bytes,
+          r.reply_storage);
+    }
+  };
   std::vector<pollfd> fds;
   std::vector<Live*> polled;
   while (true) {
@@ -574,7 +483,8 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     polled.clear();
     for (Live& l : live) {
       if (l.done) continue;
-      fds.push_back(pollfd{l.c->fd, static_cast<short>(POLLIN | (l.writing ? POLLOUT : 0)), 0});
+      const bool writing = l.sent < l.out.size();
+      fds.push_back(pollfd{l.c->fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0});
       polled.push_back(&l);
     }
     if (fds.empty()) break;
@@ -588,8 +498,9 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
       }
       break;
     }
-    const int ready = poll(fds.data(), fds.size(),
-                           static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    // Rounded up, so that a poll never returns just before the deadline and spins.
+    const int64_t wait_ms = (absl::ToInt64Microseconds(left) + 999) / 1000;
+    const int ready = poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(1, wait_ms)));
     if (ready < 0 && errno != EINTR) {
       const absl::Status s = absl::UnavailableError(absl::StrCat("poll: errno ", errno));
       for (Live* l : polled) finish(*l, &s);
@@ -599,16 +510,20 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
       Live& l = *polled[k];
       const short ev = fds[k].revents;
       if (ev == 0) continue;
-      if (l.writing && (ev & POLLOUT) != 0) {
-        int written_all = 0;
-        if (redisBufferWrite(l.c, &written_all) != REDIS_OK) {
-          const absl::Status s = ContextError(l.c, l.g->node, "write", options_.call_timeout);
+      if (l.sent < l.out.size() && (ev & POLLOUT) != 0) {
+        const ssize_t n = ::send(l.c->fd, l.out.data() + l.sent, l.out.size() - l.sent,
+                                 MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+          l.sent += static_cast<size_t>(n);
+        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          const absl::Status s = absl::UnavailableError(
+              absl::StrCat("redis ", l.g->node.ToString(), ": write: errno ", errno));
           finish(l, &s);
           continue;
         }
-        l.writing = written_all == 0;
       }
       if ((ev & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      expect_next(l);
       const ssize_t got = l.reader.ReadFrom(l.c->fd);
       if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (got <= 0) {
@@ -621,9 +536,7 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
       }
       bool broken = false;
       while (l.next < l.expected.size()) {
-        const auto [next_i, next_is_asking] = l.expected[l.next];
-        l.reader.UseStorageForNextReply(
-            next_is_asking ? nullptr : (*l.g->requests)[l.g->indices[next_i]].reply_storage);
+        expect_next(l);
         absl::StatusOr<std::optional<Reply>> reply = l.reader.Next();
         if (!reply.ok()) {
           const absl::Status s = absl::InternalError(
@@ -769,10 +682,10 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
 }
 
 std::vector<absl::StatusOr<std::optional<std::string>>> ClusterClient::MultiGet(
-    const std::vector<std::string>& keys) {
+    const std::vector<std::string>& keys, uint64_t max_value_bytes) {
   // Fresh strings, each value allocated as it arrives (no memory handed back).
   std::vector<std::string> values;
-  std::vector<absl::StatusOr<bool>> found = MultiGetInto(keys, &values);
+  std::vector<absl::StatusOr<bool>> found = MultiGetInto(keys, &values, max_value_bytes);
   std::vector<absl::StatusOr<std::optional<std::string>>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -788,12 +701,14 @@ std::vector<absl::StatusOr<std::optional<std::string>>> ClusterClient::MultiGet(
 }
 
 std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(
-    const std::vector<std::string>& keys, std::vector<std::string>* values) {
+    const std::vector<std::string>& keys, std::vector<std::string>* values,
+    uint64_t max_value_bytes) {
   values->resize(keys.size());
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     requests[i].argv = {"GET", keys[i]};
     requests[i].reply_storage = &(*values)[i];
+    requests[i].max_reply_bytes = max_value_bytes;
   }
   std::vector<absl::StatusOr<Reply>> replies = Execute(requests);
   std::vector<absl::StatusOr<bool>> out;
@@ -808,7 +723,9 @@ std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(
       (*values)[i] = std::move(replies[i]->str);
       out.push_back(true);
     } else {
-      out.push_back(absl::InternalError(absl::StrCat("GET ", keys[i], ": not a string reply")));
+      out.push_back(absl::InternalError(
+          absl::StrCat("GET ", Printable(keys[i]), ": answered ", TypeName(replies[i]->type),
+                       ", not a string")));
     }
   }
   return out;
@@ -823,7 +740,21 @@ std::vector<absl::Status> ClusterClient::MultiSet(
   std::vector<absl::StatusOr<Reply>> replies = Execute(requests);
   std::vector<absl::Status> out;
   out.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) out.push_back(replies[i].status());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!replies[i].ok()) {
+      out.push_back(replies[i].status());
+    } else if (replies[i]->type != Reply::Type::kStatus || replies[i]->str != "OK") {
+      // Only +OK means the value was stored.
+      out.push_back(absl::InternalError(absl::StrCat(
+          "SET ", Printable(items[i].first), ": answered ", TypeName(replies[i]->type),
+          replies[i]->type == Reply::Type::kStatus
+              ? absl::StrCat(" \"", Printable(replies[i]->str), "\"")
+              : std::string(),
+          ", not +OK")));
+    } else {
+      out.push_back(absl::OkStatus());
+    }
+  }
   return out;
 }
 
@@ -837,8 +768,12 @@ std::vector<absl::StatusOr<bool>> ClusterClient::MultiExists(
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!replies[i].ok()) {
       out.push_back(replies[i].status());
+    } else if (replies[i]->type != Reply::Type::kInteger) {
+      out.push_back(absl::InternalError(absl::StrCat(
+          "EXISTS ", Printable(keys[i]), ": answered ", TypeName(replies[i]->type),
+          ", not an integer")));
     } else {
-      out.push_back(replies[i]->type == Reply::Type::kInteger && replies[i]->integer > 0);
+      out.push_back(replies[i]->integer > 0);
     }
   }
   return out;

@@ -17,11 +17,19 @@
 //     reader (remote/resp_reader.h), which reads a large value's payload straight from the
 //     socket into the string the caller gets: no copy through an intermediate buffer.
 //   - Every call has a deadline (`call_timeout` from its start). Connecting is bounded by
-//     `connect_timeout` and by what is left of the deadline, and every read and write of a
-//     socket by what is left of the deadline, so a node that is stopped (SIGSTOP) or
-//     unreachable becomes DeadlineExceeded or Unavailable for the requests routed to it, never
-//     a hang. A call therefore returns within about call_timeout (plus one connect_timeout
-//     where a retry connects at the very end).
+//     `connect_timeout` and by what is left of the deadline; after that every socket is
+//     non-blocking and every request, CLUSTER SLOTS included, is written and read by the one
+//     poll loop, which stops at the deadline. So a node that is stopped (SIGSTOP), unreachable,
+//     or that sends its reply one byte at a time becomes DeadlineExceeded or Unavailable for the
+//     requests routed to it, never a hang. A call therefore returns within about call_timeout
+//     (plus one connect_timeout where a retry connects at the very end).
+//   - Nothing a node sends is trusted for memory (remote/resp_reader.h): each reply may be at
+//     most the bytes its request allows (Request::max_reply_bytes, ClusterOptions'
+//     max_reply_bytes by default), an array at most 16384 elements, made only as they arrive.
+//     A reply over its limit, a malformed reply, a redirection to an invalid endpoint and a
+//     reply of the wrong type (a SET not answered +OK, an EXISTS not answered by an integer)
+//     fail their request with Internal, and are not retried. Error texts and host names from
+//     the wire are escaped (ckv::Printable) before they enter a message.
 // Connections are kept in a per-node pool (up to `idle_connections_per_node` idle ones) and
 // dropped after any I/O error.
 //
@@ -53,6 +61,8 @@ struct redisContext;
 
 namespace ckv::remote {
 
+struct SlotMap;
+
 // A node's address.
 struct Endpoint {
   std::string host;
@@ -81,6 +91,10 @@ struct ClusterOptions {
   int max_redirects = 5;
   // Idle connections kept per node for later calls. Default: 8.
   int idle_connections_per_node = 8;
+  // Longest reply accepted for a request that does not state its own (Request::max_reply_bytes):
+  // the longest value a GET may return. Default: 8 MiB (a chunk of qwen2.5-32b at c = 16 is
+  // 4 MiB; the remote tier states each request's exact size).
+  uint64_t max_reply_bytes = 8 << 20;
 };
 
 // One reply of the server, owned (a copy of hiredis's reply tree).
@@ -102,6 +116,11 @@ struct Request {
   // without allocating or touching fresh pages. Left alone when the reply is not a string; may
   // be left moved from (empty) when the request failed. nullptr: a fresh string. Not owned.
   std::string* reply_storage = nullptr;
+  // Longest reply accepted, in bytes: a bulk string (a GET's value, a GETRANGE's range) of at
+  // most this, or another reply of at most this on the wire. A longer one fails the request
+  // with Internal before anything of its announced size is allocated. 0: the client's
+  // ClusterOptions::max_reply_bytes.
+  uint64_t max_reply_bytes = 0;
 };
 
 // Counters since the client was made.
@@ -130,24 +149,26 @@ class ClusterClient {
   // error status, see the file comment), or the request's error.
   std::vector<absl::StatusOr<Reply>> Execute(const std::vector<Request>& requests);
 
-  // GET of each key: the value, nullopt for a missing key.
+  // GET of each key: the value, nullopt for a missing key. A value longer than
+  // `max_value_bytes` (0: ClusterOptions::max_reply_bytes) is an Internal error for its key.
   std::vector<absl::StatusOr<std::optional<std::string>>> MultiGet(
-      const std::vector<std::string>& keys);
+      const std::vector<std::string>& keys, uint64_t max_value_bytes = 0);
   // GET of each key into `values` (resized to keys.size()), building each value in the memory
   // its string held from the last call (Request::reply_storage): a caller that reads values of
   // a similar size again and again passes the same vector each time, and no value is allocated
   // after the first call. Per key: true (values[i] holds the value), false (a missing key:
   // values[i] is empty, its capacity kept), or the error (values[i] unspecified).
   std::vector<absl::StatusOr<bool>> MultiGetInto(const std::vector<std::string>& keys,
-                                                 std::vector<std::string>* values);
-  // SET of each (key, value).
+                                                 std::vector<std::string>* values,
+                                                 uint64_t max_value_bytes = 0);
+  // SET of each (key, value): OK only for a "+OK" answer.
   std::vector<absl::Status> MultiSet(
       const std::vector<std::pair<std::string, std::string>>& items);
-  // EXISTS of each key.
+  // EXISTS of each key (Internal for an answer that is not an integer).
   std::vector<absl::StatusOr<bool>> MultiExists(const std::vector<std::string>& keys);
 
   // Runs one command on `node` (not routed: CLUSTER INFO, INFO, DBSIZE, ...), under the call
-  // deadline. Errors as Execute's, and Internal for an error reply.
+  // deadline, with a reply of at most ClusterOptions::max_reply_bytes. Errors as Execute's.
   absl::StatusOr<Reply> ExecuteOn(const Endpoint& node, const std::vector<std::string>& argv);
   // The masters of the current slot map (fetching it first if there is none), each with the
   // number of slots it serves.
@@ -162,7 +183,6 @@ class ClusterClient {
   ClusterClientStats stats() const;
 
  private:
-  struct SlotMap;
   struct Group;
   explicit ClusterClient(const ClusterOptions& options);
 
@@ -170,6 +190,8 @@ class ClusterClient {
   std::shared_ptr<const SlotMap> CurrentMap();
   // Runs every group's pipeline, the nodes in parallel, on the calling thread.
   void RunGroups(std::vector<Group>& groups, absl::Time deadline);
+  // Runs `request` on `node` alone (not routed), by the deadline.
+  absl::StatusOr<Reply> RunOn(const Endpoint& node, const Request& request, absl::Time deadline);
   // Records `reply` as the answer to request `i` of `group`.
   void HandleReply(Group& group, size_t i, Reply reply);
   // Fails the requests of `group` that have no answer yet with `status` (a connection error).

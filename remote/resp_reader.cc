@@ -24,6 +24,9 @@
 namespace ckv::remote {
 namespace {
 
+// What an incomplete reply may hold beyond its limit: its header line, or one element's.
+constexpr uint64_t kLineSlackBytes = 4096;
+
 // The end of the line starting at `p` (its '\r'), nullptr when its CRLF has not arrived.
 // A '\r' not followed by '\n' sets `error`.
 const char* LineEnd(const char* p, const char* end, std::string* error) {
@@ -76,9 +79,14 @@ const char* RespReader::Parse(const char* p, const char* end, int depth, Reply* 
     }
     case '$': {
       long long length = 0;
-      if (!ParseInteger(p + 1, line_end, &length) || length < -1 || length > kMaxBulkBytes) {
+      if (!ParseInteger(p + 1, line_end, &length) || length < -1) {
         *error = absl::StrCat("bulk length \"", absl::string_view(p + 1, line_end - p - 1),
-                              "\" not in -1..", kMaxBulkBytes);
+                              "\" is not -1 or more");
+        return nullptr;
+      }
+      if (static_cast<unsigned long long>(length) > max_bytes_ && length != -1) {
+        *error = absl::StrCat("bulk string of ", length, " bytes announced, over the ",
+                              max_bytes_, " bytes the reply may be");
         return nullptr;
       }
       if (length == -1) {
@@ -102,6 +110,11 @@ const char* RespReader::Parse(const char* p, const char* end, int depth, Reply* 
       if (!ParseInteger(p + 1, line_end, &count) || count < -1) {
         *error = absl::StrCat("array length \"", absl::string_view(p + 1, line_end - p - 1),
                               "\" is not -1 or more");
+        return nullptr;
+      }
+      if (count > kMaxArrayElements) {
+        *error = absl::StrCat("array of ", count, " elements announced, over the limit of ",
+                              kMaxArrayElements);
         return nullptr;
       }
       if (count == -1) {
@@ -197,7 +210,7 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
     if (crlf_left_ > 0) return std::nullopt;
     std::optional<Reply> reply = std::move(ready_);
     ready_.reset();
-    storage_ = nullptr;
+    ForgetExpectation();
     return reply;
   }
   if (begin_ == end_) return std::nullopt;
@@ -209,7 +222,8 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
     const char* line_end = LineEnd(p + 1, end, &error);
     long long length = 0;
     if (line_end != nullptr && ParseInteger(p + 1, line_end, &length) &&
-        length >= static_cast<long long>(kDirectBytes) && length <= kMaxBulkBytes &&
+        length >= static_cast<long long>(kDirectBytes) &&
+        static_cast<unsigned long long>(length) <= max_bytes_ &&
         static_cast<size_t>(end - (line_end + 2)) < static_cast<size_t>(length)) {
       const char* data = line_end + 2;
       const size_t have = static_cast<size_t>(end - data);
@@ -225,14 +239,34 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
   }
   const char* reply_end = Parse(p, end, 0, nullptr, &error);
   if (!error.empty()) return absl::InternalError(absl::StrCat("protocol error: ", error));
-  if (reply_end == nullptr) return std::nullopt;
+  if (reply_end == nullptr) {
+    // Incomplete: everything buffered belongs to this reply. A header line, an array's element
+    // headers or an endless line are allowed the reply's limit and a line's worth more.
+    if (end_ - begin_ > max_bytes_ + kLineSlackBytes) {
+      return absl::InternalError(absl::StrCat("protocol error: reply still incomplete after ",
+                                              end_ - begin_, " bytes, over the ", max_bytes_,
+                                              " bytes it may be"));
+    }
+    return std::nullopt;
+  }
   Reply reply;
   // A bulk string (not nil) is assigned into the given storage, within its capacity.
   if (storage_ != nullptr && *p == '$' && p[1] != '-') reply.str = std::move(*storage_);
   Parse(p, end, 0, &reply, &error);
   begin_ += static_cast<size_t>(reply_end - p);
-  storage_ = nullptr;
+  ForgetExpectation();
   return reply;
+}
+
+void RespReader::ExpectNextReply(uint64_t max_bytes, std::string* storage) {
+  max_bytes_ = max_bytes == 0 ? kDefaultMaxReplyBytes
+                              : std::min<uint64_t>(max_bytes, kMaxBulkBytes);
+  storage_ = storage;
+}
+
+void RespReader::ForgetExpectation() {
+  max_bytes_ = kDefaultMaxReplyBytes;
+  storage_ = nullptr;
 }
 
 bool RespReader::idle() const {

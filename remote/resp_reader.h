@@ -14,9 +14,17 @@
 // Use: ReadFrom when the connection is readable, then Next until it returns nullopt. Replies
 // come out in the order the server sent them.
 //
+// Nothing the server announces is trusted for memory: a reply may be at most the bytes its
+// caller said it could be (ExpectNextReply; kDefaultMaxReplyBytes otherwise). A bulk string is
+// sized by its header only once that header is within the limit, an array's elements are made
+// only after all of them arrived (so at most one Reply per element received), an array may have
+// at most kMaxArrayElements elements, and a reply that is not a large value is buffered up to the
+// limit and no further. A node that announces "*2147483647" or "$524288000", or sends a line
+// that never ends, is a protocol error as soon as its header or its bytes show it.
+//
 // Errors (Next): Internal for a protocol error (an unknown type byte, a malformed length or
-// line, nesting deeper than kMaxDepth, a bulk string longer than kMaxBulkBytes or not ended by
-// CRLF); the connection must then be dropped.
+// line, nesting deeper than kMaxDepth, an array of more than kMaxArrayElements, a reply over its
+// limit, a bulk string not ended by CRLF); the connection must then be dropped.
 //
 // Thread-safety: none; one reader per connection, used by one thread.
 #ifndef CKV_REMOTE_RESP_READER_H_
@@ -26,6 +34,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,8 +49,14 @@ class RespReader {
  public:
   // A top-level bulk string at least this long is read straight into its reply.
   static constexpr size_t kDirectBytes = 16 << 10;
-  // Longest bulk string accepted (Redis's proto-max-bulk-len default).
+  // Longest bulk string ever accepted (Redis's proto-max-bulk-len default); a reply's own limit
+  // (ExpectNextReply) is at most this.
   static constexpr long long kMaxBulkBytes = 512LL << 20;
+  // The limit of a reply no one announced (ExpectNextReply not called for it).
+  static constexpr uint64_t kDefaultMaxReplyBytes = 1 << 20;
+  // Most elements of one array: CLUSTER SLOTS's ranges at most (one per slot); no command ckv
+  // sends gets a longer array.
+  static constexpr long long kMaxArrayElements = 16384;
   // Deepest nesting of arrays accepted.
   static constexpr int kMaxDepth = 8;
   // Bytes asked of one read into the reader's own buffer.
@@ -69,13 +84,16 @@ class RespReader {
   // True when nothing is buffered or partly read: the connection can be reused.
   bool idle() const;
 
-  // Memory for the next reply, if it is a bulk string: its string is moved from `*storage`
+  // What the next reply (the one Next returns next) may be, and where its string goes. It may be
+  // at most `max_bytes` long: a bulk string of at most that many bytes, or any other reply of at
+  // most that many bytes on the wire (capped at kMaxBulkBytes; 0 means kDefaultMaxReplyBytes).
+  // Anything longer is a protocol error before anything of its size is allocated.
+  // `storage`, if not null and the reply is a bulk string: its string is moved from `*storage`
   // (keeping its capacity, so a value that fits is read without allocating, and without
-  // zero-filling when `*storage` already has the value's size) rather than allocated. Applies
-  // to the reply that Next returns next (and is forgotten once it has); nullptr: allocate.
-  // `*storage` is left alone when that reply is not a bulk string, and moved from once the
-  // reader has seen its header. It must outlive that reply's Next.
-  void UseStorageForNextReply(std::string* storage) { storage_ = storage; }
+  // zero-filling when `*storage` already has the value's size) rather than allocated. `*storage`
+  // is left alone when that reply is not a bulk string, and moved from once the reader has seen
+  // its header; it must outlive that reply's Next. Both are forgotten once the reply is out.
+  void ExpectNextReply(uint64_t max_bytes, std::string* storage = nullptr);
 
  private:
   // Parses one reply at [p, end) into `out` (nothing built when null). Returns the end of the
@@ -84,6 +102,8 @@ class RespReader {
   const char* Parse(const char* p, const char* end, int depth, Reply* out,
                     std::string* error) const;
   void Compact();
+  // Back to an unannounced reply's limit and no storage.
+  void ForgetExpectation();
 
   std::unique_ptr<char[]> buf_;
   size_t buf_size_ = 0;
@@ -96,7 +116,8 @@ class RespReader {
   std::optional<Reply> ready_;
   // Bytes of a finished large value's trailing CRLF still to consume from the buffer.
   size_t crlf_left_ = 0;
-  std::string* storage_ = nullptr;  // UseStorageForNextReply
+  std::string* storage_ = nullptr;  // ExpectNextReply
+  uint64_t max_bytes_ = kDefaultMaxReplyBytes;
 };
 
 }  // namespace ckv::remote

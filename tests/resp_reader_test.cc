@@ -161,7 +161,7 @@ TEST(RespReaderTest, ReadsIntoTheStorageGiven) {
       ASSERT_GT(n, 0);
       pos += static_cast<size_t>(n);
       while (true) {
-        reader.UseStorageForNextReply(&storage[got.size()]);
+        reader.ExpectNextReply(0, &storage[got.size()]);
         absl::StatusOr<std::optional<Reply>> r = reader.Next();
         ASSERT_TRUE(r.ok()) << r.status();
         if (!r->has_value()) break;
@@ -225,6 +225,82 @@ TEST(RespReaderTest, ProtocolErrorsAreInternal) {
     last = reader.Next().status();
   }
   EXPECT_EQ(last.code(), absl::StatusCode::kInternal) << last;
+}
+
+// Regressions of the report "a 13-byte reply kills the process": what a node announces is
+// refused as soon as its header arrives, before anything of that size is made, and a reply that
+// never ends is refused once it passes its limit.
+TEST(RespReaderTest, AnnouncedSizesOverTheLimitAreRefusedAtTheirHeader) {
+  // A 2^31-element array: refused from its 13 bytes alone (hiredis resized a vector to it).
+  absl::Status s = FirstError("*2147483647\r\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("array of 2147483647 elements announced"), std::string::npos) << s;
+  // 16384 elements (CLUSTER SLOTS's most) are still allowed to arrive.
+  EXPECT_TRUE(FirstError("*16384\r\n").ok());
+  // A 500 MiB string against an unannounced reply's 1 MiB: refused at its header, so the
+  // string is never sized (it was resized to 500 MiB before its payload arrived).
+  s = FirstError("$524288000\r\nabc");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("bulk string of 524288000 bytes announced"), std::string::npos)
+      << s;
+}
+
+TEST(RespReaderTest, EachReplyIsHeldToTheLimitItsRequestStated) {
+  const std::string value = Pattern(RespReader::kDirectBytes * 2, 6);
+  const std::string stream = absl::StrCat("$", value.size(), "\r\n", value, "\r\n");
+  for (const uint64_t limit : {value.size(), value.size() - 1}) {
+    SCOPED_TRACE(limit);
+    RespReader reader;
+    reader.ExpectNextReply(limit);
+    size_t pos = 0;
+    absl::StatusOr<std::optional<Reply>> got = std::optional<Reply>();
+    while (got.ok() && !got->has_value() && pos < stream.size()) {
+      reader.ReadFrom([&](const iovec* iov, int iovcnt) -> ssize_t {
+        size_t copied = 0;  // 4 KiB a read, as readv fills its buffers: in order
+        for (int k = 0; k < iovcnt && pos < stream.size() && copied < 4096; ++k) {
+          const size_t n = std::min({iov[k].iov_len, stream.size() - pos, 4096 - copied});
+          std::memcpy(iov[k].iov_base, stream.data() + pos, n);
+          pos += n;
+          copied += n;
+        }
+        return static_cast<ssize_t>(copied);
+      });
+      got = reader.Next();
+    }
+    if (limit == value.size()) {
+      ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+      EXPECT_EQ((*got)->str, value);
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
+      EXPECT_LT(pos, size_t{8192});  // refused at the header, not after the payload
+    }
+  }
+}
+
+TEST(RespReaderTest, AReplyThatNeverEndsIsRefusedPastItsLimit) {
+  // A status line without end, and an array whose elements keep coming: the reader buffers
+  // what arrives up to the reply's limit (and a line's worth), then gives up.
+  for (const std::string& head : {std::string("+"), std::string("*16384\r\n")}) {
+    SCOPED_TRACE(head);
+    RespReader reader;
+    reader.ExpectNextReply(20000);
+    uint64_t fed = 0;
+    absl::Status last;
+    for (int i = 0; i < 1000 && last.ok(); ++i) {
+      reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
+        std::string piece = fed == 0 ? head : std::string();
+        while (piece.size() < 4096) piece += head[0] == '+' ? "AAAA" : ":1\r\n";
+        const size_t n = std::min(iov[0].iov_len, piece.size());
+        std::memcpy(iov[0].iov_base, piece.data(), n);
+        fed += n;
+        return static_cast<ssize_t>(n);
+      });
+      last = reader.Next().status();
+    }
+    EXPECT_EQ(last.code(), absl::StatusCode::kInternal);
+    EXPECT_NE(last.message().find("reply still incomplete"), std::string::npos) << last;
+    EXPECT_LT(fed, uint64_t{20000} + 4096 + 4096 * 2);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: what a Redis Cluster node (or anyone who can write to it) sends ckv back. The
 // cluster client's RESP reader (remote/resp_reader.h) over untrusted bytes cut into reads of
-// arbitrary sizes, and the chunk value's decoders (remote/chunk_value.h) over a valid value that
+// arbitrary sizes, under the limits the client sets, each reply then read as the client reads
+// a slot map and a redirection (remote/slot_map.h), and the chunk value's decoders (remote/chunk_value.h) over a valid value that
 // the input changes, truncates or extends. Built and run by tests/fuzz/run_fuzz.sh (clang,
 // -fsanitize=fuzzer,address,undefined). Any crash, sanitizer report, leak or broken invariant
 // (__builtin_trap below) is a finding; a changed value that decodes is one too.
@@ -20,6 +21,7 @@
 #include "ckv/model_spec.h"
 #include "remote/chunk_value.h"
 #include "remote/resp_reader.h"
+#include "remote/slot_map.h"
 
 namespace {
 
@@ -37,15 +39,27 @@ void CheckReply(const Reply& r, int depth) {
 }
 
 // The input as a reply stream, each read as long as the next input byte says (1..256 bytes),
-// into whatever buffers the reader offers; replies taken as they complete, some of them into
-// reused storage.
+// into whatever buffers the reader offers; replies taken as they complete, each under a limit
+// the input picks among those the cluster client sets (a record's bytes, a chunk value's, the
+// default, CLUSTER SLOTS's), some of them into reused storage, and each one read as a CLUSTER
+// SLOTS answer and a MOVED/ASK text, as the client reads them. Run with -malloc_limit_mb=64:
+// an allocation sized by what the input announces rather than by the bytes it sent is a finding.
 void ReadReplies(std::span<const uint8_t> in) {
+  static constexpr uint64_t kLimits[] = {64, 1 << 16, RespReader::kDefaultMaxReplyBytes,
+                                         16 << 20};
+  static const ckv::remote::Endpoint kNode{"127.0.0.1", 7000};
   RespReader reader;
   std::string storage;
   size_t pos = 0;
   size_t cut = 0;
+  uint64_t limit = 0;
+  auto expect = [&] {
+    const uint8_t pick = in.empty() ? 0 : in[cut % in.size()];
+    limit = kLimits[pick % 4];
+    reader.ExpectNextReply(limit, (pick & 4) != 0 ? &storage : nullptr);
+  };
+  expect();
   for (int reads = 0; reads < 100000; ++reads) {
-    if (!in.empty() && in[cut % in.size()] & 1) reader.UseStorageForNextReply(&storage);
     const size_t want = in.empty() ? 1 : size_t{in[cut++ % in.size()]} + 1;
     const ssize_t n = reader.ReadFrom([&](const iovec* iov, int iovcnt) -> ssize_t {
       size_t copied = 0;
@@ -62,7 +76,22 @@ void ReadReplies(std::span<const uint8_t> in) {
       auto reply = reader.Next();
       if (!reply.ok()) return;  // a protocol error: the connection is dropped
       if (!reply->has_value()) break;
-      CheckReply(**reply, 0);
+      const Reply& r = **reply;
+      CheckReply(r, 0);
+      if (r.type == Reply::Type::kString) Check(r.str.size() <= limit);
+      auto map = ckv::remote::ParseSlotMap(r, kNode);
+      if (map.ok()) {
+        Check(map->slot_master.size() == ckv::remote::kClusterSlots);
+        for (int32_t m : map->slot_master) Check(m < static_cast<int32_t>(map->masters.size()));
+        for (const auto& e : map->masters) Check(e.port >= 1 && e.port <= 65535);
+      }
+      if (r.type == Reply::Type::kError) {
+        if (auto target = ckv::remote::RedirectTarget(r.str, kNode)) {
+          Check(target->port >= 1 && target->port <= 65535 &&
+                ckv::remote::IsValidHost(target->host));
+        }
+      }
+      expect();
     }
   }
 }

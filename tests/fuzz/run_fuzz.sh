@@ -45,9 +45,11 @@ build() {  # build NAME SOURCES...
 }
 build safetensors_fuzz tests/fuzz/safetensors_fuzz.cc \
   tools/json_reader.cc tools/safetensors.cc tools/safetensors_kv.cc tools/model_spec_json.cc \
+  tools/output_file.cc common/printable.cc \
   common/model_spec.cc common/status.cc
 build remote_fuzz tests/fuzz/remote_fuzz.cc remote/resp_reader.cc remote/chunk_value.cc \
-  common/model_spec.cc common/chunk_key.cc common/status.cc
+  remote/slot_map.cc common/model_spec.cc common/chunk_key.cc common/status.cc \
+  common/printable.cc
 
 # -rss_limit_mb: an input may make a reader allocate at most about its own size, so 2 GiB is a
 # leak or a blow-up, not a big input. The first corpus directory receives new inputs.
@@ -58,6 +60,9 @@ echo "run_fuzz.sh: fuzzing the safetensors/JSON reader for $(( SECONDS_TO_RUN - 
   -dict="$REPO_ROOT/tests/fuzz/safetensors.dict" \
   -artifact_prefix="$OUT/" "$OUT/corpus" "$REPO_ROOT/tests/fuzz/corpus"
 echo "run_fuzz.sh: fuzzing the RESP reader and the remote chunk value for ${REMOTE_SECONDS}s" >&2
+# The remote target runs with -malloc_limit_mb=64: what a node sends is read under limits of at
+# most 16 MiB, so one allocation past 64 MiB is a size trusted from the wire.
 "$OUT/remote_fuzz" -max_total_time="$REMOTE_SECONDS" -timeout=10 -rss_limit_mb=2048 \
+  -malloc_limit_mb=64 \
   -max_len=65536 -print_final_stats=1 \
   -artifact_prefix="$OUT/" "$OUT/remote_corpus" "$REPO_ROOT/tests/fuzz/remote_corpus"
