@@ -98,22 +98,72 @@ absl::Status StatusOf(const absl::StatusOr<T>& result) {
   return result.status();
 }
 
+class MeteredSession;
+
+// What an engine and its sessions share, so that Engine::Close can end the sessions and a
+// session may outlive the close (Python keeps one as long as a reference to it lives).
+// Lock order: mu, then live_mu, then a session's mu_.
+struct EngineLife {
+  // Held shared by every engine call and by a session's destructor while it tears down; held
+  // exclusively by Close.
+  absl::Mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  absl::Mutex live_mu;
+  absl::flat_hash_set<MeteredSession*> live ABSL_GUARDED_BY(live_mu);
+};
+
+// In an EngineImpl call: holds off Close until the call returns, and returns `closed_value`
+// when the engine is closed.
+#define CKV_OPEN_OR_RETURN(closed_value)            \
+  absl::ReaderMutexLock ckv_life_lock(&life_->mu); \
+  if (life_->closed) return closed_value
+
+absl::Status EngineClosedError(absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(what, ": the engine is closed"));
+}
+
 // A session that times AwaitLayer and the whole Re-Prefill (from BeginReprefill to the first
-// Finish) and counts the failures of its calls. REQUIRES: `metrics` and `clock` outlive it (a
-// session must end before its engine).
+// Finish) and counts the failures of its calls. REQUIRES: `metrics` and `clock` outlive it
+// while the engine is open; once Close ended it (End), it touches neither, and its calls fail
+// with FailedPrecondition.
 class MeteredSession final : public ReprefillSession {
  public:
   MeteredSession(std::unique_ptr<ReprefillSession> inner, CallMetrics& metrics,
-                 storage::Clock& clock, int64_t begin_ns)
-      : inner_(std::move(inner)), metrics_(metrics), clock_(clock), begin_ns_(begin_ns) {}
+                 storage::Clock& clock, int64_t begin_ns, std::shared_ptr<EngineLife> life)
+      : matched_chunks_(inner->matched_chunks()),
+        inner_(std::move(inner)),
+        metrics_(metrics),
+        clock_(clock),
+        begin_ns_(begin_ns),
+        life_(std::move(life)) {}
+  ~MeteredSession() override {
+    absl::ReaderMutexLock life(&life_->mu);  // Close is not tearing the engine down meanwhile
+    {
+      absl::MutexLock lock(&life_->live_mu);
+      life_->live.erase(this);
+    }
+    End();
+  }
+  // Ends the session now (its reads cancelled and waited for, its chunks unpinned); its calls
+  // fail from now on. Waits for a call in progress.
+  void End() {
+    std::unique_ptr<ReprefillSession> inner;
+    absl::MutexLock lock(&mu_);
+    inner = std::move(inner_);
+    inner.reset();
+  }
 
-  uint64_t matched_chunks() const override { return inner_->matched_chunks(); }
+  uint64_t matched_chunks() const override { return matched_chunks_; }
   absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) override {
+    absl::MutexLock lock(&mu_);
+    if (inner_ == nullptr) return EngineClosedError("SubmitQueries");
     absl::Status status = inner_->SubmitQueries(layer, queries);
     metrics_.failures.Record(engine::Op::kSubmitQueries, status);
     return status;
   }
   absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {
+    absl::MutexLock lock(&mu_);
+    if (inner_ == nullptr) return EngineClosedError("AwaitLayer");
     const int64_t start_ns = clock_.MonotonicNanos();
     absl::StatusOr<LayerView> view = inner_->AwaitLayer(layer);
     if (view.ok()) {
@@ -124,6 +174,8 @@ class MeteredSession final : public ReprefillSession {
     return view;
   }
   absl::StatusOr<SessionStats> Finish() override {
+    absl::MutexLock lock(&mu_);
+    if (inner_ == nullptr) return EngineClosedError("Finish");
     absl::StatusOr<SessionStats> stats = inner_->Finish();
     if (!finished_) {  // a second Finish returns the same figures: counted once
       finished_ = true;
@@ -137,11 +189,16 @@ class MeteredSession final : public ReprefillSession {
   }
 
  private:
-  std::unique_ptr<ReprefillSession> inner_;
+  const uint64_t matched_chunks_;
+  // One session is driven by one thread at a time (ckv/session.h); the lock is for Close,
+  // which ends it from another.
+  absl::Mutex mu_;
+  std::unique_ptr<ReprefillSession> inner_ ABSL_GUARDED_BY(mu_);
   CallMetrics& metrics_;
   storage::Clock& clock_;
   const int64_t begin_ns_;
-  bool finished_ = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<EngineLife> life_;
 };
 
 class EngineImpl final : public Engine, public engine::SessionHost {
@@ -162,12 +219,32 @@ class EngineImpl final : public Engine, public engine::SessionHost {
           [tiers = tiers_.get()](const ChunkKey& chunk) { tiers->Erase(chunk); });
     }
   }
-  // Sessions must be finished or destroyed before the engine; the read engine goes first so
-  // that no read lands after the store is closed.
-  ~EngineImpl() override {
+  // Sessions still open are ended first (Close); their views must go before the engine (the
+  // tiers they may pin live until here).
+  ~EngineImpl() override { Close().IgnoreError(); }  // always OK
+
+  absl::Status Close() override {
+    absl::WriterMutexLock life(&life_->mu);  // waits for the calls in progress
+    if (life_->closed) return absl::OkStatus();
+    life_->closed = true;
+    // End the live sessions: each waits for its call in progress, then cancels its reads and
+    // unpins its chunks, while the store and the read engine still exist.
+    std::vector<MeteredSession*> live;
+    {
+      absl::MutexLock lock(&life_->live_mu);
+      live.assign(life_->live.begin(), life_->live.end());
+    }
+    for (MeteredSession* session : live) session->End();
+    // The read engine goes before the store so that no read lands after it is closed. Closing
+    // the store releases its lock: it can be opened again at once.
     remote_.reset();  // its publisher reads the store
     store_->SetRemovalListener(nullptr);
-    reads_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      reads_.reset();
+    }
+    store_.reset();
+    return absl::OkStatus();
   }
 
   // Starts the remote tier per options_.remote (after construction: it can fail).
@@ -181,6 +258,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Put"));
     const int64_t start_ns = clock().MonotonicNanos();
     const storage::AuxRecords summaries = engine::SummaryRecords(spec, kv);
     absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries);
@@ -194,6 +272,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
                                   std::span<const int32_t> tokens) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Lookup"));
     const int64_t start_ns = clock().MonotonicNanos();
     absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
     if (local.ok()) local = FillFromRemote(spec, tokens, *local);
@@ -201,6 +280,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
   absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
                                      std::span<const int32_t> tokens) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Probe"));
     absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens, /*touch=*/false);
     if (!local.ok()) return Counted(engine::Op::kProbe, local.status());
     PrefixExtent extent{.local_chunks = *local};
@@ -209,30 +289,48 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   }
   absl::Status ReadRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                           std::span<std::byte> out) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("ReadRecord"));
     return Counted(engine::Op::kReadRecord, store_->ReadRecord(spec, key, layer, out));
   }
   absl::Status Delete(const ModelSpec& spec, std::span<const int32_t> tokens) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Delete"));
     return Counted(engine::Op::kDelete, store_->Delete(spec, tokens));
   }
   absl::Status DeletePrefix(const ChunkKey& prefix_id) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("DeletePrefix"));
     return Counted(engine::Op::kDeletePrefix, store_->DeletePrefix(prefix_id));
   }
-  std::vector<PrefixInfo> ListPrefixes() override { return store_->ListPrefixes(); }
+  std::vector<PrefixInfo> ListPrefixes() override {
+    CKV_OPEN_OR_RETURN(std::vector<PrefixInfo>{});
+    return store_->ListPrefixes();
+  }
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id,
                                                      ModelSpec* spec) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("PrefixChunks"));
     return Counted(engine::Op::kPrefixChunks, store_->PrefixChunks(prefix_id, spec));
   }
   absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("DescribePrefix"));
     return Counted(engine::Op::kDescribePrefix, store_->DescribePrefix(prefix_id));
   }
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Verify"));
     return Counted(engine::Op::kVerify, store_->Verify(progress));
   }
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Repair"));
     return Counted(engine::Op::kRepair, store_->Repair(progress));
   }
-  absl::StatusOr<GcReport> Gc() override { return Counted(engine::Op::kGc, store_->Gc()); }
+  absl::StatusOr<GcReport> Gc() override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("Gc"));
+    return Counted(engine::Op::kGc, store_->Gc());
+  }
+  // All zeros once closed.
   EngineStats Stats() override {
+    CKV_OPEN_OR_RETURN(EngineStats{});
+    return StatsOpen();
+  }
+  EngineStats StatsOpen() {
     EngineStats s = EngineStatsOf(store_->Stats());
     absl::MutexLock lock(&mu_);
     const EngineStats& t = session_totals_;
@@ -286,6 +384,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
       const ModelSpec& spec, std::span<const int32_t> tokens,
       const ReprefillOptions& options) override {
+    CKV_OPEN_OR_RETURN(EngineClosedError("BeginReprefill"));
     const int64_t begin_ns = clock().MonotonicNanos();
     if (remote_ != nullptr && spec.Validate().ok() && !engine::SelectsRemoteRecords(options)) {
       // A session that reads every chunk anyway has a local miss filled from the cluster first,
@@ -300,8 +399,11 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       metrics_.failures.Record(engine::Op::kBeginReprefill, session.status());
       return session.status();
     }
-    return std::unique_ptr<ReprefillSession>(
-        new MeteredSession(std::move(*session), metrics_, clock(), begin_ns));
+    auto metered = std::make_unique<MeteredSession>(std::move(*session), metrics_, clock(),
+                                                    begin_ns, life_);
+    absl::MutexLock lock(&life_->live_mu);
+    life_->live.insert(metered.get());
+    return std::unique_ptr<ReprefillSession>(std::move(metered));
   }
 
   std::string Metrics() override;
@@ -392,6 +494,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   bool gpu_tier_on_device_ = false;  // the GPU tier's memory is a CUDA device's
   std::string io_backend_ ABSL_GUARDED_BY(mu_);  // IoBackendInUse's answer, once known
   std::unique_ptr<engine::RemoteTier> remote_;  // null: no remote tier
+  const std::shared_ptr<EngineLife> life_ = std::make_shared<EngineLife>();
 };
 
 std::string EngineImpl::IoBackendInUse() {
@@ -408,7 +511,8 @@ std::string EngineImpl::IoBackendInUse() {
 }
 
 std::string EngineImpl::Metrics() {
-  const EngineStats s = Stats();
+  CKV_OPEN_OR_RETURN(std::string());
+  const EngineStats s = StatsOpen();
   prefetch::ReadEngineStats r;  // zeros until the first session makes the read engine
   std::string backend;
   {
@@ -984,6 +1088,15 @@ bool WaitUntilRemotePublished(Engine& engine, absl::Duration timeout) {
   if (impl == nullptr || impl->remote_tier() == nullptr) return true;
   return impl->remote_tier()->WaitUntilPublished(timeout);
 }
+absl::StatusOr<uint64_t> FreeSpaceToOpen(const EngineOptions& options, const std::string& path,
+                                         std::span<const ChunkKey> delete_prefixes,
+                                         const Seams& seams) {
+  storage::StoreOptions store_options = StoreOptionsOf(options);
+  if (seams.clock != nullptr) store_options.clock = seams.clock;
+  store_options.file_system = seams.file_system;
+  return storage::ChunkStore::FreeSpaceToOpen(store_options, path, delete_prefixes);
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
                                                               const std::string& path,
                                                               const Seams& seams) {

@@ -10,6 +10,8 @@
 #ifndef CKV_ENGINE_INTERNAL_H_
 #define CKV_ENGINE_INTERNAL_H_
 
+#include <span>
+
 #include "absl/time/time.h"
 #include "ckv/engine.h"
 #include "engine/remote_tier.h"
@@ -47,6 +49,13 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& optio
 absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnlyWithSeams(const EngineOptions& options,
                                                               const std::string& path,
                                                               const Seams& seams);
+
+// storage::ChunkStore::FreeSpaceToOpen for the store an Engine::Open with `options` would open at
+// `path`, through `seams`' file system: what kvctl rm and gc do when the file system is too full
+// for the store to open (IsNoSpace), before they open it again.
+absl::StatusOr<uint64_t> FreeSpaceToOpen(const EngineOptions& options, const std::string& path,
+                                         std::span<const ChunkKey> delete_prefixes,
+                                         const Seams& seams = {});
 
 // Waits until the remote tier of `engine` (EngineOptions::remote) has published every chunk
 // queued so far, or failed to, up to `timeout`: for tests and kvctl, which exit right after a

@@ -157,6 +157,37 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   return catalog;
 }
 
+namespace {
+
+// RocksDB's lock on a catalog's LOCK file, held without the catalog open (Catalog::LockDir).
+class RocksFileLock final : public Catalog::Lock {
+ public:
+  RocksFileLock(rocksdb::Env* env, rocksdb::FileLock* lock) : env_(env), lock_(lock) {}
+  // Unlocking closes the file; nothing to act on if it fails.
+  ~RocksFileLock() override { env_->UnlockFile(lock_).PermitUncheckedError(); }
+
+ private:
+  rocksdb::Env* const env_;
+  rocksdb::FileLock* const lock_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Catalog::Lock>> Catalog::LockDir(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+    return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
+  }
+  // The same lock RocksDB takes when it opens the catalog (fcntl, and its own table of the
+  // files this process locked), so that an engine of this process or another cannot open it
+  // meanwhile.
+  rocksdb::Env* env = rocksdb::Env::Default();
+  rocksdb::FileLock* lock = nullptr;
+  CKV_RETURN_IF_ERROR(FromRocks(env->LockFile(absl::StrCat(dir, "/LOCK"), &lock),
+                                absl::StrCat("lock catalog ", dir)));
+  return std::unique_ptr<Lock>(new RocksFileLock(env, lock));
+}
+
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenReadOnly(const std::string& dir,
                                                                Contents* contents,
                                                                FileSystem* fs) {

@@ -90,6 +90,15 @@ class Catalog {
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenReadOnly(const std::string& dir,
                                                                Contents* contents,
                                                                FileSystem* fs = nullptr);
+  // Holds the LOCK of the catalog in `dir` (RocksDB's, as an open catalog holds it) without
+  // opening it, until the returned handle is destroyed: a tool may then change the store's
+  // files under a read-only view (ChunkStore::FreeSpaceToOpen). Writes nothing (the LOCK file
+  // exists once the catalog was opened). Unavailable when another engine holds it.
+  class Lock {
+   public:
+    virtual ~Lock() = default;
+  };
+  static absl::StatusOr<std::unique_ptr<Lock>> LockDir(const std::string& dir);
   ~Catalog();
 
   Batch NewBatch() { return Batch(this); }

@@ -21,6 +21,7 @@ namespace {
 
 using chunk_store_internal::kCatalogDir;
 using chunk_store_internal::kSegmentsDir;
+using chunk_store_internal::PunchGaveBack;
 
 std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
 
@@ -195,6 +196,67 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::OpenReadOnly(const Store
   // Gc deleted it after the catalog was read: the engine opens again when the store changed.
   CKV_RETURN_IF_ERROR(store->Load(contents, /*use_snapshot=*/false, &snapshot_failed));
   return store;
+}
+
+absl::StatusOr<uint64_t> ChunkStore::FreeSpaceToOpen(const StoreOptions& options,
+                                                     const std::string& path_in,
+                                                     std::span<const ChunkKey> delete_prefixes) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  FileSystem* fs = ChooseFileSystem(options);
+  Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
+  if (!fs->Exists(path)) return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
+  const std::string catalog_dir = absl::StrCat(path, "/", kCatalogDir);
+  // Held to the end: nothing may allocate the slots punched here.
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<Catalog::Lock> lock, Catalog::LockDir(catalog_dir));
+  StoreOptions resolved = options;
+  resolved.read_only = false;  // the segments are opened for punching; the catalog read-only
+  resolved.put_staging_bytes = 1u << 20;
+  if (resolved.clock == nullptr) resolved.clock = RealClock();
+  std::unique_ptr<ChunkStore> view(new ChunkStore(resolved, path, fs, logger));
+  Catalog::Contents contents;
+  CKV_ASSIGN_OR_RETURN(view->catalog_, Catalog::OpenReadOnly(catalog_dir, &contents, fs));
+  bool snapshot_failed = false;
+  CKV_RETURN_IF_ERROR(view->Load(contents, /*use_snapshot=*/false, &snapshot_failed));
+  uint64_t freed = 0;
+  absl::MutexLock l(&view->mu_);
+  // The chunks a DeletePrefix of each prefix would remove (walking up from its end while no
+  // other chunk or prefix uses them): their blocks go now, the catalog forgets them once open.
+  for (const ChunkKey& prefix : delete_prefixes) {
+    if (!view->prefixes_.contains(prefix)) {
+      return absl::NotFoundError(absl::StrCat("no stored prefix ", prefix.ToHex()));
+    }
+    ChunkKey key = prefix;
+    uint32_t removed_children = 0;
+    while (!key.IsZero()) {
+      auto it = view->chunks_.find(key);
+      if (it == view->chunks_.end()) break;
+      const ChunkEntry& e = it->second;
+      if ((e.prefix_end && !(key == prefix)) || e.children != removed_children) break;
+      Segment& seg = *view->segments_.at(e.segment);
+      if (PunchGaveBack(seg.PunchSlots(SlotRun{e.slot, 1}))) freed += seg.chunk_bytes();
+      key = view->ParentKeyLocked(key, e);
+      removed_children = 1;
+    }
+  }
+  // Free slots whose blocks are still allocated (the reclaimer's, a failed punch's, a crash's).
+  for (auto& [id, segment] : view->segments_) {
+    CKV_ASSIGN_OR_RETURN(uint64_t bytes, PunchFreeRuns(*segment));
+    freed += bytes;
+  }
+  // The index snapshot: the open that follows reads the catalog instead.
+  const std::string snapshot = view->SnapshotPath();
+  if (fs->Exists(snapshot)) {
+    uint64_t bytes = 0;
+    if (auto file = fs->Open(snapshot, FileSystem::OpenMode::kReadOnly); file.ok()) {
+      if (absl::StatusOr<uint64_t> held = (*file)->AllocatedBytes(); held.ok()) bytes = *held;
+    }
+    CKV_RETURN_IF_ERROR(fs->DeleteFile(snapshot));
+    freed += bytes;
+  }
+  logger->Log(LogLevel::kInfo, absl::StrCat("gave back ", freed, " bytes of ", path,
+                                            " before opening it on a full file system"));
+  return freed;
 }
 
 absl::Status ChunkStore::RefuseIfReadOnly(std::string_view op) const {

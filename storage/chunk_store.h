@@ -143,7 +143,7 @@ struct StoreStats {
   uint64_t free_kept_bytes = 0;         // free slots still holding blocks (in disk_bytes_used)
   uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
   // Puts that found the file system full below the cap, those of them that stored their chunks
-  // on the one retry after giving back room, and the chunks evicted for them (since Open).
+  // on a retry after giving back room, and the chunks evicted for them (since Open).
   uint64_t no_space_puts = 0;
   uint64_t no_space_recovered = 0;
   uint64_t no_space_evictions = 0;
@@ -223,6 +223,20 @@ class ChunkStore {
   static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(const StoreOptions& options,
                                                           const std::string& path);
   ~ChunkStore();
+
+  // The last resort of the tools that free space (kvctl rm and gc) on a file system too full
+  // for the store to open (RocksDB writes a MANIFEST, an OPTIONS file and a WAL when it opens,
+  // and this open may write the index snapshot's removal and a catalog batch). Under the store's
+  // lock (the catalog's LOCK, as an open store holds it), with a read-only view of the catalog
+  // and without writing a byte, it gives back blocks: those of every free slot that still holds
+  // them, those of the chunks a DeletePrefix of each of `delete_prefixes` would remove (their
+  // records read as zeros from then on: a read of one that is not removed after all is DataLoss,
+  // never wrong bytes; Verify reports it and Repair removes it), and the index snapshot file
+  // (the next open reads the catalog instead). Returns the bytes given back. Errors as Open, and
+  // NotFound for a prefix not stored; Unavailable when another engine holds the store.
+  static absl::StatusOr<uint64_t> FreeSpaceToOpen(const StoreOptions& options,
+                                                  const std::string& path,
+                                                  std::span<const ChunkKey> delete_prefixes);
 
   // `aux` (optional) adds auxiliary records to each new chunk. Chunks are placed only in
   // segments whose auxiliary records have the same sizes.
@@ -427,8 +441,11 @@ class ChunkStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitStoredPrefixLocked(PendingPut& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 2, unlocked: computes the auxiliary records, writes all records and syncs them.
+  // *still_needed: set, when the file system is full, to the bytes of blocks the Put had not
+  // reserved yet.
   absl::Status WritePut(const PendingPut& put, const KvTensors& kv, const AuxRecords* aux,
-                        std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
+                        std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written,
+                        uint64_t* still_needed);
   // Step 3: when `written` is OK, commits the catalog batch naming the chunks and publishes
   // them; otherwise, or when the commit fails, frees the plan's slots. Ends the in-flight mark.
   absl::StatusOr<PutResult> CommitPutLocked(PendingPut& put, absl::Status written,
@@ -551,7 +568,8 @@ class ChunkStore {
                            const std::vector<PlannedRun>& plan,
                            const std::vector<std::vector<std::byte>>& aux_data,
                            const std::function<void()>& aux_ready,
-                           std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written);
+                           std::vector<std::vector<uint64_t>>* checksums, uint64_t* bytes_written,
+                           uint64_t* still_needed);
 
   friend class PinnedChunks;
   absl::StatusOr<std::unique_ptr<PinnedChunks>> PinLocked(const ModelSpec& spec,
@@ -721,14 +739,22 @@ class ChunkStore {
   // Put's work; Put times it into put_latency_.
   absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,
                                      const KvTensors& kv, const AuxRecords* aux);
-  // One try of a Put; `need` gets the bytes of the chunks it had to write (0 before it knew).
+  // What one try of a Put needed: the bytes of the chunks it had to write (0 before it knew),
+  // and of those, the ones it had found no room for when the file system said it was full (all
+  // of them unless the block reservation got part of the way).
+  struct PutShortfall {
+    uint64_t need = 0;
+    uint64_t still_needed = 0;
+  };
   absl::StatusOr<PutResult> PutOnce(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                    const KvTensors& kv, const AuxRecords* aux, uint64_t* need);
-  // After a Put found the file system full (IsNoSpace): gives back the blocks of at least
-  // `bytes` bytes if it can, first from free slots that still hold them, then by evicting
-  // chunks in score order (their slots punched). Returns the bytes given back; `evicted` counts
-  // the chunks evicted.
-  absl::StatusOr<uint64_t> FreeDiskLocked(uint64_t bytes, uint64_t* evicted)
+                                    const KvTensors& kv, const AuxRecords* aux,
+                                    PutShortfall* shortfall);
+  // After a Put found the file system full (IsNoSpace): gives back the blocks of about `bytes`
+  // bytes, first from free slots that still hold them, then by evicting chunks in score order
+  // (their slots punched). Evicts nothing when eviction could not reach `at_least` bytes
+  // (ResourceExhausted saying so). Returns the bytes given back; `evicted` counts the chunks
+  // evicted.
+  absl::StatusOr<uint64_t> FreeDiskLocked(uint64_t bytes, uint64_t at_least, uint64_t* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t no_space_puts_ ABSL_GUARDED_BY(mu_) = 0;       // Puts that found the disk full
   uint64_t no_space_recovered_ ABSL_GUARDED_BY(mu_) = 0;  // of those, retried and stored

@@ -116,7 +116,8 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t* evicted) {
+absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t at_least,
+                                                     uint64_t* evicted) {
   // What was given back is what left used_bytes_: a punch that fails keeps its slot counted.
   const uint64_t used_before = used_bytes_;
   auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_before - used_bytes_; };
@@ -125,6 +126,13 @@ absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t* ev
   if (freed() >= bytes) return freed();
   const EvictionPlan plan = PlanEvictionLocked(bytes - freed(), SIZE_MAX);
   if (plan.victims.empty()) return freed();
+  if (freed() + plan.bytes < at_least) {
+    // Evicting would not make the room: the chunks stay, and the Put fails.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "it still needs ", at_least, " bytes, but only ", freed() + plan.bytes,
+        " can be given back (", used_bytes_, " bytes in use; the rest is held by readers or "
+        "Puts in flight); nothing was evicted"));
+  }
   Catalog::Batch batch = catalog_->NewBatch();
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict, nullptr));
   *evicted += plan.victims.size();

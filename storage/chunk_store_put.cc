@@ -6,6 +6,7 @@
 #include <future>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,13 @@ namespace {
 
 using chunk_store_internal::kSegmentsDir;
 using chunk_store_internal::PunchGaveBack;
+
+// Room an ENOSPC retry makes beyond the `bytes` a Put still has to place: the file system's
+// metadata for them (extent blocks, 1/256 as DataCapLocked allows), a new segment's first blocks
+// and the catalog's WAL growth for the batch that names the chunks.
+uint64_t NoSpaceMarginBytes(uint64_t bytes) { return bytes / 256 + (64u << 10); }
+// Tries of a Put after the first that found the file system full.
+constexpr int kNoSpaceRetries = 3;
 
 }  // namespace
 
@@ -80,6 +88,7 @@ struct ChunkStore::PendingPut {
   bool new_spec = false;            // no chunk of this spec was stored when it began
   uint64_t chunk_bytes = 0;         // one new chunk's bytes in a segment
   std::vector<PlannedRun> plan;     // the slots of the new chunks
+  std::optional<FileSystemSpace> space;  // the file system's size, where it states one
   PutResult result;
 };
 
@@ -115,51 +124,76 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
 absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                                                std::span<const int32_t> tokens,
                                                const KvTensors& kv, const AuxRecords* aux) {
-  uint64_t need = 0;
-  absl::StatusOr<PutResult> result = PutOnce(spec, tokens, kv, aux, &need);
-  if (result.ok() || !IsNoSpace(result.status()) || need == 0) return result;
+  PutShortfall shortfall;
+  absl::StatusOr<PutResult> result = PutOnce(spec, tokens, kv, aux, &shortfall);
+  if (result.ok() || !IsNoSpace(result.status()) || shortfall.need == 0) return result;
   // The file system is full below the cap: the cap was set above what the disk holds, or
   // something else fills the disk. The store is a cache: it gives back blocks (free slots that
   // still hold theirs, then chunks evicted in the store's eviction order, eviction_policy.h) for
-  // as many bytes as the Put needed, and tries once more. The failed Put left nothing behind (its slots were freed).
+  // the bytes the Put still had to place when the disk filled, plus a margin for the file
+  // system's and the catalog's own blocks, and tries again (up to kNoSpaceRetries times); it
+  // evicts nothing when eviction could not give back that much (ReservePutLocked refused the
+  // Puts that could never fit before anything was evicted). The failed Put left nothing behind
+  // (its slots were freed, and their blocks are free again for the retry).
   uint64_t evicted = 0;
-  absl::StatusOr<uint64_t> freed;
-  std::string punch_error;
+  std::string what;
   {
     absl::MutexLock lock(&mu_);
     ++no_space_puts_;
-    freed = FreeDiskLocked(need, &evicted);
-    no_space_evictions_ += evicted;
-    punch_error = last_punch_error_;
   }
-  const std::string what = absl::StrCat("the file system was full (", result.status().message(),
-                                        ")");
-  if (!freed.ok()) {
-    return WithMessage(freed.status(),
-                       absl::StrCat("Put of ", spec.model_id, ": ", what,
-                                    "; giving back room for a retry failed: ",
-                                    freed.status().message()));
-  }
-  if (*freed == 0) {
-    return WithMessage(
-        result.status(),
-        absl::StrCat("Put of ", spec.model_id, ": ", what, "; ",
-                     evicted == 0 ? std::string("nothing could be evicted to make room (every "
-                                                "chunk is held by readers or Puts)")
-                                  : absl::StrCat("evicted ", evicted,
-                                                 " chunks, but their blocks could not be given "
-                                                 "back (", punch_error, ")")));
-  }
-  logger_->Log(LogLevel::kWarning,
-               absl::StrCat("Put of ", spec.model_id, ": ", what, "; evicted ", evicted,
-                          " chunks and gave back ", *freed, " bytes; trying once more"));
-  need = 0;
-  result = PutOnce(spec, tokens, kv, aux, &need);
-  if (result.ok()) {
-    result->chunks_evicted += evicted;
-    absl::MutexLock lock(&mu_);
-    ++no_space_recovered_;
-    return result;
+  for (int retry = 1;; ++retry) {
+    const uint64_t at_least = std::min(shortfall.still_needed, shortfall.need);
+    const uint64_t wanted = at_least + NoSpaceMarginBytes(at_least);
+    uint64_t evicted_now = 0;
+    absl::StatusOr<uint64_t> freed;
+    std::string punch_error;
+    {
+      absl::MutexLock lock(&mu_);
+      freed = FreeDiskLocked(wanted, at_least, &evicted_now);
+      no_space_evictions_ += evicted_now;
+      punch_error = last_punch_error_;
+    }
+    evicted += evicted_now;
+    if (what.empty()) {
+      what = absl::StrCat("the file system was full (", result.status().message(), ")");
+    }
+    if (!freed.ok()) {
+      return WithMessage(freed.status(),
+                         absl::StrCat("Put of ", spec.model_id, ": ", what,
+                                      retry > 1 ? absl::StrCat(" (", evicted, " chunks evicted "
+                                                               "for it so far)")
+                                                : std::string(),
+                                      "; giving back room for a retry failed: ",
+                                      freed.status().message()));
+    }
+    if (*freed == 0) {
+      return WithMessage(
+          result.status(),
+          absl::StrCat("Put of ", spec.model_id, ": ", what, "; ",
+                       evicted_now == 0
+                           ? std::string("nothing could be evicted to make room (every chunk is "
+                                         "held by readers or Puts)")
+                           : absl::StrCat("evicted ", evicted_now,
+                                          " chunks, but their blocks could not be given back (",
+                                          punch_error, ")")));
+    }
+    logger_->Log(LogLevel::kWarning,
+                 absl::StrCat("Put of ", spec.model_id, ": ", what, "; it still needed ",
+                              at_least, " bytes: evicted ", evicted_now,
+                              " chunks and gave back ", *freed, " bytes; trying again (",
+                              retry, " of ", kNoSpaceRetries, ")"));
+    shortfall = PutShortfall{};
+    result = PutOnce(spec, tokens, kv, aux, &shortfall);
+    if (result.ok()) {
+      result->chunks_evicted += evicted;
+      absl::MutexLock lock(&mu_);
+      ++no_space_recovered_;
+      return result;
+    }
+    // A file system may give freed blocks out again later than it said it freed them (ext4
+    // hands out blocks punched in a journal transaction once it commits): a retry that finds
+    // less room than was made evicts again for what it still needs, a few times at most.
+    if (!IsNoSpace(result.status()) || shortfall.need == 0 || retry == kNoSpaceRetries) break;
   }
   return WithMessage(result.status(),
                      absl::StrCat(result.status().message(), " (after ", what, " and ", evicted,
@@ -169,10 +203,13 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
 absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
                                               std::span<const int32_t> tokens,
                                               const KvTensors& kv, const AuxRecords* aux,
-                                              uint64_t* need) {
+                                              PutShortfall* shortfall) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
   CKV_RETURN_IF_ERROR(ValidateAux(aux));
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
+  // The file system's size, asked before the lock (a statvfs): a Put that could never fit it is
+  // refused before anything is evicted for it. Not every file system can say.
+  if (absl::StatusOr<FileSystemSpace> space = fs_->Space(path_); space.ok()) put.space = *space;
   put.fp = spec.Fingerprint();
   put.keys = ChainChunkKeys(put.fp, spec.chunk_tokens, tokens);
   put.n = put.keys.size();
@@ -186,7 +223,8 @@ absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
     absl::MutexLock lock(&mu_);
     bool all_stored = false;
     const absl::Status reserved = ReservePutLocked(put, &all_stored);
-    *need = (put.n - put.m) * put.chunk_bytes;
+    shortfall->need = (put.n - put.m) * put.chunk_bytes;
+    shortfall->still_needed = shortfall->need;
     CKV_RETURN_IF_ERROR(reserved);
     if (all_stored) return put.result;
   }
@@ -194,7 +232,8 @@ absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
   std::vector<std::vector<uint64_t>> checksums(
       put.n - put.m, std::vector<uint64_t>(spec.layers + put.aux_bytes.size()));
   uint64_t bytes_written = 0;
-  const absl::Status written = WritePut(put, kv, aux, &checksums, &bytes_written);
+  const absl::Status written =
+      WritePut(put, kv, aux, &checksums, &bytes_written, &shortfall->still_needed);
   // Step 3: name them in the catalog, then publish them (or free the slots).
   absl::MutexLock lock(&mu_);
   return CommitPutLocked(put, written, checksums, bytes_written);
@@ -245,6 +284,18 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
         "Put of ", n - m, " new chunks (", need, " bytes) of ", put.spec.model_id,
         " exceeds the store's max_disk_bytes of ", max_disk_bytes_, " (", DataCapLocked(),
         " bytes of data after the file system's metadata allowance)"));
+  }
+  if (put.space.has_value() && need > put.space->available_bytes + used_bytes_) {
+    // More than the file system could ever give the store, even with every chunk evicted: the
+    // store is not emptied for a Put that fails anyway.
+    const FileSystemSpace& fs = *put.space;
+    const uint64_t others =
+        fs.total_bytes - std::min(fs.total_bytes, fs.available_bytes + used_bytes_);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Put of ", n - m, " new chunks (", need, " bytes) of ", put.spec.model_id,
+        " can never fit the file system holding ", path_, ": it is ", fs.total_bytes,
+        " bytes, of which ", others, " are not the store's (", fs.available_bytes,
+        " free, ", used_bytes_, " held by the store); nothing was evicted"));
   }
   for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
   if (m > 0) put_pins_[keys[m - 1]]++;
@@ -325,7 +376,7 @@ absl::Status ChunkStore::CommitStoredPrefixLocked(PendingPut& put) {
 absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
                                   const AuxRecords* aux,
                                   std::vector<std::vector<uint64_t>>* checksums,
-                                  uint64_t* bytes_written) {
+                                  uint64_t* bytes_written, uint64_t* still_needed) {
   const std::vector<uint32_t>& aux_bytes = put.aux_bytes;
   const size_t m = put.m;
   const size_t new_chunks = put.n - put.m;
@@ -351,7 +402,8 @@ absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
 
   // Write the records, then make them durable.
   absl::Status s =
-      WriteChunks(put.spec, kv, m, put.plan, aux_data, aux_ready, checksums, bytes_written);
+      WriteChunks(put.spec, kv, m, put.plan, aux_data, aux_ready, checksums, bytes_written,
+                  still_needed);
   if (s.ok()) {
     std::vector<Segment*> synced;
     for (const PlannedRun& r : put.plan) {
@@ -678,16 +730,25 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
                                      const std::vector<std::vector<std::byte>>& aux_data,
                                      const std::function<void()>& aux_ready,
                                      std::vector<std::vector<uint64_t>>* checksums,
-                                     uint64_t* bytes_written) {
+                                     uint64_t* bytes_written, uint64_t* still_needed) {
   // Reserve the blocks first: one fallocate per band run instead of block-by-block allocation
-  // under each direct write, and a full disk is found before any data moves.
+  // under each direct write, and a full disk is found before any data moves. When it is full,
+  // the blocks not yet reserved are what the Put still needs (PutTimed makes that much room).
+  uint64_t new_bytes = 0;
+  for (const PlannedRun& r : plan) {
+    if (!r.kept) new_bytes += r.run.count * r.segment->chunk_bytes();
+  }
+  uint64_t allocated = 0;
   for (const PlannedRun& r : plan) {
     if (r.kept) continue;  // written over: its blocks are allocated already
     for (uint32_t band = 0; band < r.segment->bands(); ++band) {
+      const uint64_t length = r.run.count * r.segment->band_slot_bytes(band);
       absl::Status s = r.segment->file()->Allocate(r.segment->BandOffset(band, r.run.start),
-                                                   r.run.count * r.segment->band_slot_bytes(band));
+                                                   length);
       if (absl::IsUnimplemented(s)) break;  // the writes allocate instead
+      if (!s.ok() && IsNoSpace(s)) *still_needed = new_bytes - std::min(new_bytes, allocated);
       CKV_RETURN_IF_ERROR(s);
+      allocated += length;
     }
   }
   // The staging buffers and the queue are the lane's: this Put streams through them, whatever

@@ -85,6 +85,11 @@ class CatalogFaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
   rocksdb::IOStatus Appending(size_t bytes, uint64_t offset, Fn fn) {
     absl::Status s = fs_->CrashPoint(absl::StrCat("catalog append ", path_));
     if (!s.ok()) return ToIo(s);
+    if (fs_->CatalogNoSpace(path_, bytes)) {
+      return rocksdb::IOStatus::NoSpace(
+          absl::StrCat("append ", bytes, " bytes to ", path_, ": No space left on device "
+                       "(injected)"));
+    }
     const uint64_t before =
         offset != UINT64_MAX ? offset : target()->GetFileSize(rocksdb::IOOptions(), nullptr);
     rocksdb::IOStatus io = fn();

@@ -458,6 +458,17 @@ void FaultInjectingFileSystem::ResetCounters() {
   injected_.fill(0);
 }
 
+bool FaultInjectingFileSystem::CatalogNoSpace(const std::string& path, size_t length) {
+  {
+    absl::MutexLock lock(&mu_);
+    const auto rule = std::find_if(rules_.begin(), rules_.end(), [&](const FaultRule& r) {
+      return path.find(r.path_substring) != std::string::npos && (!r.applies || r.applies());
+    });
+    if (rule == rules_.end() || !rule->catalog_writes || rule->write_enospc <= 0) return false;
+  }
+  return Decide(path, OpType::kAllocate, length, 1).fault == FaultKind::kWriteEnospc;
+}
+
 FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::string& path,
                                                                     OpType type, size_t length,
                                                                     size_t granule) {
@@ -466,7 +477,7 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
   {
     absl::MutexLock lock(&mu_);
     const auto rule = std::find_if(rules_.begin(), rules_.end(), [&](const FaultRule& r) {
-      return path.find(r.path_substring) != std::string::npos;
+      return path.find(r.path_substring) != std::string::npos && (!r.applies || r.applies());
     });
     if (rule == rules_.end()) return d;
     // One draw per configured probability, so that a rule's faults do not shift the draws of
@@ -563,6 +574,19 @@ absl::Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
 }
 
 bool FaultInjectingFileSystem::Exists(const std::string& path) { return target_->Exists(path); }
+
+absl::StatusOr<FileSystemSpace> FaultInjectingFileSystem::Space(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (space_.has_value()) return *space_;
+  }
+  return target_->Space(path);
+}
+
+void FaultInjectingFileSystem::SetSpace(std::optional<FileSystemSpace> space) {
+  absl::MutexLock lock(&mu_);
+  space_ = space;
+}
 
 absl::StatusOr<std::unique_ptr<IoQueue>> FaultInjectingFileSystem::NewIoQueue(uint32_t depth) {
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> inner, target_->NewIoQueue(depth));

@@ -138,6 +138,14 @@ struct FaultRule {
   bool torn_write_reports_ok = false;
   // Added to every op on covered files through the sleeper, microseconds. Default: 0.
   uint64_t latency_us = 0;
+  // write_enospc also fails the catalog's appends (RocksDB's WAL, MANIFEST, OPTIONS and SST
+  // files, as NoSpace) under the rule's path_substring: a full disk the catalog shares.
+  // Default: false (the catalog is left alone).
+  bool catalog_writes = false;
+  // When set, the rule covers its files only while this returns true (a disk that stays full
+  // until something frees space on it); called under the file system's lock, so it must not
+  // call back into this file system. Default: empty (always).
+  std::function<bool()> applies = nullptr;
 };
 
 class FaultInjectingFileSystem final : public FileSystem {
@@ -250,6 +258,11 @@ class FaultInjectingFileSystem final : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   bool Exists(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) override;
+  // The target's answer, or the size a test stated (SetSpace).
+  absl::StatusOr<FileSystemSpace> Space(const std::string& path) override;
+  // States the size Space reports from now on (a small disk around faults that make it full);
+  // std::nullopt goes back to the target's answer.
+  void SetSpace(std::optional<FileSystemSpace> space);
 
  private:
   friend class FaultFile;
@@ -267,6 +280,9 @@ class FaultInjectingFileSystem final : public FileSystem {
     bool torn_write_reports_ok = false;
   };
   enum class OpType : uint8_t { kRead, kWrite, kSync, kPunchHole, kAllocate };
+  // Whether a catalog append to `path` fails for a full disk (a rule with catalog_writes whose
+  // write_enospc hits); counted as kWriteEnospc.
+  bool CatalogNoSpace(const std::string& path, size_t length);
   // Draws the faults of an op on `path` and counts them; `length` and `granule` (the unit of X)
   // matter for reads and writes. Then calls the sleeper for the latency.
   Decision Decide(const std::string& path, OpType type, size_t length, size_t granule);
@@ -330,6 +346,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   uint64_t write_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
+  std::optional<FileSystemSpace> space_ ABSL_GUARDED_BY(mu_);  // SetSpace
   Sleeper sleeper_ ABSL_GUARDED_BY(mu_);
   OpHook op_hook_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, QueueFaults> queue_faults_ ABSL_GUARDED_BY(mu_);

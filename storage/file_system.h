@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "ckv/io_backend.h"
 
@@ -207,6 +208,13 @@ absl::StatusOr<std::unique_ptr<IoQueue>> NewThreadIoQueue(uint32_t depth);
 // Largest depth a queue accepts.
 inline constexpr uint32_t kMaxIoQueueDepth = 4096;
 
+// The size of the file system that holds a path (statvfs), so that a store can tell a write that
+// can never fit from one that needs room made first.
+struct FileSystemSpace {
+  uint64_t total_bytes = 0;      // the file system's size: f_blocks * f_frsize
+  uint64_t available_bytes = 0;  // what this process may still allocate: f_bavail * f_frsize
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -224,6 +232,12 @@ class FileSystem {
   // fsync of a directory, so that a created or deleted entry is durable.
   virtual absl::Status SyncDir(const std::string& path) = 0;
   virtual bool Exists(const std::string& path) = 0;
+  // The size of the file system holding `path` and what is still free on it. Unimplemented when
+  // this file system cannot say (the default; a MemFileSystem without a capacity).
+  virtual absl::StatusOr<FileSystemSpace> Space(const std::string& path) {
+    return absl::UnimplementedError(
+        absl::StrCat("the file system holding ", path, " does not state its size"));
+  }
 
   // A queue with up to `depth` operations in flight.
   virtual absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) = 0;

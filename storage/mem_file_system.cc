@@ -3,6 +3,8 @@
 #include "storage/mem_file_system.h"
 
 #include <algorithm>
+#include <atomic>
+#include <iterator>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -16,7 +18,24 @@ namespace ckv::storage {
 
 // A sparse file: its logical size, and the 4096-byte blocks that hold storage. A block that was
 // allocated but never written holds no memory (nullptr) and reads as zeros, as does a hole.
+struct MemFileSystem::Usage {
+  explicit Usage(uint64_t capacity_blocks) : capacity_blocks(capacity_blocks) {}
+  const uint64_t capacity_blocks;  // 0: no bound
+  std::atomic<uint64_t> blocks{0};
+  // Takes `n` more blocks; false (nothing taken) when that passes the capacity.
+  bool Take(uint64_t n) {
+    const uint64_t before = blocks.fetch_add(n, std::memory_order_relaxed);
+    if (capacity_blocks == 0 || before + n <= capacity_blocks) return true;
+    blocks.fetch_sub(n, std::memory_order_relaxed);
+    return false;
+  }
+  void Give(uint64_t n) { blocks.fetch_sub(n, std::memory_order_relaxed); }
+};
+
 struct MemFileSystem::Node {
+  explicit Node(std::shared_ptr<Usage> usage) : usage(std::move(usage)) {}
+  ~Node() { usage->Give(blocks.size()); }
+  const std::shared_ptr<Usage> usage;
   absl::Mutex mu;
   uint64_t size ABSL_GUARDED_BY(mu) = 0;
   std::map<uint64_t, std::unique_ptr<std::byte[]>> blocks ABSL_GUARDED_BY(mu);
@@ -77,6 +96,7 @@ class MemFile final : public File {
   absl::Status WriteAt(uint64_t offset, std::span<const std::byte> data) override {
     CKV_RETURN_IF_ERROR(CheckAligned("write ", offset, data.data(), data.size()));
     absl::MutexLock lock(&node_->mu);
+    CKV_RETURN_IF_ERROR(TakeBlocksLocked("write ", offset, data.size()));
     for (size_t done = 0; done < data.size(); done += kBlock) {
       std::unique_ptr<std::byte[]>& block = node_->blocks[(offset + done) / kBlock];
       if (block == nullptr) block = std::make_unique<std::byte[]>(kBlock);
@@ -95,7 +115,7 @@ class MemFile final : public File {
     // Whole blocks are freed; the partial ones at either end are zeroed over the range and kept.
     const uint64_t first = (offset + kBlock - 1) / kBlock, last = end / kBlock;
     if (first < last) {
-      node_->blocks.erase(node_->blocks.lower_bound(first), node_->blocks.lower_bound(last));
+      EraseLocked(node_->blocks.lower_bound(first), node_->blocks.lower_bound(last));
     }
     ZeroLocked(offset, std::min(end, first * kBlock));
     ZeroLocked(std::max(offset, last * kBlock), end);
@@ -105,6 +125,7 @@ class MemFile final : public File {
   absl::Status Allocate(uint64_t offset, uint64_t length) override {
     if (length == 0) return absl::OkStatus();
     absl::MutexLock lock(&node_->mu);
+    CKV_RETURN_IF_ERROR(TakeBlocksLocked("allocate ", offset, length));
     const uint64_t end = (offset + length + kBlock - 1) / kBlock;
     for (uint64_t b = offset / kBlock; b < end; ++b) node_->blocks.try_emplace(b, nullptr);
     node_->size = std::max(node_->size, offset + length);
@@ -114,8 +135,7 @@ class MemFile final : public File {
   absl::Status Truncate(uint64_t size) override {
     absl::MutexLock lock(&node_->mu);
     // What lies past the new end is gone: a later extension reads zeros there.
-    node_->blocks.erase(node_->blocks.lower_bound((size + kBlock - 1) / kBlock),
-                        node_->blocks.end());
+    EraseLocked(node_->blocks.lower_bound((size + kBlock - 1) / kBlock), node_->blocks.end());
     ZeroLocked(size, (size + kBlock - 1) / kBlock * kBlock);
     node_->size = size;
     return absl::OkStatus();
@@ -144,6 +164,23 @@ class MemFile final : public File {
                      " bytes needs buffer, offset and length aligned to ", kBlock));
   }
 
+  // Counts the blocks of [offset, offset + length) the file does not hold yet against the
+  // capacity: ENOSPC, nothing taken, when they do not fit. The caller then adds them all.
+  absl::Status TakeBlocksLocked(const char* what, uint64_t offset, uint64_t length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_->mu) {
+    uint64_t missing = 0;
+    const uint64_t end = (offset + length + kBlock - 1) / kBlock;
+    for (uint64_t b = offset / kBlock; b < end; ++b) missing += !node_->blocks.contains(b);
+    if (node_->usage->Take(missing)) return absl::OkStatus();
+    return ErrnoToStatus(ENOSPC, absl::StrCat(what, path_, " at offset ", offset, " (",
+                                              length, " bytes)"));
+  }
+  using BlockIt = std::map<uint64_t, std::unique_ptr<std::byte[]>>::iterator;
+  void EraseLocked(BlockIt first, BlockIt last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_->mu) {
+    node_->usage->Give(static_cast<uint64_t>(std::distance(first, last)));
+    node_->blocks.erase(first, last);
+  }
+
   // Zeros [begin, end), which lies within one block, where that block holds memory.
   void ZeroLocked(uint64_t begin, uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_->mu) {
     if (begin >= end) return;
@@ -159,7 +196,8 @@ class MemFile final : public File {
 
 }  // namespace
 
-MemFileSystem::MemFileSystem() : dirs_{"/", "."} {}
+MemFileSystem::MemFileSystem(uint64_t capacity_bytes)
+    : usage_(std::make_shared<Usage>(capacity_bytes / kBlock)), dirs_{"/", "."} {}
 MemFileSystem::~MemFileSystem() = default;
 
 bool MemFileSystem::IsDirLocked(const std::string& path) const { return dirs_.contains(path); }
@@ -174,7 +212,7 @@ absl::StatusOr<std::unique_ptr<File>> MemFileSystem::Open(const std::string& raw
     if (mode != OpenMode::kCreateReadWrite || !IsDirLocked(ParentOf(path))) {
       return ErrnoToStatus(ENOENT, absl::StrCat("open ", raw));
     }
-    it = files_.emplace(path, std::make_shared<Node>()).first;
+    it = files_.emplace(path, std::make_shared<Node>(usage_)).first;
   }
   return std::make_unique<MemFile>(raw, it->second);
 }
@@ -251,6 +289,22 @@ absl::StatusOr<std::unique_ptr<IoQueue>> MemFileSystem::NewIoQueue(uint32_t dept
         absl::StrCat("I/O queue depth ", depth, " is outside 1..", kMaxIoQueueDepth));
   }
   return NewThreadIoQueue(depth);
+}
+
+absl::StatusOr<FileSystemSpace> MemFileSystem::Space(const std::string& path) {
+  if (usage_->capacity_blocks == 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("the in-memory file system holding ", path, " has no capacity"));
+  }
+  if (!Exists(path)) return ErrnoToStatus(ENOENT, absl::StrCat("statvfs ", path));
+  const uint64_t used = std::min(usage_->blocks.load(std::memory_order_relaxed),
+                                 usage_->capacity_blocks);
+  return FileSystemSpace{usage_->capacity_blocks * kBlock,
+                         (usage_->capacity_blocks - used) * kBlock};
+}
+
+uint64_t MemFileSystem::used_bytes() const {
+  return usage_->blocks.load(std::memory_order_relaxed) * kBlock;
 }
 
 }  // namespace ckv::storage

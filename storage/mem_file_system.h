@@ -39,8 +39,9 @@ class MemFileSystem final : public FileSystem {
   // One file's bytes and allocated blocks, shared by the Files open on it.
   struct Node;
 
-  // "/" exists from the start.
-  MemFileSystem();
+  // "/" exists from the start. `capacity_bytes`: the blocks its files may hold (rounded down to
+  // 4096-byte blocks); 0 = no bound.
+  explicit MemFileSystem(uint64_t capacity_bytes = 0);
   ~MemFileSystem() override;
 
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) override;
@@ -50,6 +51,13 @@ class MemFileSystem final : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   bool Exists(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) override;
+  // {capacity, capacity less the blocks held}; Unimplemented without a capacity.
+  absl::StatusOr<FileSystemSpace> Space(const std::string& path) override;
+  // Bytes of blocks its files hold now.
+  uint64_t used_bytes() const;
+
+  // The blocks every file holds, shared with the files (which may outlive a deletion).
+  struct Usage;
 
   // `path` and every missing directory above it (mkdir -p). Absolute paths only.
   absl::Status CreateDirs(const std::string& path);
@@ -57,6 +65,7 @@ class MemFileSystem final : public FileSystem {
  private:
   bool IsDirLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const std::shared_ptr<Usage> usage_;
   absl::Mutex mu_;
   std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Node>> files_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -302,6 +303,15 @@ class PosixFileSystemImpl final : public FileSystem {
   bool Exists(const std::string& path) override {
     struct stat st {};
     return ::stat(path.c_str(), &st) == 0;
+  }
+
+  absl::StatusOr<FileSystemSpace> Space(const std::string& path) override {
+    struct statvfs fs {};
+    if (::statvfs(path.c_str(), &fs) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("statvfs ", path));
+    }
+    return FileSystemSpace{uint64_t{fs.f_blocks} * fs.f_frsize,
+                           uint64_t{fs.f_bavail} * fs.f_frsize};
   }
 
   absl::StatusOr<std::unique_ptr<IoQueue>> NewIoQueue(uint32_t depth) override {

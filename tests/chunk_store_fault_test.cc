@@ -7,10 +7,13 @@
 #include <cerrno>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
 #include "gmock/gmock.h"
+#include "engine/internal.h"
 #include "storage/fault_file_system.h"
+#include "storage/mem_file_system.h"
 #include "tests/test_util.h"
 
 namespace ckv {
@@ -83,10 +86,11 @@ TEST_F(StoreFaultTest, WriteEioFailsThePutAndLeavesNothing) {
   ExpectPutFailsCleanly(rule, absl::StatusCode::kInternal);
 }
 
-TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutAfterEvictingOnceAndLeavesNothingOfIt) {
-  // Every segment write fails with ENOSPC: the Put gives back room (evicting every chunk it can,
-  // as it needed more than the store held), tries once more, fails again, and says so. The store
-  // is consistent: nothing of the Put, and the evicted chunks gone from disk as from the index.
+TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutWithoutEvictingWhatCannotMakeRoom) {
+  // Regression (issue 32, item 4): every segment write and allocation fails with ENOSPC. The Put
+  // needs 8 chunks' room and the store holds 4: evicting them all could not make that room, so
+  // nothing is evicted (it used to empty the store, then fail). The failure says why, and the
+  // store is as it was.
   FaultRule rule;
   rule.path_substring = "seg-";
   rule.write_enospc = 1;
@@ -97,17 +101,18 @@ TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutAfterEvictingOnceAndLeavesNo
   ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
   EXPECT_THAT(std::string(put.status().message()),
               ::testing::AllOf(::testing::HasSubstr("No space left on device"),
-                               ::testing::HasSubstr("4 chunks were evicted to make room")));
-  EXPECT_TRUE(IsNoSpace(put.status())) << put.status();
+                               ::testing::HasSubstr(absl::StrCat(
+                                   "it still needs ", 8 * ChunkDiskBytes(spec_), " bytes")),
+                               ::testing::HasSubstr("nothing was evicted")));
   const EngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.no_space_puts, 1u);
   EXPECT_EQ(stats.no_space_recovered, 0u);
-  EXPECT_EQ(stats.no_space_evictions, 4u);
-  EXPECT_EQ(stats.chunks, 0u);
-  EXPECT_EQ(stats.disk_bytes_used, 0u);
-  EXPECT_EQ(SegmentBlocksBytes(dir_.path()), 0u);
+  EXPECT_EQ(stats.no_space_evictions, 0u);
+  EXPECT_EQ(stats.chunks, 4u);
+  EXPECT_EQ(stats.disk_bytes_used, 4 * ChunkDiskBytes(spec_));
+  EXPECT_EQ(SegmentBlocksBytes(dir_.path()), base_blocks_);
   EXPECT_EQ(*engine_->Lookup(spec_, tokens), 0u);
-  EXPECT_EQ(*engine_->Lookup(spec_, base_), 0u);
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, base_, 4), 0);
   auto report = engine_->Verify();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->ok());
@@ -118,8 +123,11 @@ TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutAfterEvictingOnceAndLeavesNo
 
 TEST_F(StoreFaultTest, AFileSystemFullBelowTheCapEvictsInEvictionOrderAndTheRetryStores) {
   // The file system fills below the cap (the first segment write of the Put fails with ENOSPC,
-  // as a disk shared with something else would): the store evicts what the Put needs, in its
-  // eviction order (least recently used leaves first), and the one retry stores the prefix.
+  // as a disk shared with something else would): the store evicts what the Put needs (its 8
+  // chunks, all of them: the failure came after the block reservation, which therefore reserved
+  // nothing for sure) and the margin for the file system's and the catalog's blocks (one chunk
+  // more), in its eviction order (least recently used leaves first), and the one retry stores
+  // the prefix.
   const auto older = synth::Tokens(5, 12 * spec_.chunk_tokens);
   ASSERT_TRUE(PutSynthetic(*engine_, spec_, older).ok());
   ASSERT_EQ(*engine_->Lookup(spec_, base_), 4u);  // base_ is used again: `older` is the LRU now
@@ -136,19 +144,19 @@ TEST_F(StoreFaultTest, AFileSystemFullBelowTheCapEvictsInEvictionOrderAndTheRetr
   fs_.SetOpHook(nullptr);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->chunks_written, 8u);
-  EXPECT_EQ(put->chunks_evicted, 8u);
+  EXPECT_EQ(put->chunks_evicted, 9u);
   const EngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.no_space_puts, 1u);
   EXPECT_EQ(stats.no_space_recovered, 1u);
-  EXPECT_EQ(stats.no_space_evictions, 8u);
+  EXPECT_EQ(stats.no_space_evictions, 9u);
   const std::string metrics = engine_->Metrics();
   EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_puts_total 1\n"));
   EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_recovered_total 1\n"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_evictions_total 8\n"));
-  EXPECT_EQ(stats.chunks, 4u + 12u);
-  EXPECT_EQ(stats.disk_bytes_used, 16 * ChunkDiskBytes(spec_));
-  // The last 8 chunks of `older` (its leaves, one after another) went; base_ stayed.
-  EXPECT_EQ(*engine_->Lookup(spec_, older), 4u);
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\nckv_no_space_evictions_total 9\n"));
+  EXPECT_EQ(stats.chunks, 4u + 3u + 8u);
+  EXPECT_EQ(stats.disk_bytes_used, 15 * ChunkDiskBytes(spec_));
+  // The last 9 chunks of `older` (its leaves, one after another) went; base_ stayed.
+  EXPECT_EQ(*engine_->Lookup(spec_, older), 3u);
   EXPECT_EQ(*engine_->Lookup(spec_, base_), 4u);
   EXPECT_EQ(*engine_->Lookup(spec_, tokens), 8u);
   EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);
@@ -273,6 +281,186 @@ TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
   auto report = (*engine)->Verify();
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->ok());
+}
+
+// A store without a cap on a small disk of its own: an in-memory file system of 8 MiB (it says
+// ENOSPC as a full disk does, and states its size as statvfs would), behind the fault-injecting
+// one. Nothing here depends on the machine's disks, so these tests cannot skip.
+class SmallDiskTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kDiskBytes = 8ull << 20;
+
+  void SetUp() override {
+    spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
+    ASSERT_TRUE(mem_.CreateDirs(dir_.path()).ok());
+    auto engine = engine::OpenWithSeams(EngineOptions{}, dir_.path(), {.file_system = &fs_});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+
+  // Puts prefixes of 4 chunks (seeds from 100) until the next would not fit the disk; returns
+  // their tokens.
+  std::vector<std::vector<int32_t>> FillDisk() {
+    std::vector<std::vector<int32_t>> prefixes;
+    while (mem_.used_bytes() + 5 * ChunkDiskBytes(spec_) <= kDiskBytes) {
+      prefixes.push_back(synth::Tokens(100 + prefixes.size(), 4 * spec_.chunk_tokens));
+      auto put = PutSynthetic(*engine_, spec_, prefixes.back());
+      EXPECT_TRUE(put.ok()) << put.status();
+      if (!put.ok()) break;
+    }
+    return prefixes;
+  }
+
+  TempDir dir_;
+  storage::MemFileSystem mem_{kDiskBytes};
+  FaultInjectingFileSystem fs_{&mem_, /*seed=*/11};
+  ModelSpec spec_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(SmallDiskTest, APutLargerThanTheDiskIsRefusedBeforeAnythingIsEvicted) {
+  // Regression (issue 32, item 4): a Put larger than the file system could ever hold used to
+  // evict every chunk on ENOSPC, then fail. It is refused up front, naming its bytes and the
+  // disk's size, and every earlier chunk stays readable.
+  const auto prefixes = FillDisk();
+  ASSERT_GE(prefixes.size(), 5u);
+  const uint64_t chunks_before = engine_->Stats().chunks;
+  const uint64_t big_chunks = kDiskBytes / ChunkDiskBytes(spec_) + 8;  // more than the disk
+  const auto big = synth::Tokens(7, big_chunks * spec_.chunk_tokens);
+  auto put = PutSynthetic(*engine_, spec_, big);
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  EXPECT_FALSE(IsNoSpace(put.status())) << "refused by size, not by a full disk";
+  EXPECT_THAT(std::string(put.status().message()),
+              ::testing::AllOf(
+                  ::testing::HasSubstr(absl::StrCat(big_chunks, " new chunks (",
+                                                    big_chunks * ChunkDiskBytes(spec_),
+                                                    " bytes)")),
+                  ::testing::HasSubstr(absl::StrCat("can never fit the file system holding ",
+                                                    dir_.path(), ": it is ", kDiskBytes,
+                                                    " bytes")),
+                  ::testing::HasSubstr("nothing was evicted")));
+  const EngineStats stats = engine_->Stats();
+  EXPECT_EQ(stats.chunks_evicted, 0u);
+  EXPECT_EQ(stats.no_space_evictions, 0u);
+  EXPECT_EQ(stats.chunks, chunks_before);
+  for (const auto& tokens : prefixes) {
+    EXPECT_EQ(*engine_->Lookup(spec_, tokens), 4u);
+    EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 4), 0);
+  }
+  EXPECT_EQ(*engine_->Lookup(spec_, big), 0u);
+  // Where the file system states a larger size (the wrapper's SetSpace), the store goes by it:
+  // the same Put now meets the full disk, and the ENOSPC retry still evicts nothing, as
+  // eviction could not make the room.
+  fs_.SetSpace(storage::FileSystemSpace{64ull << 20, 60ull << 20});
+  put = PutSynthetic(*engine_, spec_, big);
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  EXPECT_THAT(std::string(put.status().message()),
+              ::testing::AllOf(::testing::Not(::testing::HasSubstr("can never fit")),
+                               ::testing::HasSubstr("nothing was evicted")));
+  EXPECT_EQ(engine_->Stats().chunks, chunks_before);
+  EXPECT_EQ(engine_->Stats().no_space_evictions, 0u);
+}
+
+TEST_F(SmallDiskTest, AnEnospcMidPutEvictsAboutWhatThePutStillNeedsNotEverything) {
+  // Regression (issue 32, item 4): the disk fills part way through a Put's block reservation.
+  // The retry evicts about the bytes the Put still had to place (plus a small margin), not the
+  // Put's whole size, and certainly not the store.
+  const auto prefixes = FillDisk();
+  ASSERT_GE(prefixes.size(), 5u);
+  const uint64_t chunk = ChunkDiskBytes(spec_);
+  const uint64_t free_before = kDiskBytes - mem_.used_bytes();
+  const uint64_t new_chunks = 12;
+  ASSERT_GT(new_chunks * chunk, free_before + 4 * chunk) << "the Put must not fit as it is";
+  const uint64_t short_by = new_chunks * chunk - free_before;
+  const auto tokens = synth::Tokens(9, new_chunks * spec_.chunk_tokens);
+  auto put = PutSynthetic(*engine_, spec_, tokens);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->chunks_written, new_chunks);
+  const EngineStats stats = engine_->Stats();
+  EXPECT_EQ(stats.no_space_puts, 1u);
+  EXPECT_EQ(stats.no_space_recovered, 1u);
+  // What the Put was short of, in whole chunks, and at most the margin's chunk and a segment's
+  // blocks more: never the Put's whole size (which the store used to evict).
+  const uint64_t short_chunks = (short_by + chunk - 1) / chunk;
+  EXPECT_GE(stats.no_space_evictions, short_chunks);
+  EXPECT_LE(stats.no_space_evictions, short_chunks + 2);
+  EXPECT_LT(stats.no_space_evictions, new_chunks);
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, new_chunks), 0);
+  // The most recent prefixes were not touched: eviction took the least recently used.
+  EXPECT_EQ(*engine_->Lookup(spec_, prefixes.back()), 4u);
+  auto report = engine_->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
+}
+
+// Regression (issue 32, item 6): on a file system with no byte free, the tools that would free
+// space (kvctl rm and gc) could not open the store: RocksDB writes files when it opens. They
+// first give back blocks without writing (engine::FreeSpaceToOpen), then open.
+class FullDiskOpenTest : public SmallDiskTest {
+ protected:
+  // Closes the engine, fills what is left of the disk with a file of someone else's, and makes
+  // the catalog's appends fail while less than 512 KiB is free (the catalog shares the disk).
+  void FillTheRestAndClose() {
+    engine_.reset();
+    auto filler = mem_.Open(dir_.path() + "/filler", storage::FileSystem::OpenMode::kCreateReadWrite);
+    ASSERT_TRUE(filler.ok()) << filler.status();
+    const uint64_t left = mem_.Space(dir_.path())->available_bytes;
+    ASSERT_TRUE((*filler)->Allocate(0, left).ok());
+    ASSERT_EQ(mem_.Space(dir_.path())->available_bytes, 0u);
+    fs_.AddRule({.write_enospc = 1,
+                 .catalog_writes = true,
+                 .applies = [this] {
+                   return mem_.Space(dir_.path())->available_bytes < (512u << 10);
+                 }});
+    options_.create_if_missing = false;
+    auto blocked = engine::OpenWithSeams(options_, dir_.path(), {.file_system = &fs_});
+    ASSERT_FALSE(blocked.ok()) << "a full disk must keep a plain open from writing";
+    ASSERT_TRUE(IsNoSpace(blocked.status())) << blocked.status();
+  }
+  EngineOptions options_;
+};
+
+TEST_F(FullDiskOpenTest, RmFreesThePrefixsBlocksBeforeOpeningThenRemovesIt) {
+  const auto prefixes = FillDisk();
+  ASSERT_GE(prefixes.size(), 3u);
+  FillTheRestAndClose();
+  const ChunkKey victim =
+      ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, prefixes[0]).back();
+  auto freed = engine::FreeSpaceToOpen(options_, dir_.path(), std::span<const ChunkKey>(&victim, 1),
+                                       {.file_system = &fs_});
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GE(*freed, 4 * ChunkDiskBytes(spec_));
+  auto opened = engine::OpenWithSeams(options_, dir_.path(), {.file_system = &fs_});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE((*opened)->DeletePrefix(victim).ok());
+  EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[0]), 0u);
+  for (size_t i = 1; i < prefixes.size(); ++i) {
+    EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[i]), 4u);
+    EXPECT_EQ(CountBadRecords(**opened, spec_, prefixes[i], 4), 0);
+  }
+  auto report = (*opened)->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
+}
+
+TEST_F(FullDiskOpenTest, GcFreesTheBlocksOfFreeSlotsBeforeOpening) {
+  const auto prefixes = FillDisk();
+  ASSERT_GE(prefixes.size(), 3u);
+  // A removal whose punches failed: its slots are free but still hold their blocks.
+  fs_.AddRule({.path_substring = "seg-", .punch_hole_fail = 1});
+  ASSERT_TRUE(engine_->Delete(spec_, prefixes[0]).ok());
+  fs_.ClearRules();
+  FillTheRestAndClose();
+  auto freed = engine::FreeSpaceToOpen(options_, dir_.path(), {}, {.file_system = &fs_});
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GE(*freed, 4 * ChunkDiskBytes(spec_));
+  auto opened = engine::OpenWithSeams(options_, dir_.path(), {.file_system = &fs_});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto gc = (*opened)->Gc();
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  for (size_t i = 1; i < prefixes.size(); ++i) {
+    EXPECT_EQ(CountBadRecords(**opened, spec_, prefixes[i], 4), 0);
+  }
 }
 
 }  // namespace

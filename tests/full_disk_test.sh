@@ -40,5 +40,28 @@ done
 # The newest prefix is whole: eviction took the least recently used first.
 last=$("$kvctl" ls "$store" --json)
 [[ "$last" =~ \"chunks\":128 ]] || fail "no whole prefix is left: $last"
+# A Put larger than the whole file system is refused before it evicts anything.
+before=$("$kvctl" ls "$store" --json)
+if "$kvctl" put "$store" --model qwen2.5-0.5b --tokens 16384 --seed 99 >"$tmp/big.log" 2>&1; then
+  fail "a 192 MiB Put into a 160 MiB file system succeeded: $(cat "$tmp/big.log")"
+fi
+grep -q "can never fit the file system" "$tmp/big.log" || fail "big Put: $(cat "$tmp/big.log")"
+[[ "$("$kvctl" ls "$store" --json)" == "$before" ]] || fail "the refused big Put changed the store"
+
+# The last resort works on a file system with no byte free: rm and gc open the store and free space.
+fallocate -l "$(( $(stat -f -c '%a' "$mnt") * $(stat -f -c '%S' "$mnt") ))" "$mnt/filler" 2>/dev/null || true
+dd if=/dev/zero of="$mnt/filler2" bs=4K status=none 2>/dev/null || true  # what fallocate left
+sync
+free_before=$(stat -f -c '%a' "$mnt")
+(( free_before * $(stat -f -c '%S' "$mnt") < 65536 )) || fail "could not fill the file system: $free_before blocks free"
+[[ "$before" =~ \"id\":\"([0-9a-f]+)\" ]] || fail "no prefix id in: $before"
+prefix=${BASH_REMATCH[1]}
+"$kvctl" rm "$store" "$prefix" >"$tmp/rm.log" 2>&1 || fail "rm on a full file system: $(cat "$tmp/rm.log")"
+"$kvctl" gc "$store" >"$tmp/gc.log" 2>&1 || fail "gc on a full file system: $(cat "$tmp/gc.log")"
+free_after=$(stat -f -c '%a' "$mnt")
+(( free_after > free_before )) || fail "rm and gc freed nothing: $free_before -> $free_after blocks free"
+rm -f "$mnt/filler" "$mnt/filler2"
+"$kvctl" verify "$store" >"$tmp/verify.log" 2>&1 || fail "verify after rm on a full disk: $(cat "$tmp/verify.log")"
 echo "full_disk_test: 14 Puts of 24 MiB into a 160 MiB file system under a 1 GiB cap all" \
-     "succeeded, evicting $evicted chunks on ENOSPC; verify clean"
+     "succeeded, evicting $evicted chunks on ENOSPC; verify clean; a 192 MiB Put was refused" \
+     "untouched; rm and gc freed $((free_after - free_before)) blocks on a full file system"

@@ -400,6 +400,52 @@ TEST(SessionLifeTest, APrefixDeletedMidSessionIsServedFromWhatTheSessionPinned) 
   EXPECT_EQ(*engine->Lookup(d.spec, d.tokens), 0u);
 }
 
+TEST(SessionLifeTest, CloseWithALiveSessionReleasesTheStoreAndEndsTheSession) {
+  // Regression (issue 32, item 6): an engine closed while a session (and one of its views)
+  // lives used to keep the store's lock, so a reopen said "open in another process". Close ends
+  // the session: the store reopens at once in this process, the session's later calls fail with
+  // FailedPrecondition, and it and its view may be destroyed afterwards.
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  auto session = engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->SubmitQueries(0, d.layers[0].q).ok());
+  auto view = (*session)->AwaitLayer(0);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(engine->Close().ok());
+  EXPECT_TRUE(engine->Close().ok()) << "idempotent";
+  auto reopened = Open(dir.path());  // the same process: the lock is free
+  ASSERT_NE(reopened, nullptr);
+  EXPECT_EQ(*reopened->Lookup(d.spec, d.tokens), d.chunks());
+  EXPECT_EQ((*session)->SubmitQueries(1, d.layers[1].q).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*session)->AwaitLayer(1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*session)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*session)->matched_chunks(), d.chunks());
+  EXPECT_EQ(engine->Lookup(d.spec, d.tokens).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(engine->ListPrefixes().empty());
+  view->Release();
+  session->reset();  // after Close: safe
+  engine.reset();
+  // The reopened engine is whole: a session over the same prefix serves every layer.
+  auto again = reopened->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*again)->SubmitQueries(l, d.layers[l].q).ok());
+    auto v = (*again)->AwaitLayer(l);
+    ASSERT_TRUE(v.ok()) << v.status();
+    for (const auto& r : v->records()) {
+      ASSERT_TRUE(ServedEquals(r, d.Record(l, r.chunk), d.spec.RecordBytes()));
+    }
+  }
+  EXPECT_TRUE((*again)->Finish().ok());
+}
+
 TEST(SessionLifeTest, ImportanceAndLoadsSurviveARestart) {
   const Planted& d = Data();
   TempDir dir;

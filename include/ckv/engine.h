@@ -70,7 +70,18 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnly(const EngineOptions& options,
                                                               const std::string& path);
 
+  // Destroying an engine closes it (Close).
   virtual ~Engine() = default;
+
+  // Closes the store now, even while Re-Prefill sessions or their views live: waits for the
+  // calls in progress (the engine's and its sessions'), ends every session (its reads are
+  // cancelled and its chunks unpinned; its later calls return FailedPrecondition, and it may be
+  // destroyed at any time after), and releases the store's lock, so that the store can be
+  // opened again at once, in this process or another. Later calls on the engine return
+  // FailedPrecondition (ListPrefixes an empty list, Stats zeros, Metrics ""). LayerViews may
+  // outlive Close, not the engine. Idempotent; OK. A read-only engine (OpenReadOnly) holds no
+  // lock: there it does nothing.
+  virtual absl::Status Close() { return absl::OkStatus(); }
 
   // A read-only engine (OpenReadOnly) takes a new view of the store: what the writer committed
   // since. It costs a reopen (the catalog's index is read again: about 0.8 s per million chunks

@@ -53,9 +53,10 @@ struct EngineStats {
   uint64_t free_kept_bytes = 0;
   uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
   // Puts that found the file system full (ENOSPC) below the cap, since Open: the store gave back
-  // room for each (free slots that still held blocks, then chunks evicted by score) and tried it
-  // once more. no_space_recovered counts those the retry stored; no_space_evictions the chunks
-  // evicted for them (also in chunks_evicted).
+  // room for each (free slots that still held blocks, then chunks evicted by score, for the bytes
+  // the Put still needed and a small margin) and tried it again, up to 3 times. no_space_recovered
+  // counts those a retry stored; no_space_evictions the chunks evicted for them (also in
+  // chunks_evicted).
   uint64_t no_space_puts = 0;
   uint64_t no_space_recovered = 0;
   uint64_t no_space_evictions = 0;

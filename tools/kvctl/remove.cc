@@ -1,14 +1,48 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl rm and gc: remove a stored prefix, and give back the space nothing uses.
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <span>
 
+#include "ckv/status.h"
+#include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
 
 namespace ckv::kvctl {
 namespace {
+
+// The last resort on a file system too full for the store to open (RocksDB writes files when it
+// opens): gives back blocks without writing (engine::FreeSpaceToOpen: the free slots', the
+// index snapshot's and, for rm, those of the chunks the removal frees), then opens again.
+// Free bytes below which rm and gc give back blocks before they open the store at all: RocksDB's
+// open may flush its WAL to a table (up to the catalog's 8 MiB write buffer), and its failure
+// paths on a full disk are not all clean (an assertion of librocksdb's fired in one here).
+constexpr uint64_t kNearlyFullBytes = 16ull << 20;
+
+bool NearlyFull(const std::string& store) {
+  struct statvfs fs {};
+  if (::statvfs(store.c_str(), &fs) != 0) return false;  // the open says what is wrong
+  return uint64_t{fs.f_bavail} * fs.f_frsize < kNearlyFullBytes;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> OpenToFree(const std::string& command,
+                                                   const std::string& store,
+                                                   std::span<const ChunkKey> delete_prefixes,
+                                                   absl::StatusOr<std::unique_ptr<Engine>> opened) {
+  if (opened.ok() || !IsNoSpace(opened.status())) return opened;
+  absl::StatusOr<uint64_t> freed = engine::FreeSpaceToOpen(EngineOptions{}, store, delete_prefixes);
+  if (!freed.ok()) return opened;  // the first error says what is wrong
+  std::fprintf(stderr,
+               "kvctl %s: the file system of %s is full (%s); gave back %s without writing, "
+               "opening it again\n",
+               command.c_str(), store.c_str(), std::string(opened.status().message()).c_str(),
+               FormatBytes(*freed).c_str());
+  return OpenExisting(store);
+}
 
 struct RmOptions {
   std::string store;
@@ -20,9 +54,23 @@ int RunRm(const RmOptions& o) {
   const std::string& store = o.store;
   std::string wanted = o.prefix;
   if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("rm", error);
-  auto engine = OpenExisting(store);
-  if (!engine.ok()) return StoreError("open " + store, engine.status());
+  const bool nearly_full = NearlyFull(store);
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      nearly_full ? absl::StatusOr<std::unique_ptr<Engine>>(NoSpaceError(
+                        "fewer than 16 MiB free on the file system of " + store))
+                  : OpenExisting(store);
   ChunkKey prefix_id;
+  if (!engine.ok() && IsNoSpace(engine.status())) {
+    // Which prefix, from a read-only view (it writes nothing), before giving back its blocks.
+    auto view = OpenToRead(store);
+    if (!view.ok()) return StoreError("open " + store, view.status());
+    if (const int code = FindPrefix(**view, "rm", store, wanted, &prefix_id); code != kExitOk) {
+      return code;
+    }
+    view->reset();
+    engine = OpenToFree("rm", store, std::span<const ChunkKey>(&prefix_id, 1), std::move(engine));
+  }
+  if (!engine.ok()) return StoreError("open " + store, engine.status());
   if (const int code = FindPrefix(**engine, "rm", store, wanted, &prefix_id); code != kExitOk) {
     return code;
   }
@@ -66,7 +114,11 @@ struct GcOptions {
 
 int RunGc(const GcOptions& o) {
   const std::string& store = o.store;
-  auto engine = OpenExisting(store);
+  auto engine = OpenToFree(
+      "gc", store, {},
+      NearlyFull(store) ? absl::StatusOr<std::unique_ptr<Engine>>(NoSpaceError(
+                              "fewer than 16 MiB free on the file system of " + store))
+                        : OpenExisting(store));
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   const EngineStats before = (*engine)->Stats();
   const auto start = Clock::now();
@@ -112,7 +164,9 @@ Command AddRm(CLI::App& kvctl) {
   CLI::App* cmd = kvctl.add_subcommand("rm", "Remove a stored prefix (Engine::DeletePrefix).");
   cmd->footer(
       "PREFIX as for 'kvctl export'. The prefix's chunks that no other stored prefix uses are\n"
-      "freed at once (their blocks are given back to the file system); shared ones stay.\n"
+      "freed at once (their blocks are given back to the file system); shared ones stay. On a\n"
+      "file system too full for the store to open, rm first gives back the blocks of those\n"
+      "chunks (and of free slots) without writing, then opens the store and removes them.\n"
       "Example: kvctl rm ./store 9f3c0a17b2d4e6f8");
   AddStoreArg(*cmd, &o->store);
   AddPrefixArg(*cmd, &o->prefix);
@@ -130,7 +184,8 @@ Command AddGc(CLI::App& kvctl) {
       "committed chunk names (orphaned space); Engine::Gc then gives back the blocks of free\n"
       "slots still allocated and deletes the segment files that hold no chunk. gc reports both;\n"
       "bytes_reclaimed is their sum. It does not move chunks: a segment with one live chunk keeps\n"
-      "its file.\n"
+      "its file. On a file system too full for the store to open, gc first gives back the blocks\n"
+      "of free slots and the index snapshot without writing, then opens it.\n"
       "Example: kvctl gc ./store");
   AddStoreArg(*cmd, &o->store);
   cli::AddJson(*cmd, &o->json);
