@@ -30,11 +30,12 @@ Logger* NullLogger();
 // Untrusted bytes made safe to print on a terminal or in a log line. Strings that come from
 // outside (a model id from an imported file, a host name or an error text sent by a cluster
 // node, a trace's fields) can hold escape sequences a terminal would obey: move the cursor,
-// retitle the window, hide what follows. Printable(s) is `s` with every byte below 0x20 and DEL
-// (0x7f) shown as a C escape (\n, \r, \t, others as \xNN): nothing a terminal acts on. Bytes of
-// 0x80 and above are kept, so UTF-8 text stays readable, and so is a backslash, so that
-// Printable(Printable(s)) == Printable(s): a message escaped once may pass through a logger that
-// escapes again. StderrLogger applies it to every message.
+// retitle the window, hide what follows. Printable(s) is `s` with every byte that is not part
+// of a printable UTF-8 character shown as a C escape (\n, \r, \t, others as \xNN): the C0
+// controls, DEL, the C1 controls U+0080..U+009F (which some terminals obey UTF-8 encoded) and
+// bytes that are not valid UTF-8 (which an 8-bit terminal may read as C1). Text, UTF-8 and
+// backslashes are kept, so that Printable(Printable(s)) == Printable(s): a message escaped once
+// may pass through a logger that escapes again. StderrLogger applies it to every message.
 std::string Printable(std::string_view s);
 // True when Printable(s) == s.
 bool IsPrintable(std::string_view s);
