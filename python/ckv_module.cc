@@ -402,7 +402,12 @@ struct PyEngine {
   // thread sees it half-reset; the engine closes without it.
   void Close() {
     std::shared_ptr<ckv::Engine> closing = std::move(engine);
-    WithoutGil([&closing] { closing.reset(); });
+    // Sessions hold the engine (a shared_ptr), so dropping this reference alone left the store
+    // open, and locked, while one lived. Engine::Close ends them and releases the store now.
+    WithoutGil([&closing] {
+      if (closing != nullptr) closing->Close().IgnoreError();  // always OK (ckv/engine.h)
+      closing.reset();
+    });
   }
 
   std::shared_ptr<ckv::Engine> Get() const {

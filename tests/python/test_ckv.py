@@ -133,6 +133,24 @@ class CkvTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
         self.assertIn("layers", str(cm.exception))
 
+    def test_close_with_a_live_session_releases_the_store(self):
+        # Regression: close() while a session lived kept the store locked, and opening it again
+        # said "open in another process".
+        n = 16 * 4
+        tokens = tokens_of(n)
+        k, v = make_kv(SPEC, n)
+        self.engine.put(SPEC, tokens, k, v)
+        s = self.engine.begin_reprefill(SPEC, tokens, budget_fraction=1.0)
+        self.engine.close()
+        again = ckv.Engine.open(self.path)
+        try:
+            self.assertEqual(again.lookup(SPEC, tokens), 4)
+            with self.assertRaises(ckv.FailedPreconditionError):
+                s.await_layer(0)
+        finally:
+            del s
+            again.close()
+
     def test_put_lookup_read_record(self):
         n = 16 * 5 + 7  # five whole chunks and a tail of 7
         tokens = tokens_of(n)
