@@ -528,6 +528,10 @@ class ChunkStore {
   // Puts extending a chunk (it must not be removed meanwhile), by chunk; absent = none.
   absl::flat_hash_map<ChunkKey, uint32_t> put_pins_ ABSL_GUARDED_BY(mu_);
   void PutUnpinLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases a Put's pin of keys[m - 1] (m > 0), or, when `s` says the file system was full,
+  // keeps it and sets put.pin_handed_over (PutTimed releases it once its retries are done).
+  void ReleaseOrHandOverPinLocked(PendingPut& put, const absl::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The parents named by chunks whose parent is not stored (ChunkEntry::kLostParent).
   absl::flat_hash_map<ChunkKey, ChunkKey> lost_parents_ ABSL_GUARDED_BY(mu_);
   // Counts the removals of chunks. A chunk stored again after a removal may sit in the same slot
@@ -742,9 +746,12 @@ class ChunkStore {
   // What one try of a Put needed: the bytes of the chunks it had to write (0 before it knew),
   // and of those, the ones it had found no room for when the file system said it was full (all
   // of them unless the block reservation got part of the way).
+  // A try that failed so (IsNoSpace) with stored leading chunks leaves the last of them pinned
+  // (put_pins_) and names it in `pinned`: the caller releases it (PutUnpinLocked).
   struct PutShortfall {
     uint64_t need = 0;
     uint64_t still_needed = 0;
+    std::optional<ChunkKey> pinned;
   };
   absl::StatusOr<PutResult> PutOnce(const ModelSpec& spec, std::span<const int32_t> tokens,
                                     const KvTensors& kv, const AuxRecords* aux,

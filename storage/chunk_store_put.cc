@@ -8,6 +8,7 @@
 #include <new>
 #include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
@@ -90,6 +91,9 @@ struct ChunkStore::PendingPut {
   std::vector<PlannedRun> plan;     // the slots of the new chunks
   std::optional<FileSystemSpace> space;  // the file system's size, where it states one
   PutResult result;
+  // Set when the Put failed for a full file system with keys[m - 1] pinned: the pin is not
+  // released but handed to PutTimed (PutShortfall::pinned), which keeps it across its retries.
+  bool pin_handed_over = false;
 };
 
 absl::Status ChunkStore::ValidateAux(const AuxRecords* aux) {
@@ -125,7 +129,21 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                                                std::span<const int32_t> tokens,
                                                const KvTensors& kv, const AuxRecords* aux) {
   PutShortfall shortfall;
+  // The chains a failed try counted as stored stay pinned until the Put returns: the eviction
+  // below, the background reclaimer and other Puts' evictions must not take them, or a retry
+  // would find fewer chunks stored and write them from the caller's tensors, which a caller may
+  // have left unfilled for the chunks stored already (kvctl replay does, synth::ReplayKv).
+  std::vector<ChunkKey> pinned;
+  absl::Cleanup unpin = [&] {
+    if (pinned.empty()) return;
+    absl::MutexLock lock(&mu_);
+    for (const ChunkKey& key : pinned) PutUnpinLocked(key);
+  };
+  auto keep_pin = [&pinned](const PutShortfall& s) {
+    if (s.pinned.has_value()) pinned.push_back(*s.pinned);
+  };
   absl::StatusOr<PutResult> result = PutOnce(spec, tokens, kv, aux, &shortfall);
+  keep_pin(shortfall);
   if (result.ok() || !IsNoSpace(result.status()) || shortfall.need == 0) return result;
   // The file system is full below the cap: the cap was set above what the disk holds, or
   // something else fills the disk. The store is a cache: it gives back blocks (free slots that
@@ -184,6 +202,7 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                               retry, " of ", kNoSpaceRetries, ")"));
     shortfall = PutShortfall{};
     result = PutOnce(spec, tokens, kv, aux, &shortfall);
+    keep_pin(shortfall);
     if (result.ok()) {
       result->chunks_evicted += evicted;
       absl::MutexLock lock(&mu_);
@@ -225,6 +244,7 @@ absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
     const absl::Status reserved = ReservePutLocked(put, &all_stored);
     shortfall->need = (put.n - put.m) * put.chunk_bytes;
     shortfall->still_needed = shortfall->need;
+    if (put.pin_handed_over) shortfall->pinned = put.keys[put.m - 1];
     CKV_RETURN_IF_ERROR(reserved);
     if (all_stored) return put.result;
   }
@@ -236,7 +256,9 @@ absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
       WritePut(put, kv, aux, &checksums, &bytes_written, &shortfall->still_needed);
   // Step 3: name them in the catalog, then publish them (or free the slots).
   absl::MutexLock lock(&mu_);
-  return CommitPutLocked(put, written, checksums, bytes_written);
+  absl::StatusOr<PutResult> result = CommitPutLocked(put, written, checksums, bytes_written);
+  if (put.pin_handed_over) shortfall->pinned = put.keys[put.m - 1];
+  return result;
 }
 
 absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
@@ -299,9 +321,9 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   }
   for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
   if (m > 0) put_pins_[keys[m - 1]]++;
-  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto undo = [&](const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
-    if (m > 0) PutUnpinLocked(keys[m - 1]);
+    if (m > 0) ReleaseOrHandOverPinLocked(put, why);
     inflight_cv_.SignalAll();
   };
   std::vector<PlannedRun>& plan = put.plan;
@@ -326,7 +348,7 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   if (!s.ok()) {
     ReleasePlanLocked(plan, /*counted=*/false);
     plan.clear();
-    undo();
+    undo(s);
     return s;
   }
   // Unpunched slots AllocateLocked took (none while PlanUnpunchedLocked drains this model's
@@ -348,6 +370,15 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   // Evict ahead of the next Puts while this one writes (chunk_store_reclaim.cc).
   KickReclaimerLocked();
   return absl::OkStatus();
+}
+
+void ChunkStore::ReleaseOrHandOverPinLocked(PendingPut& put, const absl::Status& s) {
+  if (!s.ok() && IsNoSpace(s)) {
+    // PutTimed may retry after evicting: it keeps the chain pinned until the Put returns.
+    put.pin_handed_over = true;
+    return;
+  }
+  PutUnpinLocked(put.keys[put.m - 1]);
 }
 
 absl::Status ChunkStore::CommitStoredPrefixLocked(PendingPut& put) {
@@ -463,7 +494,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
     s = catalog_->Commit(batch);
   }
   for (size_t i = m; i < n; ++i) inflight_.erase(keys[i]);
-  if (m > 0) PutUnpinLocked(keys[m - 1]);
+  if (m > 0) ReleaseOrHandOverPinLocked(put, s);
   inflight_cv_.SignalAll();
   if (!s.ok()) {
     // Nothing names the slots: free them and give their blocks back.

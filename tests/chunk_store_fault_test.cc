@@ -3,6 +3,7 @@
 // nothing visible and no space held; a disk that lies is caught by the checksums.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <string>
@@ -388,6 +389,61 @@ TEST_F(SmallDiskTest, AnEnospcMidPutEvictsAboutWhatThePutStillNeedsNotEverything
   EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, new_chunks), 0);
   // The most recent prefixes were not touched: eviction took the least recently used.
   EXPECT_EQ(*engine_->Lookup(spec_, prefixes.back()), 4u);
+  auto report = engine_->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
+}
+
+TEST_F(SmallDiskTest, RegressionAnEnospcRetryKeepsTheChunksThePutFoundStored) {
+  // Regression (review of issue 32): a Put extending a stored prefix found the disk full; the
+  // retry's eviction took the chunks the Put had counted as stored (it had unpinned them), and
+  // the retry wrote them again from the caller's tensors, which a caller such as kvctl replay
+  // leaves unfilled for stored chunks: wrong bytes with valid checksums. The Put's chain stays
+  // pinned across the retries: the eviction takes the other prefix, and every record read back
+  // is what was put.
+  const size_t c = spec_.chunk_tokens;
+  const auto stored = synth::Tokens(20, 4 * c);
+  ASSERT_TRUE(PutSynthetic(*engine_, spec_, stored).ok());
+  const auto other = synth::Tokens(21, 4 * c);
+  ASSERT_TRUE(PutSynthetic(*engine_, spec_, other).ok());
+  std::vector<int32_t> tokens = stored;
+  const auto more = synth::Tokens(22, 4 * c);
+  tokens.insert(tokens.end(), more.begin(), more.end());
+  // The KV of the 4 new chunks; the 4 stored ones are left zero, as a replay leaves them.
+  synth::SyntheticKv full(spec_, tokens);
+  const size_t stored_bytes = 4 * c * spec_.TokenBytesPerLayer();
+  std::vector<std::vector<std::byte>> k(spec_.layers), v(spec_.layers);
+  KvTensors kv;
+  kv.tokens = tokens.size();
+  for (uint32_t l = 0; l < spec_.layers; ++l) {
+    k[l].assign(full.tensors().k[l].begin(), full.tensors().k[l].end());
+    v[l].assign(full.tensors().v[l].begin(), full.tensors().v[l].end());
+    std::fill_n(k[l].begin(), stored_bytes, std::byte{0});
+    std::fill_n(v[l].begin(), stored_bytes, std::byte{0});
+    kv.k.emplace_back(k[l]);
+    kv.v.emplace_back(v[l]);
+  }
+  // The first segment write of the Put fails with ENOSPC: the retry evicts the 4 chunks the
+  // Put still needs and a margin, least recently used first: `other`, then (were it not held)
+  // the leaf of `stored`.
+  std::atomic<int> enospc{1};
+  fs_.SetOpHook([&](const FaultInjectingFileSystem::OpInfo& op) {
+    FaultInjectingFileSystem::OpFault fault;
+    if (!op.read && op.path.find("seg-") != std::string::npos && enospc.fetch_sub(1) > 0) {
+      fault.error = ENOSPC;
+    }
+    return fault;
+  });
+  auto put = engine_->Put(spec_, tokens, kv);
+  fs_.SetOpHook(nullptr);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->chunks_existing, 4u);
+  EXPECT_EQ(put->chunks_written, 4u);
+  EXPECT_EQ(engine_->Stats().no_space_recovered, 1u);
+  EXPECT_EQ(engine_->Stats().no_space_evictions, 4u);
+  EXPECT_EQ(*engine_->Lookup(spec_, other), 0u);
+  EXPECT_EQ(*engine_->Lookup(spec_, tokens), 8u);
+  EXPECT_EQ(CountBadRecords(*engine_, spec_, tokens, 8), 0);
   auto report = engine_->Verify();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->ok());
