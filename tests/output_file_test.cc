@@ -5,17 +5,21 @@
 // planted at that name overwrote its target; the file was 0644 where the store is 0600.
 #include "tools/output_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <set>
 #include <span>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -142,6 +146,88 @@ TEST(OutputFileTest, ACharacterDeviceIsWrittenInPlace) {
   struct stat st;
   ASSERT_EQ(::stat("/dev/null", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+// Runs WriteOutputFile(path, contents) on a thread. A write still blocked after 20 s (on a FIFO
+// that no process reads) is released by opening that FIFO for reading, and reported as blocked.
+absl::Status WriteWithoutBlocking(const std::string& path, const std::string& contents,
+                                  const std::string& fifo, bool* blocked) {
+  auto done = std::async(std::launch::async, [&] { return WriteOutputFile(path, contents); });
+  *blocked = done.wait_for(std::chrono::seconds(20)) != std::future_status::ready;
+  int reader = -1;
+  if (*blocked) reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  absl::Status s = done.get();
+  if (reader >= 0) ::close(reader);
+  return s;
+}
+
+TEST(OutputFileTest, RegressionAFifoWithNoReaderIsAnErrorNotAWait) {
+  // Regression (review of issue 32): the FIFO was opened O_WRONLY without O_NONBLOCK, which
+  // waits for a reader: kvctl export or --json hung on a FIFO planted at OUT.
+  TempDir dir;
+  const std::string fifo = dir.Sub("out.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  bool blocked = false;
+  const absl::Status s = WriteWithoutBlocking(fifo, "{}\n", fifo, &blocked);
+  EXPECT_FALSE(blocked) << "the write waited for a reader";
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no process reads"));
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST(OutputFileTest, AFifoWithAReaderIsWrittenInPlace) {
+  TempDir dir;
+  const std::string fifo = dir.Sub("out.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  CKV_EXPECT_OK(WriteOutputFile(fifo, "{\"a\": 1}\n"));  // fits the pipe's buffer
+  char buf[64] = {};
+  const ssize_t n = ::read(reader, buf, sizeof(buf));
+  ::close(reader);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "{\"a\": 1}\n");
+  EXPECT_EQ(Names(dir.path()), std::set<std::string>{"out.json"});
+}
+
+TEST(OutputFileTest, RegressionALinkToAFifoOrADeviceIsReplacedNotWrittenThrough) {
+  // Regression (review of issue 32): stat followed a link at OUT, so a link to a FIFO hung the
+  // write and a link to a writable character device was written through.
+  TempDir dir;
+  const std::string fifo = dir.Sub("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string to_fifo = dir.Sub("to-fifo.json");
+  ASSERT_EQ(::symlink(fifo.c_str(), to_fifo.c_str()), 0);
+  bool blocked = false;
+  CKV_EXPECT_OK(WriteWithoutBlocking(to_fifo, "{}\n", fifo, &blocked));
+  EXPECT_FALSE(blocked) << "the write went through the link to the FIFO";
+  std::error_code ec;
+  EXPECT_FALSE(std::filesystem::is_symlink(to_fifo, ec));
+  EXPECT_EQ(Slurp(to_fifo), "{}\n");
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+
+  const std::string to_null = dir.Sub("to-null.json");
+  ASSERT_EQ(::symlink("/dev/null", to_null.c_str()), 0);
+  CKV_EXPECT_OK(WriteOutputFile(to_null, "exported"));
+  EXPECT_FALSE(std::filesystem::is_symlink(to_null, ec));
+  EXPECT_EQ(Slurp(to_null), "exported");
+  ASSERT_EQ(::lstat(to_null.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+TEST(OutputFileTest, AStreamOfTheProcessIsWrittenThroughItsDescriptor) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  CKV_EXPECT_OK(WriteOutputFile(absl::StrCat("/proc/self/fd/", fds[1]), "streamed"));
+  CKV_EXPECT_OK(WriteOutputFile(absl::StrCat("/dev/fd/", fds[1]), "+again"));
+  ::close(fds[1]);
+  char buf[64] = {};
+  const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+  ::close(fds[0]);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "streamed+again");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -49,22 +50,63 @@ std::string RandomSuffix() {
   return s;
 }
 
-// Writes to an existing character device or FIFO in place (see the header).
+// Writes to an existing character device or FIFO in place (see the header). O_NOFOLLOW: a link
+// swapped in after the lstat is not followed. O_NONBLOCK: a FIFO with no reader fails the open
+// (ENXIO) instead of waiting for one; the flag is cleared before writing, so that a slow reader
+// is waited for as a pipe's writer should.
 absl::Status WriteInPlace(const std::string& path,
                           const std::function<absl::Status(const OutputWriteFn&)>& produce) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0 && errno == ENXIO) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is a FIFO that no process reads; not waiting for one"));
+  }
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   struct stat st;
   absl::Status status;
-  if (::fstat(fd, &st) != 0) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    status = ErrnoToStatus(errno, absl::StrCat("fcntl ", path));
+  } else if (::fstat(fd, &st) != 0) {
     status = ErrnoToStatus(errno, absl::StrCat("stat ", path));
   } else if (!S_ISCHR(st.st_mode) && !S_ISFIFO(st.st_mode)) {
-    // It was swapped for something else between the stat and the open.
+    // It was swapped for something else between the lstat and the open.
     status = absl::FailedPreconditionError(
         absl::StrCat(path, " changed while it was opened; not writing it"));
   } else {
     status = produce([&](std::span<const std::byte> bytes) { return WriteAll(fd, path, bytes); });
   }
+  if (::close(fd) != 0 && status.ok()) status = ErrnoToStatus(errno, absl::StrCat("close ", path));
+  return status;
+}
+
+// The descriptor `path` names when it is one of this process's streams (/dev/stdout,
+// /dev/stderr, /proc/self/fd/N, /dev/fd/N); -1 otherwise.
+int StreamDescriptor(const std::string& path) {
+  if (path == "/dev/stdout") return STDOUT_FILENO;
+  if (path == "/dev/stderr") return STDERR_FILENO;
+  size_t digits = 0;
+  for (std::string_view dir : {"/proc/self/fd/", "/dev/fd/"}) {
+    if (path.starts_with(dir)) digits = dir.size();
+  }
+  if (digits == 0 || path.size() == digits || path.size() > digits + 9) return -1;
+  int fd = 0;
+  for (size_t i = digits; i < path.size(); ++i) {
+    if (path[i] < '0' || path[i] > '9') return -1;
+    fd = fd * 10 + (path[i] - '0');
+  }
+  return fd;
+}
+
+// Writes to a stream this process holds open, through a duplicate of its descriptor: whatever
+// the stream is (a terminal, a pipe, a file the shell redirected to), the bytes go where the
+// process's own writes to it go, at its offset. Nothing is opened by name.
+absl::Status WriteToStream(const std::string& path, int stream,
+                           const std::function<absl::Status(const OutputWriteFn&)>& produce) {
+  const int fd = ::fcntl(stream, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("duplicate ", path));
+  absl::Status status =
+      produce([&](std::span<const std::byte> bytes) { return WriteAll(fd, path, bytes); });
   if (::close(fd) != 0 && status.ok()) status = ErrnoToStatus(errno, absl::StrCat("close ", path));
   return status;
 }
@@ -84,8 +126,13 @@ absl::Status SyncDirectory(const std::string& dir) {
 absl::Status WriteOutputFile(const std::string& path,
                              const std::function<absl::Status(const OutputWriteFn& write)>& produce,
                              const OutputFileOptions& options) {
+  if (const int stream = StreamDescriptor(path); stream >= 0) {
+    return WriteToStream(path, stream, produce);
+  }
+  // lstat, not stat: a link at `path` is replaced (below), never written through, whatever it
+  // points to (a FIFO that would block, a device).
   if (struct stat st;
-      ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+      ::lstat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
     return WriteInPlace(path, produce);
   }
   const std::filesystem::path target(path);

@@ -16,9 +16,15 @@
 // The file is mode 0600 (less where the umask says), as the store's files are: an exported
 // prefix is the store's data.
 //
-// One exception: when `path` is already a character device or a FIFO (/dev/null, a pipe named
-// by the shell), the bytes are written to it in place, opened without O_CREAT or O_TRUNC;
-// nothing is created or renamed there, and a regular file found at the open is refused.
+// Two exceptions, where nothing is created or renamed:
+//   - `path` is itself (lstat: not through a link) a character device or a FIFO (/dev/null, a
+//     named pipe): the bytes are written to it in place, opened with O_NOFOLLOW and O_NONBLOCK
+//     (cleared once open) and without O_CREAT or O_TRUNC. A FIFO that no process reads is
+//     FailedPrecondition, not a wait; a regular file or link found at the open is refused. A
+//     link to a device or FIFO is replaced by the file, as any link at `path` is.
+//   - `path` is /dev/stdout, /dev/stderr, /proc/self/fd/N or /dev/fd/N (a stream the shell
+//     handed over, as with >(...)): the bytes go to that descriptor of this process, duplicated,
+//     whatever it is open to.
 //
 // Thread-safety: reentrant.
 #ifndef CKV_TOOLS_OUTPUT_FILE_H_
