@@ -16,6 +16,7 @@
 #include "storage/fault_file_system.h"
 #include "storage/mem_file_system.h"
 #include "tests/test_util.h"
+#include "tools/kvctl/open_to_free.h"
 
 namespace ckv {
 namespace {
@@ -491,6 +492,48 @@ TEST_F(FullDiskOpenTest, RmFreesThePrefixsBlocksBeforeOpeningThenRemovesIt) {
   ASSERT_TRUE((*opened)->DeletePrefix(victim).ok());
   EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[0]), 0u);
   for (size_t i = 1; i < prefixes.size(); ++i) {
+    EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[i]), 4u);
+    EXPECT_EQ(CountBadRecords(**opened, spec_, prefixes[i], 4), 0);
+  }
+  auto report = (*opened)->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok());
+}
+
+TEST_F(FullDiskOpenTest, RegressionRmPunchesNoPrefixBeforeCommitWhenFreeSlotsAreEnough) {
+  // Regression (review of issue 32): kvctl rm gave back the prefix's blocks at once, before its
+  // delete committed; had the open then failed, the prefix stayed catalogued with zeroed blocks.
+  // It first gives back free slots and the snapshot only (kvctl::OpenToFree): here that is
+  // enough, and the prefix goes through the ordinary DeletePrefix.
+  const auto prefixes = FillDisk();
+  ASSERT_GE(prefixes.size(), 3u);
+  // A removal whose punches failed: its slots are free but still hold their blocks.
+  fs_.AddRule({.path_substring = "seg-", .punch_hole_fail = 1});
+  ASSERT_TRUE(engine_->Delete(spec_, prefixes[1]).ok());
+  fs_.ClearRules();
+  FillTheRestAndClose();
+  const ChunkKey victim =
+      ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, prefixes[0]).back();
+  std::vector<size_t> freed_prefixes;  // the prefixes each FreeSpaceToOpen was given
+  auto opened = kvctl::OpenToFree(
+      NoSpaceError("the store's open found the disk full"), std::span<const ChunkKey>(&victim, 1),
+      [&] { return engine::OpenWithSeams(options_, dir_.path(), {.file_system = &fs_}); },
+      [&](std::span<const ChunkKey> delete_prefixes) {
+        freed_prefixes.push_back(delete_prefixes.size());
+        return engine::FreeSpaceToOpen(options_, dir_.path(), delete_prefixes,
+                                       {.file_system = &fs_});
+      },
+      [](uint64_t, bool) {});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(freed_prefixes, std::vector<size_t>{0}) << "the prefix was punched before commit";
+  // Every chunk of the victim still reads back: nothing of it was punched.
+  EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[0]), 4u);
+  EXPECT_EQ(CountBadRecords(**opened, spec_, prefixes[0], 4), 0);
+  const uint64_t deleted_before = (*opened)->Stats().chunks_deleted;
+  ASSERT_TRUE((*opened)->DeletePrefix(victim).ok());
+  EXPECT_EQ((*opened)->Stats().chunks_deleted, deleted_before + 4);
+  EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[0]), 0u);
+  for (size_t i = 2; i < prefixes.size(); ++i) {
     EXPECT_EQ(*(*opened)->Lookup(spec_, prefixes[i]), 4u);
     EXPECT_EQ(CountBadRecords(**opened, spec_, prefixes[i], 4), 0);
   }

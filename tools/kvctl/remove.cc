@@ -5,19 +5,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <span>
+#include <string>
+#include <utility>
 
 #include "ckv/status.h"
 #include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
+#include "tools/kvctl/open_to_free.h"
 #include "tools/kvctl/progress.h"
 
 namespace ckv::kvctl {
 namespace {
 
-// The last resort on a file system too full for the store to open (RocksDB writes files when it
-// opens): gives back blocks without writing (engine::FreeSpaceToOpen: the free slots', the
-// index snapshot's and, for rm, those of the chunks the removal frees), then opens again.
 // Free bytes below which rm and gc give back blocks before they open the store at all: RocksDB's
 // open may flush its WAL to a table (up to the catalog's 8 MiB write buffer), and its failure
 // paths on a full disk are not all clean (an assertion of librocksdb's fired in one here).
@@ -29,19 +29,24 @@ bool NearlyFull(const std::string& store) {
   return uint64_t{fs.f_bavail} * fs.f_frsize < kNearlyFullBytes;
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> OpenToFree(const std::string& command,
-                                                   const std::string& store,
-                                                   std::span<const ChunkKey> delete_prefixes,
-                                                   absl::StatusOr<std::unique_ptr<Engine>> opened) {
-  if (opened.ok() || !IsNoSpace(opened.status())) return opened;
-  absl::StatusOr<uint64_t> freed = engine::FreeSpaceToOpen(EngineOptions{}, store, delete_prefixes);
-  if (!freed.ok()) return opened;  // the first error says what is wrong
-  std::fprintf(stderr,
-               "kvctl %s: the file system of %s is full (%s); gave back %s without writing, "
-               "opening it again\n",
-               command.c_str(), store.c_str(), std::string(opened.status().message()).c_str(),
-               FormatBytes(*freed).c_str());
-  return OpenExisting(store);
+// Opens `store` after `opened` found its file system full: gives back blocks without writing,
+// the prefix's chunks (rm) only when free slots and the snapshot are not enough (open_to_free.h).
+absl::StatusOr<std::unique_ptr<Engine>> OpenFreeingSpace(
+    const std::string& command, const std::string& store,
+    std::span<const ChunkKey> delete_prefixes, absl::StatusOr<std::unique_ptr<Engine>> opened) {
+  const std::string why = opened.ok() ? std::string() : std::string(opened.status().message());
+  return kvctl::OpenToFree(
+      std::move(opened), delete_prefixes, [&] { return OpenExisting(store); },
+      [&](std::span<const ChunkKey> prefixes) {
+        return engine::FreeSpaceToOpen(EngineOptions{}, store, prefixes);
+      },
+      [&](uint64_t freed, bool prefixes) {
+        std::fprintf(stderr,
+                     "kvctl %s: the file system of %s is full (%s); gave back %s without writing "
+                     "(%s), opening it again\n",
+                     command.c_str(), store.c_str(), why.c_str(), FormatBytes(freed).c_str(),
+                     prefixes ? "the chunks being removed" : "free slots and the index snapshot");
+      });
 }
 
 struct RmOptions {
@@ -68,7 +73,8 @@ int RunRm(const RmOptions& o) {
       return code;
     }
     view->reset();
-    engine = OpenToFree("rm", store, std::span<const ChunkKey>(&prefix_id, 1), std::move(engine));
+    engine = OpenFreeingSpace("rm", store, std::span<const ChunkKey>(&prefix_id, 1),
+                              std::move(engine));
   }
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   if (const int code = FindPrefix(**engine, "rm", store, wanted, &prefix_id); code != kExitOk) {
@@ -114,7 +120,7 @@ struct GcOptions {
 
 int RunGc(const GcOptions& o) {
   const std::string& store = o.store;
-  auto engine = OpenToFree(
+  auto engine = OpenFreeingSpace(
       "gc", store, {},
       NearlyFull(store) ? absl::StatusOr<std::unique_ptr<Engine>>(NoSpaceError(
                               "fewer than 16 MiB free on the file system of " + store))
