@@ -9,6 +9,7 @@
 // or still pending at the deadline, fails.
 #include "remote/cluster_client.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
@@ -92,6 +93,13 @@ absl::Status ContextError(const redisContext* c, const Endpoint& node, std::stri
         absl::StrCat(message, " (timeout ", absl::FormatDuration(timeout), ")"));
   }
   return absl::UnavailableError(message);
+}
+
+// True for an IPv4 or IPv6 address literal.
+bool IsNumericHost(const std::string& host) {
+  in6_addr a6;
+  in_addr a4;
+  return inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1;
 }
 
 std::string Describe(const Request& request) {
@@ -190,14 +198,31 @@ ClusterClientStats ClusterClient::stats() const {
 }
 
 absl::StatusOr<redisContext*> ClusterClient::Acquire(const Endpoint& node, absl::Time deadline) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = idle_.find(node.ToString());
-    if (it != idle_.end() && !it->second.empty()) {
-      redisContext* c = it->second.back();
+  while (true) {
+    redisContext* c = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = idle_.find(node.ToString());
+      if (it == idle_.end() || it->second.empty()) break;
+      c = it->second.back();
       it->second.pop_back();
-      return c;
     }
+    // An idle connection has nothing to read. Bytes (a reply nobody asked for, which would be
+    // taken for the next call's first answer, such as a stale +OK for a SET) or its end: drop it.
+    pollfd p{c->fd, POLLIN, 0};
+    if (poll(&p, 1, 0) == 0) return c;
+    redisFree(c);
+  }
+  // A name is resolved with a blocking getaddrinfo that no deadline bounds: only the seeds the
+  // operator gave may be names; a node the cluster names (CLUSTER SLOTS, MOVED, ASK) must be an
+  // address, as Redis Cluster announces them by default.
+  if (!IsNumericHost(node.host) &&
+      std::none_of(options_.seeds.begin(), options_.seeds.end(),
+                   [&](const Endpoint& seed) { return seed.host == node.host; })) {
+    io_errors_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError(absl::StrCat(
+        "redis ", node.ToString(),
+        ": a host name the cluster announced, not an address; only seeds are resolved"));
   }
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) {
@@ -274,6 +299,7 @@ absl::Status ClusterClient::RefreshSlotMapBy(absl::Time deadline) {
   request.argv = {"CLUSTER", "SLOTS"};
   // 16384 ranges, each with a master and replicas: about 100 bytes a node on the wire.
   request.max_reply_bytes = 16 << 20;
+  request.array_reply = true;
   for (const Endpoint& node : candidates) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -337,6 +363,7 @@ absl::StatusOr<Reply> ClusterClient::ExecuteOn(const Endpoint& node,
   Request request;
   request.argv = argv;
   request.key_index = 0;  // named in messages; not routed
+  request.array_reply = true;
   return RunOn(node, request, absl::Now() + options_.call_timeout);
 }
 
@@ -469,11 +496,11 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     const auto [i, is_asking] = l.expected[l.next];
     const Request& r = (*l.g->requests)[l.g->indices[i]];
     if (is_asking) {
-      l.reader.ExpectNextReply(64);  // +OK
+      l.reader.ExpectNextReply(64, nullptr, /*arrays=*/false);  // +OK
     } else {
       l.reader.ExpectNextReply(
           r.max_reply_bytes != 0 ? r.max_reply_bytes : options_.max_reply_bytes,
-          r.reply_storage);
+          r.reply_storage, r.array_reply);
     }
   };
   std::vector<pollfd> fds;

@@ -121,6 +121,9 @@ struct Request {
   // with Internal before anything of its announced size is allocated. 0: the client's
   // ClusterOptions::max_reply_bytes.
   uint64_t max_reply_bytes = 0;
+  // Whether the reply may be an array (CLUSTER SLOTS, ExecuteOn's commands). A GET, SET,
+  // GETRANGE or EXISTS answered by one fails with Internal at the array's header.
+  bool array_reply = false;
 };
 
 // Counters since the client was made.

@@ -121,6 +121,18 @@ const char* RespReader::Parse(const char* p, const char* end, int depth, Reply* 
         if (out != nullptr) out->type = Reply::Type::kNil;
         return after_line;
       }
+      if (!arrays_) {
+        *error = absl::StrCat("an array of ", count, " elements answered a request that takes none");
+        return nullptr;
+      }
+      // Each element costs a Reply (72 bytes) however short it is on the wire ("+\r\n"): the
+      // reply's elements, at every depth, are held to its byte limit / 32.
+      elements_seen_ += static_cast<uint64_t>(count);
+      if (elements_seen_ > MaxElements()) {
+        *error = absl::StrCat("more than ", MaxElements(), " array elements in one reply, over what its ",
+                              max_bytes_, " bytes allow");
+        return nullptr;
+      }
       if (depth + 1 > kMaxDepth) {
         *error = absl::StrCat("arrays nested deeper than ", kMaxDepth);
         return nullptr;
@@ -237,6 +249,7 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
       return std::nullopt;
     }
   }
+  elements_seen_ = 0;
   const char* reply_end = Parse(p, end, 0, nullptr, &error);
   if (!error.empty()) return absl::InternalError(absl::StrCat("protocol error: ", error));
   if (reply_end == nullptr) {
@@ -252,22 +265,27 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
   Reply reply;
   // A bulk string (not nil) is assigned into the given storage, within its capacity.
   if (storage_ != nullptr && *p == '$' && p[1] != '-') reply.str = std::move(*storage_);
+  elements_seen_ = 0;
   Parse(p, end, 0, &reply, &error);
   begin_ += static_cast<size_t>(reply_end - p);
   ForgetExpectation();
   return reply;
 }
 
-void RespReader::ExpectNextReply(uint64_t max_bytes, std::string* storage) {
+void RespReader::ExpectNextReply(uint64_t max_bytes, std::string* storage, bool arrays) {
   max_bytes_ = max_bytes == 0 ? kDefaultMaxReplyBytes
                               : std::min<uint64_t>(max_bytes, kMaxBulkBytes);
   storage_ = storage;
+  arrays_ = arrays;
 }
 
 void RespReader::ForgetExpectation() {
   max_bytes_ = kDefaultMaxReplyBytes;
   storage_ = nullptr;
+  arrays_ = true;
 }
+
+uint64_t RespReader::MaxElements() const { return std::max<uint64_t>(64, max_bytes_ / 32); }
 
 bool RespReader::idle() const {
   return begin_ == end_ && !large_.has_value() && !ready_.has_value() && crlf_left_ == 0;

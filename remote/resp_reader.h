@@ -17,9 +17,9 @@
 // Nothing the server announces is trusted for memory: a reply may be at most the bytes its
 // caller said it could be (ExpectNextReply; kDefaultMaxReplyBytes otherwise). A bulk string is
 // sized by its header only once that header is within the limit, an array's elements are made
-// only after all of them arrived (so at most one Reply per element received), an array may have
-// at most kMaxArrayElements elements, and a reply that is not a large value is buffered up to the
-// limit and no further. A node that announces "*2147483647" or "$524288000", or sends a line
+// only after all of them arrived, an array may have at most kMaxArrayElements elements and a
+// reply at most one per 32 bytes of its limit (an array only where the request takes one), and a
+// reply that is not a large value is buffered up to the limit and no further. A node that announces "*2147483647" or "$524288000", or sends a line
 // that never ends, is a protocol error as soon as its header or its bytes show it.
 //
 // Errors (Next): Internal for a protocol error (an unknown type byte, a malformed length or
@@ -85,15 +85,19 @@ class RespReader {
   bool idle() const;
 
   // What the next reply (the one Next returns next) may be, and where its string goes. It may be
-  // at most `max_bytes` long: a bulk string of at most that many bytes, or any other reply of at
-  // most that many bytes on the wire (capped at kMaxBulkBytes; 0 means kDefaultMaxReplyBytes).
-  // Anything longer is a protocol error before anything of its size is allocated.
+  // at most `max_bytes` long (capped at kMaxBulkBytes; 0 means kDefaultMaxReplyBytes): a bulk
+  // string of at most that many bytes, refused at its header; any other reply is buffered until
+  // it is complete, and refused once more than max_bytes + 4 KiB of it arrived (the buffer
+  // doubles as it grows, so it may take up to twice that).
   // `storage`, if not null and the reply is a bulk string: its string is moved from `*storage`
   // (keeping its capacity, so a value that fits is read without allocating, and without
   // zero-filling when `*storage` already has the value's size) rather than allocated. `*storage`
   // is left alone when that reply is not a bulk string, and moved from once the reader has seen
   // its header; it must outlive that reply's Next. Both are forgotten once the reply is out.
-  void ExpectNextReply(uint64_t max_bytes, std::string* storage = nullptr);
+  // `arrays`: whether the reply may be an array (CLUSTER SLOTS; a GET, SET or EXISTS never
+  // gets one). Its elements, at every depth, number at most max(64, max_bytes / 32): an element
+  // costs a Reply of 72 bytes however few bytes it took on the wire.
+  void ExpectNextReply(uint64_t max_bytes, std::string* storage = nullptr, bool arrays = true);
 
  private:
   // Parses one reply at [p, end) into `out` (nothing built when null). Returns the end of the
@@ -104,6 +108,7 @@ class RespReader {
   void Compact();
   // Back to an unannounced reply's limit and no storage.
   void ForgetExpectation();
+  uint64_t MaxElements() const;
 
   std::unique_ptr<char[]> buf_;
   size_t buf_size_ = 0;
@@ -118,6 +123,8 @@ class RespReader {
   size_t crlf_left_ = 0;
   std::string* storage_ = nullptr;  // ExpectNextReply
   uint64_t max_bytes_ = kDefaultMaxReplyBytes;
+  bool arrays_ = true;
+  mutable uint64_t elements_seen_ = 0;  // by the Parse under way
 };
 
 }  // namespace ckv::remote

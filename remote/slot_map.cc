@@ -6,6 +6,7 @@
 #include <charconv>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/log.h"
 
@@ -13,6 +14,7 @@ namespace ckv::remote {
 namespace {
 
 constexpr size_t kMaxHostBytes = 255;
+constexpr size_t kMaxReplicas = 1024;
 
 bool ValidPort(long long port) { return port >= 1 && port <= 65535; }
 
@@ -31,20 +33,33 @@ std::optional<Endpoint> EndpointOf(const Reply& r, const Endpoint& answered_by) 
   return e;
 }
 
-int32_t IndexOf(const Endpoint& e, std::vector<Endpoint>& list) {
-  auto it = std::find(list.begin(), list.end(), e);
-  if (it != list.end()) return static_cast<int32_t>(it - list.begin());
-  list.push_back(e);
-  return static_cast<int32_t>(list.size() - 1);
-}
+// The endpoints of a map, each once, found by "host:port" in constant time: a reply may name
+// hundreds of thousands of nodes, and a linear search each made the parse quadratic (minutes).
+class EndpointIndex {
+ public:
+  explicit EndpointIndex(std::vector<Endpoint>* list) : list_(list) {}
+  int32_t IndexOf(const Endpoint& e) {
+    auto [it, inserted] =
+        index_.try_emplace(absl::StrCat(e.host, ":", e.port), static_cast<int32_t>(list_->size()));
+    if (inserted) list_->push_back(e);
+    return it->second;
+  }
+  size_t size() const { return list_->size(); }
+
+ private:
+  std::vector<Endpoint>* list_;
+  absl::flat_hash_map<std::string, int32_t> index_;
+};
 
 }  // namespace
 
 bool IsValidHost(std::string_view host) {
   if (host.empty() || host.size() > kMaxHostBytes) return false;
-  return std::none_of(host.begin(), host.end(), [](char c) {
+  // Printable ASCII only (an internationalised name travels as punycode): nothing a terminal
+  // obeys, nothing Python cannot decode.
+  return std::all_of(host.begin(), host.end(), [](char c) {
     const auto u = static_cast<unsigned char>(c);
-    return u <= 0x20 || u == 0x7f || c == '\\';
+    return u > 0x20 && u < 0x7f && c != '\\';
   });
 }
 
@@ -80,6 +95,7 @@ absl::StatusOr<SlotMap> ParseSlotMap(const Reply& reply, const Endpoint& answere
                             " slots"));
   }
   SlotMap map;
+  EndpointIndex masters(&map.masters), replicas(&map.replicas);
   size_t covered = 0;
   for (size_t i = 0; i < reply.elements.size(); ++i) {
     const Reply& range = reply.elements[i];
@@ -95,14 +111,19 @@ absl::StatusOr<SlotMap> ParseSlotMap(const Reply& reply, const Endpoint& answere
     }
     std::optional<Endpoint> master = EndpointOf(range.elements[2], answered_by);
     if (!master) return bad(absl::StrCat("range ", i, ": its master is not a valid node"));
-    const int32_t m = IndexOf(*master, map.masters);
+    // A slot served twice is no map (and overlapping ranges would cost 16384 writes each).
     for (long long s = first; s <= last; ++s) {
-      if (map.slot_master[s] < 0) ++covered;
-      map.slot_master[s] = m;
+      if (map.slot_master[s] >= 0) {
+        return bad(absl::StrCat("range ", i, " serves slot ", s, " a second time"));
+      }
     }
-    for (size_t r = 3; r < range.elements.size(); ++r) {
+    const int32_t m = masters.IndexOf(*master);
+    for (long long s = first; s <= last; ++s) map.slot_master[s] = m;
+    covered += static_cast<size_t>(last - first + 1);
+    // Replicas are only asked for the next map: the first kMaxReplicas known are plenty.
+    for (size_t r = 3; r < range.elements.size() && replicas.size() < kMaxReplicas; ++r) {
       if (std::optional<Endpoint> replica = EndpointOf(range.elements[r], answered_by)) {
-        IndexOf(*replica, map.replicas);
+        replicas.IndexOf(*replica);
       }
     }
   }

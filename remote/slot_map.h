@@ -3,10 +3,11 @@
 // node a MOVED or ASK answer names.
 //
 // Both come from the wire, so both are checked before anything is routed by them: at most
-// kClusterSlots ranges, each within 0..16383 with its first slot not past its last; ports
-// 1..65535 (a node that says 99999 is wrong, not 34463); host names of 1..255 bytes with nothing
-// a terminal would obey (they are printed in messages and logs). A node that does not know its
-// own address reports "" or "?": the host we reached it by stands in.
+// kClusterSlots ranges, each within 0..16383 with its first slot not past its last, and no slot
+// served twice; ports 1..65535 (a node that says 99999 is wrong, not 34463); host names of
+// 1..255 bytes of printable ASCII (they are printed in messages and logs). A node that does not
+// know its own address reports "" or "?": the host we reached it by stands in. The parse takes
+// time linear in the reply: endpoints are found by hash, at most 1024 replicas are kept.
 //
 // Thread-safety: pure functions; a SlotMap is immutable once made.
 #ifndef CKV_REMOTE_SLOT_MAP_H_
@@ -38,8 +39,8 @@ absl::StatusOr<SlotMap> ParseSlotMap(const Reply& reply, const Endpoint& answere
 // means the host of the node that answered. nullopt when it names no valid endpoint.
 std::optional<Endpoint> RedirectTarget(std::string_view error, const Endpoint& answered_by);
 
-// True for a host name that may be routed to and printed: 1..255 bytes, none of them below
-// 0x21, DEL or backslash.
+// True for a host name that may be routed to and printed: 1..255 bytes of printable ASCII
+// other than space and backslash.
 bool IsValidHost(std::string_view host);
 
 }  // namespace ckv::remote

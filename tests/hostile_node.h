@@ -53,13 +53,15 @@ class HostileNode {
     kWrongTypes,   // GET/GETRANGE answered by an array, SET by an array, EXISTS by a string
     kMovedLoop,    // every data command answered MOVED to itself
     kAskLoop,      // every data command answered ASK to itself
+    kMovedToName,  // every data command answered MOVED to a host name (resolving it could block)
     kBadSlotMap,   // CLUSTER SLOTS names port 99999 and a host with an escape sequence
     kOutOfOrder,   // a working node whose pipelined replies come back in reverse order
   };
   static constexpr Behavior kAllBehaviors[] = {
       Behavior::kHugeArray,  Behavior::kHugeBulk, Behavior::kDrip,
       Behavior::kEndless,    Behavior::kWrongTypes, Behavior::kMovedLoop,
-      Behavior::kAskLoop,    Behavior::kBadSlotMap, Behavior::kOutOfOrder};
+      Behavior::kAskLoop,    Behavior::kMovedToName, Behavior::kBadSlotMap,
+      Behavior::kOutOfOrder};
   static constexpr int kMaxConnections = 64;
 
   struct Options {
@@ -81,6 +83,7 @@ class HostileNode {
       case Behavior::kWrongTypes: return "wrong-types";
       case Behavior::kMovedLoop: return "moved-loop";
       case Behavior::kAskLoop: return "ask-loop";
+      case Behavior::kMovedToName: return "moved-to-name";
       case Behavior::kBadSlotMap: return "bad-slot-map";
       case Behavior::kOutOfOrder: return "out-of-order";
     }
@@ -294,6 +297,9 @@ class HostileNode {
         if (!data) return std::nullopt;
         return absl::StrCat(options_.behavior == Behavior::kMovedLoop ? "-MOVED " : "-ASK ",
                             "42 127.0.0.1:", port, "\r\n");
+      case Behavior::kMovedToName:
+        if (!data) return std::nullopt;
+        return absl::StrCat("-MOVED 42 node-", port, ".invalid:", port, "\r\n");
       case Behavior::kBadSlotMap:
         if (slots) return SlotMap(true);
         return std::nullopt;

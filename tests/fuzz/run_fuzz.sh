@@ -33,7 +33,8 @@ fi
 mkdir -p "$OUT/corpus" "$OUT/remote_corpus"
 
 # shellcheck disable=SC2207  # pkg-config prints space-separated flags
-libs=($(pkg-config --cflags --libs absl_status absl_statusor absl_strings absl_str_format libxxhash))
+libs=($(pkg-config --cflags --libs absl_status absl_statusor absl_strings absl_str_format \
+  absl_flat_hash_map libxxhash))
 build() {  # build NAME SOURCES...
   local name=$1
   shift
