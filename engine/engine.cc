@@ -663,7 +663,9 @@ std::string EngineImpl::Metrics() {
   out.Counter("ckv_remote_publish_queued_total", "Chunks queued for publishing, since Open.",
               s.remote_publish_queued);
   out.Counter("ckv_remote_publish_dropped_total",
-              "Chunks a full publish queue turned away, since Open.", s.remote_publish_dropped);
+              "Chunks not published: turned away by a full queue, or queued behind a call the "
+              "cluster failed whole, since Open.",
+              s.remote_publish_dropped);
   out.Counter("ckv_remote_published_chunks_total", "Chunks SET in the cluster, since Open.",
               s.remote_published_chunks);
   out.Counter("ckv_remote_published_bytes_total", "Value bytes SET in the cluster, since Open.",

@@ -62,7 +62,8 @@ namespace ckv::engine {
 // Counters since the engine opened.
 struct RemoteTierStats {
   uint64_t publish_queued = 0;     // chunks queued for publishing
-  uint64_t publish_dropped = 0;    // chunks a full queue turned away
+  // Chunks turned away by a full queue, or dropped behind a call that failed whole.
+  uint64_t publish_dropped = 0;
   uint64_t published_chunks = 0;   // chunks SET in the cluster
   uint64_t published_bytes = 0;    // their value bytes
   uint64_t publish_failures = 0;   // chunks whose SET failed (cluster unreachable, OOM, ...)

@@ -140,7 +140,8 @@ class Engine:
     @property
     def read_only(self) -> bool: ...
     def close(self) -> None:
-        """Closes the engine (once its sessions are gone too)."""
+        """Closes the engine now, even while sessions live (their later calls raise
+        FailedPreconditionError): the store can be opened again at once."""
     def __enter__(self) -> Engine: ...
     def __exit__(self, exc_type: Optional[type[BaseException]],
                  exc: Optional[BaseException], tb: Optional[TracebackType]) -> None: ...

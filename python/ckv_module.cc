@@ -397,8 +397,8 @@ struct PyEngine {
   bool read_only = false;
   bool gpu_tier_on_device = false;  // GPU-tier records are device pointers
 
-  // Drops this handle's engine (closed now unless a session still holds it); later calls raise
-  // FailedPreconditionError. The pointer is taken out with the GIL held, so no other Python
+  // Closes this handle's engine now, its live sessions too (Engine::Close: the store is
+  // released at once); later calls raise FailedPreconditionError. The pointer is taken out with the GIL held, so no other Python
   // thread sees it half-reset; the engine closes without it.
   void Close() {
     std::shared_ptr<ckv::Engine> closing = std::move(engine);
@@ -818,8 +818,9 @@ PYBIND11_MODULE(ckv, m) {
       .def(
           "close",
           [](PyEngine& e) { e.Close(); },
-          "Closes the engine (once its sessions are gone too); later calls raise "
-          "FailedPreconditionError.")
+          "Closes the engine now, even while sessions live (their later calls raise "
+          "FailedPreconditionError): the store can be opened again at once. Later calls on the "
+          "engine raise FailedPreconditionError.")
       .def("__enter__", [](const std::shared_ptr<PyEngine>& e) { return e; })
       .def("__exit__",
            [](PyEngine& e, const py::object&, const py::object&, const py::object&) {

@@ -98,7 +98,8 @@ struct EngineStats {
   // Open. docs/remote.md says what each counts.
   bool remote_enabled = false;
   uint64_t remote_publish_queued = 0;     // chunks queued for publishing
-  uint64_t remote_publish_dropped = 0;    // chunks a full publish queue turned away
+  // Chunks turned away by a full publish queue, or dropped behind a call the cluster failed whole.
+  uint64_t remote_publish_dropped = 0;
   uint64_t remote_published_chunks = 0;   // chunks SET in the cluster
   uint64_t remote_published_bytes = 0;
   uint64_t remote_publish_failures = 0;   // chunks whose SET failed
