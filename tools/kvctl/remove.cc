@@ -35,8 +35,19 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenFreeingSpace(
     const std::string& command, const std::string& store,
     std::span<const ChunkKey> delete_prefixes, absl::StatusOr<std::unique_ptr<Engine>> opened) {
   const std::string why = opened.ok() ? std::string() : std::string(opened.status().message());
+  int opens = 0;
+  auto open = [&]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    // RocksDB opening on a file system with almost nothing free can abort the process (an
+    // assertion of the installed librocksdb: "sync_without_flush_called_"). While a later step
+    // may still give back more (rm's chunks), an open is not tried on a nearly full file system.
+    if (opens++ == 0 && !delete_prefixes.empty() && NearlyFull(store)) {
+      return NoSpaceError("fewer than 16 MiB free on the file system of " + store +
+                          " after giving back free slots");
+    }
+    return OpenExisting(store);
+  };
   return kvctl::OpenToFree(
-      std::move(opened), delete_prefixes, [&] { return OpenExisting(store); },
+      std::move(opened), delete_prefixes, open,
       [&](std::span<const ChunkKey> prefixes) {
         return engine::FreeSpaceToOpen(EngineOptions{}, store, prefixes);
       },
