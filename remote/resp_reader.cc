@@ -28,10 +28,18 @@ namespace {
 constexpr uint64_t kLineSlackBytes = 4096;
 
 // The end of the line starting at `p` (its '\r'), nullptr when its CRLF has not arrived.
-// A '\r' not followed by '\n' sets `error`.
+// A '\r' not followed by '\n', or a line longer than RespReader::kMaxLineBytes (ended or not),
+// sets `error`.
 const char* LineEnd(const char* p, const char* end, std::string* error) {
-  const void* cr = std::memchr(p, '\r', static_cast<size_t>(end - p));
-  if (cr == nullptr) return nullptr;
+  const size_t scan = std::min<size_t>(static_cast<size_t>(end - p), RespReader::kMaxLineBytes + 1);
+  const void* cr = std::memchr(p, '\r', scan);
+  if (cr == nullptr) {
+    if (scan > RespReader::kMaxLineBytes) {
+      *error = absl::StrCat("a line of more than ", RespReader::kMaxLineBytes,
+                            " bytes without its CRLF");
+    }
+    return nullptr;
+  }
   const char* q = static_cast<const char*>(cr);
   if (q + 1 == end) return nullptr;
   if (q[1] != '\n') {

@@ -19,8 +19,10 @@
 // sized by its header only once that header is within the limit, an array's elements are made
 // only after all of them arrived, an array may have at most kMaxArrayElements elements and a
 // reply at most one per 32 bytes of its limit (an array only where the request takes one), and a
-// reply that is not a large value is buffered up to the limit and no further. A node that announces "*2147483647" or "$524288000", or sends a line
-// that never ends, is a protocol error as soon as its header or its bytes show it.
+// reply that is not a large value is buffered up to the limit and no further. A line (a header,
+// a status, an error, an integer) may be at most kMaxLineBytes long. A node that announces
+// "*2147483647" or "$524288000", or sends a line that never ends, is a protocol error as soon as
+// its header or its bytes show it.
 //
 // Errors (Next): Internal for a protocol error (an unknown type byte, a malformed length or
 // line, nesting deeper than kMaxDepth, an array of more than kMaxArrayElements, a reply over its
@@ -59,6 +61,10 @@ class RespReader {
   static constexpr long long kMaxArrayElements = 16384;
   // Deepest nesting of arrays accepted.
   static constexpr int kMaxDepth = 8;
+  // Longest line (without its CRLF) accepted: a length header, a status, an error (a MOVED with
+  // its host name), an integer. Redis's own lines are far shorter; an endless line is refused
+  // after this many bytes, not after the reply's whole limit.
+  static constexpr size_t kMaxLineBytes = 64 * 1024;
   // Bytes asked of one read into the reader's own buffer.
   static constexpr size_t kReadBytes = 64 << 10;
 

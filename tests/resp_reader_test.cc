@@ -327,5 +327,50 @@ TEST(RespReaderTest, AReplyThatNeverEndsIsRefusedPastItsLimit) {
   }
 }
 
+TEST(RespReaderTest, ALineThatNeverEndsIsRefusedPastTheLineLimitWhateverTheReplysLimit) {
+  // CLUSTER SLOTS may be 16 MiB, but none of its lines is longer than a host name: an endless
+  // status line, alone or as an element, is refused after kMaxLineBytes, not after 16 MiB.
+  for (const std::string& head : {std::string("+"), std::string("*2\r\n:1\r\n-ERR ")}) {
+    SCOPED_TRACE(head);
+    RespReader reader;
+    reader.ExpectNextReply(uint64_t{16} << 20, nullptr, /*arrays=*/true);
+    uint64_t fed = 0;
+    absl::Status last;
+    for (int i = 0; i < 10000 && last.ok(); ++i) {
+      reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
+        std::string piece = fed == 0 ? head : std::string();
+        while (piece.size() < 4096) piece += "AAAA";
+        const size_t n = std::min(iov[0].iov_len, piece.size());
+        std::memcpy(iov[0].iov_base, piece.data(), n);
+        fed += n;
+        return static_cast<ssize_t>(n);
+      });
+      last = reader.Next().status();
+    }
+    EXPECT_EQ(last.code(), absl::StatusCode::kInternal);
+    EXPECT_NE(last.message().find("a line of more than 65536 bytes without its CRLF"),
+              std::string::npos)
+        << last;
+    EXPECT_LT(fed, RespReader::kMaxLineBytes + 3 * 4096);
+  }
+  // A line just under the limit is still a reply.
+  RespReader reader;
+  const std::string line = "-" + std::string(RespReader::kMaxLineBytes - 1, 'e') + "\r\n";
+  size_t at = 0;
+  absl::StatusOr<std::optional<Reply>> got = std::optional<Reply>();
+  while (got.ok() && !got->has_value() && at < line.size()) {
+    reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
+      const size_t n = std::min(iov[0].iov_len, line.size() - at);
+      std::memcpy(iov[0].iov_base, line.data() + at, n);
+      at += n;
+      return static_cast<ssize_t>(n);
+    });
+    got = reader.Next();
+  }
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_EQ((*got)->type, Reply::Type::kError);
+  EXPECT_EQ((*got)->str.size(), RespReader::kMaxLineBytes - 1);
+}
+
 }  // namespace
 }  // namespace ckv::remote
