@@ -185,14 +185,103 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     }
     if (e.Find("speedup")->AsDouble() != nullptr || e.Find("speedup")->AsInt() != nullptr) {
       EXPECT_GT(Num(e, "speedup"), 0);
-      EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup") + 1e-12);
-      EXPECT_GE(Num(e, "speedup_max"), Num(e, "speedup") - 1e-12);
-      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 0.5);
+      EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup_round_median") + 1e-12);
+      EXPECT_GE(Num(e, "speedup_max"), Num(e, "speedup_round_median") - 1e-12);
+      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 1e-9);
     } else {
       EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
     }
   }
   EXPECT_EQ(baselines, (std::set<std::string>{"impress", "ckv-paper", "h2o", "full"}));
+
+  // Every row's quality is over both distinct measured requests: a mean, a p95, the worst layer.
+  for (const JsonValue& r : *results->AsArray()) {
+    SCOPED_TRACE(*r.Find("system")->AsString());
+    EXPECT_EQ(Num(r, "quality_requests"), *r.Find("system")->AsString() == "recompute" ? 0 : 2);
+    EXPECT_GE(Num(r, "output_rel_error_p95") + 1e-12, Num(r, "output_rel_error"));
+    EXPECT_GE(Num(r, "worst_layer_error") + 1e-12, Num(r, "output_rel_error"));
+  }
+  // The headline: at equal output error, every baseline (full and recompute included) at each of
+  // 0.05, 0.1 and 0.2; a system's latency there lies on its own curve, never beyond it.
+  const JsonValue* ee = doc->Find("equal_error");
+  ASSERT_NE(ee, nullptr);
+  ASSERT_NE(ee->AsArray(), nullptr);
+  std::set<std::pair<std::string, double>> seen;
+  auto curve_of = [&](const std::string& s) {
+    std::vector<const JsonValue*> c;
+    for (double b : {0.1, 0.5}) c.push_back(by.at({s, b}));
+    return c;
+  };
+  auto on_curve = [&](const std::string& system, const JsonValue& point, double error,
+                      const JsonValue* latency) {
+    SCOPED_TRACE(system);
+    const std::vector<const JsonValue*> c = curve_of(system);
+    bool reaches = false;
+    double lo = 1e300, hi = 0;
+    for (const JsonValue* r : c) {
+      reaches |= Num(*r, "output_rel_error") <= error + 1e-12;
+      for (const JsonValue& m : *r->Find("latency_ms")->Find("rounds")->AsArray()) {
+        const double ms = m.AsDouble() ? *m.AsDouble() : double(*m.AsInt());
+        lo = std::min(lo, ms);
+        hi = std::max(hi, ms);
+      }
+    }
+    EXPECT_EQ(*point.Find("reached")->AsBool(), reaches);
+    if (!reaches) {
+      EXPECT_TRUE(latency->IsNull()) << "not reached is never extrapolated";
+      EXPECT_GT(Num(point, "closest_error"), error);
+      return;
+    }
+    EXPECT_GE(Num(point, "latency_ms"), lo - 1e-9);
+    EXPECT_LE(Num(point, "latency_ms"), hi + 1e-9);
+    if (!point.Find("budget")->IsNull()) {
+      EXPECT_GE(Num(point, "budget"), 0.1 - 1e-12);
+      EXPECT_LE(Num(point, "budget"), 0.5 + 1e-12);
+    }
+  };
+  for (const JsonValue& e : *ee->AsArray()) {
+    const std::string base = *e.Find("baseline")->AsString();
+    const double error = Num(e, "error");
+    SCOPED_TRACE(base + " at error " + std::to_string(error));
+    seen.insert({base, error});
+    EXPECT_EQ(*e.Find("ckv_system")->AsString(), "ckv");
+    for (const char* k : {"baseline_latency_ms", "ckv_latency_ms", "speedup", "speedup_min",
+                          "speedup_max"}) {
+      ASSERT_NE(e.Find(k), nullptr) << k;
+    }
+    on_curve(base, *e.Find("points")->Find("baseline"), error, e.Find("baseline_latency_ms"));
+    on_curve("ckv", *e.Find("points")->Find("ckv"), error, e.Find("ckv_latency_ms"));
+    if (base == "full" || base == "recompute") {
+      // Exact: error 0, so reached at every error, at its one latency.
+      EXPECT_NEAR(Num(e, "baseline_latency_ms"),
+                  Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+    }
+    if (e.Find("speedup")->IsNull()) {
+      EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
+      continue;
+    }
+    // The ratio of the medians; the per-round ratios beside it.
+    EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 1e-9);
+    EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup_max"));
+  }
+  for (const char* base : {"impress", "ckv-paper", "h2o", "full", "recompute"}) {
+    for (double error : {0.05, 0.1, 0.2}) {
+      EXPECT_TRUE(seen.contains({base, error})) << base << " at " << error;
+    }
+  }
+  // Baseline-anchored: each selecting baseline at its 10% row, ckv at that row's error.
+  const JsonValue* anchored = doc->Find("baseline_anchored");
+  ASSERT_NE(anchored, nullptr);
+  ASSERT_NE(anchored->AsArray(), nullptr);
+  EXPECT_EQ(anchored->AsArray()->size(), 3u);
+  for (const JsonValue& e : *anchored->AsArray()) {
+    const std::string base = *e.Find("baseline")->AsString();
+    SCOPED_TRACE(base);
+    EXPECT_EQ(Num(e, "anchor_budget"), 0.1);
+    EXPECT_NEAR(Num(e, "error"), Num(*by.at({base, 0.1}), "output_rel_error"), 1e-12);
+    EXPECT_NEAR(Num(e, "baseline_latency_ms"),
+                Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+  }
   for (double b : {0.1, 0.5}) {
     // full loads everything: recall 1, the exact output, and it reads exactly what it needs.
     const JsonValue& full = *by.at({"full", b});

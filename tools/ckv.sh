@@ -338,7 +338,7 @@ run_demo_bench() {
   local store="${CKV_DEMO_BENCH_STORE:-$ORIG_PWD/ckv-demo-bench-store}"
   say "reprefill_bench: ckv against the baselines (qwen2.5-7b, 4096-token prefixes, 64-token suffixes)"
   "$bench" --store "$store" --model qwen2.5-7b --prefix-tokens 4096 --suffix-tokens 64 \
-    --conversations 4 --turns 3 --budgets 5,15,25 --systems full,h2o,impress,ckv-paper,ckv \
+    --conversations 4 --turns 3 --budgets 5,25,90 --systems full,h2o,impress,ckv-paper,ckv \
     --gpu-tier-bytes 16M --cpu-tier-bytes 48M --rounds 1 --fidelity --fidelity-requests 1 \
     --fio-seconds 1 \
     --json "$store/reprefill.json" --plot "$store/reprefill.png"

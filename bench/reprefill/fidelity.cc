@@ -21,10 +21,10 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
   return &it->second;
 }
 
-absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<float>>& queries,
-                               const std::vector<std::vector<uint32_t>>& loaded,
-                               const std::vector<std::vector<uint32_t>>& attended,
-                               double* recall, double* recall_loaded, double* error) {
+absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
+    const Request& r, const std::vector<std::vector<float>>& queries,
+    const std::vector<std::vector<uint32_t>>& loaded,
+    const std::vector<std::vector<uint32_t>>& attended) {
   const ModelSpec& spec = w_.spec();
   const kernels::KvShape shape = kernels::KvShape::Of(spec);
   const uint32_t c = spec.chunk_tokens;
@@ -33,6 +33,8 @@ absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<f
   std::vector<uint32_t> all(n);
   std::iota(all.begin(), all.end(), 0u);
   double rs = 0, rl = 0, es = 0;
+  Quality q;
+  q.layer_error.reserve(spec.layers);
   for (uint32_t l = 0; l < spec.layers; ++l) {
     CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* records, Records(r.conversation, l));
     const std::vector<std::byte>& recs = *records;
@@ -75,12 +77,14 @@ absl::Status Fidelity::Measure(const Request& r, const std::vector<std::vector<f
     rs += got;
     rl += got_loaded;
     CKV_ASSIGN_OR_RETURN(auto out, kernels::ReferenceAttention(shape, queries[l], window, kv));
-    es += kernels::RelativeL2Error(out, it->second.output);
+    const double e = kernels::RelativeL2Error(out, it->second.output);
+    q.layer_error.push_back(e);
+    es += e;
   }
-  *recall = rs / spec.layers;
-  *recall_loaded = rl / spec.layers;
-  *error = es / spec.layers;
-  return absl::OkStatus();
+  q.recall = rs / spec.layers;
+  q.recall_loaded = rl / spec.layers;
+  q.error = es / spec.layers;
+  return q;
 }
 
 }  // namespace ckv::bench

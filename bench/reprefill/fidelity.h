@@ -28,13 +28,20 @@ class Fidelity {
  public:
   explicit Fidelity(const Workload& w) : w_(w) {}
 
+  // What one request's attention over a system's KV gives, against the attention over all of it.
+  struct Quality {
+    double recall = 0;         // mean over layers
+    double recall_loaded = 0;  // mean over layers
+    double error = 0;          // output relative L2 error, mean over layers
+    std::vector<double> layer_error;  // per layer
+  };
+
   // `loaded[l]`: chunks loaded at layer l; `attended[l]`: the tokens attended to, sorted, or
-  // empty for every token of loaded[l]. *recall counts the attended tokens, *recall_loaded every
+  // empty for every token of loaded[l]. recall counts the attended tokens, recall_loaded every
   // token of the loaded chunks (what a token-level system would get if it used all it read).
-  absl::Status Measure(const Request& r, const std::vector<std::vector<float>>& queries,
-                       const std::vector<std::vector<uint32_t>>& loaded,
-                       const std::vector<std::vector<uint32_t>>& attended, double* recall,
-                       double* recall_loaded, double* error);
+  absl::StatusOr<Quality> Measure(const Request& r, const std::vector<std::vector<float>>& queries,
+                                  const std::vector<std::vector<uint32_t>>& loaded,
+                                  const std::vector<std::vector<uint32_t>>& attended);
 
  private:
   struct Truth {

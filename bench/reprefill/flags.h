@@ -33,7 +33,7 @@ struct Flags {
   uint32_t warmup_turns = 1;
   double system_prompt_share = 0;
   uint32_t concurrency = 1;
-  std::vector<double> budgets = {0.02, 0.05, 0.10, 0.15, 0.25, 0.50};
+  std::vector<double> budgets = {0.02, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90};
   std::vector<std::string> systems = {"full", "h2o", "impress", "ckv-paper", "ckv"};
   uint64_t gpu_tier_bytes = 64ull << 20;
   uint64_t cpu_tier_bytes = 192ull << 20;
@@ -57,7 +57,7 @@ struct Flags {
   std::string impress_probes = "group";
   uint32_t rounds = 5;
   bool fidelity = false;
-  uint32_t fidelity_requests = 4;
+  uint32_t fidelity_requests = 0;  // 0: every distinct measured request
   bool fio = true;
   double fio_seconds = 3;
   cli::JsonOutput json;  // --json [PATH]: the rows as JSON (tools/cli.h)

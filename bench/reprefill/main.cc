@@ -7,8 +7,9 @@
 // within a round the (system, budget) runs come in a shuffled order, so that drift of the disk
 // spreads over all systems alike. Each run replays the workload (workload.h): warm-up turns, then
 // the measured ones, closed-loop, `concurrency` at a time; then fio replays the run's own mix of
-// read sizes at its queue depth. The headline compares ckv with each baseline at the recall the
-// baseline reaches at a 5% budget (report.h).
+// read sizes at its queue depth. The headline compares ckv with each other system at equal
+// output error (0.05, 0.1, 0.2), each interpolated on its own curve; baseline-anchored and
+// equal-recall comparisons stand beside it (report.h).
 //
 // Per request and layer: the system's identification and loads, the modelled PCIe transfer of
 // what it loaded, then the layer's modelled compute (gpu_model.h), spent as timed waits on one
@@ -270,26 +271,37 @@ struct JobFigures {
   IoSizeMix mix{};
 };
 
-// Recall and output error of a run's first f.fidelity_requests measured requests, into `row`.
-// Selections do not depend on timing: one round measures them.
+// Recall and output error of a run's distinct measured requests (every one, or the first
+// f.fidelity_requests), into `row`: the mean and p95 over requests, and the layer whose mean
+// error over them is the worst. Selections do not depend on timing, and rounds repeat the same
+// requests: one round measures them.
 absl::Status MeasureFidelity(const Flags& f, const Workload& w, Fidelity& fidelity,
                              const RunResult& run, Row* row) {
-  double rs = 0, rl = 0, es = 0;
-  size_t k = 0;
-  for (size_t q = 0; q < run.measured.size() && k < f.fidelity_requests; ++q, ++k) {
+  double rs = 0, rl = 0;
+  std::vector<double> errors, layer_sum;
+  for (size_t q = 0; q < run.measured.size(); ++q) {
+    if (f.fidelity_requests > 0 && q >= f.fidelity_requests) break;
     const Request& req = run.measured[q];
     const RequestResult& res = run.requests[q];
-    double rec = 0, err = 0, rec_loaded = 0;
-    CKV_RETURN_IF_ERROR(fidelity.Measure(req, w.Queries(req), res.loaded, res.attended, &rec,
-                                         &rec_loaded, &err));
-    rs += rec;
-    rl += rec_loaded;
-    es += err;
+    CKV_ASSIGN_OR_RETURN(Fidelity::Quality got,
+                         fidelity.Measure(req, w.Queries(req), res.loaded, res.attended));
+    rs += got.recall;
+    rl += got.recall_loaded;
+    errors.push_back(got.error);
+    layer_sum.resize(std::max(layer_sum.size(), got.layer_error.size()), 0.0);
+    for (size_t l = 0; l < got.layer_error.size(); ++l) layer_sum[l] += got.layer_error[l];
   }
-  if (k > 0) {
-    row->recall = rs / k;
-    row->recall_loaded = rl / k;
-    row->rel_error = es / k;
+  if (errors.empty()) return absl::OkStatus();
+  const double k = static_cast<double>(errors.size());
+  row->quality_requests = errors.size();
+  row->recall = rs / k;
+  row->recall_loaded = rl / k;
+  row->rel_error = std::accumulate(errors.begin(), errors.end(), 0.0) / k;
+  row->rel_error_p95 = Percentile(errors, 0.95);
+  const auto worst = std::max_element(layer_sum.begin(), layer_sum.end());
+  if (worst != layer_sum.end()) {
+    row->worst_layer = static_cast<int>(worst - layer_sum.begin());
+    row->worst_layer_error = *worst / k;
   }
   return absl::OkStatus();
 }
@@ -388,7 +400,10 @@ void AddRecomputeRows(const Flags& f, const Workload& w, const Arch& arch,
       r.modelled = true;
       r.mean_ms = r.p50_ms = r.p95_ms = ms;
       r.round_mean_ms.assign(f.rounds, ms);
-      if (f.fidelity) r.recall = r.recall_loaded = 1.0, r.rel_error = 0.0;
+      if (f.fidelity) {
+        r.recall = r.recall_loaded = 1.0;
+        r.rel_error = r.rel_error_p95 = r.worst_layer_error = 0.0;
+      }
       out->push_back(r);
     }
   }
@@ -407,11 +422,17 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
   for (const System& s : systems) {
     if (s.kind == Kind::kCkv && s.name != "ckv-paper" && (ckv_name.empty() || s.name == "ckv")) ckv_name = s.name;
   }
-  const std::vector<EqualRecall> eq =
-      ckv_name.empty() ? std::vector<EqualRecall>{} : EqualRecallOf(out, ckv_name, 0.05);
-  if (!f.json.ToStdout()) PrintTable(out, eq);
+  Comparisons c;
+  if (!ckv_name.empty()) {
+    c.equal_error = EqualErrorOf(out, ckv_name, std::vector<double>(std::begin(kEqualErrors),
+                                                                    std::end(kEqualErrors)));
+    c.anchored = BaselineAnchoredOf(out, ckv_name, std::vector<double>(std::begin(kAnchorBudgets),
+                                                                       std::end(kAnchorBudgets)));
+    c.equal_recall = EqualRecallOf(out, ckv_name, 0.05);
+  }
+  if (!f.json.ToStdout()) PrintTable(out, c);
   if (f.json.enabled) {
-    if (absl::Status st = f.json.Write(ToJson(w, out, eq)); !st.ok()) {
+    if (absl::Status st = f.json.Write(ToJson(w, out, c)); !st.ok()) {
       std::fprintf(stderr, "%s: %s\n", kProg, st.ToString().c_str());
       return 1;
     }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// bench/reprefill/report.h: the benchmark's rows, the equal-recall comparison, the table, the
-// JSON and the plot.
+// bench/reprefill/report.h: the benchmark's rows, the equal-error (the headline),
+// baseline-anchored and equal-recall comparisons, the table, the JSON and the plot.
 #ifndef CKV_BENCH_REPREFILL_REPORT_H_
 #define CKV_BENCH_REPREFILL_REPORT_H_
 
@@ -27,7 +27,12 @@ struct Row {
   double device_mb_s = 0, fio_mb_s = 0, fio_full_depth_mb_s = 0;
   uint64_t dominant_io_bytes = 0;
   double busy_queue_depth = 0;
-  std::optional<double> recall, recall_loaded, rel_error;
+  // Fidelity over the distinct measured requests (quality_requests of them): recall and the
+  // output error as means over requests, the error's p95 over requests, and the layer whose
+  // mean error is the worst.
+  size_t quality_requests = 0;
+  std::optional<double> recall, recall_loaded, rel_error, rel_error_p95, worst_layer_error;
+  int worst_layer = -1;
   double gpu_hit_rate = 0, cpu_hit_rate = 0;
   uint64_t wasted_prefetch_bytes = 0;
   double fallback_layers = 0;  // impress: layers per request whose probes disagreed
@@ -48,9 +53,52 @@ struct EqualRecall {
   double baseline_latency_ms = 0;  // median over rounds
   std::optional<double> ckv_budget;  // interpolated budget at that recall
   std::optional<double> ckv_latency_ms;
-  std::optional<double> speedup, speedup_min, speedup_max;  // median and range over rounds
+  // The ratio of the medians over rounds; beside it the median and range of per-round ratios.
+  std::optional<double> speedup, speedup_round_median, speedup_min, speedup_max;
   std::string note;
 };
+
+// The output errors the headline compares systems at (issue "Re-Prefill speed at a quality
+// people deploy"): what a serving engineer would accept, from near-exact to lenient.
+inline constexpr double kEqualErrors[] = {0.05, 0.1, 0.2};
+// The baseline budgets the baseline-anchored comparison takes.
+inline constexpr double kAnchorBudgets[] = {0.02, 0.05, 0.10, 0.25};
+
+// One system's point on its own error-latency curve at a given output error.
+struct CurvePoint {
+  bool reached = false;          // some budget run has a mean error <= the error asked
+  bool at_smallest = false;      // reached already at the smallest budget run: an upper bound
+  std::optional<double> budget;  // interpolated (reached), or the closest point's (not reached)
+  std::optional<double> error;   // the closest point's mean error (not reached)
+  std::optional<double> latency_ms;  // median over rounds of the interpolated latency, or the
+                                     // closest point's median (not reached)
+};
+
+// ckv against a baseline at one output error (the mean over requests of the per-layer relative
+// L2 error of the attention output): each system's latency interpolated linearly in budget
+// between the adjacent budgets whose mean errors bracket it, taking the lowest such budget where
+// the curve is not monotonic; never extrapolated.
+struct EqualError {
+  std::string tiers;
+  std::string baseline;
+  std::string ckv_system;
+  double error = 0;
+  std::optional<double> anchor_budget;  // baseline-anchored: the baseline's budget, `error` its error
+  CurvePoint base, ckv;
+  // The headline: the ratio of the medians over rounds. Beside it the median and range of the
+  // per-round ratios. Only where both systems reach the error.
+  std::optional<double> speedup, speedup_round_median, speedup_min, speedup_max;
+  std::string note;
+};
+
+// The equal-error entries of `rows` for the ckv system `ckv` against every other system run
+// (full and recompute included), at each of `errors`.
+std::vector<EqualError> EqualErrorOf(const std::vector<Row>& rows, const std::string& ckv,
+                                     const std::vector<double>& errors);
+// The baseline-anchored entries: each token- or chunk-selecting baseline at each of `budgets`
+// it ran, and ckv at the error the baseline reaches there.
+std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const std::string& ckv,
+                                           const std::vector<double>& budgets);
 
 // The equal-recall entries of `rows` for the ckv system `ckv` (see docs/baselines.md): against
 // impress, ckv-paper and h2o at the recall each reaches at `reference_budget`, and against full
@@ -58,10 +106,16 @@ struct EqualRecall {
 std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::string& ckv,
                                        double reference_budget);
 
-void PrintTable(const std::vector<Row>& rows, const std::vector<EqualRecall>& eq);
-std::string ToJson(const Workload& w, const std::vector<Row>& rows,
-                   const std::vector<EqualRecall>& eq);
-// Latency against recall, one curve per system, a panel per tier configuration.
+// What the report compares: equal output error (the headline), baseline-anchored, equal recall.
+struct Comparisons {
+  std::vector<EqualError> equal_error, anchored;
+  std::vector<EqualRecall> equal_recall;
+};
+
+void PrintTable(const std::vector<Row>& rows, const Comparisons& c);
+std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Comparisons& c);
+// Latency against output error, one curve per system, the errors of kEqualErrors marked; a panel
+// per tier configuration.
 void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& path);
 
 }  // namespace ckv::bench
