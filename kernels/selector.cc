@@ -53,13 +53,17 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
         in.shape.q_heads));
   }
   if (kind == SelectorKind::kImpress) {
-    std::vector<bool> seen(in.shape.q_heads, false);
-    for (uint32_t h : o.impress_probe_q_heads) {
-      if (h >= in.shape.q_heads || seen[h]) {
-        return absl::InvalidArgumentError(absl::StrCat("impress: probe q head ", h, " of ",
-                                                       in.shape.q_heads, " (or named twice)"));
+    for (const auto& [what, list] :
+         {std::pair<const char*, const std::vector<uint32_t>&>{"probe", o.impress_probe_q_heads},
+          std::pair<const char*, const std::vector<uint32_t>&>{"scoring", o.impress_score_q_heads}}) {
+      std::vector<bool> seen(in.shape.q_heads, false);
+      for (uint32_t h : list) {
+        if (h >= in.shape.q_heads || seen[h]) {
+          return absl::InvalidArgumentError(absl::StrCat("impress: ", what, " q head ", h, " of ",
+                                                         in.shape.q_heads, " (or named twice)"));
+        }
+        seen[h] = true;
       }
-      seen[h] = true;
     }
   }
   return absl::OkStatus();
@@ -230,9 +234,13 @@ bool ReadsKeys(SelectorKind kind) { return !ReadsSummaries(kind); }
 double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOptions& o) {
   const double n = static_cast<double>(in.chunks);
   const double d = in.shape.head_dim;
-  const double heads = kind == SelectorKind::kImpress
-                           ? static_cast<double>(ImpressProbeHeads(in.shape, o).size())
-                           : in.shape.q_heads;
+  // impress: the scoring heads (the probes among them when they are named apart).
+  const double heads =
+      kind != SelectorKind::kImpress ? in.shape.q_heads
+      : !o.impress_score_q_heads.empty()
+          ? static_cast<double>(std::max(o.impress_score_q_heads.size(),
+                                         ImpressProbeHeads(in.shape, o).size()))
+          : static_cast<double>(ImpressProbeHeads(in.shape, o).size());
   switch (kind) {
     case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
     case SelectorKind::kMeanKey: return 2 * n * heads * d;
@@ -332,7 +340,13 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
       }
     }
     sel.probe_jaccard = jaccard / static_cast<double>(pairs);
-    mass = std::move(sum);
+    if (o.impress_score_q_heads.empty()) {
+      mass = std::move(sum);
+    } else {
+      mass = TokenAttention(in.shape, in.queries, in.window, in.records, o.impress_score_q_heads);
+    }
+  } else if (kind == SelectorKind::kImpress && !o.impress_score_q_heads.empty()) {
+    mass = TokenAttention(in.shape, in.queries, in.window, in.records, o.impress_score_q_heads);
   } else {
     mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
   }

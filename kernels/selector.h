@@ -99,6 +99,11 @@ struct SelectOptions {
   // impress: the probe q heads by index (each < q_heads, no repeats); when not empty it replaces
   // impress_probe_heads' spread choice. Default: empty.
   std::vector<uint32_t> impress_probe_q_heads;
+  // impress: the q heads whose mean attention ranks the tokens (each < q_heads, no repeats);
+  // empty: the probe heads. IMPRESS loads its probes' kv heads' keys, and every q head those
+  // keys serve can score with them: 7 per kv head on qwen2.5-7b. The gate (probe_jaccard)
+  // stays the probes'. Default: empty.
+  std::vector<uint32_t> impress_score_q_heads;
 };
 
 // The chunks k selectors keep out of n (see the header comment).

@@ -316,6 +316,38 @@ TEST_P(SelectorTest, ImpressScoresOnlyTheNamedProbeHeadsAndMeasuresTheirAgreemen
   EXPECT_EQ(sel->probe_jaccard, 1.0);
 }
 
+TEST_P(SelectorTest, ImpressScoresWithEveryNamedHeadWhileItsProbesGate) {
+  // IMPRESS loads its probes' kv heads' keys; every q head those keys serve may rank the tokens,
+  // while the gate stays the probes' agreement.
+  const Prefix p = MakePrefix(40, 5);
+  const KvShape s = KvShape::Of(p.spec);
+  ASSERT_GE(s.q_heads, 2 * s.group());
+  SelectOptions probes_only;
+  probes_only.budget_fraction = 0.1;
+  probes_only.impress_probe_q_heads = {0, s.group()};  // one q head in each of kv heads 0 and 1
+  SelectOptions o = probes_only;
+  for (uint32_t q = 0; q < 2 * s.group(); ++q) o.impress_score_q_heads.push_back(q);
+  auto base = Select(SelectorKind::kImpress, p.Input(), probes_only);
+  auto sel = Select(SelectorKind::kImpress, p.Input(), o);
+  ASSERT_TRUE(base.ok() && sel.ok());
+  EXPECT_EQ(sel->probe_jaccard, base->probe_jaccard);  // the gate: the probes alone
+  const auto mass = ReferenceTokenMass(p, o.impress_score_q_heads);
+  std::vector<double> want(p.chunks, 0.0);
+  for (size_t t = 0; t < mass.size(); ++t) want[t / s.chunk_tokens] += mass[t];
+  double differs = 0;
+  for (size_t j = 0; j < p.chunks; ++j) {
+    EXPECT_NEAR(sel->scores[j], want[j], 2e-4) << j;
+    differs += std::abs(sel->scores[j] - base->scores[j]);
+  }
+  EXPECT_GT(differs, 1e-3) << "the extra heads changed the ranking's scores";
+  // Scoring more heads costs more modelled FLOPs.
+  EXPECT_GT(ScoringFlops(SelectorKind::kImpress, p.Input(), o),
+            ScoringFlops(SelectorKind::kImpress, p.Input(), probes_only));
+  o.impress_score_q_heads = {0, s.q_heads};
+  EXPECT_EQ(Select(SelectorKind::kImpress, p.Input(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(SelectorTest, EverySelectorFindsAPlantedChunk) {
   const std::vector<uint32_t> planted = {17, 33};
   const Prefix p = MakePrefix(64, 3, planted);

@@ -154,6 +154,13 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   for (const char* s : {"full", "h2o", "impress", "ckv-paper", "ckv", "recompute"}) {
     EXPECT_EQ(budgets_of[s], (std::set<double>{0.1, 0.5})) << s;
   }
+  // impress reorders to convergence before measuring: the warm-up pass, then at least one that
+  // rewrote nothing.
+  for (double b : {0.1, 0.5}) {
+    EXPECT_GE(Num(*by.at({"impress", b}), "reorder_passes"), 2);
+    EXPECT_TRUE(*by.at({"impress", b})->Find("reorder_converged")->AsBool());
+    EXPECT_EQ(Num(*by.at({"ckv", b}), "reorder_passes"), 0);
+  }
   // A token-level system attends to fewer tokens than its blocks hold: its recall over them is
   // below the recall over everything it read (here, at 10%, strictly).
   for (const char* s : {"h2o", "impress"}) {

@@ -74,6 +74,12 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
                  });
   cli::AddChoice(app, "--impress-probes", &f->impress_probes, {"group", "spread"},
                  "impress's probe heads: group (default) or spread");
+  cli::AddChoice(app, "--impress-gate", &f->impress_gate, {"expected-jaccard", "budget"},
+                 "impress's gate threshold t = j^0.6: j = r/(2-r), the expected Jaccard of "
+                 "random top-k at budget r (default), or j = r");
+  cli::AddUint(app, "--impress-reorder-passes", &f->impress_reorder_passes,
+               "impress: most passes over the warm-up requests to let reordering converge "
+               "(default 8)");
 }
 
 // Tiers, the modelled GPU, and what is measured and written.

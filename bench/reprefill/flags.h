@@ -55,6 +55,12 @@ struct Flags {
   // impress's probe heads: "group" (3 q heads of one GQA group: one kv head's keys) or "spread"
   // (one q head in each of 3 groups).
   std::string impress_probes = "group";
+  // impress's gate threshold t = j^0.6: "expected-jaccard", j = r / (2 - r), the expected
+  // Jaccard of two random top-k sets of share r (0.111 at 5%); or "budget", j = r (0.166 at 5%).
+  std::string impress_gate = "expected-jaccard";
+  // impress: passes over the warm-up requests until reordering rewrites nothing (at most this
+  // many), so that the measured requests meet a converged layout.
+  uint32_t impress_reorder_passes = 8;
   uint32_t rounds = 5;
   bool fidelity = false;
   uint32_t fidelity_requests = 0;  // 0: every distinct measured request

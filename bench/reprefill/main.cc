@@ -61,6 +61,9 @@ struct RunResult {
   std::vector<RequestResult> requests;
   std::vector<Request> measured;
   prefetch::ReadEngineStats before, after;
+  uint32_t reorder_passes = 0;  // impress: warm-up passes run (the last one rewrote nothing
+                                // when reorder_converged)
+  bool reorder_converged = false;
 };
 
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
@@ -154,6 +157,24 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     return first;
   };
   CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
+  if (sys.kind == Kind::kImpress && !warm.empty()) {
+    // IMPRESS reorders offline from the history it has seen: the warm-up requests again until a
+    // pass rewrites nothing, so that the measured requests meet a converged layout.
+    uint32_t passes = 1;
+    bool converged = false;
+    while (!converged && passes < f.impress_reorder_passes) {
+      const uint64_t before = [&] {
+        absl::MutexLock lock(&state.mu);
+        return state.reordered_bytes;
+      }();
+      CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
+      ++passes;
+      absl::MutexLock lock(&state.mu);
+      converged = state.reordered_bytes == before;
+    }
+    out.reorder_passes = passes;
+    out.reorder_converged = converged;
+  }
   out.before = reads->stats();
   CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
   out.after = reads->stats();
@@ -189,6 +210,8 @@ void Accumulate(const RunResult& run, Row& row) {
     records += r.gpu_hits + r.cpu_hits + r.nvme_records;
   }
   row.requests = run.requests.size();
+  row.reorder_passes = std::max(row.reorder_passes, run.reorder_passes);
+  if (run.reorder_passes > 0 && !run.reorder_converged) row.reorder_converged = false;
   row.round_mean_ms.push_back(sum / nreq);
   row.gpu_hit_rate += records ? double(hits_gpu) / records : 0;
   row.cpu_hit_rate += records ? double(hits_cpu) / records : 0;

@@ -436,7 +436,7 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   // A profile file's queries are the network's: the generator's shift does not apply.
   if (w.file() != nullptr) j.Key("profile_file").String(w.file()->path());
   else j.Key("request_shift").Double(w.Params(Request{}).request_shift);
-  j.Key("impress_probes").String(f.impress_probes);
+  j.Key("impress_probes").String(f.impress_probes).Key("impress_gate").String(f.impress_gate);
   j.Key("store_bytes").Uint(w.store_bytes());
   j.EndObject();
   j.Key("results").BeginArray();
@@ -473,6 +473,7 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     j.EndObject();
     j.Key("wasted_prefetch_bytes").Uint(r.wasted_prefetch_bytes);
     j.Key("fallback_layers").Double(r.fallback_layers);
+    j.Key("reorder_passes").Uint(r.reorder_passes).Key("reorder_converged").Bool(r.reorder_converged);
     j.EndObject();
   }
   j.EndArray();

@@ -36,6 +36,10 @@ struct Row {
   double gpu_hit_rate = 0, cpu_hit_rate = 0;
   uint64_t wasted_prefetch_bytes = 0;
   double fallback_layers = 0;  // impress: layers per request whose probes disagreed
+  // impress: the most warm-up passes a round took for its reordering to converge, and whether
+  // every round's did within --impress-reorder-passes.
+  uint32_t reorder_passes = 0;
+  bool reorder_converged = true;
   bool modelled = false;  // recompute: no I/O, the modelled GPU alone
 
   double MedianRoundMs() const;

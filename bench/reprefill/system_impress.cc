@@ -5,11 +5,14 @@
 //    from the key file, and the probes' mean attention picks the top budget_fraction of tokens;
 //  - the next layer's probe keys are read while this layer scores, loads and computes (keys do
 //    not depend on the queries);
-//  - Jaccard gate: when the probes' own top-k token sets agree less than t = budget^0.6 (mean
-//    pairwise Jaccard), the layer falls back to every kv head's keys and every q head;
+//  - scoring: every q head the loaded keys serve ranks the tokens (7 per kv head on qwen2.5-7b);
+//  - Jaccard gate: when the probes' own top-k token sets agree less than t = j^0.6 (mean
+//    pairwise Jaccard; j = r / (2 - r), --impress-gate), the layer falls back to every kv head's
+//    keys and every q head;
 //  - storage: its own file (impress.bin) of 64-token blocks, a block's K then V one read; the
 //    selected tokens' blocks are read whole;
-//  - reordering: between turns (off the request's clock) each conversation's tokens are
+//  - reordering: between turns (off the request's clock; the warm-up turns repeated until it
+//    converges, main.cc) each conversation's tokens are
 //    permuted, per layer, so that the tokens ever selected (accumulated attention > 0) share as
 //    few blocks as possible; a mapping list (token -> slot) says where each token lives;
 //  - tiers: blocks keyed by (conversation, layer, physical block), score = frequency x share of
@@ -55,6 +58,15 @@ struct ImpressCounters {
   uint64_t reorders = 0;
 };
 
+// IMPRESS's gate threshold t = j^0.6 (docs/baselines.md): by default j = r / (2 - r), the
+// expected Jaccard similarity of two independent random top-k sets that each hold a share r of
+// the tokens (|A n B| = r^2 N, |A u B| = (2r - r^2) N): 0.111 at 5%. "budget" takes j = r
+// (0.166 at 5%), the reading used before.
+double GateThreshold(double budget, const std::string& gate) {
+  const double j = gate == "budget" ? budget : budget / (2 - budget);
+  return std::pow(j, 0.6);
+}
+
 ChunkKey BlockKey(uint32_t conversation, uint32_t layer, uint32_t block) {
   return ChunkKey{0x1a9e55b10c000000ull | conversation, (uint64_t{layer} << 32) | block};
 }
@@ -74,6 +86,10 @@ class ImpressRunner final : public BaselineRunner {
     std::vector<bool> kv(spec_.kv_heads, false);
     for (uint32_t q : probe_q_) kv[q / group] = true;
     for (uint32_t h = 0; h < spec_.kv_heads; ++h) (kv[h] ? probe_kv_ : other_kv_).push_back(h);
+    // Every q head the probes' keys serve scores (the gate stays the probes').
+    for (uint32_t q = 0; q < spec_.q_heads; ++q) {
+      if (kv[q / group]) score_q_.push_back(q);
+    }
     all_q_.resize(spec_.q_heads);
     std::iota(all_q_.begin(), all_q_.end(), 0u);
     all_kv_.resize(spec_.kv_heads);
@@ -109,10 +125,11 @@ class ImpressRunner final : public BaselineRunner {
     kernels::SelectOptions so;
     so.budget_fraction = ctx_.budget;
     so.impress_probe_q_heads = probe_q_;
+    so.impress_score_q_heads = score_q_;
     kernels::SelectOptions so_all = so;
     so_all.impress_probe_q_heads = all_q_;
-    // IMPRESS's gate (docs/baselines.md: our reading of t = j^0.6, j the budget's token share).
-    const double threshold = std::pow(ctx_.budget, 0.6);
+    so_all.impress_score_q_heads.clear();  // every head probes and scores
+    const double threshold = GateThreshold(ctx_.budget, ctx_.w->flags().impress_gate);
     all_need_.assign(n, true);
     scores_.clear();
 
@@ -255,6 +272,7 @@ class ImpressRunner final : public BaselineRunner {
     k.seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     k.bytes_rewritten += rewritten;
     k.reorders++;
+    ctx_.state->reordered_bytes += rewritten;
     return absl::OkStatus();
   }
 
@@ -409,7 +427,7 @@ class ImpressRunner final : public BaselineRunner {
 
   const ImpressFile imf_;
   const uint32_t stored_;
-  std::vector<uint32_t> probe_q_, probe_kv_, other_kv_, all_q_, all_kv_;
+  std::vector<uint32_t> probe_q_, score_q_, probe_kv_, other_kv_, all_q_, all_kv_;
   // Reused across requests (sized before timing).
   std::vector<std::vector<std::byte>> blockbuf_;  // per physical block: its bytes
   std::vector<std::vector<float>> acc_;           // per layer, per token: this request's mass

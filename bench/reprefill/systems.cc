@@ -51,8 +51,9 @@ std::string System::Config(const Flags& f) const {
       return "all keys + selected tokens' values, next-layer key preload, LRU tiers";
     case Kind::kImpress:
       return absl::StrCat("3 probe heads (", f.impress_probes,
-                          "), Jaccard fallback, 64-token blocks, reordering, next-layer probe "
-                          "key preload, freq x share tiers");
+                          ") gate, every q head of their keys scores, Jaccard fallback (",
+                          f.impress_gate, "), 64-token blocks, reordering to convergence, "
+                          "next-layer probe key preload, freq x share tiers");
     case Kind::kCkv: break;
   }
   return absl::StrCat(std::string(SelectorName(selector)), ", ",

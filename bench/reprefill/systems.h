@@ -80,6 +80,7 @@ struct BaselineState {
   // impress: per conversation, its layout (mapping list) and accumulated importance.
   std::map<uint32_t, std::shared_ptr<void>> impress;
   std::shared_ptr<void> impress_counters;  // impress: its reorders' cost
+  uint64_t reordered_bytes = 0;  // impress: bytes its reorders rewrote, over the run (under mu)
 };
 
 // What every system run sees.
