@@ -301,6 +301,26 @@ TEST(RespReaderTest, EachReplyIsHeldToTheLimitItsRequestStated) {
   }
 }
 
+// Feeds `head`, then 'A's without end, 4 KiB a read, until Next() fails or after `max_reads`
+// reads. Returns Next()'s last status and the bytes fed.
+std::pair<absl::Status, uint64_t> FeedEndless(RespReader& reader, const std::string& head,
+                                              int max_reads) {
+  uint64_t fed = 0;
+  absl::Status last;
+  for (int i = 0; i < max_reads && last.ok(); ++i) {
+    reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
+      std::string piece = fed == 0 ? head : std::string();
+      while (piece.size() < 4096) piece += "AAAA";
+      const size_t n = std::min(iov[0].iov_len, piece.size());
+      std::memcpy(iov[0].iov_base, piece.data(), n);
+      fed += n;
+      return static_cast<ssize_t>(n);
+    });
+    last = reader.Next().status();
+  }
+  return {last, fed};
+}
+
 TEST(RespReaderTest, AReplyThatNeverEndsIsRefusedPastItsLimit) {
   // A status line without end, alone and inside an array: the reader buffers
   // what arrives up to the reply's limit (and a line's worth), then gives up.
@@ -308,19 +328,7 @@ TEST(RespReaderTest, AReplyThatNeverEndsIsRefusedPastItsLimit) {
     SCOPED_TRACE(head);
     RespReader reader;
     reader.ExpectNextReply(20000);
-    uint64_t fed = 0;
-    absl::Status last;
-    for (int i = 0; i < 1000 && last.ok(); ++i) {
-      reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
-        std::string piece = fed == 0 ? head : std::string();
-        while (piece.size() < 4096) piece += "AAAA";
-        const size_t n = std::min(iov[0].iov_len, piece.size());
-        std::memcpy(iov[0].iov_base, piece.data(), n);
-        fed += n;
-        return static_cast<ssize_t>(n);
-      });
-      last = reader.Next().status();
-    }
+    const auto [last, fed] = FeedEndless(reader, head, 1000);
     EXPECT_EQ(last.code(), absl::StatusCode::kInternal);
     EXPECT_NE(last.message().find("reply still incomplete"), std::string::npos) << last;
     EXPECT_LT(fed, uint64_t{20000} + 4096 + 4096 * 2);
@@ -334,19 +342,7 @@ TEST(RespReaderTest, ALineThatNeverEndsIsRefusedPastTheLineLimitWhateverTheReply
     SCOPED_TRACE(head);
     RespReader reader;
     reader.ExpectNextReply(uint64_t{16} << 20, nullptr, /*arrays=*/true);
-    uint64_t fed = 0;
-    absl::Status last;
-    for (int i = 0; i < 10000 && last.ok(); ++i) {
-      reader.ReadFrom([&](const iovec* iov, int) -> ssize_t {
-        std::string piece = fed == 0 ? head : std::string();
-        while (piece.size() < 4096) piece += "AAAA";
-        const size_t n = std::min(iov[0].iov_len, piece.size());
-        std::memcpy(iov[0].iov_base, piece.data(), n);
-        fed += n;
-        return static_cast<ssize_t>(n);
-      });
-      last = reader.Next().status();
-    }
+    const auto [last, fed] = FeedEndless(reader, head, 10000);
     EXPECT_EQ(last.code(), absl::StatusCode::kInternal);
     EXPECT_NE(last.message().find("a line of more than 65536 bytes without its CRLF"),
               std::string::npos)
@@ -355,7 +351,10 @@ TEST(RespReaderTest, ALineThatNeverEndsIsRefusedPastTheLineLimitWhateverTheReply
   }
   // A line just under the limit is still a reply.
   RespReader reader;
-  const std::string line = "-" + std::string(RespReader::kMaxLineBytes - 1, 'e') + "\r\n";
+  std::string line(RespReader::kMaxLineBytes + 2, 'e');
+  line.front() = '-';
+  line[line.size() - 2] = '\r';
+  line.back() = '\n';
   size_t at = 0;
   absl::StatusOr<std::optional<Reply>> got = std::optional<Reply>();
   while (got.ok() && !got->has_value() && at < line.size()) {
