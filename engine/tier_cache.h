@@ -139,10 +139,13 @@ class TierManager {
 
   // Budgets in bytes (0: the tier holds nothing; the CPU budget includes the summary share).
   // `gpu_memory` / `cpu_memory`: where each tier keeps records; host memory when null.
-  // REQUIRES: cpu_memory, if given, returns host pointers.
+  // `summary_share`: the share of the CPU budget kept for summaries, in [0, 1] (0 for a user
+  // that keeps none, as the benchmark's baselines).
+  // REQUIRES: cpu_memory, if given, returns host pointers; 0 <= summary_share <= 1.
   TierManager(uint64_t gpu_budget_bytes, uint64_t cpu_budget_bytes,
               std::unique_ptr<kernels::DeviceMemory> gpu_memory = nullptr,
-              std::unique_ptr<kernels::DeviceMemory> cpu_memory = nullptr);
+              std::unique_ptr<kernels::DeviceMemory> cpu_memory = nullptr,
+              double summary_share = kSummaryShare);
   ~TierManager();
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;

@@ -358,6 +358,17 @@ TEST(TierManagerTest, BudgetsHoldWithTwoRecordSizes) {
   ExpectWithinBudgets(tiers);
 }
 
+TEST(TierManagerTest, AUserWithoutSummariesKeepsTheWholeCpuBudgetForRecords) {
+  // The benchmark's baselines use no summaries: a share kept for them would shrink their tier.
+  const uint64_t cpu_budget = 64 * kRecord;
+  TierManager tiers(0, cpu_budget, nullptr, nullptr, /*summary_share=*/0.0);
+  EXPECT_EQ(tiers.summary_stats().budget_bytes, 0u);
+  EXPECT_EQ(tiers.stats(TierLevel::kCpu).budget_bytes, cpu_budget);
+  for (uint64_t c = 0; c < 64; ++c) Admit(tiers, c, 1e9);
+  EXPECT_EQ(tiers.stats(TierLevel::kCpu).records, 64u);
+  ExpectWithinBudgets(tiers);
+}
+
 TEST(TierManagerTest, SummariesKeepTheirShareAndRankByLastUse) {
   const uint64_t cpu_budget = 64 * kRecord;
   TierManager tiers(0, cpu_budget);

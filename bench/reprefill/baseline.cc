@@ -47,7 +47,7 @@ BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
   L->filled.assign(n, false);
   L->pins.clear();
   L->h2d_bytes = 0;
-  L->batch = std::make_unique<ReadBatch>(ctx_.reads);
+  L->batch = std::make_unique<ReadBatch>(ctx_.reads, ctx_.gpu);
   return LayerPtr(L.release(), Recycle{this});
 }
 
@@ -73,12 +73,15 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
                                             std::span<const uint32_t> chunks, Layer& L,
                                             RequestResult& out, bool lru_touch) {
   const auto& keys = pinned.chunks();
-  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads);
+  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads, ctx_.gpu);
   engine::SessionHost& host = engine::HostOf(*ctx_.engine);
   for (uint32_t j : chunks) {
     if (auto h = Lookup(keys[j].key, layer, out, lru_touch)) {
       L.rec[j] = h.data();
-      if (h.level() != engine::TierLevel::kGpu) L.h2d_bytes += spec_.RecordBytes();
+      if (h.level() != engine::TierLevel::kGpu) {
+        L.h2d_bytes += spec_.RecordBytes();
+        L.batch->Charge(spec_.RecordBytes());
+      }
       L.pins.push_back(std::move(h));
       continue;
     }
@@ -89,7 +92,7 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
     out.bytes_read += q.length;
     out.nvme_records++;
     L.h2d_bytes += spec_.RecordBytes();
-    L.batch->Add(std::move(q));
+    L.batch->Add(std::move(q), spec_.RecordBytes());
     L.rec[j] = buf.data();
   }
   return L.batch->Submit();
@@ -100,7 +103,7 @@ absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, 
                                          const std::vector<uint32_t>& heads, Layer& L,
                                          RequestResult& out) {
   const uint32_t c = spec_.chunk_tokens;
-  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads);
+  if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads, ctx_.gpu);
   for (uint32_t j = 0; j < n;) {
     if (!need[j]) { ++j; continue; }
     uint32_t e = j;

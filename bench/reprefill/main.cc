@@ -83,8 +83,10 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   prefetch::FileId key_id = 0;
   BaselineState state;
   if (sys.kind != Kind::kCkv && (tiers.gpu_bytes > 0 || tiers.cpu_bytes > 0)) {
-    // The baselines' tiers: the same budgets, the original's policy.
-    state.tiers = std::make_unique<engine::TierManager>(tiers.gpu_bytes, tiers.cpu_bytes);
+    // The baselines' tiers: the same budgets, the original's policy, and no share kept for
+    // summaries they never use.
+    state.tiers = std::make_unique<engine::TierManager>(tiers.gpu_bytes, tiers.cpu_bytes, nullptr,
+                                                        nullptr, /*summary_share=*/0.0);
   }
   if (NeedsKeyFile(sys.kind)) {
     CKV_ASSIGN_OR_RETURN(key_file, storage::PosixFileSystem()->Open(

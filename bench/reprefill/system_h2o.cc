@@ -48,7 +48,10 @@ class H2oRunner final : public BaselineRunner {
       for (uint32_t j = 0; j < n; ++j) {
         if (auto h = Lookup(pinned->chunks()[j].key, 2 * layer, out, /*lru_touch=*/true)) {
           L->rec[j] = h.data();
-          if (h.level() != engine::TierLevel::kGpu) L->h2d_bytes += half;
+          if (h.level() != engine::TierLevel::kGpu) {
+            L->h2d_bytes += half;
+            L->batch->Charge(half);
+          }
           L->pins.push_back(std::move(h));
           need[j] = false;
         }
@@ -68,8 +71,8 @@ class H2oRunner final : public BaselineRunner {
         CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1));
       }
       CKV_RETURN_IF_ERROR(Wait(*L, out));
-      // The keys cross to the GPU, which scores them.
-      const absl::Time keys_there = ctx_.gpu->Transfer(L->h2d_bytes);
+      // The keys crossed to the GPU as they landed; it scores them once all have.
+      const absl::Time keys_there = L->batch->crossed();
       out.h2d_bytes += L->h2d_bytes;
       std::vector<bool> from_keys(n, false);
       for (uint32_t j = 0; j < n; ++j) from_keys[j] = L->rec[j] == nullptr;
@@ -88,11 +91,14 @@ class H2oRunner final : public BaselineRunner {
       std::vector<std::vector<std::byte>>& vbuf = vbuf_;
       vlen_.assign(n, 0);
       voff_.assign(n, 0);
-      ReadBatch values(ctx_.reads);  // waited for before the next layer reuses vbuf
+      ReadBatch values(ctx_.reads, ctx_.gpu);  // waited for before the next layer reuses vbuf
       uint64_t value_bytes = 0;
       for (uint32_t j : sel.chunks) {
         if (auto h = Lookup(pinned->chunks()[j].key, 2 * l + 1, out, /*lru_touch=*/true)) {
-          if (h.level() != engine::TierLevel::kGpu) value_bytes += half;
+          if (h.level() != engine::TierLevel::kGpu) {
+            value_bytes += half;
+            values.Charge(half);
+          }
           L->pins.push_back(std::move(h));
           continue;
         }
@@ -104,7 +110,7 @@ class H2oRunner final : public BaselineRunner {
         vlen_[j] = read.length;
         voff_[j] = read.skip;  // where V starts in the blocks read
         AddRange(values, file, read.offset, read.length, vbuf[j].data(), kMaxIo,
-                 prefetch::Priority::kDemand);
+                 prefetch::Priority::kDemand, /*cross_bytes=*/half);
         out.bytes_read += read.length;
         out.nvme_records++;
         value_bytes += half;
@@ -120,7 +126,7 @@ class H2oRunner final : public BaselineRunner {
         }
       }
       out.h2d_bytes += value_bytes;
-      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(value_bytes));
+      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), values.crossed());
     }
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;

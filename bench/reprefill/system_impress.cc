@@ -143,8 +143,9 @@ class ImpressRunner final : public BaselineRunner {
         next = NewLayer(n);
         CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l + 1, n, all_need_, probe_kv_, *next, out));
       }
-      uint64_t h2d_seen = cur->h2d_bytes;
-      absl::Time keys_there = ctx_.gpu->Transfer(h2d_seen);
+      // The probe keys crossed PCIe as they landed.
+      const uint64_t h2d_seen = cur->h2d_bytes;
+      absl::Time keys_there = cur->batch->crossed();
       out.h2d_bytes += h2d_seen;
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel,
                            ScoreKeys(kernels::SelectorKind::kImpress, l, n, queries[l], all_need_,
@@ -154,7 +155,7 @@ class ImpressRunner final : public BaselineRunner {
         out.fallback_layers++;
         CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l, n, all_need_, other_kv_, *cur, out));
         CKV_RETURN_IF_ERROR(Wait(*cur, out));
-        keys_there = ctx_.gpu->Transfer(cur->h2d_bytes - h2d_seen);
+        keys_there = cur->batch->crossed();
         out.h2d_bytes += cur->h2d_bytes - h2d_seen;
         // The scratch records keep the probe heads' keys; the other heads join them.
         CKV_ASSIGN_OR_RETURN(sel, ScoreKeys(kernels::SelectorKind::kImpress, l, n, queries[l],
@@ -164,7 +165,7 @@ class ImpressRunner final : public BaselineRunner {
       uint64_t load_h2d = 0;
       CKV_RETURN_IF_ERROR(LoadLayer(r, l, n, sel, so, *layout, *cur, out, &load_h2d));
       out.h2d_bytes += load_h2d;
-      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), ctx_.gpu->Transfer(load_h2d));
+      ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), cur->batch->crossed());
       cur = std::move(next);
     }
     if (ctx_.state->tiers) {
@@ -208,12 +209,16 @@ class ImpressRunner final : public BaselineRunner {
     for (uint32_t b : blocks_) {
       const ChunkKey key = BlockKey(r.conversation, l, b);
       if (auto h = Lookup(key, 0, out, /*lru_touch=*/false)) {
-        if (h.level() != engine::TierLevel::kGpu) *load_h2d += 2 * imf_.kv_bytes();
+        if (h.level() != engine::TierLevel::kGpu) {
+          *load_h2d += 2 * imf_.kv_bytes();
+          batch.Charge(2 * imf_.kv_bytes());
+        }
         cur.pins.push_back(std::move(h));
         continue;
       }
       AddRange(batch, ctx_.impress_file, imf_.Offset(r.conversation, l, b), imf_.block_bytes(),
-               blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand);
+               blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand,
+               /*cross_bytes=*/2 * imf_.kv_bytes());
       read_mark_[b] = true;
       out.bytes_read += imf_.block_bytes();
       out.nvme_records++;
