@@ -285,6 +285,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     const std::string base = *e.Find("baseline")->AsString();
     SCOPED_TRACE(base);
     EXPECT_EQ(Num(e, "anchor_budget"), 0.1);
+    EXPECT_EQ(Num(*e.Find("points")->Find("baseline"), "budget"), 0.1);
     EXPECT_NEAR(Num(e, "error"), Num(*by.at({base, 0.1}), "output_rel_error"), 1e-12);
     EXPECT_NEAR(Num(e, "baseline_latency_ms"),
                 Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);

@@ -147,7 +147,12 @@ EqualError Compare(const std::string& tiers, const std::string& baseline, const 
   for (const Row* r : ckv_curve) rounds = std::max(rounds, r->round_mean_ms.size());
   std::vector<double> base_rounds, ckv_rounds;
   e.base = PointOf(base_curve, error, rounds, &base_rounds);
-  if (anchor_budget) e.base.at_smallest = false;  // the anchored row itself, not a bound
+  if (anchor_budget) {
+    // The anchored row itself: not a bound, and at its own budget (a one-row curve reads as
+    // budget-free).
+    e.base.at_smallest = false;
+    e.base.budget = anchor_budget;
+  }
   e.ckv = PointOf(ckv_curve, error, rounds, &ckv_rounds);
   std::vector<std::string> notes;
   for (const auto& [name, p] : {std::pair<std::string, const CurvePoint&>{baseline, e.base},
