@@ -549,7 +549,7 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
     if (std::find(systems.begin(), systems.end(), r.system) == systems.end()) systems.push_back(r.system);
   }
   std::string s = absl::StrFormat("set terminal png size %d,560\nset output '%s'\n",
-                                  480 + 520 * int(tiers.size()), path);
+                                  640 + 560 * int(tiers.size()), path);
   s += absl::StrFormat(
       "set multiplot layout 1,%d title 'Re-Prefill latency against the attention output error, "
       "%s, %u-token prefixes, %u-token suffixes, %s attention'\n",
@@ -557,10 +557,12 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
   s += "set xlabel 'output error (relative L2, mean over requests)'\n"
        "set ylabel 'Re-Prefill latency (ms, median of rounds)'\n"
        "set key below\nset grid\nset logscale y\nset xrange [0:*]\n";
+  double label_y = 0.97;  // stepped down, so that labels of close errors do not overlap
   for (double e : kEqualErrors) {
     s += absl::StrFormat("set arrow from %g, graph 0 to %g, graph 1 nohead dt 2 lc rgb 'gray'\n"
-                         "set label 'e = %g' at %g, graph 0.97 left offset 0.3,0 tc rgb 'gray'\n",
-                         e, e, e, e);
+                         "set label 'e = %g' at %g, graph %g left offset 0.3,0 tc rgb 'gray'\n",
+                         e, e, e, e, label_y);
+    label_y -= 0.05;
   }
   for (const std::string& t : tiers) {
     s += "set title 'tiers: " + t + "'\nplot ";
