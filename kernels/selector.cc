@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iterator>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/assert.h"
@@ -156,6 +157,12 @@ std::vector<uint32_t> ImpressProbeHeads(const KvShape& s, const SelectOptions& o
   return heads;
 }
 
+// The q heads whose mean attention ranks impress's tokens: impress_score_q_heads when named,
+// else the probes themselves.
+std::vector<uint32_t> ImpressRankHeads(const KvShape& s, const SelectOptions& o) {
+  return o.impress_score_q_heads.empty() ? ImpressProbeHeads(s, o) : o.impress_score_q_heads;
+}
+
 // The `k` highest of `values` (ties to the lower index), sorted ascending.
 std::vector<uint32_t> TopK(std::span<const float> values, size_t k) {
   std::vector<uint32_t> idx(values.size());
@@ -234,13 +241,13 @@ bool ReadsKeys(SelectorKind kind) { return !ReadsSummaries(kind); }
 double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOptions& o) {
   const double n = static_cast<double>(in.chunks);
   const double d = in.shape.head_dim;
-  // impress: the scoring heads (the probes among them when they are named apart).
+  // impress: the ranking heads, or the probes when they are more (their per-head attention is
+  // computed for the gate).
   const double heads =
-      kind != SelectorKind::kImpress ? in.shape.q_heads
-      : !o.impress_score_q_heads.empty()
-          ? static_cast<double>(std::max(o.impress_score_q_heads.size(),
-                                         ImpressProbeHeads(in.shape, o).size()))
-          : static_cast<double>(ImpressProbeHeads(in.shape, o).size());
+      kind != SelectorKind::kImpress
+          ? in.shape.q_heads
+          : static_cast<double>(std::max(ImpressRankHeads(in.shape, o).size(),
+                                         ImpressProbeHeads(in.shape, o).size()));
   switch (kind) {
     case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
     case SelectorKind::kMeanKey: return 2 * n * heads * d;
@@ -277,7 +284,7 @@ absl::StatusOr<std::vector<float>> ScoreChunks(SelectorKind kind, const Selector
     case SelectorKind::kMeanKey:
       return MeanKeyScores(in);
     case SelectorKind::kImpress: {
-      const auto heads = ImpressProbeHeads(in.shape, o);
+      const auto heads = ImpressRankHeads(in.shape, o);
       auto mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
       if (!mass.ok()) return mass.status();
       return PerChunk(*mass, in.shape.chunk_tokens);
@@ -315,17 +322,21 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
   const auto k_tokens = std::clamp<size_t>(
       static_cast<size_t>(std::floor(o.budget_fraction * static_cast<double>(tokens) + 0.5)), 1,
       tokens);
-  absl::StatusOr<std::vector<float>> mass;
+  // impress ranks by its scoring heads (the probes unless others are named); h2o by every head.
+  const bool ranked_by_probes = kind == SelectorKind::kImpress && o.impress_score_q_heads.empty();
+  std::optional<absl::StatusOr<std::vector<float>>> probe_mass;
   if (kind == SelectorKind::kImpress && heads.size() >= 2 && heads.size() < in.shape.q_heads) {
     // Each probe alone (the mass is the mean of the per-head distributions, as TokenAttention
     // over the probes computes it), and how far their top-k sets agree.
-    std::vector<float> sum(tokens, 0.0f);
+    std::vector<float> sum(ranked_by_probes ? tokens : 0, 0.0f);
     std::vector<std::vector<uint32_t>> top;
     for (uint32_t h : heads) {
       auto one = TokenAttention(in.shape, in.queries, in.window, in.records,
                                 std::span<const uint32_t>(&h, 1));
       if (!one.ok()) return one.status();
-      simd::Axpy(1.0f / static_cast<float>(heads.size()), one->data(), sum.data(), tokens);
+      if (ranked_by_probes) {
+        simd::Axpy(1.0f / static_cast<float>(heads.size()), one->data(), sum.data(), tokens);
+      }
       top.push_back(TopK(*one, k_tokens));
     }
     double jaccard = 0;
@@ -340,16 +351,13 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
       }
     }
     sel.probe_jaccard = jaccard / static_cast<double>(pairs);
-    if (o.impress_score_q_heads.empty()) {
-      mass = std::move(sum);
-    } else {
-      mass = TokenAttention(in.shape, in.queries, in.window, in.records, o.impress_score_q_heads);
-    }
-  } else if (kind == SelectorKind::kImpress && !o.impress_score_q_heads.empty()) {
-    mass = TokenAttention(in.shape, in.queries, in.window, in.records, o.impress_score_q_heads);
-  } else {
-    mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);
+    if (ranked_by_probes) probe_mass = std::move(sum);
   }
+  absl::StatusOr<std::vector<float>> mass =
+      probe_mass ? std::move(*probe_mass)
+                 : TokenAttention(in.shape, in.queries, in.window, in.records,
+                                  kind == SelectorKind::kImpress ? ImpressRankHeads(in.shape, o)
+                                                                 : heads);
   if (!mass.ok()) return mass.status();
   sel.tokens = TopK(*mass, k_tokens);
   sel.scores = PerChunk(*mass, c);
