@@ -87,4 +87,35 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
   return q;
 }
 
+absl::Status Fidelity::MeasureRow(const std::vector<Request>& measured,
+                                  const std::vector<RequestResult>& results, uint32_t limit,
+                                  Row* row) {
+  double rs = 0, rl = 0;
+  std::vector<double> errors, layer_sum;
+  for (size_t q = 0; q < measured.size(); ++q) {
+    if (limit > 0 && q >= limit) break;
+    const Request& req = measured[q];
+    const RequestResult& res = results[q];
+    CKV_ASSIGN_OR_RETURN(Quality got, Measure(req, w_.Queries(req), res.loaded, res.attended));
+    rs += got.recall;
+    rl += got.recall_loaded;
+    errors.push_back(got.error);
+    layer_sum.resize(std::max(layer_sum.size(), got.layer_error.size()), 0.0);
+    for (size_t l = 0; l < got.layer_error.size(); ++l) layer_sum[l] += got.layer_error[l];
+  }
+  if (errors.empty()) return absl::OkStatus();
+  const double k = static_cast<double>(errors.size());
+  row->quality_requests = errors.size();
+  row->recall = rs / k;
+  row->recall_loaded = rl / k;
+  row->rel_error = std::accumulate(errors.begin(), errors.end(), 0.0) / k;
+  row->rel_error_p95 = Percentile(errors, 0.95);
+  const auto worst = std::max_element(layer_sum.begin(), layer_sum.end());
+  if (worst != layer_sum.end()) {
+    row->worst_layer = static_cast<int>(worst - layer_sum.begin());
+    row->worst_layer_error = *worst / k;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ckv::bench

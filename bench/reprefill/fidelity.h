@@ -19,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "bench/reprefill/report.h"
+#include "bench/reprefill/systems.h"
 #include "bench/reprefill/workload.h"
 #include "kernels/attention.h"
 
@@ -42,6 +44,12 @@ class Fidelity {
   absl::StatusOr<Quality> Measure(const Request& r, const std::vector<std::vector<float>>& queries,
                                   const std::vector<std::vector<uint32_t>>& loaded,
                                   const std::vector<std::vector<uint32_t>>& attended);
+
+  // Recall and output error of `measured` (whose results `results` holds, in the same order;
+  // every one, or the first `limit` when it is not 0) into `row`: the means over requests, the
+  // error's p95 over them, and the layer whose mean error over them is the worst.
+  absl::Status MeasureRow(const std::vector<Request>& measured,
+                          const std::vector<RequestResult>& results, uint32_t limit, Row* row);
 
  private:
   struct Truth {

@@ -49,13 +49,6 @@
 namespace ckv::bench {
 namespace {
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::ceil(p * v.size())) - (p > 0 ? 1 : 0);
-  return v[std::min(i, v.size() - 1)];
-}
-
 // One run's figures: one system, one budget, one tier configuration, one round.
 struct RunResult {
   std::vector<RequestResult> requests;
@@ -296,41 +289,6 @@ struct JobFigures {
   IoSizeMix mix{};
 };
 
-// Recall and output error of a run's distinct measured requests (every one, or the first
-// f.fidelity_requests), into `row`: the mean and p95 over requests, and the layer whose mean
-// error over them is the worst. Selections do not depend on timing, and rounds repeat the same
-// requests: one round measures them.
-absl::Status MeasureFidelity(const Flags& f, const Workload& w, Fidelity& fidelity,
-                             const RunResult& run, Row* row) {
-  double rs = 0, rl = 0;
-  std::vector<double> errors, layer_sum;
-  for (size_t q = 0; q < run.measured.size(); ++q) {
-    if (f.fidelity_requests > 0 && q >= f.fidelity_requests) break;
-    const Request& req = run.measured[q];
-    const RequestResult& res = run.requests[q];
-    CKV_ASSIGN_OR_RETURN(Fidelity::Quality got,
-                         fidelity.Measure(req, w.Queries(req), res.loaded, res.attended));
-    rs += got.recall;
-    rl += got.recall_loaded;
-    errors.push_back(got.error);
-    layer_sum.resize(std::max(layer_sum.size(), got.layer_error.size()), 0.0);
-    for (size_t l = 0; l < got.layer_error.size(); ++l) layer_sum[l] += got.layer_error[l];
-  }
-  if (errors.empty()) return absl::OkStatus();
-  const double k = static_cast<double>(errors.size());
-  row->quality_requests = errors.size();
-  row->recall = rs / k;
-  row->recall_loaded = rl / k;
-  row->rel_error = std::accumulate(errors.begin(), errors.end(), 0.0) / k;
-  row->rel_error_p95 = Percentile(errors, 0.95);
-  const auto worst = std::max_element(layer_sum.begin(), layer_sum.end());
-  if (worst != layer_sum.end()) {
-    row->worst_layer = static_cast<int>(worst - layer_sum.begin());
-    row->worst_layer_error = *worst / k;
-  }
-  return absl::OkStatus();
-}
-
 // f.rounds rounds of every job, in a shuffled order per round. Prints the error and returns
 // false when a run fails.
 bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& systems,
@@ -365,7 +323,9 @@ bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& sys
         fig.mix[k] += run->after.io_size_histogram[k] - run->before.io_size_histogram[k];
       }
       if (round == 0 && fidelity != nullptr) {
-        if (absl::Status st = MeasureFidelity(f, w, *fidelity, *run, &row); !st.ok()) {
+        if (absl::Status st = fidelity->MeasureRow(run->measured, run->requests,
+                                                   f.fidelity_requests, &row);
+            !st.ok()) {
           std::fprintf(stderr, "%s: fidelity: %s\n", kProg, st.ToString().c_str());
           return false;
         }

@@ -206,6 +206,13 @@ std::vector<std::string> BaselinesOf(const std::vector<Row>& rows, const std::st
 
 }  // namespace
 
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(p * v.size())) - (p > 0 ? 1 : 0);
+  return v[std::min(i, v.size() - 1)];
+}
+
 double Row::MedianRoundMs() const { return round_mean_ms.empty() ? mean_ms : Median(round_mean_ms); }
 double Row::MinRoundMs() const {
   return round_mean_ms.empty() ? mean_ms : *std::min_element(round_mean_ms.begin(), round_mean_ms.end());

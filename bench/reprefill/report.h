@@ -62,6 +62,9 @@ struct EqualRecall {
   std::string note;
 };
 
+// The p-quantile of `v` (nearest rank; 0 when empty).
+double Percentile(std::vector<double> v, double p);
+
 // The output errors the headline compares systems at (issue "Re-Prefill speed at a quality
 // people deploy"): what a serving engineer would accept, from near-exact to lenient.
 inline constexpr double kEqualErrors[] = {0.05, 0.1, 0.2};
