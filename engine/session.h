@@ -60,7 +60,9 @@ class RemoteTier;
 
 // A clock around each selector run of a session, for the benchmark harness: Begin just before a
 // selector scores a layer, End just after, with the FLOPs of that scoring
-// (kernels::ScoringFlops). Called on the session's calling thread.
+// (kernels::ScoringFlops). Also around each record's tier admission (End(0)): a GPU system makes
+// those copies by DMA on its copy engines, off the compute's path. Called on the session's
+// calling thread.
 class SelectorClock {
  public:
   virtual ~SelectorClock() = default;

@@ -315,6 +315,61 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   EXPECT_NE(second.output.find("reusing the store"), std::string::npos) << second.output;
 }
 
+// IMPRESS anchors (docs/baselines.md, "impress"): where a prefix's important tokens stay the
+// same from request to request (request shift 0, the regime IMPRESS's reordering is built for),
+// impress reads fewer bytes than full at 5% and 10% and at most 16x the bytes it needs at 5%.
+// (From 25% on it reads more than full on this generator; baselines.md shows why.) Then
+// the baselines' own files are verified as they are read: a flipped byte in keys.bin or
+// impress.bin fails the run with DataLoss naming the file, never a wrong answer.
+TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  const std::string json = dir.path() + "/out.json";
+  const std::string args =
+      "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 2048 --suffix-tokens 16 "
+      "--conversations 2 --turns 3 --request-shift 0 --gpu-tier-bytes 0 --cpu-tier-bytes 0 "
+      "--no-fio --rounds 1 --json " + json;
+  const Ran ran = RunBench(args + " --budgets 5,10 --systems full,impress");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  std::map<std::pair<std::string, double>, const JsonValue*> by;
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    by[{*r.Find("system")->AsString(), *r.Find("budget")->AsDouble()}] = &r;
+  }
+  for (double b : {0.05, 0.1}) {
+    ASSERT_TRUE(by.count({"impress", b}) && by.count({"full", b})) << b;
+    EXPECT_LT(Num(*by.at({"impress", b}), "bytes_read"), Num(*by.at({"full", b}), "bytes_read"))
+        << "impress reads more than full at budget " << b;
+  }
+  // Read amplification: bytes read (probe keys and 64-token blocks) over the selected tokens'.
+  const double amp = Num(*by.at({"impress", 0.05}), "read_amplification");
+  EXPECT_GT(amp, 1.0);
+  EXPECT_LE(amp, 16.0);
+  EXPECT_TRUE(*by.at({"impress", 0.05})->Find("reorder_converged")->AsBool());
+
+  // A flipped byte in a file the baselines read: the run fails, naming it.
+  auto flip = [&](const std::string& name) {
+    std::FILE* f = std::fopen((store + "/" + name).c_str(), "r+b");
+    ASSERT_NE(f, nullptr) << name;
+    const int c = std::fgetc(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+  };
+  for (const char* name : {"impress.bin", "keys.bin"}) {
+    flip(name);
+    const Ran bad = RunBench(args + " --budgets 5 --systems impress");
+    EXPECT_NE(bad.exit_code, 0) << name << ": " << bad.output;
+    EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
+    // The failed run put impress's reordered blocks back: no impress.map is left behind.
+    struct stat st {};
+    EXPECT_NE(::stat((store + "/impress.map").c_str(), &st), 0) << name;
+    flip(name);  // restored: the next file's check starts from a good store
+  }
+}
+
 // Regression: fio_mb_s read the first bytes of a sparse segment file, mostly holes that return
 // zeros without touching the device, and so reported several times the disk's speed. fio now
 // reads a dense file as large as the store's allocated segment bytes.

@@ -30,6 +30,12 @@ class BaselineRunner : public SystemRunner {
     std::vector<bool> filled;                     // per chunk: own[j] was read into (or built)
     std::vector<engine::TierManager::Handle> pins;
     std::vector<std::byte> keys;                  // key-file bytes of this layer
+    // Key segments read from the key file for the tiers, admitted once they land:
+    // (kv head, first chunk, chunks).
+    struct KeySegment {
+      uint32_t head, first, chunks;
+    };
+    std::vector<KeySegment> key_segments;
     uint64_t h2d_bytes = 0;                       // bytes that must cross PCIe for it
     std::unique_ptr<ReadBatch> batch;             // waited for before the layer is reused
   };

@@ -74,6 +74,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   std::unique_ptr<storage::File> key_file;
   prefetch::FileId key_id = 0;
+  std::vector<uint64_t> key_sums, impress_sums;
   BaselineState state;
   if (sys.kind != Kind::kCkv && (tiers.gpu_bytes > 0 || tiers.cpu_bytes > 0)) {
     // The baselines' tiers: the same budgets, the original's policy, and no share kept for
@@ -85,6 +86,8 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     CKV_ASSIGN_OR_RETURN(key_file, storage::PosixFileSystem()->Open(
                                        KeyFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
     CKV_ASSIGN_OR_RETURN(key_id, reads->RegisterFile(key_file.get()));
+    CKV_ASSIGN_OR_RETURN(key_sums, ReadSums(KeySumPath(f), KeyFile(w.spec(), w.stored_tokens(),
+                                                                   f.conversations).sums()));
   }
   std::unique_ptr<storage::File> impress_file;
   prefetch::FileId impress_id = 0;
@@ -92,6 +95,9 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     CKV_ASSIGN_OR_RETURN(impress_file, storage::PosixFileSystem()->Open(
                                            ImpressFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
     CKV_ASSIGN_OR_RETURN(impress_id, reads->RegisterFile(impress_file.get()));
+    CKV_ASSIGN_OR_RETURN(impress_sums,
+                         ReadSums(ImpressSumPath(f), ImpressFile(w.spec(), w.stored_tokens(),
+                                                                 f.conversations).sums()));
   }
   ModelledGpu gpu(GpuParams::Of(f));
   ScoringClock clock(reads, &gpu, /*hold_reads=*/f.concurrency == 1);
@@ -105,6 +111,8 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   ctx.key_file = key_id;
   ctx.impress_file = impress_id;
   ctx.impress_io = impress_file.get();
+  ctx.key_sums = &key_sums;
+  ctx.impress_sums = &impress_sums;
   ctx.gpu = &gpu;
   ctx.clock = &clock;
   ctx.state = &state;
@@ -151,8 +159,9 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     for (auto& t : threads) t.join();
     return first;
   };
-  CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
-  if (sys.kind == Kind::kImpress && !warm.empty()) {
+  absl::Status st = [&]() -> absl::Status {
+    CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
+    if (sys.kind == Kind::kImpress && !warm.empty()) {
     // IMPRESS reorders offline from the history it has seen: the warm-up requests again until a
     // pass rewrites nothing, so that the measured requests meet a converged layout.
     uint32_t passes = 1;
@@ -170,10 +179,18 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     out.reorder_passes = passes;
     out.reorder_converged = converged;
   }
-  out.before = reads->stats();
-  CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
-  out.after = reads->stats();
-  for (auto& runner : runners) CKV_RETURN_IF_ERROR(runner->Finish());
+    out.before = reads->stats();
+    CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
+    out.after = reads->stats();
+    return absl::OkStatus();
+  }();
+  // What the runners changed (impress's reordered blocks) is put back after a failed request
+  // too, so that a failed run leaves the store as it found it.
+  for (auto& runner : runners) {
+    absl::Status fin = runner->Finish();
+    if (st.ok()) st = std::move(fin);
+  }
+  CKV_RETURN_IF_ERROR(st);
   runners.clear();
   if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
   if (sys.kind == Kind::kImpress) CKV_RETURN_IF_ERROR(reads->UnregisterFile(impress_id));

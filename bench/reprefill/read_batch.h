@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/read_batch.h: reads through the engine's read engine, waited for as a batch;
-// each read's bytes cross the modelled PCIe as it lands.
+// each read's bytes are verified (a read's own checksum, or a caller's check of what landed) and
+// cross the modelled PCIe as it lands.
 //
 // Thread-safety: one thread adds, submits and waits; callbacks run on the read engine's threads.
 #ifndef CKV_BENCH_REPREFILL_READ_BATCH_H_
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -29,15 +31,22 @@ class ReadBatch {
       : engine_(engine), gpu_(gpu) {}
   ~ReadBatch() { Wait().IgnoreError(); }  // the buffers must not go while reads land in them
 
+  // Checks the bytes of a read that landed (on the read engine's thread, as the engine verifies
+  // its own checksums); an error fails the batch.
+  using Verify = std::function<absl::Status(std::span<const std::byte> landed)>;
+
   // `cross_bytes`: what of the read crosses PCIe once it lands (its payload, without the
-  // alignment around it).
-  void Add(prefetch::ReadRequest r, uint64_t cross_bytes) {
-    r.callback = [this, cross_bytes](const prefetch::ReadResult& result) {
-      const absl::Time there = result.status.ok() && gpu_ != nullptr && cross_bytes > 0
+  // alignment around it). `verify`, when set, checks r.dest once it holds the read's bytes.
+  void Add(prefetch::ReadRequest r, uint64_t cross_bytes, Verify verify = {}) {
+    r.callback = [this, cross_bytes, dest = r.dest,
+                  verify = std::move(verify)](const prefetch::ReadResult& result) {
+      absl::Status st = result.status;
+      if (st.ok() && verify) st = verify(dest);
+      const absl::Time there = st.ok() && gpu_ != nullptr && cross_bytes > 0
                                    ? gpu_->Transfer(cross_bytes)
                                    : absl::InfinitePast();
       absl::MutexLock lock(&mu_);
-      if (!result.status.ok() && status_.ok()) status_ = result.status;
+      if (!st.ok() && status_.ok()) status_ = std::move(st);
       crossed_ = std::max(crossed_, there);
       --pending_;
     };

@@ -16,12 +16,14 @@
 #include "ckv/engine.h"
 #include "ckv/status.h"
 #include "kernels/half.h"
+#include "storage/record_checksum.h"
 #include "tools/json_reader.h"
 
 namespace ckv::bench {
 
 KeyFile::KeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
-    : layers_(spec.layers), kv_heads_(spec.kv_heads),
+    : layers_(spec.layers), kv_heads_(spec.kv_heads), conversations_(conversations),
+      chunk_tokens_(spec.chunk_tokens), chunks_((tokens + spec.chunk_tokens - 1) / spec.chunk_tokens),
       key_bytes_(spec.head_dim * kernels::ElementBytes(spec.dtype)) {
   run_bytes_ = RoundUp(tokens * key_bytes_);
   bytes_ = run_bytes_ * spec.layers * spec.kv_heads * conversations;
@@ -44,12 +46,26 @@ std::string StorePath(const Flags& f, RecordLayout layout) {
 std::string KeyFilePath(const Flags& f) { return f.store + "/keys.bin"; }
 std::string ImpressFilePath(const Flags& f) { return f.store + "/impress.bin"; }
 std::string ImpressMapPath(const Flags& f) { return f.store + "/impress.map"; }
+std::string KeySumPath(const Flags& f) { return f.store + "/keys.sum"; }
+std::string ImpressSumPath(const Flags& f) { return f.store + "/impress.sum"; }
+
+absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t count) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::DataLossError(absl::StrCat("checksum file ", path, " cannot be opened"));
+  std::vector<uint64_t> sums(count);
+  in.read(reinterpret_cast<char*>(sums.data()), static_cast<std::streamsize>(count * 8));
+  if (static_cast<size_t>(in.gcount()) != count * 8 || in.peek() != EOF) {
+    return absl::DataLossError(absl::StrCat("checksum file ", path, " does not hold ", count,
+                                            " checksums of 8 bytes"));
+  }
+  return sums;
+}
 
 namespace {
 
 // One conversation's keys, head-major, appended to `out`.
 absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& kv,
-                        std::ofstream& out, const std::string& path) {
+                        std::ofstream& out, const std::string& path, std::vector<uint64_t>& sums) {
   const ModelSpec& spec = w.spec();
   const size_t kb = kf.key_bytes();
   const size_t tok_bytes = spec.TokenBytesPerLayer();
@@ -60,6 +76,10 @@ absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& k
       for (size_t t = 0; t < w.stored_tokens(); ++t) {
         std::memcpy(run.data() + t * kb, k + t * tok_bytes + h * kb, kb);
       }
+      for (size_t t = 0; t < w.stored_tokens(); t += spec.chunk_tokens) {
+        const size_t nt = std::min<size_t>(spec.chunk_tokens, w.stored_tokens() - t);
+        sums.push_back(storage::RecordChecksum(run.data() + t * kb, nt * kb));
+      }
       out.write(run.data(), static_cast<std::streamsize>(run.size()));
     }
   }
@@ -69,7 +89,7 @@ absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& k
 
 // One conversation's KV in impress.bin's layout, in token order, appended to `out`.
 absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTensors& kv,
-                           std::ofstream& out, const std::string& path) {
+                           std::ofstream& out, const std::string& path, std::vector<uint64_t>& sums) {
   const ModelSpec& spec = w.spec();
   const size_t tok_bytes = spec.TokenBytesPerLayer();
   const size_t tokens = w.stored_tokens();
@@ -81,6 +101,7 @@ absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTens
       const size_t nt = std::min<size_t>(ImpressFile::kBlockTokens, tokens - t0);
       std::memcpy(block.data(), kv.k[l].data() + t0 * tok_bytes, nt * tok_bytes);
       std::memcpy(block.data() + f.kv_bytes(), kv.v[l].data() + t0 * tok_bytes, nt * tok_bytes);
+      sums.push_back(storage::RecordChecksum(block.data(), block.size()));
       out.write(block.data(), static_cast<std::streamsize>(block.size()));
     }
   }
@@ -109,6 +130,20 @@ std::string ReadManifest(const std::string& path) {
   return text.ok() ? *std::move(text) : std::string();
 }
 
+// Writes `sums` to `path`, durably enough for a benchmark (flushed, checked).
+absl::Status WriteSums(const std::string& path, const std::vector<uint64_t>& sums) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(sums.data()), static_cast<std::streamsize>(sums.size() * 8));
+  out.flush();
+  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  return absl::OkStatus();
+}
+
+bool FileHasSize(const std::string& path, uint64_t bytes) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && uint64_t(st.st_size) == bytes;
+}
+
 }  // namespace
 
 absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys,
@@ -121,7 +156,8 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     // Only what this harness makes, never the rest of DIR.
-    for (const char* name : {"layer-major", "period-major", "keys.bin", "impress.bin", "impress.map", "fio.dat"}) {
+    for (const char* name : {"layer-major", "period-major", "keys.bin", "keys.sum", "impress.bin", "impress.sum",
+                             "impress.map", "fio.dat"}) {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
       if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
@@ -136,15 +172,15 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
   const KeyFile kf(w.spec(), w.stored_tokens(), f.conversations);
   const std::string key_path = KeyFilePath(f);
   struct stat st {};
-  const bool keys_ok = !need_keys || (::stat(key_path.c_str(), &st) == 0 &&
-                                      uint64_t(st.st_size) == kf.bytes());
+  const bool keys_ok = !need_keys || (FileHasSize(key_path, kf.bytes()) &&
+                                      FileHasSize(KeySumPath(f), kf.sums() * 8));
   const ImpressFile imf(w.spec(), w.stored_tokens(), f.conversations);
   const std::string impress_path = ImpressFilePath(f);
   // impress.map says impress.bin's slots are not in token order (a run that did not restore
   // them): rewriting is as cheap as restoring here.
   const bool impress_ok =
-      !need_impress || (::stat(impress_path.c_str(), &st) == 0 &&
-                        uint64_t(st.st_size) == imf.bytes() &&
+      !need_impress || (FileHasSize(impress_path, imf.bytes()) &&
+                        FileHasSize(ImpressSumPath(f), imf.sums() * 8) &&
                         ::stat(ImpressMapPath(f).c_str(), &st) != 0);
   if (todo.empty() && keys_ok && impress_ok) {
     std::fprintf(stderr, "%s: reusing the store in %s\n", kProg, f.store.c_str());
@@ -169,6 +205,7 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
     impress.open(impress_path, std::ios::binary | std::ios::trunc);
     if (!impress) return absl::PermissionDeniedError(absl::StrCat("cannot create ", impress_path));
   }
+  std::vector<uint64_t> key_sums, impress_sums;
   for (uint32_t c = 0; c < f.conversations; ++c) {
     std::fprintf(stderr, "%s: conversation %u/%u: %s the KV of %zu tokens (%s)\n", kProg,
                  c + 1, f.conversations, w.file() ? "reading" : "generating", w.stored_tokens(),
@@ -180,18 +217,20 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, 
                      LayoutName(todo[i]), c + 1, f.conversations,
                      static_cast<unsigned long long>(r.chunks_written));
       }
-      if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path));
-      if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path));
+      if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path, key_sums));
+      if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path, impress_sums));
       return absl::OkStatus();
     }));
   }
   if (!impress_ok) {
     impress.flush();
     if (!impress) return absl::ResourceExhaustedError(absl::StrCat("writing ", impress_path, " failed (disk full?)"));
+    CKV_RETURN_IF_ERROR(WriteSums(ImpressSumPath(f), impress_sums));
   }
   if (!keys_ok) {
     keys.flush();
     if (!keys) return absl::ResourceExhaustedError(absl::StrCat("writing ", key_path, " failed (disk full?)"));
+    CKV_RETURN_IF_ERROR(WriteSums(KeySumPath(f), key_sums));
   }
   std::ofstream(manifest_path, std::ios::trunc) << manifest;
   std::fprintf(stderr, "%s: store ready in %.1f s\n", kProg, absl::ToDoubleSeconds(absl::Now() - start));

@@ -6,14 +6,21 @@
 // keys.bin holds every conversation's keys head-major, as IMPRESS and AttentionStore+H2O keep
 // keys apart from values: for conversation c, layer l, kv head h, the keys of all stored tokens,
 // [tokens, head_dim], back to back. One kv head's keys of a run of tokens is one read.
+//
+// Every system verifies what it reads (DESIGN decision 4), the baselines' own files included:
+// keys.sum holds the XXH3-64 (storage::RecordChecksum) of each chunk's keys in keys.bin, one per
+// (conversation, layer, kv head, chunk), and impress.sum that of each impress.bin block in token
+// order, one per (conversation, layer, block); both little-endian uint64, in index order.
 #ifndef CKV_BENCH_REPREFILL_STORE_H_
 #define CKV_BENCH_REPREFILL_STORE_H_
 
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "bench/reprefill/workload.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
@@ -30,9 +37,16 @@ class KeyFile {
   uint64_t Offset(uint32_t c, uint32_t layer, uint32_t head, size_t token) const {
     return ((uint64_t{c} * layers_ + layer) * kv_heads_ + head) * run_bytes_ + token * key_bytes_;
   }
+  // Checksums: one per chunk of chunk_tokens tokens (the last one of a run may be shorter).
+  size_t chunk_key_bytes() const { return chunk_tokens_ * key_bytes_; }
+  size_t sums() const { return size_t{conversations_} * layers_ * kv_heads_ * chunks_; }
+  size_t SumIndex(uint32_t c, uint32_t layer, uint32_t head, size_t chunk) const {
+    return ((size_t{c} * layers_ + layer) * kv_heads_ + head) * chunks_ + chunk;
+  }
 
  private:
-  uint32_t layers_, kv_heads_;
+  uint32_t layers_, kv_heads_, conversations_, chunk_tokens_;
+  size_t chunks_;  // per run: ceil(tokens / chunk_tokens)
   size_t key_bytes_;
   uint64_t run_bytes_ = 0;
   uint64_t bytes_ = 0;
@@ -54,6 +68,10 @@ class ImpressFile {
   uint64_t Offset(uint32_t c, uint32_t layer, uint32_t block) const {
     return ((uint64_t{c} * layers_ + layer) * blocks_ + block) * block_bytes_;
   }
+  size_t sums() const { return size_t{conversations_} * layers_ * blocks_; }
+  size_t SumIndex(uint32_t c, uint32_t layer, uint32_t block) const {
+    return (size_t{c} * layers_ + layer) * blocks_ + block;
+  }
 
  private:
   uint32_t layers_, conversations_, blocks_;
@@ -65,6 +83,12 @@ std::string StorePath(const Flags& f, RecordLayout layout);
 std::string KeyFilePath(const Flags& f);
 std::string ImpressFilePath(const Flags& f);
 std::string ImpressMapPath(const Flags& f);
+std::string KeySumPath(const Flags& f);
+std::string ImpressSumPath(const Flags& f);
+
+// The `count` checksums of a .sum file. DataLoss naming the file when it is missing or holds
+// another number of them.
+absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t count);
 
 // Makes (or reuses) the stores for `layouts`, with `need_keys` the key file, and with
 // `need_impress` impress.bin.

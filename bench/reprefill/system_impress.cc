@@ -16,7 +16,10 @@
 //    permuted, per layer, so that the tokens ever selected (accumulated attention > 0) share as
 //    few blocks as possible; a mapping list (token -> slot) says where each token lives;
 //  - tiers: blocks keyed by (conversation, layer, physical block), score = frequency x share of
-//    the block's slots that the request attended to.
+//    the block's slots that the request attended to; probe keys in segments of whole chunks
+//    (one key-file read each), score = frequency x 1 (every key of a segment is used);
+//  - checksums: every block and key read is verified as it lands (impress.sum, keys.sum), and a
+//    block read to be reordered before it is rewritten.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -31,6 +34,7 @@
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
 #include "kernels/selector.h"
+#include "storage/record_checksum.h"
 
 namespace ckv::bench {
 namespace {
@@ -43,6 +47,7 @@ constexpr uint32_t kB = ImpressFile::kBlockTokens;
 struct ImpressLayout {
   std::vector<std::vector<uint32_t>> slot_of;   // [layer][token] -> slot
   std::vector<std::vector<uint32_t>> token_at;  // [layer][slot] -> token (kNone: padding)
+  std::vector<std::vector<uint64_t>> sum;       // [layer][block]: its bytes' checksum
 };
 
 struct ImpressConversation {
@@ -69,6 +74,13 @@ double GateThreshold(double budget, const std::string& gate) {
 
 ChunkKey BlockKey(uint32_t conversation, uint32_t layer, uint32_t block) {
   return ChunkKey{0x1a9e55b10c000000ull | conversation, (uint64_t{layer} << 32) | block};
+}
+
+// A segment of kv head `head`'s keys at `layer`, from chunk `first` (its record index in the
+// tiers is its length in chunks).
+ChunkKey KeySegmentKey(uint32_t conversation, uint32_t layer, uint32_t head, uint32_t first) {
+  return ChunkKey{0x1a9e55b1e0000000ull | conversation,
+                  (uint64_t{layer} << 40) | (uint64_t{head} << 24) | first};
 }
 
 class ImpressRunner final : public BaselineRunner {
@@ -102,7 +114,7 @@ class ImpressRunner final : public BaselineRunner {
     chunk_mark_.reserve(max_chunks_);
     all_chunks_.reserve(max_chunks_);
     blocks_.reserve(imf_.blocks());
-    scores_.reserve(size_t{spec_.layers} * imf_.blocks());
+    scores_.reserve(size_t{spec_.layers} * (imf_.blocks() + spec_.kv_heads * (max_chunks_ + 1)));
     if (!ctx.state->impress_counters) ctx.state->impress_counters = std::make_shared<ImpressCounters>();
   }
 
@@ -134,14 +146,15 @@ class ImpressRunner final : public BaselineRunner {
     scores_.clear();
 
     LayerPtr cur = NewLayer(n);
-    CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, 0, n, all_need_, probe_kv_, *cur, out));
+    CKV_RETURN_IF_ERROR(RequestKeysCached(r.conversation, 0, n, probe_kv_, *cur, out));
     for (uint32_t l = 0; l < spec_.layers; ++l) {
       CKV_RETURN_IF_ERROR(Wait(*cur, out));
+      AdmitKeys(r.conversation, l, n, *cur);
       // The next layer's probe keys, read while this layer works.
       LayerPtr next;
       if (l + 1 < spec_.layers) {
         next = NewLayer(n);
-        CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l + 1, n, all_need_, probe_kv_, *next, out));
+        CKV_RETURN_IF_ERROR(RequestKeysCached(r.conversation, l + 1, n, probe_kv_, *next, out));
       }
       // The probe keys crossed PCIe as they landed.
       const uint64_t h2d_seen = cur->h2d_bytes;
@@ -153,8 +166,9 @@ class ImpressRunner final : public BaselineRunner {
       if (sel.probe_jaccard < threshold && !other_kv_.empty()) {
         // The probes disagree: every head's keys, every head scores.
         out.fallback_layers++;
-        CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, l, n, all_need_, other_kv_, *cur, out));
+        CKV_RETURN_IF_ERROR(RequestKeysCached(r.conversation, l, n, other_kv_, *cur, out));
         CKV_RETURN_IF_ERROR(Wait(*cur, out));
+        AdmitKeys(r.conversation, l, n, *cur);
         keys_there = cur->batch->crossed();
         out.h2d_bytes += cur->h2d_bytes - h2d_seen;
         // The scratch records keep the probe heads' keys; the other heads join them.
@@ -178,6 +192,64 @@ class ImpressRunner final : public BaselineRunner {
     }
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
+  }
+
+  // Layer l's keys of kv heads `heads`, in segments of whole chunks (one key-file read each):
+  // a segment the tiers hold is copied from there (on the scoring clock: a GPU scores it where
+  // it lies; a CPU-tier copy crosses PCIe), the others are read, verified, and admitted by
+  // AdmitKeys once they land. IMPRESS keeps its probe keys in its tiers like any other data.
+  absl::Status RequestKeysCached(uint32_t conversation, uint32_t l, uint32_t n,
+                                 const std::vector<uint32_t>& heads, Layer& L, RequestResult& out) {
+    const uint32_t c = spec_.chunk_tokens;
+    const size_t kb = kf_.key_bytes();
+    const uint32_t seg = SegmentChunks();
+    for (uint32_t h : heads) {
+      key_need_.assign(n, false);
+      bool any = false;
+      for (uint32_t first = 0; first < n; first += seg) {
+        const uint32_t len = std::min(seg, n - first);
+        const ChunkKey key = KeySegmentKey(conversation, l, h, first);
+        scores_.push_back({key, 1.0});  // every key of the segment is used
+        if (auto hit = Lookup(key, len, out, /*lru_touch=*/false)) {
+          ctx_.clock->Begin();
+          std::memcpy(L.keys.data() + (size_t{h} * n * c + size_t{first} * c) * kb, hit.data(),
+                      hit.size());
+          ctx_.clock->End(0);
+          if (hit.level() != engine::TierLevel::kGpu) {
+            L.h2d_bytes += hit.size();
+            L.batch->Charge(hit.size());
+          }
+          L.pins.push_back(std::move(hit));
+          continue;
+        }
+        std::fill(key_need_.begin() + first, key_need_.begin() + first + len, true);
+        if (ctx_.state->tiers) L.key_segments.push_back({h, first, len});
+        any = true;
+      }
+      if (any) CKV_RETURN_IF_ERROR(RequestKeys(conversation, l, n, key_need_, {h}, L, out));
+    }
+    return absl::OkStatus();
+  }
+
+  // Offers the tiers the key segments of L that landed (after Wait).
+  void AdmitKeys(uint32_t conversation, uint32_t l, uint32_t n, Layer& L) {
+    const uint32_t c = spec_.chunk_tokens;
+    const size_t kb = kf_.key_bytes();
+    absl::MutexLock lock(&ctx_.state->mu);
+    for (const Layer::KeySegment& s : L.key_segments) {
+      const ChunkKey key = KeySegmentKey(conversation, l, s.head, s.first);
+      const double f = double(ctx_.state->freq[key] + 1);
+      Admit(key, s.chunks,
+            std::span<const std::byte>(L.keys.data() + (size_t{s.head} * n * c + size_t{s.first} * c) * kb,
+                                       size_t{s.chunks} * c * kb),
+            f, L.pins);
+    }
+    L.key_segments.clear();
+  }
+
+  // Chunks per key segment: as many as one read takes.
+  uint32_t SegmentChunks() const {
+    return static_cast<uint32_t>(std::max<size_t>(1, kMaxIo / kf_.chunk_key_bytes()));
   }
 
   // Layer l's loads: the physical blocks holding the tokens `sel` attends to, from the tiers or
@@ -216,9 +288,18 @@ class ImpressRunner final : public BaselineRunner {
         cur.pins.push_back(std::move(h));
         continue;
       }
-      AddRange(batch, ctx_.impress_file, imf_.Offset(r.conversation, l, b), imf_.block_bytes(),
-               blockbuf_[b].data(), kMaxIo, prefetch::Priority::kDemand,
-               /*cross_bytes=*/2 * imf_.kv_bytes());
+      // One read per block, verified against its checksum as it lands.
+      prefetch::ReadRequest q;
+      q.file = ctx_.impress_file;
+      q.offset = imf_.Offset(r.conversation, l, b);
+      q.length = static_cast<uint32_t>(imf_.block_bytes());
+      q.priority = prefetch::Priority::kDemand;
+      q.verify_checksum = true;
+      q.expected_checksum = layout.sum[l][b];
+      q.name = absl::StrCat("impress.bin: conversation ", r.conversation, ", layer ", l,
+                            ", block ", b);
+      q.dest = std::span<std::byte>(blockbuf_[b]);
+      batch.Add(std::move(q), /*cross_bytes=*/2 * imf_.kv_bytes());
       read_mark_[b] = true;
       out.bytes_read += imf_.block_bytes();
       out.nvme_records++;
@@ -324,9 +405,12 @@ class ImpressRunner final : public BaselineRunner {
       const size_t slots = size_t{imf_.blocks()} * kB;
       layout->slot_of.assign(spec_.layers, std::vector<uint32_t>(stored_));
       layout->token_at.assign(spec_.layers, std::vector<uint32_t>(slots, kNone));
+      layout->sum.resize(spec_.layers);
       for (uint32_t l = 0; l < spec_.layers; ++l) {
         std::iota(layout->slot_of[l].begin(), layout->slot_of[l].end(), 0u);
         std::iota(layout->token_at[l].begin(), layout->token_at[l].begin() + stored_, 0u);
+        const auto first = ctx_.impress_sums->begin() + imf_.SumIndex(c, l, 0);
+        layout->sum[l].assign(first, first + imf_.blocks());
       }
       conv->layout = std::move(layout);
       conv->importance.assign(spec_.layers, std::vector<double>(stored_, 0.0));
@@ -402,6 +486,12 @@ class ImpressRunner final : public BaselineRunner {
     std::byte* new_base = old_base + changed.size() * bb;
     for (size_t i = 0; i < changed.size(); ++i) {
       CKV_RETURN_IF_ERROR(file->ReadAt(imf_.Offset(c, l, changed[i]), std::span(old_base + i * bb, bb)));
+      // A rewrite must not give bad bytes a fresh checksum.
+      CKV_RETURN_IF_ERROR(storage::VerifyRecordChecksum(
+          old_base + i * bb, bb, layout.sum[l][changed[i]], [&] {
+            return absl::StrCat("impress.bin: conversation ", c, ", layer ", l, ", block ",
+                                changed[i], " (read to reorder)");
+          }));
     }
     const size_t tok_bytes = spec_.TokenBytesPerLayer();
     std::memset(new_base, 0, changed.size() * bb);
@@ -420,6 +510,7 @@ class ImpressRunner final : public BaselineRunner {
     }
     for (size_t i = 0; i < changed.size(); ++i) {
       CKV_RETURN_IF_ERROR(file->WriteAt(imf_.Offset(c, l, changed[i]), std::span(new_base + i * bb, bb)));
+      layout.sum[l][changed[i]] = storage::RecordChecksum(new_base + i * bb, bb);
       // A tier copy of the old bytes is stale now.
       if (ctx_.state->tiers) ctx_.state->tiers->Erase(BlockKey(c, l, changed[i]));
     }
@@ -437,7 +528,7 @@ class ImpressRunner final : public BaselineRunner {
   std::vector<std::vector<std::byte>> blockbuf_;  // per physical block: its bytes
   std::vector<std::vector<float>> acc_;           // per layer, per token: this request's mass
   std::vector<uint32_t> block_mark_, blocks_, all_chunks_;
-  std::vector<bool> chunk_mark_, read_mark_, all_need_;
+  std::vector<bool> chunk_mark_, read_mark_, all_need_, key_need_;
   std::vector<std::pair<ChunkKey, double>> scores_;
   uint32_t last_tokens_ = 0;
 };

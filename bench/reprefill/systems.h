@@ -93,6 +93,9 @@ struct RunContext {
   prefetch::FileId key_file = 0;
   prefetch::FileId impress_file = 0;   // impress.bin, registered with `reads`
   storage::File* impress_io = nullptr;  // the same file, for the between-turns rewrites
+  // The checksums of keys.bin and of impress.bin in token order (store.h), verified on every read.
+  const std::vector<uint64_t>* key_sums = nullptr;
+  const std::vector<uint64_t>* impress_sums = nullptr;
   ModelledGpu* gpu = nullptr;
   ScoringClock* clock = nullptr;
   BaselineState* state = nullptr;
