@@ -347,6 +347,17 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   EXPECT_GT(amp, 1.0);
   EXPECT_LE(amp, 16.0);
   EXPECT_TRUE(*by.at({"impress", 0.05})->Find("reorder_converged")->AsBool());
+  // The benchmark reports the same relations itself, per budget.
+  const JsonValue* anchors = doc->Find("impress_anchors");
+  ASSERT_NE(anchors, nullptr);
+  ASSERT_EQ(anchors->AsArray()->size(), 2u);
+  for (const JsonValue& a : *anchors->AsArray()) {
+    const double b = Num(a, "budget");
+    EXPECT_NEAR(Num(a, "bytes_vs_full"),
+                Num(*by.at({"impress", b}), "bytes_read") / Num(*by.at({"full", b}), "bytes_read"),
+                1e-9);
+    EXPECT_GT(Num(a, "speedup_vs_full"), 0);
+  }
 
   // A flipped byte in a file the baselines read: the run fails, naming it.
   auto flip = [&](const std::string& name) {

@@ -432,6 +432,7 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
                                                                        std::end(kAnchorBudgets)));
     c.equal_recall = EqualRecallOf(out, ckv_name, 0.05);
   }
+  c.impress_anchors = ImpressAnchorsOf(out);
   if (!f.json.ToStdout()) PrintTable(out, c);
   if (f.json.enabled) {
     if (absl::Status st = f.json.Write(ToJson(w, out, c)); !st.ok()) {

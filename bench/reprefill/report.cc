@@ -258,6 +258,27 @@ std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const s
   return out;
 }
 
+std::vector<ImpressAnchor> ImpressAnchorsOf(const std::vector<Row>& rows) {
+  std::vector<ImpressAnchor> out;
+  for (const Row& imp : rows) {
+    if (imp.system != "impress") continue;
+    for (const Row& full : rows) {
+      if (full.system != "full" || full.tiers != imp.tiers ||
+          std::abs(full.budget - imp.budget) > 1e-9) {
+        continue;
+      }
+      ImpressAnchor a;
+      a.tiers = imp.tiers;
+      a.budget = imp.budget;
+      a.bytes_vs_full = full.bytes_read > 0 ? double(imp.bytes_read) / double(full.bytes_read) : 0;
+      a.read_amplification = imp.read_amplification;
+      a.speedup_vs_full = imp.MedianRoundMs() > 0 ? full.MedianRoundMs() / imp.MedianRoundMs() : 0;
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
 std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::string& ckv,
                                        double reference_budget) {
   std::vector<EqualRecall> out;
@@ -410,6 +431,16 @@ void PrintTable(const std::vector<Row>& rows, const Comparisons& c) {
                 "reaches there\n");
     PrintEqualError(c.anchored, /*anchored=*/true);
   }
+  if (!c.impress_anchors.empty()) {
+    std::printf("\nimpress against full, same requests and tiers (published: fewer bytes up to "
+                "50%%, read amplification 8-16x and about 1.6x faster at 5%%)\n");
+    std::printf("%-8s %7s %14s %9s %16s\n", "tiers", "budget", "bytes vs full", "read amp",
+                "speed vs full");
+    for (const ImpressAnchor& a : c.impress_anchors) {
+      std::printf("%-8s %7s %13.2fx %8.1fx %15.2fx\n", a.tiers.c_str(), Percent(a.budget).c_str(),
+                  a.bytes_vs_full, a.read_amplification, a.speedup_vs_full);
+    }
+  }
   if (eq.empty()) return;
   std::printf("\nequal recall: ckv's latency interpolated at the recall each baseline reaches at its "
               "reference budget (full: 0.95); speedup: the ratio of the medians over rounds "
@@ -519,6 +550,14 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     opt("latency_ms", p.latency_ms);
     j.EndObject();
   };
+  j.Key("impress_anchors").BeginArray();
+  for (const ImpressAnchor& a : c.impress_anchors) {
+    j.BeginObject().Key("tiers").String(a.tiers).Key("budget").Double(a.budget);
+    j.Key("bytes_vs_full").Double(a.bytes_vs_full);
+    j.Key("read_amplification").Double(a.read_amplification);
+    j.Key("speedup_vs_full").Double(a.speedup_vs_full).EndObject();
+  }
+  j.EndArray();
   for (const auto& [key, list] : {std::pair<const char*, const std::vector<EqualError>&>{
                                       "equal_error", c.equal_error},
                                   std::pair<const char*, const std::vector<EqualError>&>{

@@ -113,10 +113,26 @@ std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const s
 std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::string& ckv,
                                        double reference_budget);
 
-// What the report compares: equal output error (the headline), baseline-anchored, equal recall.
+// IMPRESS's published relations to full loading, which do not involve ckv (issue 33; docs/
+// baselines.md, "impress"): at each budget both ran with the same tiers, impress's bytes read
+// and its median latency against full's. Published: fewer bytes than full up to 50%, read
+// amplification 8-16x at 5%, and about 1.6x faster than full at 5% (ContiguousKV's
+// measurement of IMPRESS).
+struct ImpressAnchor {
+  std::string tiers;
+  double budget = 0;
+  double bytes_vs_full = 0;       // impress's bytes read / full's, same requests
+  double read_amplification = 0;  // impress's bytes read / bytes its selection needs
+  double speedup_vs_full = 0;     // full's median latency / impress's (modelled timeline)
+};
+std::vector<ImpressAnchor> ImpressAnchorsOf(const std::vector<Row>& rows);
+
+// What the report compares: equal output error (the headline), baseline-anchored, equal recall,
+// and impress's own anchors against full.
 struct Comparisons {
   std::vector<EqualError> equal_error, anchored;
   std::vector<EqualRecall> equal_recall;
+  std::vector<ImpressAnchor> impress_anchors;
 };
 
 void PrintTable(const std::vector<Row>& rows, const Comparisons& c);
