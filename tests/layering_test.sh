@@ -49,6 +49,8 @@ declare -A exceptions=(
   ["bench/reprefill/baseline.cc storage/record_checksum.h"]=1
   ["bench/reprefill/store.cc storage/record_checksum.h"]=1
   ["bench/reprefill/system_impress.cc storage/record_checksum.h"]=1
+  # gpu_check checks the CUDA tier itself: a TierManager over the CUDA DeviceMemory.
+  ["bench/gpu_check.cc engine/tier_cache.h"]=1
 )
 
 in_list() {  # in_list WORD LIST...
