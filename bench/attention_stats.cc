@@ -4,8 +4,8 @@
 // profile can be checked against them (docs/generator.md, "The calibrated profile").
 //
 //   attention_stats [--model qwen2.5-7b] [--tokens 8192] [--profile calibrated|planted-chunks]
-//                   [--shift 0.5] [--seed 1] [--window 32] [--request 0] [--layers all|N]
-//                   [--json [PATH]]
+//                   [--shift 0.5] [--head-agreement F] [--seed 1] [--window 32] [--request 0]
+//                   [--layers all|N] [--json [PATH]]
 //
 // For every layer it computes the exact attention (kernels::TokenAttention over the records in
 // the spec's dtype) of the window's suffix queries, per q head, and reports:
@@ -21,7 +21,14 @@
 //   req       |A n B| / |A| of the top-5% tokens of request r and request r + 1 of the same
 //             conversation (same seed, so same K and V; the next request's queries and query
 //             noise); req-same is the same with request r's topics and new query noise alone,
-//             the floor that noise sets.
+//             the floor that noise sets;
+//   q-cos     cosine similarity of consecutive window queries of one q head, mean over heads;
+// and of the K and V tensors themselves (at layer l, of kv head l mod kv_heads; tokens
+// subsampled to at most 4096 for the low-rank share):
+//   v-lr/k-lr share of V's / K's centred energy in its top 8 principal directions (8 / head_dim
+//             for isotropic noise);
+//   v-nb      lag-1 correlation of V along the tokens (per channel, centred, pooled);
+//   k-out/v-out  largest channel RMS / median channel RMS (KIVI's outlier channels);
 // and, over the layers, the overlap of the top-10% chunks of adjacent period heads (layers 0, 8,
 // 16, ...), the measure ContiguousKV reports as 52-64%.
 #include <algorithm>
@@ -77,6 +84,14 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                    return cli::ParseDouble(v, &f->params.request_shift) &&
                           f->params.request_shift >= 0 && f->params.request_shift <= max_shift;
                  });
+  cli::AddParsed(app, "--head-agreement", "q heads' agreement within a GQA group: the "
+                 "top-5% Jaccard it aims at (default 0.7)", "F", "a number in [0, 1]",
+                 [f](const std::string& v) {
+                   double a = 0;
+                   if (!cli::ParseDouble(v, &a) || a < 0 || a > 1) return false;
+                   f->params.calibrated.head_agreement = a;
+                   return true;
+                 });
   cli::AddUint(app, "--seed", &f->params.seed, "generator seed (default 1)", "S");
   cli::AddParsed(app, "--window", "suffix queries per request (default 32)", "N",
                  "a positive integer", [f](const std::string& v) {
@@ -129,7 +144,115 @@ double Shared(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
 struct LayerStats {
   double sink = 0, top5 = 0, top10 = 0, jac_in = 0, jac_across = 0, probe3 = 0, local = 0;
   double adjacent = -1, request = 0, request_same = 0;
+  double query_cos = 0, v_low_rank = 0, k_low_rank = 0, v_neighbour = 0, k_outlier = 0,
+         v_outlier = 0;
 };
+
+constexpr uint32_t kPrincipal = 8;        // directions of the low-rank share
+constexpr size_t kCovarianceTokens = 4096;  // tokens sampled for it
+
+// Statistics of one kv head's tensor x [n, kv_heads, head_dim] (head h).
+struct TensorStats {
+  double low_rank = 0, neighbour = 0, outlier = 0;
+};
+TensorStats OfTensor(const std::vector<float>& x, size_t n, uint32_t h_n, uint32_t h,
+                     uint32_t d_n) {
+  auto at = [&](size_t t) { return x.data() + (t * h_n + h) * d_n; };
+  std::vector<double> mean(d_n, 0.0), sq(d_n, 0.0);
+  for (size_t t = 0; t < n; ++t) {
+    for (uint32_t d = 0; d < d_n; ++d) {
+      mean[d] += at(t)[d];
+      sq[d] += double{at(t)[d]} * at(t)[d];
+    }
+  }
+  for (uint32_t d = 0; d < d_n; ++d) mean[d] /= static_cast<double>(n);
+  TensorStats s;
+  // Outliers: channel RMS, largest over the median.
+  std::vector<double> rms(d_n);
+  for (uint32_t d = 0; d < d_n; ++d) rms[d] = std::sqrt(sq[d] / static_cast<double>(n));
+  std::vector<double> sorted = rms;
+  std::nth_element(sorted.begin(), sorted.begin() + d_n / 2, sorted.end());
+  s.outlier = *std::max_element(rms.begin(), rms.end()) / sorted[d_n / 2];
+  // Lag-1 correlation along the tokens, pooled over the channels.
+  double lag = 0, var = 0;
+  for (size_t t = 0; t < n; ++t) {
+    for (uint32_t d = 0; d < d_n; ++d) {
+      const double a = at(t)[d] - mean[d];
+      var += a * a;
+      if (t + 1 < n) lag += a * (at(t + 1)[d] - mean[d]);
+    }
+  }
+  s.neighbour = var > 0 ? lag / var : 0;
+  // Low-rank share: the centred covariance (float, so that the rank-1 updates vectorise) of a
+  // subsample of tokens, and its top kPrincipal eigenvalues by subspace iteration.
+  const size_t stride = std::max<size_t>(1, n / kCovarianceTokens);
+  std::vector<float> cov(size_t{d_n} * d_n, 0.0f), row(d_n);
+  for (size_t t = 0; t < n; t += stride) {
+    for (uint32_t d = 0; d < d_n; ++d) row[d] = static_cast<float>(at(t)[d] - mean[d]);
+    for (uint32_t i = 0; i < d_n; ++i) {
+      float* c = cov.data() + size_t{i} * d_n;
+      const float ri = row[i];
+      for (uint32_t j = 0; j < d_n; ++j) c[j] += ri * row[j];
+    }
+  }
+  double trace = 0;
+  for (uint32_t i = 0; i < d_n; ++i) trace += cov[size_t{i} * d_n + i];
+  const uint32_t r_n = std::min(kPrincipal, d_n);
+  std::vector<double> q(size_t{r_n} * d_n), z(size_t{r_n} * d_n);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(1.0 + 7.0 * static_cast<double>(i));
+  double energy = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    // z = C q, then Gram-Schmidt; the Rayleigh quotients of the last pass sum to the energy.
+    energy = 0;
+    for (uint32_t r = 0; r < r_n; ++r) {
+      const double* qr = q.data() + size_t{r} * d_n;
+      double* zr = z.data() + size_t{r} * d_n;
+      for (uint32_t i = 0; i < d_n; ++i) {
+        const float* c = cov.data() + size_t{i} * d_n;
+        double acc = 0;
+        for (uint32_t j = 0; j < d_n; ++j) acc += c[j] * qr[j];
+        zr[i] = acc;
+      }
+      for (uint32_t i = 0; i < d_n; ++i) energy += qr[i] * zr[i];
+    }
+    for (uint32_t r = 0; r < r_n; ++r) {
+      double* zr = z.data() + size_t{r} * d_n;
+      for (uint32_t b = 0; b < r; ++b) {
+        const double* zb = z.data() + size_t{b} * d_n;
+        double dot = 0;
+        for (uint32_t i = 0; i < d_n; ++i) dot += zr[i] * zb[i];
+        for (uint32_t i = 0; i < d_n; ++i) zr[i] -= dot * zb[i];
+      }
+      double norm = 0;
+      for (uint32_t i = 0; i < d_n; ++i) norm += zr[i] * zr[i];
+      norm = std::sqrt(std::max(norm, 1e-300));
+      for (uint32_t i = 0; i < d_n; ++i) zr[i] /= norm;
+    }
+    q.swap(z);
+  }
+  s.low_rank = trace > 0 ? energy / trace : 0;
+  return s;
+}
+
+// Mean cosine similarity of consecutive window queries of each q head.
+double QueryCosine(const std::vector<float>& q, uint32_t window, uint32_t g_n, uint32_t d_n) {
+  if (window < 2) return 1;
+  double sum = 0;
+  for (uint32_t g = 0; g < g_n; ++g) {
+    for (uint32_t w = 0; w + 1 < window; ++w) {
+      const float* a = q.data() + (size_t{w} * g_n + g) * d_n;
+      const float* b = a + size_t{g_n} * d_n;
+      double ab = 0, aa = 0, bb = 0;
+      for (uint32_t d = 0; d < d_n; ++d) {
+        ab += double{a[d]} * b[d];
+        aa += double{a[d]} * a[d];
+        bb += double{b[d]} * b[d];
+      }
+      sum += ab / std::sqrt(std::max(aa * bb, 1e-300));
+    }
+  }
+  return sum / (static_cast<double>(g_n) * (window - 1));
+}
 
 size_t Fraction(size_t n, double f) {
   return std::max<size_t>(1, static_cast<size_t>(std::lround(f * static_cast<double>(n))));
@@ -181,6 +304,16 @@ class Measure {
       r.top10 += Held(mass, TopK(mass, k10_)) / g_n;
     }
     HeadOverlaps(top5, &r);
+    r.query_cos = QueryCosine(layer_.q, window, g_n, spec_.head_dim);
+    // One kv head per layer (they are alike), a different one at each layer.
+    const uint32_t h = l % spec_.kv_heads;
+    const TensorStats v = OfTensor(layer_.v, n_, spec_.kv_heads, h, spec_.head_dim);
+    const TensorStats k = OfTensor(layer_.k, n_, spec_.kv_heads, h, spec_.head_dim);
+    r.v_low_rank = v.low_rank;
+    r.v_neighbour = v.neighbour;
+    r.v_outlier = v.outlier;
+    r.k_low_rank = k.low_rank;
+    r.k_outlier = k.outlier;
     *chunk_top = TopK(kernels::PerChunk(all, spec_.chunk_tokens), kc10_);
     // Requests: the same keys, other queries (Queries() does not generate keys).
     const std::vector<uint32_t> here = TopK(all, k5_);
@@ -249,6 +382,12 @@ void Average(uint32_t layers, Results* res) {
       s->local += r.local;
       s->request += r.request;
       s->request_same += r.request_same;
+      s->query_cos += r.query_cos;
+      s->v_low_rank += r.v_low_rank;
+      s->k_low_rank += r.k_low_rank;
+      s->v_neighbour += r.v_neighbour;
+      s->k_outlier += r.k_outlier;
+      s->v_outlier += r.v_outlier;
       if (r.adjacent >= 0) s->adjacent = (s->adjacent < 0 ? 0 : s->adjacent) + r.adjacent;
     }
     if (r.adjacent >= 0) ++adjacent_n;
@@ -256,7 +395,8 @@ void Average(uint32_t layers, Results* res) {
   }
   auto scale = [](LayerStats& s, double d, double adj_d) {
     for (double* x : {&s.sink, &s.top5, &s.top10, &s.jac_in, &s.jac_across, &s.probe3, &s.local,
-                      &s.request, &s.request_same}) {
+                      &s.request, &s.request_same, &s.query_cos, &s.v_low_rank, &s.k_low_rank,
+                      &s.v_neighbour, &s.k_outlier, &s.v_outlier}) {
       *x /= d;
     }
     if (adj_d > 0) s.adjacent /= adj_d;
@@ -267,14 +407,16 @@ void Average(uint32_t layers, Results* res) {
 
 void PrintTable(const Flags& f, const ModelSpec& spec, uint32_t next_request,
                 const Results& res) {
-  std::printf("Attention statistics: %s, %zu tokens, profile %s, shift %.2f, seed %llu, "
-              "window %u, request %u -> %u\n",
+  std::printf("Attention statistics: %s, %zu tokens, profile %s, shift %.2f, head agreement "
+              "%.2f, seed %llu, window %u, request %u -> %u\n",
               spec.DebugString().c_str(), f.tokens,
               std::string(synth::AttentionProfileName(f.params.profile)).c_str(),
-              f.params.request_shift, static_cast<unsigned long long>(f.params.seed),
-              f.params.window, f.params.request, next_request);
-  std::printf("%-6s %6s %6s %6s %7s %6s %7s %6s %6s %6s %8s\n", "layer", "sink", "top5",
-              "top10", "jac-in", "jac-x", "probe3", "local", "adj", "req", "req-same");
+              f.params.request_shift, f.params.calibrated.head_agreement,
+              static_cast<unsigned long long>(f.params.seed), f.params.window, f.params.request,
+              next_request);
+  std::printf("%-6s %6s %6s %6s %7s %6s %7s %6s %6s %6s %8s %6s %6s %6s %6s %6s %6s\n", "layer",
+              "sink", "top5", "top10", "jac-in", "jac-x", "probe3", "local", "adj", "req",
+              "req-same", "q-cos", "v-lr", "k-lr", "v-nb", "k-out", "v-out");
   auto print = [](const char* name, const LayerStats& r) {
     std::printf("%-6s %6.3f %6.3f %6.3f %7.3f %6.3f %7.3f %6.3f ", name, r.sink, r.top5, r.top10,
                 r.jac_in, r.jac_across, r.probe3, r.local);
@@ -283,7 +425,8 @@ void PrintTable(const Flags& f, const ModelSpec& spec, uint32_t next_request,
     } else {
       std::printf("%6s ", "-");
     }
-    std::printf("%6.3f %8.3f\n", r.request, r.request_same);
+    std::printf("%6.3f %8.3f %6.3f %6.3f %6.3f %6.3f %6.2f %6.2f\n", r.request, r.request_same,
+                r.query_cos, r.v_low_rank, r.k_low_rank, r.v_neighbour, r.k_outlier, r.v_outlier);
   };
   for (size_t l = 0; l < res.rows.size(); ++l) print(std::to_string(l).c_str(), res.rows[l]);
   print("mean", res.mean);
@@ -300,11 +443,16 @@ std::string ResultJson(const Flags& f, const Results& res) {
     w.Key("jaccard_across_groups").Double(r.jac_across).Key("probe3_jaccard").Double(r.probe3);
     w.Key("local_heads").Double(r.local).Key("adjacent_layer_overlap").Double(r.adjacent);
     w.Key("request_overlap").Double(r.request).Key("same_request_overlap").Double(r.request_same);
+    w.Key("query_cosine").Double(r.query_cos).Key("value_low_rank_share").Double(r.v_low_rank);
+    w.Key("key_low_rank_share").Double(r.k_low_rank);
+    w.Key("value_neighbour_correlation").Double(r.v_neighbour);
+    w.Key("key_outlier_ratio").Double(r.k_outlier).Key("value_outlier_ratio").Double(r.v_outlier);
     w.EndObject();
   };
   w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(f.tokens);
   w.Key("profile").String(synth::AttentionProfileName(f.params.profile));
   w.Key("shift").Double(f.params.request_shift).Key("seed").Uint(f.params.seed);
+  w.Key("head_agreement").Double(f.params.calibrated.head_agreement);
   w.Key("window").Uint(f.params.window).Key("request").Uint(f.params.request);
   w.Key("period_head_overlap").Double(res.period);
   w.Key("mean");

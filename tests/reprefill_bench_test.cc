@@ -576,6 +576,9 @@ TEST(ReprefillBenchTest, ProfileFileFlagsAreRefusedByName) {
            {"--attention-profile trained-tiny --profile-file " + profile +
                 " --request-shift 0.5",
             "--request-shift is the synthetic generator's"},
+           {"--attention-profile trained-tiny --profile-file " + profile +
+                " --head-agreement 0.95",
+            "--head-agreement is the synthetic generator's"},
            {"--attention-profile bogus", "or trained-tiny (with --profile-file)"}}) {
     const Ran ran = RunBench(base + c.args);
     EXPECT_EQ(ran.exit_code, 2) << c.args << "\n" << ran.output;

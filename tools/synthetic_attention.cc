@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,6 +58,17 @@ enum Tag : uint64_t {
   kTopicStep,
   kJitter,
   kLocalHead,
+  // Issue 33's values, key outliers, per-token queries and group agreement.
+  kValueDirections,
+  kValueSmooth,
+  kValueCoefficients,
+  kKeyOutliers,
+  kTokenWeight,
+  kGroupJitter,
+  kGroupLocal,
+  kLocalFollows,
+  kGroupQueries,
+  kGroupTokenWeight,
 };
 
 // A hash of a tuple of words (order matters).
@@ -100,7 +112,7 @@ bool IsSpread(double s) { return std::isfinite(s) && s >= 0; }
 
 void ValidateCalibrated(const ModelSpec& spec, const AttentionParams& p) {
   const CalibratedShape& c = p.calibrated;
-  if (spec.q_heads / spec.kv_heads + 2 > spec.head_dim) {
+  if (spec.q_heads / spec.kv_heads + 3 > spec.head_dim) {
     Fail("head_dim too small for the calibrated profile's directions");
   }
   if (!IsProbability(c.always_on_share) || !IsProbability(c.kv_head_own_share) ||
@@ -119,6 +131,17 @@ void ValidateCalibrated(const ModelSpec& spec, const AttentionParams& p) {
       !std::isfinite(c.recent_tokens) || !std::isfinite(c.local_tokens) ||
       !std::isfinite(c.hitter_mean_tokens)) {
     Fail("a calibrated strength, length or density is not finite or out of range");
+  }
+  if (c.value_rank == 0 || !IsProbability(c.value_low_rank_share) ||
+      !IsProbability(c.value_smooth_share) ||
+      c.value_low_rank_share + c.value_smooth_share > 1 + 1e-12 ||
+      !(c.value_smooth_corr >= 0 && c.value_smooth_corr < 1)) {
+    Fail("calibrated values: value_rank 0, a share outside [0, 1] or summing above 1, or "
+         "value_smooth_corr outside [0, 1)");
+  }
+  if (!std::isfinite(c.key_outlier_offset) || !IsSpread(c.key_outlier_scale) ||
+      !IsSpread(c.query_token_spread) || !IsProbability(c.head_agreement)) {
+    Fail("calibrated key outliers, query_token_spread or head_agreement out of range");
   }
 }
 
@@ -237,15 +260,16 @@ struct CalShape {
   uint32_t m;       // q heads per kv head
   uint32_t topics;  // T, after clamping to the directions left over
   uint32_t active;  // A, after clamping to T / 2
-  uint32_t rows() const { return m + 2 + topics; }
+  uint32_t rows() const { return m + 3 + topics; }
   uint32_t loc_row() const { return m + 1; }
-  uint32_t topic_row(uint32_t a) const { return m + 2 + a; }
+  uint32_t group_row() const { return m + 2; }
+  uint32_t topic_row(uint32_t a) const { return m + 3 + a; }
 };
 
 CalShape CalShapeOf(const ModelSpec& spec, const CalibratedShape& c) {
   CalShape s;
   s.m = spec.q_heads / spec.kv_heads;
-  s.topics = std::min<uint32_t>(c.topics, spec.head_dim - s.m - 2);
+  s.topics = std::min<uint32_t>(c.topics, spec.head_dim - s.m - 3);
   s.active = std::min<uint32_t>(c.active_topics, s.topics / 2);
   return s;
 }
@@ -310,49 +334,192 @@ std::vector<uint32_t> ActiveTopicSet(const AttentionParams& p, const CalShape& s
   return active;
 }
 
-bool IsLocalHead(const AttentionParams& p, uint32_t layer, uint32_t g) {
-  return Uniform(Hash(p.seed, kLocalHead, layer, g)) < p.calibrated.local_head_fraction;
+// Group agreement. A draw of q head g is sqrt(a) x (its group's draw) + sqrt(1 - a) x (its own),
+// which keeps the draw's distribution and correlates the q heads of a group with coefficient a.
+// head_agreement is the in-group top-5% Jaccard that a should produce: the own weight
+// sqrt(1 - a) that gives each Jaccard below was measured with attention_stats on qwen2.5-7b,
+// 8192 tokens, the other defaults (docs/generator.md); in between it is interpolated linearly.
+// Jaccards below the first point give independent draws.
+double OwnWeight(double head_agreement) {
+  struct Point {
+    double jaccard, own;
+  };
+  static constexpr Point kMeasured[] = {
+      {0.432, 1.0},   {0.470, 0.894}, {0.546, 0.707}, {0.699, 0.447}, {0.789, 0.316},
+      {0.852, 0.224}, {0.889, 0.173}, {0.911, 0.141}, {0.936, 0.100}, {0.953, 0.0707},
+      {1.0, 0.0},
+  };
+  if (head_agreement <= kMeasured[0].jaccard) return 1.0;
+  for (size_t i = 1; i < std::size(kMeasured); ++i) {
+    const Point& a = kMeasured[i - 1];
+    const Point& b = kMeasured[i];
+    if (head_agreement <= b.jaccard) {
+      return a.own + (b.own - a.own) * (head_agreement - a.jaccard) / (b.jaccard - a.jaccard);
+    }
+  }
+  return 0.0;
+}
+
+struct Mix {
+  float group, own;  // sqrt(a), sqrt(1 - a)
+};
+Mix MixOf(const AttentionParams& p) {
+  const double own = OwnWeight(p.calibrated.head_agreement);
+  return {static_cast<float>(std::sqrt(1 - own * own)), static_cast<float>(own)};
+}
+
+// a: the correlation the mixing gives.
+double GroupShare(const AttentionParams& p) {
+  const double own = OwnWeight(p.calibrated.head_agreement);
+  return 1 - own * own;
+}
+
+// Whether q head g (of kv head g / m) is local-only: with probability GroupShare it takes
+// its group's coin, otherwise its own; either way local with probability local_head_fraction.
+bool IsLocalHead(const AttentionParams& p, uint32_t m, uint32_t layer, uint32_t g) {
+  const double a = GroupShare(p);
+  const bool follows = a > 0 && Uniform(Hash(p.seed, kLocalFollows, layer, g)) < a;
+  const uint64_t coin = follows ? Hash(p.seed, kGroupLocal, layer, g / m)
+                                : Hash(p.seed, kLocalHead, layer, g);
+  return Uniform(coin) < p.calibrated.local_head_fraction;
 }
 
 // A q head's weight on the always-on hitters (a = T) or on topic a.
-float Jitter(const AttentionParams& p, uint32_t layer, uint32_t g, uint32_t a) {
-  const double c = 1 + p.calibrated.q_head_jitter * Normal(Hash(p.seed, kJitter, layer, g, a));
-  return static_cast<float>(std::max(0.0, c));
+float Jitter(const AttentionParams& p, const Mix& mix, uint32_t m, uint32_t layer, uint32_t g,
+             uint32_t a) {
+  const float z = mix.own * Normal(Hash(p.seed, kJitter, layer, g, a)) +
+                  mix.group * Normal(Hash(p.seed, kGroupJitter, layer, g / m, a));
+  return static_cast<float>(std::max(0.0, 1 + p.calibrated.q_head_jitter * z));
 }
 
-// Key noise per channel: the logit noise of a normal head (whose query direction has squared
-// norm about 2 + A, the jitter aside) is token_noise.
-NoiseScales CalScales(const AttentionParams& p, const CalShape& s) {
-  const double key = p.token_noise / std::sqrt(2.0 + s.active);
+// Key noise per channel: the logit noise of a normal head is token_noise. Its query direction
+// has squared norm about 1 + (1 + A)(1 + query_token_spread^2) (the head jitter aside), and the
+// outlier channels' noise is scaled up, which adds their share of the query's direction times
+// (scale^2 - 1).
+NoiseScales CalScales(const ModelSpec& spec, const AttentionParams& p, const CalShape& s) {
+  const CalibratedShape& c = p.calibrated;
+  const double spread = c.query_token_spread;
+  const double dir = 1 + (1.0 + s.active) * (1 + spread * spread);
+  const double outliers = std::min<uint32_t>(c.key_outlier_channels, spec.head_dim);
+  const double channels =
+      1 + outliers * (c.key_outlier_scale * c.key_outlier_scale - 1) / spec.head_dim;
+  const double key = p.token_noise / std::sqrt(dir * std::max(channels, 1e-9));
   return {static_cast<float>(key), key > 0 ? static_cast<float>(p.query_noise / key) : 0.0f};
 }
 
+// The window's queries of kv head h's q heads. A normal q head i's query w is
+//   sqrt(D) (c_T e_T(w) u_0 + n_i + sum_{a active} c_a e_a(w) w_a) + noise,
+// c the head's weights (Jitter), e its query token's own (max(0, 1 + spread N(0, 1))), and
+// n_i = sqrt(a) u_grp + sqrt(1 - a) u_i the direction of its own key noise (a = GroupShare);
+// the draws behind c, e and the noise mix the group's and the head's own (MixOf).
 void WriteCalQueries(const ModelSpec& spec, const AttentionParams& p, const CalShape& s,
                      const std::vector<uint32_t>& active, uint32_t layer, uint32_t h,
                      std::span<const float> dirs, std::vector<float>& q) {
   const uint32_t d_n = spec.head_dim;
   const float sqrt_d = std::sqrt(static_cast<float>(d_n));
-  const float sq = CalScales(p, s).query;
-  std::vector<float> dir(d_n);
+  const float sq = CalScales(spec, p, s).query;
+  const Mix mix = MixOf(p);
+  const auto spread = static_cast<float>(p.calibrated.query_token_spread);
+  const uint64_t query_seed = p.query_seed != 0 ? p.query_seed : p.seed;
+  auto row = [&](uint32_t r) { return dirs.data() + size_t{r} * d_n; };
+  // Components a query weighs: the always-on direction (index T) and the active topics.
+  std::vector<uint32_t> parts(active.begin(), active.end());
+  parts.push_back(s.topics);
+  std::vector<float> base(d_n), shared(d_n), head_w(parts.size());
+  const uint64_t group_stream = Hash(query_seed, kGroupQueries, layer, h);
   for (uint32_t i = 0; i < s.m; ++i) {
     const uint32_t g = h * s.m + i;
-    std::fill(dir.begin(), dir.end(), 0.0f);
-    auto add = [&](uint32_t row, float w) {
-      const float* u = dirs.data() + size_t{row} * d_n;
-      for (uint32_t d = 0; d < d_n; ++d) dir[d] += w * u[d];
-    };
-    if (IsLocalHead(p, layer, g)) {
-      add(s.loc_row(), 1.0f);
-    } else {
-      add(0, Jitter(p, layer, g, s.topics));
-      add(i + 1, 1.0f);
-      for (uint32_t a : active) add(s.topic_row(a), Jitter(p, layer, g, a));
+    const bool local = IsLocalHead(p, s.m, layer, g);
+    // The part every query of the head shares: u_loc, or the own noise direction.
+    for (uint32_t d = 0; d < d_n; ++d) {
+      base[d] = local ? row(s.loc_row())[d]
+                      : mix.group * row(s.group_row())[d] + mix.own * row(i + 1)[d];
     }
-    const uint64_t stream = Hash(p.query_seed != 0 ? p.query_seed : p.seed, kCalQueries, layer, g);
+    for (size_t j = 0; j < parts.size(); ++j) head_w[j] = Jitter(p, mix, s.m, layer, g, parts[j]);
+    const uint64_t stream = Hash(query_seed, kCalQueries, layer, g);
     for (uint32_t w = 0; w < p.window; ++w) {
       float* out = q.data() + (size_t{w} * spec.q_heads + g) * d_n;
-      FillNormals(stream, size_t{w} * d_n, sq, out, d_n);
-      for (uint32_t d = 0; d < d_n; ++d) out[d] += sqrt_d * dir[d];
+      FillNormals(stream, size_t{w} * d_n, sq * mix.own, out, d_n);
+      if (mix.group > 0) {
+        FillNormals(group_stream, size_t{w} * d_n, sq * mix.group, shared.data(), d_n);
+        for (uint32_t d = 0; d < d_n; ++d) out[d] += shared[d];
+      }
+      for (uint32_t d = 0; d < d_n; ++d) out[d] += sqrt_d * base[d];
+      if (local) continue;
+      for (size_t j = 0; j < parts.size(); ++j) {
+        const uint32_t a = parts[j];
+        const float z = mix.own * Normal(Hash(query_seed, kTokenWeight, layer, g, w, a)) +
+                        mix.group * Normal(Hash(query_seed, kGroupTokenWeight, layer, h, w, a));
+        const float weight = sqrt_d * head_w[j] * std::max(0.0f, 1 + spread * z);
+        const float* u = row(a == s.topics ? 0 : s.topic_row(a));
+        for (uint32_t d = 0; d < d_n; ++d) out[d] += weight * u[d];
+      }
+    }
+  }
+}
+
+// The outlier channels of (layer, kv head h): which, their offsets (in key units) and the
+// scale of their noise.
+struct KeyOutliers {
+  std::vector<uint32_t> channel;
+  std::vector<float> offset;
+  float scale;
+};
+KeyOutliers KeyOutliersOf(const ModelSpec& spec, const AttentionParams& p, uint32_t layer,
+                          uint32_t h, float key_noise) {
+  const CalibratedShape& c = p.calibrated;
+  const uint32_t d_n = spec.head_dim, count = std::min(c.key_outlier_channels, d_n);
+  KeyOutliers o;
+  o.scale = static_cast<float>(c.key_outlier_scale);
+  // The first `count` entries of a seeded permutation of the channels (partial Fisher-Yates).
+  std::vector<uint32_t> order(d_n);
+  for (uint32_t d = 0; d < d_n; ++d) order[d] = d;
+  for (uint32_t j = 0; j < count; ++j) {
+    const uint64_t r = Hash(p.seed, kKeyOutliers, layer, h, j);
+    std::swap(order[j], order[j + static_cast<uint32_t>(r % (d_n - j))]);
+    o.channel.push_back(order[j]);
+    const float sign = (Mix64(r) & 1) ? 1.0f : -1.0f;
+    o.offset.push_back(sign * static_cast<float>(c.key_outlier_offset) * key_noise);
+  }
+  return o;
+}
+
+// The values of kv head h at `layer` into v [n, kv_heads, head_dim] (CalibratedShape's value
+// model): a low-rank part, an AR(1) part along the tokens (one sequential pass) and noise. Two
+// hashes per value and value_rank per token.
+void WriteCalValues(const ModelSpec& spec, const AttentionParams& p, size_t n, uint32_t layer,
+                    uint32_t h, std::vector<float>& v) {
+  const CalibratedShape& c = p.calibrated;
+  const uint32_t d_n = spec.head_dim, h_n = spec.kv_heads;
+  const uint32_t rank = std::min(c.value_rank, d_n);
+  const double rest = std::max(0.0, 1 - c.value_low_rank_share - c.value_smooth_share);
+  const auto low_rank = static_cast<float>(
+      std::sqrt(c.value_low_rank_share * static_cast<double>(d_n) / rank));
+  const auto smooth = static_cast<float>(std::sqrt(c.value_smooth_share));
+  const auto noise = static_cast<float>(std::sqrt(rest));
+  const auto rho = static_cast<float>(c.value_smooth_corr);
+  const auto innovation =
+      static_cast<float>(std::sqrt(1 - c.value_smooth_corr * c.value_smooth_corr));
+  const std::vector<float> basis =
+      Orthonormal(Hash(p.seed, kValueDirections, layer, h), rank, d_n);
+  const uint64_t noise_stream = Hash(p.seed, kCalValues, layer, h);
+  const uint64_t smooth_stream = Hash(p.seed, kValueSmooth, layer, h);
+  const uint64_t coef_stream = Hash(p.seed, kValueCoefficients, layer, h);
+  std::vector<float> state(d_n), step(d_n), coef(rank);
+  for (size_t t = 0; t < n; ++t) {
+    float* out = v.data() + (t * h_n + h) * d_n;
+    FillNormals(noise_stream, t * d_n, noise, out, d_n);
+    FillNormals(smooth_stream, t * d_n, 1.0f, step.data(), d_n);
+    // S_0 is drawn from the stationary distribution (unit variance), later S_t from S_{t-1}.
+    const float keep = t == 0 ? 0.0f : rho, fresh = t == 0 ? 1.0f : innovation;
+    for (uint32_t d = 0; d < d_n; ++d) {
+      state[d] = keep * state[d] + fresh * step[d];
+      out[d] += smooth * state[d];
+    }
+    FillNormals(coef_stream, t * rank, low_rank, coef.data(), rank);
+    for (uint32_t r = 0; r < rank; ++r) {
+      const float* b = basis.data() + size_t{r} * d_n;
+      for (uint32_t d = 0; d < d_n; ++d) out[d] += coef[r] * b[d];
     }
   }
 }
@@ -403,7 +570,7 @@ void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& 
   const CalibratedShape& c = p.calibrated;
   const CalShape s = CalShapeOf(spec, c);
   const uint32_t h_n = spec.kv_heads, d_n = spec.head_dim;
-  const NoiseScales scale = CalScales(p, s);
+  const NoiseScales scale = CalScales(spec, p, s);
   const float diffuse = layer < c.diffuse_layers ? static_cast<float>(c.diffuse_scale) : 1.0f;
 
   // Position effects along u_0 (normal heads) and u_loc (local-only heads), in tokens.
@@ -444,15 +611,19 @@ void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& 
       if (sp.topic >= 0) continue;
       for (size_t t = sp.first; t < sp.first + sp.len; ++t) u0_boost[t] += sp.strength;
     }
+    const KeyOutliers outliers = KeyOutliersOf(spec, p, layer, h, scale.key);
     const uint64_t key_stream = Hash(p.seed, kCalKeys, layer, h);
-    const uint64_t value_stream = Hash(p.seed, kCalValues, layer, h);
     for (size_t t = 0; t < n; ++t) {
       float* k = out.k.data() + (t * h_n + h) * d_n;
       FillNormals(key_stream, t * d_n, scale.key, k, d_n);
+      for (size_t j = 0; j < outliers.channel.size(); ++j) {
+        float& x = k[outliers.channel[j]];
+        x = outliers.scale * x + outliers.offset[j];
+      }
       const float b0 = u0_boost[t], bl = local[t];
       for (uint32_t d = 0; d < d_n; ++d) k[d] += b0 * u0[d] + bl * uloc[d];
-      FillNormals(value_stream, t * d_n, 1.0f, out.v.data() + (t * h_n + h) * d_n, d_n);
     }
+    WriteCalValues(spec, p, n, layer, h, out.v);
     // Topic hitters along their topic's direction (few tokens: a pass over the spans).
     for (const Span& sp : spans) {
       if (sp.topic < 0) continue;

@@ -8,8 +8,12 @@
 //   - kCalibrated (the default): heavy hitters are short token spans at random offsets (nothing
 //     knows about ckv's chunks), which of them matter depends on the request (topics that the
 //     request's queries point at, shifting from request to request), layers 0-1 attend
-//     diffusely, some heads are local-only, and hitters drift per layer. Its defaults are
-//     calibrated against published measurements of real models (docs/generator.md).
+//     diffusely, some heads are local-only, and hitters drift per layer. Values have structure
+//     (a low-rank part shared along the sequence, correlation between neighbouring tokens,
+//     noise), keys carry fixed outlier channels (values do not), each query of the window weighs
+//     the head's directions its own way, and the q heads of a GQA group agree as much as
+//     CalibratedShape::head_agreement says. Its defaults are calibrated against published
+//     measurements of real models where we found them (docs/generator.md).
 //   - kPlantedChunks: the original model, described below; it is shaped like ckv's own design
 //     (importance drawn per 16-token chunk, request-independent, periods of 8 layers) and is kept
 //     bit for bit so that earlier results can be reproduced.
@@ -30,7 +34,8 @@
 //
 // Everything is a pure function of (spec, tokens, params, layer): layers are generated one at a
 // time, on demand (a 7b-shaped 32K-token prefix is 134 MB of float K and V per layer, 3.8 GB over
-// all layers). Generating a layer costs one 64-bit hash per generated value.
+// all layers). Generating a layer costs one 64-bit hash per generated key or query value and
+// two per value of V in kCalibrated (one in kPlantedChunks), plus a few per token.
 //
 // Thread-safety: a SyntheticAttention is immutable after construction; its const methods may be
 // called from several threads at once. PlantedKv is immutable once built.
@@ -76,10 +81,10 @@ struct CalibratedShape {
   // hitter_mean_tokens) starting at uniformly random tokens, `hitter_density` spans per token of
   // the prefix (as seen by one kv head), each of strength hitter_strength + hitter_tail * Exp(1)
   // on all its tokens (its weight is Pareto-distributed with tail index 1 / hitter_tail).
-  // Defaults: 0.05 spans per token, 2 tokens, 2.5, 0.8.
+  // Defaults: 0.05 spans per token, 2 tokens, 2.3, 0.8.
   double hitter_density = 0.05;
   double hitter_mean_tokens = 2.0;
-  double hitter_strength = 2.5;
+  double hitter_strength = 2.3;
   double hitter_tail = 0.8;
 
   // Request dependence. A hitter is "always on" (the document's generally important tokens)
@@ -115,6 +120,48 @@ struct CalibratedShape {
   double local_sink_strength = 10.0;
   double local_strength = 9.0;
   double local_tokens = 64.0;
+
+  // Values. Per (layer, kv head), token t's value is
+  //   sqrt(value_low_rank_share) L_t + sqrt(value_smooth_share) S_t + sqrt(rest) N_t,
+  // rest = 1 - value_low_rank_share - value_smooth_share, where
+  //   L_t = sqrt(head_dim / value_rank) sum_r a_r(t) b_r: `value_rank` fixed orthonormal
+  //         directions b_r shared along the sequence, coefficients a_r(t) ~ N(0, 1) per token;
+  //   S_t: per channel an AR(1) process along the tokens, lag-1 correlation value_smooth_corr;
+  //   N_t: independent noise.
+  // Each part has unit variance per channel (on average over channels), so V does too; the
+  // lag-1 correlation of neighbouring tokens' values is value_smooth_share * value_smooth_corr.
+  // REQUIRES: 1 <= value_rank (clamped to head_dim); shares >= 0 and summing to <= 1;
+  // value_smooth_corr in [0, 1). Defaults: 8, 0.5, 0.3, 0.8.
+  uint32_t value_rank = 8;
+  double value_low_rank_share = 0.5;
+  double value_smooth_share = 0.3;
+  double value_smooth_corr = 0.8;
+
+  // Keys: `key_outlier_channels` channels per (layer, kv head), fixed for every token, carry a
+  // constant offset of +-key_outlier_offset key-noise standard deviations and noise scaled by
+  // key_outlier_scale (KIVI's outlier channels; values have none). The offset adds the same logit
+  // to every token of a query, so it moves no attention; the scale is compensated in the key
+  // noise, so the logit noise stays token_noise. Clamped to head_dim. Defaults: 4, 8.0, 3.0.
+  uint32_t key_outlier_channels = 4;
+  double key_outlier_offset = 8.0;
+  double key_outlier_scale = 3.0;
+
+  // Queries of the window differ per token: query w of a normal q head weighs the always-on
+  // direction and each active topic by its head's factor times its own
+  // max(0, 1 + query_token_spread * N(0, 1)), so the window's mean query is not any of them.
+  // Default: 0.3.
+  double query_token_spread = 0.3;
+
+  // Agreement of the q heads of one GQA group: the mean top-5% Jaccard of the token sets of
+  // two q heads of one group that it produces at the calibration shape (qwen2.5-7b, 8192
+  // tokens, the other defaults; docs/generator.md has the measured mapping). Each q head's own
+  // draws (its weights on the topics, its per-token weights, the direction of its own key noise,
+  // its query noise, whether it is local-only) are mixed with its group's: at 1 every q head of
+  // a group is its group's (Jaccard 1), at <= 0.43 they are independent (the Jaccard that
+  // sharing the kv head's keys alone gives). Keys and values do not depend on it.
+  // REQUIRES: in [0, 1]. Default: 0.7 (see docs/generator.md: IMPRESS measured > 0.95 on one
+  // layer of an MHA model).
+  double head_agreement = 0.7;
 };
 
 // The knobs of the planted structure. Unless said otherwise, a field is kPlantedChunks' alone;
@@ -199,7 +246,8 @@ class SyntheticAttention {
   // A prefix of `tokens` tokens (a tail past the last whole chunk is generated like any other
   // token; it is not part of Records()).
   // REQUIRES (aborts otherwise): spec.Validate().ok(); tokens >= 1;
-  // spec.q_heads / spec.kv_heads + 1 <= spec.head_dim (room for the orthogonal directions);
+  // spec.q_heads / spec.kv_heads + 1 <= spec.head_dim (+ 3 for kCalibrated: room for the
+  // orthogonal directions);
   // params.window >= 1, params.period_layers >= 1, probabilities in [0, 1], strengths, spreads
   // and noise finite and (where a standard deviation) >= 0.
   SyntheticAttention(const ModelSpec& spec, size_t tokens, const AttentionParams& params);
@@ -211,7 +259,7 @@ class SyntheticAttention {
   // One layer in float32.
   struct Layer {
     std::vector<float> k;  // [tokens, kv_heads, head_dim]
-    std::vector<float> v;  // [tokens, kv_heads, head_dim], unit Gaussian noise
+    std::vector<float> v;  // [tokens, kv_heads, head_dim], unit variance per channel
     std::vector<float> q;  // [window, q_heads, head_dim], the suffix queries
   };
   // REQUIRES: layer < spec().layers.

@@ -72,6 +72,13 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
                    return cli::ParseDouble(v, &f->request_shift) && f->request_shift >= 0 &&
                           f->request_shift <= 1;
                  });
+  cli::AddParsed(app, "--head-agreement",
+                 "the generator's agreement of the q heads of a GQA group: the top-5% Jaccard "
+                 "it aims at, [0, 1] (default 0.7; docs/generator.md)", "F", "a number in [0, 1]",
+                 [f](const std::string& v) {
+                   return cli::ParseDouble(v, &f->head_agreement) && f->head_agreement >= 0 &&
+                          f->head_agreement <= 1;
+                 });
   cli::AddChoice(app, "--impress-probes", &f->impress_probes, {"group", "spread"},
                  "impress's probe heads: group (default) or spread");
   cli::AddChoice(app, "--impress-gate", &f->impress_gate, {"expected-jaccard", "budget"},

@@ -47,6 +47,9 @@ struct Flags {
   std::string attention_profile = "calibrated";
   std::string profile_file;
   double request_shift = -1;  // < 0: the generator's default
+  // The generator's head agreement: the top-5% Jaccard of q heads of one GQA group it aims at
+  // (CalibratedShape::head_agreement). < 0: the generator's default.
+  double head_agreement = -1;
   // The modelled GPU (docs/baselines.md, "Compute model"): an A800 80GB SXM.
   double gpu_tflops = 156;    // bf16 dense: 312 TFLOPS peak at 50%
   double hbm_gb_s = 1630;     // 2039 GB/s peak at 80%

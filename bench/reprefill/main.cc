@@ -461,7 +461,7 @@ std::optional<int> ApplyProfileFile(Flags* f,
     return kExitUsage;
   }
   const synth::AttentionProfileFile& p = **opened;
-  for (const char* name : {"--system-prompt-share", "--request-shift"}) {
+  for (const char* name : {"--system-prompt-share", "--request-shift", "--head-agreement"}) {
     if (f->given.contains(name)) {
       return cli::UsageError(kProg, absl::StrCat(name, " is the synthetic generator's; the "
                                                  "profile file ", p.path(), " fixes the tokens "

@@ -479,6 +479,7 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   // A profile file's queries are the network's: the generator's shift does not apply.
   if (w.file() != nullptr) j.Key("profile_file").String(w.file()->path());
   else j.Key("request_shift").Double(w.Params(Request{}).request_shift);
+  if (!w.file()) j.Key("head_agreement").Double(w.Params(Request{}).calibrated.head_agreement);
   j.Key("impress_probes").String(f.impress_probes).Key("impress_gate").String(f.impress_gate);
   j.Key("store_bytes").Uint(w.store_bytes());
   j.EndObject();

@@ -27,6 +27,7 @@ Workload::Workload(const Flags& f, ModelSpec spec, const synth::AttentionProfile
   base_.seed = f.seed;
   base_.window = f.window;
   if (f.request_shift >= 0) base_.request_shift = f.request_shift;
+  if (f.head_agreement >= 0) base_.calibrated.head_agreement = f.head_agreement;
   if (file_ != nullptr) {
     tokens_.resize(f.conversations);
     for (uint32_t c = 0; c < f.conversations; ++c) {
@@ -100,7 +101,7 @@ std::string Workload::Manifest() const {
   w.BeginObject().Key("model").String(f_.model).Key("prefix_tokens").Uint(f_.prefix_tokens);
   w.Key("suffix_tokens").Uint(f_.suffix_tokens).Key("conversations").Uint(f_.conversations);
   w.Key("turns").Uint(f_.turns).Key("system_prompt_share").Double(f_.system_prompt_share);
-  w.Key("seed").Uint(f_.seed).Key("window").Uint(f_.window).Key("generator").Uint(2);
+  w.Key("seed").Uint(f_.seed).Key("window").Uint(f_.window).Key("generator").Uint(3);
   // The KV depends on the profile, not on the requests' shift (queries are not stored).
   w.Key("attention_profile").String(f_.attention_profile);
   if (file_ != nullptr) {
