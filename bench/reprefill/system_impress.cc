@@ -346,7 +346,7 @@ class ImpressRunner final : public BaselineRunner {
       std::vector<double>& imp = conv.importance[l];
       for (uint32_t t = 0; t < last_tokens_; ++t) imp[t] += acc_[l][t];
       std::vector<uint32_t> target = Packed(imp, next->token_at[l], next->slot_of[l]);
-      CKV_ASSIGN_OR_RETURN(uint64_t bytes, Permute(r.conversation, l, *next, std::move(target)));
+      CKV_ASSIGN_OR_RETURN(uint64_t bytes, Permute(r.conversation, l, *next, std::move(target), &imp));
       rewritten += bytes;
     }
     if (rewritten > 0 && !conv.reordered) {
@@ -462,7 +462,8 @@ class ImpressRunner final : public BaselineRunner {
   // Rewrites layer `l`'s blocks of conversation `c` whose slots change from `layout` to
   // `target`, and makes `target` the layout's. Returns the bytes written.
   absl::StatusOr<uint64_t> Permute(uint32_t c, uint32_t l, ImpressLayout& layout,
-                                   std::vector<uint32_t> target) {
+                                   std::vector<uint32_t> target,
+                                   const std::vector<double>* imp = nullptr) {
     std::vector<uint32_t>& token_at = layout.token_at[l];
     std::vector<uint32_t>& slot_of = layout.slot_of[l];
     const uint32_t nb = imf_.blocks();
@@ -511,8 +512,25 @@ class ImpressRunner final : public BaselineRunner {
     for (size_t i = 0; i < changed.size(); ++i) {
       CKV_RETURN_IF_ERROR(file->WriteAt(imf_.Offset(c, l, changed[i]), std::span(new_base + i * bb, bb)));
       layout.sum[l][changed[i]] = storage::RecordChecksum(new_base + i * bb, bb);
-      // A tier copy of the old bytes is stale now.
-      if (ctx_.state->tiers) ctx_.state->tiers->Erase(BlockKey(c, l, changed[i]));
+      if (!ctx_.state->tiers) continue;
+      // A tier copy of the old bytes is stale now. IMPRESS rewrites a block from memory, so
+      // between turns (`imp` given) a block its tiers held is cached again with its new bytes
+      // and the score of its new share of important tokens, rather than left to a miss.
+      const ChunkKey key = BlockKey(c, l, changed[i]);
+      const bool cached =
+          imp != nullptr && static_cast<bool>(ctx_.state->tiers->Lookup(engine::RecordId{key, 0}));
+      ctx_.state->tiers->Erase(key);
+      if (!cached) continue;
+      uint32_t hot = 0;
+      for (uint32_t s = 0; s < kB; ++s) {
+        const uint32_t t = target[changed[i] * kB + s];
+        if (t != kNone && (*imp)[t] > 0) ++hot;
+      }
+      const double score = double(ctx_.state->freq[key]) * hot / kB;
+      ctx_.state->tiers->Admit(engine::RecordId{key, 0},
+                               std::span<const std::byte>(new_base + i * bb, 2 * imf_.kv_bytes()),
+                               score)
+          .IgnoreError();  // not cached again: the next load reads it
     }
     token_at = std::move(target);
     for (uint32_t s = 0; s < token_at.size(); ++s) {
