@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/selector.h"
+#include "tests/json_test_util.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 
@@ -29,17 +30,7 @@ using tools::JsonValue;
   return ::ckv::testing::RunProgram(CKV_GPU_CHECK_PATH, args);
 }
 
-double Num(const JsonValue& v, const std::string& key) {
-  const JsonValue* x = v.Find(key);
-  if (x == nullptr) {
-    ADD_FAILURE() << "missing key " << key;
-    return NAN;
-  }
-  if (x->AsInt() != nullptr) return static_cast<double>(*x->AsInt());
-  if (x->AsDouble() != nullptr) return *x->AsDouble();
-  ADD_FAILURE() << key << " is a " << x->TypeName() << ", not a number";
-  return NAN;
-}
+constexpr auto Num = ::ckv::testing::JsonNumber;
 
 bool IsNull(const JsonValue& v, const std::string& key) {
   const JsonValue* x = v.Find(key);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/json_test_util.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 
@@ -20,17 +21,7 @@ using tools::JsonValue;
 
 #ifdef CKV_INDEX_BENCH_PATH
 
-double Num(const JsonValue& v, const char* key) {
-  const JsonValue* x = v.Find(key);
-  if (x == nullptr) {
-    ADD_FAILURE() << "missing key " << key;
-    return -1;
-  }
-  if (x->AsInt() != nullptr) return static_cast<double>(*x->AsInt());
-  if (x->AsDouble() != nullptr) return *x->AsDouble();
-  ADD_FAILURE() << key << " is a " << x->TypeName() << ", not a number";
-  return -1;
-}
+constexpr auto Num = ::ckv::testing::JsonNumber;
 
 TEST(IndexBenchTest, TwoTinySizesReportSaneFiguresThatGrowWithN) {
   TempDir dir;

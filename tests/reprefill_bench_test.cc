@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/attention_profile_writer.h"
+#include "tests/json_test_util.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 
@@ -32,17 +33,7 @@ Ran RunBench(const std::string& args) {
   return ::ckv::testing::RunProgram(CKV_REPREFILL_BENCH_PATH, args);
 }
 
-double Num(const JsonValue& v, const char* key) {
-  const JsonValue* x = v.Find(key);
-  if (x == nullptr) {
-    ADD_FAILURE() << "missing key " << key;
-    return NAN;
-  }
-  if (x->AsInt() != nullptr) return static_cast<double>(*x->AsInt());
-  if (x->AsDouble() != nullptr) return *x->AsDouble();
-  ADD_FAILURE() << key << " is a " << x->TypeName() << ", not a number";
-  return NAN;
-}
+constexpr auto Num = ::ckv::testing::JsonNumber;
 
 bool IsInt(const JsonValue& v, const char* key) {
   const JsonValue* x = v.Find(key);
