@@ -60,8 +60,11 @@ class RemoteTier;
 
 // A clock around each selector run of a session, for the benchmark harness: Begin just before a
 // selector scores a layer, End just after, with the FLOPs of that scoring
-// (kernels::ScoringFlops). Also around each record's tier admission (End(0)): a GPU system makes
-// those copies by DMA on its copy engines, off the compute's path. Called on the session's
+// (kernels::ScoringFlops). While one is set, a session admits nothing to the tiers as its layers
+// are served: a GPU system's tier copies are DMA on copy engines, off the request's path. It
+// holds the records it would admit (their bytes stay in HBM for the whole prefill anyway) and
+// offers them in Finish, once no read of it is in flight, each inside a bracket of its own
+// (End(0)), so that a bracket never lets a read land off the clock. Called on the session's
 // calling thread.
 class SelectorClock {
  public:

@@ -312,6 +312,30 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
 // (From 25% on it reads more than full on this generator; baselines.md shows why.) Then
 // the baselines' own files are verified as they are read: a flipped byte in keys.bin or
 // impress.bin fails the run with DataLoss naming the file, never a wrong answer.
+// The baselines admit what they read when a request ends (a GPU system's tier copies are DMA
+// off the request's path): the measured turn of a conversation is served from the tiers its
+// warm-up turn filled.
+TEST(ReprefillBenchTest, BaselinesAdmitAtTheRequestsEndAndHitOnTheNextTurn) {
+  TempDir dir;
+  const std::string json = dir.path() + "/out.json";
+  const Ran ran = RunBench(
+      "--store " + dir.path() + "/store --model qwen2.5-0.5b --prefix-tokens 256 "
+      "--suffix-tokens 16 --conversations 2 --turns 2 --request-shift 0 --budgets 50 "
+      "--systems full,h2o,impress --gpu-tier-bytes 67108864 --cpu-tier-bytes 67108864 --no-fio "
+      "--rounds 1 --json " + json);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  ASSERT_EQ(doc->Find("results")->AsArray()->size(), 4u);  // and the modelled recompute
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    const std::string system = *r.Find("system")->AsString();
+    if (system == "recompute") continue;
+    const JsonValue* hits = r.Find("hit_rate");
+    ASSERT_NE(hits, nullptr) << system;
+    EXPECT_GT(Num(*hits, "gpu") + Num(*hits, "cpu"), 0.5) << system << " hit nothing";
+  }
+}
+
 TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   TempDir dir;
   const std::string store = dir.path() + "/store";

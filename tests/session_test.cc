@@ -727,15 +727,18 @@ class CountingClock final : public engine::SelectorClock {
     open_ = false;
     if (flops == 0) {
       ++admissions_;
+      order_.push_back('a');
       return;
     }
     ++runs_;
+    order_.push_back('r');
     flops_.push_back(flops);
   }
   int runs_ = 0;
   int admissions_ = 0;
   bool open_ = false;
   std::vector<double> flops_;
+  std::string order_;  // 'r': a selector run, 'a': an admission, in the order they came
 };
 
 TEST(SessionClockTest, TheClockBracketsEverySelectorRunWithItsFlops) {
@@ -782,7 +785,7 @@ TEST(SessionClockTest, TheClockBracketsEverySelectorRunWithItsFlops) {
 
 // Tier admissions are a GPU system's DMA: the clock brackets each one (End(0)), so a benchmark
 // takes the host copy out of the request's time.
-TEST(SessionClockTest, TheClockBracketsEveryTierAdmission) {
+TEST(SessionClockTest, UnderAClockAdmissionsWaitForFinishEachInItsBracket) {
   const Planted& d = Data();
   TempDir dir;
   auto engine = Open(dir.path(), LargeTiers());
@@ -794,10 +797,21 @@ TEST(SessionClockTest, TheClockBracketsEveryTierAdmission) {
   const SessionStats stats = RunChecked(*engine, d, o);
   engine::SetSelectorClock(*engine, nullptr);
   EXPECT_FALSE(clock.open_);
-  // A record read from NVMe and served is offered to the tiers once, inside a bracket.
+  // A record read from NVMe and served is offered to the tiers once, inside a bracket, and
+  // only in Finish, after the last layer's selector run: a bracket while reads are in flight
+  // would let them land off the clock.
   EXPECT_GT(clock.admissions_, 0);
   EXPECT_LE(uint64_t(clock.admissions_), stats.nvme_records);
   EXPECT_EQ(clock.runs_, static_cast<int>(d.spec.layers)) << "selector runs still counted apart";
+  const size_t first_admission = clock.order_.find('a');
+  ASSERT_NE(first_admission, std::string::npos);
+  EXPECT_EQ(clock.order_.find('r', first_admission), std::string::npos) << clock.order_;
+  // What it admitted is there for the next request.
+  CountingClock again;
+  engine::SetSelectorClock(*engine, &again);
+  const SessionStats next = RunChecked(*engine, d, o);
+  engine::SetSelectorClock(*engine, nullptr);
+  EXPECT_GT(next.gpu_hits + next.cpu_hits, 0u);
 }
 
 TEST(SessionLifeTest, ResetUsageZeroesImportanceAndLoadsDurably) {

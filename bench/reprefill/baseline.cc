@@ -16,7 +16,8 @@ BaselineRunner::BaselineRunner(const RunContext& ctx)
     : ctx_(ctx), spec_(ctx.w->spec()),
       kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations),
       max_chunks_(static_cast<uint32_t>(ctx.w->stored_tokens() / ctx.w->spec().chunk_tokens)) {
-  for (int i = 0; i < 3; ++i) {
+  const uint32_t pool = ctx.state->tiers ? spec_.layers + 2 : 3;
+  for (uint32_t i = 0; i < pool; ++i) {
     auto L = std::make_unique<Layer>();
     L->rec.reserve(max_chunks_);
     L->filled.reserve(max_chunks_);
@@ -30,7 +31,16 @@ BaselineRunner::BaselineRunner(const RunContext& ctx)
 void BaselineRunner::Recycle::operator()(Layer* L) const {
   if (L->batch) L->batch->Wait().IgnoreError();
   L->pins.clear();
-  runner->free_.push_back(std::unique_ptr<Layer>(L));
+  (runner->ctx_.state->tiers ? runner->held_ : runner->free_).push_back(std::unique_ptr<Layer>(L));
+}
+
+void BaselineRunner::SizeExtra(size_t count, size_t bytes) {
+  extra_count_ = count;
+  extra_bytes_ = bytes;
+  for (auto& L : free_) {
+    L->extra.resize(count);
+    for (auto& b : L->extra) b.resize(bytes);  // zero-filled: the pages are touched
+  }
 }
 
 BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
@@ -44,6 +54,8 @@ BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
     L->own.resize(n);
     for (auto& b : L->own) b.resize(spec_.RecordBytes());
     L->keys.resize(size_t{n} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
+    L->extra.resize(extra_count_);
+    for (auto& b : L->extra) b.resize(extra_bytes_);
   }
   L->rec.assign(n, nullptr);
   L->filled.assign(n, false);
@@ -66,14 +78,24 @@ engine::TierManager::Handle BaselineRunner::Lookup(const ChunkKey& k, uint32_t r
 }
 
 void BaselineRunner::Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes,
-                           double score, std::vector<engine::TierManager::Handle>& pins) {
+                           double score) {
   if (!ctx_.state->tiers) return;
-  // Off the request's time, as the engine's sessions admit: a GPU system's tier copies (and the
-  // demotions they cause) are DMA on copy engines while other work runs.
-  ctx_.clock->Begin();
-  auto h = ctx_.state->tiers->Admit(engine::RecordId{k, record}, bytes, score);
-  ctx_.clock->End(0);
-  if (h.ok() && *h) pins.push_back(std::move(*h));
+  admissions_.push_back({engine::RecordId{k, record}, bytes, score});
+}
+
+void BaselineRunner::AdmitHeld() {
+  for (const Held& a : admissions_) {
+    ctx_.clock->Begin();
+    ctx_.state->tiers->Admit(a.id, a.bytes, a.score).IgnoreError();  // not cached: a miss later
+    ctx_.clock->End(0);
+  }
+  DropHeld();
+}
+
+void BaselineRunner::DropHeld() {
+  admissions_.clear();
+  for (auto& H : held_) free_.push_back(std::move(H));
+  held_.clear();
 }
 
 absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned, uint32_t layer,

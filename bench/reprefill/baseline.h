@@ -36,10 +36,12 @@ class BaselineRunner : public SystemRunner {
       uint32_t head, first, chunks;
     };
     std::vector<KeySegment> key_segments;
+    std::vector<std::vector<std::byte>> extra;    // a system's own buffers (SizeExtra)
     uint64_t h2d_bytes = 0;                       // bytes that must cross PCIe for it
     std::unique_ptr<ReadBatch> batch;             // waited for before the layer is reused
   };
-  // Returns a layer to the runner's pool when it goes (after waiting for its reads).
+  // Returns a layer to the runner's pool when it goes (after waiting for its reads), or holds
+  // it until AdmitHeld when the tiers may admit from its buffers.
   struct Recycle {
     BaselineRunner* runner = nullptr;
     void operator()(Layer* L) const;
@@ -47,12 +49,22 @@ class BaselineRunner : public SystemRunner {
   using LayerPtr = std::unique_ptr<Layer, Recycle>;
   // A pooled layer, reset for a prefix of n chunks.
   LayerPtr NewLayer(uint32_t n);
+  // Gives every layer, pooled and to come, `count` extra buffers of `bytes` (before timing).
+  void SizeExtra(size_t count, size_t bytes);
 
   // A tier lookup of record `record` of chunk `k`, counting the hit.
   engine::TierManager::Handle Lookup(const ChunkKey& k, uint32_t record, RequestResult& out,
                                      bool lru_touch);
-  void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score,
-             std::vector<engine::TierManager::Handle>& pins);
+  // Offers record `record` of `k` to the tiers when the request ends (AdmitHeld), as the
+  // engine's sessions do under a benchmark clock: a GPU system's tier copies are DMA on copy
+  // engines, off the request's path, and what it loaded stays in HBM for the whole prefill.
+  // `bytes` must live until AdmitHeld: a layer's buffers do (layers are held until then).
+  void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score);
+  // Makes the admissions Admit held, each in a clock bracket of its own, once none of the
+  // request's reads is in flight, and returns the held layers to the pool.
+  void AdmitHeld();
+  // Forgets what a failed request held: each Run starts with it.
+  void DropHeld();
   double Tick() { return double(ctx_.state->tick.fetch_add(1)); }
 
   // Requests whole records of `chunks` at `layer` that the tiers do not hold, into L.
@@ -89,7 +101,17 @@ class BaselineRunner : public SystemRunner {
   const ModelSpec& spec_;
   KeyFile kf_;
   const uint32_t max_chunks_;  // of the longest prefix
-  std::vector<std::unique_ptr<Layer>> free_;  // the pool (3 layers: current, next, one spare)
+  // The pool: 3 layers (current, next, one spare), or one per model layer and two spare when
+  // there are tiers, as layers are held until AdmitHeld.
+  std::vector<std::unique_ptr<Layer>> free_;
+  std::vector<std::unique_ptr<Layer>> held_;  // recycled layers whose buffers Admit points into
+  struct Held {
+    engine::RecordId id;
+    std::span<const std::byte> bytes;
+    double score;
+  };
+  std::vector<Held> admissions_;  // what Admit holds for AdmitHeld
+  size_t extra_count_ = 0, extra_bytes_ = 0;
   static constexpr uint32_t kMaxIo = 256 * 1024;
 };
 

@@ -19,6 +19,7 @@ class FullRunner final : public BaselineRunner {
     RequestResult out;
     out.loaded.resize(spec_.layers);
     out.attended.resize(spec_.layers);
+    DropHeld();
     const absl::Time start = absl::Now();
     const std::vector<ChunkKey> keys =
         ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, ctx_.w->Prefix(r));
@@ -46,7 +47,7 @@ class FullRunner final : public BaselineRunner {
       }
       CKV_RETURN_IF_ERROR(Wait(*L, out));
       for (uint32_t j = 0; j < n; ++j) {
-        if (L->filled[j]) Admit(pinned->chunks()[j].key, l, L->own[j], Tick(), L->pins);
+        if (L->filled[j]) Admit(pinned->chunks()[j].key, l, L->own[j], Tick());
       }
       out.loaded[l] = all;
       out.bytes_needed += size_t{n} * spec_.RecordBytes();
@@ -54,6 +55,7 @@ class FullRunner final : public BaselineRunner {
       // Its records crossed PCIe as they landed (tier hits when found).
       ctx_.gpu->Compute(ctx_.LayerSeconds(size_t{n} * spec_.chunk_tokens), L->batch->crossed());
     }
+    AdmitHeld();
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }

@@ -17,9 +17,8 @@ namespace {
 class H2oRunner final : public BaselineRunner {
  public:
   explicit H2oRunner(const RunContext& ctx) : BaselineRunner(ctx) {
-    // Value buffers, sized once: V of a chunk plus the pages around it.
-    vbuf_.resize(max_chunks_);
-    for (auto& b : vbuf_) b.resize(spec_.RecordBytes() / 2 + 2 * 4096);
+    // Value buffers in each layer, sized once: V of a chunk plus the pages around it.
+    SizeExtra(max_chunks_, spec_.RecordBytes() / 2 + 2 * 4096);
     vlen_.reserve(max_chunks_);
   }
 
@@ -28,6 +27,7 @@ class H2oRunner final : public BaselineRunner {
     RequestResult out;
     out.loaded.resize(spec_.layers);
     out.attended.resize(spec_.layers);
+    DropHeld();
     const absl::Time start = absl::Now();
     const std::vector<ChunkKey> keys =
         ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, ctx_.w->Prefix(r));
@@ -85,13 +85,13 @@ class H2oRunner final : public BaselineRunner {
       // Cache the keys read (LRU), then read the selected chunks' values.
       for (uint32_t j = 0; j < n; ++j) {
         if (from_keys[j]) {
-          Admit(pinned->chunks()[j].key, 2 * l, std::span(L->own[j]).first(half), Tick(), L->pins);
+          Admit(pinned->chunks()[j].key, 2 * l, std::span(L->own[j]).first(half), Tick());
         }
       }
-      std::vector<std::vector<std::byte>>& vbuf = vbuf_;
+      std::vector<std::vector<std::byte>>& vbuf = L->extra;
       vlen_.assign(n, 0);
       voff_.assign(n, 0);
-      ReadBatch values(ctx_.reads, ctx_.gpu);  // waited for before the next layer reuses vbuf
+      ReadBatch values(ctx_.reads, ctx_.gpu);  // into L's buffers: waited for here
       uint64_t value_bytes = 0;
       for (uint32_t j : sel.chunks) {
         if (auto h = Lookup(pinned->chunks()[j].key, 2 * l + 1, out, /*lru_touch=*/true)) {
@@ -122,20 +122,20 @@ class H2oRunner final : public BaselineRunner {
       for (uint32_t j : sel.chunks) {
         if (vlen_[j] != 0) {
           Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).subspan(voff_[j], half),
-                Tick(), L->pins);
+                Tick());
         }
       }
       out.h2d_bytes += value_bytes;
       ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), values.crossed());
     }
+    AdmitHeld();
     out.latency_s = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }
 
  private:
-  std::vector<std::vector<std::byte>> vbuf_;  // per chunk: its values' pages
-  std::vector<uint64_t> vlen_;                // per chunk: bytes read into vbuf_ (0: none)
-  std::vector<uint64_t> voff_;                // per chunk: where its V starts in vbuf_
+  std::vector<uint64_t> vlen_;  // per chunk: bytes read into its layer's extra buffer (0: none)
+  std::vector<uint64_t> voff_;  // per chunk: where its V starts there
 };
 
 }  // namespace

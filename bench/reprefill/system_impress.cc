@@ -107,8 +107,7 @@ class ImpressRunner final : public BaselineRunner {
     all_kv_.resize(spec_.kv_heads);
     std::iota(all_kv_.begin(), all_kv_.end(), 0u);
     // Buffers sized once, before timing.
-    blockbuf_.resize(imf_.blocks());
-    for (auto& b : blockbuf_) b.resize(imf_.block_bytes());
+    SizeExtra(imf_.blocks(), imf_.block_bytes());  // each layer's: per physical block, its bytes
     acc_.assign(spec_.layers, std::vector<float>(stored_, 0.0f));
     block_mark_.reserve(imf_.blocks());
     chunk_mark_.reserve(max_chunks_);
@@ -123,6 +122,7 @@ class ImpressRunner final : public BaselineRunner {
     RequestResult out;
     out.loaded.resize(spec_.layers);
     out.attended.resize(spec_.layers);
+    DropHeld();
     const absl::Time start = absl::Now();
     const uint32_t c = spec_.chunk_tokens;
     const uint32_t n = static_cast<uint32_t>(ctx_.w->Prefix(r).size() / c);
@@ -182,6 +182,7 @@ class ImpressRunner final : public BaselineRunner {
       ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), cur->batch->crossed());
       cur = std::move(next);
     }
+    AdmitHeld();
     if (ctx_.state->tiers) {
       // Block score = frequency x share of important tokens.
       absl::MutexLock lock(&ctx_.state->mu);
@@ -242,7 +243,7 @@ class ImpressRunner final : public BaselineRunner {
       Admit(key, s.chunks,
             std::span<const std::byte>(L.keys.data() + (size_t{s.head} * n * c + size_t{s.first} * c) * kb,
                                        size_t{s.chunks} * c * kb),
-            f, L.pins);
+            f);
     }
     L.key_segments.clear();
   }
@@ -298,7 +299,7 @@ class ImpressRunner final : public BaselineRunner {
       q.expected_checksum = layout.sum[l][b];
       q.name = absl::StrCat("impress.bin: conversation ", r.conversation, ", layer ", l,
                             ", block ", b);
-      q.dest = std::span<std::byte>(blockbuf_[b]);
+      q.dest = std::span<std::byte>(cur.extra[b]);
       batch.Add(std::move(q), /*cross_bytes=*/2 * imf_.kv_bytes());
       read_mark_[b] = true;
       out.bytes_read += imf_.block_bytes();
@@ -327,7 +328,7 @@ class ImpressRunner final : public BaselineRunner {
         scores_.push_back({key, share});
         if (!read_mark_[b]) continue;
         const double f = double(ctx_.state->freq[key] + 1);
-        Admit(key, 0, std::span(blockbuf_[b]).first(2 * imf_.kv_bytes()), f * share, cur.pins);
+        Admit(key, 0, std::span(cur.extra[b]).first(2 * imf_.kv_bytes()), f * share);
       }
     }
     return absl::OkStatus();
@@ -543,7 +544,6 @@ class ImpressRunner final : public BaselineRunner {
   const uint32_t stored_;
   std::vector<uint32_t> probe_q_, score_q_, probe_kv_, other_kv_, all_q_, all_kv_;
   // Reused across requests (sized before timing).
-  std::vector<std::vector<std::byte>> blockbuf_;  // per physical block: its bytes
   std::vector<std::vector<float>> acc_;           // per layer, per token: this request's mass
   std::vector<uint32_t> block_mark_, blocks_, all_chunks_;
   std::vector<bool> chunk_mark_, read_mark_, all_need_, key_need_;
