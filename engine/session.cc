@@ -90,7 +90,8 @@ struct Slot {
   // (a remote read cannot be resubmitted at another priority as a local one is).
   std::shared_ptr<std::atomic<bool>> promoted;
   // Read from NVMe and not yet offered to the tiers: the session offers it when a layer first
-  // needs it (on its own thread, so that the read engine's thread only reads and verifies).
+  // needs it (on its own thread, so that the read engine's thread only reads and verifies), or
+  // in Finish under a benchmark's clock (SelectorClock).
   bool to_admit = false;
   double score = 0;         // its chunk's S when it was requested
 };
@@ -154,6 +155,9 @@ class SessionImpl final : public ReprefillSession {
     for (const std::string& head : remote_.bytes) stats_.remote_bytes_read += head.size();
     CKV_DCHECK(keys_.size() == local_ + remote_.size());
     idle_at_begin_ = reads_->stats().idle_with_pending_seconds;
+    if (host_.selector_clock() != nullptr && host_.tiers() != nullptr) {
+      deferred_.reserve(keys_.size() * spec_.layers);  // not grown on the request's time
+    }
   }
 
   ~SessionImpl() override { CancelQueued(); }
@@ -625,7 +629,8 @@ class SessionImpl final : public ReprefillSession {
         }
       }
       if (again.empty()) {
-        Admit(layer, chunks, out);  // outside mu_: it copies records into the tiers
+        Admit(layer, chunks, out);  // outside mu_: it copies records into the tiers (or holds
+                                    // them for Finish under a benchmark's clock)
         return out;
       }
       CKV_RETURN_IF_ERROR(Request(layer, again, prefetch::Priority::kDemand));
@@ -634,6 +639,7 @@ class SessionImpl final : public ReprefillSession {
 
   // Offers the records of `slots` (chunks `chunks` of `layer`) that were read from NVMe to the
   // tiers, each once; a record a tier takes is served from there, the others from our copy.
+  // Under a benchmark's clock it only holds them for Finish (SelectorClock): served from ours.
   void Admit(uint32_t layer, std::span<const uint32_t> chunks,
              std::span<const std::shared_ptr<Slot>> slots) {
     TierCache* tiers = host_.tiers();
@@ -661,22 +667,25 @@ class SessionImpl final : public ReprefillSession {
     }
   }
 
-  // The admissions Admit held back while a benchmark's clock is set, each in a bracket of its
-  // own, once no read of the session is in flight (Finish).
+  // The admissions Admit held back while a benchmark's clock is set, in one bracket, once no
+  // read of the session is in flight (Finish). One bracket, not one per record: holding and
+  // releasing the reads (a wake of the read engine's thread) stays on the clock.
   void AdmitDeferred() {
     TierCache* tiers = host_.tiers();
     SelectorClock* clock = host_.selector_clock();
+    if (tiers == nullptr || deferred_.empty()) return;
+    if (clock != nullptr) clock->Begin();
     for (const Deferred& d : deferred_) {
-      if (tiers == nullptr) break;
       double score = 0;
       {
         absl::MutexLock lock(&mu_);
         score = d.slot->score;
       }
-      if (clock != nullptr) clock->Begin();
+      // Left unpinned: the request is over (nor do the baselines pin what they hold). Admitted
+      // as layers are served, a record stays pinned while its session lives.
       tiers->Admit(RecordId{keys_[d.chunk], d.layer}, d.slot->data, score).IgnoreError();
-      if (clock != nullptr) clock->End(0);
     }
+    if (clock != nullptr) clock->End(0);
     deferred_.clear();
   }
 

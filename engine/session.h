@@ -63,9 +63,9 @@ class RemoteTier;
 // (kernels::ScoringFlops). While one is set, a session admits nothing to the tiers as its layers
 // are served: a GPU system's tier copies are DMA on copy engines, off the request's path. It
 // holds the records it would admit (their bytes stay in HBM for the whole prefill anyway) and
-// offers them in Finish, once no read of it is in flight, each inside a bracket of its own
-// (End(0)), so that a bracket never lets a read land off the clock. Called on the session's
-// calling thread.
+// offers them in Finish, once no read of it is in flight, inside one bracket (End(0)), so
+// that the bracket never lets a read land off the clock; a session dropped without
+// Finish admits nothing. Called on the session's calling thread.
 class SelectorClock {
  public:
   virtual ~SelectorClock() = default;

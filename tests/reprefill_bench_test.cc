@@ -306,12 +306,6 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   EXPECT_NE(second.output.find("reusing the store"), std::string::npos) << second.output;
 }
 
-// IMPRESS anchors (docs/baselines.md, "impress"): where a prefix's important tokens stay the
-// same from request to request (request shift 0, the regime IMPRESS's reordering is built for),
-// impress reads fewer bytes than full at 5% and 10% and at most 16x the bytes it needs at 5%.
-// (From 25% on it reads more than full on this generator; baselines.md shows why.) Then
-// the baselines' own files are verified as they are read: a flipped byte in keys.bin or
-// impress.bin fails the run with DataLoss naming the file, never a wrong answer.
 // The baselines admit what they read when a request ends (a GPU system's tier copies are DMA
 // off the request's path): the measured turn of a conversation is served from the tiers its
 // warm-up turn filled.
@@ -336,6 +330,12 @@ TEST(ReprefillBenchTest, BaselinesAdmitAtTheRequestsEndAndHitOnTheNextTurn) {
   }
 }
 
+// IMPRESS anchors (docs/baselines.md, "impress"): where a prefix's important tokens stay the
+// same from request to request (request shift 0, the regime IMPRESS's reordering is built for),
+// impress reads fewer bytes than full at 5% and 10% and at most 16x the bytes it needs at 5%.
+// (From 25% on it reads more than full on this generator; baselines.md shows why.) Then
+// the baselines' own files are verified as they are read: a flipped byte in keys.bin or
+// impress.bin fails the run with DataLoss naming the file, never a wrong answer.
 TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   TempDir dir;
   const std::string store = dir.path() + "/store";

@@ -26,6 +26,10 @@ BaselineRunner::BaselineRunner(const RunContext& ctx)
     L->keys.resize(size_t{max_chunks_} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
     free_.push_back(std::move(L));
   }
+  if (ctx.state->tiers) {  // not grown on a request's time
+    held_.reserve(pool);
+    admissions_.reserve(size_t{spec_.layers} * max_chunks_ * (2 + spec_.kv_heads));
+  }
 }
 
 void BaselineRunner::Recycle::operator()(Layer* L) const {
@@ -83,10 +87,15 @@ void BaselineRunner::Admit(const ChunkKey& k, uint32_t record, std::span<const s
   admissions_.push_back({engine::RecordId{k, record}, bytes, score});
 }
 
-void BaselineRunner::AdmitHeld() {
-  for (const Held& a : admissions_) {
+void BaselineRunner::AdmitHeld(const std::function<bool(const engine::RecordId&)>& skip) {
+  // One bracket for them all, as the engine's sessions: a hold and release of the reads per
+  // record would keep a wake of the read engine's thread per record on the clock.
+  if (!admissions_.empty()) {
     ctx_.clock->Begin();
-    ctx_.state->tiers->Admit(a.id, a.bytes, a.score).IgnoreError();  // not cached: a miss later
+    for (const Held& a : admissions_) {
+      if (skip && skip(a.id)) continue;
+      ctx_.state->tiers->Admit(a.id, a.bytes, a.score).IgnoreError();  // not cached: a miss later
+    }
     ctx_.clock->End(0);
   }
   DropHeld();

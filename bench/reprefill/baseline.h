@@ -6,6 +6,7 @@
 #define CKV_BENCH_REPREFILL_BASELINE_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -30,8 +31,8 @@ class BaselineRunner : public SystemRunner {
     std::vector<bool> filled;                     // per chunk: own[j] was read into (or built)
     std::vector<engine::TierManager::Handle> pins;
     std::vector<std::byte> keys;                  // key-file bytes of this layer
-    // Key segments read from the key file for the tiers, admitted once they land:
-    // (kv head, first chunk, chunks).
+    // Key segments read from the key file for the tiers, offered once they land (admitted when
+    // the request ends, Admit): (kv head, first chunk, chunks).
     struct KeySegment {
       uint32_t head, first, chunks;
     };
@@ -60,9 +61,10 @@ class BaselineRunner : public SystemRunner {
   // engines, off the request's path, and what it loaded stays in HBM for the whole prefill.
   // `bytes` must live until AdmitHeld: a layer's buffers do (layers are held until then).
   void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score);
-  // Makes the admissions Admit held, each in a clock bracket of its own, once none of the
-  // request's reads is in flight, and returns the held layers to the pool.
-  void AdmitHeld();
+  // Makes the admissions Admit held, in one clock bracket, once none of the
+  // request's reads is in flight, and returns the held layers to the pool; those whose id
+  // `skip` names are not made.
+  void AdmitHeld(const std::function<bool(const engine::RecordId&)>& skip = {});
   // Forgets what a failed request held: each Run starts with it.
   void DropHeld();
   double Tick() { return double(ctx_.state->tick.fetch_add(1)); }

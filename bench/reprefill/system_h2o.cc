@@ -82,7 +82,8 @@ class H2oRunner final : public BaselineRunner {
       out.bytes_needed += sel.tokens.size() * 2 * tok_bytes;
       out.loaded[l] = sel.chunks;
       out.attended[l] = Attended(sel.tokens, n, so);
-      // Cache the keys read (LRU), then read the selected chunks' values.
+      // Offer the keys read to the tiers (LRU; admitted when the request ends), then read the
+      // selected chunks' values.
       for (uint32_t j = 0; j < n; ++j) {
         if (from_keys[j]) {
           Admit(pinned->chunks()[j].key, 2 * l, std::span(L->own[j]).first(half), Tick());

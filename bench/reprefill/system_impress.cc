@@ -182,7 +182,15 @@ class ImpressRunner final : public BaselineRunner {
       ctx_.gpu->Compute(ctx_.LayerSeconds(sel.tokens.size()), cur->batch->crossed());
       cur = std::move(next);
     }
-    AdmitHeld();
+    {
+      // Under the lock AfterRequest reorders under: a request that ran beside this one
+      // (--concurrency > 1) may have rewritten the conversation's blocks meanwhile, and bytes of
+      // the old layout are not cached. Key segments stay valid (the key file is not reordered).
+      absl::MutexLock lock(&ctx_.state->mu);
+      const bool stale = Conversation(r.conversation).layout != layout;
+      const uint64_t blocks = BlockKey(r.conversation, 0, 0).hi;
+      AdmitHeld([&](const engine::RecordId& id) { return stale && id.chunk.hi == blocks; });
+    }
     if (ctx_.state->tiers) {
       // Block score = frequency x share of important tokens.
       absl::MutexLock lock(&ctx_.state->mu);
@@ -197,8 +205,9 @@ class ImpressRunner final : public BaselineRunner {
 
   // Layer l's keys of kv heads `heads`, in segments of whole chunks (one key-file read each):
   // a segment the tiers hold is copied from there (on the scoring clock: a GPU scores it where
-  // it lies; a CPU-tier copy crosses PCIe), the others are read, verified, and admitted by
-  // AdmitKeys once they land. IMPRESS keeps its probe keys in its tiers like any other data.
+  // it lies; a CPU-tier copy crosses PCIe), the others are read, verified, and offered by
+  // AdmitKeys once they land (admitted when the request ends). IMPRESS keeps its probe keys in
+  // its tiers like any other data.
   absl::Status RequestKeysCached(uint32_t conversation, uint32_t l, uint32_t n,
                                  const std::vector<uint32_t>& heads, Layer& L, RequestResult& out) {
     const uint32_t c = spec_.chunk_tokens;
@@ -255,8 +264,8 @@ class ImpressRunner final : public BaselineRunner {
 
   // Layer l's loads: the physical blocks holding the tokens `sel` attends to, from the tiers or
   // read from the block file, then what they hold in logical chunks (out.loaded, out.attended),
-  // and the blocks' scores; read blocks are admitted to the tiers. `*load_h2d` gets the bytes
-  // that cross PCIe.
+  // and the blocks' scores; read blocks are offered to the tiers (admitted when the request
+  // ends). `*load_h2d` gets the bytes that cross PCIe.
   absl::Status LoadLayer(const Request& r, uint32_t l, uint32_t n, const kernels::Selection& sel,
                          const kernels::SelectOptions& so, const ImpressLayout& layout,
                          Layer& cur, RequestResult& out, uint64_t* load_h2d) {

@@ -99,7 +99,8 @@ class LayerView {
     Tier tier = Tier::kSession;      // kGpu: a device pointer (the host backend: host memory)
     // Where the session found it: kGpu or kCpu for a tier hit, kSession when it was read for
     // this session, from NVMe or from the shared tier (EngineOptions::remote), and then perhaps
-    // admitted to a tier, which `tier` says.
+    // admitted to a tier, which `tier` says (a benchmark's clock holds admissions until Finish:
+    // engine/session.h).
     Tier found_in = Tier::kSession;
   };
 
