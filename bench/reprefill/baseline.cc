@@ -29,6 +29,7 @@ BaselineRunner::BaselineRunner(const RunContext& ctx)
   if (ctx.state->tiers) {  // not grown on a request's time
     held_.reserve(pool);
     admissions_.reserve(size_t{spec_.layers} * max_chunks_ * (2 + spec_.kv_heads));
+    touched_.reserve(size_t{spec_.layers} * max_chunks_ * 2);
   }
 }
 
@@ -76,7 +77,7 @@ engine::TierManager::Handle BaselineRunner::Lookup(const ChunkKey& k, uint32_t r
   auto h = ctx_.state->tiers->Lookup(engine::RecordId{k, record});
   if (h) {
     (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)++;
-    if (lru_touch) ctx_.state->tiers->UpdateScore(k, Tick());
+    if (lru_touch) touched_.push_back(k);
   }
   return h;
 }
@@ -90,8 +91,11 @@ void BaselineRunner::Admit(const ChunkKey& k, uint32_t record, std::span<const s
 void BaselineRunner::AdmitHeld(const std::function<bool(const engine::RecordId&)>& skip) {
   // One bracket for them all, as the engine's sessions: a hold and release of the reads per
   // record would keep a wake of the read engine's thread per record on the clock.
-  if (!admissions_.empty()) {
+  if (!admissions_.empty() || !touched_.empty()) {
     ctx_.clock->Begin();
+    std::sort(touched_.begin(), touched_.end());
+    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+    for (const ChunkKey& k : touched_) ctx_.state->tiers->UpdateScore(k, Tick());
     for (const Held& a : admissions_) {
       if (skip && skip(a.id)) continue;
       ctx_.state->tiers->Admit(a.id, a.bytes, a.score).IgnoreError();  // not cached: a miss later
@@ -103,6 +107,7 @@ void BaselineRunner::AdmitHeld(const std::function<bool(const engine::RecordId&)
 
 void BaselineRunner::DropHeld() {
   admissions_.clear();
+  touched_.clear();
   for (auto& H : held_) free_.push_back(std::move(H));
   held_.clear();
 }

@@ -53,7 +53,10 @@ class BaselineRunner : public SystemRunner {
   // Gives every layer, pooled and to come, `count` extra buffers of `bytes` (before timing).
   void SizeExtra(size_t count, size_t bytes);
 
-  // A tier lookup of record `record` of chunk `k`, counting the hit.
+  // A tier lookup of record `record` of chunk `k`, counting the hit. With `lru_touch`, a hit
+  // makes the chunk the most recently used when the request ends (AdmitHeld): once per chunk
+  // and request, as the engine's sessions touch theirs in Finish, not once per record hit
+  // (TierManager::UpdateScore re-ranks every cached record of the chunk).
   engine::TierManager::Handle Lookup(const ChunkKey& k, uint32_t record, RequestResult& out,
                                      bool lru_touch);
   // Offers record `record` of `k` to the tiers when the request ends (AdmitHeld), as the
@@ -61,7 +64,8 @@ class BaselineRunner : public SystemRunner {
   // engines, off the request's path, and what it loaded stays in HBM for the whole prefill.
   // `bytes` must live until AdmitHeld: a layer's buffers do (layers are held until then).
   void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score);
-  // Makes the admissions Admit held, in one clock bracket, once none of the
+  // Touches the chunks Lookup hit with `lru_touch`, then makes the admissions Admit held, in one
+  // clock bracket, once none of the
   // request's reads is in flight, and returns the held layers to the pool; those whose id
   // `skip` names are not made.
   void AdmitHeld(const std::function<bool(const engine::RecordId&)>& skip = {});
@@ -113,6 +117,7 @@ class BaselineRunner : public SystemRunner {
     double score;
   };
   std::vector<Held> admissions_;  // what Admit holds for AdmitHeld
+  std::vector<ChunkKey> touched_;  // chunks an LRU lookup hit this request (repeats included)
   size_t extra_count_ = 0, extra_bytes_ = 0;
   static constexpr uint32_t kMaxIo = 256 * 1024;
 };
