@@ -429,6 +429,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
   engine::SelectorClock* selector_clock() override { return clock_.load(); }
   void set_selector_clock(engine::SelectorClock* clock) { clock_.store(clock); }
+  engine::ScoringKeys* scoring_keys() override { return scoring_keys_.load(); }
+  void set_scoring_keys(engine::ScoringKeys* keys) { scoring_keys_.store(keys); }
   absl::StatusOr<prefetch::ReadEngine*> reads() override {
     absl::MutexLock lock(&mu_);
     if (reads_ == nullptr) {
@@ -490,6 +492,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   std::unique_ptr<engine::TierCache> tiers_;
   EngineStats session_totals_ ABSL_GUARDED_BY(mu_);  // the session fields only
   std::atomic<engine::SelectorClock*> clock_{nullptr};
+  std::atomic<engine::ScoringKeys*> scoring_keys_{nullptr};
   CallMetrics metrics_;
   bool gpu_tier_on_device_ = false;  // the GPU tier's memory is a CUDA device's
   std::string io_backend_ ABSL_GUARDED_BY(mu_);  // IoBackendInUse's answer, once known
@@ -1043,6 +1046,9 @@ namespace engine {
 SessionHost& HostOf(Engine& engine) { return dynamic_cast<EngineImpl&>(engine); }
 void SetSelectorClock(Engine& engine, SelectorClock* clock) {
   dynamic_cast<EngineImpl&>(engine).set_selector_clock(clock);
+}
+void SetScoringKeys(Engine& engine, ScoringKeys* keys) {
+  dynamic_cast<EngineImpl&>(engine).set_scoring_keys(keys);
 }
 absl::StatusOr<std::unique_ptr<Engine>> OpenWithSeams(const EngineOptions& options,
                                                       const std::string& path, const Seams& seams) {

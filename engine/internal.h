@@ -31,6 +31,10 @@ SessionHost& HostOf(Engine& engine);
 // must outlive the sessions that start while it is set.
 void SetSelectorClock(Engine& engine, SelectorClock* clock);
 
+// Sets (null: removes) where the sessions of `engine` read their scoring keys from (ScoringKeys,
+// engine/session.h). Not owned; must outlive the sessions that start while it is set.
+void SetScoringKeys(Engine& engine, ScoringKeys* keys);
+
 // What Engine::Open takes that the public API does not name, as it names no storage type: for
 // tests. nullptr: the real one. Not owned; each must outlive the engine.
 struct Seams {

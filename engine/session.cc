@@ -273,9 +273,10 @@ class SessionImpl final : public ReprefillSession {
       scores_[layer] = std::move(sel.scores);
     } else {
       // Exact scoring reads the layer's keys, every chunk's K half, on demand (a record held
-      // by a tier serves its own). The keys are not served, so they are read without the
-      // record's checksum, which covers K and V together: a corrupt key can steer the
-      // selection, never the bytes a view serves, which are read whole and verified.
+      // by a tier serves its own; a benchmark's key source, ScoringKeys, serves the rest from
+      // its key file, verified). The keys are not served, so the K halves of records are read
+      // without the record's checksum, which covers K and V together: a corrupt key can steer
+      // the selection, never the bytes a view serves, which are read whole and verified.
       std::vector<uint32_t> all(n);
       for (uint32_t j = 0; j < n; ++j) all[j] = j;
       CKV_RETURN_IF_ERROR(Request(layer | kKeysOnly, all, prefetch::Priority::kDemand,
@@ -536,10 +537,9 @@ class SessionImpl final : public ReprefillSession {
           continue;
         }
         new_slots.push_back(slot);
-        // Keys only: the record's first half, unverified (the checksum covers the record).
         absl::StatusOr<prefetch::ReadRequest> read =
-            RecordRead(host_, *pinned_, j, real_layer, priority, slot->data,
-                       keys_only ? static_cast<uint32_t>(slot->data.size()) : 0);
+            keys_only ? KeysRead(j, real_layer, priority, slot->data)
+                      : RecordRead(host_, *pinned_, j, real_layer, priority, slot->data);
         if (!read.ok()) {
           // None of this call's local reads is submitted: their slots fail, so that no one
           // waits for them (the remote ones queued so far go ahead).
@@ -590,6 +590,19 @@ class SessionImpl final : public ReprefillSession {
     }
     for (size_t i = 0; i < new_slots.size(); ++i) new_slots[i]->id = (*ids)[i];
     return absl::OkStatus();
+  }
+
+  // The read of chunk j's keys at `layer` into `dest`: from the host's key source when it holds
+  // them (verified), else the record's first half, unverified (the checksum covers the record).
+  absl::StatusOr<prefetch::ReadRequest> KeysRead(uint32_t j, uint32_t layer,
+                                                 prefetch::Priority priority,
+                                                 std::span<std::byte> dest) {
+    if (ScoringKeys* source = host_.scoring_keys()) {
+      absl::StatusOr<prefetch::ReadRequest> r =
+          source->KeysRead(keys_[j], layer, priority, dest);
+      if (!absl::IsNotFound(r.status())) return r;
+    }
+    return RecordRead(host_, *pinned_, j, layer, priority, dest, static_cast<uint32_t>(dest.size()));
   }
 
   // Waits for (layer, chunk) of every chunk to land. A cancelled one, or a failed prefetch, is

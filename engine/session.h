@@ -73,6 +73,21 @@ class SelectorClock {
   virtual void End(double flops) = 0;
 };
 
+// Where an exact selector's scoring reads take a chunk's keys from instead of the K half of its
+// record, for the benchmark harness (bench/reprefill): a key file of its own, as the systems that
+// keep keys apart from values read theirs (h2o's and IMPRESS's). Called under a session's lock,
+// from any session's thread: it must be thread-safe and must not call back into the session.
+class ScoringKeys {
+ public:
+  virtual ~ScoringKeys() = default;
+  // The read, on the host's read engine, of the keys of chunk `chunk` at `layer` into `dest`
+  // (spec.RecordBytes() / 2 bytes, laid out as a record's K half), with their checksum
+  // verified; NotFound when it holds no keys for the chunk (the record's K half is read then).
+  virtual absl::StatusOr<prefetch::ReadRequest> KeysRead(const ChunkKey& chunk, uint32_t layer,
+                                                         prefetch::Priority priority,
+                                                         std::span<std::byte> dest) = 0;
+};
+
 // What a session needs of the engine: the store, a read engine, and file registration.
 class SessionHost {
  public:
@@ -86,6 +101,8 @@ class SessionHost {
   virtual void RecordSession(const SessionStats& stats) = 0;
   // The clock set by SetSelectorClock (engine/internal.h), or null.
   virtual SelectorClock* selector_clock() { return nullptr; }
+  // The key source set by SetScoringKeys (engine/internal.h), or null.
+  virtual ScoringKeys* scoring_keys() { return nullptr; }
   // The shared tier on a Redis Cluster (EngineOptions::remote), or null.
   virtual RemoteTier* remote_tier() { return nullptr; }
 };

@@ -99,6 +99,21 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
                          ReadSums(ImpressSumPath(f), ImpressFile(w.spec(), w.stored_tokens(),
                                                                  f.conversations).sums()));
   }
+  std::unique_ptr<storage::File> scoring_file;
+  prefetch::FileId scoring_id = 0;
+  std::vector<uint64_t> scoring_sums;
+  std::unique_ptr<engine::ScoringKeys> scoring_keys;
+  if (ScoresFromKeys(sys)) {
+    CKV_ASSIGN_OR_RETURN(scoring_file,
+                         storage::PosixFileSystem()->Open(ScoringKeyPath(f),
+                                                          storage::FileSystem::OpenMode::kReadWrite));
+    CKV_ASSIGN_OR_RETURN(scoring_id, reads->RegisterFile(scoring_file.get()));
+    CKV_ASSIGN_OR_RETURN(scoring_sums,
+                         ReadSums(ScoringKeySumPath(f),
+                                  ScoringKeyFile(w.spec(), w.stored_tokens(), f.conversations).sums()));
+    scoring_keys = MakeScoringKeys(w, scoring_id, &scoring_sums);
+    engine::SetScoringKeys(*engine, scoring_keys.get());
+  }
   ModelledGpu gpu(GpuParams::Of(f));
   ScoringClock clock(reads, &gpu, /*hold_reads=*/f.concurrency == 1);
   engine::SetSelectorClock(*engine, &clock);
@@ -194,6 +209,10 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   runners.clear();
   if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
   if (sys.kind == Kind::kImpress) CKV_RETURN_IF_ERROR(reads->UnregisterFile(impress_id));
+  if (scoring_keys) {
+    engine::SetScoringKeys(*engine, nullptr);
+    CKV_RETURN_IF_ERROR(reads->UnregisterFile(scoring_id));
+  }
   engine::SetSelectorClock(*engine, nullptr);
   return out;
 }
@@ -261,7 +280,7 @@ void Finalise(Row& row, const std::vector<double>& all_latencies) {
 struct SystemSet {
   std::vector<System> systems;
   std::set<RecordLayout> layouts;
-  bool need_keys = false, need_impress = false;
+  StoreFiles files;
 };
 
 bool ParseSystems(const Flags& f, SystemSet* set) {
@@ -272,8 +291,9 @@ bool ParseSystems(const Flags& f, SystemSet* set) {
       return false;
     }
     set->layouts.insert(s->layout);
-    set->need_keys |= NeedsKeyFile(s->kind);
-    set->need_impress |= s->kind == Kind::kImpress;
+    set->files.keys |= NeedsKeyFile(s->kind);
+    set->files.impress |= s->kind == Kind::kImpress;
+    set->files.scoring_keys |= ScoresFromKeys(*s);
     set->systems.push_back(*s);
   }
   return true;
@@ -557,7 +577,7 @@ int Run(const Flags& flags) {
   SystemSet set;
   if (!ParseSystems(f, &set)) return kExitUsage;
   const Workload w(f, spec, file.get());
-  if (absl::Status st = Populate(w, set.layouts, set.need_keys, set.need_impress); !st.ok()) {
+  if (absl::Status st = Populate(w, set.layouts, set.files); !st.ok()) {
     std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
     return 1;
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench/reprefill/store.h: the benchmark's store: one ckv store per record layout that the
-// systems use, plus the key file of the token-level baselines. DIR/manifest.json names the
+// systems use, plus the key files of the token-level baselines and of the engine's exact
+// scoring, and impress's block file. DIR/manifest.json names the
 // workload; a store whose manifest matches and which holds every prefix is reused.
 //
 // keys.bin holds every conversation's keys head-major, as IMPRESS and AttentionStore+H2O keep
@@ -52,6 +53,33 @@ class KeyFile {
   uint64_t bytes_ = 0;
 };
 
+// scoring_keys.bin holds the keys that the engine's exact scoring (`ckv-paper`, and any ckv
+// variant that scores exactly) reads through engine::ScoringKeys, as records hold them: for
+// conversation c, layer l, each chunk's K half ([chunk_tokens, kv_heads, head_dim]) padded to
+// 4 KiB, back to back, so that one layer's keys of consecutive chunks are adjacent and the read
+// engine coalesces them into large reads, as a key file of its own gives `h2o` and `impress`.
+// scoring_keys.sum holds the XXH3-64 of each K half, one per (conversation, layer, chunk).
+class ScoringKeyFile {
+ public:
+  ScoringKeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations);
+  uint32_t chunks() const { return chunks_; }          // per (conversation, layer): whole chunks
+  size_t half_bytes() const { return half_bytes_; }    // a record's K half
+  uint64_t slot_bytes() const { return slot_bytes_; }  // the same, page-rounded
+  uint64_t bytes() const { return slot_bytes_ * sums(); }
+  size_t sums() const { return size_t{conversations_} * layers_ * chunks_; }
+  size_t SumIndex(uint32_t c, uint32_t layer, uint32_t chunk) const {
+    return (size_t{c} * layers_ + layer) * chunks_ + chunk;
+  }
+  uint64_t Offset(uint32_t c, uint32_t layer, uint32_t chunk) const {
+    return SumIndex(c, layer, chunk) * slot_bytes_;
+  }
+
+ private:
+  uint32_t layers_, conversations_, chunks_;
+  size_t half_bytes_;
+  uint64_t slot_bytes_;
+};
+
 // impress.bin holds impress's own copy of every conversation's KV in IMPRESS's layout: for
 // conversation c, layer l, each 64-token block in turn, the block's K (64 slots x kv_heads x
 // head_dim) then its V, so one block of one layer is one read (qwen2.5-7b: 128 KiB). The slots
@@ -85,15 +113,23 @@ std::string ImpressFilePath(const Flags& f);
 std::string ImpressMapPath(const Flags& f);
 std::string KeySumPath(const Flags& f);
 std::string ImpressSumPath(const Flags& f);
+std::string ScoringKeyPath(const Flags& f);
+std::string ScoringKeySumPath(const Flags& f);
 
 // The `count` checksums of a .sum file. DataLoss naming the file when it is missing or holds
 // another number of them.
 absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t count);
 
-// Makes (or reuses) the stores for `layouts`, with `need_keys` the key file, and with
-// `need_impress` impress.bin.
-absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts, bool need_keys,
-                      bool need_impress);
+// What Populate makes beside the stores.
+struct StoreFiles {
+  bool keys = false;          // keys.bin (h2o, impress)
+  bool impress = false;       // impress.bin (impress)
+  bool scoring_keys = false;  // scoring_keys.bin (the engine's exact scoring)
+};
+
+// Makes (or reuses) the stores for `layouts`, and the files `files` names.
+absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
+                      const StoreFiles& files);
 
 }  // namespace ckv::bench
 

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ckv and ckv-paper: a ckv Re-Prefill session per request, as a serving system would run it.
+#include <map>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/reprefill/systems.h"
 #include "ckv/status.h"
@@ -7,6 +10,53 @@
 
 namespace ckv::bench {
 namespace {
+
+// scoring_keys.bin as the sessions' key source: chunk keys mapped to (conversation, chunk).
+class ScoringKeySource final : public engine::ScoringKeys {
+ public:
+  ScoringKeySource(const Workload& w, prefetch::FileId file, const std::vector<uint64_t>* sums)
+      : file_(file), sums_(sums), f_(w.spec(), w.stored_tokens(), w.flags().conversations) {
+    for (uint32_t c = 0; c < w.flags().conversations; ++c) {
+      const std::vector<ChunkKey> keys =
+          ChainChunkKeys(w.spec().Fingerprint(), w.spec().chunk_tokens, w.StoredTokens(c));
+      for (uint32_t j = 0; j < f_.chunks() && j < keys.size(); ++j) where_.emplace(keys[j], Where{c, j});
+    }
+  }
+
+  absl::StatusOr<prefetch::ReadRequest> KeysRead(const ChunkKey& chunk, uint32_t layer,
+                                                 prefetch::Priority priority,
+                                                 std::span<std::byte> dest) override {
+    auto it = where_.find(chunk);
+    if (it == where_.end()) {
+      return absl::NotFoundError(absl::StrCat("scoring_keys.bin holds no chunk ", chunk.ToHex()));
+    }
+    if (dest.size() != f_.half_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("scoring keys of ", dest.size(),
+                                                     " bytes asked, a K half is ", f_.half_bytes()));
+    }
+    const auto [c, j] = it->second;
+    prefetch::ReadRequest r;
+    r.file = file_;
+    r.offset = f_.Offset(c, layer, j);
+    r.length = static_cast<uint32_t>(f_.slot_bytes());
+    r.priority = priority;
+    r.verify_checksum = true;
+    r.expected_checksum = (*sums_)[f_.SumIndex(c, layer, j)];
+    r.checksum_bytes = static_cast<uint32_t>(f_.half_bytes());
+    r.name = absl::StrCat("scoring_keys.bin: conversation ", c, ", layer ", layer, ", chunk ", j);
+    r.dest = dest;
+    return r;
+  }
+
+ private:
+  struct Where {
+    uint32_t conversation, chunk;
+  };
+  const prefetch::FileId file_;
+  const std::vector<uint64_t>* sums_;
+  const ScoringKeyFile f_;
+  std::map<ChunkKey, Where> where_;
+};
 
 class CkvRunner final : public SystemRunner {
  public:
@@ -74,6 +124,11 @@ class CkvRunner final : public SystemRunner {
 
 std::unique_ptr<SystemRunner> MakeCkvRunner(const RunContext& ctx) {
   return std::make_unique<CkvRunner>(ctx);
+}
+
+std::unique_ptr<engine::ScoringKeys> MakeScoringKeys(const Workload& w, prefetch::FileId file,
+                                                     const std::vector<uint64_t>* sums) {
+  return std::make_unique<ScoringKeySource>(w, file, sums);
 }
 
 }  // namespace ckv::bench

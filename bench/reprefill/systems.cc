@@ -8,6 +8,11 @@
 
 namespace ckv::bench {
 
+bool ScoresFromKeys(const System& s) {
+  return s.kind == Kind::kCkv &&
+         (s.selector == Selector::kPeriodExact || s.selector == Selector::kOracle);
+}
+
 absl::StatusOr<System> ParseSystem(const std::string& name) {
   System s;
   s.name = name;

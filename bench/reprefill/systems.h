@@ -37,6 +37,11 @@ inline constexpr const char* kBestCkv = "ckv:mean-key:period-major:8";
 // The token-level baselines identify from keys kept apart from values (the key file).
 inline bool NeedsKeyFile(Kind k) { return k == Kind::kH2o || k == Kind::kImpress; }
 
+struct System;
+// The engine sessions that score exactly read their keys from a key file of their own
+// (scoring_keys.bin, engine::ScoringKeys), as the token-level baselines read theirs.
+bool ScoresFromKeys(const System& s);
+
 struct System {
   std::string name;
   Kind kind = Kind::kCkv;
@@ -120,6 +125,10 @@ class SystemRunner {
 };
 
 std::unique_ptr<SystemRunner> MakeCkvRunner(const RunContext& ctx);
+// The key source of scoring_keys.bin (registered with `reads` as `file`; `sums` its checksums,
+// not owned) for the chunks of every conversation of `w`.
+std::unique_ptr<engine::ScoringKeys> MakeScoringKeys(const Workload& w, prefetch::FileId file,
+                                                     const std::vector<uint64_t>* sums);
 std::unique_ptr<SystemRunner> MakeFullRunner(const RunContext& ctx);
 std::unique_ptr<SystemRunner> MakeH2oRunner(const RunContext& ctx);
 std::unique_ptr<SystemRunner> MakeImpressRunner(const RunContext& ctx);
