@@ -396,32 +396,37 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   }
 }
 
-// ckv-paper scores from a key file of its own, as h2o and impress do (scoring_keys.bin, read
-// through engine::ScoringKeys), and verifies it: a flipped byte in the keys of conversation 0's
-// first chunk at layer 0, a period head every request scores at, fails the run with DataLoss
-// naming the file. On the K halves of records, which are read unverified, it would not.
-TEST(ReprefillBenchTest, CkvPaperScoresFromItsOwnVerifiedKeyFile) {
+// ckv-paper scores from a key file of its own (scoring_keys.bin, read through
+// engine::ScoringKeys) and h2o reads its values from one (values.bin), as both keep keys and
+// values apart, and each verifies what it reads: a flipped byte in conversation 0's first chunk
+// at layer 0 (a period head every ckv-paper request scores at; a sink chunk every h2o request
+// loads) fails the run with DataLoss naming the file. Read as halves of records, as before,
+// neither would be verified (a record's checksum covers K and V together).
+TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
   TempDir dir;
   const std::string store = dir.path() + "/store";
   const std::string args =
       "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 512 --suffix-tokens 16 "
       "--conversations 2 --turns 2 --gpu-tier-bytes 0 --cpu-tier-bytes 0 --no-fio --rounds 1 "
-      "--budgets 10 --systems ckv-paper";
-  const Ran ran = RunBench(args + " --json " + dir.path() + "/out.json");
+      "--budgets 10 --systems ";
+  const Ran ran = RunBench(args + "ckv-paper,h2o --json " + dir.path() + "/out.json");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
-  struct stat st {};
-  ASSERT_EQ(::stat((store + "/scoring_keys.bin").c_str(), &st), 0);
-  EXPECT_GT(st.st_size, 0);
-  std::FILE* f = std::fopen((store + "/scoring_keys.bin").c_str(), "r+b");
-  ASSERT_NE(f, nullptr);
-  const int c = std::fgetc(f);
-  std::fseek(f, 0, SEEK_SET);
-  std::fputc(c ^ 0x40, f);
-  std::fclose(f);
-  const Ran bad = RunBench(args);
-  EXPECT_NE(bad.exit_code, 0) << bad.output;
-  EXPECT_NE(bad.output.find("scoring_keys.bin"), std::string::npos) << bad.output;
-  EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
+  for (const auto& [system, name] : std::vector<std::pair<std::string, std::string>>{
+           {"ckv-paper", "scoring_keys.bin"}, {"h2o", "values.bin"}}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((store + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_GT(st.st_size, 0) << name;
+    std::FILE* f = std::fopen((store + "/" + name).c_str(), "r+b");
+    ASSERT_NE(f, nullptr) << name;
+    const int c = std::fgetc(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+    const Ran bad = RunBench(args + system);
+    EXPECT_NE(bad.exit_code, 0) << system << ": " << bad.output;
+    EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
+  }
 }
 
 // Regression: fio_mb_s read the first bytes of a sparse segment file, mostly holes that return

@@ -59,6 +59,28 @@ struct RunResult {
   bool reorder_converged = false;
 };
 
+// A file of a system's own (keys.bin, impress.bin, ...), open and registered with the read
+// engine, with its checksums.
+struct OwnFile {
+  std::unique_ptr<storage::File> file;
+  prefetch::FileId id = 0;
+  std::vector<uint64_t> sums;
+
+  absl::Status Open(prefetch::ReadEngine& reads, const std::string& path,
+                    const std::string& sum_path, size_t count) {
+    CKV_ASSIGN_OR_RETURN(file, storage::PosixFileSystem()->Open(
+                                   path, storage::FileSystem::OpenMode::kReadWrite));
+    CKV_ASSIGN_OR_RETURN(id, reads.RegisterFile(file.get()));
+    CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));
+    return absl::OkStatus();
+  }
+  // REQUIRES: none of its reads is outstanding.
+  absl::Status Close(prefetch::ReadEngine& reads) {
+    if (file == nullptr) return absl::OkStatus();
+    return reads.UnregisterFile(id);
+  }
+};
+
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
                                   const TierConfig& tiers, const Arch& arch) {
   const Flags& f = w.flags();
@@ -72,9 +94,6 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   engine::SessionHost& host = engine::HostOf(*engine);
   CKV_RETURN_IF_ERROR(host.store().ResetUsage().status());  // every system starts from no history
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
-  std::unique_ptr<storage::File> key_file;
-  prefetch::FileId key_id = 0;
-  std::vector<uint64_t> key_sums, impress_sums;
   BaselineState state;
   if (sys.kind != Kind::kCkv && (tiers.gpu_bytes > 0 || tiers.cpu_bytes > 0)) {
     // The baselines' tiers: the same budgets, the original's policy, and no share kept for
@@ -82,36 +101,26 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     state.tiers = std::make_unique<engine::TierManager>(tiers.gpu_bytes, tiers.cpu_bytes, nullptr,
                                                         nullptr, /*summary_share=*/0.0);
   }
+  // The system's own files, each registered with the read engine with its checksums.
+  const size_t tokens = w.stored_tokens();
+  const size_t half_sums = HalfFile(w.spec(), tokens, f.conversations).sums();
+  OwnFile key_file, impress_file, scoring_file, value_file;
   if (NeedsKeyFile(sys.kind)) {
-    CKV_ASSIGN_OR_RETURN(key_file, storage::PosixFileSystem()->Open(
-                                       KeyFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
-    CKV_ASSIGN_OR_RETURN(key_id, reads->RegisterFile(key_file.get()));
-    CKV_ASSIGN_OR_RETURN(key_sums, ReadSums(KeySumPath(f), KeyFile(w.spec(), w.stored_tokens(),
-                                                                   f.conversations).sums()));
+    CKV_RETURN_IF_ERROR(key_file.Open(*reads, KeyFilePath(f), KeySumPath(f),
+                                      KeyFile(w.spec(), tokens, f.conversations).sums()));
   }
-  std::unique_ptr<storage::File> impress_file;
-  prefetch::FileId impress_id = 0;
   if (sys.kind == Kind::kImpress) {
-    CKV_ASSIGN_OR_RETURN(impress_file, storage::PosixFileSystem()->Open(
-                                           ImpressFilePath(f), storage::FileSystem::OpenMode::kReadWrite));
-    CKV_ASSIGN_OR_RETURN(impress_id, reads->RegisterFile(impress_file.get()));
-    CKV_ASSIGN_OR_RETURN(impress_sums,
-                         ReadSums(ImpressSumPath(f), ImpressFile(w.spec(), w.stored_tokens(),
-                                                                 f.conversations).sums()));
+    CKV_RETURN_IF_ERROR(impress_file.Open(*reads, ImpressFilePath(f), ImpressSumPath(f),
+                                          ImpressFile(w.spec(), tokens, f.conversations).sums()));
   }
-  std::unique_ptr<storage::File> scoring_file;
-  prefetch::FileId scoring_id = 0;
-  std::vector<uint64_t> scoring_sums;
+  if (sys.kind == Kind::kH2o) {
+    CKV_RETURN_IF_ERROR(value_file.Open(*reads, ValueFilePath(f), ValueSumPath(f), half_sums));
+  }
   std::unique_ptr<engine::ScoringKeys> scoring_keys;
   if (ScoresFromKeys(sys)) {
-    CKV_ASSIGN_OR_RETURN(scoring_file,
-                         storage::PosixFileSystem()->Open(ScoringKeyPath(f),
-                                                          storage::FileSystem::OpenMode::kReadWrite));
-    CKV_ASSIGN_OR_RETURN(scoring_id, reads->RegisterFile(scoring_file.get()));
-    CKV_ASSIGN_OR_RETURN(scoring_sums,
-                         ReadSums(ScoringKeySumPath(f),
-                                  ScoringKeyFile(w.spec(), w.stored_tokens(), f.conversations).sums()));
-    scoring_keys = MakeScoringKeys(w, scoring_id, &scoring_sums);
+    CKV_RETURN_IF_ERROR(
+        scoring_file.Open(*reads, ScoringKeyPath(f), ScoringKeySumPath(f), half_sums));
+    scoring_keys = MakeScoringKeys(w, scoring_file.id, &scoring_file.sums);
     engine::SetScoringKeys(*engine, scoring_keys.get());
   }
   ModelledGpu gpu(GpuParams::Of(f));
@@ -123,11 +132,13 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   ctx.budget = budget;
   ctx.engine = engine.get();
   ctx.reads = reads;
-  ctx.key_file = key_id;
-  ctx.impress_file = impress_id;
-  ctx.impress_io = impress_file.get();
-  ctx.key_sums = &key_sums;
-  ctx.impress_sums = &impress_sums;
+  ctx.key_file = key_file.id;
+  ctx.impress_file = impress_file.id;
+  ctx.impress_io = impress_file.file.get();
+  ctx.value_file = value_file.id;
+  ctx.key_sums = &key_file.sums;
+  ctx.impress_sums = &impress_file.sums;
+  ctx.value_sums = &value_file.sums;
   ctx.gpu = &gpu;
   ctx.clock = &clock;
   ctx.state = &state;
@@ -207,11 +218,9 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   }
   CKV_RETURN_IF_ERROR(st);
   runners.clear();
-  if (NeedsKeyFile(sys.kind)) CKV_RETURN_IF_ERROR(reads->UnregisterFile(key_id));
-  if (sys.kind == Kind::kImpress) CKV_RETURN_IF_ERROR(reads->UnregisterFile(impress_id));
-  if (scoring_keys) {
-    engine::SetScoringKeys(*engine, nullptr);
-    CKV_RETURN_IF_ERROR(reads->UnregisterFile(scoring_id));
+  if (scoring_keys) engine::SetScoringKeys(*engine, nullptr);
+  for (OwnFile* own : {&key_file, &impress_file, &scoring_file, &value_file}) {
+    CKV_RETURN_IF_ERROR(own->Close(*reads));
   }
   engine::SetSelectorClock(*engine, nullptr);
   return out;
@@ -294,6 +303,7 @@ bool ParseSystems(const Flags& f, SystemSet* set) {
     set->files.keys |= NeedsKeyFile(s->kind);
     set->files.impress |= s->kind == Kind::kImpress;
     set->files.scoring_keys |= ScoresFromKeys(*s);
+    set->files.values |= s->kind == Kind::kH2o;
     set->systems.push_back(*s);
   }
   return true;

@@ -35,7 +35,7 @@ ImpressFile::ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversa
       kv_bytes_(uint64_t{kBlockTokens} * spec.TokenBytesPerLayer()),
       block_bytes_(KeyFile::RoundUp(2 * kv_bytes_)) {}
 
-ScoringKeyFile::ScoringKeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
+HalfFile::HalfFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
     : layers_(spec.layers), conversations_(conversations),
       chunks_(static_cast<uint32_t>(tokens / spec.chunk_tokens)),
       half_bytes_(spec.RecordBytes() / 2), slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
@@ -55,6 +55,8 @@ std::string KeySumPath(const Flags& f) { return f.store + "/keys.sum"; }
 std::string ImpressSumPath(const Flags& f) { return f.store + "/impress.sum"; }
 std::string ScoringKeyPath(const Flags& f) { return f.store + "/scoring_keys.bin"; }
 std::string ScoringKeySumPath(const Flags& f) { return f.store + "/scoring_keys.sum"; }
+std::string ValueFilePath(const Flags& f) { return f.store + "/values.bin"; }
+std::string ValueSumPath(const Flags& f) { return f.store + "/values.sum"; }
 
 absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t count) {
   std::ifstream in(path, std::ios::binary);
@@ -116,21 +118,29 @@ absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTens
   return absl::OkStatus();
 }
 
-// One conversation's K halves in scoring_keys.bin's layout, appended to `out`.
-absl::Status AppendScoringKeys(const Workload& w, const ScoringKeyFile& f, const KvTensors& kv,
-                               std::ofstream& out, const std::string& path,
-                               std::vector<uint64_t>& sums) {
-  std::vector<char> slot(f.slot_bytes(), 0);  // the padding stays zero
-  for (uint32_t l = 0; l < w.spec().layers; ++l) {
-    for (uint32_t j = 0; j < f.chunks(); ++j) {
-      std::memcpy(slot.data(), kv.k[l].data() + j * f.half_bytes(), f.half_bytes());
-      sums.push_back(storage::RecordChecksum(slot.data(), f.half_bytes()));
-      out.write(slot.data(), static_cast<std::streamsize>(slot.size()));
+// A HalfFile being written (or reused when `ok`): K halves, or V halves with `values`.
+struct HalfOut {
+  bool values = false;
+  std::string path, sum_path;
+  bool ok = true;
+  std::ofstream out;
+  std::vector<uint64_t> sums;
+
+  // One conversation's halves, appended.
+  absl::Status Append(const Workload& w, const HalfFile& f, const KvTensors& kv) {
+    std::vector<char> slot(f.slot_bytes(), 0);  // the padding stays zero
+    for (uint32_t l = 0; l < w.spec().layers; ++l) {
+      const std::byte* from = (values ? kv.v[l] : kv.k[l]).data();
+      for (uint32_t j = 0; j < f.chunks(); ++j) {
+        std::memcpy(slot.data(), from + j * f.half_bytes(), f.half_bytes());
+        sums.push_back(storage::RecordChecksum(slot.data(), f.half_bytes()));
+        out.write(slot.data(), static_cast<std::streamsize>(slot.size()));
+      }
     }
+    if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+    return absl::OkStatus();
   }
-  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
-  return absl::OkStatus();
-}
+};
 
 absl::StatusOr<bool> StoreHolds(const Workload& w, RecordLayout layout) {
   EngineOptions o;
@@ -182,7 +192,7 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
     // Only what this harness makes, never the rest of DIR.
     for (const char* name : {"layer-major", "period-major", "keys.bin", "keys.sum", "impress.bin",
                              "impress.sum", "impress.map", "scoring_keys.bin", "scoring_keys.sum",
-                             "fio.dat"}) {
+                             "values.bin", "values.sum", "fio.dat"}) {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
       if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
@@ -207,11 +217,20 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
       !need_impress || (FileHasSize(impress_path, imf.bytes()) &&
                         FileHasSize(ImpressSumPath(f), imf.sums() * 8) &&
                         ::stat(ImpressMapPath(f).c_str(), &st) != 0);
-  const ScoringKeyFile skf(w.spec(), w.stored_tokens(), f.conversations);
-  const std::string scoring_path = ScoringKeyPath(f);
-  const bool scoring_ok = !files.scoring_keys || (FileHasSize(scoring_path, skf.bytes()) &&
-                                                  FileHasSize(ScoringKeySumPath(f), skf.sums() * 8));
-  if (todo.empty() && keys_ok && impress_ok && scoring_ok) {
+  const HalfFile hf(w.spec(), w.stored_tokens(), f.conversations);
+  HalfOut halves[2];
+  halves[0].path = ScoringKeyPath(f);
+  halves[0].sum_path = ScoringKeySumPath(f);
+  halves[0].ok = !files.scoring_keys;
+  halves[1].values = true;
+  halves[1].path = ValueFilePath(f);
+  halves[1].sum_path = ValueSumPath(f);
+  halves[1].ok = !files.values;
+  for (HalfOut& h : halves) {
+    h.ok = h.ok || (FileHasSize(h.path, hf.bytes()) && FileHasSize(h.sum_path, hf.sums() * 8));
+  }
+  const bool halves_ok = halves[0].ok && halves[1].ok;
+  if (todo.empty() && keys_ok && impress_ok && halves_ok) {
     std::fprintf(stderr, "%s: reusing the store in %s\n", kProg, f.store.c_str());
     return absl::OkStatus();
   }
@@ -234,12 +253,12 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
     impress.open(impress_path, std::ios::binary | std::ios::trunc);
     if (!impress) return absl::PermissionDeniedError(absl::StrCat("cannot create ", impress_path));
   }
-  std::ofstream scoring;
-  if (!scoring_ok) {
-    scoring.open(scoring_path, std::ios::binary | std::ios::trunc);
-    if (!scoring) return absl::PermissionDeniedError(absl::StrCat("cannot create ", scoring_path));
+  for (HalfOut& h : halves) {
+    if (h.ok) continue;
+    h.out.open(h.path, std::ios::binary | std::ios::trunc);
+    if (!h.out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", h.path));
   }
-  std::vector<uint64_t> key_sums, impress_sums, scoring_sums;
+  std::vector<uint64_t> key_sums, impress_sums;
   for (uint32_t c = 0; c < f.conversations; ++c) {
     std::fprintf(stderr, "%s: conversation %u/%u: %s the KV of %zu tokens (%s)\n", kProg,
                  c + 1, f.conversations, w.file() ? "reading" : "generating", w.stored_tokens(),
@@ -253,8 +272,8 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
       }
       if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path, key_sums));
       if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path, impress_sums));
-      if (!scoring_ok) {
-        CKV_RETURN_IF_ERROR(AppendScoringKeys(w, skf, kv, scoring, scoring_path, scoring_sums));
+      for (HalfOut& h : halves) {
+        if (!h.ok) CKV_RETURN_IF_ERROR(h.Append(w, hf, kv));
       }
       return absl::OkStatus();
     }));
@@ -269,10 +288,11 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
     if (!keys) return absl::ResourceExhaustedError(absl::StrCat("writing ", key_path, " failed (disk full?)"));
     CKV_RETURN_IF_ERROR(WriteSums(KeySumPath(f), key_sums));
   }
-  if (!scoring_ok) {
-    scoring.flush();
-    if (!scoring) return absl::ResourceExhaustedError(absl::StrCat("writing ", scoring_path, " failed (disk full?)"));
-    CKV_RETURN_IF_ERROR(WriteSums(ScoringKeySumPath(f), scoring_sums));
+  for (HalfOut& h : halves) {
+    if (h.ok) continue;
+    h.out.flush();
+    if (!h.out) return absl::ResourceExhaustedError(absl::StrCat("writing ", h.path, " failed (disk full?)"));
+    CKV_RETURN_IF_ERROR(WriteSums(h.sum_path, h.sums));
   }
   std::ofstream(manifest_path, std::ios::trunc) << manifest;
   std::fprintf(stderr, "%s: store ready in %.1f s\n", kProg, absl::ToDoubleSeconds(absl::Now() - start));

@@ -53,17 +53,21 @@ class KeyFile {
   uint64_t bytes_ = 0;
 };
 
-// scoring_keys.bin holds the keys that the engine's exact scoring (`ckv-paper`, and any ckv
-// variant that scores exactly) reads through engine::ScoringKeys, as records hold them: for
-// conversation c, layer l, each chunk's K half ([chunk_tokens, kv_heads, head_dim]) padded to
-// 4 KiB, back to back, so that one layer's keys of consecutive chunks are adjacent and the read
-// engine coalesces them into large reads, as a key file of its own gives `h2o` and `impress`.
-// scoring_keys.sum holds the XXH3-64 of each K half, one per (conversation, layer, chunk).
-class ScoringKeyFile {
+// A file of record halves, one per chunk: for conversation c, layer l, each whole chunk's K
+// half or V half ([chunk_tokens, kv_heads, head_dim], as a record holds it) page-rounded, back
+// to back in chunk order, so that one layer's halves of consecutive chunks are adjacent and the
+// read engine merges their reads into large ones. Its .sum file holds the XXH3-64 of each half,
+// one per (conversation, layer, chunk). Two are written:
+//   scoring_keys.bin  K halves: the keys the engine's exact scoring (`ckv-paper`, and any ckv
+//                     variant that scores exactly) reads through engine::ScoringKeys, as the
+//                     token-level baselines read keys.bin;
+//   values.bin        V halves: the values `h2o` reads for the chunks it selects, kept apart
+//                     from its keys as AttentionStore+H2O would keep them.
+class HalfFile {
  public:
-  ScoringKeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations);
+  HalfFile(const ModelSpec& spec, size_t tokens, uint32_t conversations);
   uint32_t chunks() const { return chunks_; }          // per (conversation, layer): whole chunks
-  size_t half_bytes() const { return half_bytes_; }    // a record's K half
+  size_t half_bytes() const { return half_bytes_; }    // a record's K (or V) half
   uint64_t slot_bytes() const { return slot_bytes_; }  // the same, page-rounded
   uint64_t bytes() const { return slot_bytes_ * sums(); }
   size_t sums() const { return size_t{conversations_} * layers_ * chunks_; }
@@ -115,6 +119,8 @@ std::string KeySumPath(const Flags& f);
 std::string ImpressSumPath(const Flags& f);
 std::string ScoringKeyPath(const Flags& f);
 std::string ScoringKeySumPath(const Flags& f);
+std::string ValueFilePath(const Flags& f);
+std::string ValueSumPath(const Flags& f);
 
 // The `count` checksums of a .sum file. DataLoss naming the file when it is missing or holds
 // another number of them.
@@ -125,6 +131,7 @@ struct StoreFiles {
   bool keys = false;          // keys.bin (h2o, impress)
   bool impress = false;       // impress.bin (impress)
   bool scoring_keys = false;  // scoring_keys.bin (the engine's exact scoring)
+  bool values = false;        // values.bin (h2o)
 };
 
 // Makes (or reuses) the stores for `layouts`, and the files `files` names.

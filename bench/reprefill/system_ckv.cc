@@ -54,7 +54,7 @@ class ScoringKeySource final : public engine::ScoringKeys {
   };
   const prefetch::FileId file_;
   const std::vector<uint64_t>* sums_;
-  const ScoringKeyFile f_;
+  const HalfFile f_;
   std::map<ChunkKey, Where> where_;
 };
 

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // h2o: AttentionStore + H2O. Every key of the layer (from the key file, or the K halves the tiers
-// hold), token-level top-k by accumulated attention, then only the selected chunks' values. The
-// next layer's keys are preloaded while this one computes (keys do not depend on queries). LRU
-// tiers.
+// hold), token-level top-k by accumulated attention, then only the selected chunks' values (from
+// the value file, or the V halves the tiers hold). The next layer's keys are preloaded while this
+// one computes (keys do not depend on queries). LRU tiers.
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
@@ -16,10 +17,11 @@ namespace {
 
 class H2oRunner final : public BaselineRunner {
  public:
-  explicit H2oRunner(const RunContext& ctx) : BaselineRunner(ctx) {
-    // Value buffers in each layer, sized once: V of a chunk plus the pages around it.
-    SizeExtra(max_chunks_, spec_.RecordBytes() / 2 + 2 * 4096);
-    vlen_.reserve(max_chunks_);
+  explicit H2oRunner(const RunContext& ctx)
+      : BaselineRunner(ctx), vf_(spec_, ctx.w->stored_tokens(), ctx.w->flags().conversations) {
+    // Value buffers in each layer, sized once: V of a chunk, page-rounded as values.bin holds it.
+    SizeExtra(max_chunks_, vf_.slot_bytes());
+    vread_.reserve(max_chunks_);
   }
 
   absl::StatusOr<RequestResult> Run(const Request& r,
@@ -90,8 +92,7 @@ class H2oRunner final : public BaselineRunner {
         }
       }
       std::vector<std::vector<std::byte>>& vbuf = L->extra;
-      vlen_.assign(n, 0);
-      voff_.assign(n, 0);
+      vread_.assign(n, false);
       ReadBatch values(ctx_.reads, ctx_.gpu);  // into L's buffers: waited for here
       uint64_t value_bytes = 0;
       for (uint32_t j : sel.chunks) {
@@ -103,16 +104,22 @@ class H2oRunner final : public BaselineRunner {
           L->pins.push_back(std::move(h));
           continue;
         }
-        // V of a chunk is the record's second half: the pinned location's read of that part
-        // (whole aligned blocks around it).
-        const storage::FileRead read = pinned->PartOf(j, l, static_cast<uint32_t>(half),
-                                                      static_cast<uint32_t>(half));
-        CKV_ASSIGN_OR_RETURN(prefetch::FileId file, ctx_.reads->FileIdOf(read.file));
-        vlen_[j] = read.length;
-        voff_[j] = read.skip;  // where V starts in the blocks read
-        AddRange(values, file, read.offset, read.length, vbuf[j].data(), kMaxIo,
-                 prefetch::Priority::kDemand, /*cross_bytes=*/half);
-        out.bytes_read += read.length;
+        // V of a chunk from the value file: one page-rounded read, verified as it lands;
+        // adjacent chunks' reads are merged by the read engine.
+        prefetch::ReadRequest q;
+        q.file = ctx_.value_file;
+        q.offset = vf_.Offset(r.conversation, l, j);
+        q.length = static_cast<uint32_t>(vf_.slot_bytes());
+        q.priority = prefetch::Priority::kDemand;
+        q.verify_checksum = true;
+        q.expected_checksum = (*ctx_.value_sums)[vf_.SumIndex(r.conversation, l, j)];
+        q.checksum_bytes = static_cast<uint32_t>(half);
+        q.name = absl::StrCat("values.bin: conversation ", r.conversation, ", layer ", l,
+                              ", chunk ", j);
+        q.dest = std::span(vbuf[j]);
+        values.Add(std::move(q), half);
+        vread_[j] = true;
+        out.bytes_read += vf_.slot_bytes();
         out.nvme_records++;
         value_bytes += half;
       }
@@ -121,9 +128,8 @@ class H2oRunner final : public BaselineRunner {
       CKV_RETURN_IF_ERROR(values.Wait());
       out.blocked_s += absl::ToDoubleSeconds(absl::Now() - v0);
       for (uint32_t j : sel.chunks) {
-        if (vlen_[j] != 0) {
-          Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).subspan(voff_[j], half),
-                Tick());
+        if (vread_[j]) {
+          Admit(pinned->chunks()[j].key, 2 * l + 1, std::span(vbuf[j]).first(half), Tick());
         }
       }
       out.h2d_bytes += value_bytes;
@@ -135,8 +141,8 @@ class H2oRunner final : public BaselineRunner {
   }
 
  private:
-  std::vector<uint64_t> vlen_;  // per chunk: bytes read into its layer's extra buffer (0: none)
-  std::vector<uint64_t> voff_;  // per chunk: where its V starts there
+  const HalfFile vf_;        // values.bin's layout
+  std::vector<bool> vread_;  // per chunk: its V was read into its layer's extra buffer
 };
 
 }  // namespace

@@ -98,9 +98,12 @@ struct RunContext {
   prefetch::FileId key_file = 0;
   prefetch::FileId impress_file = 0;   // impress.bin, registered with `reads`
   storage::File* impress_io = nullptr;  // the same file, for the between-turns rewrites
-  // The checksums of keys.bin and of impress.bin in token order (store.h), verified on every read.
+  prefetch::FileId value_file = 0;     // values.bin (h2o), registered with `reads`
+  // The checksums of keys.bin, of impress.bin in token order and of values.bin (store.h),
+  // verified on every read.
   const std::vector<uint64_t>* key_sums = nullptr;
   const std::vector<uint64_t>* impress_sums = nullptr;
+  const std::vector<uint64_t>* value_sums = nullptr;
   ModelledGpu* gpu = nullptr;
   ScoringClock* clock = nullptr;
   BaselineState* state = nullptr;
