@@ -144,7 +144,7 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
 absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, uint32_t n,
                                          const std::vector<bool>& need,
                                          const std::vector<uint32_t>& heads, Layer& L,
-                                         RequestResult& out) {
+                                         RequestResult& out, prefetch::Priority priority) {
   const uint32_t c = spec_.chunk_tokens;
   const size_t ckb = kf_.chunk_key_bytes();
   // Reads of whole chunks, so that each chunk's keys are verified against keys.sum as they land.
@@ -163,7 +163,7 @@ absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, 
         r.file = ctx_.key_file;
         r.offset = kf_.Offset(conversation, layer, h, size_t{a} * c);
         r.length = static_cast<uint32_t>(bytes);
-        r.priority = prefetch::Priority::kDemand;
+        r.priority = priority;
         r.dest = std::span<std::byte>(dst, bytes);
         const size_t first = kf_.SumIndex(conversation, layer, h, a);
         L.batch->Add(std::move(r), bytes,

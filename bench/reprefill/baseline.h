@@ -78,10 +78,14 @@ class BaselineRunner : public SystemRunner {
                               std::span<const uint32_t> chunks, Layer& L, RequestResult& out,
                               bool lru_touch);
   // Requests from the key file the keys of `layer`, kv heads `heads`, of each chunk with
-  // need[j], in runs of consecutive chunks.
+  // need[j], in runs of consecutive chunks. A next layer's preload is read at kPreload, so
+  // that the reads this layer still makes on demand go before it, as ckv's planner queues its
+  // prefetch.
   absl::Status RequestKeys(uint32_t conversation, uint32_t layer, uint32_t n,
                            const std::vector<bool>& need, const std::vector<uint32_t>& heads,
-                           Layer& L, RequestResult& out);
+                           Layer& L, RequestResult& out,
+                           prefetch::Priority priority = prefetch::Priority::kDemand);
+  static constexpr prefetch::Priority kPreload = prefetch::Priority::kIntraPeriod;
   // K-only scratch records for the selector from the key file's head-major bytes, for each
   // chunk with from_keys[j].
   void ScratchRecords(uint32_t n, const std::vector<bool>& from_keys,

@@ -43,7 +43,7 @@ class H2oRunner final : public BaselineRunner {
     std::vector<uint32_t> heads_all(spec_.kv_heads);
     std::iota(heads_all.begin(), heads_all.end(), 0u);
 
-    auto start_layer = [&](uint32_t layer) -> absl::StatusOr<LayerPtr> {
+    auto start_layer = [&](uint32_t layer, prefetch::Priority priority) -> absl::StatusOr<LayerPtr> {
       auto L = NewLayer(n);
       // Every key: K halves the tiers hold (record 2l), the rest from the key file.
       std::vector<bool> need(n, true);
@@ -58,7 +58,7 @@ class H2oRunner final : public BaselineRunner {
           need[j] = false;
         }
       }
-      CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, layer, n, need, heads_all, *L, out));
+      CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, layer, n, need, heads_all, *L, out, priority));
       return L;
     };
     LayerPtr next;
@@ -67,10 +67,10 @@ class H2oRunner final : public BaselineRunner {
       if (next) {
         L = std::move(next);
       } else {
-        CKV_ASSIGN_OR_RETURN(L, start_layer(l));
+        CKV_ASSIGN_OR_RETURN(L, start_layer(l, prefetch::Priority::kDemand));
       }
       if (l + 1 < spec_.layers) {
-        CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1));
+        CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1, kPreload));  // behind this layer's values
       }
       CKV_RETURN_IF_ERROR(Wait(*L, out));
       // The keys crossed to the GPU as they landed; it scores them once all have.

@@ -154,7 +154,9 @@ class ImpressRunner final : public BaselineRunner {
       LayerPtr next;
       if (l + 1 < spec_.layers) {
         next = NewLayer(n);
-        CKV_RETURN_IF_ERROR(RequestKeysCached(r.conversation, l + 1, n, probe_kv_, *next, out));
+        // Behind this layer's fallback keys and blocks, read on demand.
+        CKV_RETURN_IF_ERROR(
+            RequestKeysCached(r.conversation, l + 1, n, probe_kv_, *next, out, kPreload));
       }
       // The probe keys crossed PCIe as they landed.
       const uint64_t h2d_seen = cur->h2d_bytes;
@@ -209,7 +211,8 @@ class ImpressRunner final : public BaselineRunner {
   // AdmitKeys once they land (admitted when the request ends). IMPRESS keeps its probe keys in
   // its tiers like any other data.
   absl::Status RequestKeysCached(uint32_t conversation, uint32_t l, uint32_t n,
-                                 const std::vector<uint32_t>& heads, Layer& L, RequestResult& out) {
+                                 const std::vector<uint32_t>& heads, Layer& L, RequestResult& out,
+                                 prefetch::Priority priority = prefetch::Priority::kDemand) {
     const uint32_t c = spec_.chunk_tokens;
     const size_t kb = kf_.key_bytes();
     const uint32_t seg = SegmentChunks();
@@ -236,7 +239,9 @@ class ImpressRunner final : public BaselineRunner {
         if (ctx_.state->tiers) L.key_segments.push_back({h, first, len});
         any = true;
       }
-      if (any) CKV_RETURN_IF_ERROR(RequestKeys(conversation, l, n, key_need_, {h}, L, out));
+      if (any) {
+        CKV_RETURN_IF_ERROR(RequestKeys(conversation, l, n, key_need_, {h}, L, out, priority));
+      }
     }
     return absl::OkStatus();
   }
