@@ -143,6 +143,7 @@ class SessionImpl final : public ReprefillSession {
         remote_(std::move(remote)),
         fill_tokens_(std::move(fill_tokens)),
         selections_(spec.layers),
+        defer_admissions_(host.selector_clock() != nullptr && host.tiers() != nullptr),
         scores_(spec.layers),
         submitted_(spec.layers, false),
         queryless_(spec.layers, false),
@@ -155,9 +156,8 @@ class SessionImpl final : public ReprefillSession {
     for (const std::string& head : remote_.bytes) stats_.remote_bytes_read += head.size();
     CKV_DCHECK(keys_.size() == local_ + remote_.size());
     idle_at_begin_ = reads_->stats().idle_with_pending_seconds;
-    if (host_.selector_clock() != nullptr && host_.tiers() != nullptr) {
-      deferred_.reserve(keys_.size() * spec_.layers);  // not grown on the request's time
-    }
+    // Not grown on the request's time.
+    if (defer_admissions_) deferred_.reserve(keys_.size() * spec_.layers);
   }
 
   ~SessionImpl() override { CancelQueued(); }
@@ -657,7 +657,6 @@ class SessionImpl final : public ReprefillSession {
              std::span<const std::shared_ptr<Slot>> slots) {
     TierCache* tiers = host_.tiers();
     if (tiers == nullptr) return;
-    const bool defer = host_.selector_clock() != nullptr;
     for (size_t i = 0; i < slots.size(); ++i) {
       Slot& s = *slots[i];
       double score = 0;
@@ -667,7 +666,7 @@ class SessionImpl final : public ReprefillSession {
         s.to_admit = false;
         score = s.score;
       }
-      if (defer) {  // a benchmark's GPU system: by DMA, off the request's path (SelectorClock)
+      if (defer_admissions_) {  // a benchmark's GPU system: DMA, off the request's path
         deferred_.push_back({layer, chunks[i], slots[i]});
         continue;
       }
@@ -757,6 +756,9 @@ class SessionImpl final : public ReprefillSession {
   std::vector<TierCache::Handle> summary_pins_;  // those in the CPU tier, pinned
   std::vector<const std::byte*> summary_ptrs_;   // per chunk, wherever it is
   std::vector<std::vector<uint32_t>> selections_;  // per layer
+  // Whether Admit holds admissions for Finish: a benchmark's clock is set, and there are tiers.
+  // Fixed when the session starts (a benchmark sets its clock before its sessions start).
+  const bool defer_admissions_;
   // Admissions held for Finish while a benchmark's clock is set (Admit).
   struct Deferred {
     uint32_t layer, chunk;

@@ -398,34 +398,57 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
 
 // ckv-paper scores from a key file of its own (scoring_keys.bin, read through
 // engine::ScoringKeys) and h2o reads its values from one (values.bin), as both keep keys and
-// values apart, and each verifies what it reads: a flipped byte in conversation 0's first chunk
-// at layer 0 (a period head every ckv-paper request scores at; a sink chunk every h2o request
-// loads) fails the run with DataLoss naming the file. Read as halves of records, as before,
-// neither would be verified (a record's checksum covers K and V together).
+// values apart, and each verifies what it reads: a flipped byte in the half of conversation 1,
+// layer 16 (a period head of ckv-paper's), chunk 20 fails the run with DataLoss naming the
+// file. Read as halves of records, as before, neither would be verified (a record's checksum
+// covers K and V together). And ckv-paper's keys are keys: scoring from them, it finds most of
+// the attention at 10% (values in their place would score no better than chance).
 TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
   TempDir dir;
   const std::string store = dir.path() + "/store";
+  const std::string json = dir.path() + "/out.json";
   const std::string args =
       "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 512 --suffix-tokens 16 "
-      "--conversations 2 --turns 2 --gpu-tier-bytes 0 --cpu-tier-bytes 0 --no-fio --rounds 1 "
-      "--budgets 10 --systems ";
-  const Ran ran = RunBench(args + "ckv-paper,h2o --json " + dir.path() + "/out.json");
+      "--conversations 2 --turns 2 --gpu-tier-bytes 0 --cpu-tier-bytes 0 --no-fio --rounds 1 ";
+  const Ran ran =
+      RunBench(args + "--budgets 10 --fidelity --systems ckv-paper,h2o --json " + json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  bool found = false;
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    if (*r.Find("system")->AsString() != "ckv-paper") continue;
+    found = true;
+    EXPECT_GT(Num(r, "attention_recall"), 0.5) << "ckv-paper at 10%";
+  }
+  EXPECT_TRUE(found);
+  // qwen2.5-0.5b: 24 layers; a half (16 tokens x 2 kv heads x 64 x 2 bytes) is one 4 KiB page.
+  constexpr uint64_t kLayers = 24, kHalf = 4096;
   for (const auto& [system, name] : std::vector<std::pair<std::string, std::string>>{
            {"ckv-paper", "scoring_keys.bin"}, {"h2o", "values.bin"}}) {
+    const std::string path = store + "/" + name;
     struct stat st {};
-    ASSERT_EQ(::stat((store + "/" + name).c_str(), &st), 0) << name;
-    EXPECT_GT(st.st_size, 0) << name;
-    std::FILE* f = std::fopen((store + "/" + name).c_str(), "r+b");
-    ASSERT_NE(f, nullptr) << name;
-    const int c = std::fgetc(f);
-    std::fseek(f, 0, SEEK_SET);
-    std::fputc(c ^ 0x40, f);
-    std::fclose(f);
-    const Ran bad = RunBench(args + system);
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << name;
+    const uint64_t chunks = uint64_t(st.st_size) / (2 * kLayers * kHalf);  // per (conv., layer)
+    ASSERT_EQ(uint64_t(st.st_size), 2 * kLayers * chunks * kHalf) << name;
+    ASSERT_GT(chunks, 20u) << name;
+    const long at = static_cast<long>(((1 * kLayers + 16) * chunks + 20) * kHalf + 100);
+    auto flip = [&] {
+      std::FILE* f = std::fopen(path.c_str(), "r+b");
+      ASSERT_NE(f, nullptr) << name;
+      std::fseek(f, at, SEEK_SET);
+      const int c = std::fgetc(f);
+      std::fseek(f, at, SEEK_SET);
+      std::fputc(c ^ 0x40, f);
+      std::fclose(f);
+    };
+    flip();
+    const Ran bad = RunBench(args + "--budgets 90 --systems " + system);
     EXPECT_NE(bad.exit_code, 0) << system << ": " << bad.output;
-    EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find(name + ": conversation 1, layer 16, chunk 20"), std::string::npos)
+        << bad.output;
     EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
+    flip();
   }
 }
 

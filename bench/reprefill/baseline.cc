@@ -17,19 +17,11 @@ BaselineRunner::BaselineRunner(const RunContext& ctx)
       kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations),
       max_chunks_(static_cast<uint32_t>(ctx.w->stored_tokens() / ctx.w->spec().chunk_tokens)) {
   const uint32_t pool = ctx.state->tiers ? spec_.layers + 2 : 3;
-  for (uint32_t i = 0; i < pool; ++i) {
-    auto L = std::make_unique<Layer>();
-    L->rec.reserve(max_chunks_);
-    L->filled.reserve(max_chunks_);
-    L->own.resize(max_chunks_);
-    for (auto& b : L->own) b.resize(spec_.RecordBytes());  // zero-filled: the pages are touched
-    L->keys.resize(size_t{max_chunks_} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
-    free_.push_back(std::move(L));
-  }
+  for (uint32_t i = 0; i < pool; ++i) free_.push_back(MakeLayer(max_chunks_));
   if (ctx.state->tiers) {  // not grown on a request's time
     held_.reserve(pool);
     admissions_.reserve(size_t{spec_.layers} * max_chunks_ * (2 + spec_.kv_heads));
-    touched_.reserve(size_t{spec_.layers} * max_chunks_ * 2);
+    touched_.reserve(admissions_.capacity() + size_t{spec_.layers} * max_chunks_ * 2);
   }
 }
 
@@ -39,13 +31,26 @@ void BaselineRunner::Recycle::operator()(Layer* L) const {
   (runner->ctx_.state->tiers ? runner->held_ : runner->free_).push_back(std::unique_ptr<Layer>(L));
 }
 
+std::unique_ptr<BaselineRunner::Layer> BaselineRunner::MakeLayer(uint32_t n) const {
+  auto L = std::make_unique<Layer>();
+  L->rec.reserve(n);
+  L->filled.reserve(n);
+  L->own.resize(n);
+  for (auto& b : L->own) b.resize(spec_.RecordBytes());  // zero-filled: the pages are touched
+  L->keys.resize(size_t{n} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
+  SizeExtraOf(*L);
+  return L;
+}
+
+void BaselineRunner::SizeExtraOf(Layer& L) const {
+  L.extra.resize(extra_count_);
+  for (auto& b : L.extra) b.resize(extra_bytes_);  // zero-filled: the pages are touched
+}
+
 void BaselineRunner::SizeExtra(size_t count, size_t bytes) {
   extra_count_ = count;
   extra_bytes_ = bytes;
-  for (auto& L : free_) {
-    L->extra.resize(count);
-    for (auto& b : L->extra) b.resize(bytes);  // zero-filled: the pages are touched
-  }
+  for (auto& L : free_) SizeExtraOf(*L);
 }
 
 BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
@@ -55,12 +60,7 @@ BaselineRunner::LayerPtr BaselineRunner::NewLayer(uint32_t n) {
     free_.pop_back();
   } else {
     // More layers in flight than the pool holds (or a longer prefix): a fresh one.
-    L = std::make_unique<Layer>();
-    L->own.resize(n);
-    for (auto& b : L->own) b.resize(spec_.RecordBytes());
-    L->keys.resize(size_t{n} * spec_.chunk_tokens * spec_.kv_heads * kf_.key_bytes());
-    L->extra.resize(extra_count_);
-    for (auto& b : L->extra) b.resize(extra_bytes_);
+    L = MakeLayer(n);
   }
   L->rec.assign(n, nullptr);
   L->filled.assign(n, false);
@@ -77,7 +77,7 @@ engine::TierManager::Handle BaselineRunner::Lookup(const ChunkKey& k, uint32_t r
   auto h = ctx_.state->tiers->Lookup(engine::RecordId{k, record});
   if (h) {
     (h.level() == engine::TierLevel::kGpu ? out.gpu_hits : out.cpu_hits)++;
-    if (lru_touch) touched_.push_back(k);
+    if (lru_touch) touched_.push_back({k, Tick()});
   }
   return h;
 }
@@ -93,12 +93,23 @@ void BaselineRunner::AdmitHeld(const std::function<bool(const engine::RecordId&)
   // record would keep a wake of the read engine's thread per record on the clock.
   if (!admissions_.empty() || !touched_.empty()) {
     ctx_.clock->Begin();
-    std::sort(touched_.begin(), touched_.end());
-    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
-    for (const ChunkKey& k : touched_) ctx_.state->tiers->UpdateScore(k, Tick());
     for (const Held& a : admissions_) {
       if (skip && skip(a.id)) continue;
       ctx_.state->tiers->Admit(a.id, a.bytes, a.score).IgnoreError();  // not cached: a miss later
+    }
+    // Then the LRU touches, as the engine's Finish ranks after its admissions: each chunk a
+    // lookup hit takes the tick of its last use in this request, a hit's or an admission's
+    // (an LRU system admits at Tick()), so that its records rank by when it was last used.
+    if (!touched_.empty()) {
+      for (const Held& a : admissions_) touched_.push_back({a.id.chunk, a.score});
+      std::sort(touched_.begin(), touched_.end(), [](const Touch& x, const Touch& y) {
+        return x.first != y.first ? x.first < y.first : x.second > y.second;
+      });
+      for (size_t i = 0; i < touched_.size(); ++i) {
+        if (i == 0 || touched_[i].first != touched_[i - 1].first) {
+          ctx_.state->tiers->UpdateScore(touched_[i].first, touched_[i].second);
+        }
+      }
     }
     ctx_.clock->End(0);
   }

@@ -52,10 +52,13 @@ class BaselineRunner : public SystemRunner {
   LayerPtr NewLayer(uint32_t n);
   // Gives every layer, pooled and to come, `count` extra buffers of `bytes` (before timing).
   void SizeExtra(size_t count, size_t bytes);
+  // A layer whose buffers hold a prefix of n chunks, extra buffers included.
+  std::unique_ptr<Layer> MakeLayer(uint32_t n) const;
+  void SizeExtraOf(Layer& L) const;
 
-  // A tier lookup of record `record` of chunk `k`, counting the hit. With `lru_touch`, a hit
-  // makes the chunk the most recently used when the request ends (AdmitHeld): once per chunk
-  // and request, as the engine's sessions touch theirs in Finish, not once per record hit
+  // A tier lookup of record `record` of chunk `k`, counting the hit. With `lru_touch`, the hit
+  // is a use: the chunk is ranked by its last use when the request ends (AdmitHeld), once per
+  // chunk and request, as the engine's sessions rank theirs in Finish, not once per record hit
   // (TierManager::UpdateScore re-ranks every cached record of the chunk).
   engine::TierManager::Handle Lookup(const ChunkKey& k, uint32_t record, RequestResult& out,
                                      bool lru_touch);
@@ -64,10 +67,9 @@ class BaselineRunner : public SystemRunner {
   // engines, off the request's path, and what it loaded stays in HBM for the whole prefill.
   // `bytes` must live until AdmitHeld: a layer's buffers do (layers are held until then).
   void Admit(const ChunkKey& k, uint32_t record, std::span<const std::byte> bytes, double score);
-  // Touches the chunks Lookup hit with `lru_touch`, then makes the admissions Admit held, in one
-  // clock bracket, once none of the
-  // request's reads is in flight, and returns the held layers to the pool; those whose id
-  // `skip` names are not made.
+  // Makes the admissions Admit held (those whose id `skip` names are not made), then ranks the
+  // chunks Lookup hit with `lru_touch`, in one clock bracket, once none of the request's reads
+  // is in flight, and returns the held layers to the pool.
   void AdmitHeld(const std::function<bool(const engine::RecordId&)>& skip = {});
   // Forgets what a failed request held: each Run starts with it.
   void DropHeld();
@@ -78,14 +80,19 @@ class BaselineRunner : public SystemRunner {
                               std::span<const uint32_t> chunks, Layer& L, RequestResult& out,
                               bool lru_touch);
   // Requests from the key file the keys of `layer`, kv heads `heads`, of each chunk with
-  // need[j], in runs of consecutive chunks. A next layer's preload is read at kPreload, so
-  // that the reads this layer still makes on demand go before it, as ckv's planner queues its
-  // prefetch.
+  // need[j], in runs of consecutive chunks.
   absl::Status RequestKeys(uint32_t conversation, uint32_t layer, uint32_t n,
                            const std::vector<bool>& need, const std::vector<uint32_t>& heads,
                            Layer& L, RequestResult& out,
                            prefetch::Priority priority = prefetch::Priority::kDemand);
-  static constexpr prefetch::Priority kPreload = prefetch::Priority::kIntraPeriod;
+  // The priority of a next layer's preload: below this layer's demand reads, so that those go
+  // first, as ckv's planner queues its prefetch below its demand reads. Only with one request at
+  // a time (--concurrency 1): the runners do not promote a preload their layer comes to wait
+  // for, as ckv's sessions do, so beside other requests' demand reads it stays on demand.
+  prefetch::Priority PreloadPriority() const {
+    return ctx_.w->flags().concurrency == 1 ? prefetch::Priority::kIntraPeriod
+                                            : prefetch::Priority::kDemand;
+  }
   // K-only scratch records for the selector from the key file's head-major bytes, for each
   // chunk with from_keys[j].
   void ScratchRecords(uint32_t n, const std::vector<bool>& from_keys,
@@ -121,7 +128,9 @@ class BaselineRunner : public SystemRunner {
     double score;
   };
   std::vector<Held> admissions_;  // what Admit holds for AdmitHeld
-  std::vector<ChunkKey> touched_;  // chunks an LRU lookup hit this request (repeats included)
+  // Chunks an LRU lookup hit this request, each with the tick of that hit (repeats included).
+  using Touch = std::pair<ChunkKey, double>;
+  std::vector<Touch> touched_;
   size_t extra_count_ = 0, extra_bytes_ = 0;
   static constexpr uint32_t kMaxIo = 256 * 1024;
 };

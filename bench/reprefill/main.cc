@@ -27,7 +27,9 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -60,25 +62,29 @@ struct RunResult {
 };
 
 // A file of a system's own (keys.bin, impress.bin, ...), open and registered with the read
-// engine, with its checksums.
+// engine, with its checksums. Unregistered by Close, or when it goes (on an error path).
 struct OwnFile {
+  prefetch::ReadEngine* reads = nullptr;
   std::unique_ptr<storage::File> file;
   prefetch::FileId id = 0;
   std::vector<uint64_t> sums;
 
-  absl::Status Open(prefetch::ReadEngine& reads, const std::string& path,
+  absl::Status Open(prefetch::ReadEngine& engine, const std::string& path,
                     const std::string& sum_path, size_t count) {
     CKV_ASSIGN_OR_RETURN(file, storage::PosixFileSystem()->Open(
                                    path, storage::FileSystem::OpenMode::kReadWrite));
-    CKV_ASSIGN_OR_RETURN(id, reads.RegisterFile(file.get()));
+    CKV_ASSIGN_OR_RETURN(id, engine.RegisterFile(file.get()));
+    reads = &engine;
     CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));
     return absl::OkStatus();
   }
   // REQUIRES: none of its reads is outstanding.
-  absl::Status Close(prefetch::ReadEngine& reads) {
-    if (file == nullptr) return absl::OkStatus();
-    return reads.UnregisterFile(id);
+  absl::Status Close() {
+    if (reads == nullptr) return absl::OkStatus();
+    prefetch::ReadEngine* engine = std::exchange(reads, nullptr);
+    return engine->UnregisterFile(id);
   }
+  ~OwnFile() { Close().IgnoreError(); }
 };
 
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
@@ -123,6 +129,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     scoring_keys = MakeScoringKeys(w, scoring_file.id, &scoring_file.sums);
     engine::SetScoringKeys(*engine, scoring_keys.get());
   }
+  absl::Cleanup unset_scoring_keys = [&] { engine::SetScoringKeys(*engine, nullptr); };
   ModelledGpu gpu(GpuParams::Of(f));
   ScoringClock clock(reads, &gpu, /*hold_reads=*/f.concurrency == 1);
   engine::SetSelectorClock(*engine, &clock);
@@ -218,9 +225,8 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   }
   CKV_RETURN_IF_ERROR(st);
   runners.clear();
-  if (scoring_keys) engine::SetScoringKeys(*engine, nullptr);
   for (OwnFile* own : {&key_file, &impress_file, &scoring_file, &value_file}) {
-    CKV_RETURN_IF_ERROR(own->Close(*reads));
+    CKV_RETURN_IF_ERROR(own->Close());
   }
   engine::SetSelectorClock(*engine, nullptr);
   return out;

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ckv and ckv-paper: a ckv Re-Prefill session per request, as a serving system would run it.
-#include <map>
-
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/reprefill/systems.h"
@@ -55,7 +54,7 @@ class ScoringKeySource final : public engine::ScoringKeys {
   const prefetch::FileId file_;
   const std::vector<uint64_t>* sums_;
   const HalfFile f_;
-  std::map<ChunkKey, Where> where_;
+  absl::flat_hash_map<ChunkKey, Where> where_;  // read only once made: safe from any thread
 };
 
 class CkvRunner final : public SystemRunner {

@@ -70,7 +70,8 @@ class H2oRunner final : public BaselineRunner {
         CKV_ASSIGN_OR_RETURN(L, start_layer(l, prefetch::Priority::kDemand));
       }
       if (l + 1 < spec_.layers) {
-        CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1, kPreload));  // behind this layer's values
+        // Behind this layer's value reads.
+        CKV_ASSIGN_OR_RETURN(next, start_layer(l + 1, PreloadPriority()));
       }
       CKV_RETURN_IF_ERROR(Wait(*L, out));
       // The keys crossed to the GPU as they landed; it scores them once all have.

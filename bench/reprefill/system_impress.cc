@@ -156,7 +156,7 @@ class ImpressRunner final : public BaselineRunner {
         next = NewLayer(n);
         // Behind this layer's fallback keys and blocks, read on demand.
         CKV_RETURN_IF_ERROR(
-            RequestKeysCached(r.conversation, l + 1, n, probe_kv_, *next, out, kPreload));
+            RequestKeysCached(r.conversation, l + 1, n, probe_kv_, *next, out, PreloadPriority()));
       }
       // The probe keys crossed PCIe as they landed.
       const uint64_t h2d_seen = cur->h2d_bytes;
