@@ -40,6 +40,23 @@ HalfFile::HalfFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
       chunks_(static_cast<uint32_t>(tokens / spec.chunk_tokens)),
       half_bytes_(spec.RecordBytes() / 2), slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
 
+prefetch::ReadRequest HalfFile::Read(prefetch::FileId file, const std::vector<uint64_t>& sums,
+                                     const char* name, uint32_t c, uint32_t layer,
+                                     uint32_t chunk, prefetch::Priority priority,
+                                     std::span<std::byte> dest) const {
+  prefetch::ReadRequest r;
+  r.file = file;
+  r.offset = Offset(c, layer, chunk);
+  r.length = static_cast<uint32_t>(slot_bytes_);
+  r.priority = priority;
+  r.verify_checksum = true;
+  r.expected_checksum = sums[SumIndex(c, layer, chunk)];
+  r.checksum_bytes = static_cast<uint32_t>(half_bytes_);
+  r.name = absl::StrCat(name, ": conversation ", c, ", layer ", layer, ", chunk ", chunk);
+  r.dest = dest;
+  return r;
+}
+
 const char* LayoutName(RecordLayout l) {
   return l == RecordLayout::kLayerMajor ? "layer-major" : "period-major";
 }

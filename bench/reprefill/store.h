@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "bench/reprefill/workload.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "prefetch/read_engine.h"
 
 namespace ckv::bench {
 
@@ -77,6 +79,11 @@ class HalfFile {
   uint64_t Offset(uint32_t c, uint32_t layer, uint32_t chunk) const {
     return SumIndex(c, layer, chunk) * slot_bytes_;
   }
+  // The read of (c, layer, chunk)'s half from `file` (the file `name` names, registered with the
+  // read engine; `sums` its checksums) into `dest`, one slot, verified as it lands.
+  prefetch::ReadRequest Read(prefetch::FileId file, const std::vector<uint64_t>& sums,
+                             const char* name, uint32_t c, uint32_t layer, uint32_t chunk,
+                             prefetch::Priority priority, std::span<std::byte> dest) const;
 
  private:
   uint32_t layers_, conversations_, chunks_;

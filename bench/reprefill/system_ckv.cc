@@ -34,17 +34,7 @@ class ScoringKeySource final : public engine::ScoringKeys {
                                                      " bytes asked, a K half is ", f_.half_bytes()));
     }
     const auto [c, j] = it->second;
-    prefetch::ReadRequest r;
-    r.file = file_;
-    r.offset = f_.Offset(c, layer, j);
-    r.length = static_cast<uint32_t>(f_.slot_bytes());
-    r.priority = priority;
-    r.verify_checksum = true;
-    r.expected_checksum = (*sums_)[f_.SumIndex(c, layer, j)];
-    r.checksum_bytes = static_cast<uint32_t>(f_.half_bytes());
-    r.name = absl::StrCat("scoring_keys.bin: conversation ", c, ", layer ", layer, ", chunk ", j);
-    r.dest = dest;
-    return r;
+    return f_.Read(file_, *sums_, "scoring_keys.bin", c, layer, j, priority, dest);
   }
 
  private:

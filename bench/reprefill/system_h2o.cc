@@ -5,7 +5,6 @@
 // one computes (keys do not depend on queries). LRU tiers.
 #include <numeric>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
@@ -107,17 +106,9 @@ class H2oRunner final : public BaselineRunner {
         }
         // V of a chunk from the value file: one page-rounded read, verified as it lands;
         // adjacent chunks' reads are merged by the read engine.
-        prefetch::ReadRequest q;
-        q.file = ctx_.value_file;
-        q.offset = vf_.Offset(r.conversation, l, j);
-        q.length = static_cast<uint32_t>(vf_.slot_bytes());
-        q.priority = prefetch::Priority::kDemand;
-        q.verify_checksum = true;
-        q.expected_checksum = (*ctx_.value_sums)[vf_.SumIndex(r.conversation, l, j)];
-        q.checksum_bytes = static_cast<uint32_t>(half);
-        q.name = absl::StrCat("values.bin: conversation ", r.conversation, ", layer ", l,
-                              ", chunk ", j);
-        q.dest = std::span(vbuf[j]);
+        prefetch::ReadRequest q =
+            vf_.Read(ctx_.value_file, *ctx_.value_sums, "values.bin", r.conversation, l, j,
+                     prefetch::Priority::kDemand, std::span(vbuf[j]));
         values.Add(std::move(q), half);
         vread_[j] = true;
         out.bytes_read += vf_.slot_bytes();
