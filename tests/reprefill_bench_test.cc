@@ -42,6 +42,17 @@ bool IsInt(const JsonValue& v, const char* key) {
 
 constexpr const char* kSystems = "full,h2o,impress,ckv-paper,ckv";
 
+// Flips one bit of the byte at `at` of `path` (twice restores it).
+void FlipByte(const std::string& path, long at) {
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr) << path;
+  std::fseek(f, at, SEEK_SET);
+  const int c = std::fgetc(f);
+  std::fseek(f, at, SEEK_SET);
+  std::fputc(c ^ 0x40, f);
+  std::fclose(f);
+}
+
 TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   TempDir dir;
   const std::string store = dir.path() + "/store";
@@ -375,14 +386,7 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   }
 
   // A flipped byte in a file the baselines read: the run fails, naming it.
-  auto flip = [&](const std::string& name) {
-    std::FILE* f = std::fopen((store + "/" + name).c_str(), "r+b");
-    ASSERT_NE(f, nullptr) << name;
-    const int c = std::fgetc(f);
-    std::fseek(f, 0, SEEK_SET);
-    std::fputc(c ^ 0x40, f);
-    std::fclose(f);
-  };
+  auto flip = [&](const std::string& name) { FlipByte(store + "/" + name, 0); };
   for (const char* name : {"impress.bin", "keys.bin"}) {
     flip(name);
     const Ran bad = RunBench(args + " --budgets 5 --systems impress");
@@ -433,22 +437,13 @@ TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
     ASSERT_EQ(uint64_t(st.st_size), 2 * kLayers * chunks * kHalf) << name;
     ASSERT_GT(chunks, 20u) << name;
     const long at = static_cast<long>(((1 * kLayers + 16) * chunks + 20) * kHalf + 100);
-    auto flip = [&] {
-      std::FILE* f = std::fopen(path.c_str(), "r+b");
-      ASSERT_NE(f, nullptr) << name;
-      std::fseek(f, at, SEEK_SET);
-      const int c = std::fgetc(f);
-      std::fseek(f, at, SEEK_SET);
-      std::fputc(c ^ 0x40, f);
-      std::fclose(f);
-    };
-    flip();
+    FlipByte(path, at);
     const Ran bad = RunBench(args + "--budgets 90 --systems " + system);
     EXPECT_NE(bad.exit_code, 0) << system << ": " << bad.output;
     EXPECT_NE(bad.output.find(name + ": conversation 1, layer 16, chunk 20"), std::string::npos)
         << bad.output;
     EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
-    flip();
+    FlipByte(path, at);  // restored
   }
 }
 
