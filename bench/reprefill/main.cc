@@ -27,7 +27,6 @@
 #include <random>
 #include <set>
 #include <thread>
-#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
@@ -59,32 +58,6 @@ struct RunResult {
   uint32_t reorder_passes = 0;  // impress: warm-up passes run (the last one rewrote nothing
                                 // when reorder_converged)
   bool reorder_converged = false;
-};
-
-// A file of a system's own (keys.bin, impress.bin, ...), open and registered with the read
-// engine, with its checksums. Unregistered by Close, or when it goes (on an error path).
-struct OwnFile {
-  prefetch::ReadEngine* reads = nullptr;
-  std::unique_ptr<storage::File> file;
-  prefetch::FileId id = 0;
-  std::vector<uint64_t> sums;
-
-  absl::Status Open(prefetch::ReadEngine& engine, const std::string& path,
-                    const std::string& sum_path, size_t count) {
-    CKV_ASSIGN_OR_RETURN(file, storage::PosixFileSystem()->Open(
-                                   path, storage::FileSystem::OpenMode::kReadWrite));
-    CKV_ASSIGN_OR_RETURN(id, engine.RegisterFile(file.get()));
-    reads = &engine;
-    CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));
-    return absl::OkStatus();
-  }
-  // REQUIRES: none of its reads is outstanding.
-  absl::Status Close() {
-    if (reads == nullptr) return absl::OkStatus();
-    prefetch::ReadEngine* engine = std::exchange(reads, nullptr);
-    return engine->UnregisterFile(id);
-  }
-  ~OwnFile() { Close().IgnoreError(); }
 };
 
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,

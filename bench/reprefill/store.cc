@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +86,22 @@ absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t c
                                             " checksums of 8 bytes"));
   }
   return sums;
+}
+
+absl::Status OwnFile::Open(prefetch::ReadEngine& engine, const std::string& path,
+                           const std::string& sum_path, size_t count) {
+  CKV_ASSIGN_OR_RETURN(file, storage::PosixFileSystem()->Open(
+                                 path, storage::FileSystem::OpenMode::kReadWrite));
+  CKV_ASSIGN_OR_RETURN(id, engine.RegisterFile(file.get()));
+  reads = &engine;
+  CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));
+  return absl::OkStatus();
+}
+
+absl::Status OwnFile::Close() {
+  if (reads == nullptr) return absl::OkStatus();
+  prefetch::ReadEngine* engine = std::exchange(reads, nullptr);
+  return engine->UnregisterFile(id);
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #define CKV_BENCH_REPREFILL_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <span>
 #include <string>
@@ -27,6 +28,7 @@
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
 #include "prefetch/read_engine.h"
+#include "storage/file_system.h"
 
 namespace ckv::bench {
 
@@ -128,6 +130,22 @@ std::string ScoringKeyPath(const Flags& f);
 std::string ScoringKeySumPath(const Flags& f);
 std::string ValueFilePath(const Flags& f);
 std::string ValueSumPath(const Flags& f);
+
+// A file of a system's own (keys.bin, impress.bin, ...), open and registered with a read
+// engine, with its checksums. Unregistered by Close, or when it goes (on an error path).
+struct OwnFile {
+  prefetch::ReadEngine* reads = nullptr;  // set while registered
+  std::unique_ptr<storage::File> file;
+  prefetch::FileId id = 0;
+  std::vector<uint64_t> sums;
+
+  // Opens `path`, registers it with `engine` and reads the `count` checksums of `sum_path`.
+  absl::Status Open(prefetch::ReadEngine& engine, const std::string& path,
+                    const std::string& sum_path, size_t count);
+  // REQUIRES: none of its reads is outstanding.
+  absl::Status Close();
+  ~OwnFile() { Close().IgnoreError(); }
+};
 
 // The `count` checksums of a .sum file. DataLoss naming the file when it is missing or holds
 // another number of them.
