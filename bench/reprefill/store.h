@@ -27,8 +27,7 @@
 #include "bench/reprefill/workload.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
-#include "prefetch/read_engine.h"
-#include "storage/file_system.h"
+#include "engine/internal.h"  // the read engine and the file system
 
 namespace ckv::bench {
 
