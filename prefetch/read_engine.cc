@@ -291,6 +291,16 @@ void ReadEngine::Impl::SetPaused(bool paused) {
   if (!paused) backend_->WakeLocked();
 }
 
+void ReadEngine::Impl::PauseAndDrain() {
+  absl::MutexLock lock(&mu_);
+  TickLocked();
+  paused_ = true;
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ == 0 || stopping_;
+  };
+  mu_.Await(absl::Condition(&drained));
+}
+
 void ReadEngine::Impl::UnindexLocked(Request* r) {
   auto s = by_start_.find(RangeKey(r->r.file, r->r.offset));
   if (s != by_start_.end() && s->second == r) by_start_.erase(s);
@@ -533,6 +543,7 @@ absl::StatusOr<std::shared_ptr<ReadFuture>> ReadEngine::SubmitWithFuture(ReadReq
 absl::Status ReadEngine::Cancel(RequestId id) { return impl_->Cancel(id); }
 void ReadEngine::Pause() { impl_->SetPaused(true); }
 void ReadEngine::Resume() { impl_->SetPaused(false); }
+void ReadEngine::PauseAndDrain() { impl_->PauseAndDrain(); }
 ReadEngineStats ReadEngine::stats() const { return impl_->stats(); }
 
 }  // namespace ckv::prefetch

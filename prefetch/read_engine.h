@@ -253,6 +253,10 @@ class ReadEngine {
   // Holds / resumes issuing new device reads (reads in flight continue).
   void Pause();
   void Resume();
+  // Holds issuing, as Pause does, and returns once no device read is in flight: every read
+  // issued before the call has landed and its callback has run. What is queued stays queued
+  // until Resume. For a benchmark's clock that stops time: nothing lands while it is stopped.
+  void PauseAndDrain();
 
   ReadEngineStats stats() const;
 

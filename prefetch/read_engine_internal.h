@@ -88,6 +88,7 @@ class ReadEngine::Impl {
   absl::StatusOr<std::vector<RequestId>> SubmitBatch(std::span<ReadRequest> requests);
   absl::Status Cancel(RequestId id);
   void SetPaused(bool paused);
+  void PauseAndDrain();
   ReadEngineStats stats() const;
   const char* backend_name() const { return backend_->name(); }
   bool fixed_buffers() const { return backend_->fixed_buffers(); }

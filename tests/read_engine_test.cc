@@ -410,6 +410,60 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   EXPECT_LE(max_demand_seq.load(), o.queue_depth + 5u);
 }
 
+// PauseAndDrain returns only once the reads already issued have landed, and issues nothing
+// more until Resume. The fault hook holds each read at issue, so the reads in flight when it is
+// called are known, and it cannot return before they are released.
+TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
+  ReadEngineOptions o = Options();
+  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  TestFile f(fs, dir_.Sub("data"), 32);
+  o.queue_depth = 2;
+  o.coalesce = false;
+  absl::Notification reading, release;
+  std::atomic<int> issued{0};
+  fs->SetOpHook([&](const OpInfo&) {
+    issued.fetch_add(1);
+    if (!reading.HasBeenNotified()) reading.Notify();
+    release.WaitForNotification();
+    return IoFault{};
+  });
+  auto engine = Make(o);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterFile(f.file.get());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Counter done;
+  for (uint32_t i = 0; i < f.records; ++i) {
+    ReadRequest r = RecordRequest(*id, f, i);
+    r.callback = [&](const ReadResult& res) {
+      EXPECT_TRUE(res.status.ok()) << res.status;
+      ++done;
+    };
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
+  absl::Notification drained;
+  std::thread drainer([&] {
+    engine->PauseAndDrain();
+    drained.Notify();
+  });
+  // Held at issue: the drain cannot have returned.
+  EXPECT_FALSE(drained.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_EQ(done.load(), 0);
+  release.Notify();
+  ASSERT_TRUE(drained.WaitForNotificationWithTimeout(kWait));
+  drainer.join();
+  // Every read issued before the pause has called back; none was issued after it.
+  const int landed = done.load();
+  EXPECT_GT(landed, 0);
+  EXPECT_LT(landed, static_cast<int>(f.records));
+  EXPECT_EQ(issued.load(), landed);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(issued.load(), landed) << "a read was issued while paused";
+  engine->Resume();
+  ASSERT_TRUE(WaitFor(done, static_cast<int>(f.records)));
+  EXPECT_EQ(issued.load(), static_cast<int>(f.records));
+}
+
 TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
   ReadEngineOptions o = Options();
   storage::FaultInjectingFileSystem* fs = FaultFs(o);

@@ -87,7 +87,7 @@ thread_local double clock_cpu_seconds = 0;
 }  // namespace
 
 void ScoringClock::Begin() {
-  if (hold_) reads_->Pause();
+  if (hold_) reads_->PauseAndDrain();  // on the clock: what was issued lands in time
   clock_begin = absl::Now();
 }
 

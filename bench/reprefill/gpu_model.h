@@ -78,9 +78,11 @@ class ModelledGpu {
 };
 
 // The selectors run on this CPU, where scoring a layer takes milliseconds that a GPU spends
-// microseconds on. While one runs, the read engine is held (reads in flight still land) and the
-// time is taken out of the request's latency; the scoring's FLOPs are spent on the modelled GPU
-// instead. Host work that a GPU system would do in a kernel (the baselines' gathers of keys
+// microseconds on. While one runs, the time is taken out of the request's latency and the
+// scoring's FLOPs are spent on the modelled GPU instead. Time that is taken out must not move
+// the disk either: before the clock stops, the reads already issued land (on the clock; a GPU's
+// microseconds of scoring could not have overtaken them) and the read engine is held until it
+// restarts, so no read lands for free while the host scores. Host work that a GPU system would do in a kernel (the baselines' gathers of keys
 // into scoring layout) is charged the same way, through Begin/EndHostWork. Per worker thread
 // (one request at a time each); exact at concurrency 1.
 class ScoringClock final : public engine::SelectorClock {
