@@ -277,6 +277,21 @@ TEST_P(ReadEngineTest, CoalescingStopsAtMaxIoBytes) {
   EXPECT_EQ(s.requests_coalesced, 10u - 3u);  // reads of 4, 4 and 2 records
 }
 
+// Holds every read of `fs` at issue until `release` is notified: `reading` is notified at the
+// first, and `issued` counts them. Tests step through what is in flight with no latency race.
+struct HeldAtIssue {
+  explicit HeldAtIssue(storage::FaultInjectingFileSystem* fs) {
+    fs->SetOpHook([this](const OpInfo&) {
+      issued.fetch_add(1);
+      if (!reading.HasBeenNotified()) reading.Notify();
+      release.WaitForNotification();
+      return IoFault{};
+    });
+  }
+  absl::Notification reading, release;
+  std::atomic<int> issued{0};
+};
+
 TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
   TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
   ReadEngineOptions o = Options();
@@ -377,12 +392,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   TestFile f(fs, dir_.Sub("data"), 128);
   o.queue_depth = 2;
   o.coalesce = false;
-  absl::Notification reading, release;
-  fs->SetOpHook([&](const OpInfo&) {
-    if (!reading.HasBeenNotified()) reading.Notify();
-    release.WaitForNotification();
-    return IoFault{};
-  });
+  HeldAtIssue held(fs);
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   auto id = engine->RegisterFile(f.file.get());
@@ -392,7 +402,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   Counter done;
   for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
   // Speculation is running: its first read is issued (and held).
-  ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(held.reading.WaitForNotificationWithTimeout(kWait));
   for (uint32_t i = 60; i < 65; ++i) {
     ReadRequest r = RecordRequest(*id, f, i, Priority::kDemand);
     r.callback = [&](const ReadResult& res) {
@@ -403,7 +413,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
     };
     ASSERT_TRUE(engine->Submit(std::move(r)).ok());
   }
-  release.Notify();
+  held.release.Notify();
   ASSERT_TRUE(WaitFor(done, 5));
   for (auto& fut : spec) CKV_EXPECT_OK(fut->Wait(kWait));
   // Issued right after the reads already in flight, before the speculation queued ahead.
@@ -419,14 +429,7 @@ TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
   TestFile f(fs, dir_.Sub("data"), 32);
   o.queue_depth = 2;
   o.coalesce = false;
-  absl::Notification reading, release;
-  std::atomic<int> issued{0};
-  fs->SetOpHook([&](const OpInfo&) {
-    issued.fetch_add(1);
-    if (!reading.HasBeenNotified()) reading.Notify();
-    release.WaitForNotification();
-    return IoFault{};
-  });
+  HeldAtIssue held(fs);
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   auto id = engine->RegisterFile(f.file.get());
@@ -440,7 +443,7 @@ TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
     };
     ASSERT_TRUE(engine->Submit(std::move(r)).ok());
   }
-  ASSERT_TRUE(reading.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(held.reading.WaitForNotificationWithTimeout(kWait));
   absl::Notification drained;
   std::thread drainer([&] {
     engine->PauseAndDrain();
@@ -449,19 +452,19 @@ TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
   // Held at issue: the drain cannot have returned.
   EXPECT_FALSE(drained.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   EXPECT_EQ(done.load(), 0);
-  release.Notify();
+  held.release.Notify();
   ASSERT_TRUE(drained.WaitForNotificationWithTimeout(kWait));
   drainer.join();
   // Every read issued before the pause has called back; none was issued after it.
   const int landed = done.load();
   EXPECT_GT(landed, 0);
   EXPECT_LT(landed, static_cast<int>(f.records));
-  EXPECT_EQ(issued.load(), landed);
+  EXPECT_EQ(held.issued.load(), landed);
   absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(issued.load(), landed) << "a read was issued while paused";
+  EXPECT_EQ(held.issued.load(), landed) << "a read was issued while paused";
   engine->Resume();
   ASSERT_TRUE(WaitFor(done, static_cast<int>(f.records)));
-  EXPECT_EQ(issued.load(), static_cast<int>(f.records));
+  EXPECT_EQ(held.issued.load(), static_cast<int>(f.records));
 }
 
 TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {

@@ -82,9 +82,9 @@ class ModelledGpu {
 // scoring's FLOPs are spent on the modelled GPU instead. Time that is taken out must not move
 // the disk either: before the clock stops, the reads already issued land (on the clock; a GPU's
 // microseconds of scoring could not have overtaken them) and the read engine is held until it
-// restarts, so no read lands for free while the host scores. Host work that a GPU system would do in a kernel (the baselines' gathers of keys
-// into scoring layout) is charged the same way, through Begin/EndHostWork. Per worker thread
-// (one request at a time each); exact at concurrency 1.
+// restarts, so no read lands for free while the host scores. Host work that a GPU system would
+// do in a kernel (the baselines' gathers of keys into scoring layout) is charged the same way,
+// through Begin/End. Per worker thread (one request at a time each); exact at concurrency 1.
 class ScoringClock final : public engine::SelectorClock {
  public:
   ScoringClock(prefetch::ReadEngine* reads, ModelledGpu* gpu, bool hold_reads)
