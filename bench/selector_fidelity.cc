@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_split.h"
 #include "kernels/attention.h"
+#include "kernels/estimate.h"
 #include "kernels/fidelity.h"
 #include "kernels/selector.h"
 #include "kernels/summary.h"
@@ -89,8 +90,19 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   return cli::Parse(app, argc, argv);
 }
 
+// The estimates of the chunks not loaded (kernels/estimate.h), measured for the selectors that
+// load whole chunks; estimated[kind] sums the output error with that estimate.
+constexpr kernels::EstimateKind kEstimates[] = {
+    kernels::EstimateKind::kMean, kernels::EstimateKind::kGaussian,
+    kernels::EstimateKind::kGaussianWindow, kernels::EstimateKind::kGaussianCapped};
+bool Estimates(const std::string& selector) {
+  return selector == "oracle" || selector == "period-exact" || selector == "quest" ||
+         selector == "mean-key";
+}
+
 struct Sums {
   double recall = 0, error = 0, jaccard = 0, loaded = 0;
+  double estimated[5] = {0, 0, 0, 0, 0};  // by EstimateKind
   int layers = 0;
 };
 
@@ -205,9 +217,12 @@ class Measure {
     std::vector<uint32_t> all(n_);
     for (uint32_t j = 0; j < n_; ++j) all[j] = j;
     const auto full_kv = OrDie(kernels::Gather(shape_, record_ptr_, all));
+    kernels::ChunkStats stats = OrDie(kernels::ChunkStats::Of(shape_, record_ptr_, all));
+    stats.RoundTripInt8(shape_.kv_heads, shape_.head_dim);  // as they would be stored
     const Truth truth{mass, OrDie(kernels::ReferenceAttention(shape_, layer.q, window, full_kv)),
                       UnquantisedScores(true, shape_, layer.q, window, layer.k, n_),
-                      UnquantisedScores(false, shape_, layer.q, window, layer.k, n_)};
+                      UnquantisedScores(false, shape_, layer.q, window, layer.k, n_),
+                      std::move(stats)};
     for (double b : f_.budgets) Budget(l, b, layer, in, truth);
   }
 
@@ -216,6 +231,7 @@ class Measure {
     std::vector<float> mass;                 // attention mass per chunk
     std::vector<float> full_out;             // attention output over the full KV
     std::vector<float> quest32, mean32;      // unquantised summaries' scores
+    kernels::ChunkStats stats;               // every chunk's, through 8 bits
   };
 
   // Every selector at budget `b` on layer `l`.
@@ -255,6 +271,21 @@ class Measure {
       s.recall += kernels::AttentionRecall(t.mass, chosen);
       s.error += kernels::RelativeL2Error(out, t.full_out);
       s.jaccard += kernels::Jaccard(chosen, oracle);
+      if (Estimates(name)) {
+        std::vector<uint32_t> rest;
+        std::vector<bool> in(n_, false);
+        for (uint32_t j : chosen) in[j] = true;
+        for (uint32_t j = 0; j < n_; ++j) {
+          if (!in[j]) rest.push_back(j);
+        }
+        const kernels::ChunkStats others =
+            t.stats.Subset(rest, shape_.kv_heads, shape_.head_dim);
+        for (kernels::EstimateKind e : kEstimates) {
+          const auto est = OrDie(
+              kernels::EstimatedAttention(shape_, layer.q, f_.params.window, kv, others, e));
+          s.estimated[static_cast<int>(e)] += kernels::RelativeL2Error(est, t.full_out);
+        }
+      }
       s.loaded += static_cast<double>(chosen.size()) / static_cast<double>(n_);
       s.layers++;
     }
@@ -299,6 +330,26 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
                   s.recall / d, s.error / d, s.jaccard / d, s.loaded / d, (s.recall / d) / oracle);
     }
   }
+  const double entry = double(spec.head_dim + 2) * spec.layers * spec.kv_heads;
+  std::printf("\noutput error with the chunks not loaded estimated (8-bit statistics; per chunk "
+              "the value mean costs %.4f of the KV bytes, the key variance as much again):\n",
+              entry / kv_bytes);
+  std::printf("%-14s %7s %8s", "selector", "budget", "drop");
+  for (kernels::EstimateKind e : kEstimates) {
+    std::printf(" %13s", std::string(kernels::EstimateKindName(e)).c_str());
+  }
+  std::printf("\n");
+  for (const std::string& name : kSelectors) {
+    if (!Estimates(name)) continue;
+    for (double b : f.budgets) {
+      const Sums& s = fid.sums.at({name, b});
+      std::printf("%-14s %6.0f%% %8.3f", name.c_str(), b * 100, s.error / s.layers);
+      for (kernels::EstimateKind e : kEstimates) {
+        std::printf(" %13.3f", s.estimated[static_cast<int>(e)] / s.layers);
+      }
+      std::printf("\n");
+    }
+  }
 }
 
 std::string ResultJson(const Flags& f, uint32_t layers, const Fidelity& fid) {
@@ -318,7 +369,16 @@ std::string ResultJson(const Flags& f, uint32_t layers, const Fidelity& fid) {
       w.BeginObject().Key("selector").String(name).Key("budget").Double(b);
       w.Key("recall").Double(s.recall / d).Key("error").Double(s.error / d);
       w.Key("jaccard").Double(s.jaccard / d).Key("loaded").Double(s.loaded / d);
-      w.Key("recall_vs_oracle").Double((s.recall / d) / oracle).EndObject();
+      w.Key("recall_vs_oracle").Double((s.recall / d) / oracle);
+      if (Estimates(name)) {
+        w.Key("estimated_error").BeginObject();
+        for (kernels::EstimateKind e : kEstimates) {
+          w.Key(std::string(kernels::EstimateKindName(e)))
+              .Double(s.estimated[static_cast<int>(e)] / d);
+        }
+        w.EndObject();
+      }
+      w.EndObject();
     }
   }
   w.EndArray().EndObject();

@@ -29,9 +29,7 @@ std::pair<uint16_t, float> ScaleFor(float max_abs) {
 // [-128, 128], which clamps alike, and within it the rounding is exact (a float's integer part
 // converts exactly; adding and removing 1.5 x 2^23 rounds as nearbyint does). x is never NaN
 // here: the summaries are of clamped keys.
-enum class Round { kDown, kUp, kNearest };
-
-template <Round kRound>
+template <Rounding kRound>
 void QuantiseAll(const float* x, uint32_t n, float scale, int8_t* out) {
   if (scale == 0) {
     std::memset(out, 0, n);
@@ -40,12 +38,12 @@ void QuantiseAll(const float* x, uint32_t n, float scale, int8_t* out) {
   for (uint32_t i = 0; i < n; ++i) {
     const float v = std::min(std::max(x[i] / scale, -128.0f), 128.0f);
     float r;
-    if constexpr (kRound == Round::kNearest) {
+    if constexpr (kRound == Rounding::kNearest) {
       r = (v + 0x1.8p23f) - 0x1.8p23f;
     } else {
       r = static_cast<float>(static_cast<int32_t>(v));  // toward zero
-      if (kRound == Round::kDown && r > v) r -= 1.0f;
-      if (kRound == Round::kUp && r < v) r += 1.0f;
+      if (kRound == Rounding::kDown && r > v) r -= 1.0f;
+      if (kRound == Rounding::kUp && r < v) r += 1.0f;
     }
     out[i] = static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
   }
@@ -133,14 +131,66 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
     std::memcpy(e, scales, 4);
     auto* q_min = reinterpret_cast<int8_t*>(e + 4);
     auto* q_max = q_min + d_n;
-    QuantiseAll<Round::kDown>(h_mn, d_n, min_scale, q_min);
-    QuantiseAll<Round::kUp>(h_mx, d_n, max_scale, q_max);
+    QuantiseAll<Rounding::kDown>(h_mn, d_n, min_scale, q_min);
+    QuantiseAll<Rounding::kUp>(h_mx, d_n, max_scale, q_max);
 
     std::byte* m = mean_part.data() + f.EntryIndex(layer, h) * f.MeanEntryBytes();
     const auto [mean_bits, mean_scale] = ScaleFor(MaxAbs(h_mean, d_n));
     std::memcpy(m, &mean_bits, 2);
     auto* q_mean = reinterpret_cast<int8_t*>(m + 2);
-    QuantiseAll<Round::kNearest>(h_mean, d_n, mean_scale, q_mean);
+    QuantiseAll<Rounding::kNearest>(h_mean, d_n, mean_scale, q_mean);
+  }
+}
+
+void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
+                        std::span<const std::byte> values, std::span<std::byte> estimate_part) {
+  const SummaryFormat f = SummaryFormat::For(spec);
+  const uint32_t d_n = spec.head_dim;
+  const size_t row = size_t{spec.kv_heads} * d_n;
+  const size_t elements = size_t{spec.chunk_tokens} * row;
+  CKV_DCHECK(layer < spec.layers &&
+             keys.size() == size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer() &&
+             values.size() == keys.size());
+  CKV_DCHECK(estimate_part.size() == f.EstimateBytes());
+  thread_local std::vector<float> k, v, key_mean, var, value_mean;
+  k.resize(elements);
+  v.resize(elements);
+  key_mean.assign(row, 0.0f);
+  var.assign(row, 0.0f);
+  value_mean.assign(row, 0.0f);
+  ToFloat(spec.dtype, keys.data(), elements, k.data());
+  ToFloat(spec.dtype, values.data(), elements, v.data());
+  for (float& x : k) x = Clamp(x);
+  for (float& x : v) x = Clamp(x);
+  const float inv_c = 1.0f / static_cast<float>(spec.chunk_tokens);
+  for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
+    for (size_t i = 0; i < row; ++i) {
+      key_mean[i] += k[t * row + i];
+      value_mean[i] += v[t * row + i];
+    }
+  }
+  for (size_t i = 0; i < row; ++i) {
+    key_mean[i] *= inv_c;
+    value_mean[i] *= inv_c;
+  }
+  for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
+    for (size_t i = 0; i < row; ++i) {
+      const float dx = k[t * row + i] - key_mean[i];
+      var[i] += dx * dx;
+    }
+  }
+  for (size_t i = 0; i < row; ++i) var[i] = std::min(var[i] * inv_c, kHalfMax);
+  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
+    const float* h_v = value_mean.data() + size_t{h} * d_n;
+    const float* h_var = var.data() + size_t{h} * d_n;
+    std::byte* e = estimate_part.data() + f.EntryIndex(layer, h) * f.EstimateEntryBytes();
+    const auto [v_bits, v_scale] = ScaleFor(MaxAbs(h_v, d_n));
+    const auto [var_bits, var_scale] = ScaleFor(MaxAbs(h_var, d_n));
+    const uint16_t scales[2] = {v_bits, var_bits};
+    std::memcpy(e, scales, 4);
+    auto* q_v = reinterpret_cast<int8_t*>(e + 4);
+    QuantiseAll<Rounding::kNearest>(h_v, d_n, v_scale, q_v);
+    QuantiseAll<Rounding::kNearest>(h_var, d_n, var_scale, q_v + d_n);
   }
 }
 
@@ -153,6 +203,24 @@ void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* ma
 
 void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean) {
   for (uint32_t d = 0; d < head_dim; ++d) mean[d] = e.mean[d] * e.scale;
+}
+
+void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean, float* key_var) {
+  for (uint32_t d = 0; d < head_dim; ++d) {
+    value_mean[d] = e.value_mean[d] * e.value_scale;
+    key_var[d] = e.key_var[d] * e.var_scale;
+  }
+}
+
+void RoundTripInt8(float* x, uint32_t n, Rounding r) {
+  const float scale = ScaleFor(MaxAbs(x, n)).second;
+  std::vector<int8_t> q(n);
+  switch (r) {
+    case Rounding::kDown: QuantiseAll<Rounding::kDown>(x, n, scale, q.data()); break;
+    case Rounding::kUp: QuantiseAll<Rounding::kUp>(x, n, scale, q.data()); break;
+    case Rounding::kNearest: QuantiseAll<Rounding::kNearest>(x, n, scale, q.data()); break;
+  }
+  for (uint32_t i = 0; i < n; ++i) x[i] = q[i] * scale;
 }
 
 }  // namespace ckv::kernels

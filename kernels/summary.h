@@ -4,13 +4,17 @@
 //
 // For every (chunk, layer, kv head) ckv keeps the channel-wise minimum and maximum of the chunk's
 // c keys (Quest's page summary) and their mean (a ShadowKV-style landmark). They are computed at
-// Put time and stored per chunk as two parts, each its own record on disk (docs/format.md), so a
+// Put time and stored per chunk as parts, each its own record on disk (docs/format.md), so a
 // selector reads only the part it uses:
 //
 //   min/max part: layers * kv_heads entries, entry (l, h) at index l * kv_heads + h, each
 //       fp16 scale_min | fp16 scale_max | int8 min[head_dim] | int8 max[head_dim]
 //   mean part:    layers * kv_heads entries, each
 //       fp16 scale | int8 mean[head_dim]
+//   estimate part (the third, absent from chunks written before it): layers * kv_heads entries,
+//       fp16 value_scale | fp16 var_scale | int8 value_mean[head_dim] | int8 key_var[head_dim]
+//     the tokens' mean value and their keys' variance per channel, which with the mean part's
+//     key mean let a session estimate a chunk it did not load (kernels/estimate.h).
 //
 // A value is its int8 times its scale. Scales are per vector (max |x| / 127, rounded up to an fp16
 // so that every quantised value fits in [-127, 127]). Minima are rounded down and maxima up, so the
@@ -18,8 +22,9 @@
 // nearest. Keys that are not finite are clamped to +-65504 first.
 //
 // Size: at c = 16 and 16-bit KV the min/max part is (2 * head_dim + 4) / (64 * head_dim) of the
-// chunk's KV bytes (1/31.5 at head_dim 128) and the mean part half of that. This layout is format
-// version 1 of the summary records: do not change it without bumping docs/format.md.
+// chunk's KV bytes (1/31.5 at head_dim 128), the mean part half of that and the estimate part as
+// much as the min/max part. This layout is format version 1 of the summary records: do not change
+// it without bumping docs/format.md.
 //
 // Thread-safety: pure functions.
 #ifndef CKV_KERNELS_SUMMARY_H_
@@ -46,8 +51,10 @@ struct SummaryFormat {
   }
   size_t MinMaxEntryBytes() const { return 4 + 2 * size_t{head_dim}; }
   size_t MeanEntryBytes() const { return 2 + size_t{head_dim}; }
+  size_t EstimateEntryBytes() const { return 4 + 2 * size_t{head_dim}; }
   size_t MinMaxBytes() const { return Entries() * MinMaxEntryBytes(); }
   size_t MeanBytes() const { return Entries() * MeanEntryBytes(); }
+  size_t EstimateBytes() const { return Entries() * EstimateEntryBytes(); }
   size_t Entries() const { return size_t{layers} * kv_heads; }
   size_t EntryIndex(uint32_t layer, uint32_t head) const {
     return size_t{layer} * kv_heads + head;
@@ -85,12 +92,38 @@ inline MeanEntry MeanAt(const SummaryFormat& f, const std::byte* mean_part, uint
   return MeanEntry{HalfToFloat(s), reinterpret_cast<const int8_t*>(p + 2)};
 }
 
+// One (layer, kv head) entry of an estimate part, viewed in place: what kernels/estimate.h needs
+// beside the mean part's key mean to stand in for the chunk when it is not loaded.
+struct EstimateEntry {
+  float value_scale = 0;
+  float var_scale = 0;
+  const int8_t* value_mean = nullptr;  // head_dim values: the tokens' mean value
+  const int8_t* key_var = nullptr;     // head_dim values: the keys' variance per channel
+};
+
+inline EstimateEntry EstimateAt(const SummaryFormat& f, const std::byte* estimate_part,
+                                uint32_t layer, uint32_t head) {
+  const std::byte* p = estimate_part + f.EntryIndex(layer, head) * f.EstimateEntryBytes();
+  uint16_t s[2];
+  std::memcpy(s, p, 4);
+  const auto* q = reinterpret_cast<const int8_t*>(p + 4);
+  return EstimateEntry{HalfToFloat(s[0]), HalfToFloat(s[1]), q, q + f.head_dim};
+}
+
 // Writes the entries of `layer` (all kv heads) of one chunk's two summary parts from the chunk's
 // keys at that layer: chunk_tokens * kv_heads * head_dim elements of spec.dtype, [c, kv_heads,
 // head_dim] as in ckv/kv.h. REQUIRES: keys.size() == c * kv_heads * head_dim * element bytes,
 // minmax_part.size() == MinMaxBytes(), mean_part.size() == MeanBytes().
 void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
                          std::span<std::byte> minmax_part, std::span<std::byte> mean_part);
+
+// Writes the entries of `layer` (all kv heads) of one chunk's estimate part from the chunk's keys
+// and values at that layer (each as `keys` above): per entry, the value mean and the keys'
+// population variance per channel, each int8 times an fp16 scale, to nearest (keys and values
+// clamped as for the summaries). REQUIRES: keys.size() == values.size() == c * kv_heads *
+// head_dim * element bytes, estimate_part.size() == EstimateBytes().
+void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
+                        std::span<const std::byte> values, std::span<std::byte> estimate_part);
 
 // Unquantised summaries of one (chunk, layer, kv head) from float keys [tokens, kv_heads,
 // head_dim]: the reference the quantised ones are measured against. Writes head_dim floats to
@@ -101,6 +134,15 @@ void ExactSummary(const float* keys, uint32_t tokens, uint32_t kv_heads, uint32_
 // Decodes an entry into head_dim floats each.
 void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* max);
 void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean);
+void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean, float* key_var);
+
+// How a vector rounds into the 8-bit form: minima down (the box never shrinks), maxima up, the
+// rest to nearest.
+enum class Rounding { kDown, kUp, kNearest };
+
+// Replaces x[0, n) by its 8-bit form decoded: int8 times the fp16 scale SummarizeChunkLayer
+// gives a vector of that max |x|. For measuring what a stored statistic would give.
+void RoundTripInt8(float* x, uint32_t n, Rounding r);
 
 }  // namespace ckv::kernels
 
