@@ -589,7 +589,7 @@ std::string EngineImpl::Metrics() {
   out.Sample("ckv_session_tier_hits_total", {{"tier", "gpu"}}, s.gpu_hits);
   out.Sample("ckv_session_tier_hits_total", {{"tier", "cpu"}}, s.cpu_hits);
   out.Counter("ckv_session_summary_cache_hits_total",
-              "Chunks whose summaries finished sessions found in the CPU tier, since Open.",
+              "Summary parts (per chunk) finished sessions found in the CPU tier, since Open.",
               s.summary_cache_hits);
   out.Counter("ckv_prefetched_used_bytes_total",
               "Prefetched (or speculated) bytes that a view then served, since Open.",

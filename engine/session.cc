@@ -14,6 +14,7 @@
 #include "common/assert.h"
 #include "engine/remote_tier.h"
 #include "engine/summaries.h"
+#include "kernels/estimate.h"
 #include "kernels/selector.h"
 #include "prefetch/planner.h"
 
@@ -41,14 +42,19 @@ absl::StatusOr<Selector> ParseSelector(std::string_view name) {
                                                  "' (period-exact, quest, mean-key, oracle)"));
 }
 
-LayerView::LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins)
-    : layer_(layer), records_(std::move(records)), pins_(std::move(pins)) {}
+LayerView::LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins,
+                     VirtualTokens virtual_tokens)
+    : layer_(layer),
+      records_(std::move(records)),
+      virtual_tokens_(std::move(virtual_tokens)),
+      pins_(std::move(pins)) {}
 LayerView::LayerView(LayerView&&) noexcept = default;
 LayerView& LayerView::operator=(LayerView&&) noexcept = default;
 LayerView::~LayerView() = default;
 void LayerView::Release() {
   pins_.reset();
   records_.clear();
+  virtual_tokens_ = {};
 }
 
 namespace engine {
@@ -147,7 +153,8 @@ class SessionImpl final : public ReprefillSession {
         scores_(spec.layers),
         submitted_(spec.layers, false),
         queryless_(spec.layers, false),
-        failed_(spec.layers) {
+        failed_(spec.layers),
+        virtual_(spec.layers) {
     select_options_.budget_fraction = options.budget_fraction;
     select_options_.sink_chunks = options.sink_chunks;
     select_options_.recent_chunks = options.recent_chunks;
@@ -164,24 +171,46 @@ class SessionImpl final : public ReprefillSession {
 
   // The summaries the selector reads: from the CPU tier where cached there, the rest read from
   // NVMe in a few large reads and then cached (ahead of records: every Re-Prefill of the prefix
-  // reads them).
+  // reads them). With estimate_rest, also the mean and estimate parts of every chunk that has
+  // them.
   absl::Status LoadSummaries() {
-    if (keys_.empty() || !kernels::ReadsSummaries(kind_)) return absl::OkStatus();
-    const SummaryPart part =
-        kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
-    const auto summary_part = static_cast<uint32_t>(part);
+    if (keys_.empty()) return absl::OkStatus();
+    if (kernels::ReadsSummaries(kind_)) {
+      const SummaryPart part =
+          kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
+      CKV_RETURN_IF_ERROR(LoadPart(part, summary_ptrs_));
+    }
+    if (!options_.estimate_rest) return absl::OkStatus();
+    if (kind_ == kernels::SelectorKind::kMeanKey) {
+      mean_ptrs_ = summary_ptrs_;
+    } else {
+      CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kMean, mean_ptrs_));
+    }
+    CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kEstimate, estimate_ptrs_));
+    for (const std::byte* e : estimate_ptrs_) stats_.unestimated_chunks += e == nullptr ? 1 : 0;
+    return absl::OkStatus();
+  }
+
+  // Points ptrs[j] at part `part` of chunk j: the shared tier's verified head, the CPU tier's
+  // summary cache, or a read from NVMe (then cached). Null for a chunk that has no such part (a
+  // local chunk written before kEstimate existed, or kEstimate of a remote chunk).
+  absl::Status LoadPart(SummaryPart part, std::vector<const std::byte*>& ptrs) {
+    const auto part_index = static_cast<uint32_t>(part);
     TierCache* tiers = host_.tiers();
-    summary_ptrs_.assign(keys_.size(), nullptr);
+    ptrs.assign(keys_.size(), nullptr);
     for (size_t j = local_; j < keys_.size(); ++j) {  // from the shared tier's verified heads
       const remote::DecodedChunkHead& head = remote_.heads[j - local_];
-      summary_ptrs_[j] = (part == SummaryPart::kMinMax ? head.minmax : head.mean).data();
+      if (part == SummaryPart::kMinMax) ptrs[j] = head.minmax.data();
+      if (part == SummaryPart::kMean) ptrs[j] = head.mean.data();
     }
+    const uint32_t record = spec_.layers + part_index;
     std::vector<size_t> missing_index;
     for (size_t j = 0; j < local_; ++j) {
+      if (record >= pinned_->chunks()[j].segment->records()) continue;  // not written then
       TierCache::Handle h;
-      if (tiers != nullptr) h = tiers->GetSummaries(keys_[j], summary_part);
+      if (tiers != nullptr) h = tiers->GetSummaries(keys_[j], part_index);
       if (h) {
-        summary_ptrs_[j] = h.data();
+        ptrs[j] = h.data();
         summary_pins_.push_back(std::move(h));
         stats_.summary_cache_hits++;
       } else {
@@ -189,18 +218,67 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     if (missing_index.empty()) return absl::OkStatus();
-    CKV_ASSIGN_OR_RETURN(summaries_, engine::LoadSummaries(host_.store(), spec_, *pinned_,
-                                                           missing_index, part));
-    stats_.summary_bytes_read += summaries_.data.size();
-    stats_.bytes_read += summaries_.data.size();
+    CKV_ASSIGN_OR_RETURN(ChunkSummaries read, engine::LoadSummaries(host_.store(), spec_, *pinned_,
+                                                                    missing_index, part));
+    stats_.summary_bytes_read += read.data.size();
+    stats_.bytes_read += read.data.size();
+    summaries_.push_back(std::make_unique<ChunkSummaries>(std::move(read)));
+    const ChunkSummaries& got = *summaries_.back();
     for (size_t i = 0; i < missing_index.size(); ++i) {
       const size_t j = missing_index[i];
-      summary_ptrs_[j] = summaries_.chunk(i);
+      ptrs[j] = got.chunk(i);
       if (tiers == nullptr) continue;
-      auto cached = tiers->PutSummaries(keys_[j], summary_part,
-                                        std::span(summaries_.chunk(i), summaries_.record_bytes));
+      auto cached =
+          tiers->PutSummaries(keys_[j], part_index, std::span(got.chunk(i), got.record_bytes));
       if (cached.ok() && *cached) summary_pins_.push_back(std::move(*cached));
     }
+    return absl::OkStatus();
+  }
+
+  // With estimate_rest, the virtual tokens of `layer` for `queries` (its window): every chunk
+  // not in `chosen` that has its mean and estimate parts, as kernels::VirtualTokensOf's
+  // Gaussian-window form. On a benchmark's clock, as the selectors' scoring is.
+  absl::Status BuildVirtualTokens(uint32_t layer, std::span<const float> queries,
+                                  std::span<const uint32_t> chosen) {
+    if (!options_.estimate_rest || queries.empty()) return absl::OkStatus();
+    const kernels::KvShape shape = kernels::KvShape::Of(spec_);
+    const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec_);
+    const uint32_t d_n = spec_.head_dim;
+    const size_t per_chunk = size_t{spec_.kv_heads} * d_n;
+    std::vector<bool> loaded(keys_.size(), false);
+    for (uint32_t j : chosen) loaded[j] = true;
+    std::vector<uint32_t> rest;
+    for (uint32_t j = 0; j < keys_.size(); ++j) {
+      if (!loaded[j] && mean_ptrs_[j] != nullptr && estimate_ptrs_[j] != nullptr) rest.push_back(j);
+    }
+    SelectorClock* clock = host_.selector_clock();
+    if (clock != nullptr) clock->Begin();
+    kernels::ChunkStats stats;
+    stats.chunks = static_cast<uint32_t>(rest.size());
+    stats.key_mean.resize(rest.size() * per_chunk);
+    stats.value_mean.resize(rest.size() * per_chunk);
+    stats.key_var.resize(rest.size() * per_chunk);
+    for (size_t n = 0; n < rest.size(); ++n) {
+      for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
+        const size_t at = n * per_chunk + size_t{h} * d_n;
+        kernels::DecodeMean(kernels::MeanAt(f, mean_ptrs_[rest[n]], layer, h), d_n,
+                            stats.key_mean.data() + at);
+        kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[rest[n]], layer, h), d_n,
+                                stats.value_mean.data() + at, stats.key_var.data() + at);
+      }
+    }
+    auto vt = kernels::VirtualTokensOf(shape, queries, options_.window, stats,
+                                       kernels::EstimateKind::kGaussianWindow);
+    if (clock != nullptr) {
+      // Decoding three vectors per chunk and kv head, the window's q^2, and a dot product per
+      // chunk and q head.
+      const double m = static_cast<double>(rest.size());
+      clock->End(3.0 * m * static_cast<double>(per_chunk) +
+                 2.0 * spec_.q_heads * d_n * (static_cast<double>(options_.window) + m));
+    }
+    if (!vt.ok()) return vt.status();
+    vt->chunks = std::move(rest);
+    virtual_[layer] = std::move(*vt);
     return absl::OkStatus();
   }
 
@@ -254,7 +332,8 @@ class SessionImpl final : public ReprefillSession {
     }
     selections_[layer] = selections_[head];
     CancelUnneeded(layer, selections_[layer]);
-    return Request(layer, selections_[layer], prefetch::Priority::kDemand);
+    CKV_RETURN_IF_ERROR(Request(layer, selections_[layer], prefetch::Priority::kDemand));
+    return BuildVirtualTokens(layer, queries, selections_[layer]);
   }
 
   // The head path of SubmitQueries: scores `layer` and requests its selection and prefetches.
@@ -302,7 +381,7 @@ class SessionImpl final : public ReprefillSession {
     selections_[layer] = chosen;
     CancelUnneeded(layer, chosen);
     CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
-    if (!options_.prefetch) return absl::OkStatus();
+    if (!options_.prefetch) return BuildVirtualTokens(layer, queries, chosen);
     const prefetch::PlanOptions plan{.layers = spec_.layers,
                                      .period_layers = p,
                                      .per_layer = per_layer,
@@ -319,7 +398,7 @@ class SessionImpl final : public ReprefillSession {
       if (r.priority == prefetch::Priority::kIntraPeriod) CancelUnneeded(r.layer, chosen);
       CKV_RETURN_IF_ERROR(Request(r.layer, chosen, r.priority));
     }
-    return absl::OkStatus();
+    return BuildVirtualTokens(layer, queries, chosen);
   }
 
   absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {
@@ -363,7 +442,9 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     stats_.layers_served++;
-    return LayerView(layer, std::move(records), std::make_unique<SlotPins>(std::move(slots)));
+    stats_.virtual_tokens_served += virtual_[layer].count;
+    return LayerView(layer, std::move(records), std::make_unique<SlotPins>(std::move(slots)),
+                     std::move(virtual_[layer]));
   }
 
   absl::StatusOr<SessionStats> Finish() override {
@@ -752,9 +833,12 @@ class SessionImpl final : public ReprefillSession {
   prefetch::ReadEngine* const reads_;
   const RemoteHeads remote_;             // the chunks found only in the shared tier
   const std::vector<int32_t> fill_tokens_;  // the prefix Finish has filled locally (FillLater)
-  ChunkSummaries summaries_;                    // those read from NVMe
+  // Summary parts read from NVMe (stable addresses: the pointers below point into them).
+  std::vector<std::unique_ptr<ChunkSummaries>> summaries_;
   std::vector<TierCache::Handle> summary_pins_;  // those in the CPU tier, pinned
-  std::vector<const std::byte*> summary_ptrs_;   // per chunk, wherever it is
+  std::vector<const std::byte*> summary_ptrs_;   // the selector's part, per chunk, wherever it is
+  // With estimate_rest: the mean and estimate parts per chunk (null where a chunk has none).
+  std::vector<const std::byte*> mean_ptrs_, estimate_ptrs_;
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   // Whether Admit holds admissions for Finish: a benchmark's clock is set, and there are tiers.
   // Fixed when the session starts (a benchmark sets its clock before its sessions start).
@@ -771,6 +855,7 @@ class SessionImpl final : public ReprefillSession {
   // Per layer: the error of a period head that failed (scoring or requesting), and of the
   // layers of its period, which have no selection. OK otherwise.
   std::vector<absl::Status> failed_;
+  std::vector<VirtualTokens> virtual_;  // per layer, with estimate_rest, until its view takes them
   bool finished_ = false;
   double idle_at_begin_ = 0;
 

@@ -6,19 +6,32 @@
 
 namespace ckv::engine {
 
+size_t SummaryPartBytes(const kernels::SummaryFormat& f, SummaryPart part) {
+  switch (part) {
+    case SummaryPart::kMinMax: return f.MinMaxBytes();
+    case SummaryPart::kMean: return f.MeanBytes();
+    case SummaryPart::kEstimate: return f.EstimateBytes();
+  }
+  return 0;
+}
+
 storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
   const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
   storage::AuxRecords aux;
-  aux.record_bytes = {static_cast<uint32_t>(f.MinMaxBytes()), static_cast<uint32_t>(f.MeanBytes())};
-  const size_t chunk_key_bytes = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
-  aux.fill = [spec, &kv, chunk_key_bytes](size_t chunk, std::span<const std::span<std::byte>> out) {
+  aux.record_bytes = {static_cast<uint32_t>(f.MinMaxBytes()), static_cast<uint32_t>(f.MeanBytes()),
+                      static_cast<uint32_t>(f.EstimateBytes())};
+  const size_t chunk_bytes = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
+  aux.fill = [spec, &kv, chunk_bytes](size_t chunk, std::span<const std::span<std::byte>> out) {
     // The store hands one buffer per summary part, in SummaryPart order (record_bytes above).
-    CKV_DCHECK(out.size() == 2);
+    CKV_DCHECK(out.size() == 3);
     for (uint32_t layer = 0; layer < spec.layers; ++layer) {
-      kernels::SummarizeChunkLayer(spec, layer,
-                                   kv.k[layer].subspan(chunk * chunk_key_bytes, chunk_key_bytes),
+      const auto keys = kv.k[layer].subspan(chunk * chunk_bytes, chunk_bytes);
+      kernels::SummarizeChunkLayer(spec, layer, keys,
                                    out[static_cast<size_t>(SummaryPart::kMinMax)],
                                    out[static_cast<size_t>(SummaryPart::kMean)]);
+      kernels::EstimateChunkLayer(spec, layer, keys,
+                                  kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
+                                  out[static_cast<size_t>(SummaryPart::kEstimate)]);
     }
   };
   return aux;
@@ -36,7 +49,7 @@ ChunkSummaries EmptySummaries(const ModelSpec& spec, size_t chunks, SummaryPart 
   ChunkSummaries s;
   s.format = kernels::SummaryFormat::For(spec);
   s.part = part;
-  s.record_bytes = part == SummaryPart::kMinMax ? s.format.MinMaxBytes() : s.format.MeanBytes();
+  s.record_bytes = SummaryPartBytes(s.format, part);
   s.data.resize(chunks * s.record_bytes);
   return s;
 }

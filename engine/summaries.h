@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // engine/summaries.h: the key summaries of chunks, written at Put time and read by selectors.
 //
-// Every chunk an Engine stores gets two auxiliary records besides its layers' records (see
+// Every chunk an Engine stores gets three auxiliary records besides its layers' records (see
 // kernels/summary.h for their contents and storage/segment.h for their place on disk): the
-// min/max part, which `quest` reads, and the mean part, which `mean-key` reads. They are computed
-// from the Put's keys on a second thread while the data is written, and checksummed like records.
+// min/max part, which `quest` reads, the mean part, which `mean-key` reads, and the estimate part,
+// which a session with ReprefillOptions::estimate_rest reads with the mean part. They are
+// computed from the Put's keys (and, for the estimate part, values) on a second thread while the
+// data is written, and checksummed like records. Chunks stored before the estimate part existed
+// have the first two only.
 //
 // Thread-safety: pure functions; LoadSummaries is as thread-safe as ChunkStore.
 #ifndef CKV_ENGINE_SUMMARIES_H_
@@ -27,7 +30,11 @@ namespace ckv::engine {
 enum class SummaryPart : uint32_t {
   kMinMax = 0,
   kMean = 1,
+  kEstimate = 2,
 };
+
+// Bytes of one chunk's part `part` under format `f`.
+size_t SummaryPartBytes(const kernels::SummaryFormat& f, SummaryPart part);
 
 // The auxiliary records a Put of `kv` (the Put's whole prefix) under `spec` stores per chunk.
 // The returned object refers to `kv`: it must not outlive it.

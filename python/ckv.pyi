@@ -105,6 +105,9 @@ class LayerView:
     def layer(self) -> int: ...
     @property
     def records(self) -> list[LayerRecord]: ...
+    @property
+    def virtual_tokens(self) -> Optional[dict[str, Any]]:
+        """With estimate_rest: chunks [n], keys/values [n, kv_heads, head_dim], bias [n, q_heads]."""
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[LayerRecord]: ...
     def __getitem__(self, i: int) -> LayerRecord: ...
@@ -169,7 +172,8 @@ class Engine:
     def begin_reprefill(self, spec: ModelSpec, tokens: Tokens, *, selector: str = "period-exact",
                         budget_fraction: float = 0.1, window: int = 32, period_layers: int = 8,
                         period_selection: bool = False, sink_chunks: int = 1,
-                        recent_chunks: int = 1, prefetch: bool = True) -> ReprefillSession:
+                        recent_chunks: int = 1, prefetch: bool = True,
+                        estimate_rest: bool = False) -> ReprefillSession:
         """Starts a Re-Prefill of the stored leading chunks of tokens."""
     def stats(self) -> dict[str, Union[int, float, bool]]:
         """EngineStats as a dict."""

@@ -365,6 +365,7 @@ py::dict SessionStatsDict(const ckv::SessionStats& s) {
   CKV_FIELD(nvme_records); CKV_FIELD(prefetched_bytes_used); CKV_FIELD(prefetched_bytes_wasted);
   CKV_FIELD(await_blocked_seconds); CKV_FIELD(device_idle_seconds);
   CKV_FIELD(remote_chunks); CKV_FIELD(remote_records); CKV_FIELD(remote_bytes_read);
+  CKV_FIELD(unestimated_chunks); CKV_FIELD(virtual_tokens_served);
 #undef CKV_FIELD
   d["read_amplification"] = s.read_amplification();
   return d;
@@ -471,7 +472,30 @@ struct PyRecord {
 struct PyLayer {
   uint32_t layer = 0;
   std::vector<PyRecord> records;
+  py::object virtual_tokens;  // a dict of numpy arrays, or None
 };
+
+// A view's virtual tokens (ckv/virtual_tokens.h) as numpy arrays of their own (copies: a few
+// floats per chunk not loaded), or None when the view has none.
+py::object VirtualTokensDict(const ckv::ModelSpec& spec, const ckv::VirtualTokens& vt) {
+  if (vt.count == 0) return py::none();
+  const auto n = static_cast<py::ssize_t>(vt.count);
+  const auto kv = static_cast<py::ssize_t>(spec.kv_heads);
+  const auto d = static_cast<py::ssize_t>(spec.head_dim);
+  py::array_t<uint32_t> chunks(n);
+  std::copy(vt.chunks.begin(), vt.chunks.end(), chunks.mutable_data());
+  py::array_t<float> keys({n, kv, d}), values({n, kv, d});
+  py::array_t<float> bias({n, static_cast<py::ssize_t>(spec.q_heads)});
+  std::copy(vt.keys.begin(), vt.keys.end(), keys.mutable_data());
+  std::copy(vt.values.begin(), vt.values.end(), values.mutable_data());
+  std::copy(vt.bias.begin(), vt.bias.end(), bias.mutable_data());
+  py::dict out;
+  out["chunks"] = chunks;
+  out["keys"] = keys;
+  out["values"] = values;
+  out["bias"] = bias;
+  return out;
+}
 
 const char* TierName(ckv::LayerView::Tier tier) {
   switch (tier) {
@@ -624,6 +648,12 @@ PYBIND11_MODULE(ckv, m) {
                       "while this view or any of its arrays is alive.")
       .def_readonly("layer", &PyLayer::layer, "The layer.")
       .def_readonly("records", &PyLayer::records, "The selected chunks, in prefix order.")
+      .def_readonly("virtual_tokens", &PyLayer::virtual_tokens,
+                    "With estimate_rest: the matched chunks not loaded, as virtual tokens for "
+                    "the layer's attention (ckv/virtual_tokens.h): a dict of numpy arrays, "
+                    "chunks uint32 [n], keys and values float32 [n, kv_heads, head_dim], bias "
+                    "float32 [n, q_heads] (q head g's logit for token j is q . keys[j, g // "
+                    "(q_heads // kv_heads)] / sqrt(head_dim) + bias[j, g]). None otherwise.")
       .def("__len__", [](const PyLayer& l) { return l.records.size(); })
       .def(
           "__iter__",
@@ -695,6 +725,7 @@ PYBIND11_MODULE(ckv, m) {
             holder->view = Take(std::move(view));
             PyLayer out;
             out.layer = holder->view.layer();
+            out.virtual_tokens = VirtualTokensDict(s->spec, holder->view.virtual_tokens());
             // Records in the GPU tier's device memory cannot be numpy arrays: they are copied to
             // host arrays of their own (the only copy await_layer makes).
             std::vector<py::object> host_copies(holder->view.records().size());  // null: a view
@@ -1000,7 +1031,7 @@ PYBIND11_MODULE(ckv, m) {
           [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens,
              const std::string& selector, double budget_fraction, uint32_t window,
              uint32_t period_layers, bool period_selection, uint32_t sink_chunks,
-             uint32_t recent_chunks, bool prefetch) {
+             uint32_t recent_chunks, bool prefetch, bool estimate_rest) {
             auto engine = e.Get();
             ckv::ReprefillOptions options;
             options.selector = Take(ckv::ParseSelector(selector));
@@ -1011,6 +1042,7 @@ PYBIND11_MODULE(ckv, m) {
             options.sink_chunks = sink_chunks;
             options.recent_chunks = recent_chunks;
             options.prefetch = prefetch;
+            options.estimate_rest = estimate_rest;
             py::array_t<int32_t> t = Tokens(tokens);
             absl::StatusOr<std::unique_ptr<ckv::ReprefillSession>> session;
             {
@@ -1031,6 +1063,7 @@ PYBIND11_MODULE(ckv, m) {
           py::arg("budget_fraction") = 0.1, py::arg("window") = 32, py::arg("period_layers") = 8,
           py::arg("period_selection") = false, py::arg("sink_chunks") = 1,
           py::arg("recent_chunks") = 1, py::arg("prefetch") = true,
+          py::arg("estimate_rest") = false,
           "Starts a Re-Prefill of the stored leading chunks of `tokens`. selector: "
           "'period-exact', 'quest', 'mean-key' or 'oracle'; the options are ReprefillOptions'.")
       .def(

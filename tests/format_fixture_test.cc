@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ckv/engine.h"
@@ -226,6 +227,47 @@ TEST_F(FormatFixtureTest, EveryCatalogRecordDecodesAndReencodesToTheSameBytes) {
   });
   EXPECT_EQ(values, kFixtureChunks + 2 + 1 + 1 + 5);  // chunks, prefixes, segment, counters, meta
   for (auto* h : handles) db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+}
+
+
+// The fixture's chunks predate the estimate part (their segment has two auxiliary records): a
+// session that asks for estimates serves them as before, dropping what it does not load and
+// counting them; chunks stored now, in a new segment with the part, are estimated beside them.
+TEST_F(FormatFixtureTest, ChunksStoredBeforeTheEstimatePartAreDroppedAndNewOnesEstimated) {
+  const ModelSpec spec = FixtureSpec();
+  EngineOptions options;
+  options.create_if_missing = false;
+  options.logger = NullLogger();
+  auto engine = Engine::Open(options, store_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // Five chunks: the two A and B share (stored then), three stored now.
+  const std::vector<int32_t> c = synth::TokensWithSharedPrefix(11, 32, 23, 80);
+  auto put = ::ckv::testing::PutSynthetic(**engine, spec, c);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ((*engine)->Stats().segments, 2u) << "the new chunks need a segment with the part";
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.2;  // the sink and the recent chunk: 0 and 4
+  o.window = 2;
+  o.estimate_rest = true;
+  const std::vector<float> queries(size_t{o.window} * spec.q_heads * spec.head_dim, 0.5f);
+  for (const auto& [prompt, want_virtual, want_unestimated] :
+       {std::tuple{c, std::vector<uint32_t>{2, 3}, 2u},
+        std::tuple{PrefixA(), std::vector<uint32_t>{}, 4u}}) {
+    auto session = (*engine)->BeginReprefill(spec, prompt, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      ASSERT_TRUE((*session)->SubmitQueries(l, queries).ok());
+      auto view = (*session)->AwaitLayer(l);
+      ASSERT_TRUE(view.ok()) << view.status();
+      EXPECT_EQ(view->records().size(), 2u);
+      EXPECT_EQ(view->virtual_tokens().chunks, want_virtual) << "layer " << l;
+      EXPECT_EQ(view->virtual_tokens().count, want_virtual.size());
+    }
+    auto stats = (*session)->Finish();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->unestimated_chunks, want_unestimated);
+  }
 }
 
 }  // namespace

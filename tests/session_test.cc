@@ -3,12 +3,15 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <numeric>
 #include <fstream>
 #include <thread>
 
 #include "ckv/engine.h"
 #include "engine/internal.h"
 #include "kernels/attention.h"
+#include "kernels/estimate.h"
+#include "kernels/fidelity.h"
 #include "kernels/half.h"
 #include "kernels/selector.h"
 #include "kernels/summary.h"
@@ -843,6 +846,108 @@ TEST(SessionLifeTest, ResetUsageZeroesImportanceAndLoadsDurably) {
     EXPECT_EQ(c.loads, 0u);
   }
 }
+
+namespace estimate {
+
+// The largest |a - b| over two float vectors of one size, scaled by the largest |b|.
+double RelativeMaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max<double>(diff, std::fabs(a[i] - b[i]));
+    scale = std::max<double>(scale, std::fabs(b[i]));
+  }
+  return diff / scale;
+}
+
+TEST(SessionEstimateTest, TheChunksNotLoadedComeAsVirtualTokensAndLowerTheError) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kMeanKey;
+  o.period_selection = true;
+  o.budget_fraction = 0.25;
+  o.estimate_rest = true;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const kernels::KvShape shape = kernels::KvShape::Of(d.spec);
+  const kernels::SummaryFormat f = kernels::SummaryFormat::For(d.spec);
+  std::vector<uint32_t> all(d.chunks());
+  std::iota(all.begin(), all.end(), 0u);
+  double with = 0, without = 0;
+  uint64_t served = 0;
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    const std::vector<float>& q = d.layers[l].q;
+    ASSERT_TRUE((*session)->SubmitQueries(l, q).ok());
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    std::vector<uint32_t> loaded, rest;
+    for (const auto& r : view->records()) loaded.push_back(r.chunk);
+    for (uint32_t j : all) {
+      if (!std::binary_search(loaded.begin(), loaded.end(), j)) rest.push_back(j);
+    }
+    const VirtualTokens& vt = view->virtual_tokens();
+    ASSERT_EQ(vt.chunks, rest) << "layer " << l << ": every chunk not loaded, in order";
+    ASSERT_EQ(vt.count, rest.size());
+    served += vt.count;
+    // What the kernels make of the exact statistics rounded as they are stored.
+    std::vector<const std::byte*> ptr;
+    for (uint32_t j : all) ptr.push_back(d.Record(l, j));
+    auto stats = kernels::ChunkStats::Of(shape, ptr, rest);
+    ASSERT_TRUE(stats.ok());
+    stats->RoundTripInt8(shape.kv_heads, shape.head_dim);
+    auto want = kernels::VirtualTokensOf(shape, q, o.window, *stats,
+                                         kernels::EstimateKind::kGaussianWindow);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_LT(RelativeMaxDiff(vt.keys, want->keys), 1e-5) << "layer " << l;
+    EXPECT_LT(RelativeMaxDiff(vt.values, want->values), 1e-5) << "layer " << l;
+    EXPECT_LT(RelativeMaxDiff(vt.bias, want->bias), 1e-4) << "layer " << l;
+    // Attention with them is closer to the attention over everything than without.
+    auto full = kernels::ReferenceAttention(shape, q, o.window, *kernels::Gather(shape, ptr, all));
+    auto kv = kernels::Gather(shape, ptr, loaded);
+    ASSERT_TRUE(full.ok() && kv.ok());
+    without += kernels::RelativeL2Error(*kernels::ReferenceAttention(shape, q, o.window, *kv),
+                                        *full);
+    with += kernels::RelativeL2Error(
+        *kernels::AttentionWithVirtualTokens(shape, q, o.window, *kv, vt), *full);
+  }
+  auto stats = (*session)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->virtual_tokens_served, served);
+  EXPECT_EQ(stats->unestimated_chunks, 0u);
+  // The selector's mean part serves the estimate too: read once, with the estimate part.
+  EXPECT_EQ(stats->summary_bytes_read, d.chunks() * (f.MeanBytes() + f.EstimateBytes()));
+  EXPECT_LT(with, 0.9 * without) << "mean error " << with / d.spec.layers << " against "
+                                 << without / d.spec.layers << " dropped";
+}
+
+TEST(SessionEstimateTest, WithoutTheOptionViewsCarryNoVirtualTokensAndReadNoEstimate) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kQuest;
+  o.budget_fraction = 0.25;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->virtual_tokens().count, 0u);
+    EXPECT_TRUE(view->virtual_tokens().keys.empty());
+  }
+  auto stats = (*session)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->virtual_tokens_served, 0u);
+  EXPECT_EQ(stats->summary_bytes_read,
+            d.chunks() * kernels::SummaryFormat::For(d.spec).MinMaxBytes());
+}
+
+}  // namespace estimate
 
 }  // namespace
 }  // namespace ckv

@@ -253,7 +253,9 @@ TEST(SummaryStoreErrorsTest, BadRequestsAreClearErrors) {
   const ChunkKey absent = ChainChunkKey(ChunkKey{}, spec.Fingerprint(), synth::Tokens(99, 16));
   auto gone = LoadSummaries(*store, spec, std::vector<ChunkKey>{absent}, SummaryPart::kMean);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
-  EXPECT_EQ(store->ReadAux(spec, keys, 2, small).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->ReadAux(spec, keys, 2, small).code(), absl::StatusCode::kInvalidArgument)
+      << "the estimate part exists, and is larger than 10 bytes";
+  EXPECT_EQ(store->ReadAux(spec, keys, 3, small).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "ckv/status.h"
+#include "kernels/estimate.h"
 #include "kernels/fidelity.h"
 #include "tools/synthetic_attention.h"
 
@@ -24,7 +25,8 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
 absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
     const Request& r, const std::vector<std::vector<float>>& queries,
     const std::vector<std::vector<uint32_t>>& loaded,
-    const std::vector<std::vector<uint32_t>>& attended) {
+    const std::vector<std::vector<uint32_t>>& attended,
+    const std::vector<VirtualTokens>& virtual_tokens) {
   const ModelSpec& spec = w_.spec();
   const kernels::KvShape shape = kernels::KvShape::Of(spec);
   const uint32_t c = spec.chunk_tokens;
@@ -76,7 +78,13 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
     }
     rs += got;
     rl += got_loaded;
-    CKV_ASSIGN_OR_RETURN(auto out, kernels::ReferenceAttention(shape, queries[l], window, kv));
+    std::vector<float> out;
+    if (l < virtual_tokens.size() && virtual_tokens[l].count > 0) {
+      CKV_ASSIGN_OR_RETURN(out, kernels::AttentionWithVirtualTokens(shape, queries[l], window, kv,
+                                                                    virtual_tokens[l]));
+    } else {
+      CKV_ASSIGN_OR_RETURN(out, kernels::ReferenceAttention(shape, queries[l], window, kv));
+    }
     const double e = kernels::RelativeL2Error(out, it->second.output);
     q.layer_error.push_back(e);
     es += e;
@@ -96,7 +104,8 @@ absl::Status Fidelity::MeasureRow(const std::vector<Request>& measured,
     if (limit > 0 && q >= limit) break;
     const Request& req = measured[q];
     const RequestResult& res = results[q];
-    CKV_ASSIGN_OR_RETURN(Quality got, Measure(req, w_.Queries(req), res.loaded, res.attended));
+    CKV_ASSIGN_OR_RETURN(Quality got, Measure(req, w_.Queries(req), res.loaded, res.attended,
+                                              res.virtual_tokens));
     rs += got.recall;
     rl += got.recall_loaded;
     errors.push_back(got.error);

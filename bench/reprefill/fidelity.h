@@ -6,7 +6,8 @@
 // tokens the system attends to: every token of its loaded chunks for a chunk-level system, only
 // its selected tokens for a token-level one (the rest of the blocks it had to read are not
 // attended, as in the originals). The output error is the relative L2 error of the attention
-// output over those tokens. Both are averaged over the layers.
+// output over those tokens (and over the virtual tokens of a system that estimates the chunks it
+// did not load). Both are averaged over the layers.
 //
 // Thread-safety: none (one caller).
 #ifndef CKV_BENCH_REPREFILL_FIDELITY_H_
@@ -41,9 +42,12 @@ class Fidelity {
   // `loaded[l]`: chunks loaded at layer l; `attended[l]`: the tokens attended to, sorted, or
   // empty for every token of loaded[l]. recall counts the attended tokens, recall_loaded every
   // token of the loaded chunks (what a token-level system would get if it used all it read).
+  // `virtual_tokens[l]` (empty, or one per layer): the chunks not loaded that the system's
+  // attention also took, as virtual tokens (ckv/virtual_tokens.h); recall does not count them.
   absl::StatusOr<Quality> Measure(const Request& r, const std::vector<std::vector<float>>& queries,
                                   const std::vector<std::vector<uint32_t>>& loaded,
-                                  const std::vector<std::vector<uint32_t>>& attended);
+                                  const std::vector<std::vector<uint32_t>>& attended,
+                                  const std::vector<VirtualTokens>& virtual_tokens = {});
 
   // Recall and output error of `measured` (whose results `results` holds, in the same order;
   // every one, or the first `limit` when it is not 0) into `row`: the means over requests, the

@@ -12,8 +12,9 @@ namespace ckv::bench {
 namespace {
 
 constexpr const char* kSystemsHelp =
-    "Systems: full, h2o, impress, ckv-paper, ckv, or a ckv variant\n"
-    "  ckv:<selector>:<layer-major|period-major>[:<period>][:noprefetch]\n"
+    "Systems: full, h2o, impress, ckv-paper, ckv, ckv-est (ckv with the chunks not loaded\n"
+    "  estimated), or a ckv variant\n"
+    "  ckv:<selector>:<layer-major|period-major>[:<period>][:noprefetch][:estimate]\n"
     "  (selector: period-exact, quest, mean-key, oracle; period > 1 shares a selection\n"
     "  over a period only for period-exact).\n"
     "recompute (the modelled prefill of the whole prefix, no cache) is always reported.";

@@ -65,6 +65,8 @@ class CkvRunner final : public SystemRunner {
     o.period_selection = sys.period_selection;
     o.window = ctx_.w->flags().window;
     o.prefetch = sys.prefetch;
+    o.estimate_rest = sys.estimate;
+    if (sys.estimate && ctx_.w->flags().fidelity) out.virtual_tokens.resize(spec.layers);
     const absl::Time start = absl::Now();
     CKV_ASSIGN_OR_RETURN(auto session, ctx_.engine->BeginReprefill(spec, ctx_.w->Prefix(r), o));
     // What the GPU scores from crosses PCIe too, at each scored layer: the head layer's keys
@@ -79,16 +81,25 @@ class CkvRunner final : public SystemRunner {
       case Selector::kQuest: scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes(); break;
       case Selector::kMeanKey: scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes(); break;
     }
+    // The estimate's inputs cross at every layer: each chunk's estimate entries, and its mean
+    // entries where the selector did not send them.
+    const uint64_t estimate_bytes = sys.estimate ? n * spec.kv_heads * sf.EstimateEntryBytes() : 0;
+    const uint64_t estimate_mean_bytes = sys.estimate ? n * spec.kv_heads * sf.MeanEntryBytes() : 0;
     for (uint32_t l = 0; l < spec.layers; ++l) {
       CKV_RETURN_IF_ERROR(session->SubmitQueries(l, queries[l]));
       CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(l));
       uint64_t crossing = 0;
-      if (!by_period || l % sys.period == 0) crossing += scoring_bytes;
+      const bool scored = !by_period || l % sys.period == 0;
+      if (scored) crossing += scoring_bytes;
+      crossing += estimate_bytes;
+      if (!(scored && sys.selector == Selector::kMeanKey)) crossing += estimate_mean_bytes;
       for (const auto& rec : view.records()) {
         out.loaded[l].push_back(rec.chunk);
         if (rec.found_in != LayerView::Tier::kGpu) crossing += spec.RecordBytes();
       }
-      const size_t context = view.records().size() * spec.chunk_tokens;
+      const size_t context = view.records().size() * spec.chunk_tokens +
+                             view.virtual_tokens().count;
+      if (!out.virtual_tokens.empty()) out.virtual_tokens[l] = view.virtual_tokens();
       view.Release();
       out.h2d_bytes += crossing;
       ctx_.gpu->Compute(ctx_.LayerSeconds(context), ctx_.gpu->Transfer(crossing));

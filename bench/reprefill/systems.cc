@@ -25,13 +25,17 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
     s.layout = RecordLayout::kLayerMajor;
     return s;
   }
-  // ckv, our best configuration (docs/baselines.md, "Choosing ckv").
-  std::string spec = name == "ckv" ? std::string(kBestCkv) : name;
+  // ckv, our best configuration (docs/baselines.md, "Choosing ckv"); ckv-est, the same with the
+  // chunks not loaded estimated.
+  std::string spec = name == "ckv"       ? std::string(kBestCkv)
+                     : name == "ckv-est" ? absl::StrCat(kBestCkv, ":estimate")
+                                         : name;
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   if (parts.size() < 3 || parts[0] != "ckv") {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown system '", name,
-        "' (full, h2o, impress, ckv-paper, ckv, ckv:<selector>:<layout>[:<period>][:noprefetch])"));
+        "' (full, h2o, impress, ckv-paper, ckv, ckv-est, "
+        "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate])"));
   }
   CKV_ASSIGN_OR_RETURN(s.selector, ParseSelector(parts[1]));
   if (parts[2] == "layer-major") s.layout = RecordLayout::kLayerMajor;
@@ -39,6 +43,7 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
   else return absl::InvalidArgumentError(absl::StrCat("system ", name, ": unknown layout ", parts[2]));
   for (size_t i = 3; i < parts.size(); ++i) {
     if (parts[i] == "noprefetch") s.prefetch = false;
+    else if (parts[i] == "estimate") s.estimate = true;
     else if (!absl::SimpleAtoi(parts[i], &s.period) || s.period < 1) {
       return absl::InvalidArgumentError(absl::StrCat("system ", name, ": bad part ", parts[i]));
     } else {
@@ -66,7 +71,8 @@ std::string System::Config(const Flags& f) const {
                       selector == Selector::kPeriodExact || period_selection
                           ? absl::StrCat(", one selection per ", period, " layers")
                           : ", every layer scored",
-                      prefetch ? ", prefetch" : ", no prefetch", ", S=IxF tiers");
+                      prefetch ? ", prefetch" : ", no prefetch",
+                      estimate ? ", the rest estimated" : "", ", S=IxF tiers");
 }
 
 double RunContext::LayerSeconds(size_t context_tokens) const {

@@ -50,6 +50,8 @@ struct System {
   uint32_t period = 8;
   bool period_selection = false;  // quest / mean-key scored at period heads only
   bool prefetch = true;
+  // The chunks not loaded stand in as virtual tokens (ReprefillOptions::estimate_rest).
+  bool estimate = false;
   // What the table and the JSON say the system does.
   std::string Config(const Flags& f) const;
 };
@@ -73,6 +75,8 @@ struct RequestResult {
   // the tokens its attention used, sorted; empty for a layer when it attends to every token of
   // its loaded chunks (chunk-level systems). Recall and output error count these only.
   std::vector<std::vector<uint32_t>> attended;
+  // Per layer, with an estimate and --fidelity: the virtual tokens its attention also used.
+  std::vector<VirtualTokens> virtual_tokens;
 };
 
 // The baselines' tiers and history across the requests of one run: a TierManager with the

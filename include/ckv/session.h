@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckv/chunk_key.h"
+#include "ckv/virtual_tokens.h"
 
 namespace ckv {
 
@@ -83,6 +84,15 @@ struct ReprefillOptions {
   // Prefetch the rest of a period, and speculate on the next one. Off: every read is a demand
   // read issued by SubmitQueries. Default: on.
   bool prefetch = true;
+  // Hand each view the chunks it did not load as virtual tokens (LayerView::virtual_tokens(),
+  // ckv/virtual_tokens.h) for the caller's attention to take beside the loaded records, instead
+  // of dropping them. They are estimated from each chunk's key means (its summaries' mean part)
+  // and its estimate part (value means and key variances), both stored at Put and read once per
+  // session for every matched chunk: at head dim 128, 1.6% and 3.2% of the chunks' KV bytes,
+  // counted in summary_bytes_read. Chunks with no estimate part (stored by a ckv that did not
+  // write it, or served from the shared tier) are dropped as without this option, and counted in
+  // SessionStats::unestimated_chunks. Default: off.
+  bool estimate_rest = false;
 };
 
 // What AwaitLayer returns: the selected chunks of one layer, pinned where they are until the view
@@ -114,6 +124,10 @@ class LayerView {
   uint32_t layer() const { return layer_; }
   // The selected chunks, in prefix order.
   const std::vector<Record>& records() const { return records_; }
+  // With ReprefillOptions::estimate_rest, the matched chunks not in records() that have an
+  // estimate, as virtual tokens (host memory, float32) for the layer's attention; empty
+  // otherwise.
+  const VirtualTokens& virtual_tokens() const { return virtual_tokens_; }
   // Unpins now (the destructor does it otherwise).
   void Release();
 
@@ -122,11 +136,13 @@ class LayerView {
    public:
     virtual ~Pins() = default;
   };
-  LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins);
+  LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins,
+            VirtualTokens virtual_tokens = {});
 
  private:
   uint32_t layer_ = 0;
   std::vector<Record> records_;
+  VirtualTokens virtual_tokens_;
   std::unique_ptr<Pins> pins_;
 };
 
@@ -146,7 +162,11 @@ struct SessionStats {
   uint64_t remote_records = 0;
   uint64_t remote_bytes_read = 0;
   uint64_t summary_bytes_read = 0; // of which summaries
-  uint64_t summary_cache_hits = 0; // chunks whose summaries came from the CPU tier
+  uint64_t summary_cache_hits = 0; // summary parts (per chunk) that came from the CPU tier
+  // With estimate_rest: matched chunks that have no estimate (see ReprefillOptions), and the
+  // virtual tokens the views carried.
+  uint64_t unestimated_chunks = 0;
+  uint64_t virtual_tokens_served = 0;
   // Hits: records found in the GPU / CPU tier when the session looked them up. A record read
   // from NVMe counts in nvme_records, even when it was then admitted to a tier and is served
   // from there (LayerView::Record::tier says where each record is).

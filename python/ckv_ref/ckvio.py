@@ -80,13 +80,15 @@ class Reprefilled:
 def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, tokens, *,
               selector: str = "period-exact", budget: float = 1.0, window: int = 32,
               period_layers: int = 2, period_selection: bool = False, with_queries: bool = True,
-              keep_probs: bool = False) -> Reprefilled:
+              keep_probs: bool = False, estimate: bool = False) -> Reprefilled:
     """The first token of `tokens` from a ckv Re-Prefill of its stored leading chunks.
 
     The session is begun on tokens[:-1], so at least the last token is computed (as a serving
     system recomputes the last token of a prompt it holds whole). The window is the last
     min(window, new tokens) queries. with_queries=False (budget 1 only) submits none: every
-    matched chunk is served, as a connector with no queries would get them.
+    matched chunk is served, as a connector with no queries would get them. estimate=True asks
+    the session for the chunks it did not load as virtual tokens (docs/estimate.md), which the
+    attention takes beside the loaded tokens, each with its logit bias.
     """
     tokens = as_tokens(tokens)
     if len(tokens) < 1:
@@ -100,7 +102,7 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     w = max(1, min(window, len(tokens) - matched * c))
     session = engine.begin_reprefill(spec, tokens[:-1], selector=selector, budget_fraction=budget,
                                      window=w, period_layers=period_layers,
-                                     period_selection=period_selection)
+                                     period_selection=period_selection, estimate_rest=estimate)
     try:
         matched = session.matched_chunks
         start = matched * c
@@ -128,8 +130,19 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
                 p_all = torch.cat([p_sel, pos])
             else:
                 k_all, v_all, p_all = k, v, pos
+            bias = None
+            vt = view.virtual_tokens
+            if vt is not None:
+                # In the prefix, before every new token (position 0 is visible to all of them),
+                # each with its bias; the real tokens get none.
+                m = len(vt["chunks"])
+                k_all = torch.cat([torch.from_numpy(vt["keys"]), k_all])
+                v_all = torch.cat([torch.from_numpy(vt["values"]), v_all])
+                p_all = torch.cat([torch.zeros(m, dtype=p_all.dtype), p_all])
+                bias = torch.cat([torch.from_numpy(vt["bias"]).T,
+                                  torch.zeros(q.shape[1], k_all.shape[0] - m)], dim=1)
             del view  # unpins its records: the tensors above are copies
-            out, p = attend(q, k_all, v_all, pos, p_all, return_probs=True)
+            out, p = attend(q, k_all, v_all, pos, p_all, return_probs=True, bias=bias)
             selections.append(chunks)
             probs.append(p if keep_probs else None)
             h = layer.finish(h, out)

@@ -59,6 +59,7 @@ DEFAULT_WEIGHTS = os.path.join(os.path.dirname(__file__), "weights", "tiny.npz")
 CKV_SYSTEMS = {
     "ckv-paper": dict(selector="period-exact", period_selection=False),
     "ckv": dict(selector="mean-key", period_selection=True),
+    "ckv-est": dict(selector="mean-key", period_selection=True, estimate=True),
     "quest": dict(selector="quest", period_selection=False),
     "oracle": dict(selector="oracle", period_selection=False),
 }

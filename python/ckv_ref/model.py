@@ -78,17 +78,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
            k_pos: torch.Tensor, return_probs: bool = False,
-           visible: Optional[torch.Tensor] = None):
+           visible: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None):
     """Causal GQA attention of queries over keys at arbitrary positions.
 
     q [n, q_heads, d]; k, v [m, kv_heads, d]; q_pos [n], k_pos [m] (token positions: a query sees
     the keys at positions <= its own); visible [q_heads, m], when given, hides the keys a head
-    may not see. Returns out [n, q_heads, d] (and the probabilities [q_heads, n, m] when asked).
+    may not see; bias [q_heads, m], when given, is added to the logits (ckv's virtual tokens).
+    Returns out [n, q_heads, d] (and the probabilities [q_heads, n, m] when asked).
     """
     group = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(group, dim=1)  # [m, q_heads, d]
     vv = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,mhd->hnm", q, kk) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias[:, None, :]
     hide = (k_pos[None, :] > q_pos[:, None])[None]  # [1, n, m]
     if visible is not None:
         hide = hide | ~visible[:, None, :]

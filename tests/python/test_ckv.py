@@ -372,6 +372,43 @@ class CkvTest(unittest.TestCase):
         self.assertIn("budget_fraction 1", str(cm.exception))
         s.finish()
 
+    def test_estimate_rest_hands_the_chunks_not_loaded_as_virtual_tokens(self):
+        n = 16 * 8
+        tokens = tokens_of(n, start=3000)
+        k, v = make_kv(SPEC, n, seed=9)
+        self.engine.put(SPEC, tokens, k, v)
+        window = 4
+        q = np.random.default_rng(3).standard_normal(
+            (window, SPEC.q_heads, SPEC.head_dim)).astype(np.float32)
+        s = self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", budget_fraction=0.25,
+                                        window=window, estimate_rest=True)
+        for layer in range(SPEC.layers):
+            s.submit_queries(layer, q)
+            view = s.await_layer(layer)
+            loaded = [r.chunk for r in view.records]
+            vt = view.virtual_tokens
+            self.assertEqual(list(vt["chunks"]), [j for j in range(8) if j not in loaded])
+            m = len(vt["chunks"])
+            self.assertEqual(vt["keys"].shape, (m, SPEC.kv_heads, SPEC.head_dim))
+            self.assertEqual(vt["values"].shape, (m, SPEC.kv_heads, SPEC.head_dim))
+            self.assertEqual(vt["bias"].shape, (m, SPEC.q_heads))
+            # The value stands for the chunk's mean value (8-bit, so within a step).
+            j = int(vt["chunks"][0])
+            want = v[layer][16 * j:16 * (j + 1)].astype(np.float32).mean(axis=0)
+            step = np.abs(want).max(axis=-1, keepdims=True) / 127
+            self.assertTrue(np.all(np.abs(vt["values"][0] - want) <= 0.51 * step + 1e-3))
+            # The bias is log(chunk_tokens) plus a spread that is never negative.
+            self.assertTrue(np.all(vt["bias"] >= np.log(16) - 1e-5))
+        stats = s.finish()
+        self.assertEqual(stats["unestimated_chunks"], 0)
+        self.assertEqual(stats["virtual_tokens_served"], 6 * SPEC.layers)
+        # Without the option there are none.
+        s = self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", budget_fraction=0.25,
+                                        window=window)
+        s.submit_queries(0, q)
+        self.assertIsNone(s.await_layer(0).virtual_tokens)
+        s.finish()
+
     def test_a_full_budget_session_needs_no_queries(self):
         n = 16 * 5
         tokens = tokens_of(n)
