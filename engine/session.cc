@@ -235,9 +235,9 @@ class SessionImpl final : public ReprefillSession {
     return absl::OkStatus();
   }
 
-  // With estimate_rest, the virtual tokens of `layer` for `queries` (its window): every chunk
-  // not in `chosen` that has its mean and estimate parts, as kernels::VirtualTokensOf's
-  // Gaussian-window form. On a benchmark's clock, as the selectors' scoring is.
+  // With estimate_rest, the virtual tokens of `layer`: every chunk not in `chosen` that has its
+  // mean and estimate parts, in kernels::VirtualTokensOf's mean form (docs/estimate.md says why
+  // not the Gaussian one). On a benchmark's clock, as the selectors' scoring is.
   absl::Status BuildVirtualTokens(uint32_t layer, std::span<const float> queries,
                                   std::span<const uint32_t> chosen) {
     if (!options_.estimate_rest || queries.empty()) return absl::OkStatus();
@@ -257,24 +257,20 @@ class SessionImpl final : public ReprefillSession {
     stats.chunks = static_cast<uint32_t>(rest.size());
     stats.key_mean.resize(rest.size() * per_chunk);
     stats.value_mean.resize(rest.size() * per_chunk);
-    stats.key_var.resize(rest.size() * per_chunk);
     for (size_t n = 0; n < rest.size(); ++n) {
       for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
         const size_t at = n * per_chunk + size_t{h} * d_n;
         kernels::DecodeMean(kernels::MeanAt(f, mean_ptrs_[rest[n]], layer, h), d_n,
                             stats.key_mean.data() + at);
         kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[rest[n]], layer, h), d_n,
-                                stats.value_mean.data() + at, stats.key_var.data() + at);
+                                stats.value_mean.data() + at);
       }
     }
     auto vt = kernels::VirtualTokensOf(shape, queries, options_.window, stats,
-                                       kernels::EstimateKind::kGaussianWindow);
+                                       kernels::EstimateKind::kMean);
     if (clock != nullptr) {
-      // Decoding three vectors per chunk and kv head, the window's q^2, and a dot product per
-      // chunk and q head.
-      const double m = static_cast<double>(rest.size());
-      clock->End(3.0 * m * static_cast<double>(per_chunk) +
-                 2.0 * spec_.q_heads * d_n * (static_cast<double>(options_.window) + m));
+      // Decoding two vectors per chunk and kv head.
+      clock->End(2.0 * static_cast<double>(rest.size()) * static_cast<double>(per_chunk));
     }
     if (!vt.ok()) return vt.status();
     vt->chunks = std::move(rest);

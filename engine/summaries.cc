@@ -29,8 +29,7 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
       kernels::SummarizeChunkLayer(spec, layer, keys,
                                    out[static_cast<size_t>(SummaryPart::kMinMax)],
                                    out[static_cast<size_t>(SummaryPart::kMean)]);
-      kernels::EstimateChunkLayer(spec, layer, keys,
-                                  kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
+      kernels::EstimateChunkLayer(spec, layer, kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
                                   out[static_cast<size_t>(SummaryPart::kEstimate)]);
     }
   };

@@ -5,7 +5,7 @@
 // kernels/summary.h for their contents and storage/segment.h for their place on disk): the
 // min/max part, which `quest` reads, the mean part, which `mean-key` reads, and the estimate part,
 // which a session with ReprefillOptions::estimate_rest reads with the mean part. They are
-// computed from the Put's keys (and, for the estimate part, values) on a second thread while the
+// computed from the Put's keys (the estimate part from its values) on a second thread while the
 // data is written, and checksummed like records. Chunks stored before the estimate part existed
 // have the first two only.
 //

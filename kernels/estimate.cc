@@ -122,11 +122,12 @@ absl::Status CheckQueriesAndLoaded(const KvShape& s, std::span<const float> quer
   return absl::OkStatus();
 }
 
-absl::Status CheckStats(const KvShape& s, const ChunkStats& rest, bool with_box) {
+// The statistics `kind` reads are each chunks x kv_heads x head_dim floats.
+absl::Status CheckStats(const KvShape& s, const ChunkStats& rest, EstimateKind kind) {
   const size_t need = size_t{rest.chunks} * s.kv_heads * s.head_dim;
-  std::vector<const std::vector<float>*> parts = {&rest.key_mean, &rest.key_var,
-                                                  &rest.value_mean};
-  if (with_box) parts.insert(parts.end(), {&rest.key_min, &rest.key_max});
+  std::vector<const std::vector<float>*> parts = {&rest.key_mean, &rest.value_mean};
+  if (kind != EstimateKind::kMean) parts.push_back(&rest.key_var);
+  if (kind == EstimateKind::kGaussianCapped) parts.insert(parts.end(), {&rest.key_min, &rest.key_max});
   for (const auto* v : parts) {
     if (v->size() != need) {
       return absl::InvalidArgumentError(absl::StrCat("chunk statistics of ", v->size(),
@@ -190,7 +191,7 @@ absl::StatusOr<std::vector<float>> EstimatedAttention(const KvShape& s,
     return ReferenceAttention(s, queries, window, loaded);
   }
   CKV_RETURN_IF_ERROR(CheckQueriesAndLoaded(s, queries, window, loaded));
-  CKV_RETURN_IF_ERROR(CheckStats(s, rest, kind == EstimateKind::kGaussianCapped));
+  CKV_RETURN_IF_ERROR(CheckStats(s, rest, kind));
   const uint32_t d_n = s.head_dim;
   const size_t ldq = size_t{s.q_heads} * d_n, ldkv = size_t{s.kv_heads} * d_n;
   const size_t m = rest.chunks;
@@ -243,11 +244,11 @@ absl::StatusOr<VirtualTokens> VirtualTokensOf(const KvShape& s, std::span<const 
                                               EstimateKind kind) {
   if (kind != EstimateKind::kMean && kind != EstimateKind::kGaussianWindow) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "estimate ", EstimateKindName(kind),
+        "estimate ", std::string(EstimateKindName(kind)),
         " has no virtual-token form: it is mean or gauss-window (a bias per chunk and q head)"));
   }
   CKV_RETURN_IF_ERROR(CheckQueriesAndLoaded(s, queries, window, GatheredKv{}));
-  CKV_RETURN_IF_ERROR(CheckStats(s, rest, /*with_box=*/false));
+  CKV_RETURN_IF_ERROR(CheckStats(s, rest, kind));
   const uint32_t d_n = s.head_dim, m = rest.chunks;
   const size_t ldq = size_t{s.q_heads} * d_n, ldkv = size_t{s.kv_heads} * d_n;
   VirtualTokens vt;

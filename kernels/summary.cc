@@ -142,55 +142,29 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
   }
 }
 
-void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                        std::span<const std::byte> values, std::span<std::byte> estimate_part) {
+void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> values,
+                        std::span<std::byte> estimate_part) {
   const SummaryFormat f = SummaryFormat::For(spec);
   const uint32_t d_n = spec.head_dim;
   const size_t row = size_t{spec.kv_heads} * d_n;
   const size_t elements = size_t{spec.chunk_tokens} * row;
   CKV_DCHECK(layer < spec.layers &&
-             keys.size() == size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer() &&
-             values.size() == keys.size());
+             values.size() == size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer());
   CKV_DCHECK(estimate_part.size() == f.EstimateBytes());
-  thread_local std::vector<float> k, v, key_mean, var, value_mean;
-  k.resize(elements);
+  thread_local std::vector<float> v, value_mean;
   v.resize(elements);
-  key_mean.assign(row, 0.0f);
-  var.assign(row, 0.0f);
   value_mean.assign(row, 0.0f);
-  ToFloat(spec.dtype, keys.data(), elements, k.data());
   ToFloat(spec.dtype, values.data(), elements, v.data());
-  for (float& x : k) x = Clamp(x);
-  for (float& x : v) x = Clamp(x);
-  const float inv_c = 1.0f / static_cast<float>(spec.chunk_tokens);
   for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
-    for (size_t i = 0; i < row; ++i) {
-      key_mean[i] += k[t * row + i];
-      value_mean[i] += v[t * row + i];
-    }
+    for (size_t i = 0; i < row; ++i) value_mean[i] += Clamp(v[t * row + i]);
   }
-  for (size_t i = 0; i < row; ++i) {
-    key_mean[i] *= inv_c;
-    value_mean[i] *= inv_c;
-  }
-  for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
-    for (size_t i = 0; i < row; ++i) {
-      const float dx = k[t * row + i] - key_mean[i];
-      var[i] += dx * dx;
-    }
-  }
-  for (size_t i = 0; i < row; ++i) var[i] = std::min(var[i] * inv_c, kHalfMax);
+  for (float& m : value_mean) m /= static_cast<float>(spec.chunk_tokens);
   for (uint32_t h = 0; h < spec.kv_heads; ++h) {
     const float* h_v = value_mean.data() + size_t{h} * d_n;
-    const float* h_var = var.data() + size_t{h} * d_n;
     std::byte* e = estimate_part.data() + f.EntryIndex(layer, h) * f.EstimateEntryBytes();
-    const auto [v_bits, v_scale] = ScaleFor(MaxAbs(h_v, d_n));
-    const auto [var_bits, var_scale] = ScaleFor(MaxAbs(h_var, d_n));
-    const uint16_t scales[2] = {v_bits, var_bits};
-    std::memcpy(e, scales, 4);
-    auto* q_v = reinterpret_cast<int8_t*>(e + 4);
-    QuantiseAll<Rounding::kNearest>(h_v, d_n, v_scale, q_v);
-    QuantiseAll<Rounding::kNearest>(h_var, d_n, var_scale, q_v + d_n);
+    const auto [bits, scale] = ScaleFor(MaxAbs(h_v, d_n));
+    std::memcpy(e, &bits, 2);
+    QuantiseAll<Rounding::kNearest>(h_v, d_n, scale, reinterpret_cast<int8_t*>(e + 2));
   }
 }
 
@@ -205,11 +179,8 @@ void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean) {
   for (uint32_t d = 0; d < head_dim; ++d) mean[d] = e.mean[d] * e.scale;
 }
 
-void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean, float* key_var) {
-  for (uint32_t d = 0; d < head_dim; ++d) {
-    value_mean[d] = e.value_mean[d] * e.value_scale;
-    key_var[d] = e.key_var[d] * e.var_scale;
-  }
+void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean) {
+  for (uint32_t d = 0; d < head_dim; ++d) value_mean[d] = e.value_mean[d] * e.scale;
 }
 
 void RoundTripInt8(float* x, uint32_t n, Rounding r) {

@@ -12,9 +12,9 @@
 //   mean part:    layers * kv_heads entries, each
 //       fp16 scale | int8 mean[head_dim]
 //   estimate part (the third, absent from chunks written before it): layers * kv_heads entries,
-//       fp16 value_scale | fp16 var_scale | int8 value_mean[head_dim] | int8 key_var[head_dim]
-//     the tokens' mean value and their keys' variance per channel, which with the mean part's
-//     key mean let a session estimate a chunk it did not load (kernels/estimate.h).
+//       fp16 scale | int8 value_mean[head_dim]
+//     the tokens' mean value, which with the mean part's key mean lets a session stand in for a
+//     chunk it did not load (kernels/estimate.h, docs/estimate.md).
 //
 // A value is its int8 times its scale. Scales are per vector (max |x| / 127, rounded up to an fp16
 // so that every quantised value fits in [-127, 127]). Minima are rounded down and maxima up, so the
@@ -22,8 +22,7 @@
 // nearest. Keys that are not finite are clamped to +-65504 first.
 //
 // Size: at c = 16 and 16-bit KV the min/max part is (2 * head_dim + 4) / (64 * head_dim) of the
-// chunk's KV bytes (1/31.5 at head_dim 128), the mean part half of that and the estimate part as
-// much as the min/max part. This layout is format version 1 of the summary records: do not change
+// chunk's KV bytes (1/31.5 at head_dim 128), and the mean and estimate parts half of that each. This layout is format version 1 of the summary records: do not change
 // it without bumping docs/format.md.
 //
 // Thread-safety: pure functions.
@@ -51,7 +50,7 @@ struct SummaryFormat {
   }
   size_t MinMaxEntryBytes() const { return 4 + 2 * size_t{head_dim}; }
   size_t MeanEntryBytes() const { return 2 + size_t{head_dim}; }
-  size_t EstimateEntryBytes() const { return 4 + 2 * size_t{head_dim}; }
+  size_t EstimateEntryBytes() const { return 2 + size_t{head_dim}; }
   size_t MinMaxBytes() const { return Entries() * MinMaxEntryBytes(); }
   size_t MeanBytes() const { return Entries() * MeanEntryBytes(); }
   size_t EstimateBytes() const { return Entries() * EstimateEntryBytes(); }
@@ -95,19 +94,16 @@ inline MeanEntry MeanAt(const SummaryFormat& f, const std::byte* mean_part, uint
 // One (layer, kv head) entry of an estimate part, viewed in place: what kernels/estimate.h needs
 // beside the mean part's key mean to stand in for the chunk when it is not loaded.
 struct EstimateEntry {
-  float value_scale = 0;
-  float var_scale = 0;
+  float scale = 0;
   const int8_t* value_mean = nullptr;  // head_dim values: the tokens' mean value
-  const int8_t* key_var = nullptr;     // head_dim values: the keys' variance per channel
 };
 
 inline EstimateEntry EstimateAt(const SummaryFormat& f, const std::byte* estimate_part,
                                 uint32_t layer, uint32_t head) {
   const std::byte* p = estimate_part + f.EntryIndex(layer, head) * f.EstimateEntryBytes();
-  uint16_t s[2];
-  std::memcpy(s, p, 4);
-  const auto* q = reinterpret_cast<const int8_t*>(p + 4);
-  return EstimateEntry{HalfToFloat(s[0]), HalfToFloat(s[1]), q, q + f.head_dim};
+  uint16_t s;
+  std::memcpy(&s, p, 2);
+  return EstimateEntry{HalfToFloat(s), reinterpret_cast<const int8_t*>(p + 2)};
 }
 
 // Writes the entries of `layer` (all kv heads) of one chunk's two summary parts from the chunk's
@@ -117,13 +113,12 @@ inline EstimateEntry EstimateAt(const SummaryFormat& f, const std::byte* estimat
 void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
                          std::span<std::byte> minmax_part, std::span<std::byte> mean_part);
 
-// Writes the entries of `layer` (all kv heads) of one chunk's estimate part from the chunk's keys
-// and values at that layer (each as `keys` above): per entry, the value mean and the keys'
-// population variance per channel, each int8 times an fp16 scale, to nearest (keys and values
-// clamped as for the summaries). REQUIRES: keys.size() == values.size() == c * kv_heads *
-// head_dim * element bytes, estimate_part.size() == EstimateBytes().
-void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                        std::span<const std::byte> values, std::span<std::byte> estimate_part);
+// Writes the entries of `layer` (all kv heads) of one chunk's estimate part from the chunk's
+// values at that layer (as `keys` above): per entry, the value mean, int8 times an fp16 scale, to
+// nearest (values clamped as keys are for the summaries). REQUIRES: values.size() == c *
+// kv_heads * head_dim * element bytes, estimate_part.size() == EstimateBytes().
+void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> values,
+                        std::span<std::byte> estimate_part);
 
 // Unquantised summaries of one (chunk, layer, kv head) from float keys [tokens, kv_heads,
 // head_dim]: the reference the quantised ones are measured against. Writes head_dim floats to
@@ -134,7 +129,7 @@ void ExactSummary(const float* keys, uint32_t tokens, uint32_t kv_heads, uint32_
 // Decodes an entry into head_dim floats each.
 void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* max);
 void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean);
-void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean, float* key_var);
+void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean);
 
 // How a vector rounds into the 8-bit form: minima down (the box never shrinks), maxima up, the
 // rest to nearest.

@@ -243,7 +243,7 @@ TEST(EstimateTest, VirtualTokensGiveTheEstimateToAKernelThatKnowsNothingOfIt) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(EstimateTest, TheStoredPartHoldsTheStatisticsInEightBits) {
+TEST(EstimateTest, TheStoredPartHoldsTheValueMeanInEightBits) {
   ModelSpec spec;
   spec.model_id = "estimate-test";
   spec.layers = 2;
@@ -254,35 +254,31 @@ TEST(EstimateTest, TheStoredPartHoldsTheStatisticsInEightBits) {
   spec.chunk_tokens = 16;
   const KvShape s = KvShape::Of(spec);
   const SummaryFormat f = SummaryFormat::For(spec);
-  ASSERT_EQ(f.EstimateBytes(), 2u * 2 * (4 + 2 * 32));
+  ASSERT_EQ(f.EstimateBytes(), 2u * 2 * (2 + 32));
   for (bool repeated : {false, true}) {
     const auto records = Records(s, 1, repeated, 2.0f, 31);
     std::vector<std::byte> part(f.EstimateBytes(), std::byte{0x5a});
-    const std::span<const std::byte> k(records[0].data(), s.half_record_bytes());
-    const std::span<const std::byte> v(records[0].data() + s.half_record_bytes(),
-                                       s.half_record_bytes());
-    EstimateChunkLayer(spec, 1, k, v, part);
+    EstimateChunkLayer(spec, 1,
+                       std::span(records[0].data() + s.half_record_bytes(), s.half_record_bytes()),
+                       part);
     const auto exact = ChunkStats::Of(s, Pointers(records), std::vector<uint32_t>{0});
     ASSERT_TRUE(exact.ok());
+    ChunkStats rounded = *exact;
+    rounded.RoundTripInt8(s.kv_heads, s.head_dim);
     for (uint32_t h = 0; h < s.kv_heads; ++h) {
-      std::vector<float> vm(s.head_dim), var(s.head_dim);
-      DecodeEstimate(EstimateAt(f, part.data(), 1, h), s.head_dim, vm.data(), var.data());
-      const float* want_vm = exact->value_mean.data() + size_t{h} * s.head_dim;
-      const float* want_var = exact->key_var.data() + size_t{h} * s.head_dim;
-      // Half a step of each vector's scale (max |x| / 127, rounded up to an fp16), and a little.
-      float vm_step = 0, var_step = 0;
+      std::vector<float> vm(s.head_dim);
+      DecodeEstimate(EstimateAt(f, part.data(), 1, h), s.head_dim, vm.data());
+      const float* want = exact->value_mean.data() + size_t{h} * s.head_dim;
+      // Half a step of the vector's scale (max |x| / 127, rounded up to an fp16), and a little.
+      float step = 0;
+      for (uint32_t d = 0; d < s.head_dim; ++d) step = std::max(step, std::fabs(want[d]) / 127);
       for (uint32_t d = 0; d < s.head_dim; ++d) {
-        vm_step = std::max(vm_step, std::fabs(want_vm[d]) / 127);
-        var_step = std::max(var_step, std::fabs(want_var[d]) / 127);
-      }
-      for (uint32_t d = 0; d < s.head_dim; ++d) {
-        EXPECT_NEAR(vm[d], want_vm[d], 0.51 * vm_step + 1e-6) << "value mean, channel " << d;
-        EXPECT_NEAR(var[d], want_var[d], 0.51 * var_step + 1e-6) << "key variance, channel " << d;
-        if (repeated) EXPECT_EQ(var[d], 0.0f) << "one repeated token has no spread";
+        EXPECT_NEAR(vm[d], want[d], 0.51 * step + 1e-6) << "channel " << d;
+        // What the measurements round through (ChunkStats::RoundTripInt8), the same quantiser.
+        EXPECT_EQ(vm[d], rounded.value_mean[size_t{h} * s.head_dim + d]) << "channel " << d;
       }
     }
-    // Layer 0's entries are not touched.
-    EXPECT_EQ(part[0], std::byte{0x5a});
+    EXPECT_EQ(part[0], std::byte{0x5a}) << "layer 0's entries are not touched";
   }
 }
 

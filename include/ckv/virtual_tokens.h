@@ -11,10 +11,10 @@
 //
 //   q . keys[j, h(g)] / sqrt(head_dim) + bias[j, g]
 //
-// and it joins the softmax beside the loaded tokens' logits q . k / sqrt(head_dim). The bias is
-// log(chunk_tokens) (the chunk's c tokens) plus the keys' spread: sum_i E[q_i^2] var_i /
-// (2 head_dim), which makes the virtual token weigh what c Gaussian keys would in expectation,
-// with E[q_i^2] the mean over the session's window of queries of head g (docs/estimate.md).
+// and it joins the softmax beside the loaded tokens' logits q . k / sqrt(head_dim). A session
+// sets the bias to log(chunk_tokens): the virtual token weighs as the chunk's c tokens would if
+// each had the mean key. The bias is per (token, q head) so that other estimates fit the same form
+// (docs/estimate.md says which were measured, and why this one is served).
 //
 // Any attention kernel that takes an additive logit bias per key (a float mask, ALiBi-style)
 // serves them unchanged: append the virtual keys and values to the loaded ones and the bias to

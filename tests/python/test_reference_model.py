@@ -143,7 +143,7 @@ class ReferenceModelTest(unittest.TestCase):
     def test_estimating_the_chunks_not_loaded_brings_the_first_token_closer(self):
         # At a quarter of the chunks, the virtual tokens of the chunks not loaded
         # (estimate_rest) bring the first token's distribution closer to the full computation's
-        # than dropping them does, over 8 held-out prompts; the selections are the same.
+        # than dropping them does, over 8 held-out prompts.
         m, c = model(), self.spec.chunk_tokens
         prefix = 448
 
@@ -159,7 +159,8 @@ class ReferenceModelTest(unittest.TestCase):
                                 period_selection=True, budget=0.25)
             b = ckvio.reprefill(self.engine, self.spec, m, prompt, selector="mean-key",
                                 period_selection=True, budget=0.25, estimate=True)
-            self.assertEqual(a.selections, b.selections)
+            # Layer 0 sees the same queries; later layers see what the estimate changed.
+            self.assertEqual(a.selections[0], b.selections[0])
             self.assertEqual(b.stats["unestimated_chunks"], 0)
             self.assertEqual(b.stats["virtual_tokens_served"],
                              sum(prefix // c - len(s) for s in b.selections))
