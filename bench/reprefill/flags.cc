@@ -109,6 +109,10 @@ void AddRunFlags(CLI::App& app, Flags* f) {
   cli::AddDouble(app, "--pcie-gb-s", &f->pcie_gb_s, "host to device bandwidth (default 25)");
   cli::AddUint(app, "--rounds", &f->rounds, "rounds, in shuffled order (default 5)");
   app.add_flag("--fidelity", f->fidelity, "measure attention recall and output error");
+  app.add_option("--compare", f->compare,
+                 "the system the comparison tables set against the others (default: ckv when "
+                 "run, else the first ckv variant)")
+      ->type_name("SYSTEM");
   cli::AddUint(app, "--fidelity-requests", &f->fidelity_requests,
                "distinct measured requests whose fidelity is measured, 0 for every one "
                "(default 0)");

@@ -35,6 +35,9 @@ struct Flags {
   uint32_t concurrency = 1;
   std::vector<double> budgets = {0.02, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90};
   std::vector<std::string> systems = {"full", "h2o", "impress", "ckv-paper", "ckv"};
+  // The system the comparison tables measure against the rest; empty: ckv when run, else the
+  // first ckv variant.
+  std::string compare;
   uint64_t gpu_tier_bytes = 64ull << 20;
   uint64_t cpu_tier_bytes = 192ull << 20;
   // Tier configurations to run: "cold" (both 0), "default" (the two flags above), "large"

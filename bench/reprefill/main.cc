@@ -285,6 +285,11 @@ bool ParseSystems(const Flags& f, SystemSet* set) {
     set->files.values |= s->kind == Kind::kH2o;
     set->systems.push_back(*s);
   }
+  if (!f.compare.empty() &&
+      std::find(f.systems.begin(), f.systems.end(), f.compare) == f.systems.end()) {
+    std::fprintf(stderr, "%s: --compare %s: not one of --systems\n", kProg, f.compare.c_str());
+    return false;
+  }
   return true;
 }
 
@@ -429,8 +434,9 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
     }
     return false;
   });
-  std::string ckv_name;
+  std::string ckv_name = f.compare;
   for (const System& s : systems) {
+    if (!f.compare.empty()) break;
     if (s.kind == Kind::kCkv && s.name != "ckv-paper" && (ckv_name.empty() || s.name == "ckv")) ckv_name = s.name;
   }
   Comparisons c;
