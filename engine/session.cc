@@ -237,45 +237,36 @@ class SessionImpl final : public ReprefillSession {
 
   // With estimate_rest, the virtual tokens of `layer`: every chunk not in `chosen` that has its
   // mean and estimate parts, in kernels::VirtualTokensOf's mean form (docs/estimate.md says why
-  // not the Gaussian one). On a benchmark's clock, as the selectors' scoring is.
-  absl::Status BuildVirtualTokens(uint32_t layer, std::span<const float> queries,
-                                  std::span<const uint32_t> chosen) {
-    if (!options_.estimate_rest || queries.empty()) return absl::OkStatus();
-    const kernels::KvShape shape = kernels::KvShape::Of(spec_);
+  // not the Gaussian one), decoded straight into the view's arrays. Not on a benchmark's clock:
+  // its Begin drains the reads in flight, and at every layer that would stall the prefetch
+  // pipeline for work of about a millisecond, which this CPU's time is charged for instead.
+  void BuildVirtualTokens(uint32_t layer, std::span<const uint32_t> chosen) {
+    if (!options_.estimate_rest) return;
     const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec_);
     const uint32_t d_n = spec_.head_dim;
     const size_t per_chunk = size_t{spec_.kv_heads} * d_n;
     std::vector<bool> loaded(keys_.size(), false);
     for (uint32_t j : chosen) loaded[j] = true;
-    std::vector<uint32_t> rest;
+    VirtualTokens& vt = virtual_[layer];
     for (uint32_t j = 0; j < keys_.size(); ++j) {
-      if (!loaded[j] && mean_ptrs_[j] != nullptr && estimate_ptrs_[j] != nullptr) rest.push_back(j);
-    }
-    SelectorClock* clock = host_.selector_clock();
-    if (clock != nullptr) clock->Begin();
-    kernels::ChunkStats stats;
-    stats.chunks = static_cast<uint32_t>(rest.size());
-    stats.key_mean.resize(rest.size() * per_chunk);
-    stats.value_mean.resize(rest.size() * per_chunk);
-    for (size_t n = 0; n < rest.size(); ++n) {
-      for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
-        const size_t at = n * per_chunk + size_t{h} * d_n;
-        kernels::DecodeMean(kernels::MeanAt(f, mean_ptrs_[rest[n]], layer, h), d_n,
-                            stats.key_mean.data() + at);
-        kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[rest[n]], layer, h), d_n,
-                                stats.value_mean.data() + at);
+      if (!loaded[j] && mean_ptrs_[j] != nullptr && estimate_ptrs_[j] != nullptr) {
+        vt.chunks.push_back(j);
       }
     }
-    auto vt = kernels::VirtualTokensOf(shape, queries, options_.window, stats,
-                                       kernels::EstimateKind::kMean);
-    if (clock != nullptr) {
-      // Decoding two vectors per chunk and kv head.
-      clock->End(2.0 * static_cast<double>(rest.size()) * static_cast<double>(per_chunk));
+    vt.count = static_cast<uint32_t>(vt.chunks.size());
+    vt.keys.resize(vt.chunks.size() * per_chunk);
+    vt.values.resize(vt.chunks.size() * per_chunk);
+    vt.bias.assign(vt.chunks.size() * spec_.q_heads,
+                   std::log(static_cast<float>(spec_.chunk_tokens)));
+    for (size_t n = 0; n < vt.chunks.size(); ++n) {
+      for (uint32_t h = 0; h < spec_.kv_heads; ++h) {
+        const size_t at = n * per_chunk + size_t{h} * d_n;
+        kernels::DecodeMean(kernels::MeanAt(f, mean_ptrs_[vt.chunks[n]], layer, h), d_n,
+                            vt.keys.data() + at);
+        kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[vt.chunks[n]], layer, h),
+                                d_n, vt.values.data() + at);
+      }
     }
-    if (!vt.ok()) return vt.status();
-    vt->chunks = std::move(rest);
-    virtual_[layer] = std::move(*vt);
-    return absl::OkStatus();
   }
 
   uint64_t matched_chunks() const override { return keys_.size(); }
@@ -329,7 +320,8 @@ class SessionImpl final : public ReprefillSession {
     selections_[layer] = selections_[head];
     CancelUnneeded(layer, selections_[layer]);
     CKV_RETURN_IF_ERROR(Request(layer, selections_[layer], prefetch::Priority::kDemand));
-    return BuildVirtualTokens(layer, queries, selections_[layer]);
+    BuildVirtualTokens(layer, selections_[layer]);
+    return absl::OkStatus();
   }
 
   // The head path of SubmitQueries: scores `layer` and requests its selection and prefetches.
@@ -377,7 +369,10 @@ class SessionImpl final : public ReprefillSession {
     selections_[layer] = chosen;
     CancelUnneeded(layer, chosen);
     CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
-    if (!options_.prefetch) return BuildVirtualTokens(layer, queries, chosen);
+    if (!options_.prefetch) {
+      BuildVirtualTokens(layer, chosen);
+      return absl::OkStatus();
+    }
     const prefetch::PlanOptions plan{.layers = spec_.layers,
                                      .period_layers = p,
                                      .per_layer = per_layer,
@@ -394,7 +389,8 @@ class SessionImpl final : public ReprefillSession {
       if (r.priority == prefetch::Priority::kIntraPeriod) CancelUnneeded(r.layer, chosen);
       CKV_RETURN_IF_ERROR(Request(r.layer, chosen, r.priority));
     }
-    return BuildVirtualTokens(layer, queries, chosen);
+    BuildVirtualTokens(layer, chosen);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<LayerView> AwaitLayer(uint32_t layer) override {

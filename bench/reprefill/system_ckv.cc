@@ -99,7 +99,7 @@ class CkvRunner final : public SystemRunner {
       }
       const size_t context = view.records().size() * spec.chunk_tokens +
                              view.virtual_tokens().count;
-      if (!out.virtual_tokens.empty()) out.virtual_tokens[l] = view.virtual_tokens();
+      if (!out.virtual_tokens.empty()) out.virtual_tokens[l] = view.TakeVirtualTokens();
       view.Release();
       out.h2d_bytes += crossing;
       ctx_.gpu->Compute(ctx_.LayerSeconds(context), ctx_.gpu->Transfer(crossing));

@@ -40,6 +40,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -128,6 +129,8 @@ class LayerView {
   // estimate, as virtual tokens (host memory, float32) for the layer's attention; empty
   // otherwise.
   const VirtualTokens& virtual_tokens() const { return virtual_tokens_; }
+  // Moves them out (the view's are then empty): no copy for a caller that keeps them.
+  VirtualTokens TakeVirtualTokens() { return std::move(virtual_tokens_); }
   // Unpins now (the destructor does it otherwise).
   void Release();
 

@@ -27,6 +27,8 @@ the tokens the system attends to; mean over layers, q heads and queries). The sy
              `ckv`)
   quest      ckv session, quest at every layer
   oracle     ckv session, exact attention at every layer (an upper bound for chunk selection)
+  ckv-est, oracle-est  ckv and oracle with estimate_rest: the chunks not loaded as virtual
+             tokens (docs/estimate.md)
   h2o        token-level top-k of the window's attention, mean over every q head (as
              kernels::Select's h2o), plus the sink and the recent chunk
   impress    token-level top-k of 3 probe q heads' mean attention, falling back to every head
@@ -62,6 +64,7 @@ CKV_SYSTEMS = {
     "ckv-est": dict(selector="mean-key", period_selection=True, estimate=True),
     "quest": dict(selector="quest", period_selection=False),
     "oracle": dict(selector="oracle", period_selection=False),
+    "oracle-est": dict(selector="oracle", period_selection=False, estimate=True),
 }
 TOKEN_SYSTEMS = ("h2o", "impress")
 
@@ -161,20 +164,22 @@ def kl(p_logits, q_logits):
     return float((lp.exp() * (lp - lq)).sum())
 
 
-def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16):
+def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16, systems=None):
     import ckv
     spec = ckvio.spec_of(model, chunk_tokens=c)
+    ckv_systems = {k: v for k, v in CKV_SYSTEMS.items() if systems is None or k in systems}
+    token_systems = [k for k in TOKEN_SYSTEMS if systems is None or k in systems]
     rows = {}
     with ckv.Engine.open(store_dir) as engine:
         for i, tokens in enumerate(prompts):
             ckvio.store(engine, spec, model, tokens[:prefix])
             full, probs = full_computation(model, tokens, window)
             for b in budget_list:
-                for name, opts in CKV_SYSTEMS.items():
+                for name, opts in ckv_systems.items():
                     got = ckvio.reprefill(engine, spec, model, tokens, budget=b, window=window,
                                           period_layers=period, **opts)
                     add(rows, name, b, full, got.logits, probs, prefix, got.attended(prefix))
-                for name in TOKEN_SYSTEMS:
+                for name in token_systems:
                     keeps = [token_selection(name, p, prefix, b, c, model.cfg.kv_heads)
                              for p in probs]
                     logits, _ = ckvio.masked(model, tokens, prefix, keeps)
@@ -238,9 +243,15 @@ def main(argv=None) -> int:
     ap.add_argument("--period", type=int, default=2)
     ap.add_argument("--budgets", default="5,10,25,50")
     ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--systems", help="budgets: a comma-separated subset of "
+                    + ", ".join(list(CKV_SYSTEMS) + list(TOKEN_SYSTEMS)) + " (default: all)")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--plot", help="budgets: draw KL against the budget (PNG, gnuplot)")
     args = ap.parse_args(argv)
+    systems = None if args.systems is None else args.systems.split(",")
+    for s in systems or []:
+        if s not in CKV_SYSTEMS and s not in TOKEN_SYSTEMS:
+            ap.error(f"--systems: unknown system {s!r}")
     if not 0 < args.window <= args.suffix_tokens:
         ap.error(f"--window {args.window} must be in [1, --suffix-tokens {args.suffix_tokens}]")
     torch.set_num_threads(1)  # see tests/python/test_reference_model.py
@@ -257,7 +268,7 @@ def main(argv=None) -> int:
         tmp = tempfile.mkdtemp(prefix="ckv-ref-budgets.")
         try:
             result = budgets(model, prompts, args.prefix_tokens, args.window, args.period,
-                             budget_list, os.path.join(tmp, "store"))
+                             budget_list, os.path.join(tmp, "store"), systems=systems)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         print(table(result))
