@@ -178,23 +178,25 @@ class SessionImpl final : public ReprefillSession {
     if (kernels::ReadsSummaries(kind_)) {
       const SummaryPart part =
           kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
-      CKV_RETURN_IF_ERROR(LoadPart(part, summary_ptrs_));
+      CKV_RETURN_IF_ERROR(LoadPart(part, /*optional=*/false, summary_ptrs_));
     }
     if (!options_.estimate_rest) return absl::OkStatus();
     if (kind_ == kernels::SelectorKind::kMeanKey) {
       mean_ptrs_ = summary_ptrs_;
     } else {
-      CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kMean, mean_ptrs_));
+      CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kMean, /*optional=*/true, mean_ptrs_));
     }
-    CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kEstimate, estimate_ptrs_));
+    CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kEstimate, /*optional=*/true, estimate_ptrs_));
     for (const std::byte* e : estimate_ptrs_) stats_.unestimated_chunks += e == nullptr ? 1 : 0;
     return absl::OkStatus();
   }
 
   // Points ptrs[j] at part `part` of chunk j: the shared tier's verified head, the CPU tier's
-  // summary cache, or a read from NVMe (then cached). Null for a chunk that has no such part (a
-  // local chunk written before kEstimate existed, or kEstimate of a remote chunk).
-  absl::Status LoadPart(SummaryPart part, std::vector<const std::byte*>& ptrs) {
+  // summary cache, or a read from NVMe (then cached). A selector's part is required: a local
+  // chunk without it (stored with no summaries) fails the load with NotFound, as the selector
+  // cannot score it. An `optional` part (the estimate's) is left null for a chunk without it (a
+  // local chunk written before it existed, or kEstimate of a remote chunk).
+  absl::Status LoadPart(SummaryPart part, bool optional, std::vector<const std::byte*>& ptrs) {
     const auto part_index = static_cast<uint32_t>(part);
     TierCache* tiers = host_.tiers();
     ptrs.assign(keys_.size(), nullptr);
@@ -206,7 +208,7 @@ class SessionImpl final : public ReprefillSession {
     const uint32_t record = spec_.layers + part_index;
     std::vector<size_t> missing_index;
     for (size_t j = 0; j < local_; ++j) {
-      if (record >= pinned_->chunks()[j].segment->records()) continue;  // not written then
+      if (optional && record >= pinned_->chunks()[j].segment->records()) continue;
       TierCache::Handle h;
       if (tiers != nullptr) h = tiers->GetSummaries(keys_[j], part_index);
       if (h) {

@@ -90,6 +90,13 @@ class FormatFixtureTest : public ::testing::Test {
     // Opening writes (a new WAL, MANIFEST, OPTIONS): work on a copy.
     std::filesystem::copy(FixtureDir(), store_, std::filesystem::copy_options::recursive);
   }
+  // The copy, opened as it is (never created).
+  absl::StatusOr<std::unique_ptr<Engine>> OpenFixture() {
+    EngineOptions options;
+    options.create_if_missing = false;
+    options.logger = NullLogger();
+    return Engine::Open(options, store_);
+  }
   TempDir dir_;
   const std::string store_ = dir_.Sub("store");
 };
@@ -101,10 +108,7 @@ TEST_F(FormatFixtureTest, TheCatalogFormatVersionIsPinned) {
 
 TEST_F(FormatFixtureTest, EveryRecordIsServedBitExactAndItsStoredChecksumIsTodays) {
   const ModelSpec spec = FixtureSpec();
-  EngineOptions options;
-  options.create_if_missing = false;
-  options.logger = NullLogger();
-  auto engine = Engine::Open(options, store_);
+  auto engine = OpenFixture();
   ASSERT_TRUE(engine.ok()) << engine.status();
   const EngineStats stats = (*engine)->Stats();
   EXPECT_EQ(stats.chunks, kFixtureChunks);
@@ -235,10 +239,7 @@ TEST_F(FormatFixtureTest, EveryCatalogRecordDecodesAndReencodesToTheSameBytes) {
 // counting them; chunks stored now, in a new segment with the part, are estimated beside them.
 TEST_F(FormatFixtureTest, ChunksStoredBeforeTheEstimatePartAreDroppedAndNewOnesEstimated) {
   const ModelSpec spec = FixtureSpec();
-  EngineOptions options;
-  options.create_if_missing = false;
-  options.logger = NullLogger();
-  auto engine = Engine::Open(options, store_);
+  auto engine = OpenFixture();
   ASSERT_TRUE(engine.ok()) << engine.status();
   // Five chunks: the two A and B share (stored then), three stored now.
   const std::vector<int32_t> c = synth::TokensWithSharedPrefix(11, 32, 23, 80);
