@@ -138,6 +138,17 @@ absl::Status CheckStats(const KvShape& s, const ChunkStats& rest, EstimateKind k
   return absl::OkStatus();
 }
 
+// The mean over the window's w queries of q_d^2, per channel d, for the q head whose window
+// starts at q (stride ldq): what kGaussianWindow's variance term reads.
+void WindowMeanSquares(const float* q, size_t ldq, uint32_t window, uint32_t d_n, float* out) {
+  std::fill_n(out, d_n, 0.0f);
+  for (uint32_t i = 0; i < window; ++i) {
+    for (uint32_t d = 0; d < d_n; ++d) {
+      out[d] += q[i * ldq + d] * q[i * ldq + d] / static_cast<float>(window);
+    }
+  }
+}
+
 // softmax over [the loaded tokens' logits, m extra tokens' logits] applied to [their values, the
 // extra values], the extra logits being q . extra_keys / sqrt(d) and then adjusted by
 // adjust(g, h, q, logits): q is q head g's window of queries (stride q_heads * head_dim), logits
@@ -202,18 +213,14 @@ absl::StatusOr<std::vector<float>> EstimatedAttention(const KvShape& s,
   const bool per_window = kind == EstimateKind::kGaussianWindow;
   std::vector<float> q2(size_t{window} * d_n), spread(size_t{window} * m);
   auto adjust = [&](uint32_t, size_t h, const float* q, float* logits, size_t width) {
-    if (kind != EstimateKind::kMean) {
-      if (per_window) std::fill_n(q2.begin(), d_n, 0.0f);
+    if (per_window) {
+      WindowMeanSquares(q, ldq, window, d_n, q2.data());
+    } else if (kind != EstimateKind::kMean) {
       for (uint32_t i = 0; i < window; ++i) {
-        for (uint32_t d = 0; d < d_n; ++d) {
-          const float x2 = q[i * ldq + d] * q[i * ldq + d];
-          if (per_window) {
-            q2[d] += x2 / static_cast<float>(window);
-          } else {
-            q2[i * d_n + d] = x2;
-          }
-        }
+        for (uint32_t d = 0; d < d_n; ++d) q2[i * d_n + d] = q[i * ldq + d] * q[i * ldq + d];
       }
+    }
+    if (kind != EstimateKind::kMean) {
       ScoresQK(q2.data(), d_n, per_window ? 1 : window, rest.key_var.data() + h * d_n, ldkv, m,
                d_n, 0.5f * scale * scale, spread.data(), m);
     }
@@ -261,11 +268,7 @@ absl::StatusOr<VirtualTokens> VirtualTokensOf(const KvShape& s, std::span<const 
     std::vector<float> q2(d_n), spread(m);
     for (uint32_t g = 0; g < s.q_heads; ++g) {
       const size_t h = g / s.group();
-      std::fill(q2.begin(), q2.end(), 0.0f);
-      for (uint32_t i = 0; i < window; ++i) {
-        const float* q = queries.data() + i * ldq + size_t{g} * d_n;
-        for (uint32_t d = 0; d < d_n; ++d) q2[d] += q[d] * q[d] / static_cast<float>(window);
-      }
+      WindowMeanSquares(queries.data() + size_t{g} * d_n, ldq, window, d_n, q2.data());
       ScoresQK(q2.data(), d_n, 1, rest.key_var.data() + h * d_n, ldkv, m, d_n, half_inv_d,
                spread.data(), m);
       for (uint32_t j = 0; j < m; ++j) vt.bias[size_t{j} * s.q_heads + g] += spread[j];
