@@ -88,8 +88,8 @@ struct ReprefillOptions {
   // Hand each view the chunks it did not load as virtual tokens (LayerView::virtual_tokens(),
   // ckv/virtual_tokens.h) for the caller's attention to take beside the loaded records, instead
   // of dropping them. They are estimated from each chunk's key means (its summaries' mean part)
-  // and its estimate part (value means and key variances), both stored at Put and read once per
-  // session for every matched chunk: at head dim 128, 1.6% and 3.2% of the chunks' KV bytes,
+  // and its estimate part (value means), both stored at Put and read once per session for
+  // every matched chunk: at head dim 128, each 1.6% of the chunks' KV bytes,
   // counted in summary_bytes_read. Chunks with no estimate part (stored by a ckv that did not
   // write it, or served from the shared tier) are dropped as without this option, and counted in
   // SessionStats::unestimated_chunks. Default: off.
