@@ -50,6 +50,9 @@ struct Flags {
   synth::AttentionParams params;
   cli::JsonOutput json;
   std::string plot;
+  // The budgets are target masses (kernels::SelectOptions::target_mass): each layer selects the
+  // fewest chunks whose scores reach the target, and `loaded` says how many that was.
+  bool target = false;
 };
 
 // Returns the exit code when the program should stop (help, version, a usage error).
@@ -85,6 +88,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   cli::AddDouble(app, "--overlap", &f->params.period_overlap,
                  "overlap of adjacent period heads' topics (default 0.6)");
   cli::AddJson(app, &f->json);
+  app.add_flag("--target", f->target,
+               "read --budgets as target masses: per layer, the fewest chunks whose scores "
+               "(the oracle's: exact masses) reach the target; impress and h2o are left out");
   app.add_option("--plot", f->plot, "draw recall by budget with gnuplot into PNG")
       ->type_name("PNG");
   return cli::Parse(app, argc, argv);
@@ -160,6 +166,15 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
 
 const std::vector<std::string> kSelectors = {"oracle",   "period-exact",  "quest", "quest-fp32",
                                              "mean-key", "mean-key-fp32", "impress", "h2o"};
+
+// The selectors measured: all, or with --target those that select whole chunks by score.
+std::vector<std::string> Selectors(const Flags& f) {
+  std::vector<std::string> out;
+  for (const std::string& name : kSelectors) {
+    if (!f.target || (name != "impress" && name != "h2o")) out.push_back(name);
+  }
+  return out;
+}
 
 // The measures summed over layers, per (selector, budget), and the period heads' overlap.
 struct Fidelity {
@@ -238,8 +253,9 @@ class Measure {
   void Budget(uint32_t l, double b, const synth::SyntheticAttention::Layer& layer,
               const kernels::SelectorInput& in, const Truth& t) {
     kernels::SelectOptions o;
-    o.budget_fraction = b;
-    const size_t k = kernels::BudgetChunks(n_, o);
+    o.budget_fraction = f_.target ? 1.0 : b;
+    o.target_mass = f_.target ? b : 0.0;
+    const size_t k = kernels::SelectedCount(t.mass, o);
     const auto oracle = kernels::TopKChunks(t.mass, k, o.sink_chunks, o.recent_chunks);
     if (l % f_.params.period_layers == 0) {
       period_selection_[b] = oracle;  // the head's exact selection serves the period
@@ -251,15 +267,16 @@ class Measure {
       }
       previous_head_oracle_[b] = oracle;
     }
-    for (const std::string& name : kSelectors) {
+    for (const std::string& name : Selectors(f_)) {
       std::vector<uint32_t> chosen;
       if (name == "oracle") {
         chosen = oracle;
       } else if (name == "period-exact") {
         chosen = period_selection_[b];
       } else if (name == "quest-fp32" || name == "mean-key-fp32") {
-        chosen = kernels::TopKChunks(name == "quest-fp32" ? t.quest32 : t.mean32, k,
-                                     o.sink_chunks, o.recent_chunks);
+        const std::vector<float>& scores = name == "quest-fp32" ? t.quest32 : t.mean32;
+        chosen = kernels::TopKChunks(scores, kernels::SelectedCount(scores, o), o.sink_chunks,
+                                     o.recent_chunks);
       } else {
         const auto kind = OrDie(kernels::ParseSelectorKind(name));
         chosen = OrDie(kernels::Select(kind, in, o)).chunks;
@@ -319,9 +336,10 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
   for (double b : f.budgets) {
     std::printf(" %.3f at %.0f%%%s", fid.Overlap(b), b * 100, b == f.budgets.back() ? "\n" : ",");
   }
-  std::printf("%-14s %7s %8s %8s %8s %8s %12s\n", "selector", "budget", "recall", "error",
+  const char* budget = f.target ? "target" : "budget";
+  std::printf("%-14s %7s %8s %8s %8s %8s %12s\n", "selector", budget, "recall", "error",
               "jaccard", "loaded", "vs oracle");
-  for (const std::string& name : kSelectors) {
+  for (const std::string& name : Selectors(f)) {
     for (double b : f.budgets) {
       const Sums& s = fid.sums.at({name, b});
       const double d = s.layers;
@@ -334,12 +352,12 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
   std::printf("\noutput error with the chunks not loaded estimated (8-bit statistics; per chunk "
               "the value mean costs %.4f of the KV bytes, the key variance as much again):\n",
               entry / kv_bytes);
-  std::printf("%-14s %7s %8s", "selector", "budget", "drop");
+  std::printf("%-14s %7s %8s", "selector", budget, "drop");
   for (kernels::EstimateKind e : kEstimates) {
     std::printf(" %13s", std::string(kernels::EstimateKindName(e)).c_str());
   }
   std::printf("\n");
-  for (const std::string& name : kSelectors) {
+  for (const std::string& name : Selectors(f)) {
     if (!Estimates(name)) continue;
     for (double b : f.budgets) {
       const Sums& s = fid.sums.at({name, b});
@@ -356,12 +374,12 @@ std::string ResultJson(const Flags& f, uint32_t layers, const Fidelity& fid) {
   tools::JsonWriter w;
   w.BeginObject().Key("model").String(f.model).Key("tokens").Uint(f.tokens);
   w.Key("layers").Uint(layers).Key("period").Uint(f.params.period_layers);
-  w.Key("seed").Uint(f.params.seed);
+  w.Key("seed").Uint(f.params.seed).Key("budgets_are_targets").Bool(f.target);
   w.Key("period_head_overlap").BeginArray();
   for (double b : f.budgets) w.Double(fid.Overlap(b));
   w.EndArray();
   w.Key("rows").BeginArray();
-  for (const std::string& name : kSelectors) {
+  for (const std::string& name : Selectors(f)) {
     for (double b : f.budgets) {
       const Sums& s = fid.sums.at({name, b});
       const double d = s.layers;
@@ -390,16 +408,20 @@ void Plot(const Flags& f, const Fidelity& fid) {
   std::string script = "set terminal png size 900,560\nset output '" + f.plot + "'\n";
   script += "set title 'Attention recall by budget (" + f.model + ", " +
             std::to_string(f.tokens) + " tokens)'\n";
-  script += "set xlabel 'budget (% of chunks)'\nset ylabel 'attention recall'\nset key bottom right\n";
+  script += "set xlabel '";
+  script += f.target ? "chunks loaded at each target mass (%)" : "budget (% of chunks)";
+  script += "'\nset ylabel 'attention recall'\nset key bottom right\n";
   script += "set yrange [0:1]\nplot ";
-  for (size_t i = 0; i < kSelectors.size(); ++i) {
-    script += "'-' with linespoints title '" + kSelectors[i] + "'";
-    script += i + 1 < kSelectors.size() ? ", " : "\n";
+  const std::vector<std::string> selectors = Selectors(f);
+  for (size_t i = 0; i < selectors.size(); ++i) {
+    script += "'-' with linespoints title '" + selectors[i] + "'";
+    script += i + 1 < selectors.size() ? ", " : "\n";
   }
-  for (const std::string& name : kSelectors) {
+  for (const std::string& name : Selectors(f)) {
     for (double b : f.budgets) {
       const Sums& s = fid.sums.at({name, b});
-      script += std::to_string(b * 100) + " " + std::to_string(s.recall / s.layers) + "\n";
+      const double x = f.target ? s.loaded / s.layers : b;
+      script += std::to_string(x * 100) + " " + std::to_string(s.recall / s.layers) + "\n";
     }
     script += "e\n";
   }

@@ -156,6 +156,7 @@ class SessionImpl final : public ReprefillSession {
         failed_(spec.layers),
         virtual_(spec.layers) {
     select_options_.budget_fraction = options.budget_fraction;
+    select_options_.target_mass = options.target_mass;
     select_options_.sink_chunks = options.sink_chunks;
     select_options_.recent_chunks = options.recent_chunks;
     stats_.matched_chunks = keys_.size();
@@ -880,7 +881,8 @@ absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
 }
 
 bool SelectsRemoteRecords(const ReprefillOptions& options) {
-  return kernels::ReadsSummaries(KindOf(options.selector)) && options.budget_fraction < 1.0;
+  return kernels::ReadsSummaries(KindOf(options.selector)) &&
+         (options.budget_fraction < 1.0 || options.target_mass > 0);
 }
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
@@ -892,6 +894,10 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
     return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.budget_fraction = ",
                                                    options.budget_fraction,
                                                    ": must be in (0, 1]"));
+  }
+  if (!(options.target_mass >= 0 && options.target_mass <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.target_mass = ",
+                                                   options.target_mass, ": must be in [0, 1]"));
   }
   if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||
       options.period_layers > 1024) {

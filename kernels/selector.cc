@@ -26,6 +26,10 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
     return absl::InvalidArgumentError(
         absl::StrCat("budget fraction ", o.budget_fraction, " is not in (0, 1]"));
   }
+  if (!(o.target_mass >= 0 && o.target_mass <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target mass ", o.target_mass, " is not in [0, 1]"));
+  }
   const size_t want = size_t{in.window} * in.shape.q_heads * in.shape.head_dim;
   if (in.window == 0 || in.queries.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat("queries of ", in.queries.size(), " floats; ",
@@ -261,6 +265,28 @@ size_t BudgetChunks(size_t n, const SelectOptions& o) {
   return std::clamp(k, floor, n);
 }
 
+size_t SelectedCount(std::span<const float> scores, const SelectOptions& o) {
+  const size_t n = scores.size(), cap = BudgetChunks(n, o);
+  if (!(o.target_mass > 0)) return cap;
+  const size_t sink = std::min<size_t>(o.sink_chunks, n);
+  const size_t recent = std::min<size_t>(o.recent_chunks, n - sink);
+  double mass = 0;
+  std::vector<float> rest;
+  rest.reserve(n - sink - recent);
+  for (size_t j = 0; j < n; ++j) {
+    const float x = std::isnan(scores[j]) ? 0.0f : scores[j];
+    if (j < sink || j >= n - recent) {
+      mass += x;
+    } else {
+      rest.push_back(x);
+    }
+  }
+  std::sort(rest.begin(), rest.end(), std::greater<>());
+  size_t k = sink + recent;
+  for (size_t i = 0; i < rest.size() && mass < o.target_mass && k < cap; ++i, ++k) mass += rest[i];
+  return std::clamp(k, std::min(n, size_t{o.sink_chunks} + o.recent_chunks), cap);
+}
+
 std::vector<uint32_t> TopKChunks(std::span<const float> scores, size_t k, uint32_t sink,
                                  uint32_t recent) {
   const size_t n = scores.size();
@@ -309,9 +335,10 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
     auto scores = ScoreChunks(kind, in, o);
     if (!scores.ok()) return scores.status();
     sel.scores = std::move(*scores);
-    sel.chunks = TopKChunks(sel.scores, BudgetChunks(n, o), o.sink_chunks, o.recent_chunks);
+    const size_t k = SelectedCount(sel.scores, o);
+    sel.chunks = TopKChunks(sel.scores, k, o.sink_chunks, o.recent_chunks);
     // One score per chunk; the budget, and every sink and recent chunk, fit in n.
-    CKV_DCHECK(sel.scores.size() == n && sel.chunks.size() == BudgetChunks(n, o));
+    CKV_DCHECK(sel.scores.size() == n && sel.chunks.size() == k);
     return sel;
   }
   // Token-level baselines.

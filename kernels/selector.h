@@ -88,6 +88,11 @@ struct SelectOptions {
   // Fraction of the chunks (token-level baselines: of the tokens) to select, in (0, 1].
   // Default: 0.1.
   double budget_fraction = 0.1;
+  // Our selectors: when > 0, select by quality instead of a fixed share: the fewest chunks whose
+  // scores (each chunk's estimated share of the layer's attention) sum to at least target_mass,
+  // the sink and recent chunks counted first, then by score; at most BudgetChunks (so that
+  // budget_fraction is the ceiling) and at least sink + recent. In [0, 1]. Default: 0 (off).
+  double target_mass = 0;
   // The first and the last chunks of the prefix, always selected. Default: 1 and 1.
   uint32_t sink_chunks = 1;
   uint32_t recent_chunks = 1;
@@ -106,8 +111,13 @@ struct SelectOptions {
   std::vector<uint32_t> impress_score_q_heads;
 };
 
-// The chunks k selectors keep out of n (see the header comment).
+// The chunks k selectors keep out of n (see the header comment), or at most keep with
+// target_mass.
 size_t BudgetChunks(size_t n, const SelectOptions& options);
+
+// How many chunks `options` selects from `scores` (one per chunk): BudgetChunks, or with
+// target_mass the fewest whose scores reach it (see SelectOptions::target_mass).
+size_t SelectedCount(std::span<const float> scores, const SelectOptions& options);
 
 // One layer's inputs. Summary selectors (ReadsSummaries) read `minmax` or `mean`, and `layers`
 // and `layer`; key selectors read `records`. Every pointer must stay valid for the call.
@@ -127,7 +137,7 @@ struct SelectorInput {
 };
 
 struct Selection {
-  // The chunks to load: sorted, unique. Our selectors: exactly BudgetChunks(n) of them.
+  // The chunks to load: sorted, unique. Our selectors: exactly SelectedCount(scores) of them.
   std::vector<uint32_t> chunks;
   // Every chunk's score: n floats summing to 1, the selector's estimate of the share of the
   // layer's attention that each chunk holds (impress: of its probe heads' attention).

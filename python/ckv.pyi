@@ -173,7 +173,8 @@ class Engine:
                         budget_fraction: float = 0.1, window: int = 32, period_layers: int = 8,
                         period_selection: bool = False, sink_chunks: int = 1,
                         recent_chunks: int = 1, prefetch: bool = True,
-                        estimate_rest: bool = False) -> ReprefillSession:
+                        estimate_rest: bool = False,
+                        target_mass: float = 0.0) -> ReprefillSession:
         """Starts a Re-Prefill of the stored leading chunks of tokens."""
     def stats(self) -> dict[str, Union[int, float, bool]]:
         """EngineStats as a dict."""

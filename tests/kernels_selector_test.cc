@@ -459,6 +459,58 @@ TEST(BudgetTest, RoundsHalfUpAndKeepsTheForcedChunks) {
   EXPECT_EQ(BudgetChunks(77, o), 77u);
 }
 
+TEST(BudgetTest, ATargetMassTakesTheFewestChunksThatReachItUnderTheCeiling) {
+  // Sink 0.30 and recent 0.05 count first; then 0.25, 0.20, 0.10, 0.05, 0.03, 0.02.
+  const std::vector<float> scores = {0.30f, 0.10f, 0.25f, 0.02f, 0.20f, 0.03f, 0.05f, 0.05f};
+  SelectOptions o;
+  o.budget_fraction = 1.0;
+  EXPECT_EQ(SelectedCount(scores, o), 8u) << "off: the budget's count";
+  o.target_mass = 0.30;
+  EXPECT_EQ(SelectedCount(scores, o), 2u) << "sink and recent alone reach 0.35";
+  o.target_mass = 0.60;
+  EXPECT_EQ(SelectedCount(scores, o), 3u) << "0.35 + 0.25";
+  o.target_mass = 0.61;
+  EXPECT_EQ(SelectedCount(scores, o), 4u) << "+ 0.20";
+  o.target_mass = 1.0;
+  EXPECT_EQ(SelectedCount(scores, o), 8u) << "every chunk when only all of them reach it";
+  o.budget_fraction = 0.5;  // a ceiling of 4
+  EXPECT_EQ(SelectedCount(scores, o), 4u);
+  o.target_mass = 0.01;
+  o.sink_chunks = 2;
+  o.recent_chunks = 2;
+  EXPECT_EQ(SelectedCount(scores, o), 4u) << "never fewer than sink + recent";
+  const std::vector<float> nan = {0.5f, NAN, 0.4f, 0.1f};
+  o = SelectOptions{};
+  o.budget_fraction = 1.0;
+  o.target_mass = 0.95;
+  EXPECT_EQ(SelectedCount(nan, o), 3u) << "a NaN score counts as no mass";
+  EXPECT_EQ(TopKChunks(nan, 3, 1, 1), (std::vector<uint32_t>{0, 2, 3}));
+}
+
+// Select takes the count from the scores: a concentrated layer loads fewer chunks than a
+// diffuse one at the same target.
+TEST_P(SelectorTest, ATargetMassLoadsLessWhereAttentionIsConcentrated) {
+  const Prefix diffuse = MakePrefix(64, 3);
+  const Prefix planted = MakePrefix(64, 3, {17});  // chunk 17 holds most of the attention
+  SelectOptions o;
+  o.budget_fraction = 1.0;
+  o.target_mass = 0.5;
+  for (SelectorKind kind : AllSelectorKinds()) {
+    if (kind == SelectorKind::kImpress || kind == SelectorKind::kH2o) continue;
+    auto spread = Select(kind, diffuse.Input(), o);
+    ASSERT_TRUE(spread.ok()) << spread.status();
+    EXPECT_EQ(spread->chunks.size(), SelectedCount(spread->scores, o)) << SelectorName(kind);
+    double got = 0;
+    for (uint32_t j : spread->chunks) got += spread->scores[j];
+    EXPECT_GE(got, 0.5 - 1e-5) << SelectorName(kind);
+    auto peaked = Select(kind, planted.Input(), o);
+    ASSERT_TRUE(peaked.ok()) << peaked.status();
+    EXPECT_LT(peaked->chunks.size(), spread->chunks.size()) << SelectorName(kind);
+    EXPECT_TRUE(std::binary_search(peaked->chunks.begin(), peaked->chunks.end(), 17u))
+        << SelectorName(kind);
+  }
+}
+
 TEST(TopKTest, ForcedChunksFirstThenHighestWithTiesToTheLowerIndex) {
   const std::vector<float> scores = {0, 5, 3, 5, 9, 1, 5, 0};
   EXPECT_EQ(TopKChunks(scores, 4, 1, 1), (std::vector<uint32_t>{0, 1, 4, 7}));
@@ -481,6 +533,9 @@ TEST(SelectorErrorsTest, BadInputsAreInvalidArgumentWithTheValue) {
   o.budget_fraction = 1.5;
   expect_invalid(Select(SelectorKind::kQuest, p.Input(), o).status(), "not in (0, 1]");
   o.budget_fraction = 0.5;
+  o.target_mass = 1.5;
+  expect_invalid(Select(SelectorKind::kMeanKey, p.Input(), o).status(), "target mass 1.5 ");
+  o.target_mass = 0;
   SelectorInput in = p.Input();
   in.queries = std::span(p.queries).first(10);
   expect_invalid(Select(SelectorKind::kOracle, in, o).status(), "queries of 10 floats");

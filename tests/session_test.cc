@@ -2,9 +2,10 @@
 // Tests of Re-Prefill sessions (ckv/session.h) through the public Engine API.
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <numeric>
-#include <fstream>
+#include <set>
 #include <thread>
 
 #include "ckv/engine.h"
@@ -488,6 +489,11 @@ TEST(SessionLifeTest, ErrorsAreClear) {
   bad.budget_fraction = 0;
   EXPECT_EQ(engine->BeginReprefill(d.spec, d.tokens, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+  bad = ReprefillOptions{};
+  bad.target_mass = -0.1;
+  auto refused = engine->BeginReprefill(d.spec, d.tokens, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("target_mass = -0.1"));
   auto session = engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
   ASSERT_TRUE(session.ok());
   EXPECT_EQ((*session)->AwaitLayer(0).status().code(), absl::StatusCode::kFailedPrecondition);
@@ -920,6 +926,60 @@ TEST(SessionEstimateTest, TheChunksNotLoadedComeAsVirtualTokensAndLowerTheError)
   EXPECT_EQ(stats->summary_bytes_read, d.chunks() * (f.MeanBytes() + f.EstimateBytes()));
   EXPECT_LT(with, 0.9 * without) << "mean error " << with / d.spec.layers << " against "
                                  << without / d.spec.layers << " dropped";
+}
+
+// With a target mass, each layer loads the fewest chunks whose scores reach it: what the selector
+// makes of the stored summaries, a count that differs between layers, under the budget's ceiling.
+TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  const kernels::KvShape shape = kernels::KvShape::Of(d.spec);
+  const kernels::SummaryFormat f = kernels::SummaryFormat::For(d.spec);
+  for (const double ceiling : {1.0, 0.1}) {
+    ReprefillOptions o;
+    o.selector = Selector::kMeanKey;
+    o.budget_fraction = ceiling;
+    o.target_mass = 0.6;
+    auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    std::set<size_t> counts;
+    for (uint32_t l = 0; l < d.spec.layers; ++l) {
+      ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+      auto view = (*session)->AwaitLayer(l);
+      ASSERT_TRUE(view.ok()) << view.status();
+      std::vector<uint32_t> loaded;
+      for (const auto& r : view->records()) loaded.push_back(r.chunk);
+      // The selector over summaries made as Put makes them.
+      std::vector<std::vector<std::byte>> minmax(d.chunks(), std::vector<std::byte>(f.MinMaxBytes())),
+          mean(d.chunks(), std::vector<std::byte>(f.MeanBytes()));
+      std::vector<const std::byte*> mean_ptr;
+      for (size_t j = 0; j < d.chunks(); ++j) {
+        kernels::SummarizeChunkLayer(d.spec, l, std::span(d.Record(l, j), shape.half_record_bytes()),
+                                     minmax[j], mean[j]);
+        mean_ptr.push_back(mean[j].data());
+      }
+      kernels::SelectorInput in;
+      in.shape = shape;
+      in.layers = d.spec.layers;
+      in.layer = l;
+      in.queries = d.layers[l].q;
+      in.window = o.window;
+      in.chunks = d.chunks();
+      in.mean = mean_ptr;
+      kernels::SelectOptions so;
+      so.budget_fraction = ceiling;
+      so.target_mass = o.target_mass;
+      auto want = kernels::Select(kernels::SelectorKind::kMeanKey, in, so);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(loaded, want->chunks) << "layer " << l << " at ceiling " << ceiling;
+      EXPECT_LE(loaded.size(), kernels::BudgetChunks(d.chunks(), so)) << "layer " << l;
+      counts.insert(loaded.size());
+    }
+    ASSERT_TRUE((*session)->Finish().ok());
+    if (ceiling == 1.0) EXPECT_GT(counts.size(), 1u) << "every layer loaded the same count";
+  }
 }
 
 TEST(SessionEstimateTest, WithoutTheOptionViewsCarryNoVirtualTokensAndReadNoEstimate) {

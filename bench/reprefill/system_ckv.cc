@@ -59,7 +59,8 @@ class CkvRunner final : public SystemRunner {
     out.loaded.resize(spec.layers);
     out.attended.resize(spec.layers);
     ReprefillOptions o;
-    o.budget_fraction = ctx_.budget;
+    o.budget_fraction = sys.target ? 1.0 : ctx_.budget;
+    o.target_mass = sys.target ? ctx_.budget : 0.0;
     o.selector = sys.selector;
     o.period_layers = sys.period;
     o.period_selection = sys.period_selection;

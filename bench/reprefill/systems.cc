@@ -35,7 +35,7 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown system '", name,
         "' (full, h2o, impress, ckv-paper, ckv, ckv-est, "
-        "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate])"));
+        "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate][:target])"));
   }
   CKV_ASSIGN_OR_RETURN(s.selector, ParseSelector(parts[1]));
   if (parts[2] == "layer-major") s.layout = RecordLayout::kLayerMajor;
@@ -44,6 +44,7 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
   for (size_t i = 3; i < parts.size(); ++i) {
     if (parts[i] == "noprefetch") s.prefetch = false;
     else if (parts[i] == "estimate") s.estimate = true;
+    else if (parts[i] == "target") s.target = true;
     else if (!absl::SimpleAtoi(parts[i], &s.period) || s.period < 1) {
       return absl::InvalidArgumentError(absl::StrCat("system ", name, ": bad part ", parts[i]));
     } else {
@@ -72,7 +73,8 @@ std::string System::Config(const Flags& f) const {
                           ? absl::StrCat(", one selection per ", period, " layers")
                           : ", every layer scored",
                       prefetch ? ", prefetch" : ", no prefetch",
-                      estimate ? ", the rest estimated" : "", ", S=IxF tiers");
+                      estimate ? ", the rest estimated" : "",
+                      target ? ", budgets read as target masses" : "", ", S=IxF tiers");
 }
 
 double RunContext::LayerSeconds(size_t context_tokens) const {

@@ -52,6 +52,9 @@ struct System {
   bool prefetch = true;
   // The chunks not loaded stand in as virtual tokens (ReprefillOptions::estimate_rest).
   bool estimate = false;
+  // The sweep's budgets are target masses (ReprefillOptions::target_mass, no ceiling): each
+  // layer loads what its scores say reaches the target.
+  bool target = false;
   // What the table and the JSON say the system does.
   std::string Config(const Flags& f) const;
 };

@@ -67,6 +67,13 @@ struct ReprefillOptions {
   // round(budget_fraction * chunks), at least sink_chunks + recent_chunks, at most all.
   // Default: 0.1.
   double budget_fraction = 0.1;
+  // Select by quality instead of a fixed share: when > 0, each scored layer loads the fewest
+  // chunks whose scores (the selector's estimate of each chunk's share of the layer's attention)
+  // sum to at least target_mass, the sink and recent chunks counted first, at most
+  // budget_fraction's count (set budget_fraction to 1 for no ceiling). So a layer whose attention
+  // is spread loads more than one whose attention is concentrated. In [0, 1]. Default: 0 (off:
+  // every layer loads budget_fraction's count).
+  double target_mass = 0;
   Selector selector = Selector::kPeriodExact;
   // Layers that share one selection under kPeriodExact, or under quest and mean-key with
   // period_selection (the first is the period's head).

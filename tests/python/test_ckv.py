@@ -409,6 +409,28 @@ class CkvTest(unittest.TestCase):
         self.assertIsNone(s.await_layer(0).virtual_tokens)
         s.finish()
 
+    def test_a_target_mass_loads_per_layer_what_reaches_it(self):
+        n = 16 * 8
+        tokens = tokens_of(n, start=5000)
+        k, v = make_kv(SPEC, n, seed=11)
+        self.engine.put(SPEC, tokens, k, v)
+        window = 4
+        q = np.random.default_rng(5).standard_normal(
+            (window, SPEC.q_heads, SPEC.head_dim)).astype(np.float32)
+        loaded = {}
+        for target in (0.3, 1.0):
+            s = self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", budget_fraction=1.0,
+                                            window=window, target_mass=target)
+            s.submit_queries(0, q)
+            loaded[target] = len(s.await_layer(0).records)
+            s.finish()
+        self.assertGreaterEqual(loaded[0.3], 2)  # the sink and the recent chunk at least
+        self.assertLess(loaded[0.3], 8)
+        self.assertEqual(loaded[1.0], 8)
+        with self.assertRaises(ckv.InvalidArgumentError) as cm:
+            self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", target_mass=2.0)
+        self.assertIn("target_mass = 2", str(cm.exception))
+
     def test_a_full_budget_session_needs_no_queries(self):
         n = 16 * 5
         tokens = tokens_of(n)
