@@ -2,8 +2,10 @@
 #include "bench/reprefill/fidelity.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "kernels/estimate.h"
 #include "kernels/fidelity.h"
@@ -22,11 +24,34 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
   return &it->second;
 }
 
+namespace {
+
+// The session's virtual tokens against the fidelity's rebuild: the same chunks, and keys, values
+// and biases within float rounding (both decode the same 8-bit entries).
+absl::Status SameTokens(const VirtualTokens& served, const VirtualTokens& rebuilt, uint32_t layer) {
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!(std::abs(a[i] - b[i]) <= 1e-4f * std::max(1.0f, std::abs(b[i])))) return false;
+    }
+    return true;
+  };
+  if (served.chunks != rebuilt.chunks || !close(served.keys, rebuilt.keys) ||
+      !close(served.values, rebuilt.values) || !close(served.bias, rebuilt.bias)) {
+    return absl::InternalError(absl::StrCat(
+        "layer ", layer, ": the session's ", served.count, " virtual tokens differ from the ",
+        rebuilt.count, " the records' statistics give"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
     const Request& r, const std::vector<std::vector<float>>& queries,
     const std::vector<std::vector<uint32_t>>& loaded,
     const std::vector<std::vector<uint32_t>>& attended,
-    const std::vector<VirtualTokens>& virtual_tokens) {
+    const std::vector<std::vector<uint32_t>>& estimated, const std::vector<VirtualTokens>& served) {
   const ModelSpec& spec = w_.spec();
   const kernels::KvShape shape = kernels::KvShape::Of(spec);
   const uint32_t c = spec.chunk_tokens;
@@ -79,9 +104,15 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
     rs += got;
     rl += got_loaded;
     std::vector<float> out;
-    if (l < virtual_tokens.size() && virtual_tokens[l].count > 0) {
-      CKV_ASSIGN_OR_RETURN(out, kernels::AttentionWithVirtualTokens(shape, queries[l], window, kv,
-                                                                    virtual_tokens[l]));
+    if (l < estimated.size() && !estimated[l].empty()) {
+      CKV_ASSIGN_OR_RETURN(kernels::ChunkStats stats, kernels::ChunkStats::Of(shape, ptr, estimated[l]));
+      stats.RoundTripInt8(shape.kv_heads, shape.head_dim);  // as the estimate parts store them
+      CKV_ASSIGN_OR_RETURN(VirtualTokens vt, kernels::VirtualTokensOf(shape, queries[l], window,
+                                                                      stats,
+                                                                      kernels::EstimateKind::kMean));
+      vt.chunks = estimated[l];  // the statistics' order is theirs
+      if (l < served.size()) CKV_RETURN_IF_ERROR(SameTokens(served[l], vt, l));
+      CKV_ASSIGN_OR_RETURN(out, kernels::AttentionWithVirtualTokens(shape, queries[l], window, kv, vt));
     } else {
       CKV_ASSIGN_OR_RETURN(out, kernels::ReferenceAttention(shape, queries[l], window, kv));
     }
@@ -105,7 +136,7 @@ absl::Status Fidelity::MeasureRow(const std::vector<Request>& measured,
     const Request& req = measured[q];
     const RequestResult& res = results[q];
     CKV_ASSIGN_OR_RETURN(Quality got, Measure(req, w_.Queries(req), res.loaded, res.attended,
-                                              res.virtual_tokens));
+                                              res.estimated, res.virtual_tokens));
     rs += got.recall;
     rl += got.recall_loaded;
     errors.push_back(got.error);

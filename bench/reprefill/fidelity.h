@@ -42,12 +42,16 @@ class Fidelity {
   // `loaded[l]`: chunks loaded at layer l; `attended[l]`: the tokens attended to, sorted, or
   // empty for every token of loaded[l]. recall counts the attended tokens, recall_loaded every
   // token of the loaded chunks (what a token-level system would get if it used all it read).
-  // `virtual_tokens[l]` (empty, or one per layer): the chunks not loaded that the system's
-  // attention also took, as virtual tokens (ckv/virtual_tokens.h); recall does not count them.
+  // `estimated[l]` (empty, or one per layer): the chunks not loaded that the system's attention
+  // also took as virtual tokens (ckv/virtual_tokens.h), rebuilt here from the records as a
+  // session makes them (kernels::VirtualTokensOf's mean form over 8-bit statistics); recall
+  // does not count them. `served[l]` (empty, or one per layer): the virtual tokens the session
+  // served, which must match the rebuild (Internal otherwise).
   absl::StatusOr<Quality> Measure(const Request& r, const std::vector<std::vector<float>>& queries,
                                   const std::vector<std::vector<uint32_t>>& loaded,
                                   const std::vector<std::vector<uint32_t>>& attended,
-                                  const std::vector<VirtualTokens>& virtual_tokens = {});
+                                  const std::vector<std::vector<uint32_t>>& estimated = {},
+                                  const std::vector<VirtualTokens>& served = {});
 
   // Recall and output error of `measured` (whose results `results` holds, in the same order;
   // every one, or the first `limit` when it is not 0) into `row`: the means over requests, the

@@ -78,7 +78,12 @@ struct RequestResult {
   // the tokens its attention used, sorted; empty for a layer when it attends to every token of
   // its loaded chunks (chunk-level systems). Recall and output error count these only.
   std::vector<std::vector<uint32_t>> attended;
-  // Per layer, with an estimate and --fidelity: the virtual tokens its attention also used.
+  // Per layer, with an estimate: the chunks its attention also took as virtual tokens (the
+  // fidelity rebuilds them from the records, as kernels::VirtualTokensOf makes them), and for a
+  // runner's first measured request with --fidelity the virtual tokens themselves, which the fidelity
+  // checks against its rebuild. Holding every request's tokens until the run ends would put a
+  // harness's page faults (50 MB per request at 10%) on the requests' clocks.
+  std::vector<std::vector<uint32_t>> estimated;
   std::vector<VirtualTokens> virtual_tokens;
 };
 
