@@ -80,7 +80,8 @@ class Reprefilled:
 def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, tokens, *,
               selector: str = "period-exact", budget: float = 1.0, window: int = 32,
               period_layers: int = 2, period_selection: bool = False, with_queries: bool = True,
-              keep_probs: bool = False, estimate: bool = False) -> Reprefilled:
+              keep_probs: bool = False, estimate: bool = False,
+              target_mass: float = 0.0) -> Reprefilled:
     """The first token of `tokens` from a ckv Re-Prefill of its stored leading chunks.
 
     The session is begun on tokens[:-1], so at least the last token is computed (as a serving
@@ -88,7 +89,9 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     min(window, new tokens) queries. with_queries=False (budget 1 only) submits none: every
     matched chunk is served, as a connector with no queries would get them. estimate=True asks
     the session for the chunks it did not load as virtual tokens (docs/estimate.md), which the
-    attention takes beside the loaded tokens, each with its logit bias.
+    attention takes beside the loaded tokens, each with its logit bias. target_mass > 0 has each
+    layer load the fewest chunks whose scores reach it (ReprefillOptions::target_mass), with
+    `budget` the ceiling.
     """
     tokens = as_tokens(tokens)
     if len(tokens) < 1:
@@ -102,7 +105,8 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     w = max(1, min(window, len(tokens) - matched * c))
     session = engine.begin_reprefill(spec, tokens[:-1], selector=selector, budget_fraction=budget,
                                      window=w, period_layers=period_layers,
-                                     period_selection=period_selection, estimate_rest=estimate)
+                                     period_selection=period_selection, estimate_rest=estimate,
+                                     target_mass=target_mass)
     try:
         matched = session.matched_chunks
         start = matched * c

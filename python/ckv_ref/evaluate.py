@@ -29,6 +29,10 @@ the tokens the system attends to; mean over layers, q heads and queries). The sy
   oracle     ckv session, exact attention at every layer (an upper bound for chunk selection)
   ckv-est, oracle-est  ckv and oracle with estimate_rest: the chunks not loaded as virtual
              tokens (docs/estimate.md)
+  mean-key-est  mean-key at every layer, with estimate_rest
+  mean-key-est-target, oracle-est-target  the same and oracle-est with the budget read as a
+             target mass (ReprefillOptions::target_mass, no ceiling): `attended` says how much
+             each loaded
   h2o        token-level top-k of the window's attention, mean over every q head (as
              kernels::Select's h2o), plus the sink and the recent chunk
   impress    token-level top-k of 3 probe q heads' mean attention, falling back to every head
@@ -65,6 +69,11 @@ CKV_SYSTEMS = {
     "quest": dict(selector="quest", period_selection=False),
     "oracle": dict(selector="oracle", period_selection=False),
     "oracle-est": dict(selector="oracle", period_selection=False, estimate=True),
+    "mean-key-est": dict(selector="mean-key", period_selection=False, estimate=True),
+    "mean-key-est-target": dict(selector="mean-key", period_selection=False, estimate=True,
+                                target=True),
+    "oracle-est-target": dict(selector="oracle", period_selection=False, estimate=True,
+                              target=True),
 }
 TOKEN_SYSTEMS = ("h2o", "impress")
 
@@ -176,7 +185,11 @@ def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16
             full, probs = full_computation(model, tokens, window)
             for b in budget_list:
                 for name, opts in ckv_systems.items():
-                    got = ckvio.reprefill(engine, spec, model, tokens, budget=b, window=window,
+                    opts = dict(opts)
+                    # A target system reads the budget as its target mass, with no ceiling.
+                    target = opts.pop("target", False)
+                    got = ckvio.reprefill(engine, spec, model, tokens, budget=1.0 if target else b,
+                                          target_mass=b if target else 0.0, window=window,
                                           period_layers=period, **opts)
                     add(rows, name, b, full, got.logits, probs, prefix, got.attended(prefix))
                 for name in token_systems:
