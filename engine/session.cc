@@ -321,6 +321,17 @@ class SessionImpl final : public ReprefillSession {
       return absl::OkStatus();
     }
     selections_[layer] = selections_[head];
+    if (options_.rescore_layers && kernels::ReadsSummaries(kind_) && !queries.empty() &&
+        !queryless_[head]) {
+      // The layer's own choice; the head's prefetch already holds most of it.
+      absl::StatusOr<kernels::Selection> sel = Select(layer, queries, {});
+      if (!sel.ok()) {
+        failed_[layer] = sel.status();
+        return failed_[layer];
+      }
+      selections_[layer] = std::move(sel->chunks);
+      scores_[layer] = std::move(sel->scores);
+    }
     CancelUnneeded(layer, selections_[layer]);
     CKV_RETURN_IF_ERROR(Request(layer, selections_[layer], prefetch::Priority::kDemand));
     BuildVirtualTokens(layer, selections_[layer]);

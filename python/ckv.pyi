@@ -174,7 +174,8 @@ class Engine:
                         period_selection: bool = False, sink_chunks: int = 1,
                         recent_chunks: int = 1, prefetch: bool = True,
                         estimate_rest: bool = False,
-                        target_mass: float = 0.0) -> ReprefillSession:
+                        target_mass: float = 0.0,
+                        rescore_layers: bool = False) -> ReprefillSession:
         """Starts a Re-Prefill of the stored leading chunks of tokens."""
     def stats(self) -> dict[str, Union[int, float, bool]]:
         """EngineStats as a dict."""

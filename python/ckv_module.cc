@@ -1031,7 +1031,8 @@ PYBIND11_MODULE(ckv, m) {
           [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens,
              const std::string& selector, double budget_fraction, uint32_t window,
              uint32_t period_layers, bool period_selection, uint32_t sink_chunks,
-             uint32_t recent_chunks, bool prefetch, bool estimate_rest, double target_mass) {
+             uint32_t recent_chunks, bool prefetch, bool estimate_rest, double target_mass,
+             bool rescore_layers) {
             auto engine = e.Get();
             ckv::ReprefillOptions options;
             options.selector = Take(ckv::ParseSelector(selector));
@@ -1044,6 +1045,7 @@ PYBIND11_MODULE(ckv, m) {
             options.prefetch = prefetch;
             options.estimate_rest = estimate_rest;
             options.target_mass = target_mass;
+            options.rescore_layers = rescore_layers;
             py::array_t<int32_t> t = Tokens(tokens);
             absl::StatusOr<std::unique_ptr<ckv::ReprefillSession>> session;
             {
@@ -1065,6 +1067,7 @@ PYBIND11_MODULE(ckv, m) {
           py::arg("period_selection") = false, py::arg("sink_chunks") = 1,
           py::arg("recent_chunks") = 1, py::arg("prefetch") = true,
           py::arg("estimate_rest") = false, py::arg("target_mass") = 0.0,
+          py::arg("rescore_layers") = false,
           "Starts a Re-Prefill of the stored leading chunks of `tokens`. selector: "
           "'period-exact', 'quest', 'mean-key' or 'oracle'; the options are ReprefillOptions'.")
       .def(

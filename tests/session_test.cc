@@ -928,6 +928,32 @@ TEST(SessionEstimateTest, TheChunksNotLoadedComeAsVirtualTokensAndLowerTheError)
                                  << without / d.spec.layers << " dropped";
 }
 
+// What mean-key selects at layer l of the planted data under `so`, from summaries made as Put
+// makes them.
+std::vector<uint32_t> MeanKeySelection(const Planted& d, uint32_t l, uint32_t window,
+                                       const kernels::SelectOptions& so) {
+  const kernels::KvShape shape = kernels::KvShape::Of(d.spec);
+  const kernels::SummaryFormat f = kernels::SummaryFormat::For(d.spec);
+  std::vector<std::vector<std::byte>> minmax(d.chunks(), std::vector<std::byte>(f.MinMaxBytes())),
+      mean(d.chunks(), std::vector<std::byte>(f.MeanBytes()));
+  std::vector<const std::byte*> mean_ptr;
+  for (size_t j = 0; j < d.chunks(); ++j) {
+    kernels::SummarizeChunkLayer(d.spec, l, std::span(d.Record(l, j), shape.half_record_bytes()),
+                                 minmax[j], mean[j]);
+    mean_ptr.push_back(mean[j].data());
+  }
+  kernels::SelectorInput in;
+  in.shape = shape;
+  in.layers = d.spec.layers;
+  in.layer = l;
+  in.queries = d.layers[l].q;
+  in.window = window;
+  in.chunks = d.chunks();
+  in.mean = mean_ptr;
+  auto sel = kernels::Select(kernels::SelectorKind::kMeanKey, in, so);
+  return sel.ok() ? sel->chunks : std::vector<uint32_t>{};
+}
+
 // With a target mass, each layer loads the fewest chunks whose scores reach it: what the selector
 // makes of the stored summaries, a count that differs between layers, under the budget's ceiling.
 TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
@@ -935,8 +961,6 @@ TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
   TempDir dir;
   auto engine = Open(dir.path());
   ASSERT_TRUE(d.Put(*engine).ok());
-  const kernels::KvShape shape = kernels::KvShape::Of(d.spec);
-  const kernels::SummaryFormat f = kernels::SummaryFormat::For(d.spec);
   for (const double ceiling : {1.0, 0.1}) {
     ReprefillOptions o;
     o.selector = Selector::kMeanKey;
@@ -944,6 +968,9 @@ TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
     o.target_mass = 0.6;
     auto session = engine->BeginReprefill(d.spec, d.tokens, o);
     ASSERT_TRUE(session.ok()) << session.status();
+    kernels::SelectOptions so;
+    so.budget_fraction = ceiling;
+    so.target_mass = o.target_mass;
     std::set<size_t> counts;
     for (uint32_t l = 0; l < d.spec.layers; ++l) {
       ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
@@ -951,35 +978,51 @@ TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
       ASSERT_TRUE(view.ok()) << view.status();
       std::vector<uint32_t> loaded;
       for (const auto& r : view->records()) loaded.push_back(r.chunk);
-      // The selector over summaries made as Put makes them.
-      std::vector<std::vector<std::byte>> minmax(d.chunks(), std::vector<std::byte>(f.MinMaxBytes())),
-          mean(d.chunks(), std::vector<std::byte>(f.MeanBytes()));
-      std::vector<const std::byte*> mean_ptr;
-      for (size_t j = 0; j < d.chunks(); ++j) {
-        kernels::SummarizeChunkLayer(d.spec, l, std::span(d.Record(l, j), shape.half_record_bytes()),
-                                     minmax[j], mean[j]);
-        mean_ptr.push_back(mean[j].data());
-      }
-      kernels::SelectorInput in;
-      in.shape = shape;
-      in.layers = d.spec.layers;
-      in.layer = l;
-      in.queries = d.layers[l].q;
-      in.window = o.window;
-      in.chunks = d.chunks();
-      in.mean = mean_ptr;
-      kernels::SelectOptions so;
-      so.budget_fraction = ceiling;
-      so.target_mass = o.target_mass;
-      auto want = kernels::Select(kernels::SelectorKind::kMeanKey, in, so);
-      ASSERT_TRUE(want.ok()) << want.status();
-      EXPECT_EQ(loaded, want->chunks) << "layer " << l << " at ceiling " << ceiling;
+      EXPECT_EQ(loaded, MeanKeySelection(d, l, o.window, so)) << "layer " << l << " at " << ceiling;
       EXPECT_LE(loaded.size(), kernels::BudgetChunks(d.chunks(), so)) << "layer " << l;
       counts.insert(loaded.size());
     }
     ASSERT_TRUE((*session)->Finish().ok());
     if (ceiling == 1.0) EXPECT_GT(counts.size(), 1u) << "every layer loaded the same count";
   }
+}
+
+// With rescore_layers, every layer of a period serves its own selection, while the period is
+// prefetched with its head's: the selections differ inside a period and the bytes served are
+// still the stored records.
+TEST(SessionRescoreTest, EachLayerOfAPeriodServesItsOwnSelection) {
+  const Planted& d = Data();
+  TempDir dir;
+  auto engine = Open(dir.path());
+  ASSERT_TRUE(d.Put(*engine).ok());
+  ReprefillOptions o;
+  o.selector = Selector::kMeanKey;
+  o.period_selection = true;
+  o.period_layers = 4;
+  o.rescore_layers = true;
+  o.budget_fraction = 0.1;
+  auto session = engine->BeginReprefill(d.spec, d.tokens, o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  kernels::SelectOptions so;
+  so.budget_fraction = o.budget_fraction;
+  int differ = 0;
+  for (uint32_t l = 0; l < d.spec.layers; ++l) {
+    ASSERT_TRUE((*session)->SubmitQueries(l, d.layers[l].q).ok());
+    auto view = (*session)->AwaitLayer(l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    std::vector<uint32_t> loaded;
+    for (const auto& r : view->records()) {
+      loaded.push_back(r.chunk);
+      ASSERT_EQ(std::memcmp(r.data, d.Record(l, r.chunk), d.spec.RecordBytes()), 0)
+          << "layer " << l << " chunk " << r.chunk;
+    }
+    EXPECT_EQ(loaded, MeanKeySelection(d, l, o.window, so)) << "layer " << l;
+    const uint32_t head = l - l % o.period_layers;
+    if (l != head && loaded != MeanKeySelection(d, head, o.window, so)) ++differ;
+  }
+  auto stats = (*session)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(differ, 0) << "no layer chose other than its head: the test shows nothing";
 }
 
 TEST(SessionEstimateTest, WithoutTheOptionViewsCarryNoVirtualTokensAndReadNoEstimate) {

@@ -67,6 +67,7 @@ class CkvRunner final : public SystemRunner {
     o.window = ctx_.w->flags().window;
     o.prefetch = sys.prefetch;
     o.estimate_rest = sys.estimate;
+    o.rescore_layers = sys.rescore;
     if (sys.estimate) out.estimated.resize(spec.layers);
     if (sys.estimate && ctx_.w->flags().fidelity && !r.warmup && measured_++ == 0) {
       out.virtual_tokens.resize(spec.layers);
@@ -93,7 +94,7 @@ class CkvRunner final : public SystemRunner {
       CKV_RETURN_IF_ERROR(session->SubmitQueries(l, queries[l]));
       CKV_ASSIGN_OR_RETURN(LayerView view, session->AwaitLayer(l));
       uint64_t crossing = 0;
-      const bool scored = !by_period || l % sys.period == 0;
+      const bool scored = !by_period || sys.rescore || l % sys.period == 0;
       if (scored) crossing += scoring_bytes;
       crossing += estimate_bytes;
       if (!(scored && sys.selector == Selector::kMeanKey)) crossing += estimate_mean_bytes;

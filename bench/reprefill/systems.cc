@@ -35,7 +35,7 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown system '", name,
         "' (full, h2o, impress, ckv-paper, ckv, ckv-est, "
-        "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate][:target])"));
+        "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate][:target][:rescore])"));
   }
   CKV_ASSIGN_OR_RETURN(s.selector, ParseSelector(parts[1]));
   if (parts[2] == "layer-major") s.layout = RecordLayout::kLayerMajor;
@@ -45,6 +45,7 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
     if (parts[i] == "noprefetch") s.prefetch = false;
     else if (parts[i] == "estimate") s.estimate = true;
     else if (parts[i] == "target") s.target = true;
+    else if (parts[i] == "rescore") s.rescore = true;
     else if (!absl::SimpleAtoi(parts[i], &s.period) || s.period < 1) {
       return absl::InvalidArgumentError(absl::StrCat("system ", name, ": bad part ", parts[i]));
     } else {
@@ -70,7 +71,8 @@ std::string System::Config(const Flags& f) const {
   return absl::StrCat(std::string(SelectorName(selector)), ", ",
                       layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major",
                       selector == Selector::kPeriodExact || period_selection
-                          ? absl::StrCat(", one selection per ", period, " layers")
+                          ? absl::StrCat(", one selection per ", period, " layers",
+                                         rescore ? " prefetched, each layer scored and served its own" : "")
                           : ", every layer scored",
                       prefetch ? ", prefetch" : ", no prefetch",
                       estimate ? ", the rest estimated" : "",

@@ -55,6 +55,9 @@ struct System {
   // The sweep's budgets are target masses (ReprefillOptions::target_mass, no ceiling): each
   // layer loads what its scores say reaches the target.
   bool target = false;
+  // With period_selection: every layer also scored, serving its own selection
+  // (ReprefillOptions::rescore_layers).
+  bool rescore = false;
   // What the table and the JSON say the system does.
   std::string Config(const Flags& f) const;
 };
