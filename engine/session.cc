@@ -3,6 +3,7 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <iterator>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -323,13 +324,17 @@ class SessionImpl final : public ReprefillSession {
     selections_[layer] = selections_[head];
     if (options_.rescore_layers && kernels::ReadsSummaries(kind_) && !queries.empty() &&
         !queryless_[head]) {
-      // The layer's own choice; the head's prefetch already holds most of it.
+      // The layer's own choice, beside the head's that the period prefetched anyway: what it
+      // adds is read on demand.
       absl::StatusOr<kernels::Selection> sel = Select(layer, queries, {});
       if (!sel.ok()) {
         failed_[layer] = sel.status();
         return failed_[layer];
       }
-      selections_[layer] = std::move(sel->chunks);
+      std::vector<uint32_t> both;
+      std::set_union(selections_[head].begin(), selections_[head].end(), sel->chunks.begin(),
+                     sel->chunks.end(), std::back_inserter(both));
+      selections_[layer] = std::move(both);
       scores_[layer] = std::move(sel->scores);
     }
     CancelUnneeded(layer, selections_[layer]);

@@ -18,7 +18,7 @@ constexpr const char* kSystemsHelp =
     "  (selector: period-exact, quest, mean-key, oracle; a period makes quest and mean-key\n"
     "  score each period's head only and share its selection; :target reads each budget as\n"
     "  a target mass, ReprefillOptions::target_mass; :rescore has each layer of a period\n"
-    "  scored and served its own selection, ReprefillOptions::rescore_layers).\n"
+    "  scored and served its own selection beside the head's, ReprefillOptions::rescore_layers).\n"
     "recompute (the modelled prefill of the whole prefix, no cache) is always reported.";
 
 // A comma-separated list, each element checked by `add` (which throws CLI::ValidationError

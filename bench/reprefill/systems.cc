@@ -72,7 +72,7 @@ std::string System::Config(const Flags& f) const {
                       layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major",
                       selector == Selector::kPeriodExact || period_selection
                           ? absl::StrCat(", one selection per ", period, " layers",
-                                         rescore ? " prefetched, each layer scored and served its own" : "")
+                                         rescore ? " prefetched, each layer's own served beside it" : "")
                           : ", every layer scored",
                       prefetch ? ", prefetch" : ", no prefetch",
                       estimate ? ", the rest estimated" : "",

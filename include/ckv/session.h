@@ -84,11 +84,12 @@ struct ReprefillOptions {
   // does. Off: every layer is scored. Default: off.
   bool period_selection = false;
   // With period_selection: every other layer of a period is scored too, from its own summaries,
-  // and serves its own selection. The head's selection is still what the period prefetches (in
-  // one run of records per chunk on a period-major store); what a layer chooses beyond it is read
-  // on demand, and what it leaves is not served. Each layer's choice is then as good as scoring
-  // every layer, at the price of a summary scoring per layer and a few demand reads. Default:
-  // off (a period's layers serve its head's selection).
+  // and serves its own selection beside the head's. The head's selection is still what the
+  // period prefetches (in one run of records per chunk on a period-major store), and is read
+  // whatever the layer chooses, so it is served too; what a layer chooses beyond it is read on
+  // demand. A layer then loads between the budget's count and twice it (SessionStats and the
+  // views say how many), at the price of a summary scoring per layer. Default: off (a period's
+  // layers serve its head's selection).
   bool rescore_layers = false;
   // Suffix queries per layer that SubmitQueries receives (the last w tokens). 1..4096.
   // Default: 32.

@@ -430,7 +430,8 @@ class CkvTest(unittest.TestCase):
         with self.assertRaises(ckv.InvalidArgumentError) as cm:
             self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", target_mass=2.0)
         self.assertIn("target_mass = 2", str(cm.exception))
-        # rescore_layers: each layer of a period serves what its own queries choose.
+        # rescore_layers: each layer of a period serves what its own queries choose, beside its
+        # head's choice.
         s = self.engine.begin_reprefill(SPEC, tokens, selector="mean-key", budget_fraction=0.5,
                                         window=window, period_layers=SPEC.layers,
                                         period_selection=True, rescore_layers=True)
@@ -441,7 +442,7 @@ class CkvTest(unittest.TestCase):
             s.submit_queries(layer, ql)
             chosen.append([r.chunk for r in s.await_layer(layer).records])
         s.finish()
-        self.assertTrue(all(len(c) == 4 for c in chosen))
+        self.assertTrue(all(set(chosen[0]) <= set(c) for c in chosen))
         self.assertGreater(len({tuple(c) for c in chosen}), 1)
 
     def test_a_full_budget_session_needs_no_queries(self):
