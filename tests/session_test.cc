@@ -983,7 +983,9 @@ TEST(SessionTargetTest, EachLayerLoadsWhatItsScoresSayReachesTheTarget) {
       counts.insert(loaded.size());
     }
     ASSERT_TRUE((*session)->Finish().ok());
-    if (ceiling == 1.0) EXPECT_GT(counts.size(), 1u) << "every layer loaded the same count";
+    if (ceiling == 1.0) {
+      EXPECT_GT(counts.size(), 1u) << "every layer loaded the same count";
+    }
   }
 }
 
