@@ -283,10 +283,11 @@ class SessionImpl final : public ReprefillSession {
           " layers and each is submitted once"));
     }
     const size_t want = size_t{options_.window} * spec_.q_heads * spec_.head_dim;
-    if (queries.empty() && options_.budget_fraction < 1.0) {
+    if (queries.empty() && (options_.budget_fraction < 1.0 || options_.target_mass > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "queries of layer ", layer, ": none given; only a session at budget_fraction 1 (every "
-          "chunk) selects without queries, and this one's is ", options_.budget_fraction));
+          "chunk) and no target_mass selects without queries, and this one's are ",
+          options_.budget_fraction, " and ", options_.target_mass));
     }
     if (!queries.empty() && queries.size() != want) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -328,7 +329,9 @@ class SessionImpl final : public ReprefillSession {
       // adds is read on demand.
       absl::StatusOr<kernels::Selection> sel = Select(layer, queries, {});
       if (!sel.ok()) {
-        failed_[layer] = sel.status();
+        failed_[layer] = absl::Status(sel.status().code(),
+                                      absl::StrCat("layer ", layer, " (rescored; period head ",
+                                                   head, "): ", sel.status().message()));
         return failed_[layer];
       }
       std::vector<uint32_t> both;
@@ -914,6 +917,13 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
   if (!(options.target_mass >= 0 && options.target_mass <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.target_mass = ",
                                                    options.target_mass, ": must be in [0, 1]"));
+  }
+  if (options.rescore_layers && (!options.period_selection ||
+                                 !kernels::ReadsSummaries(KindOf(options.selector)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReprefillOptions.rescore_layers needs period_selection and a summary selector (quest, "
+        "mean-key); this session's selector is ", std::string(SelectorName(options.selector)),
+        ", period_selection ", options.period_selection ? "on" : "off"));
   }
   if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||
       options.period_layers > 1024) {

@@ -428,7 +428,7 @@ struct PySession {
   std::unique_ptr<ckv::ReprefillSession> session;
   ckv::ModelSpec spec;
   bool gpu_tier_on_device = false;
-  bool full_budget = false;     // budget_fraction 1: every layer may go without queries
+  bool full_budget = false;     // budget 1, no target mass: layers may go without queries
   uint32_t window = 0;          // queries per layer
   std::vector<bool> submitted;  // per layer: submit_queries was called (by the caller or for it)
 };
@@ -1057,7 +1057,7 @@ PYBIND11_MODULE(ckv, m) {
             out->engine = engine;
             out->spec = spec;
             out->gpu_tier_on_device = e.gpu_tier_on_device;
-            out->full_budget = budget_fraction >= 1.0;
+            out->full_budget = budget_fraction >= 1.0 && !(target_mass > 0);
             out->window = window;
             out->submitted.assign(spec.layers, false);
             return out;

@@ -494,6 +494,24 @@ TEST(SessionLifeTest, ErrorsAreClear) {
   auto refused = engine->BeginReprefill(d.spec, d.tokens, bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("target_mass = -0.1"));
+  bad = ReprefillOptions{};
+  bad.selector = Selector::kMeanKey;
+  bad.rescore_layers = true;  // without period_selection
+  refused = engine->BeginReprefill(d.spec, d.tokens, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("period_selection off"));
+  {
+    // A target mass needs queries even at budget 1.
+    ReprefillOptions target;
+    target.selector = Selector::kMeanKey;
+    target.budget_fraction = 1.0;
+    target.target_mass = 0.5;
+    auto s = engine->BeginReprefill(d.spec, d.tokens, target);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const absl::Status none = (*s)->SubmitQueries(0, {});
+    EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(none.message()), ::testing::HasSubstr("no target_mass"));
+  }
   auto session = engine->BeginReprefill(d.spec, d.tokens, ReprefillOptions{});
   ASSERT_TRUE(session.ok());
   EXPECT_EQ((*session)->AwaitLayer(0).status().code(), absl::StatusCode::kFailedPrecondition);

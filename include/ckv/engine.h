@@ -156,7 +156,7 @@ class Engine {
   // session pins those chunks: a Delete or an eviction meanwhile does not take them from it.
   // With a remote tier (EngineOptions::remote), the chunks that continue the prefix in the
   // cluster are matched too: filled into the local store first for a session that reads every
-  // chunk, or, for one that selects (quest, mean-key below budget 1), read from the cluster
+  // chunk, or, for one that selects (quest, mean-key below budget 1 or with a target mass), read from the cluster
   // record by record as it selects them (docs/remote.md); a record the cluster can no longer
   // give fails the layers that need it (AwaitLayer), never serves other bytes.
   // Errors: InvalidArgument for bad options or spec; the summaries' read error (DataLoss for a

@@ -87,9 +87,10 @@ struct ReprefillOptions {
   // and serves its own selection beside the head's. The head's selection is still what the
   // period prefetches (in one run of records per chunk on a period-major store), and is read
   // whatever the layer chooses, so it is served too; what a layer chooses beyond it is read on
-  // demand. A layer then loads between the budget's count and twice it (SessionStats and the
-  // views say how many), at the price of a summary scoring per layer. Default: off (a period's
-  // layers serve its head's selection).
+  // demand. A layer then loads between the larger of its own and its head's selections and their
+  // sum (its view says how many), at the price of a summary scoring per layer. Needs
+  // period_selection and quest or mean-key (InvalidArgument otherwise). Default: off (a
+  // period's layers serve its head's selection).
   bool rescore_layers = false;
   // Suffix queries per layer that SubmitQueries receives (the last w tokens). 1..4096.
   // Default: 32.
@@ -214,11 +215,12 @@ class ReprefillSession {
 
   // Hands over layer `layer`'s suffix queries: float32 [window, q_heads, head_dim]. Starts the
   // layer's selection and its reads. Layers are submitted in order, each once.
-  // A session at budget_fraction 1 serves every matched chunk whatever the queries say: it
-  // takes an empty span too (a connector that has no queries, such as vLLM's per-layer load),
-  // and then scores nothing: such a layer counts every chunk alike (1/n) in the importance I
-  // that Finish adds, and each served chunk's load in F.
-  // Errors: InvalidArgument for a wrong layer or shape, or for no queries at a budget below 1;
+  // A session at budget_fraction 1 and no target_mass serves every matched chunk whatever the
+  // queries say: it takes an empty span too (a connector that has no queries, such as vLLM's
+  // per-layer load), and then scores nothing: such a layer counts every chunk alike (1/n) in
+  // the importance I that Finish adds, and each served chunk's load in F.
+  // Errors: InvalidArgument for a wrong layer or shape, or for no queries at a budget below 1 or
+  // with a target_mass;
   // FailedPrecondition after Finish. A period
   // head under period-exact (or period_selection) reads its whole layer to score it: a read
   // error there is returned here too (as AwaitLayer would return it).
