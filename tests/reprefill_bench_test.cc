@@ -535,6 +535,34 @@ TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
   EXPECT_NE(::stat((dir.path() + "/s").c_str(), &st), 0);
 }
 
+// The ckv variants with an estimate, a target mass and rescored layers run, the fidelity
+// checking the virtual tokens a session served against its rebuild from the records; the
+// estimate lowers the error at the same selection; :rescore without a period is refused.
+TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCheckOut) {
+  TempDir dir;
+  const std::string json = dir.path() + "/out.json";
+  const Ran ran = RunBench(
+      "--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
+      "--conversations 1 --turns 2 --budgets 50 --rounds 1 --fidelity --no-fio --systems "
+      "ckv,ckv-est,ckv:mean-key:period-major:2:estimate:target:rescore --json " + json);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  std::map<std::string, double> error;
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    error[*r.Find("system")->AsString()] = Num(r, "output_rel_error");
+  }
+  ASSERT_EQ(error.count("ckv-est"), 1u) << ran.output;
+  ASSERT_EQ(error.count("ckv:mean-key:period-major:2:estimate:target:rescore"), 1u) << ran.output;
+  EXPECT_GT(error["ckv"], 0);
+  EXPECT_LT(error["ckv-est"], error["ckv"]) << "the same selections, the rest estimated";
+  const Ran bad = RunBench("--store " + dir.path() + "/s --systems ckv:quest:layer-major:rescore "
+                           "--no-fio");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("rescore needs quest or mean-key with a period"), std::string::npos)
+      << bad.output;
+}
+
 // Regression (security audit): the store's manifest.json was read whole, however large; a
 // manifest that never ends (/dev/zero behind a symlink) grew memory until the process died. It
 // is now read up to 64 KiB, and anything larger is another workload's store, rebuilt.

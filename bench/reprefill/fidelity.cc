@@ -26,21 +26,27 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
 
 namespace {
 
-// The session's virtual tokens against the fidelity's rebuild: the same chunks, and keys, values
-// and biases within float rounding (both decode the same 8-bit entries).
+// The session's virtual tokens against the fidelity's rebuild: keys, values and biases within
+// float rounding (both decode the same 8-bit entries), the first difference named.
 absl::Status SameTokens(const VirtualTokens& served, const VirtualTokens& rebuilt, uint32_t layer) {
-  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (!(std::abs(a[i] - b[i]) <= 1e-4f * std::max(1.0f, std::abs(b[i])))) return false;
+  const std::pair<const char*, const std::vector<float>*> parts[] = {
+      {"keys", &served.keys}, {"values", &served.values}, {"bias", &served.bias}};
+  const std::vector<float>* want[] = {&rebuilt.keys, &rebuilt.values, &rebuilt.bias};
+  for (size_t p = 0; p < 3; ++p) {
+    const std::vector<float>& a = *parts[p].second;
+    const std::vector<float>& b = *want[p];
+    if (a.size() != b.size()) {
+      return absl::InternalError(absl::StrCat("layer ", layer, ": the session served ", a.size(),
+                                              " floats of virtual-token ", parts[p].first,
+                                              "; the records' statistics give ", b.size()));
     }
-    return true;
-  };
-  if (served.chunks != rebuilt.chunks || !close(served.keys, rebuilt.keys) ||
-      !close(served.values, rebuilt.values) || !close(served.bias, rebuilt.bias)) {
-    return absl::InternalError(absl::StrCat(
-        "layer ", layer, ": the session's ", served.count, " virtual tokens differ from the ",
-        rebuilt.count, " the records' statistics give"));
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!(std::abs(a[i] - b[i]) <= 1e-4f * std::max(1.0f, std::abs(b[i])))) {
+        return absl::InternalError(absl::StrCat(
+            "layer ", layer, ": virtual-token ", parts[p].first, "[", i, "] is ", a[i],
+            " as served and ", b[i], " from the records' statistics"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -104,6 +110,20 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
     rs += got;
     rl += got_loaded;
     std::vector<float> out;
+    if (l < estimated.size()) {
+      // What the session estimated must be every chunk it did not load (the harness's store
+      // gives every chunk its estimate part).
+      std::vector<uint32_t> rest;
+      for (uint32_t j = 0; j < n; ++j) {
+        if (!std::binary_search(loaded[l].begin(), loaded[l].end(), j)) rest.push_back(j);
+      }
+      if (estimated[l] != rest) {
+        return absl::InternalError(absl::StrCat(
+            "layer ", l, ": the session estimated ", estimated[l].size(), " chunks; it loaded ",
+            loaded[l].size(), " of ", n, ", so ", rest.size(), " were to be estimated (a store "
+            "written before the estimate part? remove it to rebuild)"));
+      }
+    }
     if (l < estimated.size() && !estimated[l].empty()) {
       CKV_ASSIGN_OR_RETURN(kernels::ChunkStats stats, kernels::ChunkStats::Of(shape, ptr, estimated[l]));
       stats.RoundTripInt8(shape.kv_heads, shape.head_dim);  // as the estimate parts store them

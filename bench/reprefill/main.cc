@@ -60,8 +60,9 @@ struct RunResult {
   bool reorder_converged = false;
 };
 
+// `measured_round`: the round whose requests the fidelity measures (round 1).
 absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double budget,
-                                  const TierConfig& tiers, const Arch& arch) {
+                                  const TierConfig& tiers, const Arch& arch, bool measured_round) {
   const Flags& f = w.flags();
   EngineOptions o;
   o.create_if_missing = false;
@@ -110,6 +111,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   ctx.w = &w;
   ctx.sys = &sys;
   ctx.budget = budget;
+  ctx.check_served = measured_round && f.fidelity;
   ctx.engine = engine.get();
   ctx.reads = reads;
   ctx.key_file = key_file.id;
@@ -336,7 +338,7 @@ bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& sys
       const TierConfig& tc = tier_configs[job.tiers];
       std::fprintf(stderr, "%s: round %u/%u: %s at %.0f%%, %s tiers ...\n", kProg, round + 1,
                    f.rounds, sys.name.c_str(), job.budget * 100, tc.name.c_str());
-      auto run = RunOnce(w, sys, job.budget, tc, arch);
+      auto run = RunOnce(w, sys, job.budget, tc, arch, /*measured_round=*/round == 0);
       if (!run.ok()) {
         std::fprintf(stderr, "%s: %s at %.0f%%: %s\n", kProg, sys.name.c_str(), job.budget * 100,
                      run.status().ToString().c_str());

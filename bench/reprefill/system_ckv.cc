@@ -69,7 +69,7 @@ class CkvRunner final : public SystemRunner {
     o.estimate_rest = sys.estimate;
     o.rescore_layers = sys.rescore;
     if (sys.estimate) out.estimated.resize(spec.layers);
-    if (sys.estimate && ctx_.w->flags().fidelity && !r.warmup && measured_++ == 0) {
+    if (sys.estimate && ctx_.check_served && !r.warmup && measured_++ == 0) {
       out.virtual_tokens.resize(spec.layers);
     }
     const absl::Time start = absl::Now();

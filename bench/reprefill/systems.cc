@@ -52,6 +52,11 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
       s.period_selection = s.selector == Selector::kQuest || s.selector == Selector::kMeanKey;
     }
   }
+  if (s.rescore && !s.period_selection) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "system ", name, ": rescore needs quest or mean-key with a period (ckv:mean-key:"
+        "period-major:8:rescore)"));
+  }
   return s;
 }
 

@@ -82,10 +82,11 @@ struct RequestResult {
   // its loaded chunks (chunk-level systems). Recall and output error count these only.
   std::vector<std::vector<uint32_t>> attended;
   // Per layer, with an estimate: the chunks its attention also took as virtual tokens (the
-  // fidelity rebuilds them from the records, as kernels::VirtualTokensOf makes them), and for a
-  // runner's first measured request with --fidelity the virtual tokens themselves, which the fidelity
-  // checks against its rebuild. Holding every request's tokens until the run ends would put a
-  // harness's page faults (50 MB per request at 10%) on the requests' clocks.
+  // fidelity rebuilds them from the records, as kernels::VirtualTokensOf makes them), and, for a
+  // runner's first measured request of a run the fidelity measures (RunContext::check_served),
+  // the virtual tokens themselves, which the fidelity checks against its rebuild. Holding every
+  // request's tokens until the run ends would put a harness's page faults (50 MB per request at
+  // 10%) on the requests' clocks; one request in the first round still carries them.
   std::vector<std::vector<uint32_t>> estimated;
   std::vector<VirtualTokens> virtual_tokens;
 };
@@ -108,6 +109,9 @@ struct RunContext {
   const Workload* w = nullptr;
   const System* sys = nullptr;
   double budget = 0;
+  // The fidelity measures this run (its first round, with --fidelity): a runner keeps the
+  // virtual tokens its first measured request was served, for the fidelity to check.
+  bool check_served = false;
   Engine* engine = nullptr;
   prefetch::ReadEngine* reads = nullptr;
   prefetch::FileId key_file = 0;
