@@ -475,6 +475,7 @@ TEST(BudgetTest, ATargetMassTakesTheFewestChunksThatReachItUnderTheCeiling) {
   EXPECT_EQ(SelectedCount(scores, o), 8u) << "every chunk when only all of them reach it";
   o.budget_fraction = 0.5;  // a ceiling of 4
   EXPECT_EQ(SelectedCount(scores, o), 4u);
+  o.budget_fraction = 1.0;
   o.target_mass = 0.01;
   o.sink_chunks = 2;
   o.recent_chunks = 2;
