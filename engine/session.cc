@@ -3,9 +3,9 @@
 #include "engine/session.h"
 
 #include <algorithm>
-#include <iterator>
 #include <atomic>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -131,6 +131,12 @@ class SlotPins final : public LayerView::Pins {
  private:
   std::vector<std::shared_ptr<Slot>> slots_;
 };
+
+// Whether a session chooses among its chunks (and so needs queries): below budget 1, or with a
+// target mass; otherwise it serves every matched chunk.
+bool ChoosesChunks(const ReprefillOptions& o) {
+  return o.budget_fraction < 1.0 || o.target_mass > 0;
+}
 
 class SessionImpl final : public ReprefillSession {
  public:
@@ -283,7 +289,7 @@ class SessionImpl final : public ReprefillSession {
           " layers and each is submitted once"));
     }
     const size_t want = size_t{options_.window} * spec_.q_heads * spec_.head_dim;
-    if (queries.empty() && (options_.budget_fraction < 1.0 || options_.target_mass > 0)) {
+    if (queries.empty() && ChoosesChunks(options_)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "queries of layer ", layer, ": none given; only a session at budget_fraction 1 (every "
           "chunk) and no target_mass selects without queries, and this one's are ",
@@ -323,8 +329,8 @@ class SessionImpl final : public ReprefillSession {
       return absl::OkStatus();
     }
     selections_[layer] = selections_[head];
-    if (options_.rescore_layers && kernels::ReadsSummaries(kind_) && !queries.empty() &&
-        !queryless_[head]) {
+    // BeginSession allows rescore_layers only with period_selection and a summary selector.
+    if (options_.rescore_layers && !queries.empty() && !queryless_[head]) {
       // The layer's own choice, beside the head's that the period prefetched anyway: what it
       // adds is read on demand.
       absl::StatusOr<kernels::Selection> sel = Select(layer, queries, {});
@@ -900,8 +906,7 @@ absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
 }
 
 bool SelectsRemoteRecords(const ReprefillOptions& options) {
-  return kernels::ReadsSummaries(KindOf(options.selector)) &&
-         (options.budget_fraction < 1.0 || options.target_mass > 0);
+  return kernels::ReadsSummaries(KindOf(options.selector)) && ChoosesChunks(options);
 }
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
