@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckv/chunk_key.h"
+#include "ckv/codec.h"
 #include "xxhash.h"
 
 namespace ckv {
@@ -91,6 +92,30 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
       absl::StrCat("dtype \"", absl::CHexEscape(Sv(name)), "\": must be fp16, bf16 or fp32"));
 }
 
+std::string_view KvCodecName(KvCodec codec) {
+  switch (codec) {
+    case KvCodec::kNone:
+      return "none";
+    case KvCodec::kFp8E4M3:
+      return "fp8";
+    case KvCodec::kInt8:
+      return "int8";
+    case KvCodec::kInt4:
+      return "int4";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<KvCodec> ParseKvCodec(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(Sv(name));
+  if (lower == "none") return KvCodec::kNone;
+  if (lower == "fp8" || lower == "fp8-e4m3" || lower == "e4m3") return KvCodec::kFp8E4M3;
+  if (lower == "int8") return KvCodec::kInt8;
+  if (lower == "int4") return KvCodec::kInt4;
+  return absl::InvalidArgumentError(absl::StrCat("codec \"", absl::CHexEscape(Sv(name)),
+                                                 "\": must be none, fp8, int8 or int4"));
+}
+
 absl::StatusOr<ModelSpec> ModelSpec::Preset(std::string_view name, DType dtype,
                                             uint32_t chunk_tokens) {
   for (const PresetShape& p : kPresets) {
@@ -140,6 +165,12 @@ absl::Status ModelSpec::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("ModelSpec.dtype = ", static_cast<int>(dtype),
                                                    ": must be fp16 (1), bf16 (2) or fp32 (3)"));
   }
+  if (codec != KvCodec::kNone && codec != KvCodec::kFp8E4M3 && codec != KvCodec::kInt8 &&
+      codec != KvCodec::kInt4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelSpec.codec = ", static_cast<int>(codec),
+                     ": not a codec this build of ckv knows (none 0, fp8 1, int8 2, int4 3)"));
+  }
   return absl::OkStatus();
 }
 
@@ -155,6 +186,8 @@ absl::Status ModelSpec::Validate() const {
 //   chunk_tokens       uint32, little-endian
 //   model_id length    uint32, little-endian, in bytes
 //   model_id           its bytes
+//   codec              uint8 (the persisted KvCodec value), only when not kNone: a spec without
+//                      a codec keeps the fingerprint it had before codecs existed
 //
 // hashed with XXH3-128 unseeded; Fingerprint().hi = high64, .lo = low64.
 ChunkKey ModelSpec::Fingerprint() const {
@@ -168,6 +201,7 @@ ChunkKey ModelSpec::Fingerprint() const {
   AppendLe32(chunk_tokens, enc);
   AppendLe32(static_cast<uint32_t>(model_id.size()), enc);
   enc.append(model_id);
+  if (codec != KvCodec::kNone) enc.push_back(static_cast<char>(static_cast<uint8_t>(codec)));
   const XXH128_hash_t h = XXH3_128bits(enc.data(), enc.size());
   return ChunkKey{h.high64, h.low64};
 }
@@ -176,7 +210,27 @@ size_t ModelSpec::TokenBytesPerLayer() const {
   return static_cast<size_t>(kv_heads) * head_dim * DTypeBytes(dtype);
 }
 
+namespace {
+// Elements of a record's K (or V): c * kv_heads * head_dim.
+size_t ElementsPerHalf(const ModelSpec& s) {
+  return static_cast<size_t>(s.chunk_tokens) * s.kv_heads * s.head_dim;
+}
+}  // namespace
+
 size_t ModelSpec::RecordBytes() const {
+  if (codec == KvCodec::kNone) return DecodedRecordBytes();
+  const size_t value_groups = static_cast<size_t>(chunk_tokens) * kv_heads;  // per token, head
+  return RecordKeyBytes() + CodecPayloadBytes(codec, ElementsPerHalf(*this)) +
+         value_groups * CodecScaleBytes(codec);
+}
+
+size_t ModelSpec::RecordKeyBytes() const {
+  if (codec == KvCodec::kNone) return DecodedRecordBytes() / 2;
+  const size_t key_groups = static_cast<size_t>(kv_heads) * head_dim;  // per channel
+  return CodecPayloadBytes(codec, ElementsPerHalf(*this)) + key_groups * CodecScaleBytes(codec);
+}
+
+size_t ModelSpec::DecodedRecordBytes() const {
   return 2 * static_cast<size_t>(chunk_tokens) * TokenBytesPerLayer();
 }
 
@@ -187,7 +241,11 @@ size_t ModelSpec::KvBytesPerToken() const {
 std::string ModelSpec::DebugString() const {
   return absl::StrCat(model_id, " (", layers, " layers, ", q_heads, " q heads, ", kv_heads,
                       " kv heads, head dim ", head_dim, ", ", Sv(DTypeName(dtype)),
-                      ", c=", chunk_tokens, ")");
+                      ", c=", chunk_tokens,
+                      codec == KvCodec::kNone
+                          ? ""
+                          : absl::StrCat(", codec ", Sv(KvCodecName(codec))),
+                      ")");
 }
 
 }  // namespace ckv

@@ -553,6 +553,15 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
     ++stats_.fill_misses;
     return local_chunks;
   };
+  if (spec.codec != KvCodec::kNone) {
+    // A Put takes K and V in the dtype and encodes them: records fetched already encoded would
+    // be decoded and encoded again, not bit-exact (docs/remote.md). Sessions still read their
+    // selected records from the cluster; the chain is not copied here.
+    LogRateLimited(LogLevel::kInfo,
+                   absl::StrCat("fill: ", spec.DebugString(),
+                                ": chains of a spec with a codec are not copied locally"));
+    return miss();
+  }
   const absl::Time fill_start = absl::Now();
   const absl::Duration call_timeout = absl::Milliseconds(options_.call_timeout_ms);
   const size_t found = ExistingPrefix(cluster_keys);

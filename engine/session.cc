@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "ckv/codec.h"
 #include "ckv/status.h"
 #include "common/assert.h"
 #include "engine/remote_tier.h"
@@ -389,6 +390,16 @@ class SessionImpl final : public ReprefillSession {
       }
       std::vector<const std::byte*> records(n);
       for (uint32_t j = 0; j < n; ++j) records[j] = slots[j]->host_bytes();
+      std::vector<std::byte> decoded;  // the keys of a spec with a codec, in its dtype
+      if (spec_.codec != KvCodec::kNone) {
+        const size_t half = spec_.DecodedRecordBytes() / 2;
+        decoded.resize(n * half);
+        for (uint32_t j = 0; j < n; ++j) {
+          CKV_RETURN_IF_ERROR(DecodeRecordKeys(spec_, {records[j], spec_.RecordKeyBytes()},
+                                               {decoded.data() + j * half, half}));
+          records[j] = decoded.data() + j * half;
+        }
+      }
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, records));
       chosen = std::move(sel.chunks);
       scores_[layer] = std::move(sel.scores);
@@ -607,7 +618,7 @@ class SessionImpl final : public ReprefillSession {
             continue;
           }
         }
-        slot->data.resize(keys_only ? spec_.RecordBytes() / 2 : spec_.RecordBytes());
+        slot->data.resize(keys_only ? spec_.RecordKeyBytes() : spec_.RecordBytes());
         if (j >= local_) {
           // Only selectors that read summaries take chunks from the shared tier: no key reads.
           CKV_DCHECK(!keys_only);

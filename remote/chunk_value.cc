@@ -67,7 +67,7 @@ std::string EncodeChunkValue(const ModelSpec& spec, const ChunkKey& key,
   Put32(p, kChunkValueMagic);
   Put16(p + 4, kChunkValueVersion);
   p[6] = static_cast<char>(kChunkValueLayerMajor);
-  p[7] = 0;
+  p[7] = static_cast<char>(spec.codec);  // 0 (none) in every value written before codecs
   const ChunkKey fp = spec.Fingerprint();
   Put64(p + 8, fp.hi);
   Put64(p + 16, fp.lo);
@@ -135,6 +135,11 @@ absl::StatusOr<DecodedChunkHead> DecodeChunkHead(const ModelSpec& spec, const Ch
   if (static_cast<uint8_t>(p[6]) != kChunkValueLayerMajor) {
     return loss(absl::StrCat("layout ", static_cast<int>(static_cast<uint8_t>(p[6])),
                              " is not layer-major (1)"));
+  }
+  if (static_cast<uint8_t>(p[7]) != static_cast<uint8_t>(spec.codec)) {
+    return loss(absl::StrCat("codec ", static_cast<int>(static_cast<uint8_t>(p[7])), " != ",
+                             static_cast<int>(spec.codec), " (",
+                             std::string(KvCodecName(spec.codec)), ")"));
   }
   const ChunkKey fp = spec.Fingerprint();
   const ChunkKey got_fp{Load(p + 8, 8), Load(p + 16, 8)};

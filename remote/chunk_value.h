@@ -11,7 +11,7 @@
 //   0                 4     magic "CKVR"
 //   4                 2     format version, 2
 //   6                 1     layout: 1 = layer-major (layer 0's record, then layer 1's, ...)
-//   7                 1     reserved, 0
+//   7                 1     codec (ModelSpec::codec; 0 = none, as every value before codecs)
 //   8                 16    model fingerprint (ModelSpec::Fingerprint(): hi then lo)
 //   24                16    chunk key (hi then lo)
 //   40                4     layers L

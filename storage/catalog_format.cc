@@ -19,6 +19,7 @@ constexpr uint8_t kSegmentRecordV2 = 2;  // adds aux_record_bytes
 // Auxiliary records a segment may declare.
 constexpr uint32_t kMaxAuxRecords = 16;
 constexpr uint8_t kModelSpecV1 = 1;
+constexpr uint8_t kModelSpecV2 = 2;  // V1 then the codec (u8); written only for a spec with one
 constexpr uint8_t kCountersV1 = 1;
 
 // Little-endian fixed-width appends. The build targets little-endian hosts (checked below), so a
@@ -299,7 +300,8 @@ absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl:
 
 std::string EncodeModelSpec(const ModelSpec& spec) {
   Writer w;
-  w.Put(kModelSpecV1);
+  const bool v2 = spec.codec != KvCodec::kNone;
+  w.Put(v2 ? kModelSpecV2 : kModelSpecV1);
   w.PutString(spec.model_id);
   w.Put(spec.layers);
   w.Put(spec.q_heads);
@@ -307,13 +309,20 @@ std::string EncodeModelSpec(const ModelSpec& spec) {
   w.Put(spec.head_dim);
   w.Put(static_cast<uint8_t>(spec.dtype));
   w.Put(spec.chunk_tokens);
+  if (v2) w.Put(static_cast<uint8_t>(spec.codec));
   return w.Take();
 }
 
 absl::StatusOr<ModelSpec> DecodeModelSpec(absl::string_view bytes, absl::string_view what) {
   Reader r(bytes, what);
   ModelSpec s;
-  CKV_RETURN_IF_ERROR(r.Version(kModelSpecV1));
+  uint8_t version = 0;
+  CKV_RETURN_IF_ERROR(r.Get(&version));
+  if (version != kModelSpecV1 && version != kModelSpecV2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("catalog entry ", what, ": encoding version ", version,
+                     " is not 1 or 2 (written by another ckv version?)"));
+  }
   CKV_RETURN_IF_ERROR(r.GetString(&s.model_id, 256));
   CKV_RETURN_IF_ERROR(r.Get(&s.layers));
   CKV_RETURN_IF_ERROR(r.Get(&s.q_heads));
@@ -323,6 +332,20 @@ absl::StatusOr<ModelSpec> DecodeModelSpec(absl::string_view bytes, absl::string_
   CKV_RETURN_IF_ERROR(r.Get(&dtype));
   s.dtype = static_cast<DType>(dtype);
   CKV_RETURN_IF_ERROR(r.Get(&s.chunk_tokens));
+  if (version == kModelSpecV2) {
+    uint8_t codec = 0;
+    CKV_RETURN_IF_ERROR(r.Get(&codec));
+    s.codec = static_cast<KvCodec>(codec);
+    if (s.codec == KvCodec::kNone) {
+      return absl::DataLossError(
+          absl::StrCat("catalog entry ", what, ": a version 2 spec without a codec"));
+    }
+    if (codec > static_cast<uint8_t>(KvCodec::kInt4)) {  // fails closed: never decoded wrongly
+      return absl::FailedPreconditionError(absl::StrCat(
+          "catalog entry ", what, ": codec ", codec,
+          " is not one this build of ckv decodes (written by a newer ckv?); upgrade ckv"));
+    }
+  }
   CKV_RETURN_IF_ERROR(r.Finish());
   absl::Status valid = s.Validate();
   if (!valid.ok()) {

@@ -11,6 +11,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ckv/codec.h"
 #include "ckv/status.h"
 #include "common/assert.h"
 #include "storage/chunk_store.h"
@@ -700,6 +701,13 @@ void StageBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const K
       if (aux_band) {
         const size_t a = record - spec.layers;
         std::memcpy(out, aux_data[a].data() + new_index * bytes, bytes);
+      } else if (spec.codec != KvCodec::kNone) {
+        // Quantised here, so the checksum covers the stored bytes. Cannot fail: ValidatePut
+        // checked the spec and the tensors' sizes.
+        const absl::Status encoded =
+            EncodeRecord(spec, {kv.k[record].data() + token_offset * token_bytes, half},
+                         {kv.v[record].data() + token_offset * token_bytes, half}, {out, bytes});
+        CKV_CHECK(encoded.ok());
       } else {
         std::memcpy(out, kv.k[record].data() + token_offset * token_bytes, half);
         std::memcpy(out + half, kv.v[record].data() + token_offset * token_bytes, half);
@@ -716,7 +724,7 @@ void StageBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const K
 // direct writes from memory aligned below its block size.
 bool DirectBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
                 size_t alignment) {
-  if (band >= seg.layer_bands()) return false;
+  if (band >= seg.layer_bands() || spec.codec != KvCodec::kNone) return false;  // encoded: staged
   const size_t half = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
   const size_t block = std::max(alignment, kDirectIoAlignment);
   if (half % block != 0 || seg.record_stride(band) != 2 * half) return false;

@@ -172,7 +172,7 @@ inline int CountBadRecords(Engine& engine, const ModelSpec& spec,
   int bad = 0;
   for (size_t i = 0; i < chunks && i < keys.size(); ++i) {
     for (uint32_t l = 0; l < spec.layers; ++l) {
-      synth::FillRecord(spec, keys[i], l, want);
+      synth::FillStoredRecord(spec, keys[i], l, want);
       absl::Status s = engine.ReadRecord(spec, keys[i], l, got);
       if (!s.ok() || got != want) ++bad;
     }

@@ -273,7 +273,8 @@ class SyntheticAttention {
   // `values` converted to spec().dtype, round to nearest even (fp16, bf16; fp32 is a copy).
   std::vector<std::byte> ToDType(std::span<const float> values) const;
   // The whole chunks of a generated layer as ckv stores them: per chunk, K [c, kv_heads,
-  // head_dim] then V, in spec().dtype; chunks() * spec().RecordBytes() bytes.
+  // head_dim] then V, in spec().dtype; chunks() * spec().DecodedRecordBytes() bytes (a spec
+  // with a codec stores them encoded: ckv/codec.h).
   std::vector<std::byte> Records(const Layer& layer) const;
 
   const ModelSpec& spec() const { return spec_; }

@@ -32,6 +32,7 @@
 #endif
 
 #include "ckv/chunk_key.h"
+#include "ckv/codec.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 
@@ -116,9 +117,9 @@ uint64_t TailSeed(const ChunkKey& anchor, uint64_t position, int32_t token, uint
 }
 
 // The one definition of a record: its K part (c rows) and its V part (c rows), each
-// spec.RecordBytes() / 2 bytes. FillRecord writes both parts into one buffer; SyntheticKv writes
-// them straight into the rows of its per-layer K and V tensors, which is the same bytes without
-// a copy.
+// spec.DecodedRecordBytes() / 2 bytes. FillRecord writes both parts into one buffer; SyntheticKv
+// writes them straight into the rows of its per-layer K and V tensors, which is the same bytes
+// without a copy.
 void FillRecordParts(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                      std::span<std::byte> k_out, std::span<std::byte> v_out) {
   FillValues(spec.dtype, RecordSeed(key, layer, Part::kK), k_out);
@@ -169,9 +170,22 @@ std::vector<int32_t> TokensWithSharedPrefix(uint64_t shared_seed, size_t shared,
 
 void FillRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                 std::span<std::byte> out) {
-  if (out.size() != spec.RecordBytes()) Fail("FillRecord: out.size() != spec.RecordBytes()");
+  if (out.size() != spec.DecodedRecordBytes()) {
+    Fail("FillRecord: out.size() != spec.DecodedRecordBytes()");
+  }
   const size_t half = out.size() / 2;
   FillRecordParts(spec, key, layer, out.first(half), out.subspan(half));
+}
+
+void FillStoredRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                      std::span<std::byte> out) {
+  if (spec.codec == KvCodec::kNone) return FillRecord(spec, key, layer, out);
+  std::vector<std::byte> decoded(spec.DecodedRecordBytes());
+  FillRecord(spec, key, layer, decoded);
+  const size_t half = decoded.size() / 2;
+  const absl::Status s = EncodeRecord(spec, std::span(decoded).first(half),
+                                      std::span(decoded).subspan(half), out);
+  if (!s.ok()) Fail("FillStoredRecord: EncodeRecord failed");
 }
 
 SyntheticKv::SyntheticKv(const ModelSpec& spec, std::span<const int32_t> tokens) {

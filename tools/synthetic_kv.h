@@ -45,11 +45,16 @@ std::vector<int32_t> Tokens(uint64_t seed, size_t count);
 std::vector<int32_t> TokensWithSharedPrefix(uint64_t shared_seed, size_t shared, uint64_t seed,
                                             size_t count);
 
-// Writes the record of the chunk with key `key` at `layer` as ckv stores it: K [c, kv_heads,
-// head_dim] then V, spec.RecordBytes() bytes. REQUIRES: out.size() == spec.RecordBytes().
+// Writes the record of the chunk with key `key` at `layer` as Put takes it: K [c, kv_heads,
+// head_dim] then V in the dtype, spec.DecodedRecordBytes() bytes (what a spec without a codec
+// stores). REQUIRES: out.size() == spec.DecodedRecordBytes().
 // Values are finite (no NaN or Inf in any dtype), spread over about [-4, 4).
 void FillRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
                 std::span<std::byte> out);
+// The same record as ckv stores it: encoded with spec.codec (ckv/codec.h), spec.RecordBytes()
+// bytes. REQUIRES: out.size() == spec.RecordBytes().
+void FillStoredRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer,
+                      std::span<std::byte> out);
 
 // The K and V tensors of a whole prefix, laid out as ckv/kv.h describes, owning their memory.
 class SyntheticKv {

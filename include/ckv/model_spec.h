@@ -37,6 +37,21 @@ std::string_view DTypeName(DType dtype);
 // Parses "fp16" / "bf16" / "fp32" (also "float16", "bfloat16", "float32").
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
+// How a record's K and V are stored (ckv/codec.h, docs/format.md "Record codecs"). Part of the
+// spec's fingerprint unless kNone, and persisted in the catalog: do not renumber.
+enum class KvCodec : uint8_t {
+  kNone = 0,     // the spec's dtype, as given to Put (2 bytes per element at fp16/bf16)
+  kFp8E4M3 = 1,  // fp8 e4m3 (OCP, max 448) times an fp16 scale: keys per channel, values per token
+  kInt8 = 2,     // int8 times an fp16 scale (symmetric): keys per channel, values per token
+  kInt4 = 3,     // 4 bits, min + q * scale (asymmetric, fp16 pair): keys per channel, values per
+                 // token, as KIVI stores them
+};
+
+// "none", "fp8", "int8", "int4".
+std::string_view KvCodecName(KvCodec codec);
+// Parses those names (also "fp8-e4m3", "e4m3"). InvalidArgument naming the value otherwise.
+absl::StatusOr<KvCodec> ParseKvCodec(std::string_view name);
+
 struct ModelSpec {
   // A caller-given identity of the weights (e.g. "Qwen/Qwen2.5-7B-Instruct@rev"). Two models with
   // the same shape but different weights have different KV, so they must have different ids.
@@ -54,6 +69,10 @@ struct ModelSpec {
   DType dtype = DType::kFp16;
   // Tokens per ContiguousChunk, c. 1..4096. Default: 16.
   uint32_t chunk_tokens = 16;
+  // How records are stored: kNone keeps the dtype (and the fingerprint of a spec without the
+  // field); the others quantise at Put and every reader dequantises (ckv/codec.h). A spec of
+  // another codec is another spec: its chunks have other keys.
+  KvCodec codec = KvCodec::kNone;
 
   // The named presets of DESIGN.md: "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b".
   // model_id defaults to the preset name.
@@ -67,14 +86,22 @@ struct ModelSpec {
   // 128-bit hash of every field, in a fixed encoding (stable across builds and machines).
   ChunkKey Fingerprint() const;
 
-  // Bytes of K (or of V) of one token at one layer: kv_heads * head_dim * DTypeBytes(dtype).
+  // Bytes of K (or of V) of one token at one layer as Put takes it and a decoded record holds
+  // it: kv_heads * head_dim * DTypeBytes(dtype).
   size_t TokenBytesPerLayer() const;
-  // Bytes of one record: K then V of one chunk at one layer, 2 * c * TokenBytesPerLayer().
+  // Bytes of one stored record: K then V of one chunk at one layer. Without a codec
+  // 2 * c * TokenBytesPerLayer(); with one, its K part then its V part (ckv/codec.h).
   size_t RecordBytes() const;
-  // K+V bytes per token over all layers.
+  // Bytes of a stored record's K part (what exact scoring reads), at its start:
+  // RecordBytes() / 2 without a codec.
+  size_t RecordKeyBytes() const;
+  // Bytes of a record decoded to the dtype: 2 * c * TokenBytesPerLayer().
+  size_t DecodedRecordBytes() const;
+  // K+V bytes per token over all layers, in the dtype (as Put takes them).
   size_t KvBytesPerToken() const;
 
-  // "qwen2.5-7b (28 layers, 28 q heads, 4 kv heads, head dim 128, fp16, c=16)".
+  // "qwen2.5-7b (28 layers, 28 q heads, 4 kv heads, head dim 128, fp16, c=16)", with
+  // ", codec int8" before the ")" for a spec with a codec.
   std::string DebugString() const;
 
   friend bool operator==(const ModelSpec&, const ModelSpec&) = default;

@@ -75,7 +75,7 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
                                     ": " + read.ToString());
           continue;
         }
-        synth::FillRecord(w.spec, w.chunks[i], layer, expected);
+        synth::FillStoredRecord(w.spec, w.chunks[i], layer, expected);
         ++report.records_compared;
         report.bytes_compared += stored.size();
         if (stored != expected) {
