@@ -4,13 +4,16 @@
 #include "kernels/cuda_kernels.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
 #if defined(CKV_HAVE_CUDA)
 #include "kernels/cuda_launch.h"
 #include "kernels/summary.h"
+
 #endif
 
 namespace ckv::kernels::cuda {
@@ -171,6 +174,38 @@ absl::StatusOr<GatheredKv> Gather(const KvShape& s, ChunkRecords records,
   return out;
 }
 
+absl::Status DecodeRecords(const ModelSpec& spec, std::span<const std::byte* const> records,
+                           std::span<std::byte> out) {
+  if (auto st = DeviceAvailable(); !st.ok()) return st;
+  if (auto st = spec.Validate(); !st.ok()) return st;
+  const size_t decoded = spec.DecodedRecordBytes();
+  const size_t element = DTypeBytes(spec.dtype);
+  if (out.size() != records.size() * decoded) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecodeRecords: output of ", out.size(), " bytes; ", records.size(), " records of ",
+        spec.DebugString(), " need ", records.size() * decoded));
+  }
+  if (reinterpret_cast<uintptr_t>(out.data()) % element != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeRecords: output not aligned to ", element, " bytes"));
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (records[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("DecodeRecords: record ", i, " is null"));
+    }
+  }
+  if (records.empty()) return absl::OkStatus();
+  std::vector<const unsigned char*> list(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    list[i] = reinterpret_cast<const unsigned char*>(records[i]);
+  }
+  return FromLaunch(cuda_launch::DecodeRecords(
+      list.data(), list.size(), static_cast<int>(spec.codec), static_cast<int>(spec.dtype),
+      static_cast<int>(spec.chunk_tokens), static_cast<int>(spec.kv_heads),
+      static_cast<int>(spec.head_dim), spec.RecordBytes(), spec.RecordKeyBytes(),
+      reinterpret_cast<unsigned char*>(out.data())));
+}
+
 #else  // !CKV_HAVE_CUDA
 
 namespace {
@@ -192,6 +227,10 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape&, std::span<cons
   return NotBuilt();
 }
 absl::StatusOr<GatheredKv> Gather(const KvShape&, ChunkRecords, std::span<const uint32_t>) {
+  return NotBuilt();
+}
+absl::Status DecodeRecords(const ModelSpec&, std::span<const std::byte* const>,
+                           std::span<std::byte>) {
   return NotBuilt();
 }
 

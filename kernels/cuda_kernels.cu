@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // kernels/cuda_kernels.cu: CUDA versions of quest and mean-key scoring, exact attention and
-// gather, with the semantics of the CPU code (see cuda_kernels.h and cuda_launch.h). Built when
-// nvcc is found.
+// gather, with the semantics of the CPU code (see cuda_kernels.h and cuda_launch.h), and record
+// decoding (ckv/codec.h). Built when nvcc is found.
 //
 // Each call copies its inputs into device buffers, runs on its own stream and copies the result
 // back. The reductions (sums over channels, softmax maxima and sums) are done in float like the
-// CPU path, in a different order, so results agree to rounding, not bit for bit.
+// CPU path, in a different order, so results agree to rounding, not bit for bit. Record
+// decoding is the exception: it is bit-exact with common/codec.cc (explicit roundings, no fma).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -219,6 +221,123 @@ __global__ void GatherKernel(const unsigned char* records, size_t record_bytes, 
   v[e] = Element(rec, half_elements + within, dtype);
 }
 
+
+// --- Record decoding: device ports of common/half.h and common/codec.cc, bit for bit. ---
+
+// HalfToFloat (common/half.h).
+__device__ float HalfBitsToFloat(unsigned h) {
+  const unsigned sign = (h & 0x8000u) << 16;
+  const unsigned exp = (h >> 10) & 0x1fu;
+  unsigned mant = h & 0x3ffu;
+  unsigned bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {
+    unsigned e = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    bits = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return __uint_as_float(bits);
+}
+
+// FloatToHalf (common/half.h): round to nearest even; NaN keeps its sign, as 0x7e00.
+__device__ unsigned short FloatToHalfBits(float f) {
+  const unsigned x = __float_as_uint(f);
+  const unsigned sign = (x >> 16) & 0x8000u;
+  const unsigned abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    return static_cast<unsigned short>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<unsigned short>(sign | 0x7c00u);
+  if (abs < 0x38800000u) {
+    if (abs < 0x33000000u) return static_cast<unsigned short>(sign);
+    const unsigned mant = (abs & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - static_cast<int>(abs >> 23);  // 14..24
+    const unsigned half_mant = mant >> shift;
+    const unsigned rem = mant & ((1u << shift) - 1);
+    const unsigned halfway = 1u << (shift - 1);
+    const unsigned round = (rem > halfway || (rem == halfway && (half_mant & 1u))) ? 1u : 0u;
+    return static_cast<unsigned short>(sign | (half_mant + round));
+  }
+  const unsigned rebased = abs - (112u << 23);
+  const unsigned rem = rebased & 0x1fffu;
+  unsigned h = rebased >> 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<unsigned short>(sign | h);
+}
+
+// FloatToBf16 (common/half.h).
+__device__ unsigned short FloatToBf16Bits(float f) {
+  const unsigned x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((x >> 16) | 0x40u);
+  return static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// E4M3ToFloat (common/codec.cc): OCP e4m3 "FN"; 0x7f and 0xff are the NaN nanf("") gives.
+__device__ float E4M3Value(unsigned code) {
+  const unsigned e = (code >> 3) & 0xfu, m = code & 0x7u;
+  if (e == 0xf && m == 0x7) return __uint_as_float(0x7fc00000u);
+  const unsigned sign = (code & 0x80u) << 24;
+  if (e == 0) {  // m * 2^-9, exact
+    return __uint_as_float(sign | __float_as_uint(__fmul_rn(static_cast<float>(m), 0.001953125f)));
+  }
+  return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));  // (1 + m / 8) * 2^(e - 7)
+}
+
+// The little-endian fp16 at p (any alignment), as float.
+__device__ float HalfAtBytes(const unsigned char* p) {
+  return HalfBitsToFloat(static_cast<unsigned>(p[0]) | (static_cast<unsigned>(p[1]) << 8));
+}
+
+// out: `count` decoded records of 2 * n elements of dtype (1 fp16, 2 bf16, 3 fp32), K then V;
+// record i decoded from records[i] as DecodeRecord does (codec 1 fp8 e4m3, 2 int8, 3 int4). K's
+// scale entries are per channel (h * D + d), V's per token and head (t * H + h).
+__global__ void DecodeRecordsKernel(const unsigned char* const* records, size_t count, int codec,
+                                    int dtype, size_t n, size_t channels, int head_dim,
+                                    size_t key_bytes, unsigned char* out) {
+  const size_t payload = codec == 3 ? (n + 1) / 2 : n;
+  const size_t entry_bytes = codec == 3 ? 4 : 2;
+  const size_t total = count * 2 * n;
+  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += step) {
+    const size_t i = e / (2 * n), within = e % (2 * n);
+    const bool value = within >= n;
+    const size_t at = value ? within - n : within;
+    const unsigned char* part = records[i] + (value ? key_bytes : 0);
+    const size_t group = value ? at / head_dim : at % channels;
+    const unsigned char* entry = part + payload + group * entry_bytes;
+    const float s = HalfAtBytes(entry);
+    float x;
+    if (codec == 3) {
+      const unsigned b = part[at / 2];
+      const unsigned q = at % 2 == 0 ? (b & 0x0fu) : (b >> 4);
+      x = __fadd_rn(HalfAtBytes(entry + 2), __fmul_rn(static_cast<float>(q), s));
+    } else {
+      const unsigned char c = part[at];
+      const float v = codec == 2 ? static_cast<float>(static_cast<signed char>(c)) : E4M3Value(c);
+      x = __fmul_rn(v, s);
+    }
+    // The CPU's NaN (an fp8 NaN code times a finite scale) is the code's: 0x7fc00000.
+    if (isnan(x)) x = __uint_as_float(0x7fc00000u);
+    const size_t o = i * 2 * n + within;
+    if (dtype == 1) {
+      reinterpret_cast<unsigned short*>(out)[o] = FloatToHalfBits(x);
+    } else if (dtype == 2) {
+      reinterpret_cast<unsigned short*>(out)[o] = FloatToBf16Bits(x);
+    } else {
+      reinterpret_cast<float*>(out)[o] = x;
+    }
+  }
+}
+
 }  // namespace
 
 std::string DeviceCount(int* count) {
@@ -343,6 +462,33 @@ std::string Gather(const unsigned char* records, size_t chunks, size_t record_by
                            cudaMemcpyDeviceToHost, stream.s));
   CKV_CUDA(cudaMemcpyAsync(v, d_v.ptr, count * half_elements * sizeof(float),
                            cudaMemcpyDeviceToHost, stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec,
+                          int dtype, int chunk_tokens, int kv_heads, int head_dim,
+                          size_t record_bytes, size_t key_bytes, unsigned char* out) {
+  if (count == 0) return "";
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  if (codec == 0) {  // stored as decoded: copy
+    for (size_t i = 0; i < count; ++i) {
+      CKV_CUDA(cudaMemcpyAsync(out + i * record_bytes, records[i], record_bytes,
+                               cudaMemcpyDeviceToDevice, stream.s));
+    }
+    CKV_CUDA(cudaStreamSynchronize(stream.s));
+    return "";
+  }
+  const size_t channels = static_cast<size_t>(kv_heads) * head_dim;
+  const size_t n = static_cast<size_t>(chunk_tokens) * channels;
+  DeviceBuffer<const unsigned char*> d_records;
+  CKV_TRY(d_records.Upload(records, count, stream.s));
+  const size_t total = count * 2 * n;
+  const size_t blocks = std::min<size_t>((total + kThreads - 1) / kThreads, size_t{1} << 20);
+  DecodeRecordsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream.s>>>(
+      d_records.ptr, count, codec, dtype, n, channels, head_dim, key_bytes, out);
+  CKV_CUDA(cudaGetLastError());
   CKV_CUDA(cudaStreamSynchronize(stream.s));
   return "";
 }

@@ -3,19 +3,22 @@
 // gather, with the semantics of their CPU counterparts (selector.h, attention.h).
 //
 // Each function copies its inputs to the device, runs, and copies the result back: the form the
-// tests use to compare with the CPU path. When ckv is built without CUDA (nvcc not found), or no
-// device is present, every function returns Unavailable with the reason.
+// tests use to compare with the CPU path (DecodeRecords, which works on device memory in place,
+// is the exception). When ckv is built without CUDA (nvcc not found), or no device is present,
+// every function returns Unavailable with the reason.
 //
 // Thread-safety: thread-safe (each call uses its own stream and buffers).
 #ifndef CKV_KERNELS_CUDA_KERNELS_H_
 #define CKV_KERNELS_CUDA_KERNELS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ckv/model_spec.h"
 #include "kernels/attention.h"
 #include "kernels/selector.h"
 
@@ -42,6 +45,18 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape& shape,
 // Gather on the device (K and V converted to float32).
 absl::StatusOr<GatheredKv> Gather(const KvShape& shape, ChunkRecords records,
                                   std::span<const uint32_t> chunks);
+
+// Dequantises stored records of `spec` that are in device memory (records[i]: a device pointer
+// to spec.RecordBytes() bytes, any alignment, e.g. from a CUDA DeviceMemory) into `out`, device
+// memory of records.size() * spec.DecodedRecordBytes() bytes aligned to the dtype's size: record
+// i at i * DecodedRecordBytes(), K then V, the bytes ckv::DecodeRecord (ckv/codec.h) writes, bit
+// for bit, for every record whose scales are finite (every record EncodeRecord writes; an fp8
+// NaN code decodes to the same NaN as well). Without a codec it copies. Runs on a stream of its
+// own on the current device and returns when done. REQUIRES: copies into the records have
+// finished. InvalidArgument for an invalid spec, a wrong `out` size or alignment, or a null
+// record.
+absl::Status DecodeRecords(const ModelSpec& spec, std::span<const std::byte* const> records,
+                           std::span<std::byte> out);
 
 }  // namespace ckv::kernels::cuda
 

@@ -41,6 +41,13 @@ std::string TokenAttention(const unsigned char* records, size_t chunks, size_t r
 std::string Gather(const unsigned char* records, size_t chunks, size_t record_bytes, int dtype,
                    size_t half_elements, const unsigned* list, size_t count, float* k, float* v);
 
+// Decodes `count` records at the device pointers records[i] (a host array), `record_bytes` each
+// with their K part's `key_bytes` first, into device memory `out` (codec 0 none, 1 fp8 e4m3,
+// 2 int8, 3 int4; dtype as TokenAttention's), as ckv::DecodeRecord does, bit for bit.
+std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec,
+                          int dtype, int chunk_tokens, int kv_heads, int head_dim,
+                          size_t record_bytes, size_t key_bytes, unsigned char* out);
+
 }  // namespace ckv::kernels::cuda_launch
 
 #endif  // CKV_KERNELS_CUDA_LAUNCH_H_
