@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckv/chunk_key.h"
+#include "ckv/codec.h"
 #include "ckv/engine.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
@@ -464,7 +465,7 @@ struct PyRecord {
   uint32_t first_token = 0;
   std::string tier;
   std::string found_in;
-  bool copied = false;  // a GPU-tier record in device memory, copied to host memory
+  bool copied = false;  // a GPU-tier record copied to host memory, or a codec's record decoded
   py::object k;
   py::object v;
 };
@@ -560,7 +561,7 @@ PYBIND11_MODULE(ckv, m) {
                              "to it (ckv/model_spec.h).")
       .def(py::init([](uint32_t layers, uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim,
                        const std::string& dtype, uint32_t chunk_tokens,
-                       const std::string& model_id) {
+                       const std::string& model_id, const std::string& codec) {
              ckv::ModelSpec spec;
              spec.layers = layers;
              spec.q_heads = q_heads;
@@ -569,20 +570,27 @@ PYBIND11_MODULE(ckv, m) {
              spec.dtype = DTypeFromName(dtype);
              spec.chunk_tokens = chunk_tokens;
              spec.model_id = model_id;
+             spec.codec = Take(ckv::ParseKvCodec(codec));
              Check(spec.Validate());
              return spec;
            }),
            py::kw_only(), py::arg("layers"), py::arg("q_heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("dtype") = "fp16", py::arg("chunk_tokens") = 16,
-           py::arg("model_id"),
-           "A spec from its fields (model_id: the weights' identity, not empty); "
-           "InvalidArgumentError naming a field out of range.")
+           py::arg("model_id"), py::arg("codec") = "none",
+           "A spec from its fields (model_id: the weights' identity, not empty; codec: how "
+           "records are stored, 'none', 'fp8', 'int8' or 'int4'); InvalidArgumentError naming "
+           "a field out of range.")
       .def_static(
           "preset",
-          [](const std::string& name, const std::string& dtype, uint32_t chunk_tokens) {
-            return Take(ckv::ModelSpec::Preset(name, DTypeFromName(dtype), chunk_tokens));
+          [](const std::string& name, const std::string& dtype, uint32_t chunk_tokens,
+             const std::string& codec) {
+            ckv::ModelSpec spec =
+                Take(ckv::ModelSpec::Preset(name, DTypeFromName(dtype), chunk_tokens));
+            spec.codec = Take(ckv::ParseKvCodec(codec));
+            return spec;
           },
           py::arg("name"), py::arg("dtype") = "fp16", py::arg("chunk_tokens") = 16,
+          py::arg("codec") = "none",
           "A named preset (ModelSpec.preset_names()); model_id is the preset's name.")
       .def_static("preset_names", &ckv::ModelSpec::PresetNames, "The names preset() takes.")
       .def_readonly("model_id", &ckv::ModelSpec::model_id, "Caller-given identity of the weights.")
@@ -594,6 +602,11 @@ PYBIND11_MODULE(ckv, m) {
       .def_property_readonly(
           "dtype", [](const ckv::ModelSpec& s) { return std::string(ckv::DTypeName(s.dtype)); },
           "Element type: 'fp16', 'bf16' or 'fp32'.")
+      .def_property_readonly(
+          "codec",
+          [](const ckv::ModelSpec& s) { return std::string(ckv::KvCodecName(s.codec)); },
+          "How records are stored: 'none' (the dtype), 'fp8', 'int8' or 'int4' (ckv/codec.h). "
+          "Views and read_record hand out records decoded to the dtype.")
       .def_property_readonly(
           "numpy_dtype", [](const ckv::ModelSpec& s) { return DTypeOf(s.dtype); },
           "The numpy dtype of K/V arrays: float16 (fp16), uint16 (bf16's raw bits), float32.")
@@ -634,8 +647,9 @@ PYBIND11_MODULE(ckv, m) {
       .def_readonly("v", &PyRecord::v, "V, as k.")
       .def_readonly("tier", &PyRecord::tier, "Where the record is: 'gpu', 'cpu' or 'session'.")
       .def_readonly("copied", &PyRecord::copied,
-                    "True when k and v are a host copy of a record in GPU device memory; "
-                    "False when they are views of the pinned record itself.")
+                    "True when k and v are a host copy of a record in GPU device memory, or "
+                    "the record decoded (a spec with a codec); False when they are views of "
+                    "the pinned record itself.")
       .def_readonly("found_in", &PyRecord::found_in,
                     "Where the session found it: 'gpu', 'cpu', or 'session' (read from NVMe).")
       .def("__repr__", [](const PyRecord& r) {
@@ -762,7 +776,7 @@ PYBIND11_MODULE(ckv, m) {
             py::capsule base(new std::shared_ptr<PyLayerView>(holder), [](void* p) {
               delete static_cast<std::shared_ptr<PyLayerView>*>(p);
             });
-            const size_t half = s->spec.RecordBytes() / 2;
+            const size_t half = s->spec.DecodedRecordBytes() / 2;
             for (size_t i = 0; i < holder->view.records().size(); ++i) {
               const auto& r = holder->view.records()[i];
               PyRecord rec;
@@ -775,6 +789,18 @@ PYBIND11_MODULE(ckv, m) {
               const std::byte* data = r.data;
               if (rec.copied) {
                 data = static_cast<const std::byte*>(host_copies[i].cast<py::array>().data());
+              }
+              if (s->spec.codec != ckv::KvCodec::kNone) {
+                // Stored encoded: decoded into an array of its own (ckv/codec.h).
+                py::array_t<uint8_t> decoded(
+                    static_cast<py::ssize_t>(s->spec.DecodedRecordBytes()));
+                auto* out_bytes = reinterpret_cast<std::byte*>(decoded.mutable_data());
+                Check(ckv::DecodeRecord(s->spec, {data, s->spec.RecordBytes()},
+                                        {out_bytes, s->spec.DecodedRecordBytes()}));
+                host_copies[i] = std::move(decoded);
+                rec.copied = true;
+                owner = py::handle(host_copies[i]);
+                data = out_bytes;
               }
               py::array k = RecordHalf(s->spec, data, owner);
               py::array v = RecordHalf(s->spec, data + half, owner);
@@ -945,7 +971,15 @@ PYBIND11_MODULE(ckv, m) {
               status = engine->ReadRecord(spec, chunk, layer, {data, spec.RecordBytes()});
             }
             Check(status);
-            const size_t half = spec.RecordBytes() / 2;
+            if (spec.codec != ckv::KvCodec::kNone) {
+              py::array_t<uint8_t> decoded(static_cast<py::ssize_t>(spec.DecodedRecordBytes()));
+              auto* out_bytes = reinterpret_cast<std::byte*>(decoded.mutable_data());
+              Check(ckv::DecodeRecord(spec, {data, spec.RecordBytes()},
+                                      {out_bytes, spec.DecodedRecordBytes()}));
+              buffer = std::move(decoded);
+              data = out_bytes;
+            }
+            const size_t half = spec.DecodedRecordBytes() / 2;
             py::array k = RecordHalf(spec, data, buffer);
             py::array v = RecordHalf(spec, data + half, buffer);
             return py::make_tuple(k, v);

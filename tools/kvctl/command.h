@@ -116,12 +116,14 @@ absl::Status CheckRequestKvBytes(std::string_view what, uint64_t tokens, const M
 // ResourceExhausted for a std::bad_alloc caught while allocating `bytes` for `what`.
 absl::Status OutOfMemory(std::string_view what, uint64_t bytes);
 
-// --model PRESET (required), --dtype, --model-id and --chunk-tokens, as put and replay take them.
+// --model PRESET (required), --dtype, --model-id, --chunk-tokens and --codec, as put and replay
+// take them.
 struct PresetOptions {
   std::string model;
   std::string dtype = "fp16";
   std::string model_id;  // empty: the preset's name
   uint64_t chunk_tokens = 16;
+  std::string codec = "none";  // ckv/codec.h
 };
 void AddPresetOptions(CLI::App& app, PresetOptions* options);
 // The spec the options name. Returns false with `*error` set on a usage error.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "ckv/codec.h"
 #include "ckv/log.h"
 #include "ckv/options.h"
 #include "engine/internal.h"
@@ -226,6 +227,10 @@ void AddPresetOptions(CLI::App& app, PresetOptions* options) {
       ->type_name("ID");
   cli::AddUint(app, "--chunk-tokens", &options->chunk_tokens, "tokens per chunk (default 16)",
                "C");
+  app.add_option("--codec", options->codec,
+                 "how records are stored: none (the dtype, default), fp8, int8, int4; another "
+                 "codec is another spec")
+      ->type_name("CODEC");
 }
 
 bool PresetSpec(const PresetOptions& options, ModelSpec* spec, std::string* error) {
@@ -253,6 +258,12 @@ bool PresetSpec(const PresetOptions& options, ModelSpec* spec, std::string* erro
   }
   *spec = *std::move(spec_or);
   if (!options.model_id.empty()) spec->model_id = options.model_id;
+  absl::StatusOr<KvCodec> codec = ParseKvCodec(options.codec);
+  if (!codec.ok()) {
+    *error = "--codec: " + std::string(codec.status().message());
+    return false;
+  }
+  spec->codec = *codec;
   if (absl::Status valid = spec->Validate(); !valid.ok()) {
     *error = std::string(valid.message());
     return false;

@@ -7,7 +7,9 @@
 #include <system_error>
 
 #include "storage/catalog.h"
+#include "ckv/codec.h"
 #include "ckv/log.h"
+#include "ckv/status.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"
@@ -27,6 +29,7 @@ struct ImportOptions {
   std::string spec_file;    // --spec SPEC.json
   std::string model_id;     // --model-id; empty: see the footer
   std::string tokens_file;  // --tokens-file
+  std::string codec = "none";  // --codec: how the store keeps the records (ckv/codec.h)
   uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
@@ -45,6 +48,7 @@ int PrintImport(const ImportOptions& o, const safetensors::ImportedKv& imported,
         .Key("prefix_id").String(result.prefix_id.ToHex())
         .Key("model_id").String(spec.model_id)
         .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("codec").String(KvCodecName(spec.codec))
         .Key("chunk_tokens").Uint(spec.chunk_tokens)
         .Key("tokens").Uint(tokens)
         .Key("layout").String(heads_first ? "heads-first" : "tokens-first")
@@ -87,6 +91,9 @@ int RunImport(const ImportOptions& o) {
     if (!spec.ok()) return StoreError("import --spec", spec.status());
     given = *std::move(spec);
   }
+  absl::StatusOr<KvCodec> codec = ParseKvCodec(o.codec);
+  if (!codec.ok()) return UsageError("import", "--codec: " + std::string(codec.status().message()));
+  given.spec.codec = *codec;
   safetensors::ImportOptions options;
   options.max_kv_bytes = o.max_request_kv_bytes;
   options.max_kv_bytes_name = "--max-request-kv-bytes: the file's KV is held in memory whole";
@@ -190,14 +197,15 @@ absl::StatusOr<KvTensors> ReadPrefixKv(Engine& engine, const ModelSpec& spec,
                                        std::vector<std::unique_ptr<std::byte[]>>* buffers,
                                        std::string* failed_record) {
   const size_t tokens = keys.size() * spec.chunk_tokens;
-  const size_t half = spec.RecordBytes() / 2;
+  const size_t half = spec.DecodedRecordBytes() / 2;
   const size_t tensor_bytes = tokens * spec.TokenBytesPerLayer();
   KvTensors kv;
   kv.tokens = tokens;
-  std::vector<std::byte> record;
+  std::vector<std::byte> record, decoded;  // decoded: a codec's record in the dtype
   // Every buffer before any read: a prefix too large for this process's memory fails at once.
   try {
     record.resize(spec.RecordBytes());
+    decoded.resize(spec.DecodedRecordBytes());
     for (uint32_t i = 0; i < 2 * spec.layers; ++i) {
       buffers->push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
     }
@@ -216,8 +224,10 @@ absl::StatusOr<KvTensors> ReadPrefixKv(Engine& engine, const ModelSpec& spec,
         *failed_record = "record " + std::to_string(i) + "/L" + std::to_string(layer);
         return read;
       }
-      std::memcpy(k + i * half, record.data(), half);
-      std::memcpy(v + i * half, record.data() + half, half);
+      // Exported in the dtype whatever the codec: a file any reader takes.
+      CKV_RETURN_IF_ERROR(DecodeRecord(spec, record, decoded));
+      std::memcpy(k + i * half, decoded.data(), half);
+      std::memcpy(v + i * half, decoded.data() + half, half);
       done += record.size();
       bar.Update(done);
     }
@@ -272,6 +282,7 @@ int RunExport(const ExportOptions& o) {
         .Key("file").String(o.out)
         .Key("model_id").String(spec.model_id)
         .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("stored_codec").String(KvCodecName(spec.codec))
         .Key("chunk_tokens").Uint(spec.chunk_tokens)
         .Key("tokens").Uint(tokens)
         .Key("chunks").Uint(keys->size())
@@ -322,6 +333,10 @@ Command AddImport(CLI::App& kvctl) {
       ->type_name("ID");
   cmd->add_option("--tokens-file", o->tokens_file, "token ids from F, a JSON array of integers")
       ->type_name("F");
+  cmd->add_option("--codec", o->codec,
+                  "store the records encoded: none (FILE's dtype, default), fp8, int8, int4 "
+                  "(another codec is another spec)")
+      ->type_name("CODEC");
   AddMaxRequestKvBytes(*cmd, &o->max_request_kv_bytes);
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o, model, spec] {

@@ -161,6 +161,7 @@ int RunShow(const ShowOptions& o) {
         .Key("prefix_id").String(prefix_id.ToHex())
         .Key("model_id").String(spec.model_id)
         .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("codec").String(KvCodecName(spec.codec))
         .Key("layers").Uint(spec.layers)
         .Key("chunk_tokens").Uint(spec.chunk_tokens)
         .Key("tokens").Uint(d->chunks.size() * spec.chunk_tokens)

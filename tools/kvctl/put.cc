@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<GeneratedKv>> GeneratedKv::Generate(
       kv->k_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
       kv->v_.push_back(std::make_unique_for_overwrite<std::byte[]>(tensor_bytes));
     }
-    record.resize(spec.RecordBytes());
+    record.resize(spec.DecodedRecordBytes());
     keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   } catch (const std::bad_alloc&) {
     return OutOfMemory(absl::StrCat("the KV of ", tokens.size(), " tokens"), kv->total_bytes_);
@@ -84,6 +84,7 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
         .Key("model").String(o.preset.model)
         .Key("model_id").String(spec.model_id)
         .Key("dtype").String(DTypeName(spec.dtype))
+        .Key("codec").String(KvCodecName(spec.codec))
         .Key("chunk_tokens").Uint(spec.chunk_tokens)
         .Key("tokens").Uint(o.tokens)
         .Key("seed").Uint(o.seed);
