@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "ckv/codec.h"
 #include "ckv/status.h"
 #include "kernels/estimate.h"
 #include "kernels/fidelity.h"
@@ -20,6 +21,28 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
   if (it == records_.end()) {
     CKV_ASSIGN_OR_RETURN(std::vector<std::byte> records, w_.Records(conversation, layer));
     it = records_.emplace(key, std::move(records)).first;
+  }
+  return &it->second;
+}
+
+absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(uint32_t conversation,
+                                                                uint32_t layer) {
+  CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* original, Records(conversation, layer));
+  const ModelSpec& spec = w_.spec();
+  if (spec.codec == KvCodec::kNone) return original;
+  const auto key = std::make_pair(conversation, layer);
+  auto it = served_.find(key);
+  if (it == served_.end()) {
+    const size_t decoded = spec.DecodedRecordBytes();
+    const size_t half = decoded / 2;
+    std::vector<std::byte> out(original->size());
+    std::vector<std::byte> stored(spec.RecordBytes());
+    for (size_t at = 0; at + decoded <= original->size(); at += decoded) {
+      const std::span<const std::byte> rec(original->data() + at, decoded);
+      CKV_RETURN_IF_ERROR(EncodeRecord(spec, rec.first(half), rec.subspan(half), stored));
+      CKV_RETURN_IF_ERROR(DecodeRecord(spec, stored, {out.data() + at, decoded}));
+    }
+    it = served_.emplace(key, std::move(out)).first;
   }
   return &it->second;
 }
@@ -70,9 +93,12 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
   q.layer_error.reserve(spec.layers);
   for (uint32_t l = 0; l < spec.layers; ++l) {
     CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* records, Records(r.conversation, l));
-    const std::vector<std::byte>& recs = *records;
-    std::vector<const std::byte*> ptr(n);
-    for (size_t j = 0; j < n; ++j) ptr[j] = recs.data() + j * spec.RecordBytes();
+    CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* served_records, Served(r.conversation, l));
+    std::vector<const std::byte*> ptr(n), served_ptr(n);
+    for (size_t j = 0; j < n; ++j) {
+      ptr[j] = records->data() + j * spec.DecodedRecordBytes();
+      served_ptr[j] = served_records->data() + j * spec.DecodedRecordBytes();
+    }
     const auto key = std::make_tuple(r.conversation, r.turn, l);
     auto it = truth_.find(key);
     if (it == truth_.end()) {
@@ -83,7 +109,7 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
       it = truth_.emplace(key, std::move(t)).first;
     }
     const std::vector<float>& mass = it->second.token_mass;
-    CKV_ASSIGN_OR_RETURN(kernels::GatheredKv kv, kernels::Gather(shape, ptr, loaded[l]));
+    CKV_ASSIGN_OR_RETURN(kernels::GatheredKv kv, kernels::Gather(shape, served_ptr, loaded[l]));
     double got_loaded = 0;
     for (uint32_t j : loaded[l]) {
       for (uint32_t t = j * c; t < (j + 1) * c; ++t) got_loaded += mass[t];

@@ -66,9 +66,14 @@ class Fidelity {
   };
   // The stored records of a conversation's layer (the workload's), cached.
   absl::StatusOr<const std::vector<std::byte>*> Records(uint32_t conversation, uint32_t layer);
+  // The records as a session serves them once decoded: Records() through the spec's codec
+  // (ckv/codec.h) and back, so the output error counts what the codec lost; Records() itself
+  // without a codec. The truth is always computed from Records().
+  absl::StatusOr<const std::vector<std::byte>*> Served(uint32_t conversation, uint32_t layer);
 
   const Workload& w_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> served_;
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Truth> truth_;
 };
 

@@ -82,6 +82,9 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
                    return cli::ParseDouble(v, &f->head_agreement) && f->head_agreement >= 0 &&
                           f->head_agreement <= 1;
                  });
+  cli::AddChoice(app, "--codec", &f->codec, {"none", "fp8", "int8", "int4"},
+                 "how the store keeps its records: none (fp16, default), fp8, int8 or int4 "
+                 "(ckv/codec.h); full and the ckv systems only");
   cli::AddChoice(app, "--impress-probes", &f->impress_probes, {"group", "spread"},
                  "impress's probe heads: group (default) or spread");
   cli::AddChoice(app, "--impress-gate", &f->impress_gate, {"expected-jaccard", "budget"},

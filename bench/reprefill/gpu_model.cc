@@ -47,7 +47,12 @@ GpuParams GpuParams::Of(const Flags& f) {
 double LayerSeconds(const ModelSpec& spec, const Arch& arch, const GpuParams& gpu,
                     double suffix_tokens, double context_tokens) {
   const double flops = LayerFlops(spec, arch, suffix_tokens, context_tokens);
-  const double kv_bytes = (context_tokens + suffix_tokens) * spec.TokenBytesPerLayer() * 2.0;
+  double kv_bytes = (context_tokens + suffix_tokens) * spec.TokenBytesPerLayer() * 2.0;
+  if (spec.codec != KvCodec::kNone) {
+    // Dequantised before the attention reads it: the stored bytes read, the dtype written.
+    kv_bytes += context_tokens * (double(spec.RecordBytes()) / spec.chunk_tokens +
+                                  spec.TokenBytesPerLayer() * 2.0);
+  }
   const double hbm = LayerWeightBytes(spec, arch) + kv_bytes;
   return std::max(flops / gpu.flops_per_s, hbm / gpu.hbm_bytes_per_s) + gpu.launch_s;
 }

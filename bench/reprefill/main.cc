@@ -285,8 +285,17 @@ bool ParseSystems(const Flags& f, SystemSet* set) {
     set->files.impress |= s->kind == Kind::kImpress;
     set->files.scoring_keys |= ScoresFromKeys(*s);
     set->files.values |= s->kind == Kind::kH2o;
+    if (f.codec != "none" && (s->kind == Kind::kH2o || s->kind == Kind::kImpress)) {
+      // Their files hold the dtype as their authors store it; a codec is the store's.
+      std::fprintf(stderr, "%s: --codec %s: %s keeps its own files in the dtype; run it without "
+                   "--codec\n", kProg, f.codec.c_str(), name.c_str());
+      return false;
+    }
     set->systems.push_back(*s);
   }
+  // Exact scoring reads the records' K parts and decodes them: a key file in the dtype would
+  // score keys the store does not hold.
+  if (f.codec != "none") set->files.scoring_keys = false;
   if (!f.compare.empty() &&
       std::find(f.systems.begin(), f.systems.end(), f.compare) == f.systems.end()) {
     std::fprintf(stderr, "%s: --compare %s: not one of --systems\n", kProg, f.compare.c_str());
@@ -570,6 +579,12 @@ int Run(const Flags& flags) {
                    p.status().ToString().c_str(), kTrainedProfile);
       return kExitUsage;
     }
+  }
+  if (absl::StatusOr<KvCodec> codec = ParseKvCodec(f.codec); codec.ok()) {
+    spec.codec = *codec;
+  } else {
+    std::fprintf(stderr, "%s: --codec: %s\n", kProg, codec.status().ToString().c_str());
+    return kExitUsage;
   }
   SystemSet set;
   if (!ParseSystems(f, &set)) return kExitUsage;

@@ -39,7 +39,7 @@ ImpressFile::ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversa
 HalfFile::HalfFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
     : layers_(spec.layers), conversations_(conversations),
       chunks_(static_cast<uint32_t>(tokens / spec.chunk_tokens)),
-      half_bytes_(spec.RecordBytes() / 2), slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
+      half_bytes_(spec.DecodedRecordBytes() / 2), slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
 
 prefetch::ReadRequest HalfFile::Read(prefetch::FileId file, const std::vector<uint64_t>& sums,
                                      const char* name, uint32_t c, uint32_t layer,

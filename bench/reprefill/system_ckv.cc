@@ -82,7 +82,7 @@ class CkvRunner final : public SystemRunner {
     uint64_t scoring_bytes = 0;
     switch (sys.selector) {
       case Selector::kPeriodExact:
-      case Selector::kOracle: scoring_bytes = n * spec.RecordBytes() / 2; break;
+      case Selector::kOracle: scoring_bytes = n * spec.RecordKeyBytes(); break;
       case Selector::kQuest: scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes(); break;
       case Selector::kMeanKey: scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes(); break;
     }
