@@ -119,7 +119,7 @@ bool ReadFitsRecord(const storage::PinnedChunks& pinned, size_t chunk, uint32_t 
                     const prefetch::ReadRequest& r, size_t wanted) {
   const storage::PinnedChunks::Location where = pinned.RecordAt(chunk, record);
   const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
-  const uint64_t padded = (uint64_t{where.length} + align - 1) / align * align;
+  const uint64_t padded = (uint64_t{where.length} + 4095) / 4096 * 4096;  // the record's slot
   return wanted <= r.length && r.offset % align == 0 && r.length % align == 0 &&
          (storage::kDirectIoAlignment % align != 0 || r.length <= padded);
 }

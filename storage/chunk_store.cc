@@ -684,6 +684,17 @@ PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) con
 FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
   const Location where = RecordAt(chunk, record);
   FileRead read = PartOf(chunk, record, 0, where.length);
+  // The whole padded slot, when the file's alignment divides it: a record smaller than its slot
+  // (a codec's, or any record not a multiple of 4 KiB) then ends where the next slot's read
+  // begins, so the read engine coalesces a run of them into one device read, as it does
+  // records that fill their slots. Read past the record only to the alignment, they were
+  // single reads of a few blocks each. The checksum still covers the record's bytes alone.
+  const Segment& seg = *chunks_[chunk].segment;
+  const uint64_t slot = seg.record_stride(seg.band_of(record));
+  const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
+  if (read.skip == 0 && slot % align == 0 && slot > read.length) {
+    read.length = static_cast<uint32_t>(slot);
+  }
   read.checksum = where.checksum;
   read.checksum_bytes = where.length;
   return read;
