@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
     if (!(*session)->SubmitQueries(layer, queries).ok()) return 1;
     auto view = (*session)->AwaitLayer(layer);  // the selected chunks' K/V, pinned
     if (!view.ok()) return 1;
-    // ... attention over view->records(): each is K [16, kv_heads, head_dim] then V ...
+    // ... attention over view->records(): each is K [16, kv_heads, head_dim] then V (a spec
+    // with a codec hands out its stored bytes: ckv::DecodeRecord, or on the GPU
+    // kernels::cuda::DecodeRecords, makes them K and V again) ...
   }
   auto stats = (*session)->Finish();  // adds this request's attention to I, its loads to F
   if (!stats.ok()) return 1;

@@ -35,10 +35,12 @@ class OutOfRangeError(Error, IndexError): ...
 class ModelSpec:
     """The shape of a model's KV cache and the identity that binds data to it."""
     def __init__(self, *, layers: int, q_heads: int, kv_heads: int, head_dim: int,
-                 dtype: str = "fp16", chunk_tokens: int = 16, model_id: str) -> None:
+                 dtype: str = "fp16", chunk_tokens: int = 16, model_id: str,
+                 codec: str = "none") -> None:
         """A spec from its fields; InvalidArgumentError naming a field out of range."""
     @staticmethod
-    def preset(name: str, dtype: str = "fp16", chunk_tokens: int = 16) -> ModelSpec:
+    def preset(name: str, dtype: str = "fp16", chunk_tokens: int = 16,
+               codec: str = "none") -> ModelSpec:
         """A named preset; model_id is the preset's name."""
     @staticmethod
     def preset_names() -> list[str]:
@@ -58,6 +60,9 @@ class ModelSpec:
     @property
     def dtype(self) -> str:
         """'fp16', 'bf16' or 'fp32'."""
+    @property
+    def codec(self) -> str:
+        """How records are stored: 'none', 'fp8', 'int8' or 'int4'; views decode them."""
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
         """float16 (fp16), uint16 (bf16's raw bits) or float32 (fp32)."""

@@ -445,6 +445,43 @@ class CkvTest(unittest.TestCase):
         self.assertTrue(all(set(chosen[0]) <= set(c) for c in chosen))
         self.assertGreater(len({tuple(c) for c in chosen}), 1)
 
+    def test_a_codec_stores_fewer_bytes_and_views_hand_out_decoded_records(self):
+        int8 = ckv.ModelSpec(layers=4, q_heads=4, kv_heads=2, head_dim=8, dtype="fp16",
+                             chunk_tokens=16, model_id="test-model", codec="int8")
+        self.assertEqual(int8.codec, "int8")
+        self.assertEqual(SPEC.codec, "none")
+        self.assertNotEqual(int8.fingerprint, SPEC.fingerprint)
+        # K: 256 int8 and 16 fp16 channel scales; V: 256 int8 and 32 fp16 token scales.
+        self.assertEqual(int8.record_bytes, 256 + 16 * 2 + 256 + 32 * 2)
+        self.assertEqual(ckv.ModelSpec.preset("qwen2.5-7b", codec="int4").record_bytes, 10496)
+        with self.assertRaises(ckv.InvalidArgumentError):
+            ckv.ModelSpec.preset("qwen2.5-7b", codec="int3")
+        n = 16 * 4
+        tokens = tokens_of(n, start=7000)
+        k, v = make_kv(int8, n, seed=21)
+        self.engine.put(int8, tokens, k, v)
+        s = self.engine.begin_reprefill(int8, tokens, selector="mean-key", budget_fraction=1.0)
+        for layer in range(int8.layers):
+            s.submit_queries(layer, None)
+            view = s.await_layer(layer)
+            self.assertEqual([r.chunk for r in view.records], [0, 1, 2, 3])
+            for r in view.records:
+                self.assertTrue(r.copied)  # decoded into arrays of their own
+                want_k = k[layer][16 * r.chunk:16 * (r.chunk + 1)].astype(np.float32)
+                want_v = v[layer][16 * r.chunk:16 * (r.chunk + 1)].astype(np.float32)
+                self.assertEqual(r.k.dtype, np.float16)
+                # int8 keeps each element within half a scale of max|x| / 127 of its group.
+                self.assertLess(np.abs(r.k.astype(np.float32) - want_k).max(),
+                                np.abs(want_k).max() / 127)
+                self.assertLess(np.abs(r.v.astype(np.float32) - want_v).max(),
+                                np.abs(want_v).max() / 127)
+        s.finish()
+        key = ckv.chunk_keys(int8, tokens)[1]
+        rk, rv = self.engine.read_record(int8, key, 2)
+        self.assertEqual(rk.shape, (16, 2, 8))
+        self.assertLess(np.abs(rk.astype(np.float32) - k[2][16:32].astype(np.float32)).max(),
+                        np.abs(k[2][16:32].astype(np.float32)).max() / 127)
+
     def test_a_full_budget_session_needs_no_queries(self):
         n = 16 * 5
         tokens = tokens_of(n)
