@@ -56,7 +56,8 @@ float LoadElement(DType dtype, const std::byte* p) {
 void StoreElement(DType dtype, float f, std::byte* p) {
   switch (dtype) {
     case DType::kFp16: {
-      const uint16_t h = FloatToHalf(f);
+      // A scale rounded up can carry q * s past 65504: the largest fp16, never infinity.
+      const uint16_t h = FloatToHalf(std::clamp(f, -kHalfMax, kHalfMax));
       std::memcpy(p, &h, 2);
       return;
     }

@@ -709,7 +709,8 @@ class SessionImpl final : public ReprefillSession {
   absl::StatusOr<prefetch::ReadRequest> KeysRead(uint32_t j, uint32_t layer,
                                                  prefetch::Priority priority,
                                                  std::span<std::byte> dest) {
-    if (ScoringKeys* source = host_.scoring_keys()) {
+    // A key source holds keys in the dtype; a spec with a codec scores its records' K parts.
+    if (ScoringKeys* source = spec_.codec == KvCodec::kNone ? host_.scoring_keys() : nullptr) {
       absl::StatusOr<prefetch::ReadRequest> r =
           source->KeysRead(keys_[j], layer, priority, dest);
       if (!absl::IsNotFound(r.status())) return r;

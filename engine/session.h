@@ -81,7 +81,8 @@ class ScoringKeys {
  public:
   virtual ~ScoringKeys() = default;
   // The read, on the host's read engine, of the keys of chunk `chunk` at `layer` into `dest`
-  // (spec.RecordBytes() / 2 bytes, laid out as a record's K half), with their checksum
+  // (spec.RecordBytes() / 2 bytes, laid out as a record's K half; never asked for a spec with a
+  // codec, whose sessions read the records' encoded K parts), with their checksum
   // verified; NotFound when it holds no keys for the chunk (the record's K half is read then).
   virtual absl::StatusOr<prefetch::ReadRequest> KeysRead(const ChunkKey& chunk, uint32_t layer,
                                                          prefetch::Priority priority,

@@ -329,6 +329,8 @@ __global__ void DecodeRecordsKernel(const unsigned char* const* records, size_t 
     if (isnan(x)) x = __uint_as_float(0x7fc00000u);
     const size_t o = i * 2 * n + within;
     if (dtype == 1) {
+      // As the CPU: a value past fp16's largest is stored as the largest, not infinity.
+      if (!isnan(x)) x = fminf(fmaxf(x, -65504.0f), 65504.0f);
       reinterpret_cast<unsigned short*>(out)[o] = FloatToHalfBits(x);
     } else if (dtype == 2) {
       reinterpret_cast<unsigned short*>(out)[o] = FloatToBf16Bits(x);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -150,6 +151,42 @@ TEST(CodecTest, NoCodecCopiesAndWrongSizesAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(wrong)) << wrong;
   EXPECT_THAT(std::string(wrong.message()),
               ::testing::HasSubstr(absl::StrCat(record.size(), " bytes")));
+}
+
+// fp16's largest values, infinities and NaN: every decoded element is finite, within fp16's range,
+// a NaN stored as 0, the largest values kept large (a scale rounded up must not carry them to
+// infinity).
+TEST(CodecTest, ExtremesDecodeFiniteAndNaNAsZero) {
+  for (KvCodec codec : {KvCodec::kFp8E4M3, KvCodec::kInt8, KvCodec::kInt4}) {
+    const ModelSpec spec = SpecWith(codec);
+    const size_t n = spec.DecodedRecordBytes() / 2 / 2;
+    std::vector<float> x(2 * n, 1.0f);
+    x[0] = 65504.0f;
+    x[1] = -65504.0f;
+    x[2] = std::numeric_limits<float>::infinity();
+    x[3] = std::nanf("");
+    x[n] = 65504.0f;  // a value token's first element
+    x[n + 1] = -std::numeric_limits<float>::infinity();
+    std::vector<std::byte> input(spec.DecodedRecordBytes());
+    kernels::FromFloat(DType::kFp16, x.data(), 2 * n, input.data());
+    const std::span<const std::byte> in(input);
+    std::vector<std::byte> record(spec.RecordBytes()), decoded(spec.DecodedRecordBytes());
+    ASSERT_TRUE(EncodeRecord(spec, in.first(input.size() / 2), in.subspan(input.size() / 2),
+                             record)
+                    .ok());
+    ASSERT_TRUE(DecodeRecord(spec, record, decoded).ok());
+    std::vector<float> got(2 * n);
+    kernels::ToFloat(DType::kFp16, decoded.data(), 2 * n, got.data());
+    for (size_t i = 0; i < 2 * n; ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << KvCodecName(codec) << " element " << i;
+    }
+    EXPECT_GT(got[0], 60000.0f) << KvCodecName(codec);
+    EXPECT_LT(got[1], -60000.0f) << KvCodecName(codec);
+    EXPECT_GT(got[2], 60000.0f) << KvCodecName(codec);  // +inf, stored as 65504
+    EXPECT_LT(std::fabs(got[3]), 65504.0f / 100) << KvCodecName(codec);  // NaN, stored as 0
+    EXPECT_GT(got[n], 60000.0f) << KvCodecName(codec);
+    EXPECT_LT(got[n + 1], -60000.0f) << KvCodecName(codec);
+  }
 }
 
 TEST(CodecTest, E4M3CodesRoundTripAndSaturate) {

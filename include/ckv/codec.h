@@ -13,8 +13,10 @@
 // x = q * s, symmetric), or an fp16 scale s then an fp16 minimum m (int4: x = m + q * s, q in
 // 0..15). Keys are grouped per channel and values per token, as KIVI does: a key channel's
 // outliers then cost only their own channel. Scales are rounded up (and int4 minima down) to
-// fp16, so every element is in range; values that are not finite are stored as 0 (NaN) or
-// ±65504. The stated error of a decoded element x' against x, before x' is rounded to the dtype:
+// fp16, so every element is in range. Elements are first clamped to fp16's range: NaN is stored
+// as 0, anything beyond ±65504 (an infinity, or a large bf16 or fp32 value) as ±65504, and a
+// decoded fp16 element is at most ±65504, never infinite. The stated error of a decoded element
+// x' against x (clamped), before x' is rounded to the dtype:
 //
 //   int8:  |x' - x| <= s / 2            (s <= max|x| / 127 of its group, rounded up)
 //   int4:  |x' - x| <= s / 2            (s <= (max - min) / 15 of its group, rounded up)

@@ -169,8 +169,9 @@ absl::StatusOr<ReplayTurnFigures> ReplayTurn(Engine& engine, const ModelSpec& sp
     // keeps them; a background reclaimer (`reclaimer`) may not, so with one every chunk is
     // generated.
     const size_t generated_from = reclaimer ? 0 : f.matched_chunks;
-    const uint64_t new_kv_bytes = (f.prompt_chunks - f.matched_chunks) * spec.chunk_tokens *
-                                  spec.KvBytesPerToken();
+    // The bytes the records take on disk (a codec stores fewer than the dtype's).
+    const uint64_t new_kv_bytes =
+        uint64_t(f.prompt_chunks - f.matched_chunks) * spec.layers * spec.RecordBytes();
     if (max_disk_bytes > 0 && new_kv_bytes > max_disk_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "Put of ", f.prompt_chunks - f.matched_chunks, " new chunks: ",
