@@ -47,9 +47,9 @@ build() {  # build NAME SOURCES...
 build safetensors_fuzz tests/fuzz/safetensors_fuzz.cc \
   tools/json_reader.cc tools/safetensors.cc tools/safetensors_kv.cc tools/model_spec_json.cc \
   tools/output_file.cc common/printable.cc \
-  common/model_spec.cc common/status.cc
+  common/model_spec.cc common/codec.cc common/status.cc
 build remote_fuzz tests/fuzz/remote_fuzz.cc remote/resp_reader.cc remote/chunk_value.cc \
-  remote/slot_map.cc common/model_spec.cc common/chunk_key.cc common/status.cc \
+  remote/slot_map.cc common/model_spec.cc common/codec.cc common/chunk_key.cc common/status.cc \
   common/printable.cc
 
 # -rss_limit_mb: an input may make a reader allocate at most about its own size, so 2 GiB is a
