@@ -563,6 +563,56 @@ TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCh
       << bad.output;
 }
 
+// Systems with a codec suffix run beside those without, in one run, each over a store of its
+// own codec: full@int4 reads fewer bytes, and the error of full at a codec is the codec's alone
+// (full in the dtype has none, int8 less than int4). h2o and impress, which keep their own files
+// in the dtype, take no codec, by suffix or by --codec.
+TEST(ReprefillBenchTest, CodecSuffixesRunBesideTheDtypeInOneRun) {
+  TempDir dir;
+  const std::string json = dir.path() + "/out.json";
+  const Ran ran = RunBench(
+      "--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
+      "--conversations 1 --turns 2 --budgets 50 --rounds 1 --fidelity --no-fio --systems "
+      "full,full@int8,full@int4,ckv@int8 --json " + json);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto doc = tools::ReadJsonFile(json);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  std::map<std::string, const JsonValue*> row;
+  for (const JsonValue& r : *doc->Find("results")->AsArray()) {
+    row[*r.Find("system")->AsString()] = &r;
+  }
+  for (const char* name : {"full", "full@int8", "full@int4", "ckv@int8"}) {
+    ASSERT_EQ(row.count(name), 1u) << name << "\n" << ran.output;
+  }
+  EXPECT_EQ(Num(*row["full"], "output_rel_error"), 0);
+  const double int8_error = Num(*row["full@int8"], "output_rel_error");
+  EXPECT_GT(int8_error, 0) << "the codec's rounding is served";
+  EXPECT_LT(int8_error, Num(*row["full@int4"], "output_rel_error"));
+  EXPECT_GT(Num(*row["ckv@int8"], "output_rel_error"), int8_error) << "half the chunks, at int8";
+  // qwen2.5-0.5b's 16-token record fills an 8 KiB slot in fp16 and a 4 KiB one at int4 (2,688
+  // bytes); at int8 (4,416 bytes) it still takes 8 KiB.
+  const double fp16_read = Num(*row["full"], "bytes_read");
+  EXPECT_GT(fp16_read, 0);
+  EXPECT_EQ(Num(*row["full@int4"], "bytes_read"), fp16_read / 2);
+  EXPECT_NE(row["full@int8"]->Find("config")->AsString()->find("stored int8"), std::string::npos);
+  for (const char* name : {"layer-major", "layer-major-int8", "layer-major-int4"}) {
+    EXPECT_TRUE(std::filesystem::is_directory(dir.path() + "/s/" + name)) << name;
+  }
+  const Ran suffixed =
+      RunBench("--store " + dir.path() + "/s --systems full,impress@int8 --no-fio");
+  EXPECT_EQ(suffixed.exit_code, 2);
+  EXPECT_NE(suffixed.output.find("impress keeps its own files in the dtype"), std::string::npos)
+      << suffixed.output;
+  const Ran defaulted = RunBench("--store " + dir.path() + "/s --systems full,h2o --codec fp8 "
+                                 "--no-fio");
+  EXPECT_EQ(defaulted.exit_code, 2);
+  EXPECT_NE(defaulted.output.find("system h2o keeps its own files"), std::string::npos)
+      << defaulted.output;
+  const Ran unknown = RunBench("--store " + dir.path() + "/s --systems full@int3 --no-fio");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.output.find("full@int3"), std::string::npos) << unknown.output;
+}
+
 // Regression (security audit): the store's manifest.json was read whole, however large; a
 // manifest that never ends (/dev/zero behind a symlink) grew memory until the process died. It
 // is now read up to 64 KiB, and anything larger is another workload's store, rebuilt.

@@ -13,7 +13,7 @@
 namespace ckv::bench {
 
 BaselineRunner::BaselineRunner(const RunContext& ctx)
-    : ctx_(ctx), spec_(ctx.w->spec()),
+    : ctx_(ctx), spec_(ctx_.spec),
       kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations),
       max_chunks_(static_cast<uint32_t>(ctx.w->stored_tokens() / ctx.w->spec().chunk_tokens)) {
   const uint32_t pool = ctx.state->tiers ? spec_.layers + 2 : 3;

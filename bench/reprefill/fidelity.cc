@@ -25,12 +25,14 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
   return &it->second;
 }
 
-absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(uint32_t conversation,
+absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(KvCodec codec,
+                                                                uint32_t conversation,
                                                                 uint32_t layer) {
   CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* original, Records(conversation, layer));
-  const ModelSpec& spec = w_.spec();
-  if (spec.codec == KvCodec::kNone) return original;
-  const auto key = std::make_pair(conversation, layer);
+  if (codec == KvCodec::kNone) return original;
+  ModelSpec spec = w_.spec();
+  spec.codec = codec;
+  const auto key = std::make_tuple(codec, conversation, layer);
   auto it = served_.find(key);
   if (it == served_.end()) {
     const size_t decoded = spec.DecodedRecordBytes();
@@ -77,7 +79,7 @@ absl::Status SameTokens(const VirtualTokens& served, const VirtualTokens& rebuil
 }  // namespace
 
 absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
-    const Request& r, const std::vector<std::vector<float>>& queries,
+    KvCodec codec, const Request& r, const std::vector<std::vector<float>>& queries,
     const std::vector<std::vector<uint32_t>>& loaded,
     const std::vector<std::vector<uint32_t>>& attended,
     const std::vector<std::vector<uint32_t>>& estimated, const std::vector<VirtualTokens>& served) {
@@ -93,7 +95,8 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
   q.layer_error.reserve(spec.layers);
   for (uint32_t l = 0; l < spec.layers; ++l) {
     CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* records, Records(r.conversation, l));
-    CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* served_records, Served(r.conversation, l));
+    CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* served_records,
+                         Served(codec, r.conversation, l));
     std::vector<const std::byte*> ptr(n), served_ptr(n);
     for (size_t j = 0; j < n; ++j) {
       ptr[j] = records->data() + j * spec.DecodedRecordBytes();
@@ -172,7 +175,7 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
   return q;
 }
 
-absl::Status Fidelity::MeasureRow(const std::vector<Request>& measured,
+absl::Status Fidelity::MeasureRow(KvCodec codec, const std::vector<Request>& measured,
                                   const std::vector<RequestResult>& results, uint32_t limit,
                                   Row* row) {
   double rs = 0, rl = 0;
@@ -181,8 +184,8 @@ absl::Status Fidelity::MeasureRow(const std::vector<Request>& measured,
     if (limit > 0 && q >= limit) break;
     const Request& req = measured[q];
     const RequestResult& res = results[q];
-    CKV_ASSIGN_OR_RETURN(Quality got, Measure(req, w_.Queries(req), res.loaded, res.attended,
-                                              res.estimated, res.virtual_tokens));
+    CKV_ASSIGN_OR_RETURN(Quality got, Measure(codec, req, w_.Queries(req), res.loaded,
+                                              res.attended, res.estimated, res.virtual_tokens));
     rs += got.recall;
     rl += got.recall_loaded;
     errors.push_back(got.error);

@@ -46,8 +46,10 @@ class Fidelity {
   // also took as virtual tokens (ckv/virtual_tokens.h), rebuilt here from the records as a
   // session makes them (kernels::VirtualTokensOf's mean form over 8-bit statistics); recall
   // does not count them. `served[l]` (empty, or one per layer): the virtual tokens the session
-  // served, which must match the rebuild (Internal otherwise).
-  absl::StatusOr<Quality> Measure(const Request& r, const std::vector<std::vector<float>>& queries,
+  // served, which must match the rebuild (Internal otherwise). `codec`: how the system's store
+  // holds the records (ckv/codec.h); the loaded chunks are served through it, the truth never.
+  absl::StatusOr<Quality> Measure(KvCodec codec, const Request& r,
+                                  const std::vector<std::vector<float>>& queries,
                                   const std::vector<std::vector<uint32_t>>& loaded,
                                   const std::vector<std::vector<uint32_t>>& attended,
                                   const std::vector<std::vector<uint32_t>>& estimated = {},
@@ -56,7 +58,7 @@ class Fidelity {
   // Recall and output error of `measured` (whose results `results` holds, in the same order;
   // every one, or the first `limit` when it is not 0) into `row`: the means over requests, the
   // error's p95 over them, and the layer whose mean error over them is the worst.
-  absl::Status MeasureRow(const std::vector<Request>& measured,
+  absl::Status MeasureRow(KvCodec codec, const std::vector<Request>& measured,
                           const std::vector<RequestResult>& results, uint32_t limit, Row* row);
 
  private:
@@ -66,14 +68,15 @@ class Fidelity {
   };
   // The stored records of a conversation's layer (the workload's), cached.
   absl::StatusOr<const std::vector<std::byte>*> Records(uint32_t conversation, uint32_t layer);
-  // The records as a session serves them once decoded: Records() through the spec's codec
+  // The records as a session serves them once decoded: Records() through `codec`
   // (ckv/codec.h) and back, so the output error counts what the codec lost; Records() itself
   // without a codec. The truth is always computed from Records().
-  absl::StatusOr<const std::vector<std::byte>*> Served(uint32_t conversation, uint32_t layer);
+  absl::StatusOr<const std::vector<std::byte>*> Served(KvCodec codec, uint32_t conversation,
+                                                        uint32_t layer);
 
   const Workload& w_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> served_;
+  std::map<std::tuple<KvCodec, uint32_t, uint32_t>, std::vector<std::byte>> served_;
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Truth> truth_;
 };
 

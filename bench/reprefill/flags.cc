@@ -58,7 +58,9 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
             }
             f->budgets.push_back(b / 100);
           });
-  AddList(app, "--systems", "systems to run (default full,h2o,impress,ckv-paper,ckv)",
+  AddList(app, "--systems",
+          "systems to run (default full,h2o,impress,ckv-paper,ckv); full and the ckv systems "
+          "take a codec as a suffix (full@int8, ckv@fp8) and read a store kept with it",
           [f] { f->systems.clear(); }, [f](const std::string& s) { f->systems.push_back(s); });
   cli::AddUint(app, "--window", &f->window, "suffix queries scored per layer (default 32)");
   cli::AddUint(app, "--seed", &f->seed, "workload seed (default 1)", "S");
@@ -83,8 +85,8 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
                           f->head_agreement <= 1;
                  });
   cli::AddChoice(app, "--codec", &f->codec, {"none", "fp8", "int8", "int4"},
-                 "how the store keeps its records: none (fp16, default), fp8, int8 or int4 "
-                 "(ckv/codec.h); full and the ckv systems only");
+                 "how full and the ckv systems whose name has no @<codec> read their records: "
+                 "none (the dtype, default), fp8, int8 or int4 (ckv/codec.h)");
   cli::AddChoice(app, "--impress-probes", &f->impress_probes, {"group", "spread"},
                  "impress's probe heads: group (default) or spread");
   cli::AddChoice(app, "--impress-gate", &f->impress_gate, {"expected-jaccard", "budget"},

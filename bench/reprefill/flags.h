@@ -64,7 +64,8 @@ struct Flags {
   // impress's gate threshold t = j^0.6: "expected-jaccard", j = r / (2 - r), the expected
   // Jaccard of two random top-k sets of share r (0.111 at 5%); or "budget", j = r (0.166 at 5%).
   std::string impress_gate = "expected-jaccard";
-  // How the store's records are stored (ckv/codec.h): none (the dtype), fp8, int8 or int4.
+  // How full and the ckv systems without `@<codec>` in their name read their records
+  // (ckv/codec.h): none (the dtype), fp8, int8 or int4.
   std::string codec = "none";
   // impress: passes over the warm-up requests until reordering rewrites nothing (at most this
   // many), so that the measured requests meet a converged layout.

@@ -70,7 +70,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
     o.gpu_tier_bytes = tiers.gpu_bytes;
     o.cpu_tier_bytes = tiers.cpu_bytes;
   }
-  CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, sys.layout)));
+  CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, sys.store())));
   engine::SessionHost& host = engine::HostOf(*engine);
   CKV_RETURN_IF_ERROR(host.store().ResetUsage().status());  // every system starts from no history
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
@@ -110,6 +110,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   RunContext ctx;
   ctx.w = &w;
   ctx.sys = &sys;
+  ctx.spec = sys.SpecOf(w.spec());
   ctx.budget = budget;
   ctx.check_served = measured_round && f.fidelity;
   ctx.engine = engine.get();
@@ -269,33 +270,29 @@ void Finalise(Row& row, const std::vector<double>& all_latencies) {
 // returns false on a bad name.
 struct SystemSet {
   std::vector<System> systems;
-  std::set<RecordLayout> layouts;
+  std::set<StoreId> stores;
   StoreFiles files;
 };
 
 bool ParseSystems(const Flags& f, SystemSet* set) {
+  const absl::StatusOr<KvCodec> default_codec = ParseKvCodec(f.codec);
+  if (!default_codec.ok()) {
+    std::fprintf(stderr, "%s: --codec: %s\n", kProg, default_codec.status().ToString().c_str());
+    return false;
+  }
   for (const std::string& name : f.systems) {
-    auto s = ParseSystem(name);
+    auto s = ParseSystem(name, *default_codec);
     if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", kProg, s.status().ToString().c_str());
       return false;
     }
-    set->layouts.insert(s->layout);
+    set->stores.insert(s->store());
     set->files.keys |= NeedsKeyFile(s->kind);
     set->files.impress |= s->kind == Kind::kImpress;
     set->files.scoring_keys |= ScoresFromKeys(*s);
     set->files.values |= s->kind == Kind::kH2o;
-    if (f.codec != "none" && (s->kind == Kind::kH2o || s->kind == Kind::kImpress)) {
-      // Their files hold the dtype as their authors store it; a codec is the store's.
-      std::fprintf(stderr, "%s: --codec %s: %s keeps its own files in the dtype; run it without "
-                   "--codec\n", kProg, f.codec.c_str(), name.c_str());
-      return false;
-    }
     set->systems.push_back(*s);
   }
-  // Exact scoring reads the records' K parts and decodes them: a key file in the dtype would
-  // score keys the store does not hold.
-  if (f.codec != "none") set->files.scoring_keys = false;
   if (!f.compare.empty() &&
       std::find(f.systems.begin(), f.systems.end(), f.compare) == f.systems.end()) {
     std::fprintf(stderr, "%s: --compare %s: not one of --systems\n", kProg, f.compare.c_str());
@@ -365,7 +362,7 @@ bool RunRounds(const Flags& f, const Workload& w, const std::vector<System>& sys
         fig.mix[k] += run->after.io_size_histogram[k] - run->before.io_size_histogram[k];
       }
       if (round == 0 && fidelity != nullptr) {
-        if (absl::Status st = fidelity->MeasureRow(run->measured, run->requests,
+        if (absl::Status st = fidelity->MeasureRow(sys.codec, run->measured, run->requests,
                                                    f.fidelity_requests, &row);
             !st.ok()) {
           std::fprintf(stderr, "%s: fidelity: %s\n", kProg, st.ToString().c_str());
@@ -388,7 +385,7 @@ std::vector<Row> CollectRows(const Flags& f, const std::vector<System>& systems,
     const IoSizeMix& mix = figures[i].mix;
     Finalise(row, figures[i].latencies_ms);
     if (fio != nullptr && row.busy_queue_depth > 0) {
-      const std::string dir = StorePath(f, systems[jobs[i].system].layout);
+      const std::string dir = StorePath(f, systems[jobs[i].system].store());
       row.fio_mb_s = fio->MbPerS(mix, static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
       row.fio_full_depth_mb_s = fio->MbPerS(mix, prefetch::ReadEngineOptions{}.queue_depth, dir);
     }
@@ -580,16 +577,10 @@ int Run(const Flags& flags) {
       return kExitUsage;
     }
   }
-  if (absl::StatusOr<KvCodec> codec = ParseKvCodec(f.codec); codec.ok()) {
-    spec.codec = *codec;
-  } else {
-    std::fprintf(stderr, "%s: --codec: %s\n", kProg, codec.status().ToString().c_str());
-    return kExitUsage;
-  }
   SystemSet set;
   if (!ParseSystems(f, &set)) return kExitUsage;
   const Workload w(f, spec, file.get());
-  if (absl::Status st = Populate(w, set.layouts, set.files); !st.ok()) {
+  if (absl::Status st = Populate(w, set.stores, set.files); !st.ok()) {
     std::fprintf(stderr, "%s: populating %s: %s\n", kProg, f.store.c_str(), st.ToString().c_str());
     return 1;
   }

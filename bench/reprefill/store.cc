@@ -62,8 +62,12 @@ const char* LayoutName(RecordLayout l) {
   return l == RecordLayout::kLayerMajor ? "layer-major" : "period-major";
 }
 
-std::string StorePath(const Flags& f, RecordLayout layout) {
-  return f.store + "/" + LayoutName(layout);
+std::string StorePath(const Flags& f, StoreId store) {
+  std::string path = f.store + "/" + LayoutName(store.layout);
+  if (store.codec != KvCodec::kNone) {
+    absl::StrAppend(&path, "-", std::string(KvCodecName(store.codec)));
+  }
+  return path;
 }
 
 std::string KeyFilePath(const Flags& f) { return f.store + "/keys.bin"; }
@@ -176,13 +180,20 @@ struct HalfOut {
   }
 };
 
-absl::StatusOr<bool> StoreHolds(const Workload& w, RecordLayout layout) {
+// The workload's spec with the store's codec.
+ModelSpec SpecOf(const Workload& w, StoreId store) {
+  ModelSpec spec = w.spec();
+  spec.codec = store.codec;
+  return spec;
+}
+
+absl::StatusOr<bool> StoreHolds(const Workload& w, StoreId store) {
   EngineOptions o;
   o.create_if_missing = false;
-  auto engine = Engine::Open(o, StorePath(w.flags(), layout));
+  auto engine = Engine::Open(o, StorePath(w.flags(), store));
   if (!engine.ok()) return false;
   for (uint32_t c = 0; c < w.flags().conversations; ++c) {
-    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(w.spec(), w.StoredTokens(c)));
+    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(SpecOf(w, store), w.StoredTokens(c)));
     if (n != w.stored_tokens() / w.spec().chunk_tokens) return false;
   }
   return true;
@@ -213,8 +224,7 @@ bool FileHasSize(const std::string& path, uint64_t bytes) {
 
 }  // namespace
 
-absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
-                      const StoreFiles& files) {
+absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const StoreFiles& files) {
   const bool need_keys = files.keys, need_impress = files.impress;
   const Flags& f = w.flags();
   ::mkdir(f.store.c_str(), 0700);
@@ -224,19 +234,25 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     // Only what this harness makes, never the rest of DIR.
-    for (const char* name : {"layer-major", "period-major", "keys.bin", "keys.sum", "impress.bin",
-                             "impress.sum", "impress.map", "scoring_keys.bin", "scoring_keys.sum",
-                             "values.bin", "values.sum", "fio.dat"}) {
+    std::vector<std::string> names = {"keys.bin", "keys.sum", "impress.bin", "impress.sum",
+                                      "impress.map", "scoring_keys.bin", "scoring_keys.sum",
+                                      "values.bin", "values.sum", "fio.dat"};
+    for (RecordLayout layout : {RecordLayout::kLayerMajor, RecordLayout::kPeriodMajor}) {
+      for (KvCodec codec : {KvCodec::kNone, KvCodec::kFp8E4M3, KvCodec::kInt8, KvCodec::kInt4}) {
+        names.push_back(std::filesystem::path(StorePath(f, {layout, codec})).filename());
+      }
+    }
+    for (const std::string& name : names) {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
       if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
     }
     std::remove(manifest_path.c_str());
   }
-  std::vector<RecordLayout> todo;
-  for (RecordLayout l : layouts) {
-    CKV_ASSIGN_OR_RETURN(bool holds, StoreHolds(w, l));
-    if (!holds) todo.push_back(l);
+  std::vector<StoreId> todo;
+  for (StoreId store : stores) {
+    CKV_ASSIGN_OR_RETURN(bool holds, StoreHolds(w, store));
+    if (!holds) todo.push_back(store);
   }
   const KeyFile kf(w.spec(), w.stored_tokens(), f.conversations);
   const std::string key_path = KeyFilePath(f);
@@ -270,10 +286,10 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
   }
   const absl::Time start = absl::Now();
   std::vector<std::unique_ptr<Engine>> engines;
-  for (RecordLayout layout : todo) {
+  for (StoreId store : todo) {
     EngineOptions o;
-    o.layout = layout;
-    CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, layout)));
+    o.layout = store.layout;
+    CKV_ASSIGN_OR_RETURN(auto engine, Engine::Open(o, StorePath(f, store)));
     engines.push_back(std::move(engine));
   }
   std::ofstream keys;
@@ -299,9 +315,11 @@ absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
                  w.spec().DebugString().c_str());
     CKV_RETURN_IF_ERROR(w.WithStoredKv(c, [&](const KvTensors& kv) -> absl::Status {
       for (size_t i = 0; i < engines.size(); ++i) {
-        CKV_ASSIGN_OR_RETURN(PutResult r, engines[i]->Put(w.spec(), w.StoredTokens(c), kv));
+        CKV_ASSIGN_OR_RETURN(PutResult r,
+                             engines[i]->Put(SpecOf(w, todo[i]), w.StoredTokens(c), kv));
         std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
-                     LayoutName(todo[i]), c + 1, f.conversations,
+                     std::filesystem::path(StorePath(f, todo[i])).filename().c_str(), c + 1,
+                     f.conversations,
                      static_cast<unsigned long long>(r.chunks_written));
       }
       if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path, key_sums));

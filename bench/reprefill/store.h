@@ -119,7 +119,15 @@ class ImpressFile {
 };
 
 const char* LayoutName(RecordLayout l);
-std::string StorePath(const Flags& f, RecordLayout layout);
+
+// One of the harness's stores: its records' layout and codec. Each is a store of its own under
+// --store: layer-major, period-major, layer-major-int8, ...
+struct StoreId {
+  RecordLayout layout = RecordLayout::kLayerMajor;
+  KvCodec codec = KvCodec::kNone;
+  auto operator<=>(const StoreId&) const = default;
+};
+std::string StorePath(const Flags& f, StoreId store);
 std::string KeyFilePath(const Flags& f);
 std::string ImpressFilePath(const Flags& f);
 std::string ImpressMapPath(const Flags& f);
@@ -158,9 +166,8 @@ struct StoreFiles {
   bool values = false;        // values.bin (h2o)
 };
 
-// Makes (or reuses) the stores for `layouts`, and the files `files` names.
-absl::Status Populate(const Workload& w, const std::set<RecordLayout>& layouts,
-                      const StoreFiles& files);
+// Makes (or reuses) the stores `stores`, and the files `files` names.
+absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const StoreFiles& files);
 
 }  // namespace ckv::bench
 

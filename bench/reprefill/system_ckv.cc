@@ -53,7 +53,7 @@ class CkvRunner final : public SystemRunner {
 
   absl::StatusOr<RequestResult> Run(const Request& r,
                                     const std::vector<std::vector<float>>& queries) override {
-    const ModelSpec& spec = ctx_.w->spec();
+    const ModelSpec& spec = ctx_.spec;
     const System& sys = *ctx_.sys;
     RequestResult out;
     out.loaded.resize(spec.layers);

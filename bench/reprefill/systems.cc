@@ -9,11 +9,15 @@
 namespace ckv::bench {
 
 bool ScoresFromKeys(const System& s) {
-  return s.kind == Kind::kCkv &&
+  // A codec's exact scoring decodes the records' K parts: a key file in the dtype would score
+  // keys the store does not hold.
+  return s.kind == Kind::kCkv && s.codec == KvCodec::kNone &&
          (s.selector == Selector::kPeriodExact || s.selector == Selector::kOracle);
 }
 
-absl::StatusOr<System> ParseSystem(const std::string& name) {
+namespace {
+
+absl::StatusOr<System> ParseBase(const std::string& name) {
   System s;
   s.name = name;
   if (name == "full") { s.kind = Kind::kFull; return s; }
@@ -60,10 +64,43 @@ absl::StatusOr<System> ParseSystem(const std::string& name) {
   return s;
 }
 
+}  // namespace
+
+absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_codec) {
+  const size_t at = name.find('@');
+  CKV_ASSIGN_OR_RETURN(System s, ParseBase(name.substr(0, at)));
+  s.name = name;
+  const bool own_files = s.kind == Kind::kH2o || s.kind == Kind::kImpress;
+  if (at == std::string::npos) {
+    if (!own_files) s.codec = default_codec;
+    if (own_files && default_codec != KvCodec::kNone) {
+      const std::string codec(KvCodecName(default_codec));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "system ", name, " keeps its own files in the dtype, as its authors store them: it "
+          "takes no codec (--codec ", codec, " applies to full and the ckv systems; name a "
+          "codec per system instead, as full@", codec, ")"));
+    }
+    return s;
+  }
+  absl::StatusOr<KvCodec> codec = ParseKvCodec(name.substr(at + 1));
+  if (!codec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("system ", name, ": ", codec.status().message()));
+  }
+  if (own_files) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "system ", name, ": ", name.substr(0, at), " keeps its own files in the dtype, as its "
+        "authors store them; it takes no codec"));
+  }
+  s.codec = *codec;
+  return s;
+}
+
 std::string System::Config(const Flags& f) const {
   switch (kind) {
     case Kind::kFull:
-      return "all chunks, layer-major records, next-layer preload, LRU tiers";
+      return absl::StrCat("all chunks, layer-major records", CodecPart(), ", next-layer preload, "
+                          "LRU tiers");
     case Kind::kH2o:
       return "all keys + selected tokens' values, next-layer key preload, LRU tiers";
     case Kind::kImpress:
@@ -79,13 +116,18 @@ std::string System::Config(const Flags& f) const {
                           ? absl::StrCat(", one selection per ", period, " layers",
                                          rescore ? " prefetched, each layer's own served beside it" : "")
                           : ", every layer scored",
-                      prefetch ? ", prefetch" : ", no prefetch",
+                      CodecPart(), prefetch ? ", prefetch" : ", no prefetch",
                       estimate ? ", the rest estimated" : "",
                       target ? ", budgets read as target masses" : "", ", S=IxF tiers");
 }
 
+std::string System::CodecPart() const {
+  return codec == KvCodec::kNone ? std::string()
+                                 : absl::StrCat(", stored ", std::string(KvCodecName(codec)));
+}
+
 double RunContext::LayerSeconds(size_t context_tokens) const {
-  return bench::LayerSeconds(w->spec(), arch, gpu->params(), w->flags().suffix_tokens,
+  return bench::LayerSeconds(spec, arch, gpu->params(), w->flags().suffix_tokens,
                              double(context_tokens));
 }
 

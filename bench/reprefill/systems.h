@@ -6,6 +6,8 @@
 //              64-token block file reordered between turns, frequency x share tiers;
 //   ckv-paper  ContiguousKV as published, through a ckv session;
 //   ckv        ckv's chosen configuration, through a ckv session; or ckv:<...> variants.
+// full and the ckv systems take a codec as a suffix (full@int8, ckv@fp8): they then run over a
+// store whose records are stored with it (ckv/codec.h), beside the others in the same run.
 // Each runs one request at a time per worker over the same store and read engine; one file per
 // system (system_*.cc).
 #ifndef CKV_BENCH_REPREFILL_SYSTEMS_H_
@@ -58,11 +60,25 @@ struct System {
   // With period_selection: every layer also scored, serving its own selection
   // (ReprefillOptions::rescore_layers).
   bool rescore = false;
+  // How the records it reads are stored: `@<codec>` in its name, or --codec.
+  KvCodec codec = KvCodec::kNone;
+  // The store's spec as this system reads it: the workload's, with the system's codec.
+  ModelSpec SpecOf(const ModelSpec& workload) const {
+    ModelSpec s = workload;
+    s.codec = codec;
+    return s;
+  }
+  StoreId store() const { return {layout, codec}; }
   // What the table and the JSON say the system does.
   std::string Config(const Flags& f) const;
+
+ private:
+  std::string CodecPart() const;  // ", stored int8", or nothing without a codec
 };
 
-absl::StatusOr<System> ParseSystem(const std::string& name);
+// `default_codec` (--codec) is the codec of full and the ckv systems whose name has no
+// `@<codec>`; h2o and impress keep their own files in the dtype and take none.
+absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_codec = KvCodec::kNone);
 
 // One request's figures.
 struct RequestResult {
@@ -108,6 +124,7 @@ struct BaselineState {
 struct RunContext {
   const Workload* w = nullptr;
   const System* sys = nullptr;
+  ModelSpec spec;  // the store's, as `sys` reads it (System::SpecOf)
   double budget = 0;
   // The fidelity measures this run (its first round, with --fidelity): a runner keeps the
   // virtual tokens its first measured request was served, for the fidelity to check.

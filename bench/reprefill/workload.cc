@@ -104,9 +104,6 @@ std::string Workload::Manifest() const {
   w.Key("seed").Uint(f_.seed).Key("window").Uint(f_.window).Key("generator").Uint(3);
   // The KV depends on the profile, not on the requests' shift (queries are not stored).
   w.Key("attention_profile").String(f_.attention_profile);
-  if (spec_.codec != KvCodec::kNone) {
-    w.Key("codec").String(std::string(KvCodecName(spec_.codec)));
-  }
   if (file_ != nullptr) {
     // The file by name, size and modification time: a rewritten profile makes a new store.
     std::error_code size_ec, mtime_ec;
