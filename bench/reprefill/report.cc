@@ -245,7 +245,8 @@ std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const s
     const std::vector<const Row*> ckv_curve = ErrorCurve(rows, t, ckv);
     if (ckv_curve.empty()) continue;
     for (const std::string& base : BaselinesOf(rows, t, ckv)) {
-      if (base == "full" || base == "recompute") continue;  // one point, already in equal_error
+      // One point, already in equal_error (full at any codec: full@int8).
+      if (base == "full" || base.starts_with("full@") || base == "recompute") continue;
       for (const Row* r : ErrorCurve(rows, t, base)) {
         const bool anchored = std::any_of(budgets.begin(), budgets.end(), [&](double b) {
           return std::abs(b - r->budget) < 1e-9;
@@ -623,7 +624,9 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
         }
       }
       if (pts.empty()) continue;
-      s += std::string(first ? "" : ", ") + "'-' with linespoints lw 2 title '" + name + "'";
+      // noenhanced: a name is printed as it is (full@int8's @ is markup otherwise).
+      s += std::string(first ? "" : ", ") + "'-' with linespoints lw 2 title '" + name +
+           "' noenhanced";
       first = false;
       data += pts + "e\n";
     }
