@@ -8,6 +8,9 @@ reprefill()  a later request with a stored prefix: a ckv session serves each lay
              computed over them at their true positions, layer after layer, to the first token
 masked()     the same computation over any per-layer token selection of the prefix, without ckv:
              how the token-level baselines' selections are turned into a first token
+Both take `then`: tokens that follow the prompt, decoded after the Re-Prefill (teacher-forced)
+over what it loaded, the prompt's new tokens and each other, so that more than the first
+token is judged (next_logits: one row per predicted token).
 """
 from __future__ import annotations
 
@@ -24,11 +27,19 @@ from .model import Decoder, attend
 MODEL_ID = "ckv-ref-tiny"
 
 
-def spec_of(model: Decoder, chunk_tokens: int = 16, model_id: str = MODEL_ID) -> "ckv.ModelSpec":
+def model_id_of(model: Decoder) -> str:
+    """ckv-ref-tiny, ckv-ref-ref2k: the configuration's name (ckv_ref.model.PRESETS)."""
+    return f"ckv-ref-{model.cfg.name}"
+
+
+def spec_of(model: Decoder, chunk_tokens: int = 16, model_id: Optional[str] = None,
+            codec: str = "none") -> "ckv.ModelSpec":
+    """The model's ckv spec; `codec` stores its records quantised (docs/format.md)."""
     c = model.cfg
+    model_id = model_id or model_id_of(model)
     return ckv.ModelSpec(layers=c.layers, q_heads=c.q_heads, kv_heads=c.kv_heads,
                          head_dim=c.head_dim, dtype="fp16", chunk_tokens=chunk_tokens,
-                         model_id=model_id)
+                         model_id=model_id, codec=codec)
 
 
 def as_tokens(tokens) -> np.ndarray:
@@ -60,6 +71,8 @@ class Reprefilled:
     stats: dict                        # the session's figures (finish())
     queries: list[np.ndarray]          # per layer, what submit_queries got (empty without)
     chunk_tokens: int = 16
+    # The prompt's last token's logits, then each `then` token's: [1 + len(then), vocab].
+    next_logits: Optional[torch.Tensor] = None
 
     def attended(self, prefix_tokens: int) -> list[torch.Tensor]:
         """Per layer, a bool mask over the first prefix_tokens tokens of what the new tokens
@@ -81,7 +94,7 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
               selector: str = "period-exact", budget: float = 1.0, window: int = 32,
               period_layers: int = 2, period_selection: bool = False, with_queries: bool = True,
               keep_probs: bool = False, estimate: bool = False,
-              target_mass: float = 0.0) -> Reprefilled:
+              target_mass: float = 0.0, then: Sequence[int] = ()) -> Reprefilled:
     """The first token of `tokens` from a ckv Re-Prefill of its stored leading chunks.
 
     The session is begun on tokens[:-1], so at least the last token is computed (as a serving
@@ -91,9 +104,11 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     the session for the chunks it did not load as virtual tokens (docs/estimate.md), which the
     attention takes beside the loaded tokens, each with its logit bias. target_mass > 0 has each
     layer load the fewest chunks whose scores reach it (ReprefillOptions::target_mass), with
-    `budget` the ceiling.
+    `budget` the ceiling. `then` (see the module's note) is decoded after the prompt over the
+    same selection: its tokens never choose chunks.
     """
     tokens = as_tokens(tokens)
+    then = as_tokens(then)
     if len(tokens) < 1:
         raise ValueError("reprefill: an empty prompt")
     if not with_queries and budget < 1.0:
@@ -110,17 +125,19 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
     try:
         matched = session.matched_chunks
         start = matched * c
-        new = torch.as_tensor(tokens[start:].astype(np.int64))
-        if new.shape[0] < w:
-            raise RuntimeError(f"reprefill: {new.shape[0]} new tokens, fewer than the window {w}: "
+        prompt_new = len(tokens) - start  # the prompt's tokens computed here; `then` follows
+        new = torch.as_tensor(np.concatenate([tokens[start:], then]).astype(np.int64))
+        if prompt_new < w:
+            raise RuntimeError(f"reprefill: {prompt_new} new tokens, fewer than the window {w}: "
                                "the store changed between probe and the session")
-        pos = torch.arange(start, len(tokens))
+        pos = torch.arange(start, start + new.shape[0])
         cos, sin = model.cos[pos], model.sin[pos]
         h = model.embed(new)
         selections, probs, queries = [], [], []
         for l, layer in enumerate(model.layers):
             q, k, v = layer.qkv(h, cos, sin)
-            window_q = np.ascontiguousarray(q[-w:].numpy(), dtype=np.float32)
+            window_q = np.ascontiguousarray(q[prompt_new - w:prompt_new].numpy(),
+                                            dtype=np.float32)
             queries.append(window_q if with_queries else window_q[:0])
             if with_queries:
                 session.submit_queries(l, window_q)
@@ -150,39 +167,67 @@ def reprefill(engine: "ckv.Engine", spec: "ckv.ModelSpec", model: Decoder, token
             selections.append(chunks)
             probs.append(p if keep_probs else None)
             h = layer.finish(h, out)
-        logits = model.logits(h[-1])
+        next_logits = model.logits(h[prompt_new - 1:])
     except BaseException:
         session.finish()
         raise
     stats = session.finish()
-    return Reprefilled(logits, matched, int(new.shape[0]), selections, probs, stats, queries, c)
+    return Reprefilled(next_logits[0], matched, prompt_new, selections, probs, stats, queries, c,
+                       next_logits)
+
+
+@dataclasses.dataclass
+class Masked:
+    next_logits: torch.Tensor            # the prompt's last token's, then each `then` token's
+    probs: list[Optional[torch.Tensor]]  # per layer, with keep_probs: [q_heads, new, all]
+    keeps: list[torch.Tensor]            # per layer, the mask the new tokens attended through
 
 
 @torch.no_grad()
-def masked(model: Decoder, tokens, prefix_tokens: int, keep: Sequence[torch.Tensor],
-           keep_probs: bool = False):
+def masked(model: Decoder, tokens, prefix_tokens: int, keep, keep_probs: bool = False):
     """The first token when the new tokens (those from prefix_tokens on) attend to only part of
-    the prefix. keep[l] is a bool mask over the prefix's tokens, [prefix_tokens] (one set for
-    every head) or [kv_heads, prefix_tokens] (a set per KV head, shared by its query heads).
-    The prefix's K and V are rounded to float16, as ckv stores them, so that a selection gives
-    here what a ckv session serving it would. Returns (logits [vocab], per layer probs
-    [q_heads, new, prefix + new] or None).
+    the prefix: (logits [vocab], per layer probs [q_heads, new, prefix + new] or None), from
+    masked_run()."""
+    got = masked_run(model, tokens, prefix_tokens, keep, keep_probs=keep_probs)
+    return got.next_logits[0], got.probs
+
+
+@torch.no_grad()
+def masked_run(model: Decoder, tokens, prefix_tokens: int, keep, keep_probs: bool = False,
+               then: Sequence[int] = (), prefix_kv=None, window: int = 32) -> Masked:
+    """The new tokens (those from prefix_tokens on, then `then`) computed over part of the
+    prefix. keep[l] is a bool mask over the prefix's tokens, [prefix_tokens] (one set for every
+    head) or [kv_heads, prefix_tokens] (a set per KV head, shared by its query heads); or keep
+    is a function (layer, window_queries [w, q_heads, d], prefix_keys [prefix, kv_heads, d]) ->
+    such a mask, which chooses at each layer from the queries of the Re-Prefill itself (the
+    prompt's last `window` new tokens, or fewer), as a baseline that scores keys does. The
+    prefix's K and V are rounded to float16, as ckv stores them, so that a selection gives here
+    what a ckv session serving it would; `prefix_kv` (ks, vs as forward_full returns them) saves
+    the prefix's prefill when the caller has it.
     """
     tokens = as_tokens(tokens)
+    then = as_tokens(then)
+    prompt_new = len(tokens) - prefix_tokens
+    tokens = np.concatenate([tokens, then])
     n = len(tokens)
-    _, ks, vs, _, _ = model.forward_full(tokens[:prefix_tokens])
+    if prefix_kv is None:
+        _, ks, vs, _, _ = model.forward_full(tokens[:prefix_tokens])
+    else:
+        ks, vs = prefix_kv
     ks = [k.half().float() for k in ks]
     vs = [v.half().float() for v in vs]
+    w = max(1, min(window, prompt_new))
     pos = torch.arange(prefix_tokens, n)
     cos, sin = model.cos[pos], model.sin[pos]
     h = model.embed(torch.as_tensor(tokens[prefix_tokens:].astype(np.int64)))
     all_pos = torch.arange(n)
     group = model.cfg.q_heads // model.cfg.kv_heads
-    probs = []
+    probs, keeps = [], []
     for l, layer in enumerate(model.layers):
         q, k, v = layer.qkv(h, cos, sin)
         k_all, v_all = torch.cat([ks[l], k]), torch.cat([vs[l], v])
-        mask = keep[l]
+        mask = keep(l, q[prompt_new - w:prompt_new], ks[l]) if callable(keep) else keep[l]
+        keeps.append(mask)
         if mask.dim() == 1:
             mask = mask[None, :].expand(model.cfg.kv_heads, -1)
         mask = mask.repeat_interleave(group, dim=0)  # [q_heads, prefix]
@@ -191,5 +236,5 @@ def masked(model: Decoder, tokens, prefix_tokens: int, keep: Sequence[torch.Tens
         out, p = attend(q, k_all, v_all, pos, all_pos, return_probs=True, visible=visible)
         probs.append(p if keep_probs else None)
         h = layer.finish(h, out)
-    return model.logits(h[-1]), probs
+    return Masked(model.logits(h[prompt_new - 1:]), probs, keeps)
 

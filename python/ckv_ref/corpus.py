@@ -39,8 +39,13 @@ def split(root: str = ROOT) -> tuple[np.ndarray, np.ndarray, str]:
     return to_array(train), to_array(held), digest.hexdigest()[:16]
 
 
-def prompts(held: np.ndarray, count: int, length: int, seed: int = 1) -> list[np.ndarray]:
-    """`count` token sequences of `length` bytes from the held-out text, at seeded offsets."""
+def prompts(held: np.ndarray, count: int, length: int, seed: int = 1,
+            bos: int = -1) -> list[np.ndarray]:
+    """`count` token sequences of `length` tokens from the held-out text, at seeded offsets:
+    bytes, or BOS and `length - 1` bytes when `bos` is a token (>= 0), as the model was trained."""
+    body = length - (1 if bos >= 0 else 0)
     rng = np.random.default_rng(seed)
-    starts = rng.integers(0, len(held) - length, size=count)
-    return [held[s:s + length].astype(np.int32) for s in sorted(starts)]
+    starts = rng.integers(0, len(held) - body, size=count)
+    head = [np.int32(bos)] if bos >= 0 else []
+    return [np.concatenate([np.asarray(head, np.int32), held[s:s + body].astype(np.int32)])
+            for s in sorted(starts)]

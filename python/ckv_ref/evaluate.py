@@ -18,10 +18,19 @@ held by the top 5% / 10% of prefix tokens, per q head), adj (|A n B| / |A| of th
 layer and the previous one, on the q heads' averaged mass) and the overlap of adjacent period
 heads' top-10% chunks (layers 0, p, 2p, ...).
 
-budgets: at each budget, per system, over the prompts: top-1 agreement of the first token with
-the full recompute, KL(full || system) of the first token's distribution (nats), and attention
-recall (the share of the full computation's attention mass, window queries over the prefix, on
-the tokens the system attends to; mean over layers, q heads and queries). The systems:
+budgets: at each budget, per system, over the prompts, each against the full recompute:
+  top-1      agreement of the first token
+  KL         KL(full || system) of the first token's distribution (nats)
+  greedy16   the share of the full computation's next 16 greedy tokens that the system's
+             decoding predicts, teacher-forced on them (decoding after the Re-Prefill attends to
+             what the system loaded, the suffix and the tokens decoded so far)
+  dNLL       the system's mean negative log-likelihood of the next 64 tokens of held-out text
+             less the full computation's (nats per token; exp of it is the perplexity ratio)
+  recall     the share of the full computation's attention mass (window queries over the
+             prefix) on the tokens the system attends to; mean over layers, q heads and queries
+  attended   the share of the prefix attended to, the sink and the recent chunk counted
+  read       the bytes read per layer, as a share of the prefix's K and V (what `full` reads)
+The systems:
   ckv-paper  ckv session, period-exact, period --period layers
   ckv        ckv session, mean-key with period selection, period --period layers (the benchmark's
              `ckv`)
@@ -33,16 +42,18 @@ the tokens the system attends to; mean over layers, q heads and queries). The sy
   mean-key-est-target, oracle-est-target  the same and oracle-est with the budget read as a
              target mass (ReprefillOptions::target_mass, no ceiling): `attended` says how much
              each loaded
-  h2o        token-level top-k of the window's attention, mean over every q head (as
-             kernels::Select's h2o), plus the sink and the recent chunk
-  impress    token-level top-k of 3 probe q heads' mean attention, falling back to every head
-             when the probes' top-k sets agree less than budget^0.6 (Jaccard), plus the sink and
-             the recent chunk (as bench/reprefill/system_impress)
-The ckv systems run through a real ckv store and session; the token-level ones through
-ckvio.masked with the same float16-rounded prefix KV. The token-level baselines pick their tokens
-from the full computation's attention (each query's softmax over the prefix alone, as
-kernels::TokenAttention), where the ckv sessions score with the queries of their own, sparse,
-Re-Prefill: a small advantage to the baselines.
+  h2o        H2O's heavy hitters: per KV head, the tokens with the most attention accumulated
+             over the prefix's own prefill (every causal query row summed), known when the
+             prefix was stored; reads only the tokens it attends to
+  impress    IMPRESS: 3 probe q heads of one GQA group score the prefix with the Re-Prefill's
+             own window queries against their KV head's keys (read for every token); when their
+             top-k sets agree (Jaccard >= budget^0.6) every q head of that group ranks, else
+             every q head over every KV head's keys; one token set for every head
+  token-oracle  the top tokens of the full computation's own attention (mean over heads and
+             window queries): unknowable before computing, an oracle
+Every token-level system attends to the same share of the prefix as the budget says, the sink
+and the recent chunk counted in it. The ckv systems run through a real ckv store and session;
+the token-level ones through ckvio.masked_run with the same float16-rounded prefix KV.
 """
 from __future__ import annotations
 
@@ -59,7 +70,8 @@ import numpy as np
 import torch
 
 from . import ckvio, corpus
-from .model import load_weights
+from .attention_stats import full_computation, over_prefix, stats
+from .model import attend, load_weights
 
 DEFAULT_WEIGHTS = os.path.join(os.path.dirname(__file__), "weights", "tiny.npz")
 CKV_SYSTEMS = {
@@ -75,97 +87,79 @@ CKV_SYSTEMS = {
     "oracle-est-target": dict(selector="oracle", period_selection=False, estimate=True,
                               target=True),
 }
-TOKEN_SYSTEMS = ("h2o", "impress")
+TOKEN_SYSTEMS = ("h2o", "impress", "token-oracle")
+GREEDY_TOKENS = 16   # the full computation's greedy continuation, judged token by token
+TEXT_TOKENS = 64     # the held-out text after the prompt, whose perplexity is judged
 
 
-def full_computation(model, tokens, window):
-    """The full computation's last-token logits and, per layer, the attention of the last
-    `window` queries, [q_heads, w, n]."""
-    logits, _, _, _, probs = model.forward_full(tokens, keep_probs=True)
-    return logits, [p[:, -window:, :] for p in probs]
+def attended_budget(budget, prefix, c):
+    """Tokens a token-level system attends to at `budget`: the share of the prefix, the sink and
+    the recent chunk counted in it (as a ckv session counts them in its chunks)."""
+    return min(prefix, max(2 * c, math.floor(budget * prefix + 0.5)))
 
 
-def over_prefix(p_window, prefix):
-    """Each query's and head's attention over the prefix alone, renormalised to sum to 1, as
-    kernels::TokenAttention computes it from the stored keys: [q_heads, w, prefix]."""
-    pp = p_window[:, :, :prefix]
-    return pp / pp.sum(-1, keepdim=True)
+def top_tokens(score, prefix, budget, c):
+    """A bool mask [..., prefix]: the sink chunk, the recent chunk (and the tail), and the
+    highest-scoring other tokens, attended_budget() in all per row of `score` [..., prefix]."""
+    keep = torch.zeros(score.shape, dtype=torch.bool)
+    keep[..., :c] = True
+    keep[..., (prefix // c - 1) * c:prefix] = True
+    rest = attended_budget(budget, prefix, c) - int(keep[(0,) * (keep.dim() - 1)].sum())
+    if rest > 0:
+        free = score.masked_fill(keep, float("-inf"))
+        idx = torch.topk(free, rest, dim=-1).indices
+        keep.scatter_(-1, idx, True)
+    return keep
 
 
-def top_set(x: torch.Tensor, frac: float) -> set:
-    k = max(1, int(round(frac * x.numel())))
-    return set(torch.topk(x, k).indices.tolist())
-
-
-def chunk_mass(p: torch.Tensor, c: int) -> torch.Tensor:
-    """[..., n] -> [..., n // c] summed per whole chunk."""
-    n = p.shape[-1] // c * c
-    return p[..., :n].reshape(*p.shape[:-1], n // c, c).sum(-1)
-
-
-def stats(model, prompts, prefix, window, period, c=16):
-    layers = model.cfg.layers
-    per_layer = {k: np.zeros(layers) for k in ("sink", "top5", "top10", "adj")}
-    period_overlap = []
-    for tokens in prompts:
-        _, probs = full_computation(model, tokens, window)
-        tops = []
-        for l, p in enumerate(probs):
-            per_head = over_prefix(p, prefix).mean(1)  # the window's mean per q head [q, prefix]
-            per_layer["sink"][l] += float(per_head[:, :4].sum(-1).mean())
-            for name, frac in (("top5", 0.05), ("top10", 0.10)):
-                k = max(1, int(round(frac * prefix)))
-                share = torch.topk(per_head, k, dim=-1).values.sum(-1) / per_head.sum(-1)
-                per_layer[name][l] += float(share.mean())
-            tops.append(top_set(chunk_mass(per_head.mean(0), c), 0.10))
-            if l > 0:
-                per_layer["adj"][l] += len(tops[l] & tops[l - 1]) / len(tops[l])
-        heads = list(range(0, layers, period))
-        for a, b in zip(heads, heads[1:]):
-            period_overlap.append(len(tops[a] & tops[b]) / len(tops[b]))
-    n = len(prompts)
-    out = {k: (v / n).round(4).tolist() for k, v in per_layer.items()}
-    out["adj"][0] = None  # layer 0 has no previous layer
-    mean = lambda v, first: float(np.mean(v[first:])) if len(v) > first else float("nan")
-    out["mean"] = {"sink_layers_1_up": mean(out["sink"], 1), "top5": mean(out["top5"], 0),
-                   "top10": mean(out["top10"], 0), "adj": mean(out["adj"], 1),
-                   "period_head_overlap": float(np.mean(period_overlap)) if period_overlap
-                   else float("nan")}
+def h2o_scores(prefix_probs, kv_heads):
+    """H2O's heavy hitters: per layer and KV head, the attention each prefix token accumulated
+    from every query of the prefix's own prefill (the causal rows summed), over the KV head's
+    query heads: [kv_heads, prefix]. Known when the prefix was stored, before any request."""
+    out = []
+    for p in prefix_probs:  # [q_heads, n, n]
+        acc = p.sum(1)      # [q_heads, n]
+        out.append(acc.reshape(kv_heads, -1, acc.shape[-1]).sum(1))
     return out
 
 
-def token_selection(system, p_window, prefix, budget, c, kv_heads):
-    """The prefix tokens a token-level baseline attends to at one layer: a bool [prefix]."""
-    q_heads = p_window.shape[0]
-    per_head = over_prefix(p_window, prefix).mean(1)  # [q_heads, prefix], each head's mean
-    k = min(prefix, max(1, math.floor(budget * prefix + 0.5)))
-    if system == "h2o":
-        mass = per_head.mean(0)
-    else:  # impress: 3 probe q heads, spread (q_heads / 3 apart), with the Jaccard gate
-        probes = [i * q_heads // 3 for i in range(3)]
-        mass = per_head[probes].mean(0)
-        # The gate falls back to every head when the probes disagree, which needs the keys of
-        # the KV heads the probes do not cover; when they cover all (as here: q heads 0, 1, 2
-        # over 2 KV heads), there is nothing to fall back to (bench/reprefill/system_impress).
-        group = q_heads // kv_heads
-        if len({h // group for h in probes}) < kv_heads:
-            sets = [set(torch.topk(per_head[h], k).indices.tolist()) for h in probes]
-            pairs = [(0, 1), (0, 2), (1, 2)]
-            jac = np.mean([len(sets[a] & sets[b]) / max(1, len(sets[a] | sets[b]))
-                           for a, b in pairs])
-            if jac < budget ** 0.6:
-                mass = per_head.mean(0)
-    keep = torch.zeros(prefix, dtype=torch.bool)
-    keep[torch.topk(mass, k).indices] = True
-    keep[:c] = True                            # the sink chunk
-    keep[(prefix // c - 1) * c:prefix] = True  # the recent chunk (and the tail)
+def impress_keep(model, budget, c, probes, gate=True):
+    """IMPRESS at one layer: its 3 probe q heads (one GQA group: one KV head's keys, read for
+    every prefix token) score the prefix with the Re-Prefill's own window queries; when their
+    top-k sets agree (Jaccard >= budget^0.6, the gate) every q head of that KV head scores, and
+    when they disagree every q head over every KV head's keys (the fallback). A bool [prefix],
+    one set for every head, as IMPRESS loads every head of a token it selects."""
+    cfg = model.cfg
+    group = cfg.q_heads // cfg.kv_heads
+    kv = probes[0] // group
+    fallbacks = []
+
+    def keep(layer, q_window, prefix_keys):
+        prefix = prefix_keys.shape[0]
+        kk = prefix_keys.repeat_interleave(group, dim=1)  # [prefix, q_heads, d]
+        scores = torch.einsum("whd,phd->hwp", q_window, kk) / math.sqrt(cfg.head_dim)
+        mass = torch.softmax(scores, -1).mean(1)  # [q_heads, prefix], each head's window mean
+        k = attended_budget(budget, prefix, c)
+        sets = [set(torch.topk(mass[h], k).indices.tolist()) for h in probes]
+        jac = np.mean([len(sets[a] & sets[b]) / max(1, len(sets[a] | sets[b]))
+                       for a, b in ((0, 1), (0, 2), (1, 2))])
+        agree = not gate or jac >= budget ** 0.6
+        fallbacks.append(not agree)
+        score = mass[kv * group:(kv + 1) * group].mean(0) if agree else mass.mean(0)
+        return top_tokens(score, prefix, budget, c)
+
+    keep.fallbacks = fallbacks
     return keep
 
 
 def recall(p_window, prefix, keep):
     """Share of the window's attention mass over the prefix on the kept tokens (mean over q heads
-    and queries)."""
-    return float((over_prefix(p_window, prefix) * keep[None, None, :]).sum(-1).mean())
+    and queries); keep is [prefix] or [kv_heads, prefix]."""
+    if keep.dim() == 2:
+        keep = keep.repeat_interleave(p_window.shape[0] // keep.shape[0], dim=0)[:, None, :]
+    else:
+        keep = keep[None, None, :]
+    return float((over_prefix(p_window, prefix) * keep).sum(-1).mean())
 
 
 def kl(p_logits, q_logits):
@@ -173,30 +167,95 @@ def kl(p_logits, q_logits):
     return float((lp.exp() * (lp - lq)).sum())
 
 
-def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16, systems=None):
+@torch.no_grad()
+def greedy_continuation(model, tokens, n):
+    """The full computation's next n greedy tokens after `tokens`, decoding with a KV cache."""
+    logits, ks, vs, _, _ = model.forward_full(tokens)
+    ks, vs = list(ks), list(vs)
+    out, pos = [int(logits.argmax())], len(tokens)
+    while len(out) < n:
+        p = torch.tensor([pos])
+        h = model.embed(torch.tensor([out[-1]]))
+        for l, layer in enumerate(model.layers):
+            q, k, v = layer.qkv(h, model.cos[p], model.sin[p])
+            ks[l], vs[l] = torch.cat([ks[l], k]), torch.cat([vs[l], v])
+            h = layer.finish(h, attend(q, ks[l], vs[l], p, torch.arange(pos + 1)))
+        out.append(int(model.logits(h[-1]).argmax()))
+        pos += 1
+    return out
+
+
+@torch.no_grad()
+def text_nll(model, tokens, text):
+    """The full computation's mean negative log-likelihood of `text` following `tokens`."""
+    x = torch.as_tensor(np.concatenate([tokens, text]).astype(np.int64))[None]
+    logits = model.train_forward(x)[0, len(tokens) - 1:-1]
+    return float(torch.nn.functional.cross_entropy(logits, torch.as_tensor(text, dtype=torch.long)))
+
+
+def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16, systems=None,
+            codec="none"):
+    """Every system at every budget over `prompts` (each prefix + suffix + TEXT_TOKENS of held-out
+    text that follows), against the full computation. `codec`: how the ckv systems' store keeps
+    its records (the token-level systems attend to float16 K and V)."""
     import ckv
-    spec = ckvio.spec_of(model, chunk_tokens=c)
+    spec = ckvio.spec_of(model, chunk_tokens=c, codec=codec)
+    cfg = model.cfg
     ckv_systems = {k: v for k, v in CKV_SYSTEMS.items() if systems is None or k in systems}
     token_systems = [k for k in TOKEN_SYSTEMS if systems is None or k in systems]
+    token_bytes = 2 * cfg.kv_heads * cfg.head_dim * 2  # one token's K and V at one layer, fp16
+    probes = [0, 1, 2]  # IMPRESS's 3 probe heads, in KV head 0's group
     rows = {}
     with ckv.Engine.open(store_dir) as engine:
-        for i, tokens in enumerate(prompts):
+        for i, whole in enumerate(prompts):
+            tokens, text = whole[:-TEXT_TOKENS], whole[-TEXT_TOKENS:]
             ckvio.store(engine, spec, model, tokens[:prefix])
             full, probs = full_computation(model, tokens, window)
+            _, pks, pvs, _, pprobs = model.forward_full(tokens[:prefix], keep_probs=True)
+            heavy = h2o_scores(pprobs, cfg.kv_heads)
+            del pprobs
+            greedy = greedy_continuation(model, tokens, GREEDY_TOKENS)
+            truth = {"full": full, "greedy": greedy, "nll": text_nll(model, tokens, text),
+                     "text": text, "probs": probs}
             for b in budget_list:
                 for name, opts in ckv_systems.items():
                     opts = dict(opts)
                     # A target system reads the budget as its target mass, with no ceiling.
                     target = opts.pop("target", False)
-                    got = ckvio.reprefill(engine, spec, model, tokens, budget=1.0 if target else b,
-                                          target_mass=b if target else 0.0, window=window,
-                                          period_layers=period, **opts)
-                    add(rows, name, b, full, got.logits, probs, prefix, got.attended(prefix))
+                    runs = [ckvio.reprefill(engine, spec, model, tokens,
+                                            budget=1.0 if target else b,
+                                            target_mass=b if target else 0.0, window=window,
+                                            period_layers=period, then=then, **opts)
+                            for then in (greedy[:-1], text[:-1])]
+                    got = runs[0]
+                    chunks = sum(len(sel) for sel in got.selections) / cfg.layers
+                    read = chunks * c / prefix
+                    add(rows, name, b, truth, prefix, got.attended(prefix),
+                        [r.next_logits for r in runs], read)
                 for name in token_systems:
-                    keeps = [token_selection(name, p, prefix, b, c, model.cfg.kv_heads)
-                             for p in probs]
-                    logits, _ = ckvio.masked(model, tokens, prefix, keeps)
-                    add(rows, name, b, full, logits, probs, prefix, keeps)
+                    if name == "h2o":
+                        keep = [top_tokens(s, prefix, b, c) for s in heavy]
+                    elif name == "impress":
+                        keep = impress_keep(model, b, c, probes)
+                    else:  # the oracle: the full computation's own attention (unknowable)
+                        keep = [top_tokens(over_prefix(p, prefix).mean((0, 1)), prefix, b, c)
+                                for p in probs]
+                    runs = [ckvio.masked_run(model, tokens, prefix, keep, then=then,
+                                             prefix_kv=(pks, pvs), window=window)
+                            for then in (greedy[:-1], text[:-1])]
+                    keeps = runs[0].keeps
+                    attended = np.mean([float(k.float().mean()) for k in keeps])
+                    read = attended  # the attended tokens' K and V, token by token
+                    if name == "impress":
+                        # the probe heads' KV heads' keys of every token (one KV head when the
+                        # probes share a group), and every KV head's keys on the layers whose
+                        # gate fell back
+                        group = cfg.q_heads // cfg.kv_heads
+                        probe_kv = len({h // group for h in probes})
+                        falls = keep.fallbacks[:cfg.layers]
+                        read += np.mean([(cfg.kv_heads if f else probe_kv) / (2 * cfg.kv_heads)
+                                         for f in falls])
+                    add(rows, name, b, truth, prefix, keeps, [r.next_logits for r in runs], read)
             if sys.stderr.isatty():
                 print(f"\rbudgets: prompt {i + 1}/{len(prompts)}", end="", file=sys.stderr)
     if sys.stderr.isatty():
@@ -205,19 +264,36 @@ def budgets(model, prompts, prefix, window, period, budget_list, store_dir, c=16
     for (name, b), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         n = len(r["top1"])
         out.append({"system": name, "budget": b, "prompts": n,
+                    "oracle": name.startswith("oracle") or name == "token-oracle",
                     "top1_agreement": sum(r["top1"]) / n, "kl_mean": float(np.mean(r["kl"])),
                     "kl_max": float(np.max(r["kl"])),
+                    "greedy16_agreement": float(np.mean(r["greedy"])),
+                    "text_nll_delta": float(np.mean(r["nll"])),
                     "attention_recall": float(np.mean(r["recall"])),
-                    "attended_share": float(np.mean(r["attended"]))})
+                    "attended_share": float(np.mean(r["attended"])),
+                    "read_share": float(np.mean(r["read"])),
+                    "read_bytes_per_layer": float(np.mean(r["read"])) * prefix * token_bytes})
     return out
 
 
-def add(rows, name, b, full, logits, probs, prefix, keeps):
-    r = rows.setdefault((name, b), {"top1": [], "kl": [], "recall": [], "attended": []})
+def add(rows, name, b, truth, prefix, keeps, next_logits, read):
+    """One prompt's figures for (name, b). next_logits: the system's logits over the greedy
+    continuation and over the held-out text, each [1 + len - 1, vocab]."""
+    r = rows.setdefault((name, b), {k: [] for k in ("top1", "kl", "greedy", "nll", "recall",
+                                                    "attended", "read")})
+    logits = next_logits[0][0]
+    full = truth["full"]
     r["top1"].append(int(logits.argmax()) == int(full.argmax()))
     r["kl"].append(kl(full, logits))
-    r["recall"].append(float(np.mean([recall(p, prefix, k) for p, k in zip(probs, keeps)])))
+    greedy = torch.as_tensor(truth["greedy"])
+    r["greedy"].append(float((next_logits[0].argmax(-1) == greedy).float().mean()))
+    text = torch.as_tensor(truth["text"], dtype=torch.long)
+    nll = float(torch.nn.functional.cross_entropy(next_logits[1], text))
+    r["nll"].append(nll - truth["nll"])
+    r["recall"].append(float(np.mean([recall(p, prefix, k)
+                                      for p, k in zip(truth["probs"], keeps)])))
     r["attended"].append(float(np.mean([float(k.float().mean()) for k in keeps])))
+    r["read"].append(read)
 
 
 def plot(rows, path):
@@ -236,12 +312,14 @@ def plot(rows, path):
 
 
 def table(rows):
-    lines = [f"{'budget':>6}  {'system':<10} {'top-1':>6} {'KL mean':>9} {'KL max':>8} "
-             f"{'recall':>7} {'attended':>8}"]
+    lines = [f"{'budget':>6}  {'system':<20} {'top-1':>6} {'KL mean':>9} {'KL max':>8} "
+             f"{'greedy16':>8} {'dNLL':>7} {'recall':>7} {'attended':>8} {'read':>6}"]
     for r in rows:
-        lines.append(f"{r['budget'] * 100:5.0f}%  {r['system']:<10} {r['top1_agreement']:6.2f} "
-                     f"{r['kl_mean']:9.5f} {r['kl_max']:8.4f} {r['attention_recall']:7.3f} "
-                     f"{r['attended_share']:8.3f}")
+        name = r["system"] + (" (oracle)" if r["oracle"] else "")
+        lines.append(f"{r['budget'] * 100:5.0f}%  {name:<20} {r['top1_agreement']:6.2f} "
+                     f"{r['kl_mean']:9.5f} {r['kl_max']:8.4f} {r['greedy16_agreement']:8.3f} "
+                     f"{r['text_nll_delta']:7.4f} {r['attention_recall']:7.3f} "
+                     f"{r['attended_share']:8.3f} {r['read_share']:6.3f}")
     return "\n".join(lines)
 
 
@@ -250,7 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("what", choices=["stats", "budgets"])
     ap.add_argument("--weights", default=DEFAULT_WEIGHTS)
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--prefix-tokens", type=int, default=448)
+    ap.add_argument("--prefix-tokens", type=int,
+                    help="default: 2048 for a model trained after BOS (ref2k), else 448")
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--period", type=int, default=2)
@@ -258,6 +337,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument("--systems", help="budgets: a comma-separated subset of "
                     + ", ".join(list(CKV_SYSTEMS) + list(TOKEN_SYSTEMS)) + " (default: all)")
+    ap.add_argument("--codec", default="none", choices=["none", "fp8", "int8", "int4"],
+                    help="budgets: how the ckv systems' store keeps its records")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--plot", help="budgets: draw KL against the budget (PNG, gnuplot)")
     args = ap.parse_args(argv)
@@ -269,9 +350,13 @@ def main(argv=None) -> int:
         ap.error(f"--window {args.window} must be in [1, --suffix-tokens {args.suffix_tokens}]")
     torch.set_num_threads(1)  # see tests/python/test_reference_model.py
     model = load_weights(args.weights)
+    if args.prefix_tokens is None:
+        args.prefix_tokens = 2048 if model.cfg.bos >= 0 else 448
+    length = args.prefix_tokens + args.suffix_tokens + (TEXT_TOKENS if args.what == "budgets" else 0)
+    if length > model.cfg.max_tokens:
+        ap.error(f"{length} tokens per prompt; the model's positions end at {model.cfg.max_tokens}")
     held = corpus.split()[1]
-    prompts = corpus.prompts(held, args.prompts, args.prefix_tokens + args.suffix_tokens,
-                             seed=args.seed)
+    prompts = corpus.prompts(held, args.prompts, length, seed=args.seed, bos=model.cfg.bos)
     if args.what == "stats":
         result = stats(model, prompts, args.prefix_tokens, args.window, args.period)
         for k, v in result.items():
@@ -281,7 +366,8 @@ def main(argv=None) -> int:
         tmp = tempfile.mkdtemp(prefix="ckv-ref-budgets.")
         try:
             result = budgets(model, prompts, args.prefix_tokens, args.window, args.period,
-                             budget_list, os.path.join(tmp, "store"), systems=systems)
+                             budget_list, os.path.join(tmp, "store"), systems=systems,
+                             codec=args.codec)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         print(table(result))

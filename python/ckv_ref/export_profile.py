@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     total = args.prefix_tokens + args.turns * args.suffix_tokens
     if total > cfg.max_tokens:
         ap.error(f"{total} tokens per conversation; the model's positions end at {cfg.max_tokens}")
-    convs = corpus.prompts(corpus.split()[1], args.conversations, total, seed=args.seed)
+    convs = corpus.prompts(corpus.split()[1], args.conversations, total, seed=args.seed,
+                           bos=cfg.bos)
     k = np.zeros((len(convs), cfg.layers, total, cfg.kv_heads, cfg.head_dim), np.float16)
     v = np.zeros_like(k)
     q = np.zeros((len(convs), args.turns, cfg.layers, args.window, cfg.q_heads, cfg.head_dim),
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
             for t in range(args.turns):
                 end = args.prefix_tokens + (t + 1) * args.suffix_tokens
                 q[c, t, l] = qs[l][end - args.window:end].numpy()
-    meta = {"model_id": ckvio.MODEL_ID, "layers": cfg.layers, "q_heads": cfg.q_heads,
+    meta = {"model_id": ckvio.model_id_of(model), "layers": cfg.layers, "q_heads": cfg.q_heads,
             "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "chunk_tokens": args.chunk_tokens,
             "prefix_tokens": args.prefix_tokens, "suffix_tokens": args.suffix_tokens,
             "turns": args.turns, "window": args.window, "rope_theta": cfg.rope_theta,

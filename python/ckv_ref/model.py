@@ -36,6 +36,10 @@ class Config:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     max_tokens: int = 2048  # positions the RoPE tables cover
+    # The token every training window and every prompt starts with (a BOS outside the bytes'
+    # range, vocab - 1), or -1 for none (tiny: windows start anywhere, and no sink forms).
+    bos: int = -1
+    name: str = "tiny"  # ckv_ref.model.PRESETS's; the ckv model id is ckv-ref-<name>
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -43,6 +47,18 @@ class Config:
     @staticmethod
     def from_json(text: str) -> "Config":
         return Config(**json.loads(text))
+
+
+# The trained configurations (python/ckv_ref/weights/<name>.npz):
+#   tiny   6 layers, 4 q heads over 2 KV heads, windows of 512 bytes starting anywhere;
+#   ref2k  8 layers, 8 q heads over 2 KV heads (groups of 4, so that IMPRESS's 3 probe heads fit
+#          in one), Qwen2's long-context RoPE base (1e6), windows of 2,176 tokens that all start
+#          with BOS, so that a 2,048-token prefix, its suffix and what follows fit.
+PRESETS = {
+    "tiny": Config(),
+    "ref2k": Config(vocab=257, hidden=128, layers=8, q_heads=8, kv_heads=2, head_dim=16,
+                    intermediate=384, rope_theta=1e6, max_tokens=2304, bos=256, name="ref2k"),
+}
 
 
 class RMSNorm(nn.Module):

@@ -60,6 +60,11 @@ def held_out():
     return _held
 
 
+def prompts(count, length, seed):
+    """Held-out prompts as the model was trained: after BOS when it has one (ref2k)."""
+    return corpus.prompts(held_out(), count, length, seed=seed, bos=model().cfg.bos)
+
+
 def find_in_sparse_file(path, needle):
     """Offsets of `needle` in the file, reading only its data extents (segments are sparse)."""
     found = []
@@ -95,7 +100,7 @@ class ReferenceModelTest(unittest.TestCase):
     def test_full_budget_reprefill_matches_a_full_recompute_on_20_prompts(self):
         m, c = model(), self.spec.chunk_tokens
         worst = 0.0
-        for i, prompt in enumerate(corpus.prompts(held_out(), 20, 560, seed=7)):
+        for i, prompt in enumerate(prompts(20, 560, seed=7)):
             prefix = 400 + 7 * i  # a tail of prefix % 16 tokens that is not stored
             res = ckvio.store(self.engine, self.spec, m, prompt[:prefix])
             self.assertEqual(res["chunks"], prefix // c)
@@ -121,7 +126,7 @@ class ReferenceModelTest(unittest.TestCase):
         # selection without ckv (ckvio.masked, the token-level baselines' path) gives the same
         # logits: the served chunks sit at their true positions, and nothing else is attended.
         m, c = model(), self.spec.chunk_tokens
-        prompt = corpus.prompts(held_out(), 1, 512, seed=9)[0]
+        prompt = prompts(1, 512, seed=9)[0]
         prefix = 448
         ckvio.store(self.engine, self.spec, m, prompt[:prefix])
         for selector in ("period-exact", "quest"):
@@ -152,7 +157,7 @@ class ReferenceModelTest(unittest.TestCase):
             return float((p.exp() * (p - q)).sum())
 
         drop, est = [], []
-        for prompt in corpus.prompts(held_out(), 8, 512, seed=31):
+        for prompt in prompts(8, 512, seed=31):
             ckvio.store(self.engine, self.spec, m, prompt[:prefix])
             full = m.forward_full(prompt)[0]
             a = ckvio.reprefill(self.engine, self.spec, m, prompt, selector="mean-key",
@@ -175,7 +180,7 @@ class ReferenceModelTest(unittest.TestCase):
         # float16 keys, with Qwen2's GQA mapping (q head h reads KV head h // group), it picks
         # the chunks the session served; with another mapping (h % kv_heads) it does not.
         m, c = model(), self.spec.chunk_tokens
-        prompt = corpus.prompts(held_out(), 1, 512, seed=17)[0]
+        prompt = prompts(1, 512, seed=17)[0]
         prefix = 448
         n = prefix // c
         ckvio.store(self.engine, self.spec, m, prompt[:prefix])
@@ -205,13 +210,13 @@ class ReferenceModelTest(unittest.TestCase):
         # greedy reply to it (4 tokens, the first from the ckv Re-Prefill), and the next user
         # message (held-out text). Each turn is stored; the next reuses it.
         m, c = model(), self.spec.chunk_tokens
-        text = corpus.prompts(held_out(), 1, 1300, seed=11)[0]
+        text = prompts(1, 1300, seed=11)[0]
         reply_tokens, message_tokens = 4, 196
         prompt, used = text[:500], 500
         stored = 0  # tokens of the conversation stored so far
-        prompts = []
+        turn_prompts = []
         for t in range(4):
-            prompts.append(prompt)
+            turn_prompts.append(prompt)
             self.assertEqual(self.engine.probe(self.spec, prompt)["chunks"], stored // c,
                              f"turn {t}")
             self.assertEqual(self.engine.lookup(self.spec, prompt), stored // c, f"turn {t}")
@@ -234,13 +239,13 @@ class ReferenceModelTest(unittest.TestCase):
             message = text[used:used + message_tokens]
             used += message_tokens
             prompt = np.concatenate([prompt, np.asarray(reply, np.int32), message])
-        self.assertEqual([len(p) for p in prompts], [500, 700, 900, 1100])
-        self.assertEqual(self.engine.lookup(self.spec, prompt), len(prompts[-1]) // c)
+        self.assertEqual([len(p) for p in turn_prompts], [500, 700, 900, 1100])
+        self.assertEqual(self.engine.lookup(self.spec, prompt), len(turn_prompts[-1]) // c)
         self.assertEqual(len(self.engine.list_prefixes()), 4)
 
     def test_a_tampered_record_is_refused_and_never_becomes_a_token(self):
         m = model()
-        prompt = corpus.prompts(held_out(), 1, 560, seed=3)[0]
+        prompt = prompts(1, 560, seed=3)[0]
         ckvio.store(self.engine, self.spec, m, prompt[:512])
         key = ckv.chunk_keys(self.spec, prompt[:512])[5]
         k, _ = self.engine.read_record(self.spec, key, 2)
@@ -273,7 +278,7 @@ class ReferenceModelTest(unittest.TestCase):
         # put and submit_queries take CPU torch tensors (through numpy.asarray, no copy), and a
         # tensor of the wrong dtype is refused naming it, as a numpy array would be.
         m = model()
-        prompt = corpus.prompts(held_out(), 1, 512, seed=13)[0]
+        prompt = prompts(1, 512, seed=13)[0]
         _, ks, vs, qs, _ = m.forward_full(prompt)
         k = [x[:448].half().contiguous() for x in ks]
         v = [x[:448].half().contiguous() for x in vs]
@@ -330,7 +335,7 @@ class ReferenceModelTest(unittest.TestCase):
         profile = os.path.join(self.dir, "trained-tiny.safetensors")
         args = dict(conversations=2, prefix_tokens=64, suffix_tokens=32, turns=2, window=8,
                     seed=31)
-        export_profile.main(["--out", profile] +
+        export_profile.main(["--out", profile, "--weights", WEIGHTS] +
                             [f"--{k.replace('_', '-')}={v}" for k, v in args.items()])
         store = os.path.join(self.dir, "bench-store")
         out_json = os.path.join(self.dir, "bench.json")
@@ -342,13 +347,13 @@ class ReferenceModelTest(unittest.TestCase):
         self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
         with open(out_json) as f:
             workload = json.load(f)["workload"]
-        self.assertEqual(workload["model"], ckvio.MODEL_ID)
+        self.assertEqual(workload["model"], ckvio.model_id_of(model()))
         self.assertEqual((workload["prefix_tokens"], workload["suffix_tokens"],
                           workload["conversations"], workload["turns"], workload["window"]),
                          (64, 32, 2, 2, 8))
         # The bench's store holds the network's KV of the first conversation's prefix.
         m = model()
-        tokens = corpus.prompts(held_out(), 2, 64 + 2 * 32, seed=31)[0]
+        tokens = prompts(2, 64 + 2 * 32, seed=31)[0]
         _, ks, vs, _, _ = m.forward_full(tokens)
         k16, v16 = ckvio.kv_arrays(ks, vs)
         spec = ckvio.spec_of(m)
@@ -361,20 +366,22 @@ class ReferenceModelTest(unittest.TestCase):
 
     def test_kv_of_another_spec_is_refused(self):
         m = model()
-        prompt = corpus.prompts(held_out(), 1, 560, seed=5)[0]
+        prompt = prompts(1, 560, seed=5)[0]
         _, ks, vs, _, _ = m.forward_full(prompt[:512])
         k, v = ckvio.kv_arrays(ks, vs)
         # A spec with more KV heads than this model has: the arrays' shape is refused by name.
         wide = ckv.ModelSpec(layers=self.spec.layers, q_heads=self.spec.q_heads,
                              kv_heads=2 * self.spec.kv_heads, head_dim=self.spec.head_dim,
-                             model_id=ckvio.MODEL_ID)
+                             model_id=ckvio.model_id_of(model()))
         with self.assertRaises(ValueError) as cm:
             self.engine.put(wide, prompt[:512], k, v)
         self.assertIn("k[0]", str(cm.exception))
         # Fewer layers than the spec has.
         with self.assertRaises(ValueError) as cm:
             self.engine.put(self.spec, prompt[:512], k[:-1], v[:-1])
-        self.assertIn("k: expected 6 tensors (one per layer), got 5", str(cm.exception))
+        layers = self.spec.layers
+        self.assertIn(f"k: expected {layers} tensors (one per layer), got {layers - 1}",
+                      str(cm.exception))
         # float32 where the spec says float16.
         with self.assertRaises(ValueError) as cm:
             self.engine.put(self.spec, prompt[:512], [x.astype(np.float32) for x in k], v)
@@ -389,10 +396,41 @@ class ReferenceModelTest(unittest.TestCase):
         key = ckv.chunk_keys(self.spec, prompt[:512])[0]
         with self.assertRaises(ckv.FailedPreconditionError) as cm:
             self.engine.read_record(other, key, 0)
-        self.assertIn("stored under model ckv-ref-tiny", str(cm.exception))
+        self.assertIn(f"stored under model {ckvio.model_id_of(m)}", str(cm.exception))
         self.assertIn("not another-model", str(cm.exception))
         got = ckvio.reprefill(self.engine, other, m, prompt, budget=1.0)
         self.assertEqual(got.matched_chunks, 0)
+
+
+@unittest.skipUnless(os.path.basename(WEIGHTS) == "ref2k.npz",
+                     "run with the ref2k weights (ctest reference_model_2k_test)")
+class TrainingReproducesTest(unittest.TestCase):
+    """The committed ref2k weights come from ckv_ref.train: its first steps, run again here,
+    give the losses and parameter probes its loss curve recorded (never training further)."""
+
+    def test_the_first_steps_reproduce_the_committed_curve(self):
+        from ckv_ref import train
+        weights_dir = os.path.join(os.path.dirname(ckvio.__file__), "weights")
+        with open(os.path.join(weights_dir, "ref2k.loss.csv")) as f:
+            rows = [line.strip().split(",") for line in f][1:3]
+        out = os.path.join(tempfile.mkdtemp(prefix="ckv-train-test."), "ref2k.npz")
+        try:
+            # The committed run's thread count: the probe's last digits depend on it.
+            train.main(["--preset", "ref2k", "--steps", "2", "--long-steps", "0",
+                        "--eval-every", "0", "--stats-prompts", "0", "--out", out])
+            with open(os.path.splitext(out)[0] + ".loss.csv") as f:
+                got = [line.strip().split(",") for line in f][1:3]
+        finally:
+            torch.set_num_threads(1)  # as the other tests run
+            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+        for want, have in zip(rows, got):
+            step = want[0]
+            self.assertEqual(have[0], step)
+            self.assertAlmostEqual(float(have[2]), float(want[2]), delta=2e-4,
+                                   msg=f"loss, step {step}")
+            # A probe of other weights or other batches differs by tens; threads by 1e-6.
+            self.assertAlmostEqual(float(have[5]), float(want[5]), delta=1e-3,
+                                   msg=f"probe, step {step}")
 
 
 if __name__ == "__main__":
