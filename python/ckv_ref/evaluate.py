@@ -339,6 +339,9 @@ def main(argv=None) -> int:
                     + ", ".join(list(CKV_SYSTEMS) + list(TOKEN_SYSTEMS)) + " (default: all)")
     ap.add_argument("--codec", default="none", choices=["none", "fp8", "int8", "int4"],
                     help="budgets: how the ckv systems' store keeps its records")
+    ap.add_argument("--shard", default="0/1", metavar="K/N",
+                    help="evaluate the prompts k, k + n, k + 2n, ... of the --prompts (so that n "
+                         "processes share the cores; their JSON rows merge by prompt counts)")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--plot", help="budgets: draw KL against the budget (PNG, gnuplot)")
     args = ap.parse_args(argv)
@@ -357,6 +360,13 @@ def main(argv=None) -> int:
         ap.error(f"{length} tokens per prompt; the model's positions end at {model.cfg.max_tokens}")
     held = corpus.split()[1]
     prompts = corpus.prompts(held, args.prompts, length, seed=args.seed, bos=model.cfg.bos)
+    try:
+        shard, shards = (int(x) for x in args.shard.split("/"))
+        if not 0 <= shard < shards:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--shard {args.shard}: want K/N with 0 <= K < N")
+    prompts = prompts[shard::shards]
     if args.what == "stats":
         result = stats(model, prompts, args.prefix_tokens, args.window, args.period)
         for k, v in result.items():
