@@ -535,16 +535,22 @@ TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
   EXPECT_NE(::stat((dir.path() + "/s").c_str(), &st), 0);
 }
 
+// A tiny run with the fidelity (qwen2.5-0.5b, one conversation of a 256-token prefix and two
+// 16-token turns, 50%, one round) of `systems`, its JSON into `json`.
+Ran RunTinyFidelity(const TempDir& dir, const std::string& systems, const std::string& json) {
+  return RunBench("--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 "
+                  "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 50 --rounds 1 "
+                  "--fidelity --no-fio --systems " + systems + " --json " + json);
+}
+
 // The ckv variants with an estimate, a target mass and rescored layers run, the fidelity
 // checking the virtual tokens a session served against its rebuild from the records; the
 // estimate lowers the error at the same selection; :rescore without a period is refused.
 TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCheckOut) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench(
-      "--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
-      "--conversations 1 --turns 2 --budgets 50 --rounds 1 --fidelity --no-fio --systems "
-      "ckv,ckv-est,ckv:mean-key:period-major:2:estimate:target:rescore --json " + json);
+  const Ran ran = RunTinyFidelity(
+      dir, "ckv,ckv-est,ckv:mean-key:period-major:2:estimate:target:rescore", json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -570,10 +576,7 @@ TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCh
 TEST(ReprefillBenchTest, CodecSuffixesRunBesideTheDtypeInOneRun) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench(
-      "--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
-      "--conversations 1 --turns 2 --budgets 50 --rounds 1 --fidelity --no-fio --systems "
-      "full,full@int8,full@int4,ckv@int8 --json " + json);
+  const Ran ran = RunTinyFidelity(dir, "full,full@int8,full@int4,ckv@int8", json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();

@@ -30,8 +30,7 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(KvCodec codec,
                                                                 uint32_t layer) {
   CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* original, Records(conversation, layer));
   if (codec == KvCodec::kNone) return original;
-  ModelSpec spec = w_.spec();
-  spec.codec = codec;
+  const ModelSpec spec = WithCodec(w_.spec(), codec);
   const auto key = std::make_tuple(codec, conversation, layer);
   auto it = served_.find(key);
   if (it == served_.end()) {

@@ -110,7 +110,7 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   RunContext ctx;
   ctx.w = &w;
   ctx.sys = &sys;
-  ctx.spec = sys.SpecOf(w.spec());
+  ctx.spec = WithCodec(w.spec(), sys.codec);
   ctx.budget = budget;
   ctx.check_served = measured_round && f.fidelity;
   ctx.engine = engine.get();

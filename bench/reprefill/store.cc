@@ -62,13 +62,15 @@ const char* LayoutName(RecordLayout l) {
   return l == RecordLayout::kLayerMajor ? "layer-major" : "period-major";
 }
 
-std::string StorePath(const Flags& f, StoreId store) {
-  std::string path = f.store + "/" + LayoutName(store.layout);
+std::string StoreName(StoreId store) {
+  std::string name = LayoutName(store.layout);
   if (store.codec != KvCodec::kNone) {
-    absl::StrAppend(&path, "-", std::string(KvCodecName(store.codec)));
+    absl::StrAppend(&name, "-", std::string(KvCodecName(store.codec)));
   }
-  return path;
+  return name;
 }
+
+std::string StorePath(const Flags& f, StoreId store) { return f.store + "/" + StoreName(store); }
 
 std::string KeyFilePath(const Flags& f) { return f.store + "/keys.bin"; }
 std::string ImpressFilePath(const Flags& f) { return f.store + "/impress.bin"; }
@@ -180,20 +182,13 @@ struct HalfOut {
   }
 };
 
-// The workload's spec with the store's codec.
-ModelSpec SpecOf(const Workload& w, StoreId store) {
-  ModelSpec spec = w.spec();
-  spec.codec = store.codec;
-  return spec;
-}
-
 absl::StatusOr<bool> StoreHolds(const Workload& w, StoreId store) {
   EngineOptions o;
   o.create_if_missing = false;
   auto engine = Engine::Open(o, StorePath(w.flags(), store));
   if (!engine.ok()) return false;
   for (uint32_t c = 0; c < w.flags().conversations; ++c) {
-    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(SpecOf(w, store), w.StoredTokens(c)));
+    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(WithCodec(w.spec(), store.codec), w.StoredTokens(c)));
     if (n != w.stored_tokens() / w.spec().chunk_tokens) return false;
   }
   return true;
@@ -239,7 +234,7 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
                                       "values.bin", "values.sum", "fio.dat"};
     for (RecordLayout layout : {RecordLayout::kLayerMajor, RecordLayout::kPeriodMajor}) {
       for (KvCodec codec : {KvCodec::kNone, KvCodec::kFp8E4M3, KvCodec::kInt8, KvCodec::kInt4}) {
-        names.push_back(std::filesystem::path(StorePath(f, {layout, codec})).filename());
+        names.push_back(StoreName({layout, codec}));
       }
     }
     for (const std::string& name : names) {
@@ -316,10 +311,10 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
     CKV_RETURN_IF_ERROR(w.WithStoredKv(c, [&](const KvTensors& kv) -> absl::Status {
       for (size_t i = 0; i < engines.size(); ++i) {
         CKV_ASSIGN_OR_RETURN(PutResult r,
-                             engines[i]->Put(SpecOf(w, todo[i]), w.StoredTokens(c), kv));
+                             engines[i]->Put(WithCodec(w.spec(), todo[i].codec),
+                                             w.StoredTokens(c), kv));
         std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
-                     std::filesystem::path(StorePath(f, todo[i])).filename().c_str(), c + 1,
-                     f.conversations,
+                     StoreName(todo[i]).c_str(), c + 1, f.conversations,
                      static_cast<unsigned long long>(r.chunks_written));
       }
       if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path, key_sums));

@@ -127,7 +127,14 @@ struct StoreId {
   KvCodec codec = KvCodec::kNone;
   auto operator<=>(const StoreId&) const = default;
 };
+// layer-major, period-major-int8, ...: the store's folder under --store.
+std::string StoreName(StoreId store);
 std::string StorePath(const Flags& f, StoreId store);
+// `spec` with `codec`: the workload's spec as a store of that codec holds it.
+inline ModelSpec WithCodec(ModelSpec spec, KvCodec codec) {
+  spec.codec = codec;
+  return spec;
+}
 std::string KeyFilePath(const Flags& f);
 std::string ImpressFilePath(const Flags& f);
 std::string ImpressMapPath(const Flags& f);

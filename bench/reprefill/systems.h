@@ -62,12 +62,6 @@ struct System {
   bool rescore = false;
   // How the records it reads are stored: `@<codec>` in its name, or --codec.
   KvCodec codec = KvCodec::kNone;
-  // The store's spec as this system reads it: the workload's, with the system's codec.
-  ModelSpec SpecOf(const ModelSpec& workload) const {
-    ModelSpec s = workload;
-    s.codec = codec;
-    return s;
-  }
   StoreId store() const { return {layout, codec}; }
   // What the table and the JSON say the system does.
   std::string Config(const Flags& f) const;
@@ -124,7 +118,7 @@ struct BaselineState {
 struct RunContext {
   const Workload* w = nullptr;
   const System* sys = nullptr;
-  ModelSpec spec;  // the store's, as `sys` reads it (System::SpecOf)
+  ModelSpec spec;  // the store's, as `sys` reads it: WithCodec(w->spec(), sys->codec)
   double budget = 0;
   // The fidelity measures this run (its first round, with --fidelity): a runner keeps the
   // virtual tokens its first measured request was served, for the fidelity to check.
