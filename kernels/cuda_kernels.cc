@@ -174,6 +174,38 @@ absl::StatusOr<GatheredKv> Gather(const KvShape& s, ChunkRecords records,
   return out;
 }
 
+absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
+                                                              std::span<const float> queries,
+                                                              uint32_t window,
+                                                              const GatheredKv& loaded,
+                                                              const VirtualTokens& vt) {
+  if (auto st = DeviceAvailable(); !st.ok()) return st;
+  if (auto st = CheckVirtualTokenInput(s, queries, window, loaded, vt); !st.ok()) return st;
+  if (size_t{window} * s.q_heads > 65535) {  // one grid row per (query, q head)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttentionWithVirtualTokens on the device: ", window, " queries x ", s.q_heads,
+        " q heads; at most 65535 rows a call"));
+  }
+  const size_t tokens = size_t{loaded.tokens} + vt.count;
+  std::vector<float> out(queries.size(), 0.0f);
+  if (tokens == 0) return out;  // over no tokens the output is zeros, as on the CPU
+  // One key set: the loaded tokens, then the virtual ones, with their bias beside a 0 for each
+  // loaded token.
+  std::vector<float> k(loaded.k), v(loaded.v), bias(size_t{loaded.tokens} * s.q_heads, 0.0f);
+  k.insert(k.end(), vt.keys.begin(), vt.keys.end());
+  v.insert(v.end(), vt.values.begin(), vt.values.end());
+  bias.insert(bias.end(), vt.bias.begin(), vt.bias.end());
+  if (auto st = FromLaunch(cuda_launch::BiasedAttention(
+          k.data(), v.data(), bias.data(), tokens, static_cast<int>(s.kv_heads),
+          static_cast<int>(s.head_dim), queries.data(), static_cast<int>(s.q_heads),
+          static_cast<int>(window), 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
+          out.data()));
+      !st.ok()) {
+    return st;
+  }
+  return out;
+}
+
 absl::Status DecodeRecords(const ModelSpec& spec, std::span<const std::byte* const> records,
                            std::span<std::byte> out) {
   if (auto st = DeviceAvailable(); !st.ok()) return st;
@@ -227,6 +259,12 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape&, std::span<cons
   return NotBuilt();
 }
 absl::StatusOr<GatheredKv> Gather(const KvShape&, ChunkRecords, std::span<const uint32_t>) {
+  return NotBuilt();
+}
+absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape&,
+                                                              std::span<const float>, uint32_t,
+                                                              const GatheredKv&,
+                                                              const VirtualTokens&) {
   return NotBuilt();
 }
 absl::Status DecodeRecords(const ModelSpec&, std::span<const std::byte* const>,

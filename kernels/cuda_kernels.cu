@@ -222,6 +222,38 @@ __global__ void GatherKernel(const unsigned char* records, size_t record_bytes, 
 }
 
 
+// scores[r * tokens + t] = q_r . k_{t, h(g)} * scale + bias[t * q_heads + g], row r = i * q_heads
+// + g.
+__global__ void BiasedScoresKernel(const float* k, const float* bias, size_t tokens, int kv_heads,
+                                   int head_dim, int group, const float* queries, int q_heads,
+                                   float scale, float* scores) {
+  const size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const int r = blockIdx.y;
+  if (t >= tokens) return;
+  const int g = r % q_heads;
+  const float* q = queries + static_cast<size_t>(r) * head_dim;
+  const float* kt = k + (t * kv_heads + g / group) * static_cast<size_t>(head_dim);
+  float acc = 0;
+  for (int d = 0; d < head_dim; ++d) acc += q[d] * kt[d];
+  scores[r * tokens + t] = acc * scale + bias[t * q_heads + g];
+}
+
+// out[r * head_dim + d] = sum_t exp(scores[r, t] - row_max[r]) v_{t, h(g)}[d] / row_sum[r].
+__global__ void WeightedValuesKernel(const float* scores, const float* v, size_t tokens,
+                                     int kv_heads, int head_dim, int group, int q_heads,
+                                     const float* row_max, const float* row_sum, float* out) {
+  const int r = blockIdx.x;
+  const int h = (r % q_heads) / group;
+  const float* row = scores + r * tokens;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0;
+    for (size_t t = 0; t < tokens; ++t) {
+      acc += expf(row[t] - row_max[r]) * v[(t * kv_heads + h) * static_cast<size_t>(head_dim) + d];
+    }
+    out[static_cast<size_t>(r) * head_dim + d] = acc / row_sum[r];
+  }
+}
+
 // --- Record decoding: device ports of common/half.h and common/codec.cc, bit for bit. ---
 
 // HalfToFloat (common/half.h).
@@ -463,6 +495,39 @@ std::string Gather(const unsigned char* records, size_t chunks, size_t record_by
   CKV_CUDA(cudaMemcpyAsync(k, d_k.ptr, count * half_elements * sizeof(float),
                            cudaMemcpyDeviceToHost, stream.s));
   CKV_CUDA(cudaMemcpyAsync(v, d_v.ptr, count * half_elements * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream.s));
+  CKV_CUDA(cudaStreamSynchronize(stream.s));
+  return "";
+}
+
+std::string BiasedAttention(const float* k, const float* v, const float* bias, size_t tokens,
+                            int kv_heads, int head_dim, const float* queries, int q_heads,
+                            int window, float scale, float* out) {
+  const int rows = window * q_heads;
+  const size_t kv_floats = tokens * kv_heads * static_cast<size_t>(head_dim);
+  Stream stream;
+  CKV_CUDA(cudaStreamCreate(&stream.s));
+  DeviceBuffer<float> d_k, d_v, d_bias, d_queries, d_scores, d_max, d_sum, d_out;
+  CKV_TRY(d_k.Upload(k, kv_floats, stream.s));
+  CKV_TRY(d_v.Upload(v, kv_floats, stream.s));
+  CKV_TRY(d_bias.Upload(bias, tokens * q_heads, stream.s));
+  CKV_TRY(d_queries.Upload(queries, static_cast<size_t>(rows) * head_dim, stream.s));
+  CKV_TRY(d_scores.Allocate(static_cast<size_t>(rows) * tokens));
+  CKV_TRY(d_max.Allocate(rows));
+  CKV_TRY(d_sum.Allocate(rows));
+  CKV_TRY(d_out.Allocate(static_cast<size_t>(rows) * head_dim));
+  const int group = q_heads / kv_heads;
+  const dim3 grid(static_cast<unsigned>((tokens + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(rows));
+  BiasedScoresKernel<<<grid, kThreads, 0, stream.s>>>(d_k.ptr, d_bias.ptr, tokens, kv_heads,
+                                                      head_dim, group, d_queries.ptr, q_heads,
+                                                      scale, d_scores.ptr);
+  RowStatsKernel<<<rows, kThreads, 0, stream.s>>>(d_scores.ptr, tokens, d_max.ptr, d_sum.ptr);
+  WeightedValuesKernel<<<rows, kThreads, 0, stream.s>>>(d_scores.ptr, d_v.ptr, tokens, kv_heads,
+                                                        head_dim, group, q_heads, d_max.ptr,
+                                                        d_sum.ptr, d_out.ptr);
+  CKV_CUDA(cudaGetLastError());
+  CKV_CUDA(cudaMemcpyAsync(out, d_out.ptr, static_cast<size_t>(rows) * head_dim * sizeof(float),
                            cudaMemcpyDeviceToHost, stream.s));
   CKV_CUDA(cudaStreamSynchronize(stream.s));
   return "";

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "ckv/model_spec.h"
 #include "kernels/attention.h"
+#include "kernels/estimate.h"
 #include "kernels/selector.h"
 
 namespace ckv::kernels::cuda {
@@ -45,6 +46,15 @@ absl::StatusOr<std::vector<float>> TokenAttention(const KvShape& shape,
 // Gather on the device (K and V converted to float32).
 absl::StatusOr<GatheredKv> Gather(const KvShape& shape, ChunkRecords records,
                                   std::span<const uint32_t> chunks);
+
+// AttentionWithVirtualTokens (estimate.h) on the device: the loaded tokens and the virtual ones
+// as one set of keys and values with an additive logit bias (0 for the loaded tokens), the way an
+// attention kernel that takes a float mask serves them. Same errors as the CPU function.
+absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& shape,
+                                                              std::span<const float> queries,
+                                                              uint32_t window,
+                                                              const GatheredKv& loaded,
+                                                              const VirtualTokens& virtual_tokens);
 
 // Dequantises stored records of `spec` that are in device memory (records[i]: a device pointer
 // to spec.RecordBytes() bytes, any alignment, e.g. from a CUDA DeviceMemory) into `out`, device

@@ -41,6 +41,13 @@ std::string TokenAttention(const unsigned char* records, size_t chunks, size_t r
 std::string Gather(const unsigned char* records, size_t chunks, size_t record_bytes, int dtype,
                    size_t half_elements, const unsigned* list, size_t count, float* k, float* v);
 
+// out [window * q_heads * head_dim], row r = i * q_heads + g for query i and q head g:
+// softmax_t(q . k_{t,h(g)} * scale + bias[t * q_heads + g]) . v_{t,h(g)} over `tokens` keys and
+// values [tokens, kv_heads, head_dim] (float), h(g) = g / (q_heads / kv_heads). tokens > 0.
+std::string BiasedAttention(const float* k, const float* v, const float* bias, size_t tokens,
+                            int kv_heads, int head_dim, const float* queries, int q_heads,
+                            int window, float scale, float* out);
+
 // Decodes `count` records at the device pointers records[i] (a host array), `record_bytes` each
 // with their K part's `key_bytes` first, into device memory `out` (codec 0 none, 1 fp8 e4m3,
 // 2 int8, 3 int4; dtype as TokenAttention's), as ckv::DecodeRecord does, bit for bit.

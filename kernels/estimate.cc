@@ -277,11 +277,9 @@ absl::StatusOr<VirtualTokens> VirtualTokensOf(const KvShape& s, std::span<const 
   return vt;
 }
 
-absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
-                                                              std::span<const float> queries,
-                                                              uint32_t window,
-                                                              const GatheredKv& loaded,
-                                                              const VirtualTokens& vt) {
+absl::Status CheckVirtualTokenInput(const KvShape& s, std::span<const float> queries,
+                                    uint32_t window, const GatheredKv& loaded,
+                                    const VirtualTokens& vt) {
   CKV_RETURN_IF_ERROR(CheckQueriesAndLoaded(s, queries, window, loaded));
   const size_t ldkv = size_t{s.kv_heads} * s.head_dim;
   if (vt.keys.size() != vt.count * ldkv || vt.values.size() != vt.count * ldkv ||
@@ -291,6 +289,15 @@ absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
         " floats; ", vt.count, " tokens need ", vt.count * ldkv, " + ", vt.count * ldkv, " + ",
         size_t{vt.count} * s.q_heads));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
+                                                              std::span<const float> queries,
+                                                              uint32_t window,
+                                                              const GatheredKv& loaded,
+                                                              const VirtualTokens& vt) {
+  CKV_RETURN_IF_ERROR(CheckVirtualTokenInput(s, queries, window, loaded, vt));
   auto adjust = [&](uint32_t g, size_t, const float*, float* logits, size_t width) {
     for (uint32_t i = 0; i < window; ++i) {
       for (uint32_t j = 0; j < vt.count; ++j) {

@@ -109,6 +109,12 @@ absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& sha
                                                               const GatheredKv& loaded,
                                                               const VirtualTokens& virtual_tokens);
 
+// The checks AttentionWithVirtualTokens makes of its input, for other kernels of it (the CUDA
+// one, kernels/cuda_kernels.h): OK, or InvalidArgument naming the array and the sizes.
+absl::Status CheckVirtualTokenInput(const KvShape& shape, std::span<const float> queries,
+                                    uint32_t window, const GatheredKv& loaded,
+                                    const VirtualTokens& virtual_tokens);
+
 }  // namespace ckv::kernels
 
 #endif  // CKV_KERNELS_ESTIMATE_H_

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the CUDA kernels against the CPU path. They run where a CUDA device is present and
 // skip, saying why, everywhere else (a build without nvcc, or no device).
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/device_memory.h"
+#include "kernels/estimate.h"
 #include "kernels/half.h"
 #include "kernels/selector.h"
 #include "kernels/summary.h"
@@ -101,6 +103,39 @@ TEST_F(CudaKernelsTest, GatherIsBitExactWithTheCpu) {
   EXPECT_EQ(gpu->k, cpu->k);
   EXPECT_EQ(gpu->v, cpu->v);
   EXPECT_EQ(gpu->positions, cpu->positions);
+}
+
+// The loaded chunks exact and the rest as virtual tokens (both forms a session serves), as the CPU
+// computes it: with loaded chunks and virtual tokens, with virtual tokens alone, with neither.
+TEST_F(CudaKernelsTest, AttentionWithVirtualTokensMatchesTheCpu) {
+  const KvShape s = KvShape::Of(spec_);
+  const std::vector<uint32_t> chosen = {0, 17, 95, 3};
+  std::vector<uint32_t> rest;
+  for (uint32_t j = 0; j < kChunks; ++j) {
+    if (std::find(chosen.begin(), chosen.end(), j) == chosen.end()) rest.push_back(j);
+  }
+  const auto loaded = Gather(s, record_ptr_, chosen);
+  const auto stats = ChunkStats::Of(s, record_ptr_, rest);
+  ASSERT_TRUE(loaded.ok() && stats.ok());
+  for (EstimateKind kind : {EstimateKind::kMean, EstimateKind::kGaussianWindow}) {
+    const auto vt = VirtualTokensOf(s, queries_, kWindow, *stats, kind);
+    ASSERT_TRUE(vt.ok()) << vt.status();
+    ASSERT_GT(vt->count, 0u);
+    for (const GatheredKv& kv : {*loaded, GatheredKv{}}) {
+      const auto gpu = cuda::AttentionWithVirtualTokens(s, queries_, kWindow, kv, *vt);
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      ExpectClose(*gpu, *AttentionWithVirtualTokens(s, queries_, kWindow, kv, *vt));
+    }
+  }
+  const auto none = cuda::AttentionWithVirtualTokens(s, queries_, kWindow, {}, VirtualTokens{});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, std::vector<float>(queries_.size(), 0.0f));
+  VirtualTokens short_bias = *VirtualTokensOf(s, queries_, kWindow, *stats, EstimateKind::kMean);
+  short_bias.bias.pop_back();
+  EXPECT_EQ(cuda::AttentionWithVirtualTokens(s, queries_, kWindow, *loaded, short_bias)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Random K and V of one record of `spec` (in its dtype): per-channel magnitudes from 1e-3 to 1e2,
@@ -202,6 +237,8 @@ TEST(CudaKernelsBuildTest, WithoutADeviceEveryCallSaysUnavailable) {
   EXPECT_EQ(cuda::Gather(s, {}, {}).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(cuda::QuestScores(SelectorInput{}).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(cuda::DecodeRecords(ModelSpec{}, {}, {}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cuda::AttentionWithVirtualTokens(s, {}, 1, {}, {}).status().code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_FALSE(cuda::DeviceAvailable().message().empty());
 }
 
