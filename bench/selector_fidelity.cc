@@ -18,14 +18,17 @@
 //             or 64-token blocks around their tokens, so theirs exceeds the budget).
 // period-exact scores each period's head layer (--period) and serves the period with it.
 // quest-fp32 and mean-key-fp32 are the same selectors on unquantised summaries: the recall the
-// 8-bit summaries cost. It also reports the overlap of the oracle's selections of adjacent
+// 8-bit summaries cost. With --proposals it also scores, in float32 from the keys, summaries ckv
+// does not store (Proposal below), to find what the stored ones miss. It also reports the overlap of the oracle's selections of adjacent
 // period heads (the generator's drift) and the summaries' size as a fraction of the KV bytes.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -53,6 +56,8 @@ struct Flags {
   // The budgets are target masses (kernels::SelectOptions::target_mass): each layer selects the
   // fewest chunks whose scores reach the target, and `loaded` says how many that was.
   bool target = false;
+  // Also score the summaries ckv does not store (Proposal), to find what the stored ones miss.
+  bool proposals = false;
 };
 
 // Returns the exit code when the program should stop (help, version, a usage error).
@@ -91,6 +96,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   app.add_flag("--target", f->target,
                "read --budgets as target masses: per layer, the fewest chunks whose scores "
                "(the oracle's: exact masses) reach the target; impress and h2o are left out");
+  app.add_flag("--proposals", f->proposals,
+               "also score summaries ckv does not store (float32, from the keys): exact-lse, "
+               "gauss-var, gauss-box, outlier-1, outlier-2 (bench/selector_fidelity.cc)");
   app.add_option("--plot", f->plot, "draw recall by budget with gnuplot into PNG")
       ->type_name("PNG");
   return cli::Parse(app, argc, argv);
@@ -164,6 +172,141 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
   return scores;
 }
 
+
+// Summaries ckv does not store, scored in float32 from the keys, to find out what the stored ones
+// miss. Each estimates a chunk's log-mean-exp of q.k / sqrt(d) over its c tokens, with q the
+// window's mean query of a q head (as mean-key scores), and feeds the same per-q-head softmax:
+//   kExactLse    the log-mean-exp itself, from every key: the best any chunk summary scored with
+//                the mean query can do (it needs all keys, so it is a reference, not a selector);
+//   kGaussVar    the key mean plus a per-channel key variance (the Gaussian expectation,
+//                kernels/estimate.h), with the window's mean q^2: 2 vectors per entry;
+//   kGaussBox    the same with the variance taken from the stored min/max box (the expected range
+//                of 16 normal draws is 3.53 standard deviations): the 3 vectors stored today;
+//   kOutlier1/2  the key (keys) farthest from the chunk's mean kept exactly, the rest as their
+//                mean with its count: 2 and 3 vectors per entry.
+// mean-key stores 1 vector per entry, quest 2 (min and max); today's summaries are 3.
+enum class Proposal { kExactLse, kGaussVar, kGaussBox, kOutlier1, kOutlier2 };
+struct ProposalName {
+  Proposal p;
+  const char* name;
+};
+constexpr ProposalName kProposals[] = {{Proposal::kExactLse, "exact-lse"},
+                                       {Proposal::kGaussVar, "gauss-var"},
+                                       {Proposal::kGaussBox, "gauss-box"},
+                                       {Proposal::kOutlier1, "outlier-1"},
+                                       {Proposal::kOutlier2, "outlier-2"}};
+
+double LogMeanExp(const std::vector<double>& x) {
+  const double m = *std::max_element(x.begin(), x.end());
+  double acc = 0;
+  for (double v : x) acc += std::exp(v - m);
+  return m + std::log(acc / static_cast<double>(x.size()));
+}
+
+// One chunk's estimated log-mean-exp for kv head h under `p`; keys [c, kv_heads, d].
+double ProposalLogit(Proposal p, const kernels::KvShape& s, const float* keys, uint32_t h,
+                     const std::vector<double>& qbar, const std::vector<double>& q2) {
+  const uint32_t d_n = s.head_dim, c = s.chunk_tokens;
+  const double isd = 1.0 / std::sqrt(double(d_n));
+  auto key = [&](uint32_t t) { return keys + (size_t{t} * s.kv_heads + h) * d_n; };
+  auto dot = [&](const float* k) {
+    double z = 0;
+    for (uint32_t d = 0; d < d_n; ++d) z += qbar[d] * k[d];
+    return z * isd;
+  };
+  std::vector<double> mean(d_n, 0.0);
+  for (uint32_t t = 0; t < c; ++t) {
+    for (uint32_t d = 0; d < d_n; ++d) mean[d] += key(t)[d] / c;
+  }
+  double lin = 0;
+  for (uint32_t d = 0; d < d_n; ++d) lin += qbar[d] * mean[d] * isd;
+  switch (p) {
+    case Proposal::kExactLse: {
+      std::vector<double> x(c);
+      for (uint32_t t = 0; t < c; ++t) x[t] = dot(key(t));
+      return LogMeanExp(x);
+    }
+    case Proposal::kGaussVar:
+    case Proposal::kGaussBox: {
+      double corr = 0;
+      for (uint32_t d = 0; d < d_n; ++d) {
+        double var = 0, lo = key(0)[d], hi = key(0)[d];
+        for (uint32_t t = 0; t < c; ++t) {
+          const double e = key(t)[d] - mean[d];
+          var += e * e / c;
+          lo = std::min<double>(lo, key(t)[d]);
+          hi = std::max<double>(hi, key(t)[d]);
+        }
+        if (p == Proposal::kGaussBox) var = std::pow((hi - lo) / 3.53, 2);
+        corr += q2[d] * var;
+      }
+      return lin + 0.5 * corr / d_n;
+    }
+    case Proposal::kOutlier1:
+    case Proposal::kOutlier2: {
+      const uint32_t m = p == Proposal::kOutlier1 ? 1 : 2;
+      std::vector<std::pair<double, uint32_t>> far(c);
+      for (uint32_t t = 0; t < c; ++t) {
+        double z = 0;
+        for (uint32_t d = 0; d < d_n; ++d) z += (key(t)[d] - mean[d]) * (key(t)[d] - mean[d]);
+        far[t] = {-z, t};
+      }
+      std::sort(far.begin(), far.end());
+      std::vector<double> rest(d_n, 0.0), x;
+      for (uint32_t r = 0; r < c; ++r) {
+        if (r < m) {
+          x.push_back(dot(key(far[r].second)));
+        } else {
+          for (uint32_t d = 0; d < d_n; ++d) rest[d] += key(far[r].second)[d] / (c - m);
+        }
+      }
+      double z = 0;
+      for (uint32_t d = 0; d < d_n; ++d) z += qbar[d] * rest[d];
+      // c - m copies of the rest's mean beside the m kept keys.
+      x.insert(x.end(), c - m, z * isd);
+      return LogMeanExp(x);
+    }
+  }
+  return lin;
+}
+
+// Chunk scores under `p`: per q head the softmax of the chunks' logits, averaged over q heads.
+std::vector<float> ProposalScores(Proposal p, const kernels::KvShape& s,
+                                  const std::vector<float>& q, uint32_t window,
+                                  const std::vector<float>& k, size_t chunks) {
+  const uint32_t d_n = s.head_dim;
+  std::vector<float> scores(chunks, 0.0f);
+  std::vector<double> logits(chunks);
+  for (uint32_t g = 0; g < s.q_heads; ++g) {
+    std::vector<double> qbar(d_n, 0.0), q2(d_n, 0.0);
+    for (uint32_t i = 0; i < window; ++i) {
+      for (uint32_t d = 0; d < d_n; ++d) {
+        const double x = q[(size_t{i} * s.q_heads + g) * d_n + d];
+        qbar[d] += x / window;
+        q2[d] += x * x / window;
+      }
+    }
+    for (size_t j = 0; j < chunks; ++j) {
+      logits[j] = ProposalLogit(p, s, k.data() + j * s.chunk_tokens * s.kv_heads * d_n,
+                                g / s.group(), qbar, q2);
+    }
+    const double max = *std::max_element(logits.begin(), logits.end());
+    double total = 0;
+    for (double& x : logits) total += (x = std::exp(x - max));
+    for (size_t j = 0; j < chunks; ++j) {
+      scores[j] += static_cast<float>(logits[j] / total / s.q_heads);
+    }
+  }
+  return scores;
+}
+
+std::optional<Proposal> ProposalOf(const std::string& name) {
+  for (const ProposalName& pn : kProposals) {
+    if (name == pn.name) return pn.p;
+  }
+  return std::nullopt;
+}
+
 const std::vector<std::string> kSelectors = {"oracle",   "period-exact",  "quest", "quest-fp32",
                                              "mean-key", "mean-key-fp32", "impress", "h2o"};
 
@@ -172,6 +315,9 @@ std::vector<std::string> Selectors(const Flags& f) {
   std::vector<std::string> out;
   for (const std::string& name : kSelectors) {
     if (!f.target || (name != "impress" && name != "h2o")) out.push_back(name);
+  }
+  if (f.proposals) {
+    for (const ProposalName& pn : kProposals) out.push_back(pn.name);
   }
   return out;
 }
@@ -273,6 +419,11 @@ class Measure {
         chosen = oracle;
       } else if (name == "period-exact") {
         chosen = period_selection_[b];
+      } else if (const std::optional<Proposal> p = ProposalOf(name)) {
+        const std::vector<float> scores =
+            ProposalScores(*p, shape_, layer.q, f_.params.window, layer.k, n_);
+        chosen = kernels::TopKChunks(scores, kernels::SelectedCount(scores, o), o.sink_chunks,
+                                     o.recent_chunks);
       } else if (name == "quest-fp32" || name == "mean-key-fp32") {
         const std::vector<float>& scores = name == "quest-fp32" ? t.quest32 : t.mean32;
         chosen = kernels::TopKChunks(scores, kernels::SelectedCount(scores, o), o.sink_chunks,

@@ -433,5 +433,28 @@ class TrainingReproducesTest(unittest.TestCase):
                                    msg=f"probe, step {step}")
 
 
+class SummaryRecallTest(unittest.TestCase):
+    """ckv_ref.summary_recall's chunk summaries, on chunks whose log-mean-exp is known."""
+
+    def test_summaries_are_exact_where_their_model_of_the_chunk_is(self):
+        from ckv_ref import summary_recall
+        rng = np.random.default_rng(3)
+        d, c = 16, 16
+        q = rng.normal(size=d)
+        same = np.repeat(rng.normal(size=(3, 1, d)), c, axis=1)  # every token of a chunk alike
+        want = same[:, 0] @ q / math.sqrt(d)
+        for name in summary_recall.SUMMARIES:
+            np.testing.assert_allclose(summary_recall.chunk_logits(name, same, q, q * q), want,
+                                       rtol=1e-12, atol=1e-12, err_msg=name)
+        # c - 1 alike and one apart: outlier-1 keeps the one apart and is exact; mean-key is not.
+        odd = same.copy()
+        odd[:, 5] += 4 * rng.normal(size=(3, d))
+        exact = summary_recall.chunk_logits("exact-lse", odd, q, q * q)
+        np.testing.assert_allclose(summary_recall.chunk_logits("outlier-1", odd, q, q * q), exact,
+                                   rtol=1e-12)
+        self.assertGreater(np.abs(summary_recall.chunk_logits("mean-key", odd, q, q * q)
+                                  - exact).max(), 1e-3)
+
+
 if __name__ == "__main__":
     unittest.main()
