@@ -110,7 +110,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                    }
                    return !f->caps.empty();
                  });
-  cli::AddChoice(app, "--selector", &f->selector, {"period-exact", "quest", "mean-key", "oracle"},
+  cli::AddChoice(app, "--selector", &f->selector,
+                 {"period-exact", "quest", "mean-key", "outlier-key", "oracle"},
                  "the Re-Prefill sessions' selector (default mean-key)");
   cli::AddDouble(app, "--budget", &f->budget, "the sessions' budget, (0, 1] (default 0.1)");
   app.add_flag("--no-reprefill", f->no_reprefill,

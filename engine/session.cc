@@ -31,17 +31,19 @@ std::string_view SelectorName(Selector selector) {
     case Selector::kQuest: return "quest";
     case Selector::kMeanKey: return "mean-key";
     case Selector::kOracle: return "oracle";
+    case Selector::kOutlierKey: return "outlier-key";
   }
   return "unknown";
 }
 
 absl::StatusOr<Selector> ParseSelector(std::string_view name) {
   for (Selector s : {Selector::kPeriodExact, Selector::kQuest, Selector::kMeanKey,
-                     Selector::kOracle}) {
+                     Selector::kOracle, Selector::kOutlierKey}) {
     if (SelectorName(s) == name) return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown selector '", std::string(name),
-                                                 "' (period-exact, quest, mean-key, oracle)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown selector '", std::string(name),
+                   "' (period-exact, quest, mean-key, oracle, outlier-key)"));
 }
 
 LayerView::LayerView(uint32_t layer, std::vector<Record> records, std::unique_ptr<Pins> pins,
@@ -68,6 +70,7 @@ kernels::SelectorKind KindOf(Selector s) {
     case Selector::kQuest: return kernels::SelectorKind::kQuest;
     case Selector::kMeanKey: return kernels::SelectorKind::kMeanKey;
     case Selector::kOracle: return kernels::SelectorKind::kOracle;
+    case Selector::kOutlierKey: return kernels::SelectorKind::kOutlierKey;
   }
   return kernels::SelectorKind::kOracle;
 }
@@ -189,8 +192,12 @@ class SessionImpl final : public ReprefillSession {
           kind_ == kernels::SelectorKind::kQuest ? SummaryPart::kMinMax : SummaryPart::kMean;
       CKV_RETURN_IF_ERROR(LoadPart(part, /*optional=*/false, summary_ptrs_));
     }
+    if (kind_ == kernels::SelectorKind::kOutlierKey) {
+      // Beside the mean part; a chunk without one (older, or remote) is scored by its mean.
+      CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kOutlier, /*optional=*/true, outlier_ptrs_));
+    }
     if (!options_.estimate_rest) return absl::OkStatus();
-    if (kind_ == kernels::SelectorKind::kMeanKey) {
+    if (kind_ == kernels::SelectorKind::kMeanKey || kind_ == kernels::SelectorKind::kOutlierKey) {
       mean_ptrs_ = summary_ptrs_;
     } else {
       CKV_RETURN_IF_ERROR(LoadPart(SummaryPart::kMean, /*optional=*/true, mean_ptrs_));
@@ -555,7 +562,10 @@ class SessionImpl final : public ReprefillSession {
     in.window = options_.window;
     in.chunks = keys_.size();
     if (kind_ == kernels::SelectorKind::kQuest) in.minmax = summary_ptrs_;
-    if (kind_ == kernels::SelectorKind::kMeanKey) in.mean = summary_ptrs_;
+    if (kind_ == kernels::SelectorKind::kMeanKey || kind_ == kernels::SelectorKind::kOutlierKey) {
+      in.mean = summary_ptrs_;
+    }
+    if (kind_ == kernels::SelectorKind::kOutlierKey) in.outlier = outlier_ptrs_;
     in.records = records;
     SelectorClock* clock = host_.selector_clock();
     if (clock == nullptr) return kernels::Select(kind_, in, select_options_);
@@ -871,6 +881,7 @@ class SessionImpl final : public ReprefillSession {
   std::vector<const std::byte*> summary_ptrs_;   // the selector's part, per chunk, wherever it is
   // With estimate_rest: the mean and estimate parts per chunk (null where a chunk has none).
   std::vector<const std::byte*> mean_ptrs_, estimate_ptrs_;
+  std::vector<const std::byte*> outlier_ptrs_;  // outlier-key's outlier parts (null: none)
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   // Whether Admit holds admissions for Finish: a benchmark's clock is set, and there are tiers.
   // Fixed when the session starts (a benchmark sets its clock before its sessions start).
@@ -939,7 +950,7 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
                                  !kernels::ReadsSummaries(KindOf(options.selector)))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReprefillOptions.rescore_layers needs period_selection and a summary selector (quest, "
-        "mean-key); this session's selector is ", std::string(SelectorName(options.selector)),
+        "mean-key, outlier-key); this session's selector is ", std::string(SelectorName(options.selector)),
         ", period_selection ", options.period_selection ? "on" : "off"));
   }
   if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||

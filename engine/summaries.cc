@@ -11,6 +11,7 @@ size_t SummaryPartBytes(const kernels::SummaryFormat& f, SummaryPart part) {
     case SummaryPart::kMinMax: return f.MinMaxBytes();
     case SummaryPart::kMean: return f.MeanBytes();
     case SummaryPart::kEstimate: return f.EstimateBytes();
+    case SummaryPart::kOutlier: return f.OutlierBytes();
   }
   return 0;
 }
@@ -19,11 +20,12 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
   const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
   storage::AuxRecords aux;
   aux.record_bytes = {static_cast<uint32_t>(f.MinMaxBytes()), static_cast<uint32_t>(f.MeanBytes()),
-                      static_cast<uint32_t>(f.EstimateBytes())};
+                      static_cast<uint32_t>(f.EstimateBytes()),
+                      static_cast<uint32_t>(f.OutlierBytes())};
   const size_t chunk_bytes = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
   aux.fill = [spec, &kv, chunk_bytes](size_t chunk, std::span<const std::span<std::byte>> out) {
     // The store hands one buffer per summary part, in SummaryPart order (record_bytes above).
-    CKV_DCHECK(out.size() == 3);
+    CKV_DCHECK(out.size() == 4);
     for (uint32_t layer = 0; layer < spec.layers; ++layer) {
       const auto keys = kv.k[layer].subspan(chunk * chunk_bytes, chunk_bytes);
       kernels::SummarizeChunkLayer(spec, layer, keys,
@@ -31,6 +33,7 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
                                    out[static_cast<size_t>(SummaryPart::kMean)]);
       kernels::EstimateChunkLayer(spec, layer, kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
                                   out[static_cast<size_t>(SummaryPart::kEstimate)]);
+      kernels::OutlierChunkLayer(spec, layer, keys, out[static_cast<size_t>(SummaryPart::kOutlier)]);
     }
   };
   return aux;

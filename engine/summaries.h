@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // engine/summaries.h: the key summaries of chunks, written at Put time and read by selectors.
 //
-// Every chunk an Engine stores gets three auxiliary records besides its layers' records (see
+// Every chunk an Engine stores gets four auxiliary records besides its layers' records (see
 // kernels/summary.h for their contents and storage/segment.h for their place on disk): the
-// min/max part, which `quest` reads, the mean part, which `mean-key` reads, and the estimate part,
-// which a session with ReprefillOptions::estimate_rest reads with the mean part. They are
-// computed from the Put's keys (the estimate part from its values) on a second thread while the
-// data is written, and checksummed like records. Chunks stored before the estimate part existed
-// have the first two only.
+// min/max part, which `quest` reads, the mean part, which `mean-key` reads, the estimate part,
+// which a session with ReprefillOptions::estimate_rest reads with the mean part, and the outlier
+// part, which `outlier-key` reads with the mean part. They are computed from the Put's keys (the
+// estimate part from its values) on a second thread while the data is written, and checksummed
+// like records. Chunks stored before the estimate part existed have the first two only; those
+// stored before the outlier part, the first three.
 //
 // Thread-safety: pure functions; LoadSummaries is as thread-safe as ChunkStore.
 #ifndef CKV_ENGINE_SUMMARIES_H_
@@ -31,6 +32,7 @@ enum class SummaryPart : uint32_t {
   kMinMax = 0,
   kMean = 1,
   kEstimate = 2,
+  kOutlier = 3,
 };
 
 // Bytes of one chunk's part `part` under format `f`.

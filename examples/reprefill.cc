@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt = prefix;
   for (int32_t t : example::Tokens(/*seed=*/2, 64)) prompt.push_back(t);
   ckv::ReprefillOptions ro;
-  ro.selector = ckv::Selector::kQuest;  // or kPeriodExact (the published method), kMeanKey
+  ro.selector = ckv::Selector::kQuest;  // or kPeriodExact (published), kMeanKey, kOutlierKey
   ro.budget_fraction = 0.05;            // load 5% of the chunks per layer
   auto session = (*engine)->BeginReprefill(spec, prompt, ro);
   if (!session.ok()) return 1;

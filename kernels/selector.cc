@@ -18,7 +18,8 @@ namespace {
 
 constexpr SelectorKind kKinds[] = {SelectorKind::kPeriodExact, SelectorKind::kQuest,
                                    SelectorKind::kMeanKey,     SelectorKind::kOracle,
-                                   SelectorKind::kImpress,     SelectorKind::kH2o};
+                                   SelectorKind::kImpress,     SelectorKind::kH2o,
+                                   SelectorKind::kOutlierKey};
 
 absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const SelectOptions& o) {
   if (auto st = in.shape.Validate(); !st.ok()) return st;
@@ -37,12 +38,17 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
                                                    in.shape.head_dim, " need ", want));
   }
   if (in.chunks == 0) return absl::InvalidArgumentError("a prefix of 0 chunks");
-  if (kind == SelectorKind::kQuest || kind == SelectorKind::kMeanKey) {
+  if (ReadsSummaries(kind)) {
     const auto& parts = kind == SelectorKind::kQuest ? in.minmax : in.mean;
-    if (parts.size() != in.chunks || in.layer >= in.layers) {
+    if (parts.size() != in.chunks || in.layer >= in.layers ||
+        std::find(parts.begin(), parts.end(), nullptr) != parts.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           std::string(SelectorName(kind)), ": ", parts.size(), " summaries for ", in.chunks,
-          " chunks, layer ", in.layer, " of ", in.layers));
+          " chunks (none null), layer ", in.layer, " of ", in.layers));
+    }
+    if (kind == SelectorKind::kOutlierKey && in.outlier.size() != in.chunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outlier-key: ", in.outlier.size(), " outlier parts for ", in.chunks, " chunks"));
     }
   } else if (in.records.size() != in.chunks) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(SelectorName(kind)), ": ",
@@ -87,13 +93,12 @@ void Prefetch(const std::byte* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
 
-// The scoring shared by quest and mean-key. `rows` holds one vector of `width` floats per q head
-// ([q_heads, width]); decode(part, h, out) writes the entry of kv head h at in.layer of a chunk's
-// summary part (entries of `entry_bytes`) as `width` floats. Returns the mean over q heads g of
-// softmax over chunks j of scale * rows[g] . decoded(j, kv head of g): a distribution over the
-// chunks, as the exact attention mass is, in which every q head weighs the same.
+// The logits shared by quest, mean-key and outlier-key. `rows` holds one vector of `width` floats
+// per q head ([q_heads, width]); decode(part, h, out) writes the entry of kv head h at in.layer of
+// a chunk's summary part (entries of `entry_bytes`) as `width` floats. Returns [q_heads, n]:
+// scale * rows[g] . decoded(j, kv head of g).
 template <typename Decode>
-std::vector<float> SummaryScores(const SelectorInput& in, std::span<const std::byte* const> parts,
+std::vector<float> SummaryLogits(const SelectorInput& in, std::span<const std::byte* const> parts,
                                  size_t entry_bytes, std::span<const float> rows, size_t width,
                                  float scale, Decode decode) {
   const KvShape& s = in.shape;
@@ -119,13 +124,27 @@ std::vector<float> SummaryScores(const SelectorInput& in, std::span<const std::b
                logits.data() + h * s.group() * n + j0, n);
     }
   }
+  return logits;
+}
+
+// The mean over q heads g of softmax over chunks j of logits[g, j]: a distribution over the
+// chunks, as the exact attention mass is, in which every q head weighs the same.
+std::vector<float> MeanOfSoftmaxes(std::vector<float> logits, uint32_t q_heads, size_t n) {
   std::vector<float> scores(n, 0.0f);
-  for (uint32_t g = 0; g < s.q_heads; ++g) {
+  for (uint32_t g = 0; g < q_heads; ++g) {
     float* row = logits.data() + g * n;
-    simd::Axpy(1.0f / (simd::SoftmaxNumerators(row, n) * static_cast<float>(s.q_heads)), row,
+    simd::Axpy(1.0f / (simd::SoftmaxNumerators(row, n) * static_cast<float>(q_heads)), row,
                scores.data(), n);
   }
   return scores;
+}
+
+template <typename Decode>
+std::vector<float> SummaryScores(const SelectorInput& in, std::span<const std::byte* const> parts,
+                                 size_t entry_bytes, std::span<const float> rows, size_t width,
+                                 float scale, Decode decode) {
+  return MeanOfSoftmaxes(SummaryLogits(in, parts, entry_bytes, rows, width, scale, decode),
+                         in.shape.q_heads, in.chunks);
 }
 
 std::vector<float> QuestScores(const SelectorInput& in) {
@@ -150,6 +169,40 @@ std::vector<float> MeanKeyScores(const SelectorInput& in) {
                          const MeanEntry e = MeanAt(f, part, in.layer, h);
                          simd::DecodeI8(e.mean, e.scale, d_n, out);
                        });
+}
+
+// outlier-key: per chunk and q head, lm = q . mean / sqrt(d) (the mean query of the window, as
+// mean-key) and lo = q . outlier / sqrt(d); the other c - 1 tokens' mean key is (c mean -
+// outlier) / (c - 1), so their logit is lr = (c lm - lo) / (c - 1), and the chunk's log-mean-exp
+// is estimated as log(((c - 1) exp(lr) + exp(lo)) / c). A chunk without an outlier part scores
+// its mean as its outlier: lo = lr = lm, mean-key's logit.
+std::vector<float> OutlierKeyScores(const SelectorInput& in) {
+  const uint32_t d_n = in.shape.head_dim, c = in.shape.chunk_tokens;
+  const SummaryFormat f{in.layers, in.shape.kv_heads, d_n};
+  const std::vector<float> qbar = MeanQueryRows(in);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d_n));
+  auto decode = [&](const std::byte* part, uint32_t h, float* out) {
+    // An outlier entry has a mean entry's layout (fp16 scale | int8[d]) at the same index.
+    const MeanEntry e = MeanAt(f, part, in.layer, h);
+    simd::DecodeI8(e.mean, e.scale, d_n, out);
+  };
+  std::vector<float> lm =
+      SummaryLogits(in, in.mean, f.MeanEntryBytes(), qbar, d_n, scale, decode);
+  if (c < 2) return MeanOfSoftmaxes(std::move(lm), in.shape.q_heads, in.chunks);
+  std::vector<const std::byte*> outlier(in.outlier.begin(), in.outlier.end());
+  for (size_t j = 0; j < in.chunks; ++j) {
+    if (outlier[j] == nullptr) outlier[j] = in.mean[j];
+  }
+  const std::vector<float> lo =
+      SummaryLogits(in, outlier, f.OutlierEntryBytes(), qbar, d_n, scale, decode);
+  const float cf = static_cast<float>(c), log_rest = std::log(cf - 1), log_c = std::log(cf);
+  for (size_t i = 0; i < lm.size(); ++i) {
+    const float lr = (cf * lm[i] - lo[i]) / (cf - 1);
+    const float a = log_rest + lr, b = lo[i];
+    const float top = std::max(a, b);
+    lm[i] = top + std::log(std::exp(a - top) + std::exp(b - top)) - log_c;
+  }
+  return MeanOfSoftmaxes(std::move(lm), in.shape.q_heads, in.chunks);
 }
 
 std::vector<uint32_t> ImpressProbeHeads(const KvShape& s, const SelectOptions& o) {
@@ -222,6 +275,7 @@ std::string_view SelectorName(SelectorKind kind) {
     case SelectorKind::kOracle: return "oracle";
     case SelectorKind::kImpress: return "impress";
     case SelectorKind::kH2o: return "h2o";
+    case SelectorKind::kOutlierKey: return "outlier-key";
   }
   return "unknown";
 }
@@ -232,13 +286,14 @@ absl::StatusOr<SelectorKind> ParseSelectorKind(std::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown selector '", std::string(name),
-      "' (period-exact, quest, mean-key, oracle, impress, h2o)"));
+      "' (period-exact, quest, mean-key, oracle, impress, h2o, outlier-key)"));
 }
 
 std::vector<SelectorKind> AllSelectorKinds() { return {std::begin(kKinds), std::end(kKinds)}; }
 
 bool ReadsSummaries(SelectorKind kind) {
-  return kind == SelectorKind::kQuest || kind == SelectorKind::kMeanKey;
+  return kind == SelectorKind::kQuest || kind == SelectorKind::kMeanKey ||
+         kind == SelectorKind::kOutlierKey;
 }
 bool ReadsKeys(SelectorKind kind) { return !ReadsSummaries(kind); }
 
@@ -255,6 +310,7 @@ double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOpti
   switch (kind) {
     case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
     case SelectorKind::kMeanKey: return 2 * n * heads * d;
+    case SelectorKind::kOutlierKey: return 2 * n * heads * 2 * d;
     default: return 2.0 * in.window * n * in.shape.chunk_tokens * heads * d;
   }
 }
@@ -309,6 +365,8 @@ absl::StatusOr<std::vector<float>> ScoreChunks(SelectorKind kind, const Selector
       return QuestScores(in);
     case SelectorKind::kMeanKey:
       return MeanKeyScores(in);
+    case SelectorKind::kOutlierKey:
+      return OutlierKeyScores(in);
     case SelectorKind::kImpress: {
       const auto heads = ImpressRankHeads(in.shape, o);
       auto mass = TokenAttention(in.shape, in.queries, in.window, in.records, heads);

@@ -66,9 +66,20 @@
 
 namespace ckv::kernels {
 
-enum class SelectorKind : uint8_t { kPeriodExact, kQuest, kMeanKey, kOracle, kImpress, kH2o };
+enum class SelectorKind : uint8_t {
+  kPeriodExact,
+  kQuest,
+  kMeanKey,
+  kOracle,
+  kImpress,
+  kH2o,
+  // Mean-key with each chunk's farthest key kept exactly beside its mean (the outlier part,
+  // summary.h): a chunk's log-mean-exp estimated from 1 outlier and c - 1 tokens at the rest's
+  // mean. Chunks without the part score as mean-key (docs/results.md, "What the summaries miss").
+  kOutlierKey,
+};
 
-// "period-exact", "quest", "mean-key", "oracle", "impress", "h2o".
+// "period-exact", "quest", "mean-key", "oracle", "impress", "h2o", "outlier-key".
 std::string_view SelectorName(SelectorKind kind);
 absl::StatusOr<SelectorKind> ParseSelectorKind(std::string_view name);
 // Every kind, in the order above.
@@ -130,8 +141,11 @@ struct SelectorInput {
   size_t chunks = 0;               // n >= 1
   // quest: n pointers, each to a chunk's min/max part (SummaryFormat::MinMaxBytes()).
   std::span<const std::byte* const> minmax;
-  // mean-key: n pointers, each to a chunk's mean part (SummaryFormat::MeanBytes()).
+  // mean-key and outlier-key: n pointers, each to a chunk's mean part (SummaryFormat::MeanBytes()).
   std::span<const std::byte* const> mean;
+  // outlier-key: n pointers, each to a chunk's outlier part (SummaryFormat::OutlierBytes()), or
+  // null for a chunk without one (written before it existed, or from the shared tier).
+  std::span<const std::byte* const> outlier;
   // period-exact, oracle, impress, h2o: n pointers, each to a chunk's record at this layer.
   ChunkRecords records;
 };

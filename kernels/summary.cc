@@ -168,6 +168,44 @@ void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const s
   }
 }
 
+void OutlierChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
+                       std::span<std::byte> outlier_part) {
+  const SummaryFormat f = SummaryFormat::For(spec);
+  const uint32_t d_n = spec.head_dim, c = spec.chunk_tokens;
+  const size_t row = size_t{spec.kv_heads} * d_n;
+  const size_t elements = size_t{c} * row;
+  CKV_DCHECK(layer < spec.layers && keys.size() == size_t{c} * spec.TokenBytesPerLayer());
+  CKV_DCHECK(outlier_part.size() == f.OutlierBytes());
+  thread_local std::vector<float> k, mean;
+  k.resize(elements);
+  mean.assign(row, 0.0f);
+  ToFloat(spec.dtype, keys.data(), elements, k.data());
+  for (float& x : k) x = Clamp(x);
+  for (uint32_t t = 0; t < c; ++t) {
+    for (size_t i = 0; i < row; ++i) mean[i] += k[t * row + i];
+  }
+  for (float& m : mean) m /= static_cast<float>(c);
+  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
+    const float* h_mean = mean.data() + size_t{h} * d_n;
+    uint32_t far = 0;
+    double far_d2 = -1;
+    for (uint32_t t = 0; t < c; ++t) {
+      const float* x = k.data() + t * row + size_t{h} * d_n;
+      double d2 = 0;
+      for (uint32_t d = 0; d < d_n; ++d) d2 += double(x[d] - h_mean[d]) * (x[d] - h_mean[d]);
+      if (d2 > far_d2) {
+        far_d2 = d2;
+        far = t;
+      }
+    }
+    const float* key = k.data() + far * row + size_t{h} * d_n;
+    std::byte* e = outlier_part.data() + f.EntryIndex(layer, h) * f.OutlierEntryBytes();
+    const auto [bits, scale] = ScaleFor(MaxAbs(key, d_n));
+    std::memcpy(e, &bits, 2);
+    QuantiseAll<Rounding::kNearest>(key, d_n, scale, reinterpret_cast<int8_t*>(e + 2));
+  }
+}
+
 void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* max) {
   for (uint32_t d = 0; d < head_dim; ++d) {
     min[d] = e.min[d] * e.scale_min;
@@ -181,6 +219,10 @@ void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean) {
 
 void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean) {
   for (uint32_t d = 0; d < head_dim; ++d) value_mean[d] = e.value_mean[d] * e.scale;
+}
+
+void DecodeOutlier(const OutlierEntry& e, uint32_t head_dim, float* key) {
+  for (uint32_t d = 0; d < head_dim; ++d) key[d] = e.key[d] * e.scale;
 }
 
 void RoundTripInt8(float* x, uint32_t n, Rounding r) {

@@ -15,6 +15,10 @@
 //       fp16 scale | int8 value_mean[head_dim]
 //     the tokens' mean value, which with the mean part's key mean lets a session stand in for a
 //     chunk it did not load (kernels/estimate.h, docs/estimate.md).
+//   outlier part (the fourth, absent from chunks written before it): layers * kv_heads entries,
+//       fp16 scale | int8 key[head_dim]
+//     the key of the chunk's token farthest (L2) from the chunk's mean key, ties to the earlier
+//     token: with the mean part, what `outlier-key` scores (kernels/selector.h).
 //
 // A value is its int8 times its scale. Scales are per vector (max |x| / 127, rounded up to an fp16
 // so that every quantised value fits in [-127, 127]). Minima are rounded down and maxima up, so the
@@ -51,9 +55,11 @@ struct SummaryFormat {
   size_t MinMaxEntryBytes() const { return 4 + 2 * size_t{head_dim}; }
   size_t MeanEntryBytes() const { return 2 + size_t{head_dim}; }
   size_t EstimateEntryBytes() const { return 2 + size_t{head_dim}; }
+  size_t OutlierEntryBytes() const { return 2 + size_t{head_dim}; }
   size_t MinMaxBytes() const { return Entries() * MinMaxEntryBytes(); }
   size_t MeanBytes() const { return Entries() * MeanEntryBytes(); }
   size_t EstimateBytes() const { return Entries() * EstimateEntryBytes(); }
+  size_t OutlierBytes() const { return Entries() * OutlierEntryBytes(); }
   size_t Entries() const { return size_t{layers} * kv_heads; }
   size_t EntryIndex(uint32_t layer, uint32_t head) const {
     return size_t{layer} * kv_heads + head;
@@ -106,6 +112,20 @@ inline EstimateEntry EstimateAt(const SummaryFormat& f, const std::byte* estimat
   return EstimateEntry{HalfToFloat(s), reinterpret_cast<const int8_t*>(p + 2)};
 }
 
+// One (layer, kv head) entry of an outlier part, viewed in place.
+struct OutlierEntry {
+  float scale = 0;
+  const int8_t* key = nullptr;  // head_dim values: the key farthest from the chunk's mean
+};
+
+inline OutlierEntry OutlierAt(const SummaryFormat& f, const std::byte* outlier_part,
+                              uint32_t layer, uint32_t head) {
+  const std::byte* p = outlier_part + f.EntryIndex(layer, head) * f.OutlierEntryBytes();
+  uint16_t s;
+  std::memcpy(&s, p, 2);
+  return OutlierEntry{HalfToFloat(s), reinterpret_cast<const int8_t*>(p + 2)};
+}
+
 // Writes the entries of `layer` (all kv heads) of one chunk's two summary parts from the chunk's
 // keys at that layer: chunk_tokens * kv_heads * head_dim elements of spec.dtype, [c, kv_heads,
 // head_dim] as in ckv/kv.h. REQUIRES: keys.size() == c * kv_heads * head_dim * element bytes,
@@ -130,6 +150,14 @@ void ExactSummary(const float* keys, uint32_t tokens, uint32_t kv_heads, uint32_
 void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* max);
 void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean);
 void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean);
+void DecodeOutlier(const OutlierEntry& e, uint32_t head_dim, float* key);
+
+// Writes the entries of `layer` (all kv heads) of one chunk's outlier part from the chunk's keys
+// at that layer (as SummarizeChunkLayer's `keys`): per kv head, the key of the token farthest
+// from the tokens' mean (keys clamped as for the summaries), int8 times an fp16 scale, to
+// nearest. REQUIRES: keys as above, outlier_part.size() == OutlierBytes().
+void OutlierChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
+                       std::span<std::byte> outlier_part);
 
 // How a vector rounds into the 8-bit form: minima down (the box never shrinks), maxima up, the
 // rest to nearest.

@@ -1103,7 +1103,8 @@ PYBIND11_MODULE(ckv, m) {
           py::arg("estimate_rest") = false, py::arg("target_mass") = 0.0,
           py::arg("rescore_layers") = false,
           "Starts a Re-Prefill of the stored leading chunks of `tokens`. selector: "
-          "'period-exact', 'quest', 'mean-key' or 'oracle'; the options are ReprefillOptions'.")
+          "'period-exact', 'quest', 'mean-key', 'outlier-key' or 'oracle'; the options are "
+          "ReprefillOptions'.")
       .def(
           "stats",
           [](PyEngine& e) {

@@ -16,11 +16,13 @@
 #include <filesystem>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ckv/engine.h"
 #include "ckv/log.h"
 #include "engine/internal.h"
+#include "kernels/summary.h"
 #include "rocksdb/db.h"
 #include "storage/catalog.h"
 #include "storage/catalog_format.h"
@@ -269,6 +271,53 @@ TEST_F(FormatFixtureTest, ChunksStoredBeforeTheEstimatePartAreDroppedAndNewOnesE
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->unestimated_chunks, want_unestimated);
   }
+}
+
+// The fixture's chunks predate the outlier part: `outlier-key` scores them by their mean, as
+// `mean-key` does (the same selections, the same bytes read), and reads the outlier parts of the
+// chunks stored since, which have one.
+TEST_F(FormatFixtureTest, ChunksStoredBeforeTheOutlierPartAreScoredByTheirMean) {
+  const ModelSpec spec = FixtureSpec();
+  const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
+  auto engine = OpenFixture();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ReprefillOptions o;
+  o.budget_fraction = 0.6;
+  o.window = 2;
+  std::vector<float> queries(size_t{o.window} * spec.q_heads * spec.head_dim);
+  for (size_t i = 0; i < queries.size(); ++i) queries[i] = float(i % 7) - 3.0f;
+  // Per layer, the chunks served, and the summary bytes read.
+  auto run = [&](Selector selector, const std::vector<int32_t>& prompt) {
+    o.selector = selector;
+    std::vector<std::vector<uint32_t>> served;
+    auto session = (*engine)->BeginReprefill(spec, prompt, o);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return std::pair{served, uint64_t{0}};
+    for (uint32_t l = 0; l < spec.layers; ++l) {
+      EXPECT_TRUE((*session)->SubmitQueries(l, queries).ok());
+      auto view = (*session)->AwaitLayer(l);
+      EXPECT_TRUE(view.ok()) << view.status();
+      served.emplace_back();
+      if (view.ok()) {
+        for (const auto& r : view->records()) served.back().push_back(r.chunk);
+      }
+    }
+    auto stats = (*session)->Finish();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return std::pair{served, stats.ok() ? stats->summary_bytes_read : 0};
+  };
+  const auto [outlier, outlier_bytes] = run(Selector::kOutlierKey, PrefixB());
+  const auto [mean, mean_bytes] = run(Selector::kMeanKey, PrefixB());
+  EXPECT_EQ(outlier, mean);
+  EXPECT_EQ(outlier_bytes, 5 * f.MeanBytes()) << "no outlier part to read";
+  EXPECT_EQ(mean_bytes, outlier_bytes);
+  // Chunks stored now have the part: their outlier parts are read beside the old chunks' means.
+  const std::vector<int32_t> c = synth::TokensWithSharedPrefix(11, 32, 23, 80);
+  ASSERT_TRUE(::ckv::testing::PutSynthetic(**engine, spec, c).ok());
+  const auto [mixed, mixed_bytes] = run(Selector::kOutlierKey, c);
+  EXPECT_EQ(mixed.size(), spec.layers);
+  EXPECT_EQ(mixed_bytes, 5 * f.MeanBytes() + 3 * f.OutlierBytes())
+      << "every chunk's mean part, and the 3 new chunks' outlier parts";
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ struct Prefix {
   uint32_t layer = 1;
   uint32_t window = 8;
   size_t chunks = 0;
-  std::vector<std::vector<std::byte>> records, minmax, mean;
-  std::vector<const std::byte*> record_ptr, minmax_ptr, mean_ptr;
+  std::vector<std::vector<std::byte>> records, minmax, mean, outlier;
+  std::vector<const std::byte*> record_ptr, minmax_ptr, mean_ptr, outlier_ptr;
   std::vector<float> queries;
 
   SelectorInput Input() const {
@@ -51,6 +51,7 @@ struct Prefix {
     in.chunks = chunks;
     in.minmax = minmax_ptr;
     in.mean = mean_ptr;
+    in.outlier = outlier_ptr;
     in.records = record_ptr;
     return in;
   }
@@ -87,11 +88,15 @@ Prefix MakePrefix(size_t chunks, uint64_t seed, std::vector<uint32_t> planted = 
     p.mean.emplace_back(f.MeanBytes());
     SummarizeChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
                         p.minmax.back(), p.mean.back());
+    p.outlier.emplace_back(f.OutlierBytes());
+    OutlierChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
+                      p.outlier.back());
   }
   for (size_t j = 0; j < chunks; ++j) {
     p.record_ptr.push_back(p.records[j].data());
     p.minmax_ptr.push_back(p.minmax[j].data());
     p.mean_ptr.push_back(p.mean[j].data());
+    p.outlier_ptr.push_back(p.outlier[j].data());
   }
   p.queries.resize(size_t{p.window} * s.q_heads * s.head_dim);
   for (size_t i = 0; i < p.queries.size(); ++i) {
@@ -173,7 +178,9 @@ std::vector<double> ReferenceChunkScores(SelectorKind kind, const Prefix& p) {
     }
     return scores;
   }
-  if (kind == SelectorKind::kMeanKey) {
+  if (kind == SelectorKind::kMeanKey || kind == SelectorKind::kOutlierKey) {
+    std::vector<float> far(d_n);
+    const double c = s.chunk_tokens;
     for (uint32_t g = 0; g < s.q_heads; ++g) {
       std::vector<double> qbar(d_n, 0.0), logit(p.chunks);
       for (uint32_t i = 0; i < p.window; ++i) {
@@ -181,9 +188,17 @@ std::vector<double> ReferenceChunkScores(SelectorKind kind, const Prefix& p) {
       }
       for (size_t j = 0; j < p.chunks; ++j) {
         DecodeMean(MeanAt(f, p.mean_ptr[j], p.layer, g / s.group()), d_n, mean.data());
-        double dot = 0;
-        for (uint32_t d = 0; d < d_n; ++d) dot += qbar[d] * mean[d];
-        logit[j] = dot / std::sqrt(double(d_n));
+        DecodeOutlier(OutlierAt(f, p.outlier_ptr[j], p.layer, g / s.group()), d_n, far.data());
+        // Outlier-key by its definition: one token at the outlier, c - 1 at the others' mean.
+        double lm = 0, lo = 0, lr = 0;
+        for (uint32_t d = 0; d < d_n; ++d) {
+          lm += qbar[d] * mean[d] / std::sqrt(double(d_n));
+          lo += qbar[d] * far[d] / std::sqrt(double(d_n));
+          lr += qbar[d] * (c * mean[d] - far[d]) / (c - 1) / std::sqrt(double(d_n));
+        }
+        logit[j] = kind == SelectorKind::kMeanKey
+                       ? lm
+                       : std::log(((c - 1) * std::exp(lr) + std::exp(lo)) / c);
       }
       add_softmax(logit);
     }
@@ -361,6 +376,88 @@ TEST_P(SelectorTest, EverySelectorFindsAPlantedChunk) {
           << SelectorName(kind) << " missed planted chunk " << j;
     }
   }
+}
+
+// The outlier part holds, per kv head, the key of the token farthest from the chunk's mean, in 8
+// bits (half a step of its fp16 scale), and leaves the other layers' entries alone.
+TEST(OutlierPartTest, HoldsTheKeyFarthestFromTheMean) {
+  const ModelSpec spec = SmallSpec();
+  const KvShape s = KvShape::Of(spec);
+  const SummaryFormat f = SummaryFormat::For(spec);
+  const size_t row = size_t{s.kv_heads} * s.head_dim;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(size_t{s.chunk_tokens} * row);
+  for (float& x : k) x = normal(rng);
+  // Kv head h's farthest token is 3 + 4h: its key is pushed 4 units out on 8 channels (a
+  // squared distance about 128 beyond the others' 64 +- 11).
+  for (uint32_t h = 0; h < s.kv_heads; ++h) {
+    for (uint32_t d = 0; d < 8; ++d) k[(3 + 4 * h) * row + h * s.head_dim + d] += 4.0f;
+  }
+  std::vector<std::byte> keys(k.size() * 2);
+  FromFloat(DType::kFp16, k.data(), k.size(), keys.data());
+  std::vector<float> stored(k.size());
+  ToFloat(DType::kFp16, keys.data(), k.size(), stored.data());
+  std::vector<std::byte> part(f.OutlierBytes(), std::byte{0x5a});
+  OutlierChunkLayer(spec, 1, keys, part);
+  for (uint32_t h = 0; h < s.kv_heads; ++h) {
+    std::vector<float> got(s.head_dim);
+    DecodeOutlier(OutlierAt(f, part.data(), 1, h), s.head_dim, got.data());
+    const float* want = stored.data() + (3 + 4 * h) * row + h * s.head_dim;
+    float step = 0;
+    for (uint32_t d = 0; d < s.head_dim; ++d) step = std::max(step, std::fabs(want[d]) / 127);
+    for (uint32_t d = 0; d < s.head_dim; ++d) {
+      EXPECT_NEAR(got[d], want[d], 0.51f * step + 1e-6f) << "kv head " << h << " channel " << d;
+    }
+  }
+  EXPECT_EQ(part[0], std::byte{0x5a}) << "layer 0's entries are not touched";
+}
+
+// A chunk whose attention sits on one token: outlier-key keeps that token's key and finds the
+// chunk; mean-key averages it with 15 others and prefers decoys whose every token leans a little
+// toward the queries (a larger mean, a far smaller mass). With no outlier parts (chunks stored
+// before them) outlier-key scores as mean-key does.
+TEST_P(SelectorTest, OutlierKeyFindsAChunkWhoseAttentionIsOneToken) {
+  const std::vector<uint32_t> planted = {9, 21, 40, 52}, decoys = {13, 27, 45, 58};
+  const uint32_t d_n = SmallSpec().head_dim, kv_heads = SmallSpec().kv_heads;
+  std::vector<float> dir;
+  // The planted chunks' token 5 (every kv head) points along the queries' direction, which
+  // MakePrefix draws from its seed: read it back from the queries of a prefix with one plant.
+  const Prefix probe = MakePrefix(64, 21, {0});
+  dir.assign(probe.queries.begin(), probe.queries.begin() + d_n);
+  Prefix p = MakePrefix(64, 21, {0}, DType::kFp16, [&](size_t j, std::vector<float>& kv) {
+    const size_t row = size_t{kv_heads} * d_n;
+    for (size_t i = 0; i < kv.size() / 2; ++i) kv[i] = 0.5f * kv[i];  // no chunk stands out
+    if (std::find(decoys.begin(), decoys.end(), j) != decoys.end()) {
+      for (size_t i = 0; i < kv.size() / 2; ++i) kv[i] += 0.6f * dir[i % d_n];
+    }
+    if (std::find(planted.begin(), planted.end(), j) == planted.end()) return;
+    for (uint32_t h = 0; h < kv_heads; ++h) {
+      for (uint32_t d = 0; d < d_n; ++d) kv[5 * row + h * d_n + d] += 6.0f * dir[d];
+    }
+  });
+  SelectOptions o;
+  o.budget_fraction = 6.0 / 64;  // the sink, the last chunk and 4 more
+  auto found = [&](SelectorKind kind, const SelectorInput& in) {
+    auto sel = Select(kind, in, o);
+    EXPECT_TRUE(sel.ok()) << sel.status();
+    size_t n = 0;
+    for (uint32_t j : planted) n += std::binary_search(sel->chunks.begin(), sel->chunks.end(), j);
+    return n;
+  };
+  EXPECT_EQ(found(SelectorKind::kOracle, p.Input()), planted.size());
+  EXPECT_EQ(found(SelectorKind::kOutlierKey, p.Input()), planted.size());
+  EXPECT_EQ(found(SelectorKind::kMeanKey, p.Input()), 0u);
+  SelectorInput without = p.Input();
+  const std::vector<const std::byte*> none(p.chunks, nullptr);
+  without.outlier = none;
+  const auto a = ScoreChunks(SelectorKind::kOutlierKey, without, o);
+  const auto b = ScoreChunks(SelectorKind::kMeanKey, p.Input(), o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t j = 0; j < p.chunks; ++j) EXPECT_NEAR((*a)[j], (*b)[j], 1e-6f) << j;
+  without.outlier = {};
+  EXPECT_EQ(ScoreChunks(SelectorKind::kOutlierKey, without, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Regression test for quest's first aggregation, the raw bounds summed over q heads, in which a

@@ -113,7 +113,7 @@ class LoadTest : public ::testing::Test {
     const uint64_t session = uint64_t{s.layers} * max_chunks * s.RecordBytes();
     // A Put: the generator's K/V of the prompt and its aligned staging copy (at most the
     // prompt's records, and at most io_queue_depth x max_write_bytes = 32 MiB), plus summaries.
-    const uint64_t put_data = max_chunks * (s.layers + 3) * s.RecordBytes();
+    const uint64_t put_data = max_chunks * (s.layers + 4) * s.RecordBytes();
     const uint64_t put = put_data + std::min<uint64_t>(put_data, 32 * kMiB);
     // Allowance: glibc's per-thread arenas, thread stacks, RocksDB's memtable and block cache,
     // GoogleTest. Stated, not fitted: 96 MiB.

@@ -565,7 +565,8 @@ TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCh
   const Ran bad = RunBench("--store " + dir.path() + "/s --systems ckv:quest:layer-major:rescore "
                            "--no-fio");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("rescore needs quest or mean-key with a period"), std::string::npos)
+  EXPECT_NE(bad.output.find("rescore needs quest, mean-key or outlier-key with a period"),
+            std::string::npos)
       << bad.output;
 }
 

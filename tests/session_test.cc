@@ -76,14 +76,17 @@ struct Planted {
     const kernels::KvShape shape = kernels::KvShape::Of(spec);
     const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
     std::vector<std::vector<std::byte>> minmax(chunks(), std::vector<std::byte>(f.MinMaxBytes())),
-        mean(chunks(), std::vector<std::byte>(f.MeanBytes()));
-    std::vector<const std::byte*> rec, mm, me;
+        mean(chunks(), std::vector<std::byte>(f.MeanBytes())),
+        outlier(chunks(), std::vector<std::byte>(f.OutlierBytes()));
+    std::vector<const std::byte*> rec, mm, me, ou;
     for (size_t j = 0; j < chunks(); ++j) {
       rec.push_back(Record(layer, j));
-      kernels::SummarizeChunkLayer(spec, layer, std::span(Record(layer, j), shape.half_record_bytes()),
-                                   minmax[j], mean[j]);
+      const auto keys = std::span(Record(layer, j), shape.half_record_bytes());
+      kernels::SummarizeChunkLayer(spec, layer, keys, minmax[j], mean[j]);
+      kernels::OutlierChunkLayer(spec, layer, keys, outlier[j]);
       mm.push_back(minmax[j].data());
       me.push_back(mean[j].data());
+      ou.push_back(outlier[j].data());
     }
     kernels::SelectorInput in;
     in.shape = shape;
@@ -94,6 +97,7 @@ struct Planted {
     in.chunks = chunks();
     in.minmax = mm;
     in.mean = me;
+    in.outlier = ou;
     in.records = rec;
     kernels::SelectOptions so;
     so.budget_fraction = o.budget_fraction;
@@ -160,7 +164,12 @@ TEST_P(SessionTest, ServesExactlyTheSelectedRecordsBitExactAtEveryLayer) {
   EXPECT_EQ(stats->layers_served, d.spec.layers);
   EXPECT_EQ(stats->bytes_needed, stats->records_served * d.spec.RecordBytes());
   EXPECT_GE(stats->read_amplification(), 1.0);
-  if (o.selector == Selector::kQuest || o.selector == Selector::kMeanKey) {
+  if (o.selector == Selector::kOutlierKey) {
+    const kernels::SummaryFormat f = kernels::SummaryFormat::For(d.spec);
+    EXPECT_EQ(stats->summary_bytes_read, d.chunks() * (f.MeanBytes() + f.OutlierBytes()))
+        << "the mean and outlier parts of every chunk, once";
+  }
+  if (o.selector != Selector::kPeriodExact && o.selector != Selector::kOracle) {
     EXPECT_GT(stats->summary_bytes_read, 0u);
     EXPECT_GT(stats->prefetched_bytes_used, 0u) << "layer l's selection predicts layer l+1's";
   }
@@ -179,7 +188,9 @@ INSTANTIATE_TEST_SUITE_P(
                       SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor},
                       SessionCase{Selector::kOracle, RecordLayout::kLayerMajor},
                       SessionCase{Selector::kQuest, RecordLayout::kLayerMajor, true},
-                      SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor, true}),
+                      SessionCase{Selector::kMeanKey, RecordLayout::kPeriodMajor, true},
+                      SessionCase{Selector::kOutlierKey, RecordLayout::kLayerMajor},
+                      SessionCase{Selector::kOutlierKey, RecordLayout::kPeriodMajor, true}),
     [](const auto& info) {
       std::string name(SelectorName(info.param.selector));
       std::replace(name.begin(), name.end(), '-', '_');

@@ -255,7 +255,9 @@ TEST(SummaryStoreErrorsTest, BadRequestsAreClearErrors) {
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
   EXPECT_EQ(store->ReadAux(spec, keys, 2, small).code(), absl::StatusCode::kInvalidArgument)
       << "the estimate part exists, and is larger than 10 bytes";
-  EXPECT_EQ(store->ReadAux(spec, keys, 3, small).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->ReadAux(spec, keys, 3, small).code(), absl::StatusCode::kInvalidArgument)
+      << "the outlier part exists, and is larger than 10 bytes";
+  EXPECT_EQ(store->ReadAux(spec, keys, 4, small).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

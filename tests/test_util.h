@@ -141,17 +141,17 @@ class TempDir {
   } while (false)
 
 // Bytes of disk blocks allocated to the segment files of the store at `store` (st_blocks).
-// Records an Engine stores per chunk: one per layer, plus the two key summary parts and the
-// estimate part.
-inline uint64_t RecordsPerChunk(const ModelSpec& spec) { return uint64_t{spec.layers} + 3; }
+// Records an Engine stores per chunk: one per layer, plus the two key summary parts, the estimate
+// part and the outlier part.
+inline uint64_t RecordsPerChunk(const ModelSpec& spec) { return uint64_t{spec.layers} + 4; }
 
-// Segment bytes one chunk stored by an Engine occupies: its records, its summaries and its estimate
-// part, each in a slot rounded up to 4096 (storage/segment.h).
+// Segment bytes one chunk stored by an Engine occupies: its records, its summaries, its estimate
+// part and its outlier part, each in a slot rounded up to 4096 (storage/segment.h).
 inline uint64_t ChunkDiskBytes(const ModelSpec& spec) {
   auto slot = [](uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
   const kernels::SummaryFormat f = kernels::SummaryFormat::For(spec);
   return spec.layers * slot(spec.RecordBytes()) + slot(f.MinMaxBytes()) + slot(f.MeanBytes()) +
-         slot(f.EstimateBytes());
+         slot(f.EstimateBytes()) + slot(f.OutlierBytes());
 }
 
 inline uint64_t SegmentBlocksBytes(const std::string& store) {

@@ -15,8 +15,9 @@ constexpr const char* kSystemsHelp =
     "Systems: full, h2o, impress, ckv-paper, ckv, ckv-est (ckv with the chunks not loaded\n"
     "  estimated), or a ckv variant\n"
     "  ckv:<selector>:<layer-major|period-major>[:<period>][:noprefetch][:estimate][:target][:rescore]\n"
-    "  (selector: period-exact, quest, mean-key, oracle; a period makes quest and mean-key\n"
-    "  score each period's head only and share its selection; :target reads each budget as\n"
+    "  (selector: period-exact, quest, mean-key, outlier-key, oracle; a period makes quest,\n"
+    "  mean-key and outlier-key score each period's head only and share its selection;\n"
+    "  :target reads each budget as\n"
     "  a target mass, ReprefillOptions::target_mass; :rescore has each layer of a period\n"
     "  scored and served its own selection beside the head's, ReprefillOptions::rescore_layers).\n"
     "recompute (the modelled prefill of the whole prefix, no cache) is always reported.";

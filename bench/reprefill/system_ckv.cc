@@ -75,7 +75,8 @@ class CkvRunner final : public SystemRunner {
     const absl::Time start = absl::Now();
     CKV_ASSIGN_OR_RETURN(auto session, ctx_.engine->BeginReprefill(spec, ctx_.w->Prefix(r), o));
     // What the GPU scores from crosses PCIe too, at each scored layer: the head layer's keys
-    // (period-exact), or every chunk's summary entries of the layer (quest, mean-key).
+    // (period-exact), or every chunk's summary entries of the layer (quest, mean-key,
+    // outlier-key: its mean and outlier entries).
     const kernels::SummaryFormat sf = kernels::SummaryFormat::For(spec);
     const uint64_t n = session->matched_chunks();
     const bool by_period = sys.selector == Selector::kPeriodExact || sys.period_selection;
@@ -85,6 +86,9 @@ class CkvRunner final : public SystemRunner {
       case Selector::kOracle: scoring_bytes = n * spec.RecordKeyBytes(); break;
       case Selector::kQuest: scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes(); break;
       case Selector::kMeanKey: scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes(); break;
+      case Selector::kOutlierKey:
+        scoring_bytes = n * spec.kv_heads * (sf.MeanEntryBytes() + sf.OutlierEntryBytes());
+        break;
     }
     // The estimate's inputs cross at every layer: each chunk's estimate entries, and its mean
     // entries where the selector did not send them.
@@ -97,7 +101,9 @@ class CkvRunner final : public SystemRunner {
       const bool scored = !by_period || sys.rescore || l % sys.period == 0;
       if (scored) crossing += scoring_bytes;
       crossing += estimate_bytes;
-      if (!(scored && sys.selector == Selector::kMeanKey)) crossing += estimate_mean_bytes;
+      const bool sent_means =
+          scored && (sys.selector == Selector::kMeanKey || sys.selector == Selector::kOutlierKey);
+      if (!sent_means) crossing += estimate_mean_bytes;
       for (const auto& rec : view.records()) {
         out.loaded[l].push_back(rec.chunk);
         if (rec.found_in != LayerView::Tier::kGpu) crossing += spec.RecordBytes();

@@ -53,12 +53,13 @@ absl::StatusOr<System> ParseBase(const std::string& name) {
     else if (!absl::SimpleAtoi(parts[i], &s.period) || s.period < 1) {
       return absl::InvalidArgumentError(absl::StrCat("system ", name, ": bad part ", parts[i]));
     } else {
-      s.period_selection = s.selector == Selector::kQuest || s.selector == Selector::kMeanKey;
+      s.period_selection = s.selector == Selector::kQuest || s.selector == Selector::kMeanKey ||
+                           s.selector == Selector::kOutlierKey;
     }
   }
   if (s.rescore && !s.period_selection) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "system ", name, ": rescore needs quest or mean-key with a period (ckv:mean-key:"
+        "system ", name, ": rescore needs quest, mean-key or outlier-key with a period (ckv:mean-key:"
         "period-major:8:rescore)"));
   }
   return s;

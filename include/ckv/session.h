@@ -17,8 +17,8 @@
 // chunks under the budget (a fraction of the matched chunks, exact in chunks), always keeping the
 // first (sink) chunk and the last chunk(s). `period-exact` (the published method) scores the head
 // layer of each period from its exact keys and serves the period's p layers with one selection;
-// `quest` and `mean-key` score every layer from the chunk summaries stored at Put time, reading
-// no KV to do so (with `period_selection`, only each period's head layer, serving the period as
+// `quest`, `mean-key` and `outlier-key` score every layer from the chunk summaries stored at Put
+// time, reading no KV to do so (with `period_selection`, only each period's head layer, serving the period as
 // period-exact does); `oracle` scores every layer from its exact keys (evaluation only).
 //
 // Prefetch. As soon as a period head is scored, the records of every layer of the period are
@@ -56,9 +56,10 @@ enum class Selector : uint8_t {
   kQuest = 2,        // Quest's upper bound from the min/max summaries, every layer
   kMeanKey = 3,      // softmax over q . mean key per chunk, every layer
   kOracle = 4,       // exact attention at every layer (reads every key: for evaluation)
+  kOutlierKey = 5,   // mean-key with each chunk's farthest key kept beside its mean, every layer
 };
 
-// "period-exact", "quest", "mean-key", "oracle".
+// "period-exact", "quest", "mean-key", "oracle", "outlier-key".
 std::string_view SelectorName(Selector selector);
 absl::StatusOr<Selector> ParseSelector(std::string_view name);
 
@@ -75,11 +76,11 @@ struct ReprefillOptions {
   // every layer loads budget_fraction's count).
   double target_mass = 0;
   Selector selector = Selector::kPeriodExact;
-  // Layers that share one selection under kPeriodExact, or under quest and mean-key with
+  // Layers that share one selection under kPeriodExact, or under a summary selector with
   // period_selection (the first is the period's head).
   // 1..1024 (a period past the last layer ends there). Default: 8.
   uint32_t period_layers = 8;
-  // quest and mean-key: score only each period's head layer (period_layers layers) and serve the
+  // quest, mean-key and outlier-key: score only each period's head layer (period_layers layers) and serve the
   // whole period with its selection, requesting the period's records at once, as period-exact
   // does. Off: every layer is scored. Default: off.
   bool period_selection = false;

@@ -376,7 +376,8 @@ int RunReplay(const ReplayOptions& o) {
   auto selector = ParseSelector(o.selector);
   if (!selector.ok()) {
     return UsageError("replay", "--selector: '" + o.selector +
-                                    "' is not period-exact, quest, mean-key or oracle");
+                                    "' is not period-exact, quest, mean-key, outlier-key or "
+                                    "oracle");
   }
   options.selector = *selector;
   if (!cli::ParseDouble(o.budget, &options.budget_fraction) ||
@@ -492,7 +493,8 @@ Command AddReplay(CLI::App& kvctl) {
   AddStoreArg(*cmd, &o->store);
   cmd->add_option("TRACE", o->trace, "the trace, JSON Lines")->required()->type_name("");
   AddPresetOptions(*cmd, &o->preset);
-  cmd->add_option("--selector", o->selector, "period-exact (default), quest, mean-key or oracle")
+  cmd->add_option("--selector", o->selector,
+                  "period-exact (default), quest, mean-key, outlier-key or oracle")
       ->type_name("S");
   cmd->add_option("--budget", o->budget,
                   "fraction of the matched chunks loaded per layer, (0, 1] (default 0.1)")
