@@ -111,7 +111,7 @@ constexpr kernels::EstimateKind kEstimates[] = {
     kernels::EstimateKind::kGaussianWindow, kernels::EstimateKind::kGaussianCapped};
 bool Estimates(const std::string& selector) {
   return selector == "oracle" || selector == "period-exact" || selector == "quest" ||
-         selector == "mean-key";
+         selector == "mean-key" || selector == "outlier-key";
 }
 
 struct Sums {
@@ -307,8 +307,9 @@ std::optional<Proposal> ProposalOf(const std::string& name) {
   return std::nullopt;
 }
 
-const std::vector<std::string> kSelectors = {"oracle",   "period-exact",  "quest", "quest-fp32",
-                                             "mean-key", "mean-key-fp32", "impress", "h2o"};
+const std::vector<std::string> kSelectors = {
+    "oracle",        "period-exact", "quest",   "quest-fp32", "mean-key",
+    "mean-key-fp32", "outlier-key",  "impress", "h2o"};
 
 // The selectors measured: all, or with --target those that select whole chunks by score.
 std::vector<std::string> Selectors(const Flags& f) {
@@ -339,8 +340,9 @@ class Measure {
   Measure(const ModelSpec& spec, const Flags& f)
       : spec_(spec), f_(f), gen_(spec, f.tokens, f.params), shape_(kernels::KvShape::Of(spec)),
         sf_(kernels::SummaryFormat::For(spec)), n_(gen_.chunks()),
-        minmax_(n_ * sf_.MinMaxBytes()), mean_(n_ * sf_.MeanBytes()), minmax_ptr_(n_),
-        mean_ptr_(n_), record_ptr_(n_) {
+        minmax_(n_ * sf_.MinMaxBytes()), mean_(n_ * sf_.MeanBytes()),
+        outlier_(n_ * sf_.OutlierBytes()), minmax_ptr_(n_), mean_ptr_(n_), outlier_ptr_(n_),
+        record_ptr_(n_) {
     for (double b : f.budgets) fidelity_.overlap_sum[b] = 0;
   }
 
@@ -355,10 +357,14 @@ class Measure {
       record_ptr_[j] = records.data() + j * shape_.record_bytes();
       minmax_ptr_[j] = minmax_.data() + j * sf_.MinMaxBytes();
       mean_ptr_[j] = mean_.data() + j * sf_.MeanBytes();
+      outlier_ptr_[j] = outlier_.data() + j * sf_.OutlierBytes();
       kernels::SummarizeChunkLayer(
           spec_, l, std::span(record_ptr_[j], half),
           std::span(minmax_.data() + j * sf_.MinMaxBytes(), sf_.MinMaxBytes()),
           std::span(mean_.data() + j * sf_.MeanBytes(), sf_.MeanBytes()));
+      kernels::OutlierChunkLayer(
+          spec_, l, std::span(record_ptr_[j], half),
+          std::span(outlier_.data() + j * sf_.OutlierBytes(), sf_.OutlierBytes()));
     }
     kernels::SelectorInput in;
     in.shape = shape_;
@@ -369,6 +375,7 @@ class Measure {
     in.chunks = n_;
     in.minmax = minmax_ptr_;
     in.mean = mean_ptr_;
+    in.outlier = outlier_ptr_;
     in.records = record_ptr_;
     // The truth: exact attention mass per chunk and the output over the full KV, both over the
     // stored (dtype-rounded) keys and values.
@@ -465,8 +472,8 @@ class Measure {
   const kernels::KvShape shape_;
   const kernels::SummaryFormat sf_;
   const size_t n_;
-  std::vector<std::byte> minmax_, mean_;
-  std::vector<const std::byte*> minmax_ptr_, mean_ptr_, record_ptr_;
+  std::vector<std::byte> minmax_, mean_, outlier_;
+  std::vector<const std::byte*> minmax_ptr_, mean_ptr_, outlier_ptr_, record_ptr_;
   std::map<double, std::vector<uint32_t>> period_selection_;  // budget -> head's selection
   std::map<double, std::vector<uint32_t>> previous_head_oracle_;
   Fidelity fidelity_;
