@@ -35,6 +35,7 @@ The systems:
   ckv        ckv session, mean-key with period selection, period --period layers (the benchmark's
              `ckv`)
   quest      ckv session, quest at every layer
+  mean-key, outlier-key  ckv session, mean-key or outlier-key at every layer
   oracle     ckv session, exact attention at every layer (an upper bound for chunk selection)
   ckv-est, oracle-est  ckv and oracle with estimate_rest: the chunks not loaded as virtual
              tokens (docs/estimate.md)
@@ -79,6 +80,8 @@ CKV_SYSTEMS = {
     "ckv": dict(selector="mean-key", period_selection=True),
     "ckv-est": dict(selector="mean-key", period_selection=True, estimate=True),
     "quest": dict(selector="quest", period_selection=False),
+    "mean-key": dict(selector="mean-key", period_selection=False),
+    "outlier-key": dict(selector="outlier-key", period_selection=False),
     "oracle": dict(selector="oracle", period_selection=False),
     "oracle-est": dict(selector="oracle", period_selection=False, estimate=True),
     "mean-key-est": dict(selector="mean-key", period_selection=False, estimate=True),
