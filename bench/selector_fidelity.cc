@@ -19,8 +19,9 @@
 // period-exact scores each period's head layer (--period) and serves the period with it.
 // quest-fp32 and mean-key-fp32 are the same selectors on unquantised summaries: the recall the
 // 8-bit summaries cost. With --proposals it also scores, in float32 from the keys, summaries ckv
-// does not store (Proposal below), to find what the stored ones miss. It also reports the overlap of the oracle's selections of adjacent
-// period heads (the generator's drift) and the summaries' size as a fraction of the KV bytes.
+// does not store (Proposal below), to find what the stored ones miss. It also reports the overlap
+// of the oracle's selections of adjacent period heads (the generator's drift) and the summaries'
+// size as a fraction of the KV bytes.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -361,9 +362,7 @@ class Measure {
       kernels::SummarizeChunkLayer(
           spec_, l, std::span(record_ptr_[j], half),
           std::span(minmax_.data() + j * sf_.MinMaxBytes(), sf_.MinMaxBytes()),
-          std::span(mean_.data() + j * sf_.MeanBytes(), sf_.MeanBytes()));
-      kernels::OutlierChunkLayer(
-          spec_, l, std::span(record_ptr_[j], half),
+          std::span(mean_.data() + j * sf_.MeanBytes(), sf_.MeanBytes()),
           std::span(outlier_.data() + j * sf_.OutlierBytes(), sf_.OutlierBytes()));
     }
     kernels::SelectorInput in;

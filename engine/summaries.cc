@@ -30,10 +30,10 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
       const auto keys = kv.k[layer].subspan(chunk * chunk_bytes, chunk_bytes);
       kernels::SummarizeChunkLayer(spec, layer, keys,
                                    out[static_cast<size_t>(SummaryPart::kMinMax)],
-                                   out[static_cast<size_t>(SummaryPart::kMean)]);
+                                   out[static_cast<size_t>(SummaryPart::kMean)],
+                                   out[static_cast<size_t>(SummaryPart::kOutlier)]);
       kernels::EstimateChunkLayer(spec, layer, kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
                                   out[static_cast<size_t>(SummaryPart::kEstimate)]);
-      kernels::OutlierChunkLayer(spec, layer, keys, out[static_cast<size_t>(SummaryPart::kOutlier)]);
     }
   };
   return aux;

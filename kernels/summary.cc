@@ -96,10 +96,44 @@ void AccumulateRow(const float* __restrict x, size_t n, float* __restrict mn,
   }
 }
 
+// The outlier entries of `layer` from a chunk's float keys `k` ([c, kv_heads, head_dim], not yet
+// clamped) and their clamped mean: per kv head, the clamped key farthest (L2) from the mean, ties
+// to the earlier token.
+void WriteOutliers(const ModelSpec& spec, const SummaryFormat& f, uint32_t layer, const float* k,
+                   const float* mean, std::span<std::byte> outlier_part) {
+  const uint32_t d_n = spec.head_dim;
+  const size_t row = size_t{spec.kv_heads} * d_n;
+  thread_local std::vector<float> key;  // reused: a Put summarises every layer of every chunk
+  key.resize(d_n);
+  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
+    const float* h_mean = mean + size_t{h} * d_n;
+    uint32_t far = 0;
+    double far_d2 = -1;
+    for (uint32_t t = 0; t < spec.chunk_tokens; ++t) {
+      const float* x = k + t * row + size_t{h} * d_n;
+      double d2 = 0;
+      for (uint32_t d = 0; d < d_n; ++d) {
+        const float e = Clamp(x[d]) - h_mean[d];
+        d2 += double(e) * e;
+      }
+      if (d2 > far_d2) {
+        far_d2 = d2;
+        far = t;
+      }
+    }
+    for (uint32_t d = 0; d < d_n; ++d) key[d] = Clamp(k[far * row + size_t{h} * d_n + d]);
+    std::byte* e = outlier_part.data() + f.EntryIndex(layer, h) * f.OutlierEntryBytes();
+    const auto [bits, scale] = ScaleFor(MaxAbs(key.data(), d_n));
+    std::memcpy(e, &bits, 2);
+    QuantiseAll<Rounding::kNearest>(key.data(), d_n, scale, reinterpret_cast<int8_t*>(e + 2));
+  }
+}
+
 }  // namespace
 
 void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                         std::span<std::byte> minmax_part, std::span<std::byte> mean_part) {
+                         std::span<std::byte> minmax_part, std::span<std::byte> mean_part,
+                         std::span<std::byte> outlier_part) {
   const SummaryFormat f = SummaryFormat::For(spec);
   const uint32_t d_n = spec.head_dim;
   const size_t row = size_t{spec.kv_heads} * d_n;  // one token's keys, every kv head
@@ -108,6 +142,7 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
   CKV_DCHECK(layer < spec.layers && keys.size() == size_t{spec.chunk_tokens} *
                                                        spec.TokenBytesPerLayer());
   CKV_DCHECK(minmax_part.size() == f.MinMaxBytes() && mean_part.size() == f.MeanBytes());
+  CKV_DCHECK(outlier_part.empty() || outlier_part.size() == f.OutlierBytes());
   // Reused per thread: a Put summarises every layer of every chunk it writes.
   thread_local std::vector<float> k, mn, mx, mean;
   k.resize(elements);
@@ -119,6 +154,7 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
     AccumulateRow(k.data() + t * row, row, mn.data(), mx.data(), mean.data());
   }
   for (float& m : mean) m /= static_cast<float>(spec.chunk_tokens);
+  if (!outlier_part.empty()) WriteOutliers(spec, f, layer, k.data(), mean.data(), outlier_part);
 
   for (uint32_t h = 0; h < spec.kv_heads; ++h) {
     const float* h_mn = mn.data() + size_t{h} * d_n;
@@ -165,44 +201,6 @@ void EstimateChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const s
     const auto [bits, scale] = ScaleFor(MaxAbs(h_v, d_n));
     std::memcpy(e, &bits, 2);
     QuantiseAll<Rounding::kNearest>(h_v, d_n, scale, reinterpret_cast<int8_t*>(e + 2));
-  }
-}
-
-void OutlierChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                       std::span<std::byte> outlier_part) {
-  const SummaryFormat f = SummaryFormat::For(spec);
-  const uint32_t d_n = spec.head_dim, c = spec.chunk_tokens;
-  const size_t row = size_t{spec.kv_heads} * d_n;
-  const size_t elements = size_t{c} * row;
-  CKV_DCHECK(layer < spec.layers && keys.size() == size_t{c} * spec.TokenBytesPerLayer());
-  CKV_DCHECK(outlier_part.size() == f.OutlierBytes());
-  thread_local std::vector<float> k, mean;
-  k.resize(elements);
-  mean.assign(row, 0.0f);
-  ToFloat(spec.dtype, keys.data(), elements, k.data());
-  for (float& x : k) x = Clamp(x);
-  for (uint32_t t = 0; t < c; ++t) {
-    for (size_t i = 0; i < row; ++i) mean[i] += k[t * row + i];
-  }
-  for (float& m : mean) m /= static_cast<float>(c);
-  for (uint32_t h = 0; h < spec.kv_heads; ++h) {
-    const float* h_mean = mean.data() + size_t{h} * d_n;
-    uint32_t far = 0;
-    double far_d2 = -1;
-    for (uint32_t t = 0; t < c; ++t) {
-      const float* x = k.data() + t * row + size_t{h} * d_n;
-      double d2 = 0;
-      for (uint32_t d = 0; d < d_n; ++d) d2 += double(x[d] - h_mean[d]) * (x[d] - h_mean[d]);
-      if (d2 > far_d2) {
-        far_d2 = d2;
-        far = t;
-      }
-    }
-    const float* key = k.data() + far * row + size_t{h} * d_n;
-    std::byte* e = outlier_part.data() + f.EntryIndex(layer, h) * f.OutlierEntryBytes();
-    const auto [bits, scale] = ScaleFor(MaxAbs(key, d_n));
-    std::memcpy(e, &bits, 2);
-    QuantiseAll<Rounding::kNearest>(key, d_n, scale, reinterpret_cast<int8_t*>(e + 2));
   }
 }
 

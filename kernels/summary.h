@@ -130,8 +130,12 @@ inline OutlierEntry OutlierAt(const SummaryFormat& f, const std::byte* outlier_p
 // keys at that layer: chunk_tokens * kv_heads * head_dim elements of spec.dtype, [c, kv_heads,
 // head_dim] as in ckv/kv.h. REQUIRES: keys.size() == c * kv_heads * head_dim * element bytes,
 // minmax_part.size() == MinMaxBytes(), mean_part.size() == MeanBytes().
+// With a non-empty `outlier_part` (OutlierBytes()), also its entries of `layer`, from the same
+// float keys and mean: per kv head, the key of the token farthest from the tokens' mean (keys
+// clamped as for the summaries), int8 times an fp16 scale, to nearest.
 void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                         std::span<std::byte> minmax_part, std::span<std::byte> mean_part);
+                         std::span<std::byte> minmax_part, std::span<std::byte> mean_part,
+                         std::span<std::byte> outlier_part = {});
 
 // Writes the entries of `layer` (all kv heads) of one chunk's estimate part from the chunk's
 // values at that layer (as `keys` above): per entry, the value mean, int8 times an fp16 scale, to
@@ -151,13 +155,6 @@ void DecodeMinMax(const MinMaxEntry& e, uint32_t head_dim, float* min, float* ma
 void DecodeMean(const MeanEntry& e, uint32_t head_dim, float* mean);
 void DecodeEstimate(const EstimateEntry& e, uint32_t head_dim, float* value_mean);
 void DecodeOutlier(const OutlierEntry& e, uint32_t head_dim, float* key);
-
-// Writes the entries of `layer` (all kv heads) of one chunk's outlier part from the chunk's keys
-// at that layer (as SummarizeChunkLayer's `keys`): per kv head, the key of the token farthest
-// from the tokens' mean (keys clamped as for the summaries), int8 times an fp16 scale, to
-// nearest. REQUIRES: keys as above, outlier_part.size() == OutlierBytes().
-void OutlierChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const std::byte> keys,
-                       std::span<std::byte> outlier_part);
 
 // How a vector rounds into the 8-bit form: minima down (the box never shrinks), maxima up, the
 // rest to nearest.

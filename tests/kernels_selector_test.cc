@@ -86,11 +86,9 @@ Prefix MakePrefix(size_t chunks, uint64_t seed, std::vector<uint32_t> planted = 
     p.records.push_back(std::move(rec));
     p.minmax.emplace_back(f.MinMaxBytes());
     p.mean.emplace_back(f.MeanBytes());
-    SummarizeChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
-                        p.minmax.back(), p.mean.back());
     p.outlier.emplace_back(f.OutlierBytes());
-    OutlierChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
-                      p.outlier.back());
+    SummarizeChunkLayer(p.spec, p.layer, std::span(p.records.back().data(), s.half_record_bytes()),
+                        p.minmax.back(), p.mean.back(), p.outlier.back());
   }
   for (size_t j = 0; j < chunks; ++j) {
     p.record_ptr.push_back(p.records[j].data());
@@ -398,8 +396,9 @@ TEST(OutlierPartTest, HoldsTheKeyFarthestFromTheMean) {
   FromFloat(DType::kFp16, k.data(), k.size(), keys.data());
   std::vector<float> stored(k.size());
   ToFloat(DType::kFp16, keys.data(), k.size(), stored.data());
+  std::vector<std::byte> minmax(f.MinMaxBytes()), mean(f.MeanBytes());
   std::vector<std::byte> part(f.OutlierBytes(), std::byte{0x5a});
-  OutlierChunkLayer(spec, 1, keys, part);
+  SummarizeChunkLayer(spec, 1, keys, minmax, mean, part);
   for (uint32_t h = 0; h < s.kv_heads; ++h) {
     std::vector<float> got(s.head_dim);
     DecodeOutlier(OutlierAt(f, part.data(), 1, h), s.head_dim, got.data());

@@ -82,8 +82,7 @@ struct Planted {
     for (size_t j = 0; j < chunks(); ++j) {
       rec.push_back(Record(layer, j));
       const auto keys = std::span(Record(layer, j), shape.half_record_bytes());
-      kernels::SummarizeChunkLayer(spec, layer, keys, minmax[j], mean[j]);
-      kernels::OutlierChunkLayer(spec, layer, keys, outlier[j]);
+      kernels::SummarizeChunkLayer(spec, layer, keys, minmax[j], mean[j], outlier[j]);
       mm.push_back(minmax[j].data());
       me.push_back(mean[j].data());
       ou.push_back(outlier[j].data());
