@@ -950,8 +950,8 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
                                  !kernels::ReadsSummaries(KindOf(options.selector)))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReprefillOptions.rescore_layers needs period_selection and a summary selector (quest, "
-        "mean-key, outlier-key); this session's selector is ", std::string(SelectorName(options.selector)),
-        ", period_selection ", options.period_selection ? "on" : "off"));
+        "mean-key, outlier-key); this session's selector is ",
+        std::string(SelectorName(options.selector)), ", period_selection ", options.period_selection ? "on" : "off"));
   }
   if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||
       options.period_layers > 1024) {

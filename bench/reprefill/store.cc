@@ -188,7 +188,8 @@ absl::StatusOr<bool> StoreHolds(const Workload& w, StoreId store) {
   auto engine = Engine::Open(o, StorePath(w.flags(), store));
   if (!engine.ok()) return false;
   for (uint32_t c = 0; c < w.flags().conversations; ++c) {
-    CKV_ASSIGN_OR_RETURN(uint64_t n, (*engine)->Lookup(WithCodec(w.spec(), store.codec), w.StoredTokens(c)));
+    CKV_ASSIGN_OR_RETURN(uint64_t n,
+                         (*engine)->Lookup(WithCodec(w.spec(), store.codec), w.StoredTokens(c)));
     if (n != w.stored_tokens() / w.spec().chunk_tokens) return false;
   }
   return true;

@@ -59,8 +59,8 @@ absl::StatusOr<System> ParseBase(const std::string& name) {
   }
   if (s.rescore && !s.period_selection) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "system ", name, ": rescore needs quest, mean-key or outlier-key with a period (ckv:mean-key:"
-        "period-major:8:rescore)"));
+        "system ", name, ": rescore needs quest, mean-key or outlier-key with a period "
+        "(ckv:mean-key:period-major:8:rescore)"));
   }
   return s;
 }

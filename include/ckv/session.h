@@ -18,8 +18,8 @@
 // first (sink) chunk and the last chunk(s). `period-exact` (the published method) scores the head
 // layer of each period from its exact keys and serves the period's p layers with one selection;
 // `quest`, `mean-key` and `outlier-key` score every layer from the chunk summaries stored at Put
-// time, reading no KV to do so (with `period_selection`, only each period's head layer, serving the period as
-// period-exact does); `oracle` scores every layer from its exact keys (evaluation only).
+// time, reading no KV to do so (with `period_selection`, only each period's head layer, serving
+// the period as period-exact does); `oracle` scores every layer from its exact keys (evaluation only).
 //
 // Prefetch. As soon as a period head is scored, the records of every layer of the period are
 // requested; the last selection is prefetched speculatively for the next period (or, with a
@@ -80,8 +80,8 @@ struct ReprefillOptions {
   // period_selection (the first is the period's head).
   // 1..1024 (a period past the last layer ends there). Default: 8.
   uint32_t period_layers = 8;
-  // quest, mean-key and outlier-key: score only each period's head layer (period_layers layers) and serve the
-  // whole period with its selection, requesting the period's records at once, as period-exact
+  // quest, mean-key and outlier-key: score only each period's head layer (period_layers layers)
+  // and serve the whole period with its selection, requesting the period's records at once, as period-exact
   // does. Off: every layer is scored. Default: off.
   bool period_selection = false;
   // With period_selection: every other layer of a period is scored too, from its own summaries,
