@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// index_bench: how the store's index scales with the number of chunks it holds (issue 22).
+// index_bench: how the store's index scales with the number of chunks it holds.
 //
 //   index_bench --store DIR [--chunks 1000000,10000000] [--prefix-chunks 2048]
 //               [--cold-chains 32] [--hot-lookups 200] [--puts 50] [--chunks-per-put 4]

@@ -18,7 +18,7 @@
 # ratios put/fio (new file) and put/fio-overwrite, and p99/median latency; then the median, min
 # and max of each over the rounds. A store at steady state writes mostly over blocks the
 # reclaimer freed without punching, so the overwrite ratio is the one that compares like with
-# like; it is the stricter of the two here. The acceptance figures of issue 20 are a ratio median
+# like; it is the stricter of the two here. The steady-state Put's targets are a ratio median
 # >= 0.7 and p99 <= 3x the median latency.
 set -euo pipefail
 

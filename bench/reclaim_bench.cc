@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // reclaim_bench: what eviction costs a Put under a full cap, inline and with the background
-// reclaimer (issue 20, storage/chunk_store_reclaim.cc).
+// reclaimer (storage/chunk_store_reclaim.cc).
 //
 //   reclaim_bench --store DIR [--chunks N] [--chunks-per-put C] [--puts P] [--margin BYTES]
 //

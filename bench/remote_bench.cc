@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// remote_bench: the remote tier on a Redis Cluster (issue 19, docs/remote.md), measured.
+// remote_bench: the remote tier on a Redis Cluster (docs/remote.md), measured.
 //
 //   remote_bench --remote HOST:PORT --dir DIR [--model PRESET] [--tokens N] [--budget F]
 //                [--selector NAME] [--runs R] [--depth P] [--seconds S]

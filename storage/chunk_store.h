@@ -103,10 +103,10 @@ struct StoreOptions {
   // Default (or nullptr): the real clock.
   Clock* clock = RealClock();
 
-  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // ---- Background reclaimer (storage/chunk_store_reclaim.cc) ----
   // Free space, in bytes, the reclaimer keeps under max_disk_bytes by evicting ahead of need, so
   // that Puts rarely evict inline. Unset = max(64 MiB, 5% of the cap), at most 1/8 of the cap;
-  // 0 = no reclaimer (every Put that needs room evicts inline, as before issue 20). Ignored
+  // 0 = no reclaimer (every Put that needs room evicts inline). Ignored
   // without a cap. Default: unset.
   std::optional<uint64_t> reclaim_margin_bytes;
   // Run the reclaimer on a thread of the store's (woken when a Put leaves less than half the
@@ -136,7 +136,7 @@ struct StoreStats {
   uint64_t max_disk_bytes = 0;
   uint64_t orphan_bytes_reclaimed = 0;
   bool index_from_snapshot = false;  // Open loaded the index snapshot rather than scanning
-  // ---- Background reclaimer (issue 20) ----
+  // ---- Background reclaimer ----
   uint64_t reclaim_rounds = 0;          // reclaimer rounds that evicted (since Open)
   uint64_t reclaim_chunks = 0;          // chunks they evicted (also in chunks_evicted)
   uint64_t reclaim_bytes = 0;           // bytes they freed (kept for Puts to write over)
@@ -345,7 +345,7 @@ class ChunkStore {
   };
   absl::StatusOr<RecordLocation> LocateRecord(const ChunkKey& key, uint32_t record);
 
-  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // ---- Background reclaimer (storage/chunk_store_reclaim.cc) ----
   // Runs reclaim rounds on the calling thread (after any round in progress) until the margin is
   // free or nothing more can be evicted; returns the bytes freed (kept for Puts to write over,
   // not punched: see chunk_store_reclaim.cc). A no-op without a cap or
@@ -374,7 +374,7 @@ class ChunkStore {
     uint16_t spec = 0;       // its spec's fingerprint, as an ordinal (FingerprintOf)
     bool prefix_end = false; // a stored prefix ends here
   };
-  static_assert(sizeof(ChunkEntry) <= 32, "the index's entry grew (issue 22: 64 B per chunk)");
+  static_assert(sizeof(ChunkEntry) <= 32, "the index's entry grew (64 B per chunk)");
   struct PrefixEntry {
     ChunkKey fingerprint;
     uint64_t chunks = 0;
@@ -698,7 +698,7 @@ class ChunkStore {
   std::vector<ChunkKey> dropped_chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk
 
-  // ---- Background reclaimer (issue 20; storage/chunk_store_reclaim.cc) ----
+  // ---- Background reclaimer (storage/chunk_store_reclaim.cc) ----
   // Evicts ahead of need: one round, under mu_, picks up to kMaxReclaimVictims leaves in
   // EvictionPolicy order, commits their removal in one synced catalog batch, and frees their
   // slots without punching them (unpunched_), for the next Puts to write over.
@@ -739,7 +739,7 @@ class ChunkStore {
   uint64_t reclaim_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inline_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // ---- end of the background reclaimer ----
-  // ---- Put staging and latency (issue 20; chunk_store_put.cc) ----
+  // ---- Put staging and latency (chunk_store_put.cc) ----
   // Put's work; Put times it into put_latency_.
   absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,
                                      const KvTensors& kv, const AuxRecords* aux);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/chunk_store_reclaim.cc: ChunkStore's background reclaimer (issue 20): evicting ahead of
+// storage/chunk_store_reclaim.cc: ChunkStore's background reclaimer: evicting ahead of
 // need so that a Put under a full cap rarely evicts inline, the eviction planner both paths
 // share, and the batched punching of freed slots.
 //

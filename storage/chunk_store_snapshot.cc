@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store_snapshot.cc: the index snapshot, so that opening a large store need not
-// scan its catalog (issue 22).
+// scan its catalog.
 //
 // A clean close writes the chunk index to <store>/index.snapshot: each chunk's key and entry in
 // 48 bytes, the spec fingerprints by ordinal and the use clock, stamped with the catalog's

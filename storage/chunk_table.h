@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // storage/chunk_table.h: a map from ChunkKey to a value, laid out for tens of millions of keys.
 //
-// ChunkStore keeps one entry per stored chunk in RAM (issue 22: an index that scales). A
-// flat_hash_map<ChunkKey, Entry> sizes its slot array to a power of two at most 7/8 full, so
-// between 12% and 56% of its (key + entry)-sized slots are empty: at 1M chunks it held 2.1M slots.
+// ChunkStore keeps one entry per stored chunk in RAM, in an index that scales to millions of
+// chunks. A flat_hash_map<ChunkKey, Entry> sizes its slot array to a power of two at most 7/8
+// full, so between 12% and 56% of its (key + entry)-sized slots are empty: at 1M chunks it held
+// 2.1M slots.
 // ChunkTable keeps the keys and values densely, in fixed blocks of kBlock (no reallocation, no
 // slack beyond one block), and hashes only 4-byte ids into them: the empty slots of its index cost
 // 4 bytes each, not sizeof(key + value).

@@ -89,7 +89,7 @@ TEST_F(StoreFaultTest, WriteEioFailsThePutAndLeavesNothing) {
 }
 
 TEST_F(StoreFaultTest, ADiskThatStaysFullFailsThePutWithoutEvictingWhatCannotMakeRoom) {
-  // Regression (issue 32, item 4): every segment write and allocation fails with ENOSPC. The Put
+  // Regression: every segment write and allocation fails with ENOSPC. The Put
   // needs 8 chunks' room and the store holds 4: evicting them all could not make that room, so
   // nothing is evicted (it used to empty the store, then fail). The failure says why, and the
   // store is as it was.
@@ -321,7 +321,7 @@ class SmallDiskTest : public ::testing::Test {
 };
 
 TEST_F(SmallDiskTest, APutLargerThanTheDiskIsRefusedBeforeAnythingIsEvicted) {
-  // Regression (issue 32, item 4): a Put larger than the file system could ever hold used to
+  // Regression: a Put larger than the file system could ever hold used to
   // evict every chunk on ENOSPC, then fail. It is refused up front, naming its bytes and the
   // disk's size, and every earlier chunk stays readable.
   const auto prefixes = FillDisk();
@@ -364,7 +364,7 @@ TEST_F(SmallDiskTest, APutLargerThanTheDiskIsRefusedBeforeAnythingIsEvicted) {
 }
 
 TEST_F(SmallDiskTest, AnEnospcMidPutEvictsAboutWhatThePutStillNeedsNotEverything) {
-  // Regression (issue 32, item 4): the disk fills part way through a Put's block reservation.
+  // Regression: the disk fills part way through a Put's block reservation.
   // The retry evicts about the bytes the Put still had to place (plus a small margin), not the
   // Put's whole size, and certainly not the store.
   const auto prefixes = FillDisk();
@@ -396,7 +396,7 @@ TEST_F(SmallDiskTest, AnEnospcMidPutEvictsAboutWhatThePutStillNeedsNotEverything
 }
 
 TEST_F(SmallDiskTest, RegressionAnEnospcRetryKeepsTheChunksThePutFoundStored) {
-  // Regression (review of issue 32): a Put extending a stored prefix found the disk full; the
+  // Regression: a Put extending a stored prefix found the disk full; the
   // retry's eviction took the chunks the Put had counted as stored (it had unpinned them), and
   // the retry wrote them again from the caller's tensors, which a caller such as kvctl replay
   // leaves unfilled for stored chunks: wrong bytes with valid checksums. The Put's chain stays
@@ -450,7 +450,7 @@ TEST_F(SmallDiskTest, RegressionAnEnospcRetryKeepsTheChunksThePutFoundStored) {
   EXPECT_TRUE(report->ok());
 }
 
-// Regression (issue 32, item 6): on a file system with no byte free, the tools that would free
+// Regression: on a file system with no byte free, the tools that would free
 // space (kvctl rm and gc) could not open the store: RocksDB writes files when it opens. They
 // first give back blocks without writing (engine::FreeSpaceToOpen), then open.
 class FullDiskOpenTest : public SmallDiskTest {
@@ -501,7 +501,7 @@ TEST_F(FullDiskOpenTest, RmFreesThePrefixsBlocksBeforeOpeningThenRemovesIt) {
 }
 
 TEST_F(FullDiskOpenTest, RegressionRmPunchesNoPrefixBeforeCommitWhenFreeSlotsAreEnough) {
-  // Regression (review of issue 32): kvctl rm gave back the prefix's blocks at once, before its
+  // Regression: kvctl rm gave back the prefix's blocks at once, before its
   // delete committed; had the open then failed, the prefix stayed catalogued with zeroed blocks.
   // It first gives back free slots and the snapshot only (kvctl::OpenToFree): here that is
   // enough, and the prefix goes through the ordinary DeletePrefix.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the store's background reclaimer (issue 20, storage/chunk_store_reclaim.cc): the
+// Tests of the store's background reclaimer (storage/chunk_store_reclaim.cc): the
 // margin it keeps, its batched rounds, the slots it frees without punching and the Puts that
 // write over them, what it must not evict, closing after it, and the cap under concurrent Puts.
 //

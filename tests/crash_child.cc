@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   ckv::EngineOptions options;
   if (cap > 0) {
     options.max_disk_bytes = cap;
-    // A third of the cap free: most Puts find room, and the background reclaimer (issue 20)
+    // A third of the cap free: most Puts find room, and the background reclaimer
     // does most evictions, on its own thread, at any moment of the workload.
     options.reclaim_margin_bytes = cap / 3;
   }

@@ -67,9 +67,9 @@ using ::ckv::testing::TempDir;
 #endif
 #endif
 // The simulated power losses are cheaper to check per crash but each reopens the store twice.
-// Issue 21 made every check stronger (the catalog behind the seam, the eviction ledger, deleted
-// prefixes after every reopen), which costs about 10% more per kill; the defaults went down from
-// 70/50 (25/20 sanitized) so that CI's time did not grow. The long mode (CKV_CRASH_KILLS) is
+// Every check (the catalog behind the seam, the eviction ledger, deleted prefixes after every
+// reopen) costs about 10% more per kill than a plain reopen; the defaults are sized so that CI's
+// time stays bounded. The long mode (CKV_CRASH_KILLS) is
 // where the numbers are.
 #ifdef CKV_CRASH_SANITIZED
 constexpr int kDefaultKills = 22;
@@ -639,7 +639,7 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
     return rng;
   };
   absl::Mutex ledger_mu;
-  uint64_t reclaim_rounds = 0, inline_evictions = 0;  // of the background reclaimer (issue 20)
+  uint64_t reclaim_rounds = 0, inline_evictions = 0;  // of the background reclaimer
   storage::FaultInjectingFileSystem::CrashReport total;
   int crashed = 0, steps = 0, in_catalog = 0, in_segments = 0;
   std::map<std::string, int> crashed_in;  // by the operation in flight
@@ -775,7 +775,7 @@ TEST(CrashTest, SimulatedPowerLossUnderACapKeepsTheCapAndWholePrefixes) {
                    0x9a12);
 }
 
-// A power loss at each data operation of one background-reclaimer round (issue 20) and of the
+// A power loss at each data operation of one background-reclaimer round and of the
 // Put that follows it, in turn: inside the round's catalog batch (WAL append, sync), then inside
 // the Put that writes over the slots the round freed without punching (its writes, fdatasync
 // and catalog batch), until both complete. After each, the round's removal is entirely applied

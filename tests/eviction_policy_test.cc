@@ -9,7 +9,7 @@ namespace {
 
 ChunkKey Key(uint64_t lo) { return ChunkKey{0, lo}; }
 
-// Regression (issue 20): ranked by score first, a chunk a Put just wrote (S = 0) was evicted
+// Regression: ranked by score first, a chunk a Put just wrote (S = 0) was evicted
 // before a chunk a session loaded long ago, and score eviction lost to LRU on traces.
 TEST(EvictionPolicyTest, AnOldHighScoreLeafGoesBeforeARecentUnscoredOne) {
   const EvictionCandidate old_popular{EvictionPolicy::Score(3.0, 40), 5, Key(1)};

@@ -347,7 +347,7 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
   // Once the faults are gone, the store is as the acknowledged Puts left it.
   void ExpectConsistentWithoutFaults() {
     RemoveFaults();
-    // A background reclaim round in flight still counts the slots it punches (issue 20).
+    // A background reclaim round in flight still counts the slots it punches.
     ::ckv::testing::WaitForReclaim(*engine_);
     auto gc = engine_->Gc();
     ASSERT_TRUE(gc.ok()) << gc.status();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvctl against what an attacker or a careless operator hands it (issue 32): planted links at
+// kvctl against what an attacker or a careless operator hands it: planted links at
 // its output files, requests larger than memory, files that are no trace, escape sequences in
 // model ids and labels, and timestamps and speeds that would sleep for ages. Each is refused or
 // neutralised with a clear message and the documented exit code, quickly and in little memory.
@@ -106,7 +106,7 @@ mode_t ModeOf(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0 ? st.st_mode : 0;
 }
 
-// Regression (issue 32, item 3): export opened OUT.tmp with O_CREAT | O_TRUNC, so a link planted
+// Regression: export opened OUT.tmp with O_CREAT | O_TRUNC, so a link planted
 // there overwrote its target; OUT was 0644; --json PATH was fopen(PATH, "w"), which follows a
 // link at PATH.
 TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) {
@@ -148,7 +148,7 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
                                                      "export.json.tmp", "ls.json"));
 }
 
-// Regression (issue 32, item 5): one 100-byte Mooncake line with --block-tokens 65536 made a
+// Regression: one 100-byte Mooncake line with --block-tokens 65536 made a
 // 768 MiB request, and replay built it (975 MB RSS) before any check but its 8 GiB bound.
 TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocating) {
   TempDir dir;
@@ -205,7 +205,7 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   EXPECT_THAT(r.out, HasSubstr("--max-request-kv-bytes: '2T' is not a byte count up to 1T"));
 }
 
-// Regression (issue 32, item 5): under a 3 GiB address-space limit a 7.9 GiB request ended in an
+// Regression: under a 3 GiB address-space limit a 7.9 GiB request ended in an
 // uncaught std::bad_alloc (SIGABRT), not exit 3.
 TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbort) {
   if (::ckv::testing::kSanitizerBuild) {
@@ -240,7 +240,7 @@ TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbor
   EXPECT_THAT(r.out, HasSubstr("\"chunks_checked\":0"));
 }
 
-// Regression (issue 32, item 5): /dev/zero as a trace read 256 MiB (the file limit) before it was
+// Regression: /dev/zero as a trace read 256 MiB (the file limit) before it was
 // refused.
 TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
   TempDir dir;
@@ -268,7 +268,7 @@ TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
   EXPECT_THAT(r.out, HasSubstr("/dev/stdin:1: line of more than 16777216 bytes"));
 }
 
-// Regression (issue 32, item 6): a model id from an imported file ("\x1b]0;pwned\x07" retitles
+// Regression: a model id from an imported file ("\x1b]0;pwned\x07" retitles
 // an xterm) and a trace's labels reached the terminal raw through import, ls, show and errors.
 TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed) {
   TempDir dir;
@@ -314,7 +314,7 @@ TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed
   EXPECT_THAT(r.out, HasSubstr("turn 3 of conversation \"\\x1b[2J\" follows turn 1"));
 }
 
-// Regression (issue 32, item 6): --speed 1e-20, or a timestamp of 1e15 ms at --speed 1, slept for
+// Regression: --speed 1e-20, or a timestamp of 1e15 ms at --speed 1, slept for
 // ages. Both are refused before the replay starts.
 TEST(KvctlUntrustedInputTest, ReplaySpeedsAndTimestampGapsThatWouldSleepForAgesAreRefused) {
   TempDir dir;

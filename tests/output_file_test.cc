@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tools/output_file.h: the files kvctl writes for the user (export, --json PATH).
 //
-// Regression (issue 32, item 3): export opened OUT.tmp with O_CREAT | O_TRUNC, so a symbolic link
+// Regression: export opened OUT.tmp with O_CREAT | O_TRUNC, so a symbolic link
 // planted at that name overwrote its target; the file was 0644 where the store is 0600.
 #include "tools/output_file.h"
 
@@ -162,7 +162,7 @@ absl::Status WriteWithoutBlocking(const std::string& path, const std::string& co
 }
 
 TEST(OutputFileTest, RegressionAFifoWithNoReaderIsAnErrorNotAWait) {
-  // Regression (review of issue 32): the FIFO was opened O_WRONLY without O_NONBLOCK, which
+  // Regression: the FIFO was opened O_WRONLY without O_NONBLOCK, which
   // waits for a reader: kvctl export or --json hung on a FIFO planted at OUT.
   TempDir dir;
   const std::string fifo = dir.Sub("out.json");
@@ -192,7 +192,7 @@ TEST(OutputFileTest, AFifoWithAReaderIsWrittenInPlace) {
 }
 
 TEST(OutputFileTest, RegressionALinkToAFifoOrADeviceIsReplacedNotWrittenThrough) {
-  // Regression (review of issue 32): stat followed a link at OUT, so a link to a FIFO hung the
+  // Regression: stat followed a link at OUT, so a link to a FIFO hung the
   // write and a link to a writable character device was written through.
   TempDir dir;
   const std::string fifo = dir.Sub("fifo");

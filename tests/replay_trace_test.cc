@@ -110,7 +110,7 @@ TEST(ReplayTraceTest, FilesAreReadUpToTheirLimit) {
             absl::StatusCode::kNotFound);
 }
 
-// Regression (issue 32, item 5): /dev/zero as a trace was read up to the 256 MiB file limit before
+// Regression: /dev/zero as a trace was read up to the 256 MiB file limit before
 // it was refused; ReadTraceText refuses a non-trace in the read that shows it is one.
 TEST(ReplayTraceTest, ReadTraceTextRefusesWhatIsNoTraceAsItReadsIt) {
   ::ckv::testing::TempDir dir;

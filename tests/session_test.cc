@@ -415,7 +415,7 @@ TEST(SessionLifeTest, APrefixDeletedMidSessionIsServedFromWhatTheSessionPinned) 
 }
 
 TEST(SessionLifeTest, CloseWithALiveSessionReleasesTheStoreAndEndsTheSession) {
-  // Regression (issue 32, item 6): an engine closed while a session (and one of its views)
+  // Regression: an engine closed while a session (and one of its views)
   // lives used to keep the store's lock, so a reopen said "open in another process". Close ends
   // the session: the store reopens at once in this process, the session's later calls fail with
   // FailedPrecondition, and it and its view may be destroyed afterwards.

@@ -505,7 +505,7 @@ TEST(SyntheticAttentionTest, EarlyLayersAreDiffuseAndSomeHeadsLocal) {
   EXPECT_LT(local, heads / 2) << "most heads are not local";
 }
 
-// ---- Issue 33: values with structure, key outlier channels, per-token queries, group agreement.
+// ---- Values with structure, key outlier channels, per-token queries, group agreement.
 
 // Statistics of kv head h's rows of x [n, kv_heads, head_dim].
 struct ChannelStats {

@@ -180,7 +180,7 @@ inline int CountBadRecords(Engine& engine, const ModelSpec& spec,
   return bad;
 }
 
-// Waits until the store's background reclaimer is idle (issue 20): a round in progress holds
+// Waits until the store's background reclaimer is idle: a round in progress holds
 // slots it is punching in disk_bytes_used, so exact stats are read after it.
 inline void WaitForReclaim(Engine& engine) {
   engine::HostOf(engine).store().WaitForReclaimIdle();

@@ -58,7 +58,7 @@ enum Tag : uint64_t {
   kTopicStep,
   kJitter,
   kLocalHead,
-  // Issue 33's values, key outliers, per-token queries and group agreement.
+  // Values with structure, key outliers, per-token queries and group agreement.
   kValueDirections,
   kValueSmooth,
   kValueCoefficients,

@@ -113,7 +113,7 @@ std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const s
 std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::string& ckv,
                                        double reference_budget);
 
-// IMPRESS's published relations to full loading, which do not involve ckv (issue 33; docs/
+// IMPRESS's published relations to full loading, which do not involve ckv (docs/
 // baselines.md, "impress"): at each budget both ran with the same tiers, impress's bytes read
 // and its median latency against full's. Published: fewer bytes than full up to 50%, read
 // amplification 8-16x at 5%, and about 1.6x faster than full at 5% (ContiguousKV's

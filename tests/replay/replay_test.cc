@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Multi-turn replay tests (issue 8, docs/reliability.md "Replay tests"): traces of the three
+// Multi-turn replay tests (docs/reliability.md "Replay tests"): traces of the three
 // shapes of tests/replay/trace.h replayed through an Engine with small tiers, every step checked
 // by tests/replay/replayer.h. CKV_REPLAY_SCALE=N replays traces N times larger;
 // CKV_REPLAY_VERBOSE=1 prints one line per session and per Put.
