@@ -42,6 +42,36 @@ readonly PACKAGES=(
 say() { printf 'ckv.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+# Phases: `phase NAME` ends the phase in progress and starts NAME; when the script exits (on
+# success or at the first failure, which ends the script under set -e) it prints each phase's
+# wall time, so that a slow suite says where its time went.
+PHASE_NAME=""
+PHASE_START=0
+PHASES=()
+phase() {
+  phase_end
+  PHASE_NAME="$1"
+  PHASE_START=$SECONDS
+  say "phase: $PHASE_NAME"
+}
+phase_end() {
+  if [[ -n "$PHASE_NAME" ]]; then PHASES+=("$PHASE_NAME|$((SECONDS - PHASE_START))|${1:-}"); fi
+  PHASE_NAME=""
+}
+print_phases() {
+  local rc=$?
+  phase_end "$( ((rc == 0)) || echo 'failed here')"
+  ((${#PHASES[@]} > 0)) || return "$rc"
+  local p name secs note
+  say "time per phase:"
+  for p in "${PHASES[@]}"; do
+    IFS='|' read -r name secs note <<<"$p"
+    printf 'ckv.sh:   %-36s %5d s  %s\n' "$name" "$secs" "$note" >&2
+  done
+  printf 'ckv.sh:   %-36s %5d s\n' "total" "$SECONDS" >&2
+  return "$rc"
+}
+
 usage() {
   cat <<'EOF'
 Usage: tools/ckv.sh COMMAND
@@ -53,7 +83,8 @@ Commands:
           build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and into
           build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
           fails it; the TSan run leaves out the crash test, whose children it would only slow);
-          then fuzzes for 30 s in all (as fuzz does)
+          then fuzzes for 30 s in all (as fuzz does); prints the time of each phase at the end,
+          also when a phase fails
   sanitize  only the sanitizer runs of test
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
           libFuzzer targets into build-fuzz/ (the safetensors/JSON readers; the RESP reader and
@@ -207,11 +238,15 @@ sanitize_in() {
 # under ThreadSanitizer (tests/tsan.supp says what it ignores in the uninstrumented libraries;
 # storage/tsan_absl_sync.cc makes absl::Mutex visible to it).
 run_sanitized() {
+  phase "build: ASan+UBSan (build-asan/)"
   sanitize_in "$ASAN_BUILD_DIR" "ASan+UBSan" address,undefined
+  phase "ctest: ASan+UBSan"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest_in "$ASAN_BUILD_DIR" "ASan+UBSan"
+  phase "build: TSan (build-tsan/)"
   sanitize_in "$TSAN_BUILD_DIR" "TSan" thread
+  phase "ctest: TSan"
   # Left out of the TSan run: the crash matrix (CrashTest.*). Its SIGKILL cells race nothing in
   # the parent: the store's threads live in children that are killed mid-run, before TSan could
   # report at their exit, and a race across processes is invisible to it; TSan would only slow
@@ -246,6 +281,9 @@ run_cross_aarch64() {
 }
 
 run_tests() {
+  phase "packages"
+  install_packages
+  phase "build: Release (build/)"
   build
   # The Python suites run only where cmake built the module; the set-up installs what it needs,
   # so a build without it is a broken set-up, not a smaller suite (CKV_PYTHON=0 accepts it).
@@ -255,10 +293,18 @@ run_tests() {
     die "the Python module was not built (see cmake's 'ckv:' lines in the build output), so" \
       "python_test and reference_model_test would not run; CKV_PYTHON=0 runs the rest without them"
   fi
+  phase "ctest: Release"
   ctest_in "$BUILD_DIR" Release
-  if [[ "${CKV_CROSS:-1}" != 0 ]]; then run_cross_aarch64; fi
+  if [[ "${CKV_CROSS:-1}" != 0 ]]; then
+    phase "cross compile: aarch64 (syntax)"
+    run_cross_aarch64
+  fi
   if [[ "${CKV_SANITIZE:-1}" != 0 ]]; then run_sanitized; fi
-  if [[ "${CKV_FUZZ:-1}" != 0 ]]; then run_fuzz 30; fi
+  if [[ "${CKV_FUZZ:-1}" != 0 ]]; then
+    phase "fuzz: build and run 30 s"
+    run_fuzz 30
+  fi
+  phase_end
 }
 
 # The value of "key":NUMBER in one line of kvctl's JSON (kvctl writes no spaces).
@@ -346,6 +392,7 @@ run_demo_bench() {
 }
 
 main() {
+  trap print_phases EXIT
   local cmd="${1:-help}"
   (($# > 0)) && shift
   (($# == 0)) || die "'$cmd' takes no arguments (got: $*)"
