@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Typed stubs of the ckv Python module (python/ckv_module.cc). See README.md, section Python.
+"""Typed stubs of the ckv Python module (python/ckv_module.cc). See docs/python.md.
 
 Arrays: K and V are numpy arrays of the spec's dtype (ModelSpec.numpy_dtype): float16 for fp16,
 uint16 (the raw bits) for bf16, float32 for fp32; C-contiguous, read in place (CPU torch tensors

@@ -9,7 +9,7 @@
 // Python collects. A failed absl::Status becomes a ckv.Error (attribute `code`:
 // the absl code name) of the subclass for its code. await_layer's arrays are views of the pinned
 // records, except GPU-tier records in device memory, which are copied to host memory. See
-// python/ckv.pyi and README.md ("Python").
+// python/ckv.pyi and docs/python.md.
 #include <pybind11/eval.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -542,7 +542,7 @@ PYBIND11_MODULE(ckv, m) {
   m.doc() =
       "ckv: a KV-cache storage engine. Store a prefix's K/V (put), find how much of a prompt is "
       "stored (lookup), read records back (read_record), and serve Re-Prefill sessions "
-      "(begin_reprefill). See README.md, section Python.";
+      "(begin_reprefill). See docs/python.md.";
 
   py::exec(kErrorClasses, m.attr("__dict__"));
   g_module_dict = m.attr("__dict__").ptr();

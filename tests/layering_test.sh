@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tests/layering_test.sh: fails on an include that points the wrong way (README.md, "Repository
-# layout": dependencies point one way). Reads the #include "..." lines of every source file under
-# the ckv folders and checks each against the rules of its folder; prints file:line, the include
-# and the rule for each breach.
+# tests/layering_test.sh: fails on an include that points the wrong way (docs/architecture.md,
+# "Which folder may include which": dependencies point one way). Reads the #include "..." lines
+# of every source file under the ckv folders and checks each against the rules of its folder;
+# prints file:line, the include and the rule for each breach.
 #
 #   include/ckv/  includes only include/ckv/.
 #   common/       the implementations of the public value types: the value headers only.
