@@ -955,7 +955,11 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
     IoQueue* q;
     ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already returned
   } drain_on_exit{queue.get()};
-  for (const auto& [begin, end] : runs) {
+  for (const auto& run : runs) {
+    // Named copies, not a structured binding: the lambda below captures them, and clang 14
+    // (tools/thread_safety.sh) rejects the capture of a binding that C++20 allows (P1091/P1381).
+    const size_t begin = run.first;
+    const size_t end = run.second;
     const BandRead& first = reads[begin];
     const uint64_t band_slot = first.seg->band_slot_bytes(first.band);
     const size_t io_bytes = (end - begin) * band_slot;
