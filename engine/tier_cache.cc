@@ -512,7 +512,7 @@ absl::Status TierManager::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   uint64_t resident[kPools] = {}, records[kPools] = {}, unpinned[kPools] = {};
   absl::flat_hash_map<const Slab*, uint32_t> live;
-  auto check = [&](Entry* e, bool indexed) -> absl::Status {
+  auto check = [&](Entry* e, bool indexed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     const Pool& p = *pools_[e->pool];
     auto name = [&] {
       return absl::StrCat(p.name, " record ", e->id.chunk.ToHex(), "/", e->id.record);

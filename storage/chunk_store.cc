@@ -326,11 +326,13 @@ absl::Status ChunkStore::ScanCatalogLocked() {
   // meets a parent after its children as often as before): freed once the links are ids.
   std::vector<LoadLink> links;
   links.reserve(expected_chunks);
-  CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key,
-                                               const ChunkRecord& r) -> absl::Status {
-    LoadChunkLocked(key, r, links);
-    return absl::OkStatus();
-  }));
+  // ScanChunks calls the lambda before it returns, with mu_ still held here.
+  CKV_RETURN_IF_ERROR(catalog_->ScanChunks(
+      [&](const ChunkKey& key, const ChunkRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+          -> absl::Status {
+        LoadChunkLocked(key, r, links);
+        return absl::OkStatus();
+      }));
   // The use order starts as the Put order: the latest 2^31 Puts keep theirs.
   use_clock_ = put_seq_;
   use_base_ = use_clock_ > kUseRebase ? use_clock_ - kUseRebase : 0;

@@ -236,7 +236,8 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   std::vector<ChunkKey> victims;
   absl::flat_hash_set<ChunkKey> taken;
   absl::flat_hash_set<ChunkKey> visiting;  // on the current path: a loop of links ends here
-  std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key) -> bool {
+  std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key)
+                                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
     if (taken.contains(key) || !visiting.insert(key).second) return true;
     if (put_pins_.contains(key) || inflight_.contains(key)) {
       report.remaining.push_back(

@@ -483,7 +483,7 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
     // One draw per configured probability, so that a rule's faults do not shift the draws of
     // kinds it does not configure. 53 random bits make a double in [0, 1), the same with every
     // standard library.
-    auto hit = [&](double probability) {
+    auto hit = [&](double probability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (probability <= 0) return false;
       return static_cast<double>(rng_() >> 11) * 0x1.0p-53 < probability;
     };
@@ -492,7 +492,7 @@ FaultInjectingFileSystem::Decision FaultInjectingFileSystem::Decide(const std::s
       d.err = err;
     };
     // X: a multiple of the granule below `length`.
-    auto partial = [&]() -> size_t {
+    auto partial = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> size_t {
       const uint64_t multiples = (length - 1) / granule + 1;  // 0, g, ..., below length
       return static_cast<size_t>(rng_() % multiples) * granule;
     };
