@@ -3,9 +3,10 @@
 # tools/ckv.sh: the single entry point of ckv.
 #
 #   tools/ckv.sh test    install what is missing, build, run the whole test suite (ctest),
-#                        compile the library for aarch64 (tools/cross_aarch64.sh), then run the
-#                        suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and
-#                        under ThreadSanitizer
+#                        compile the library for aarch64 (tools/cross_aarch64.sh), check the lock
+#                        annotations with clang's -Wthread-safety (tools/thread_safety.sh), then
+#                        run the suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
+#                        and under ThreadSanitizer
 #   tools/ckv.sh sanitize  only the sanitizer runs
 #   tools/ckv.sh fuzz      the libFuzzer targets for a bounded time (needs clang): the
 #                          safetensors/JSON readers, and the RESP reader and remote chunk value
@@ -79,12 +80,14 @@ Usage: tools/ckv.sh COMMAND
 Commands:
   test    install missing Debian packages, build into build/, run the whole suite with ctest;
           compile the library for aarch64 with g++-aarch64-linux-gnu (tools/cross_aarch64.sh;
-          skipped, saying so, where that compiler cannot be installed); then build into
-          build-asan/ with AddressSanitizer and UndefinedBehaviorSanitizer, and into
-          build-tsan/ with ThreadSanitizer, and run the suite again in each (any report
-          fails it; the TSan run leaves out the crash test, whose children it would only slow);
-          then fuzzes for 30 s in all (as fuzz does); prints the time of each phase at the end,
-          also when a phase fails
+          skipped, saying so, where that compiler cannot be installed); parse every C++ file of
+          build/ with clang -fsyntax-only -Wthread-safety -Werror, so that an access to an
+          ABSL_GUARDED_BY member without its lock fails (tools/thread_safety.sh; skipped, saying
+          so, where clang cannot be installed); then build into build-asan/ with
+          AddressSanitizer and UndefinedBehaviorSanitizer, and into build-tsan/ with
+          ThreadSanitizer, and run the suite again in each (any report fails it; the TSan run
+          leaves out the crash test, whose children it would only slow); then fuzzes for 30 s in
+          all (as fuzz does); prints the time of each phase at the end, also when a phase fails
   sanitize  only the sanitizer runs of test
   fuzz    install missing Debian packages (with clang and libclang-rt-14-dev), build the
           libFuzzer targets into build-fuzz/ (the safetensors/JSON readers; the RESP reader and
@@ -107,6 +110,8 @@ Environment:
   CKV_SANITIZE=0      test: skip the sanitizer runs
   CKV_FUZZ=0          test: skip the fuzz run
   CKV_CROSS=0         test: skip the aarch64 cross compile
+  CKV_THREAD_SAFETY=0 test: skip the clang -Wthread-safety check
+  CKV_TSA_JOBS=N      parallel clang parses of that check (default 2)
   CKV_DEMO_STORE=DIR  where the demo makes its store (default ./ckv-demo-store)
   CKV_DEMO_BENCH_STORE=DIR  where the demo's benchmark keeps its store
                       (default ./ckv-demo-bench-store)
@@ -280,6 +285,25 @@ run_cross_aarch64() {
   "$REPO_ROOT/tools/cross_aarch64.sh" --syntax-only
 }
 
+# Every C++ file of build/ parsed by clang with -Wthread-safety (tools/thread_safety.sh): g++
+# ignores the lock annotations, so only this checks them. It reads build/compile_commands.json,
+# which the Release build has just written, so it needs no configure of its own.
+run_thread_safety() {
+  local cxx
+  cxx="$(command -v clang++ || command -v clang++-14 || true)"
+  if [[ -z "$cxx" ]]; then
+    # Best effort, as for the cross compiler: a machine without clang skips this step only.
+    (install_packages clang) || say "warning: could not install clang"
+    cxx="$(command -v clang++ || command -v clang++-14 || true)"
+  fi
+  if [[ -z "$cxx" ]]; then
+    say "skipping the thread-safety check: clang++ is not installed (Debian package clang)"
+    return 0
+  fi
+  say "checking the lock annotations with clang -Wthread-safety (tools/thread_safety.sh)"
+  CKV_TSA_CXX="$cxx" "$REPO_ROOT/tools/thread_safety.sh" "$BUILD_DIR"
+}
+
 run_tests() {
   phase "packages"
   install_packages
@@ -298,6 +322,10 @@ run_tests() {
   if [[ "${CKV_CROSS:-1}" != 0 ]]; then
     phase "cross compile: aarch64 (syntax)"
     run_cross_aarch64
+  fi
+  if [[ "${CKV_THREAD_SAFETY:-1}" != 0 ]]; then
+    phase "thread-safety: clang -Wthread-safety"
+    run_thread_safety
   fi
   if [[ "${CKV_SANITIZE:-1}" != 0 ]]; then run_sanitized; fi
   if [[ "${CKV_FUZZ:-1}" != 0 ]]; then
