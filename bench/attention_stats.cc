@@ -64,11 +64,13 @@ struct Flags {
 
 // Returns the exit code when the program should stop (help, version, a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
-  CLI::App app{"The synthetic generator's attention statistics, to check a profile against "
-               "published measurements.",
-               "attention_stats"};
-  cli::Configure(app, "The columns are described in bench/attention_stats.cc and "
-                      "docs/generator.md.");
+  CLI::App app{
+      "The synthetic generator's attention statistics, to check a profile against "
+      "published measurements.",
+      "attention_stats"};
+  cli::Configure(app,
+                 "The columns are described in bench/attention_stats.cc and "
+                 "docs/generator.md.");
   app.add_option("--model", f->model, "model preset (default qwen2.5-7b)")->type_name("PRESET");
   cli::AddUint(app, "--tokens", &f->tokens, "prefix length, a multiple of 16 (default 8192)");
   cli::AddParsed(app, "--profile", "calibrated (default) or planted-chunks", "P",
@@ -84,9 +86,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                    return cli::ParseDouble(v, &f->params.request_shift) &&
                           f->params.request_shift >= 0 && f->params.request_shift <= max_shift;
                  });
-  cli::AddParsed(app, "--head-agreement", "q heads' agreement within a GQA group: the "
-                 "top-5% Jaccard it aims at (default 0.7)", "F", "a number in [0, 1]",
-                 [f](const std::string& v) {
+  cli::AddParsed(app, "--head-agreement",
+                 "q heads' agreement within a GQA group: the "
+                 "top-5% Jaccard it aims at (default 0.7)",
+                 "F", "a number in [0, 1]", [f](const std::string& v) {
                    double a = 0;
                    if (!cli::ParseDouble(v, &a) || a < 0 || a > 1) return false;
                    f->params.calibrated.head_agreement = a;
@@ -148,7 +151,7 @@ struct LayerStats {
          v_outlier = 0;
 };
 
-constexpr uint32_t kPrincipal = 8;        // directions of the low-rank share
+constexpr uint32_t kPrincipal = 8;          // directions of the low-rank share
 constexpr size_t kCovarianceTokens = 4096;  // tokens sampled for it
 
 // Statistics of one kv head's tensor x [n, kv_heads, head_dim] (head h).
@@ -273,10 +276,18 @@ class Measure {
  public:
   Measure(const ModelSpec& spec, const Flags& f, const synth::AttentionParams& next_p,
           const synth::AttentionParams& same_p)
-      : spec_(spec), f_(f), gen_(spec, f.tokens, f.params), next_(spec, f.tokens, next_p),
-        same_(spec, f.tokens, same_p), shape_(kernels::KvShape::Of(spec)),
-        n_(f.tokens), chunks_(gen_.chunks()), k5_(Fraction(n_, 0.05)),
-        k10_(Fraction(n_, 0.10)), kc10_(Fraction(chunks_, 0.10)), record_ptr_(chunks_) {}
+      : spec_(spec),
+        f_(f),
+        gen_(spec, f.tokens, f.params),
+        next_(spec, f.tokens, next_p),
+        same_(spec, f.tokens, same_p),
+        shape_(kernels::KvShape::Of(spec)),
+        n_(f.tokens),
+        chunks_(gen_.chunks()),
+        k5_(Fraction(n_, 0.05)),
+        k10_(Fraction(n_, 0.10)),
+        kc10_(Fraction(chunks_, 0.10)),
+        record_ptr_(chunks_) {}
 
   // Layer l's statistics (all but `adjacent`); `*chunk_top` gets its top-10% chunks.
   LayerStats Layer(uint32_t l, std::vector<uint32_t>* chunk_top) {
@@ -405,15 +416,14 @@ void Average(uint32_t layers, Results* res) {
   scale(res->mean_late, std::max(1, late_n), std::max(1, late_n));
 }
 
-void PrintTable(const Flags& f, const ModelSpec& spec, uint32_t next_request,
-                const Results& res) {
-  std::printf("Attention statistics: %s, %zu tokens, profile %s, shift %.2f, head agreement "
-              "%.2f, seed %llu, window %u, request %u -> %u\n",
-              spec.DebugString().c_str(), f.tokens,
-              std::string(synth::AttentionProfileName(f.params.profile)).c_str(),
-              f.params.request_shift, f.params.calibrated.head_agreement,
-              static_cast<unsigned long long>(f.params.seed), f.params.window, f.params.request,
-              next_request);
+void PrintTable(const Flags& f, const ModelSpec& spec, uint32_t next_request, const Results& res) {
+  std::printf(
+      "Attention statistics: %s, %zu tokens, profile %s, shift %.2f, head agreement "
+      "%.2f, seed %llu, window %u, request %u -> %u\n",
+      spec.DebugString().c_str(), f.tokens,
+      std::string(synth::AttentionProfileName(f.params.profile)).c_str(), f.params.request_shift,
+      f.params.calibrated.head_agreement, static_cast<unsigned long long>(f.params.seed),
+      f.params.window, f.params.request, next_request);
   std::printf("%-6s %6s %6s %6s %7s %6s %7s %6s %6s %6s %8s %6s %6s %6s %6s %6s %6s\n", "layer",
               "sink", "top5", "top10", "jac-in", "jac-x", "probe3", "local", "adj", "req",
               "req-same", "q-cos", "v-lr", "k-lr", "v-nb", "k-out", "v-out");

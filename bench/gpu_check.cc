@@ -301,12 +301,7 @@ struct Device {
 class Check {
  public:
   Check(const Options& o, const Device& d, const Layer& l)
-      : o_(o),
-        device_(d),
-        layer_(l),
-        budget_(o.budget_s),
-        arch_(*ArchOf(o.model)),
-        gpu_([&] {
+      : o_(o), device_(d), layer_(l), budget_(o.budget_s), arch_(*ArchOf(o.model)), gpu_([&] {
           GpuParams p;
           p.flops_per_s = o.gpu_tflops * 1e12;
           p.hbm_bytes_per_s = o.hbm_gb_s * 1e9;
@@ -377,8 +372,8 @@ class Check {
       row.check = ok ? kPass : kFail;
     } else {
       row.check = ok ? device_.skipped : kFail;
-      row.detail = absl::StrCat(ok ? "CPU self-check agrees; " : "CPU self-check DISAGREES; ",
-                                row.detail);
+      row.detail =
+          absl::StrCat(ok ? "CPU self-check agrees; " : "CPU self-check DISAGREES; ", row.detail);
     }
     rows_.push_back(std::move(row));
   }
@@ -401,32 +396,35 @@ class Check {
     quest.unit = "ms";
     quest.modelled = modelled(kernels::SelectorKind::kQuest);
     quest.detail = absl::StrCat(layer_.chunks, " chunks; ", form);
-    KernelRow(std::move(quest), kScoreTolerance,
-              [&] { return kernels::ScoreChunks(kernels::SelectorKind::kQuest, in, so); },
-              [&] { return kernels::cuda::QuestScores(in); });
+    KernelRow(
+        std::move(quest), kScoreTolerance,
+        [&] { return kernels::ScoreChunks(kernels::SelectorKind::kQuest, in, so); },
+        [&] { return kernels::cuda::QuestScores(in); });
     Row mean;
     mean.name = "kernels.mean_key";
     mean.unit = "ms";
     mean.modelled = modelled(kernels::SelectorKind::kMeanKey);
     mean.detail = absl::StrCat(layer_.chunks, " chunks; ", form);
-    KernelRow(std::move(mean), kScoreTolerance,
-              [&] { return kernels::ScoreChunks(kernels::SelectorKind::kMeanKey, in, so); },
-              [&] { return kernels::cuda::MeanKeyScores(in); });
+    KernelRow(
+        std::move(mean), kScoreTolerance,
+        [&] { return kernels::ScoreChunks(kernels::SelectorKind::kMeanKey, in, so); },
+        [&] { return kernels::cuda::MeanKeyScores(in); });
     Row token;
     token.name = "kernels.token_attention";
     token.unit = "ms";
     token.modelled = modelled(kernels::SelectorKind::kPeriodExact);
     token.detail = absl::StrCat("period-exact's scoring, ", layer_.window, " queries over ",
                                 layer_.chunks * layer_.shape.chunk_tokens, " tokens; ", form);
-    KernelRow(std::move(token), kScoreTolerance,
-              [&] {
-                return kernels::TokenAttention(layer_.shape, layer_.window_queries,
-                                               layer_.window, layer_.record_ptr);
-              },
-              [&] {
-                return kernels::cuda::TokenAttention(layer_.shape, layer_.window_queries,
-                                                     layer_.window, layer_.record_ptr);
-              });
+    KernelRow(
+        std::move(token), kScoreTolerance,
+        [&] {
+          return kernels::TokenAttention(layer_.shape, layer_.window_queries, layer_.window,
+                                         layer_.record_ptr);
+        },
+        [&] {
+          return kernels::cuda::TokenAttention(layer_.shape, layer_.window_queries, layer_.window,
+                                               layer_.record_ptr);
+        });
     // Gather of a 10% selection: K and V side by side in one float vector, compared bit for
     // bit (a tolerance of 0).
     kernels::SelectOptions ten;
@@ -446,9 +444,10 @@ class Check {
       for (uint32_t p : kv->positions) all.push_back(static_cast<float>(p));
       return all;
     };
-    KernelRow(std::move(gather), 0.0,
-              [&] { return flat(kernels::Gather(layer_.shape, layer_.record_ptr, chosen)); },
-              [&] { return flat(kernels::cuda::Gather(layer_.shape, layer_.record_ptr, chosen)); });
+    KernelRow(
+        std::move(gather), 0.0,
+        [&] { return flat(kernels::Gather(layer_.shape, layer_.record_ptr, chosen)); },
+        [&] { return flat(kernels::cuda::Gather(layer_.shape, layer_.record_ptr, chosen)); });
   }
 
   // Admits twice as many records as the GPU tier holds, with rising scores, so that every later
@@ -492,8 +491,8 @@ class Check {
     absl::Status error, invariants;
     engine::TierStats gpu_stats;
     {
-      engine::TierManager tiers(gpu_records * rb, 4 * gpu_records * rb, std::move(memory),
-                                nullptr, /*summary_share=*/0);
+      engine::TierManager tiers(gpu_records * rb, 4 * gpu_records * rb, std::move(memory), nullptr,
+                                /*summary_share=*/0);
       const auto id = [](size_t j) {
         return engine::RecordId{ChunkKey{0x6770755f636865ull, j + 1}, kLayer};
       };
@@ -540,11 +539,11 @@ class Check {
     }
     rows_.push_back(std::move(admit));
     rows_.push_back(std::move(lookup));
-    roundtrip.detail = absl::StrCat(admitted, " records of ", rb, " bytes into a GPU tier of ",
-                                    gpu_records, " (", memory_name, "): ", at_gpu, " on the GPU, ",
-                                    at_cpu, " demoted to the CPU, ", missing, " missing, ",
-                                    differing, " differing; GPU demotions ", gpu_stats.demotions,
-                                    ", errors ", gpu_stats.errors);
+    roundtrip.detail =
+        absl::StrCat(admitted, " records of ", rb, " bytes into a GPU tier of ", gpu_records, " (",
+                     memory_name, "): ", at_gpu, " on the GPU, ", at_cpu, " demoted to the CPU, ",
+                     missing, " missing, ", differing, " differing; GPU demotions ",
+                     gpu_stats.demotions, ", errors ", gpu_stats.errors);
     const bool ok = error.ok() && invariants.ok() && missing == 0 && differing == 0 &&
                     at_gpu == gpu_records && at_cpu == admitted - gpu_records &&
                     gpu_stats.demotions == admitted - gpu_records;
@@ -588,7 +587,7 @@ class Check {
         std::vector<double> ms(budget_.Reps(o_.reps, first * 1e-3 + 1e-4));
         if (!ms.empty()) {
           if (std::string e = gpu_device::TimeHostToDevice(layer_.records.data(), s.bytes,
-                                                          static_cast<int>(ms.size()), ms.data());
+                                                           static_cast<int>(ms.size()), ms.data());
               !e.empty()) {
             Fail(std::move(row), absl::InternalError(absl::StrCat("CUDA: ", e)));
             continue;
@@ -660,7 +659,7 @@ class Check {
       std::vector<double> ms(budget_.Reps(o_.reps, first * 1e-3 + 0.01));
       if (!ms.empty()) {
         if (std::string e = gpu_device::TimeDeviceRead(static_cast<size_t>(bytes),
-                                                      static_cast<int>(ms.size()), ms.data());
+                                                       static_cast<int>(ms.size()), ms.data());
             !e.empty()) {
           return Fail(std::move(row), absl::InternalError(absl::StrCat("CUDA: ", e)));
         }
@@ -713,18 +712,16 @@ class Check {
       row.bytes = k * rb;
       // LayerFlops's attention term, 4 s (C + s) q_heads d, vanishes at C = -s, which leaves the
       // weights' term; the K and V that LayerSeconds reads from HBM are (C + s) tokens' worth.
-      const double attn_flops = LayerFlops(layer_.spec, arch_, s, context) -
-                                LayerFlops(layer_.spec, arch_, s, -s);
+      const double attn_flops =
+          LayerFlops(layer_.spec, arch_, s, context) - LayerFlops(layer_.spec, arch_, s, -s);
       const double kv_bytes = (context + s) * layer_.spec.TokenBytesPerLayer() * 2.0;
-      row.modelled =
-          std::max(attn_flops / gpu_.flops_per_s, kv_bytes / gpu_.hbm_bytes_per_s) * 1e3;
+      row.modelled = std::max(attn_flops / gpu_.flops_per_s, kv_bytes / gpu_.hbm_bytes_per_s) * 1e3;
       const double layer_s = LayerSeconds(layer_.spec, arch_, gpu_, s, context);
       row.extra = {
           {"tokens", context},
           {"modelled_attention_flops_ms", attn_flops / gpu_.flops_per_s * 1e3},
           {"modelled_attention_hbm_ms", kv_bytes / gpu_.hbm_bytes_per_s * 1e3},
-          {"modelled_marginal_ms",
-           (layer_s - LayerSeconds(layer_.spec, arch_, gpu_, s, 0)) * 1e3},
+          {"modelled_marginal_ms", (layer_s - LayerSeconds(layer_.spec, arch_, gpu_, s, 0)) * 1e3},
           {"modelled_launch_ms", gpu_.launch_s * 1e3},
           {"modelled_pcie_ms", PcieMs(static_cast<double>(row.bytes))},
           {"modelled_layer_ms", layer_s * 1e3},
@@ -748,8 +745,7 @@ class Check {
         absl::StatusOr<kernels::GatheredKv> kv =
             kernels::Gather(layer_.shape, layer_.record_ptr, sel->chunks);
         if (!kv.ok()) return kv.status();
-        return kernels::ReferenceAttention(layer_.shape, layer_.suffix_queries, layer_.suffix,
-                                           *kv);
+        return kernels::ReferenceAttention(layer_.shape, layer_.suffix_queries, layer_.suffix, *kv);
       };
       Floats want = cpu();
       if (!want.ok()) {
@@ -760,13 +756,13 @@ class Check {
       if (device_.use) {
         row.compared = "cuda vs cpu";
 #if defined(CKV_HAVE_CUDA)
-        const gpu_device::AttentionShape shape{
-            static_cast<int>(layer_.shape.q_heads), static_cast<int>(layer_.shape.kv_heads),
-            static_cast<int>(layer_.shape.head_dim), static_cast<int>(layer_.shape.chunk_tokens),
-            rb};
+        const gpu_device::AttentionShape shape{static_cast<int>(layer_.shape.q_heads),
+                                               static_cast<int>(layer_.shape.kv_heads),
+                                               static_cast<int>(layer_.shape.head_dim),
+                                               static_cast<int>(layer_.shape.chunk_tokens), rb};
         if (layer_.shape.dtype != DType::kFp16) {
-          Fail(std::move(row), absl::InvalidArgumentError(
-                                   "the attention kernel reads fp16 records only"));
+          Fail(std::move(row),
+               absl::InvalidArgumentError("the attention kernel reads fp16 records only"));
           continue;
         }
         const float scale = 1.0f / std::sqrt(static_cast<float>(layer_.shape.head_dim));
@@ -774,8 +770,8 @@ class Check {
         double first = 0;
         const double first_wall = WallSeconds([&] {
           if (std::string e = gpu_device::Attention(shape, bytes, k, layer_.suffix_queries.data(),
-                                                   static_cast<int>(layer_.suffix), scale, 1,
-                                                   got.data(), &first);
+                                                    static_cast<int>(layer_.suffix), scale, 1,
+                                                    got.data(), &first);
               !e.empty()) {
             row.detail += "; CUDA: " + e;
             first = -1;
@@ -788,10 +784,9 @@ class Check {
         // Each call copies the records in again: the repetitions' budget counts its wall time.
         std::vector<double> ms(budget_.Reps(o_.reps, first_wall / 2));
         if (!ms.empty()) {
-          if (std::string e = gpu_device::Attention(shape, bytes, k, layer_.suffix_queries.data(),
-                                                   static_cast<int>(layer_.suffix), scale,
-                                                   static_cast<int>(ms.size()), got.data(),
-                                                   ms.data());
+          if (std::string e = gpu_device::Attention(
+                  shape, bytes, k, layer_.suffix_queries.data(), static_cast<int>(layer_.suffix),
+                  scale, static_cast<int>(ms.size()), got.data(), ms.data());
               !e.empty()) {
             Fail(std::move(row), absl::InternalError(absl::StrCat("CUDA: ", e)));
             continue;
@@ -833,22 +828,21 @@ std::string Figure(const std::optional<double>& v) {
 
 void PrintTable(const Options& o, const Device& d, const std::string& device_line,
                 const std::vector<Row>& rows) {
-  std::printf("gpu_check: %s, %u-token prefix, %u suffix tokens, window %u; %s\n",
-              o.model.c_str(), o.prefix_tokens, o.suffix_tokens, o.window,
-              d.use ? device_line.c_str()
-                    : absl::StrCat("dry run (", d.reason.empty() ? "--dry-run" : d.reason, ")")
-                          .c_str());
+  std::printf(
+      "gpu_check: %s, %u-token prefix, %u suffix tokens, window %u; %s\n", o.model.c_str(),
+      o.prefix_tokens, o.suffix_tokens, o.window,
+      d.use ? device_line.c_str()
+            : absl::StrCat("dry run (", d.reason.empty() ? "--dry-run" : d.reason, ")").c_str());
   std::printf(
       "modelled GPU: %.4g TFLOPS, HBM %.4g GB/s, launch %.4g us per layer, PCIe %.4g GB/s\n\n",
-              o.gpu_tflops, o.hbm_gb_s, o.launch_us, o.pcie_gb_s);
-  std::printf("%-28s %-5s %10s %10s %9s %5s  %-20s %s\n", "check", "unit", "measured",
-              "modelled", "ratio", "reps", "result", "max abs err / tolerance");
+      o.gpu_tflops, o.hbm_gb_s, o.launch_us, o.pcie_gb_s);
+  std::printf("%-28s %-5s %10s %10s %9s %5s  %-20s %s\n", "check", "unit", "measured", "modelled",
+              "ratio", "reps", "result", "max abs err / tolerance");
   for (const Row& r : rows) {
     std::optional<double> ratio;
     if (r.measured && r.modelled && *r.modelled != 0) ratio = *r.measured / *r.modelled;
-    const std::string err = r.max_abs_error
-                                ? absl::StrCat(Figure(r.max_abs_error), " / ", Figure(r.tolerance))
-                                : "";
+    const std::string err =
+        r.max_abs_error ? absl::StrCat(Figure(r.max_abs_error), " / ", Figure(r.tolerance)) : "";
     std::printf("%-28s %-5s %10s %10s %9s %5u  %-20s %s\n", r.name.c_str(), r.unit.c_str(),
                 Figure(r.measured).c_str(), Figure(r.modelled).c_str(), Figure(ratio).c_str(),
                 r.reps, r.check.c_str(), err.c_str());
@@ -949,12 +943,14 @@ std::string Json(const Options& o, const Device& d, const std::string& device_li
 
 int Main(int argc, char** argv) {
   Options o;
-  CLI::App app{"Runs ckv's CUDA kernels, the CUDA tier, PCIe copies and an attention kernel on a "
-               "GPU and prints each measured time beside what bench/reprefill/gpu_model.h "
-               "models. --dry-run runs on the CPU without a device.",
-               kProgram};
-  cli::Configure(app, "Exit: 0 all checks passed (or skipped), 1 a correctness check failed, 2 "
-                      "usage or no device without --dry-run, 3 another error.");
+  CLI::App app{
+      "Runs ckv's CUDA kernels, the CUDA tier, PCIe copies and an attention kernel on a "
+      "GPU and prints each measured time beside what bench/reprefill/gpu_model.h "
+      "models. --dry-run runs on the CPU without a device.",
+      kProgram};
+  cli::Configure(app,
+                 "Exit: 0 all checks passed (or skipped), 1 a correctness check failed, 2 "
+                 "usage or no device without --dry-run, 3 another error.");
   app.add_flag("--dry-run", o.dry_run,
                "run on the CPU: CPU paths against themselves, modelled figures only");
   cli::AddDouble(app, "--budget-s", &o.budget_s,
@@ -976,14 +972,15 @@ int Main(int argc, char** argv) {
   cli::AddJson(app, &o.json);
   if (const std::optional<int> exit = cli::Parse(app, argc, argv)) return *exit;
   if (o.suffix_tokens == 0 || o.window == 0 || o.reps == 0) {
-    return cli::UsageError(kProgram, absl::StrCat("--suffix-tokens ", o.suffix_tokens,
-                                                  ", --window ", o.window, ", --reps ", o.reps,
-                                                  ": each must be at least 1"));
+    return cli::UsageError(
+        kProgram, absl::StrCat("--suffix-tokens ", o.suffix_tokens, ", --window ", o.window,
+                               ", --reps ", o.reps, ": each must be at least 1"));
   }
   if (!(o.budget_s > 0) || !(o.gpu_tflops > 0) || !(o.hbm_gb_s > 0) || !(o.launch_us >= 0) ||
       !(o.pcie_gb_s > 0)) {
-    return cli::UsageError(kProgram, "--budget-s, --gpu-tflops, --hbm-gb-s and --pcie-gb-s must "
-                                     "be positive, --launch-us not negative");
+    return cli::UsageError(kProgram,
+                           "--budget-s, --gpu-tflops, --hbm-gb-s and --pcie-gb-s must "
+                           "be positive, --launch-us not negative");
   }
   const auto start = std::chrono::steady_clock::now();
 

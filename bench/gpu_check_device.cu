@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     __syncthreads();
     if (!active) continue;
-    const int rows = tokens - base < static_cast<size_t>(kTile) ? static_cast<int>(tokens - base)
-                                                                 : kTile;
+    const int rows =
+        tokens - base < static_cast<size_t>(kTile) ? static_cast<int>(tokens - base) : kTile;
     float s[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
     }
     const float m_new = fmaxf(m, tile_max);  // finite: a tile holds at least one token
-    const float corr = expf(m - m_new);     // 0 on the first tile, where m is -inf
+    const float corr = expf(m - m_new);      // 0 on the first tile, where m is -inf
     const float p0 = expf(s[0] - m_new), p1 = expf(s[1] - m_new);
     float psum = p0 + p1;
     for (int o = 16; o > 0; o /= 2) psum += __shfl_xor_sync(0xffffffffu, psum, o);
@@ -215,8 +215,8 @@ std::string TimeLaunches(int kernels, int reps, double* wall_ms, double* event_m
     CKV_CUDA(cudaGetLastError());
     CKV_CUDA(cudaEventRecord(stop.e, stream.s));
     CKV_CUDA(cudaStreamSynchronize(stream.s));
-    wall_ms[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count();
+    wall_ms[i] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (std::string e = Elapsed(start.e, stop.e, &event_ms[i]); !e.empty()) return e;
   }
   return "";
@@ -251,8 +251,7 @@ std::string Attention(const AttentionShape& s, const unsigned char* records, siz
                       const float* queries, int suffix, float scale, int reps, float* out,
                       double* ms) {
   if (s.head_dim != 64 && s.head_dim != 128) {
-    return "attention kernel: head_dim " + std::to_string(s.head_dim) +
-           " (built for 64 and 128)";
+    return "attention kernel: head_dim " + std::to_string(s.head_dim) + " (built for 64 and 128)";
   }
   if (chunks == 0 || suffix <= 0 || s.kv_heads <= 0 || s.q_heads % s.kv_heads != 0) {
     return "attention kernel: " + std::to_string(chunks) + " chunks, " + std::to_string(suffix) +
@@ -282,13 +281,13 @@ std::string Attention(const AttentionShape& s, const unsigned char* records, siz
   const int group = s.q_heads / s.kv_heads;
   const auto launch = [&] {
     if (s.head_dim == 128) {
-      AttentionKernel<128><<<grid, kWarps * 32, 0, stream.s>>>(
-          rec, s.record_bytes, s.chunk_tokens, s.kv_heads, group, tokens, q, suffix, s.q_heads,
-          scale, o);
+      AttentionKernel<128><<<grid, kWarps * 32, 0, stream.s>>>(rec, s.record_bytes, s.chunk_tokens,
+                                                               s.kv_heads, group, tokens, q, suffix,
+                                                               s.q_heads, scale, o);
     } else {
-      AttentionKernel<64><<<grid, kWarps * 32, 0, stream.s>>>(
-          rec, s.record_bytes, s.chunk_tokens, s.kv_heads, group, tokens, q, suffix, s.q_heads,
-          scale, o);
+      AttentionKernel<64><<<grid, kWarps * 32, 0, stream.s>>>(rec, s.record_bytes, s.chunk_tokens,
+                                                              s.kv_heads, group, tokens, q, suffix,
+                                                              s.q_heads, scale, o);
     }
   };
   launch();

@@ -21,12 +21,12 @@
 // whole prefixes no lookup touched yet (the first lookup of each after open), then
 // --hot-lookups repeated lookups of one prefix; pins of as many chains, cold (other prefixes)
 // and hot (one prefix again), as a Re-Prefill pins them: a pin reads the chain's catalog records
-// for their checksums, which the index does not hold; then --puts Puts of --chunks-per-put new chunks,
-// each of which must evict as many chunks to stay under the cap. A second process then opens the
-// store again, from the index snapshot the first one's clean close left, and times its own close
-// (which writes the snapshot). Memory per chunk is the RSS the first open added, divided by N.
-// Catalog bytes: the size of DIR/index-bench-N/catalog on disk.
-// The stores are removed afterwards unless --keep.
+// for their checksums, which the index does not hold; then --puts Puts of --chunks-per-put new
+// chunks, each of which must evict as many chunks to stay under the cap. A second process then
+// opens the store again, from the index snapshot the first one's clean close left, and times its
+// own close (which writes the snapshot). Memory per chunk is the RSS the first open added, divided
+// by N. Catalog bytes: the size of DIR/index-bench-N/catalog on disk. The stores are removed
+// afterwards unless --keep.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -179,17 +179,16 @@ int BuildStore(const Flags& f, uint64_t n, Built* out) {
     return cli::kExitError;
   }
   std::vector<storage::ChunkRecord> probes;
-  const absl::Status scanned = (*catalog)->ScanChunks(
-      [&](const ChunkKey& key, const storage::ChunkRecord&) -> absl::Status {
+  const absl::Status scanned =
+      (*catalog)->ScanChunks([&](const ChunkKey& key, const storage::ChunkRecord&) -> absl::Status {
         auto full = (*catalog)->GetChunk(key);  // with its token ids
         if (!full.ok()) return full.status();
         probes.push_back(*std::move(full));
         return absl::OkStatus();
       });
   if (!scanned.ok() || probes.size() != 1 || contents.segments.size() != 1) {
-    std::fprintf(stderr,
-                 "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1 (%s)\n", kProg,
-                 probes.size(), contents.segments.size(), scanned.ToString().c_str());
+    std::fprintf(stderr, "%s: the probe store holds %zu chunks in %zu segments, not 1 in 1 (%s)\n",
+                 kProg, probes.size(), contents.segments.size(), scanned.ToString().c_str());
     return cli::kExitError;
   }
   const storage::ChunkRecord probe = probes[0];
@@ -212,8 +211,7 @@ int BuildStore(const Flags& f, uint64_t n, Built* out) {
   for (uint64_t done = 0, p = 0; done < fake; ++p) {
     const uint64_t len = std::min(per_prefix, fake - done);
     const auto tokens = synth::Tokens(kSeedBase + p, len * spec.chunk_tokens);
-    const std::vector<ChunkKey> keys =
-        ChainChunkKeys(probe.fingerprint, spec.chunk_tokens, tokens);
+    const std::vector<ChunkKey> keys = ChainChunkKeys(probe.fingerprint, spec.chunk_tokens, tokens);
     for (uint64_t i = 0; i < len; ++i) {
       if (slot == capacity) {
         segment = next_segment++;
@@ -299,9 +297,7 @@ struct Row {
                              static_cast<double>(chunks);
   }
   double PutsPerSecond() const { return put_s > 0 ? static_cast<double>(puts) / put_s : 0; }
-  double EvictedPerSecond() const {
-    return put_s > 0 ? static_cast<double>(evicted) / put_s : 0;
-  }
+  double EvictedPerSecond() const { return put_s > 0 ? static_cast<double>(evicted) / put_s : 0; }
 };
 
 // The child: measures the store at f.measure_open and prints one line "MEASURE ..." on stdout.
@@ -386,11 +382,11 @@ int MeasureOpen(const Flags& f) {
     auto pinned = store.PinLeading(spec, keys);
     const auto b = std::chrono::steady_clock::now();
     if (!pinned.ok() || (*pinned)->chunks().size() != chain) {
-      std::fprintf(stderr, "%s: pin of prefix %llu: %s\n", kProg,
-                   static_cast<unsigned long long>(p),
-                   pinned.ok() ? absl::StrFormat("%u of %u chunks", (*pinned)->chunks().size(),
-                                                 chain).c_str()
-                               : pinned.status().ToString().c_str());
+      std::fprintf(
+          stderr, "%s: pin of prefix %llu: %s\n", kProg, static_cast<unsigned long long>(p),
+          pinned.ok()
+              ? absl::StrFormat("%u of %u chunks", (*pinned)->chunks().size(), chain).c_str()
+              : pinned.status().ToString().c_str());
       return false;
     }
     *ms = Seconds(a, b) * 1e3;
@@ -428,15 +424,15 @@ int MeasureOpen(const Flags& f) {
   const EngineStats after = (*engine)->Stats();
   std::printf(
       "MEASURE %.9f %llu %llu %llu %.6f %.6f %.6f %.6f %llu %llu %llu %llu %.9f %llu %.6f %.6f\n",
-              Seconds(t0, t1), static_cast<unsigned long long>(rss_before),
-              static_cast<unsigned long long>(rss_after), static_cast<unsigned long long>(hwm),
-              Percentile(cold_ms, 0.5), Percentile(cold_ms, 0.99), Percentile(hot_ms, 0.5),
-              Percentile(hot_ms, 0.99), static_cast<unsigned long long>(chain),
-              static_cast<unsigned long long>(cold),
-              static_cast<unsigned long long>(after.chunks_written - before.chunks_written),
-              static_cast<unsigned long long>(after.chunks_evicted - before.chunks_evicted),
-              put_s, static_cast<unsigned long long>(opened.index_memory_bytes),
-              Percentile(pin_cold_ms, 0.99), Percentile(pin_hot_ms, 0.99));
+      Seconds(t0, t1), static_cast<unsigned long long>(rss_before),
+      static_cast<unsigned long long>(rss_after), static_cast<unsigned long long>(hwm),
+      Percentile(cold_ms, 0.5), Percentile(cold_ms, 0.99), Percentile(hot_ms, 0.5),
+      Percentile(hot_ms, 0.99), static_cast<unsigned long long>(chain),
+      static_cast<unsigned long long>(cold),
+      static_cast<unsigned long long>(after.chunks_written - before.chunks_written),
+      static_cast<unsigned long long>(after.chunks_evicted - before.chunks_evicted), put_s,
+      static_cast<unsigned long long>(opened.index_memory_bytes), Percentile(pin_cold_ms, 0.99),
+      Percentile(pin_hot_ms, 0.99));
   return cli::kExitOk;
 }
 
@@ -475,11 +471,11 @@ int MeasureInChild(const Flags& f, const char* self, const Built& b, Row* row) {
       f.chunks_per_put);
   const bool measured = RunChild(cmd, b.dir, [&](const char* line) {
     unsigned long long rb, ra, hwm, chain, cold, written, evicted, index;
-    if (std::sscanf(line,
-                    "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu %lf %lf",
-                    &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms,
-                    &row->hot_p50_ms, &row->hot_p99_ms, &chain, &cold, &written, &evicted,
-                    &row->put_s, &index, &row->pin_cold_p99_ms, &row->pin_hot_p99_ms) != 16) {
+    if (std::sscanf(
+            line, "MEASURE %lf %llu %llu %llu %lf %lf %lf %lf %llu %llu %llu %llu %lf %llu %lf %lf",
+            &row->open_s, &rb, &ra, &hwm, &row->cold_p50_ms, &row->cold_p99_ms, &row->hot_p50_ms,
+            &row->hot_p99_ms, &chain, &cold, &written, &evicted, &row->put_s, &index,
+            &row->pin_cold_p99_ms, &row->pin_hot_p99_ms) != 16) {
       return false;
     }
     row->index_bytes = index;
@@ -582,8 +578,9 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
   s += data([](const Row& r) { return static_cast<double>(r.hwm) / (1 << 20); });
   s += data([](const Row& r) { return static_cast<double>(r.index_bytes) / (1 << 20); });
   s += "set title 'Lookup and pin of one prefix'\nset ylabel 'ms'\n";
-  s += "plot '-' with linespoints title 'Lookup cold p99', '-' with linespoints title 'Lookup hot "
-       "p99', '-' with linespoints title 'pin cold p99', '-' with linespoints title 'pin hot p99'\n";
+  s +=
+      "plot '-' with linespoints title 'Lookup cold p99', '-' with linespoints title 'Lookup hot "
+      "p99', '-' with linespoints title 'pin cold p99', '-' with linespoints title 'pin hot p99'\n";
   s += data([](const Row& r) { return r.cold_p99_ms; });
   s += data([](const Row& r) { return r.hot_p99_ms; });
   s += data([](const Row& r) { return r.pin_cold_p99_ms; });
@@ -599,16 +596,14 @@ void Plot(const Flags& f, const std::vector<Row>& rows) {
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%11llu %8.2f %8.3f %8.3f%s %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f "
-              "%9.3f %9.3f %8.1f %10.0f %10.1f\n",
-              static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s, r.reopen_s,
-              r.reopen_from_snapshot ? " " : "!", r.close_s,
-              static_cast<double>(r.rss_after) / (1 << 20),
-              static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(),
-              r.IndexBytesPerChunk(), r.cold_p50_ms,
-              r.cold_p99_ms, r.hot_p50_ms, r.hot_p99_ms, r.pin_cold_p99_ms, r.pin_hot_p99_ms,
-              r.PutsPerSecond(),
-              r.EvictedPerSecond(), static_cast<double>(r.catalog_bytes) / (1 << 20));
+  std::printf(
+      "%11llu %8.2f %8.3f %8.3f%s %8.3f %9.1f %9.1f %8.1f %8.1f %9.3f %9.3f %9.3f %9.3f "
+      "%9.3f %9.3f %8.1f %10.0f %10.1f\n",
+      static_cast<unsigned long long>(r.chunks), r.build_s, r.open_s, r.reopen_s,
+      r.reopen_from_snapshot ? " " : "!", r.close_s, static_cast<double>(r.rss_after) / (1 << 20),
+      static_cast<double>(r.hwm) / (1 << 20), r.RssBytesPerChunk(), r.IndexBytesPerChunk(),
+      r.cold_p50_ms, r.cold_p99_ms, r.hot_p50_ms, r.hot_p99_ms, r.pin_cold_p99_ms, r.pin_hot_p99_ms,
+      r.PutsPerSecond(), r.EvictedPerSecond(), static_cast<double>(r.catalog_bytes) / (1 << 20));
 }
 
 int Run(const Flags& f, const char* self) {
@@ -627,13 +622,14 @@ int Run(const Flags& f, const char* self) {
   std::filesystem::create_directories(f.store);
   const bool table = !f.json.ToStdout();
   if (table) {
-    std::printf("one-layer model, prefixes of %llu chunks; the fake chunks' records are not "
-                "readable (sparse segments)\n",
-                static_cast<unsigned long long>(f.prefix_chunks));
+    std::printf(
+        "one-layer model, prefixes of %llu chunks; the fake chunks' records are not "
+        "readable (sparse segments)\n",
+        static_cast<unsigned long long>(f.prefix_chunks));
     std::printf("%11s %8s %8s %9s %8s %9s %9s %8s %8s %9s %9s %9s %9s %9s %9s %8s %10s %10s\n",
-                "chunks", "build s", "open s", "reopen s", "close s", "RSS MiB", "peak MiB", "B/chunk", "index B",
-                "cold p50", "cold p99", "hot p50", "hot p99", "pin cold", "pin hot", "Puts/s",
-                "evicted/s", "catalog MiB");
+                "chunks", "build s", "open s", "reopen s", "close s", "RSS MiB", "peak MiB",
+                "B/chunk", "index B", "cold p50", "cold p99", "hot p50", "hot p99", "pin cold",
+                "pin hot", "Puts/s", "evicted/s", "catalog MiB");
     std::fflush(stdout);
   }
   std::vector<Row> rows;
@@ -661,15 +657,15 @@ int Run(const Flags& f, const char* self) {
     // A store smaller than one prefix looks up its one shorter prefix: say the longest chain.
     uint64_t chain = 0;
     for (const Row& r : rows) chain = std::max(chain, r.lookup_chain_chunks);
-    std::printf("Lookup: ms per whole-prefix Lookup (%llu-chunk chains, or the store's one prefix "
-                "where it holds less); cold = first Lookup of a prefix after open. reopen: the open "
-                "after that measurement's clean close, from the index snapshot it wrote (! where it "
-                "was not used); close: that open's own close, which writes it again. pin: ms per "
-                "pin of such a chain, which reads its catalog records (p99; cold: prefixes not "
-                "looked up). Puts of %llu new chunks, each evicting as many under the cap. index "
-                "B: the index's own memory per chunk (EngineStats::index_memory_bytes).\n",
-                static_cast<unsigned long long>(chain),
-                static_cast<unsigned long long>(f.chunks_per_put));
+    std::printf(
+        "Lookup: ms per whole-prefix Lookup (%llu-chunk chains, or the store's one prefix "
+        "where it holds less); cold = first Lookup of a prefix after open. reopen: the open "
+        "after that measurement's clean close, from the index snapshot it wrote (! where it "
+        "was not used); close: that open's own close, which writes it again. pin: ms per "
+        "pin of such a chain, which reads its catalog records (p99; cold: prefixes not "
+        "looked up). Puts of %llu new chunks, each evicting as many under the cap. index "
+        "B: the index's own memory per chunk (EngineStats::index_memory_bytes).\n",
+        static_cast<unsigned long long>(chain), static_cast<unsigned long long>(f.chunks_per_put));
   }
   if (f.json.enabled) {
     if (absl::Status s = f.json.Write(ToJson(f, rows)); !s.ok()) {
@@ -687,9 +683,10 @@ int Run(const Flags& f, const char* self) {
 int main(int argc, char** argv) {
   using namespace ckv;
   Flags f;
-  CLI::App app{"Measures how the store's index scales with its chunk count: open time, RSS, "
-               "Lookup latency, Put and eviction throughput, catalog size.",
-               kProg};
+  CLI::App app{
+      "Measures how the store's index scales with its chunk count: open time, RSS, "
+      "Lookup latency, Put and eviction throughput, catalog size.",
+      kProg};
   cli::Configure(app);
   app.add_option("--store", f.store, "directory for the stores (created if missing)")
       ->type_name("DIR")
@@ -700,7 +697,8 @@ int main(int argc, char** argv) {
                "chunks per stored prefix, the chain a Lookup walks (default 2048)");
   cli::AddUint(app, "--cold-chains", &f.cold_chains,
                "prefixes looked up once each, first after open (default 32)");
-  cli::AddUint(app, "--hot-lookups", &f.hot_lookups, "repeated Lookups of one prefix (default 200)");
+  cli::AddUint(app, "--hot-lookups", &f.hot_lookups,
+               "repeated Lookups of one prefix (default 200)");
   cli::AddUint(app, "--puts", &f.puts, "timed Puts, each evicting (default 50)");
   cli::AddUint(app, "--chunks-per-put", &f.chunks_per_put, "new chunks per Put (default 4)");
   app.add_flag("--keep", f.keep, "keep the stores");

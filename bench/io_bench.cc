@@ -18,11 +18,11 @@
 // buffers and files (plain IORING_OP_READ).
 // The engine keeps --qd reads in the device (its queue_depth, fio's --iodepth); the program keeps
 // --backlog x --qd units (reads or runs) submitted, resubmitting each from its completion
-// callback, so that the engine always has queued work, as a prefetcher does. Prints MB/s (10^6 bytes), device reads per second (IOPS),
-// requests per second and CPU seconds per GB (getrusage user+system of the whole process over
-// the run, divided by 10^9-byte GB read), plus the engine's counters; --json prints one JSON
-// object instead (--json PATH: in PATH, beside the table; see tools/cli.h).
-// bench/io_vs_fio.sh runs this beside fio on the same file.
+// callback, so that the engine always has queued work, as a prefetcher does. Prints MB/s (10^6
+// bytes), device reads per second (IOPS), requests per second and CPU seconds per GB (getrusage
+// user+system of the whole process over the run, divided by 10^9-byte GB read), plus the engine's
+// counters; --json prints one JSON object instead (--json PATH: in PATH, beside the table; see
+// tools/cli.h). bench/io_vs_fio.sh runs this beside fio on the same file.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -121,7 +121,8 @@ absl::Status CreateFile(storage::File* f, uint64_t size) {
 }
 
 // XXH3-64 of every io_size record, cached in `<file>.sums-<io_size>`.
-std::vector<uint64_t> RecordChecksums(const std::string& file, uint64_t file_size, uint64_t io_size) {
+std::vector<uint64_t> RecordChecksums(const std::string& file, uint64_t file_size,
+                                      uint64_t io_size) {
   const uint64_t records = file_size / io_size;
   const std::string cache = absl::StrCat(file, ".sums-", io_size);
   std::vector<uint64_t> sums(records);
@@ -136,7 +137,8 @@ std::vector<uint64_t> RecordChecksums(const std::string& file, uint64_t file_siz
   }
   std::vector<std::byte> rec(io_size);
   for (uint64_t r = 0; r < records; ++r) {
-    for (uint64_t o = 0; o < io_size; o += kBlock) FillBlock((r * io_size + o) / kBlock, rec.data() + o);
+    for (uint64_t o = 0; o < io_size; o += kBlock)
+      FillBlock((r * io_size + o) / kBlock, rec.data() + o);
     sums[r] = XXH3_64bits(rec.data(), io_size);
   }
   std::ofstream out(cache, std::ios::binary | std::ios::trunc);
@@ -168,7 +170,9 @@ absl::StatusOr<std::unique_ptr<storage::File>> OpenBenchFile(const Flags& fl, ui
   *size = 0;
   if (auto s = file->Size(); s.ok()) *size = *s;
   if (!exists || *size < fl.file_size) {
-    if (exists) std::fprintf(stderr, "io_bench: %s is smaller than --file-size; rewriting it\n", fl.file.c_str());
+    if (exists)
+      std::fprintf(stderr, "io_bench: %s is smaller than --file-size; rewriting it\n",
+                   fl.file.c_str());
     std::fprintf(stderr, "io_bench: creating %s (%llu bytes, O_DIRECT)\n", fl.file.c_str(),
                  static_cast<unsigned long long>(fl.file_size));
     CKV_RETURN_IF_ERROR(CreateFile(file.get(), fl.file_size));
@@ -185,7 +189,8 @@ struct Shape {
   uint32_t units;          // units kept submitted
 };
 
-absl::StatusOr<std::unique_ptr<prefetch::ReadEngine>> NewEngine(const Flags& fl, const Shape& shape) {
+absl::StatusOr<std::unique_ptr<prefetch::ReadEngine>> NewEngine(const Flags& fl,
+                                                                const Shape& shape) {
   prefetch::ReadEngineOptions o;
   o.backend = fl.backend;
   o.queue_depth = fl.qd;
@@ -313,27 +318,48 @@ absl::Status Report(const Flags& fl, const Shape& shape, const prefetch::ReadEng
   if (fl.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("backend").String(engine.backend())
-        .Key("fixed_buffers").Bool(engine.uses_fixed_buffers())
-        .Key("pattern").String(fl.pattern)
-        .Key("io_size").Int(static_cast<int64_t>(fl.io_size))
-        .Key("coalesced_size").Int(static_cast<int64_t>(shape.unit_bytes))
-        .Key("qd").Int(fl.qd)
-        .Key("backlog").Int(fl.backlog)
-        .Key("seconds").Double(secs)
-        .Key("bytes").Int(static_cast<int64_t>(out.bytes))
-        .Key("mb_per_s").Double(mbps)
-        .Key("iops").Double(iops)
-        .Key("requests_per_s").Double(rps)
-        .Key("cpu_seconds").Double(out.cpu_seconds)
-        .Key("cpu_s_per_gb").Double(cpu_per_gb)
-        .Key("verify").Bool(fl.verify)
-        .Key("failures").Int(static_cast<int64_t>(out.failures))
-        .Key("read_amplification").Double(st.read_amplification())
-        .Key("mean_queue_depth").Double(st.mean_queue_depth)
-        .Key("idle_with_pending_s").Double(st.idle_with_pending_seconds)
-        .Key("ios").Int(static_cast<int64_t>(st.ios_issued))
-        .Key("requests_coalesced").Int(static_cast<int64_t>(st.requests_coalesced))
+        .Key("backend")
+        .String(engine.backend())
+        .Key("fixed_buffers")
+        .Bool(engine.uses_fixed_buffers())
+        .Key("pattern")
+        .String(fl.pattern)
+        .Key("io_size")
+        .Int(static_cast<int64_t>(fl.io_size))
+        .Key("coalesced_size")
+        .Int(static_cast<int64_t>(shape.unit_bytes))
+        .Key("qd")
+        .Int(fl.qd)
+        .Key("backlog")
+        .Int(fl.backlog)
+        .Key("seconds")
+        .Double(secs)
+        .Key("bytes")
+        .Int(static_cast<int64_t>(out.bytes))
+        .Key("mb_per_s")
+        .Double(mbps)
+        .Key("iops")
+        .Double(iops)
+        .Key("requests_per_s")
+        .Double(rps)
+        .Key("cpu_seconds")
+        .Double(out.cpu_seconds)
+        .Key("cpu_s_per_gb")
+        .Double(cpu_per_gb)
+        .Key("verify")
+        .Bool(fl.verify)
+        .Key("failures")
+        .Int(static_cast<int64_t>(out.failures))
+        .Key("read_amplification")
+        .Double(st.read_amplification())
+        .Key("mean_queue_depth")
+        .Double(st.mean_queue_depth)
+        .Key("idle_with_pending_s")
+        .Double(st.idle_with_pending_seconds)
+        .Key("ios")
+        .Int(static_cast<int64_t>(st.ios_issued))
+        .Key("requests_coalesced")
+        .Int(static_cast<int64_t>(st.requests_coalesced))
         .EndObject();
     CKV_RETURN_IF_ERROR(fl.json.Write(w.str()));
   }
@@ -410,8 +436,9 @@ CLI::Option* AddSize(CLI::App& app, const std::string& name, uint64_t max, const
 // Returns the exit code when the program should stop (help, version, a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* fl) {
   CLI::App app{"Read throughput and CPU cost of the prefetch read engine.", "io_bench"};
-  cli::Configure(app, "See bench/io_bench.cc for what each pattern reads, and bench/io_vs_fio.sh "
-                      "for the comparison with fio.");
+  cli::Configure(app,
+                 "See bench/io_bench.cc for what each pattern reads, and bench/io_vs_fio.sh "
+                 "for the comparison with fio.");
   app.add_option("--file", fl->file, "the file to read (created at --file-size when missing)")
       ->required()
       ->type_name("F");
@@ -426,17 +453,20 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* fl) {
                  });
   AddSize(app, "--qd", 1024, "reads kept in the device (default 64)",
           [fl](uint64_t n) { fl->qd = static_cast<uint32_t>(n); });
-  cli::AddParsed(app, "--seconds", "how long to read (default 5)", "S", "a number of seconds > 0",
-                 [fl](const std::string& v) {
-                   return cli::ParseDouble(v, &fl->seconds) && fl->seconds > 0;
-                 });
+  cli::AddParsed(
+      app, "--seconds", "how long to read (default 5)", "S", "a number of seconds > 0",
+      [fl](const std::string& v) { return cli::ParseDouble(v, &fl->seconds) && fl->seconds > 0; });
   cli::AddParsed(app, "--backend", "auto (default), uring or threads", "B",
                  "auto, uring or threads", [fl](const std::string& v) {
                    using Backend = decltype(fl->backend);
-                   if (v == "auto") fl->backend = Backend::kAuto;
-                   else if (v == "uring") fl->backend = Backend::kUring;
-                   else if (v == "threads") fl->backend = Backend::kThreads;
-                   else return false;
+                   if (v == "auto")
+                     fl->backend = Backend::kAuto;
+                   else if (v == "uring")
+                     fl->backend = Backend::kUring;
+                   else if (v == "threads")
+                     fl->backend = Backend::kThreads;
+                   else
+                     return false;
                    return true;
                  });
   AddSize(app, "--run-records", 256, "records per run with --pattern runs (default 8)",

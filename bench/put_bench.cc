@@ -71,7 +71,7 @@ struct Flags {
   bool steady_state = false;
   bool direct_writes = false;
   std::optional<uint64_t> reclaim_margin;  // --steady-state: EngineOptions::reclaim_margin_bytes
-  uint64_t puts = 48;     // --steady-state: Puts into the capped store
+  uint64_t puts = 48;                      // --steady-state: Puts into the capped store
   uint64_t cap_puts = 8;  // --steady-state: prefixes the cap holds (and warm-up Puts)
   uint64_t repeat = 3;
   uint64_t seed = 1;
@@ -84,17 +84,16 @@ struct Flags {
   bool print_bytes = false;
 };
 
-int Usage(const std::string& message) {
-  return cli::UsageError("put_bench", message);
-}
+int Usage(const std::string& message) { return cli::UsageError("put_bench", message); }
 
 // Returns the exit code when the program should stop (help, version, a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   CLI::App app{"Times Engine::Put of one synthetic prefix into a fresh store under DIR, R times.",
                "put_bench"};
   cli::Configure(app);
-  app.add_option("--store", f->store, "directory for the stores (DIR/put-bench-<i>; created if "
-                                      "missing)")
+  app.add_option("--store", f->store,
+                 "directory for the stores (DIR/put-bench-<i>; created if "
+                 "missing)")
       ->type_name("DIR");
   app.add_option("--model", f->model,
                  "qwen2.5-0.5b, qwen2.5-7b (default; qwen2.5-0.5b with --steady-state), "
@@ -124,8 +123,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                "--steady-state: the cap holds K prefixes and a half; the first K Puts are the "
                "warm-up, and K Puts into an uncapped store give the uncapped figure (default 8)",
                "K");
-  cli::AddUint(app, "--repeat", &f->repeat, "timed Puts, each into a fresh store (default 3)",
-               "R");
+  cli::AddUint(app, "--repeat", &f->repeat, "timed Puts, each into a fresh store (default 3)", "R");
   cli::AddJson(app, &f->json);
   cli::AddParsed(app, "--dtype", "fp16 (default), bf16, fp32", "T", "fp16, bf16 or fp32",
                  [f](const std::string& v) {
@@ -137,16 +135,20 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   cli::AddParsed(app, "--layout", "record layout of the stores (default layer-major)", "L",
                  "layer-major or period-major", [f](const std::string& v) {
                    if (v != "layer-major" && v != "period-major") return false;
-                   f->layout = v == "layer-major" ? RecordLayout::kLayerMajor
-                                                  : RecordLayout::kPeriodMajor;
+                   f->layout =
+                       v == "layer-major" ? RecordLayout::kLayerMajor : RecordLayout::kPeriodMajor;
                    return true;
                  });
   cli::AddParsed(app, "--io-backend", "auto (default), uring, threads", "B",
                  "auto, uring or threads", [f](const std::string& v) {
-                   if (v == "auto") f->io_backend = IoBackend::kAuto;
-                   else if (v == "uring") f->io_backend = IoBackend::kUring;
-                   else if (v == "threads") f->io_backend = IoBackend::kThreads;
-                   else return false;
+                   if (v == "auto")
+                     f->io_backend = IoBackend::kAuto;
+                   else if (v == "uring")
+                     f->io_backend = IoBackend::kUring;
+                   else if (v == "threads")
+                     f->io_backend = IoBackend::kThreads;
+                   else
+                     return false;
                    return true;
                  });
   app.add_flag("--keep", f->keep, "keep the last store instead of removing it");
@@ -169,7 +171,8 @@ class BenchKv {
     for (auto* side : {&tensors_.k, &tensors_.v}) {
       for (std::span<const std::byte>& t : *side) {
         const size_t rounded = (t.size() + 4095) / 4096 * 4096;
-        std::byte* p = static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
+        std::byte* p =
+            static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
         if (p == nullptr) throw std::bad_alloc();
         memory_.emplace_back(p, &std::free);
         std::memcpy(p, t.data(), t.size());
@@ -193,7 +196,9 @@ double Median(std::vector<double> v) {
 struct Run {
   uint64_t bytes_written = 0;
   double seconds = 0;
-  double gbps() const { return seconds > 0 ? static_cast<double>(bytes_written) / 1e9 / seconds : 0; }
+  double gbps() const {
+    return seconds > 0 ? static_cast<double>(bytes_written) / 1e9 / seconds : 0;
+  }
 };
 
 // The options of a store each measurement creates afresh (it must not exist yet).
@@ -209,13 +214,13 @@ EngineOptions FreshStoreOptions(const Flags& f) {
 
 // R timed Puts of `tokens` into fresh stores under f.store (see the banner).
 absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
-                                          const std::vector<int32_t>& tokens,
-                                          const BenchKv& kv) {
+                                          const std::vector<int32_t>& tokens, const BenchKv& kv) {
   std::error_code ec;
   std::vector<Run> runs;
   std::string previous;
   for (uint64_t i = 1; i <= f.repeat; ++i) {
-    const std::string dir = (std::filesystem::path(f.store) / ("put-bench-" + std::to_string(i))).string();
+    const std::string dir =
+        (std::filesystem::path(f.store) / ("put-bench-" + std::to_string(i))).string();
     for (const std::string& stale : {previous, dir}) {
       if (stale.empty()) continue;
       std::filesystem::remove_all(stale, ec);
@@ -232,7 +237,8 @@ absl::StatusOr<std::vector<Run>> TimePuts(const Flags& f, const ModelSpec& spec,
     {
       auto engine = Engine::Open(options, dir);
       if (!engine.ok()) {
-        return absl::Status(engine.status().code(), "open " + dir + ": " + engine.status().ToString());
+        return absl::Status(engine.status().code(),
+                            "open " + dir + ": " + engine.status().ToString());
       }
       const auto start = std::chrono::steady_clock::now();
       auto result = (*engine)->Put(spec, tokens, kv.tensors());
@@ -287,28 +293,45 @@ std::string ResultJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
                        const std::vector<Run>& runs, const Summary& s) {
   tools::JsonWriter w;
   w.BeginObject()
-      .Key("benchmark").String("put_bench")
-      .Key("model").String(f.model)
-      .Key("spec").String(spec.DebugString())
-      .Key("dtype").String(DTypeName(spec.dtype))
-      .Key("layout").String(f.layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major")
-      .Key("tokens").Uint(f.tokens)
-      .Key("direct_writes").Bool(f.direct_writes)
-      .Key("chunks").Uint(f.tokens / spec.chunk_tokens)
-      .Key("kv_bytes").Uint(kv_bytes)
-      .Key("store").String(f.store)
-      .Key("runs").BeginArray();
+      .Key("benchmark")
+      .String("put_bench")
+      .Key("model")
+      .String(f.model)
+      .Key("spec")
+      .String(spec.DebugString())
+      .Key("dtype")
+      .String(DTypeName(spec.dtype))
+      .Key("layout")
+      .String(f.layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major")
+      .Key("tokens")
+      .Uint(f.tokens)
+      .Key("direct_writes")
+      .Bool(f.direct_writes)
+      .Key("chunks")
+      .Uint(f.tokens / spec.chunk_tokens)
+      .Key("kv_bytes")
+      .Uint(kv_bytes)
+      .Key("store")
+      .String(f.store)
+      .Key("runs")
+      .BeginArray();
   for (const Run& r : runs) {
     w.BeginObject()
-        .Key("bytes_written").Uint(r.bytes_written)
-        .Key("seconds").Double(r.seconds)
-        .Key("gbps").Double(r.gbps())
+        .Key("bytes_written")
+        .Uint(r.bytes_written)
+        .Key("seconds")
+        .Double(r.seconds)
+        .Key("gbps")
+        .Double(r.gbps())
         .EndObject();
   }
   w.EndArray()
-      .Key("median_gbps").Double(s.median)
-      .Key("min_gbps").Double(s.min)
-      .Key("max_gbps").Double(s.max)
+      .Key("median_gbps")
+      .Double(s.median)
+      .Key("min_gbps")
+      .Double(s.min)
+      .Key("max_gbps")
+      .Double(s.max)
       .EndObject();
   return w.str();
 }
@@ -321,7 +344,9 @@ struct SteadyPut {
   double seconds = 0;
   uint64_t chunks_evicted = 0;  // by the store since the previous Put returned (inline + reclaimer)
   bool warmup = false;
-  double gbps() const { return seconds > 0 ? static_cast<double>(bytes_written) / 1e9 / seconds : 0; }
+  double gbps() const {
+    return seconds > 0 ? static_cast<double>(bytes_written) / 1e9 / seconds : 0;
+  }
 };
 
 struct SteadyPhase {
@@ -340,10 +365,9 @@ double Percentile(std::vector<double> v, double pct) {
 
 // Puts `count` new prefixes (tokens from seeds first_seed, first_seed + 1, ...; the same KV
 // bytes each time: only the tokens name the chunks) back to back into a fresh store at `dir`.
-absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec,
-                                           const BenchKv& kv, const std::string& dir,
-                                           uint64_t count, uint64_t cap_bytes,
-                                           uint64_t warmup) {
+absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec, const BenchKv& kv,
+                                           const std::string& dir, uint64_t count,
+                                           uint64_t cap_bytes, uint64_t warmup) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "remove " + dir);
@@ -363,8 +387,8 @@ absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec
     SteadyPut put;
     put.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!result.ok()) {
-      return absl::Status(result.status().code(), "put " + std::to_string(i + 1) + " into " +
-                                                      dir + ": " + result.status().ToString());
+      return absl::Status(result.status().code(), "put " + std::to_string(i + 1) + " into " + dir +
+                                                      ": " + result.status().ToString());
     }
     put.bytes_written = result->bytes_written;
     // Evictions since the previous Put returned: this Put's inline ones and the background
@@ -380,10 +404,10 @@ absl::StatusOr<SteadyPhase> RunSteadyPhase(const Flags& f, const ModelSpec& spec
 }
 
 struct SteadySummary {
-  Summary gbps;                     // of the Puts after the warm-up
+  Summary gbps;  // of the Puts after the warm-up
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
-  uint64_t measured = 0;            // Puts after the warm-up
-  uint64_t evicting = 0;            // of which evicted
+  uint64_t measured = 0;  // Puts after the warm-up
+  uint64_t evicting = 0;  // of which evicted
   Summary uncapped_gbps;
   double uncapped_p50_ms = 0;
 };
@@ -412,85 +436,131 @@ SteadySummary SummarizeSteady(const SteadyPhase& capped, const SteadyPhase& unca
   return s;
 }
 
-void PrintSteady(const Flags& f, const ModelSpec& spec, uint64_t cap_bytes,
-                 const SteadySummary& s, const EngineStats& st) {
-  std::printf("Put at steady state: %s, %llu tokens a Put, %llu Puts (%llu warm-up) into a store "
-              "capped at %.3f GB, under %s\n",
-              spec.DebugString().c_str(), static_cast<unsigned long long>(f.tokens),
-              static_cast<unsigned long long>(f.puts), static_cast<unsigned long long>(f.cap_puts),
-              static_cast<double>(cap_bytes) / 1e9, f.store.c_str());
-  std::printf("capped    median %.3f GB/s, min %.3f, max %.3f; latency p50 %.1f ms, p99 %.1f ms, "
-              "max %.1f ms; %llu of %llu Puts evicted\n",
-              s.gbps.median, s.gbps.min, s.gbps.max, s.p50_ms, s.p99_ms, s.max_ms,
-              static_cast<unsigned long long>(s.evicting),
-              static_cast<unsigned long long>(s.measured));
+void PrintSteady(const Flags& f, const ModelSpec& spec, uint64_t cap_bytes, const SteadySummary& s,
+                 const EngineStats& st) {
+  std::printf(
+      "Put at steady state: %s, %llu tokens a Put, %llu Puts (%llu warm-up) into a store "
+      "capped at %.3f GB, under %s\n",
+      spec.DebugString().c_str(), static_cast<unsigned long long>(f.tokens),
+      static_cast<unsigned long long>(f.puts), static_cast<unsigned long long>(f.cap_puts),
+      static_cast<double>(cap_bytes) / 1e9, f.store.c_str());
+  std::printf(
+      "capped    median %.3f GB/s, min %.3f, max %.3f; latency p50 %.1f ms, p99 %.1f ms, "
+      "max %.1f ms; %llu of %llu Puts evicted\n",
+      s.gbps.median, s.gbps.min, s.gbps.max, s.p50_ms, s.p99_ms, s.max_ms,
+      static_cast<unsigned long long>(s.evicting), static_cast<unsigned long long>(s.measured));
   std::printf("uncapped  median %.3f GB/s, min %.3f, max %.3f; latency p50 %.1f ms (%llu Puts)\n",
-              s.uncapped_gbps.median, s.uncapped_gbps.min, s.uncapped_gbps.max,
-              s.uncapped_p50_ms, static_cast<unsigned long long>(f.cap_puts));
-  std::printf("store     put latency p50 %.1f ms, p99 %.1f ms, max %.1f ms over %llu Puts; "
-              "%llu waited for staging\n",
-              static_cast<double>(st.put_latency_p50_us) / 1e3,
-              static_cast<double>(st.put_latency_p99_us) / 1e3,
-              static_cast<double>(st.put_latency_max_us) / 1e3,
-              static_cast<unsigned long long>(st.put_latency_window),
-              static_cast<unsigned long long>(st.put_staging_waits));
+              s.uncapped_gbps.median, s.uncapped_gbps.min, s.uncapped_gbps.max, s.uncapped_p50_ms,
+              static_cast<unsigned long long>(f.cap_puts));
+  std::printf(
+      "store     put latency p50 %.1f ms, p99 %.1f ms, max %.1f ms over %llu Puts; "
+      "%llu waited for staging\n",
+      static_cast<double>(st.put_latency_p50_us) / 1e3,
+      static_cast<double>(st.put_latency_p99_us) / 1e3,
+      static_cast<double>(st.put_latency_max_us) / 1e3,
+      static_cast<unsigned long long>(st.put_latency_window),
+      static_cast<unsigned long long>(st.put_staging_waits));
 }
 
-std::string SteadyJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
-                       uint64_t cap_bytes, const SteadyPhase& capped, const SteadySummary& s) {
+std::string SteadyJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes, uint64_t cap_bytes,
+                       const SteadyPhase& capped, const SteadySummary& s) {
   const EngineStats& st = capped.stats;
   tools::JsonWriter w;
   w.BeginObject()
-      .Key("benchmark").String("put_bench")
-      .Key("mode").String("steady-state")
-      .Key("model").String(f.model)
-      .Key("spec").String(spec.DebugString())
-      .Key("tokens").Uint(f.tokens)
-      .Key("direct_writes").Bool(f.direct_writes)
-      .Key("kv_bytes").Uint(kv_bytes)
-      .Key("store").String(f.store)
-      .Key("puts").Uint(f.puts)
-      .Key("warmup_puts").Uint(f.cap_puts)
-      .Key("cap_bytes").Uint(cap_bytes)
-      .Key("runs").BeginArray();
+      .Key("benchmark")
+      .String("put_bench")
+      .Key("mode")
+      .String("steady-state")
+      .Key("model")
+      .String(f.model)
+      .Key("spec")
+      .String(spec.DebugString())
+      .Key("tokens")
+      .Uint(f.tokens)
+      .Key("direct_writes")
+      .Bool(f.direct_writes)
+      .Key("kv_bytes")
+      .Uint(kv_bytes)
+      .Key("store")
+      .String(f.store)
+      .Key("puts")
+      .Uint(f.puts)
+      .Key("warmup_puts")
+      .Uint(f.cap_puts)
+      .Key("cap_bytes")
+      .Uint(cap_bytes)
+      .Key("runs")
+      .BeginArray();
   for (const SteadyPut& p : capped.puts) {
     w.BeginObject()
-        .Key("warmup").Bool(p.warmup)
-        .Key("bytes_written").Uint(p.bytes_written)
-        .Key("seconds").Double(p.seconds)
-        .Key("gbps").Double(p.gbps())
-        .Key("chunks_evicted").Uint(p.chunks_evicted)
+        .Key("warmup")
+        .Bool(p.warmup)
+        .Key("bytes_written")
+        .Uint(p.bytes_written)
+        .Key("seconds")
+        .Double(p.seconds)
+        .Key("gbps")
+        .Double(p.gbps())
+        .Key("chunks_evicted")
+        .Uint(p.chunks_evicted)
         .EndObject();
   }
   w.EndArray()
-      .Key("measured_puts").Uint(s.measured)
-      .Key("puts_evicting").Uint(s.evicting)
-      .Key("every_put_evicted").Bool(s.measured > 0 && s.evicting == s.measured)
-      .Key("median_gbps").Double(s.gbps.median)
-      .Key("min_gbps").Double(s.gbps.min)
-      .Key("max_gbps").Double(s.gbps.max)
-      .Key("latency_p50_ms").Double(s.p50_ms)
-      .Key("latency_p99_ms").Double(s.p99_ms)
-      .Key("latency_max_ms").Double(s.max_ms)
-      .Key("uncapped").BeginObject()
-      .Key("puts").Uint(f.cap_puts)
-      .Key("median_gbps").Double(s.uncapped_gbps.median)
-      .Key("min_gbps").Double(s.uncapped_gbps.min)
-      .Key("max_gbps").Double(s.uncapped_gbps.max)
-      .Key("latency_p50_ms").Double(s.uncapped_p50_ms)
+      .Key("measured_puts")
+      .Uint(s.measured)
+      .Key("puts_evicting")
+      .Uint(s.evicting)
+      .Key("every_put_evicted")
+      .Bool(s.measured > 0 && s.evicting == s.measured)
+      .Key("median_gbps")
+      .Double(s.gbps.median)
+      .Key("min_gbps")
+      .Double(s.gbps.min)
+      .Key("max_gbps")
+      .Double(s.gbps.max)
+      .Key("latency_p50_ms")
+      .Double(s.p50_ms)
+      .Key("latency_p99_ms")
+      .Double(s.p99_ms)
+      .Key("latency_max_ms")
+      .Double(s.max_ms)
+      .Key("uncapped")
+      .BeginObject()
+      .Key("puts")
+      .Uint(f.cap_puts)
+      .Key("median_gbps")
+      .Double(s.uncapped_gbps.median)
+      .Key("min_gbps")
+      .Double(s.uncapped_gbps.min)
+      .Key("max_gbps")
+      .Double(s.uncapped_gbps.max)
+      .Key("latency_p50_ms")
+      .Double(s.uncapped_p50_ms)
       .EndObject()
-      .Key("store_stats").BeginObject()
-      .Key("put_latency_p50_us").Uint(st.put_latency_p50_us)
-      .Key("put_latency_p99_us").Uint(st.put_latency_p99_us)
-      .Key("put_latency_max_us").Uint(st.put_latency_max_us)
-      .Key("put_latency_window").Uint(st.put_latency_window)
-      .Key("put_staging_waits").Uint(st.put_staging_waits)
-      .Key("put_direct_bytes").Uint(st.put_direct_bytes)
-      .Key("chunks_evicted").Uint(st.chunks_evicted)
-      .Key("inline_evictions").Uint(st.inline_evictions)
-      .Key("reclaim_rounds").Uint(st.reclaim_rounds)
-      .Key("reclaim_margin_bytes").Uint(st.reclaim_margin_bytes)
-      .Key("disk_bytes_used").Uint(st.disk_bytes_used)
+      .Key("store_stats")
+      .BeginObject()
+      .Key("put_latency_p50_us")
+      .Uint(st.put_latency_p50_us)
+      .Key("put_latency_p99_us")
+      .Uint(st.put_latency_p99_us)
+      .Key("put_latency_max_us")
+      .Uint(st.put_latency_max_us)
+      .Key("put_latency_window")
+      .Uint(st.put_latency_window)
+      .Key("put_staging_waits")
+      .Uint(st.put_staging_waits)
+      .Key("put_direct_bytes")
+      .Uint(st.put_direct_bytes)
+      .Key("chunks_evicted")
+      .Uint(st.chunks_evicted)
+      .Key("inline_evictions")
+      .Uint(st.inline_evictions)
+      .Key("reclaim_rounds")
+      .Uint(st.reclaim_rounds)
+      .Key("reclaim_margin_bytes")
+      .Uint(st.reclaim_margin_bytes)
+      .Key("disk_bytes_used")
+      .Uint(st.disk_bytes_used)
       .EndObject()
       .EndObject();
   return w.str();
@@ -566,8 +636,8 @@ int Main(int argc, char** argv) {
   if (f.store.empty()) return Usage("--store DIR is required");
   if (f.repeat == 0 || f.repeat > 1000) return Usage("--repeat must be in 1..1000");
   if (f.steady_state && (f.cap_puts == 0 || f.puts <= f.cap_puts || f.puts > 100000)) {
-    return Usage("--puts " + std::to_string(f.puts) + " --cap-puts " +
-                 std::to_string(f.cap_puts) + ": need 1 <= K < N <= 100000");
+    return Usage("--puts " + std::to_string(f.puts) + " --cap-puts " + std::to_string(f.cap_puts) +
+                 ": need 1 <= K < N <= 100000");
   }
 
   std::error_code ec;

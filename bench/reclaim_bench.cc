@@ -72,7 +72,8 @@ double TimedPut(Engine& engine, const ModelSpec& spec, uint64_t seed, uint64_t c
 
 int RunMode(const Flags& f, bool background, Row* row) {
   const ModelSpec spec = BenchSpec();
-  const std::string dir = f.store + (background ? "/reclaim-bench-background" : "/reclaim-bench-inline");
+  const std::string dir =
+      f.store + (background ? "/reclaim-bench-background" : "/reclaim-bench-inline");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   // One chunk's bytes: measured from a probe store (records and key summaries, 4 KiB slots).
@@ -85,8 +86,9 @@ int RunMode(const Flags& f, bool background, Row* row) {
   std::filesystem::remove_all(dir + "-probe", ec);
   EngineOptions options;
   options.max_disk_bytes = f.chunks * chunk_bytes / 256 * 257 + (64 << 10);
-  options.reclaim_margin_bytes = background ? (f.margin > 0 ? std::optional(f.margin) : std::nullopt)
-                                            : std::optional<uint64_t>(0);
+  options.reclaim_margin_bytes = background
+                                     ? (f.margin > 0 ? std::optional(f.margin) : std::nullopt)
+                                     : std::optional<uint64_t>(0);
   auto engine = Engine::Open(options, dir);
   if (!engine.ok()) {
     std::fprintf(stderr, "reclaim_bench: open %s: %s\n", dir.c_str(),
@@ -126,9 +128,10 @@ int RunMode(const Flags& f, bool background, Row* row) {
 int main(int argc, char** argv) {
   using namespace ckv;
   Flags f;
-  CLI::App app{"Times Puts under a full cap with inline eviction and with the background "
-               "reclaimer.",
-               "reclaim_bench"};
+  CLI::App app{
+      "Times Puts under a full cap with inline eviction and with the background "
+      "reclaimer.",
+      "reclaim_bench"};
   cli::Configure(app);
   app.add_option("--store", f.store, "directory for the stores (created if missing)")
       ->type_name("DIR")
@@ -136,15 +139,16 @@ int main(int argc, char** argv) {
   cli::AddUint(app, "--chunks", &f.chunks, "chunks the cap holds (default 100000)");
   cli::AddUint(app, "--chunks-per-put", &f.chunks_per_put, "new chunks per Put (default 64)");
   cli::AddUint(app, "--puts", &f.puts, "timed Puts per mode (default 200)");
-  cli::AddBytes(app, "--margin", &f.margin, "reclaim margin of the background mode (default: "
-                                            "the engine's, max(64 MiB, 5% of the cap) <= cap/8)");
+  cli::AddBytes(app, "--margin", &f.margin,
+                "reclaim margin of the background mode (default: "
+                "the engine's, max(64 MiB, 5% of the cap) <= cap/8)");
   if (auto code = cli::Parse(app, argc, argv)) return *code;
   if (f.chunks == 0 || f.chunks_per_put == 0 || f.puts == 0) {
     return cli::UsageError("reclaim_bench", "--chunks, --chunks-per-put and --puts must be > 0");
   }
   std::filesystem::create_directories(f.store);
-  std::printf("%-10s %9s %10s %10s %10s %8s %8s %9s %12s\n", "mode", "chunks", "p50 ms",
-              "p99 ms", "max ms", "inline", "rounds", "reclaimed", "margin B");
+  std::printf("%-10s %9s %10s %10s %10s %8s %8s %9s %12s\n", "mode", "chunks", "p50 ms", "p99 ms",
+              "max ms", "inline", "rounds", "reclaimed", "margin B");
   for (bool background : {false, true}) {
     Row row;
     if (int code = RunMode(f, background, &row); code != cli::kExitOk) return code;

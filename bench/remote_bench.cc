@@ -106,9 +106,9 @@ double TimedReprefill(Engine& engine, const ModelSpec& spec, const std::vector<i
 
 struct ReprefillFigures {
   uint64_t chunks = 0;
-  double local_s = 0;       // median Re-Prefill on the store that holds the prefix
-  double cold_s = 0;        // median Re-Prefill on an empty store, filled from the cluster
-  double cold_fill_s = 0;   // of which the fill (a Lookup that fetches and stores)
+  double local_s = 0;      // median Re-Prefill on the store that holds the prefix
+  double cold_s = 0;       // median Re-Prefill on an empty store, filled from the cluster
+  double cold_fill_s = 0;  // of which the fill (a Lookup that fetches and stores)
   double cold_session_s = 0;
   uint64_t fetched_bytes = 0;  // per cold run, from the cluster before its session ended
   bool selecting = false;      // the cold session read only its selection from the cluster
@@ -144,8 +144,8 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
     return cli::kExitError;
   }
   const Selector selector = *ParseSelector(f.selector);  // checked by main
-  out->selecting = (selector == Selector::kQuest || selector == Selector::kMeanKey) &&
-                   f.budget < 1.0;
+  out->selecting =
+      (selector == Selector::kQuest || selector == Selector::kMeanKey) && f.budget < 1.0;
   std::vector<double> local, cold, fill, session;
   for (uint64_t r = 0; r < f.runs; ++r) {
     uint64_t matched = 0;
@@ -182,11 +182,10 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
     session.push_back(session_s);
     cold.push_back(fill_s + session_s);
     const EngineStats st = (*b)->Stats();
-    out->fetched_bytes =
-        out->selecting
-            ? st.remote_head_chunks * remote::LayoutOfChunkValue(spec).head_bytes +
-                  st.remote_session_record_bytes
-            : st.remote_fetched_bytes;
+    out->fetched_bytes = out->selecting
+                             ? st.remote_head_chunks * remote::LayoutOfChunkValue(spec).head_bytes +
+                                   st.remote_session_record_bytes
+                             : st.remote_fetched_bytes;
     // The fill a selecting session queued at Finish: done before the next run is timed.
     if (!engine::WaitUntilRemotePublished(**b, absl::Seconds(300))) return cli::kExitError;
     b->reset();
@@ -202,8 +201,8 @@ int MeasureReprefill(const Flags& f, const ModelSpec& spec, ReprefillFigures* ou
 struct ThroughputFigures {
   uint64_t value_bytes = 0;
   uint64_t masters = 0;
-  double ckv_gets_per_s = 0;        // MultiGetInto: the caller's strings reused
-  double ckv_fresh_gets_per_s = 0;  // MultiGet: a fresh string per value
+  double ckv_gets_per_s = 0;              // MultiGetInto: the caller's strings reused
+  double ckv_fresh_gets_per_s = 0;        // MultiGet: a fresh string per value
   double redis_benchmark_gets_per_s = 0;  // 0: not measured
   std::string redis_benchmark_note;
 };
@@ -304,9 +303,9 @@ int MeasureThroughput(const Flags& f, const ModelSpec& spec, ThroughputFigures* 
     return cli::kExitOk;
   }
   const remote::Endpoint& seed = (*seeds)[0];
-  const std::string common = absl::StrCat(
-      rb, " -h ", seed.host, " -p ", seed.port, " --cluster -d ", out->value_bytes, " -P ",
-      f.depth, " -c ", out->masters, " -r ", kKeys, " --csv");
+  const std::string common =
+      absl::StrCat(rb, " -h ", seed.host, " -p ", seed.port, " --cluster -d ", out->value_bytes,
+                   " -P ", f.depth, " -c ", out->masters, " -r ", kKeys, " --csv");
   RunCommand(absl::StrCat(common, " -t set -n ", 16 * kKeys, " 2>&1"));
   // As many GETs as the client did (at least 2,000), so both run for a similar time.
   const uint64_t n = std::max<uint64_t>(2000, gets);
@@ -324,9 +323,10 @@ int MeasureThroughput(const Flags& f, const ModelSpec& spec, ThroughputFigures* 
 int main(int argc, char** argv) {
   using namespace ckv;
   Flags f;
-  CLI::App app{"Re-Prefill served from a Redis Cluster against local NVMe, and the tier's GET "
-               "throughput against redis-benchmark.",
-               "remote_bench"};
+  CLI::App app{
+      "Re-Prefill served from a Redis Cluster against local NVMe, and the tier's GET "
+      "throughput against redis-benchmark.",
+      "remote_bench"};
   cli::Configure(app, "bench/remote_bench.sh starts a throwaway cluster on loopback and runs it.");
   app.add_option("--remote", f.remote, "any node of the cluster")
       ->type_name("HOST:PORT")
@@ -372,47 +372,68 @@ int main(int argc, char** argv) {
   if (f.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("model").String(f.model)
-        .Key("tokens").Uint(f.tokens)
-        .Key("chunks").Uint(rp.chunks)
-        .Key("budget").Double(f.budget)
-        .Key("selector").String(f.selector)
-        .Key("selecting").Bool(rp.selecting)
-        .Key("runs").Uint(f.runs)
-        .Key("reprefill_local_s").Double(rp.local_s)
-        .Key("reprefill_cold_remote_s").Double(rp.cold_s)
-        .Key("cold_fill_s").Double(rp.cold_fill_s)
-        .Key("cold_session_s").Double(rp.cold_session_s)
-        .Key("fetched_bytes").Uint(rp.fetched_bytes)
-        .Key("value_bytes").Uint(tp.value_bytes)
-        .Key("masters").Uint(tp.masters)
-        .Key("depth").Uint(f.depth)
-        .Key("ckv_gets_per_s").Double(tp.ckv_gets_per_s)
-        .Key("ckv_fresh_gets_per_s").Double(tp.ckv_fresh_gets_per_s)
-        .Key("redis_benchmark_gets_per_s").Double(tp.redis_benchmark_gets_per_s)
-        .Key("ratio").Double(ratio)
-        .Key("fresh_ratio").Double(fresh_ratio)
+        .Key("model")
+        .String(f.model)
+        .Key("tokens")
+        .Uint(f.tokens)
+        .Key("chunks")
+        .Uint(rp.chunks)
+        .Key("budget")
+        .Double(f.budget)
+        .Key("selector")
+        .String(f.selector)
+        .Key("selecting")
+        .Bool(rp.selecting)
+        .Key("runs")
+        .Uint(f.runs)
+        .Key("reprefill_local_s")
+        .Double(rp.local_s)
+        .Key("reprefill_cold_remote_s")
+        .Double(rp.cold_s)
+        .Key("cold_fill_s")
+        .Double(rp.cold_fill_s)
+        .Key("cold_session_s")
+        .Double(rp.cold_session_s)
+        .Key("fetched_bytes")
+        .Uint(rp.fetched_bytes)
+        .Key("value_bytes")
+        .Uint(tp.value_bytes)
+        .Key("masters")
+        .Uint(tp.masters)
+        .Key("depth")
+        .Uint(f.depth)
+        .Key("ckv_gets_per_s")
+        .Double(tp.ckv_gets_per_s)
+        .Key("ckv_fresh_gets_per_s")
+        .Double(tp.ckv_fresh_gets_per_s)
+        .Key("redis_benchmark_gets_per_s")
+        .Double(tp.redis_benchmark_gets_per_s)
+        .Key("ratio")
+        .Double(ratio)
+        .Key("fresh_ratio")
+        .Double(fresh_ratio)
         .EndObject();
     if (absl::Status s = f.json.Write(w.str()); !s.ok()) return cli::kExitError;
     if (f.json.ToStdout()) return cli::kExitOk;
   }
-  std::printf("Re-Prefill of %llu tokens (%llu chunks) of %s, %s at budget %.2f, median of "
-              "%llu:\n",
-              static_cast<unsigned long long>(f.tokens), static_cast<unsigned long long>(rp.chunks),
-              f.model.c_str(), f.selector.c_str(), f.budget,
-              static_cast<unsigned long long>(f.runs));
+  std::printf(
+      "Re-Prefill of %llu tokens (%llu chunks) of %s, %s at budget %.2f, median of "
+      "%llu:\n",
+      static_cast<unsigned long long>(f.tokens), static_cast<unsigned long long>(rp.chunks),
+      f.model.c_str(), f.selector.c_str(), f.budget, static_cast<unsigned long long>(f.runs));
   std::printf("  local NVMe                 %8.1f ms\n", rp.local_s * 1e3);
   if (rp.selecting) {
-    std::printf("  cold, from the cluster     %8.1f ms  (heads and selected records: %.1f MB "
-                "fetched, verified)  %.2fx local\n",
-                rp.cold_s * 1e3, static_cast<double>(rp.fetched_bytes) / 1e6,
-                rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
+    std::printf(
+        "  cold, from the cluster     %8.1f ms  (heads and selected records: %.1f MB "
+        "fetched, verified)  %.2fx local\n",
+        rp.cold_s * 1e3, static_cast<double>(rp.fetched_bytes) / 1e6,
+        rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
   } else {
-    std::printf("  cold, from the cluster     %8.1f ms  (fill %.1f ms: %.1f MB fetched, verified, "
-                "stored; session %.1f ms)  %.2fx local\n",
-                rp.cold_s * 1e3, rp.cold_fill_s * 1e3,
-                static_cast<double>(rp.fetched_bytes) / 1e6, rp.cold_session_s * 1e3,
-                rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
+    std::printf(
+        "  cold, from the cluster     %8.1f ms  (fill %.1f ms: %.1f MB fetched, verified, "
+        "stored; session %.1f ms)  %.2fx local\n",
+        rp.cold_s * 1e3, rp.cold_fill_s * 1e3, static_cast<double>(rp.fetched_bytes) / 1e6,
+        rp.cold_session_s * 1e3, rp.local_s > 0 ? rp.cold_s / rp.local_s : 0);
   }
   std::printf("GET of %llu-byte values, pipeline depth %llu per connection, %llu masters:\n",
               static_cast<unsigned long long>(tp.value_bytes),
@@ -420,8 +441,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(tp.masters));
   std::printf("  ckv client, MultiGetInto   %10.0f GET/s  (%.2f GB/s)\n", tp.ckv_gets_per_s,
               tp.ckv_gets_per_s * static_cast<double>(tp.value_bytes) / 1e9);
-  std::printf("  ckv client, MultiGet       %10.0f GET/s  (%.2f GB/s)\n",
-              tp.ckv_fresh_gets_per_s,
+  std::printf("  ckv client, MultiGet       %10.0f GET/s  (%.2f GB/s)\n", tp.ckv_fresh_gets_per_s,
               tp.ckv_fresh_gets_per_s * static_cast<double>(tp.value_bytes) / 1e9);
   if (tp.redis_benchmark_gets_per_s > 0) {
     std::printf("  redis-benchmark            %10.0f GET/s  (%.2f GB/s)\n",

@@ -78,38 +78,39 @@ struct Flags {
 };
 
 std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
-  CLI::App app{"The store's capacity policy on a trace: prefix hit rates of ckv's eviction, LRU "
-               "and the infinite cache per cap, with Put and Re-Prefill latency.",
-               kProg};
+  CLI::App app{
+      "The store's capacity policy on a trace: prefix hit rates of ckv's eviction, LRU "
+      "and the infinite cache per cap, with Put and Re-Prefill latency.",
+      kProg};
   cli::Configure(app, "What is measured and how is described in bench/replay_bench.cc.");
   app.add_option("--store", f->store, "directory for the stores (one per cap, made and removed)")
       ->type_name("DIR");
-  app.add_option("--trace", f->trace, "a mooncake or bailian trace, JSON Lines")
-      ->type_name("FILE");
+  app.add_option("--trace", f->trace, "a mooncake or bailian trace, JSON Lines")->type_name("FILE");
   cli::AddUint(app, "--synthetic", &f->synthetic,
                "replay a SYNTHETIC Mooncake-format trace of N requests instead");
-  app.add_option("--write-trace", f->write_trace,
-                 "write the --synthetic trace to FILE and stop")->type_name("FILE");
+  app.add_option("--write-trace", f->write_trace, "write the --synthetic trace to FILE and stop")
+      ->type_name("FILE");
   cli::AddChoice(app, "--format", &f->format, {"auto", "mooncake", "bailian"},
                  "the trace's format (default auto)");
-  cli::AddUint(app, "--block-tokens", &f->block_tokens,
-               "tokens per hash id, 1..65536 (default 32)", "B");
+  cli::AddUint(app, "--block-tokens", &f->block_tokens, "tokens per hash id, 1..65536 (default 32)",
+               "B");
   cli::AddUint(app, "--max-requests", &f->max_requests, "replay the first N (default 0: all)");
   app.add_option("--model", f->model, "model preset (default qwen2.5-0.5b)")->type_name("PRESET");
-  cli::AddParsed(app, "--caps", "caps as fractions of the trace's unique KV bytes (default "
-                 "0.1,0.25,0.5)", "F,...", "a list of fractions in (0, 1]",
-                 [f](const std::string& v) {
-                   f->caps.clear();
-                   for (absl::string_view s : absl::StrSplit(v, ',')) {
-                     double c = 0;
-                     if (!cli::ParseDouble(std::string_view(s.data(), s.size()), &c) ||
-                         !(c > 0 && c <= 1)) {
-                       return false;
-                     }
-                     f->caps.push_back(c);
-                   }
-                   return !f->caps.empty();
-                 });
+  cli::AddParsed(
+      app, "--caps",
+      "caps as fractions of the trace's unique KV bytes (default "
+      "0.1,0.25,0.5)",
+      "F,...", "a list of fractions in (0, 1]", [f](const std::string& v) {
+        f->caps.clear();
+        for (absl::string_view s : absl::StrSplit(v, ',')) {
+          double c = 0;
+          if (!cli::ParseDouble(std::string_view(s.data(), s.size()), &c) || !(c > 0 && c <= 1)) {
+            return false;
+          }
+          f->caps.push_back(c);
+        }
+        return !f->caps.empty();
+      });
   cli::AddChoice(app, "--selector", &f->selector,
                  {"period-exact", "quest", "mean-key", "outlier-key", "oracle"},
                  "the Re-Prefill sessions' selector (default mean-key)");
@@ -126,8 +127,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
                    return true;
                  });
   cli::AddJson(app, &f->json);
-  app.add_option("--plot", f->plot, "draw hit rate by cap with gnuplot into PNG")
-      ->type_name("PNG");
+  app.add_option("--plot", f->plot, "draw hit rate by cap with gnuplot into PNG")->type_name("PNG");
   return cli::Parse(app, argc, argv);
 }
 
@@ -163,7 +163,7 @@ Workload LoadWorkload(const Flags& f, const ModelSpec& spec) {
   if (!format.ok()) Die(format.status());
   if (*format == tools::TraceFormat::kCkv) {
     Die(absl::InvalidArgumentError(name + ": a ckv trace; replay_bench reads mooncake or bailian "
-                                   "traces (kvctl replay reads ckv traces)"));
+                                          "traces (kvctl replay reads ckv traces)"));
   }
   tools::BlockTraceOptions options;
   options.block_tokens = f.block_tokens;
@@ -228,14 +228,13 @@ struct Hits {
 struct CapResult {
   double fraction = 0;
   uint64_t cap_bytes = 0;
-  uint64_t chunk_bytes = 0;     // a chunk on disk, records and summaries
-  uint64_t lru_chunks = 0;      // the simulated LRU's capacity
+  uint64_t chunk_bytes = 0;  // a chunk on disk, records and summaries
+  uint64_t lru_chunks = 0;   // the simulated LRU's capacity
   Hits ckv, lru, infinite;
   uint64_t evicted = 0, refused = 0, lru_evicted = 0;
   uint64_t inline_evictions = 0, reclaim_margin_bytes = 0;  // the store's (EngineStats)
   uint64_t put_bytes = 0;
-  double seconds = 0, lookup_seconds = 0, reprefill_seconds = 0, kv_seconds = 0,
-         put_seconds = 0;
+  double seconds = 0, lookup_seconds = 0, reprefill_seconds = 0, kv_seconds = 0, put_seconds = 0;
   Latency put, reprefill;
 };
 
@@ -256,9 +255,8 @@ absl::Status Reprefill(Engine& engine, const ModelSpec& spec, const ReprefillOpt
 // Replays the workload against a fresh store capped at r->cap_bytes; fills r's store figures
 // and returns each request's hit in chunks.
 absl::StatusOr<std::vector<uint64_t>> RunStore(const Flags& f, const ModelSpec& spec,
-                                               const ReprefillOptions& options,
-                                               const Workload& w, const std::string& dir,
-                                               CapResult* r) {
+                                               const ReprefillOptions& options, const Workload& w,
+                                               const std::string& dir, CapResult* r) {
   EngineOptions eo;
   eo.error_if_exists = true;
   eo.max_disk_bytes = r->cap_bytes;
@@ -298,9 +296,8 @@ absl::StatusOr<std::vector<uint64_t>> RunStore(const Flags& f, const ModelSpec& 
     }
     CKV_RETURN_IF_ERROR(put.status());
     if (put->chunks_existing < generated_from) {  // chunks written from unspecified bytes
-      return absl::InternalError(absl::StrCat("request ", i, ": Put found ",
-                                              put->chunks_existing, " chunks stored of the ",
-                                              matched, " Lookup found"));
+      return absl::InternalError(absl::StrCat("request ", i, ": Put found ", put->chunks_existing,
+                                              " chunks stored of the ", matched, " Lookup found"));
     }
   }
   r->seconds = SecondsSince(start);
@@ -331,54 +328,63 @@ std::string Ms(double seconds) { return absl::StrFormat("%.1f", seconds * 1e3); 
 void PrintTable(const Flags& f, const ModelSpec& spec, const Workload& w,
                 const std::vector<CapResult>& results) {
   const size_t n = w.trace.requests.size();
-  std::printf("%s: %zu requests of %s (%s, %u tokens per hash id), %s, %llu unique chunks "
-              "(%.1f MiB of KV)%s\n",
-              kProg, n, f.synthetic > 0 ? "a SYNTHETIC trace" : f.trace.c_str(),
-              std::string(tools::TraceFormatName(w.trace.format)).c_str(), w.trace.block_tokens,
-              spec.model_id.c_str(), static_cast<unsigned long long>(w.unique_chunks),
-              static_cast<double>(w.unique_chunks * spec.layers * spec.RecordBytes()) / 1048576,
-              f.no_reprefill ? ", no Re-Prefill sessions" : "");
+  std::printf(
+      "%s: %zu requests of %s (%s, %u tokens per hash id), %s, %llu unique chunks "
+      "(%.1f MiB of KV)%s\n",
+      kProg, n, f.synthetic > 0 ? "a SYNTHETIC trace" : f.trace.c_str(),
+      std::string(tools::TraceFormatName(w.trace.format)).c_str(), w.trace.block_tokens,
+      spec.model_id.c_str(), static_cast<unsigned long long>(w.unique_chunks),
+      static_cast<double>(w.unique_chunks * spec.layers * spec.RecordBytes()) / 1048576,
+      f.no_reprefill ? ", no Re-Prefill sessions" : "");
   std::printf("token hit rate (request hit rate)\n");
-  std::printf("%5s %10s %15s %15s %15s %9s %9s %9s %9s %9s %8s\n", "cap", "cap bytes",
-              "ckv store", "lru (sim)", "infinite", "put MB/s", "put p50", "put p99",
-              "put max", "rp p50", "req/s");
+  std::printf("%5s %10s %15s %15s %15s %9s %9s %9s %9s %9s %8s\n", "cap", "cap bytes", "ckv store",
+              "lru (sim)", "infinite", "put MB/s", "put p50", "put p99", "put max", "rp p50",
+              "req/s");
   for (const CapResult& r : results) {
     auto rate = [](const Hits& h) {
       return absl::StrFormat("%5.1f%% (%4.1f%%)", h.token_rate * 100, h.request_rate * 100);
     };
-    std::printf("%4.0f%% %9.1fM %15s %15s %15s %9.1f %8sm %8sm %8sm %8sm %8.1f\n",
-                r.fraction * 100, static_cast<double>(r.cap_bytes) / 1048576,
-                rate(r.ckv).c_str(), rate(r.lru).c_str(), rate(r.infinite).c_str(),
+    std::printf("%4.0f%% %9.1fM %15s %15s %15s %9.1f %8sm %8sm %8sm %8sm %8.1f\n", r.fraction * 100,
+                static_cast<double>(r.cap_bytes) / 1048576, rate(r.ckv).c_str(),
+                rate(r.lru).c_str(), rate(r.infinite).c_str(),
                 r.put_seconds > 0 ? static_cast<double>(r.put_bytes) / r.put_seconds / 1e6 : 0,
                 Ms(r.put.p50).c_str(), Ms(r.put.p99).c_str(), Ms(r.put.max).c_str(),
                 Ms(r.reprefill.p50).c_str(), static_cast<double>(n) / r.seconds);
   }
   std::printf("time per request (ms): ");
   for (const CapResult& r : results) {
-    const double other = r.seconds - r.lookup_seconds - r.reprefill_seconds - r.kv_seconds -
-                         r.put_seconds;
+    const double other =
+        r.seconds - r.lookup_seconds - r.reprefill_seconds - r.kv_seconds - r.put_seconds;
     std::printf("%s%.0f%%: %s (put %s, re-prefill %s, kv generation %s, lookup %s, other %s)",
-                &r == &results.front() ? "" : "; ", r.fraction * 100,
-                Ms(r.seconds / n).c_str(), Ms(r.put_seconds / n).c_str(),
-                Ms(r.reprefill_seconds / n).c_str(), Ms(r.kv_seconds / n).c_str(),
-                Ms(r.lookup_seconds / n).c_str(), Ms(other / n).c_str());
+                &r == &results.front() ? "" : "; ", r.fraction * 100, Ms(r.seconds / n).c_str(),
+                Ms(r.put_seconds / n).c_str(), Ms(r.reprefill_seconds / n).c_str(),
+                Ms(r.kv_seconds / n).c_str(), Ms(r.lookup_seconds / n).c_str(),
+                Ms(other / n).c_str());
   }
   std::printf("\n");
 }
 
 void WriteHits(tools::JsonWriter& w, std::string_view key, const Hits& h) {
-  w.Key(key).BeginObject()
-      .Key("token_hit_rate").Double(h.token_rate)
-      .Key("request_hit_rate").Double(h.request_rate)
+  w.Key(key)
+      .BeginObject()
+      .Key("token_hit_rate")
+      .Double(h.token_rate)
+      .Key("request_hit_rate")
+      .Double(h.request_rate)
       .EndObject();
 }
 
 void WriteLatency(tools::JsonWriter& w, std::string_view key, const Latency& l) {
-  w.Key(key).BeginObject()
-      .Key("p50_seconds").Double(l.p50)
-      .Key("p99_seconds").Double(l.p99)
-      .Key("max_seconds").Double(l.max)
-      .Key("mean_seconds").Double(l.mean)
+  w.Key(key)
+      .BeginObject()
+      .Key("p50_seconds")
+      .Double(l.p50)
+      .Key("p99_seconds")
+      .Double(l.p99)
+      .Key("max_seconds")
+      .Double(l.max)
+      .Key("mean_seconds")
+      .Double(l.mean)
       .EndObject();
 }
 
@@ -386,39 +392,67 @@ std::string ResultJson(const Flags& f, const ModelSpec& spec, const Workload& w,
                        const std::vector<CapResult>& results) {
   tools::JsonWriter j;
   j.BeginObject()
-      .Key("trace").String(f.synthetic > 0 ? "synthetic" : f.trace)
-      .Key("synthetic").Bool(f.synthetic > 0)
-      .Key("format").String(std::string(tools::TraceFormatName(w.trace.format)))
-      .Key("block_tokens").Uint(w.trace.block_tokens)
-      .Key("model").String(spec.model_id)
-      .Key("requests").Uint(w.trace.requests.size())
-      .Key("request_tokens").Uint(w.request_tokens)
-      .Key("unique_chunks").Uint(w.unique_chunks)
-      .Key("unique_kv_bytes").Uint(w.unique_chunks * spec.layers * spec.RecordBytes())
-      .Key("reprefill").Bool(!f.no_reprefill)
-      .Key("selector").String(f.selector)
-      .Key("budget").Double(f.budget)
-      .Key("caps").BeginArray();
+      .Key("trace")
+      .String(f.synthetic > 0 ? "synthetic" : f.trace)
+      .Key("synthetic")
+      .Bool(f.synthetic > 0)
+      .Key("format")
+      .String(std::string(tools::TraceFormatName(w.trace.format)))
+      .Key("block_tokens")
+      .Uint(w.trace.block_tokens)
+      .Key("model")
+      .String(spec.model_id)
+      .Key("requests")
+      .Uint(w.trace.requests.size())
+      .Key("request_tokens")
+      .Uint(w.request_tokens)
+      .Key("unique_chunks")
+      .Uint(w.unique_chunks)
+      .Key("unique_kv_bytes")
+      .Uint(w.unique_chunks * spec.layers * spec.RecordBytes())
+      .Key("reprefill")
+      .Bool(!f.no_reprefill)
+      .Key("selector")
+      .String(f.selector)
+      .Key("budget")
+      .Double(f.budget)
+      .Key("caps")
+      .BeginArray();
   for (const CapResult& r : results) {
     j.BeginObject()
-        .Key("fraction").Double(r.fraction)
-        .Key("cap_bytes").Uint(r.cap_bytes)
-        .Key("chunk_bytes").Uint(r.chunk_bytes)
-        .Key("lru_capacity_chunks").Uint(r.lru_chunks);
+        .Key("fraction")
+        .Double(r.fraction)
+        .Key("cap_bytes")
+        .Uint(r.cap_bytes)
+        .Key("chunk_bytes")
+        .Uint(r.chunk_bytes)
+        .Key("lru_capacity_chunks")
+        .Uint(r.lru_chunks);
     WriteHits(j, "ckv", r.ckv);
     WriteHits(j, "lru", r.lru);
     WriteHits(j, "infinite", r.infinite);
-    j.Key("chunks_evicted").Uint(r.evicted)
-        .Key("inline_evictions").Uint(r.inline_evictions)
-        .Key("reclaim_margin_bytes").Uint(r.reclaim_margin_bytes)
-        .Key("lru_chunks_evicted").Uint(r.lru_evicted)
-        .Key("puts_refused").Uint(r.refused)
-        .Key("put_bytes").Uint(r.put_bytes)
-        .Key("seconds").Double(r.seconds)
-        .Key("put_seconds").Double(r.put_seconds)
-        .Key("reprefill_seconds").Double(r.reprefill_seconds)
-        .Key("kv_generation_seconds").Double(r.kv_seconds)
-        .Key("lookup_seconds").Double(r.lookup_seconds)
+    j.Key("chunks_evicted")
+        .Uint(r.evicted)
+        .Key("inline_evictions")
+        .Uint(r.inline_evictions)
+        .Key("reclaim_margin_bytes")
+        .Uint(r.reclaim_margin_bytes)
+        .Key("lru_chunks_evicted")
+        .Uint(r.lru_evicted)
+        .Key("puts_refused")
+        .Uint(r.refused)
+        .Key("put_bytes")
+        .Uint(r.put_bytes)
+        .Key("seconds")
+        .Double(r.seconds)
+        .Key("put_seconds")
+        .Double(r.put_seconds)
+        .Key("reprefill_seconds")
+        .Double(r.reprefill_seconds)
+        .Key("kv_generation_seconds")
+        .Double(r.kv_seconds)
+        .Key("lookup_seconds")
+        .Double(r.lookup_seconds)
         .Key("requests_per_second")
         .Double(static_cast<double>(w.trace.requests.size()) / r.seconds);
     WriteLatency(j, "put_latency", r.put);

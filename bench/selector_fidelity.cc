@@ -45,7 +45,6 @@
 namespace ckv::bench {
 namespace {
 
-
 struct Flags {
   std::string model = "qwen2.5-7b";
   size_t tokens = 8192;
@@ -63,25 +62,28 @@ struct Flags {
 
 // Returns the exit code when the program should stop (help, version, a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
-  CLI::App app{"How well each selector stands in for the full KV, on the synthetic generator's "
-               "planted attention.",
-               "selector_fidelity"};
+  CLI::App app{
+      "How well each selector stands in for the full KV, on the synthetic generator's "
+      "planted attention.",
+      "selector_fidelity"};
   cli::Configure(app, "The measures are described in bench/selector_fidelity.cc.");
   app.add_option("--model", f->model, "model preset (default qwen2.5-7b)")->type_name("PRESET");
   cli::AddUint(app, "--tokens", &f->tokens, "prefix length, a multiple of 16 (default 8192)");
-  cli::AddParsed(app, "--budgets", "comma-separated fractions of the chunks (default "
-                 "0.05,0.1,0.25,0.5)", "B,...", "a list of fractions in (0, 1]",
-                 [f](const std::string& v) {
-                   f->budgets.clear();
-                   for (absl::string_view s : absl::StrSplit(v, ',')) {
-                     double b = 0;
-                     if (!cli::ParseDouble(std::string_view(s.data(), s.size()), &b) || !(b > 0 && b <= 1)) {
-                       return false;
-                     }
-                     f->budgets.push_back(b);
-                   }
-                   return true;
-                 });
+  cli::AddParsed(
+      app, "--budgets",
+      "comma-separated fractions of the chunks (default "
+      "0.05,0.1,0.25,0.5)",
+      "B,...", "a list of fractions in (0, 1]", [f](const std::string& v) {
+        f->budgets.clear();
+        for (absl::string_view s : absl::StrSplit(v, ',')) {
+          double b = 0;
+          if (!cli::ParseDouble(std::string_view(s.data(), s.size()), &b) || !(b > 0 && b <= 1)) {
+            return false;
+          }
+          f->budgets.push_back(b);
+        }
+        return true;
+      });
   cli::AddLayerCount(app, &f->layers);
   cli::AddParsed(app, "--period", "layers per period (default 8)", "P", "a positive integer",
                  [f](const std::string& v) {
@@ -141,8 +143,8 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
   std::vector<std::vector<float>> box(chunks * s.kv_heads);
   for (size_t j = 0; j < chunks; ++j) {
     for (uint32_t h = 0; h < s.kv_heads; ++h) {
-      kernels::ExactSummary(k.data() + j * c * s.kv_heads * d_n, c, s.kv_heads, d_n, h,
-                            mn.data(), mx.data(), mean.data());
+      kernels::ExactSummary(k.data() + j * c * s.kv_heads * d_n, c, s.kv_heads, d_n, h, mn.data(),
+                            mx.data(), mean.data());
       auto& b = box[j * s.kv_heads + h];
       b.assign(mn.begin(), mn.end());
       b.insert(b.end(), mx.begin(), mx.end());
@@ -172,7 +174,6 @@ std::vector<float> UnquantisedScores(bool quest, const kernels::KvShape& s,
   }
   return scores;
 }
-
 
 // Summaries ckv does not store, scored in float32 from the keys, to find out what the stored ones
 // miss. Each estimates a chunk's log-mean-exp of q.k / sqrt(d) over its c tokens, with q the
@@ -308,9 +309,9 @@ std::optional<Proposal> ProposalOf(const std::string& name) {
   return std::nullopt;
 }
 
-const std::vector<std::string> kSelectors = {
-    "oracle",        "period-exact", "quest",   "quest-fp32", "mean-key",
-    "mean-key-fp32", "outlier-key",  "impress", "h2o"};
+const std::vector<std::string> kSelectors = {"oracle",      "period-exact", "quest",
+                                             "quest-fp32",  "mean-key",     "mean-key-fp32",
+                                             "outlier-key", "impress",      "h2o"};
 
 // The selectors measured: all, or with --target those that select whole chunks by score.
 std::vector<std::string> Selectors(const Flags& f) {
@@ -330,19 +331,25 @@ struct Fidelity {
   std::map<double, double> overlap_sum;  // budget -> sum of |A ∩ B| / |A| over head pairs
   int overlap_count = 0;
 
-  double Overlap(double b) const {
-    return overlap_count ? overlap_sum.at(b) / overlap_count : 0.0;
-  }
+  double Overlap(double b) const { return overlap_count ? overlap_sum.at(b) / overlap_count : 0.0; }
 };
 
 // Runs every selector at every budget on one layer after another (see the banner).
 class Measure {
  public:
   Measure(const ModelSpec& spec, const Flags& f)
-      : spec_(spec), f_(f), gen_(spec, f.tokens, f.params), shape_(kernels::KvShape::Of(spec)),
-        sf_(kernels::SummaryFormat::For(spec)), n_(gen_.chunks()),
-        minmax_(n_ * sf_.MinMaxBytes()), mean_(n_ * sf_.MeanBytes()),
-        outlier_(n_ * sf_.OutlierBytes()), minmax_ptr_(n_), mean_ptr_(n_), outlier_ptr_(n_),
+      : spec_(spec),
+        f_(f),
+        gen_(spec, f.tokens, f.params),
+        shape_(kernels::KvShape::Of(spec)),
+        sf_(kernels::SummaryFormat::For(spec)),
+        n_(gen_.chunks()),
+        minmax_(n_ * sf_.MinMaxBytes()),
+        mean_(n_ * sf_.MeanBytes()),
+        outlier_(n_ * sf_.OutlierBytes()),
+        minmax_ptr_(n_),
+        mean_ptr_(n_),
+        outlier_ptr_(n_),
         record_ptr_(n_) {
     for (double b : f.budgets) fidelity_.overlap_sum[b] = 0;
   }
@@ -395,10 +402,10 @@ class Measure {
 
  private:
   struct Truth {
-    std::vector<float> mass;                 // attention mass per chunk
-    std::vector<float> full_out;             // attention output over the full KV
-    std::vector<float> quest32, mean32;      // unquantised summaries' scores
-    kernels::ChunkStats stats;               // every chunk's, through 8 bits
+    std::vector<float> mass;             // attention mass per chunk
+    std::vector<float> full_out;         // attention output over the full KV
+    std::vector<float> quest32, mean32;  // unquantised summaries' scores
+    kernels::ChunkStats stats;           // every chunk's, through 8 bits
   };
 
   // Every selector at budget `b` on layer `l`.
@@ -439,8 +446,7 @@ class Measure {
         chosen = OrDie(kernels::Select(kind, in, o)).chunks;
       }
       const auto kv = OrDie(kernels::Gather(shape_, record_ptr_, chosen));
-      const auto out =
-          OrDie(kernels::ReferenceAttention(shape_, layer.q, f_.params.window, kv));
+      const auto out = OrDie(kernels::ReferenceAttention(shape_, layer.q, f_.params.window, kv));
       Sums& s = fidelity_.sums[{name, b}];
       s.recall += kernels::AttentionRecall(t.mass, chosen);
       s.error += kernels::RelativeL2Error(out, t.full_out);
@@ -452,11 +458,10 @@ class Measure {
         for (uint32_t j = 0; j < n_; ++j) {
           if (!in[j]) rest.push_back(j);
         }
-        const kernels::ChunkStats others =
-            t.stats.Subset(rest, shape_.kv_heads, shape_.head_dim);
+        const kernels::ChunkStats others = t.stats.Subset(rest, shape_.kv_heads, shape_.head_dim);
         for (kernels::EstimateKind e : kEstimates) {
-          const auto est = OrDie(
-              kernels::EstimatedAttention(shape_, layer.q, f_.params.window, kv, others, e));
+          const auto est =
+              OrDie(kernels::EstimatedAttention(shape_, layer.q, f_.params.window, kv, others, e));
           s.estimated[static_cast<int>(e)] += kernels::RelativeL2Error(est, t.full_out);
         }
       }
@@ -482,10 +487,11 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
                 const Fidelity& fid) {
   const kernels::SummaryFormat sf = kernels::SummaryFormat::For(spec);
   const double kv_bytes = double(spec.layers) * double(spec.RecordBytes());
-  std::printf("Selector fidelity: %s, %zu tokens (%zu chunks), %u layers, window %u, period %u, "
-              "seed %llu\n",
-              spec.DebugString().c_str(), f.tokens, n, layers, f.params.window,
-              f.params.period_layers, static_cast<unsigned long long>(f.params.seed));
+  std::printf(
+      "Selector fidelity: %s, %zu tokens (%zu chunks), %u layers, window %u, period %u, "
+      "seed %llu\n",
+      spec.DebugString().c_str(), f.tokens, n, layers, f.params.window, f.params.period_layers,
+      static_cast<unsigned long long>(f.params.seed));
   std::printf("summaries per chunk: min/max %.4f of the KV bytes (1/%.1f), mean %.4f (1/%.1f)\n",
               sf.MinMaxBytes() / kv_bytes, kv_bytes / sf.MinMaxBytes(), sf.MeanBytes() / kv_bytes,
               kv_bytes / sf.MeanBytes());
@@ -494,8 +500,8 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
     std::printf(" %.3f at %.0f%%%s", fid.Overlap(b), b * 100, b == f.budgets.back() ? "\n" : ",");
   }
   const char* budget = f.target ? "target" : "budget";
-  std::printf("%-14s %7s %8s %8s %8s %8s %12s\n", "selector", budget, "recall", "error",
-              "jaccard", "loaded", "vs oracle");
+  std::printf("%-14s %7s %8s %8s %8s %8s %12s\n", "selector", budget, "recall", "error", "jaccard",
+              "loaded", "vs oracle");
   for (const std::string& name : Selectors(f)) {
     for (double b : f.budgets) {
       const Sums& s = fid.sums.at({name, b});
@@ -506,9 +512,10 @@ void PrintTable(const Flags& f, const ModelSpec& spec, size_t n, uint32_t layers
     }
   }
   const double entry = double(spec.head_dim + 2) * spec.layers * spec.kv_heads;
-  std::printf("\noutput error with the chunks not loaded estimated (8-bit statistics; per chunk "
-              "the value mean costs %.4f of the KV bytes, the key variance as much again):\n",
-              entry / kv_bytes);
+  std::printf(
+      "\noutput error with the chunks not loaded estimated (8-bit statistics; per chunk "
+      "the value mean costs %.4f of the KV bytes, the key variance as much again):\n",
+      entry / kv_bytes);
   std::printf("%-14s %7s %8s", "selector", budget, "drop");
   for (kernels::EstimateKind e : kEstimates) {
     std::printf(" %13s", std::string(kernels::EstimateKindName(e)).c_str());
@@ -563,8 +570,8 @@ std::string ResultJson(const Flags& f, uint32_t layers, const Fidelity& fid) {
 // Recall by budget, one line per selector, drawn by gnuplot into f.plot.
 void Plot(const Flags& f, const Fidelity& fid) {
   std::string script = "set terminal png size 900,560\nset output '" + f.plot + "'\n";
-  script += "set title 'Attention recall by budget (" + f.model + ", " +
-            std::to_string(f.tokens) + " tokens)'\n";
+  script += "set title 'Attention recall by budget (" + f.model + ", " + std::to_string(f.tokens) +
+            " tokens)'\n";
   script += "set xlabel '";
   script += f.target ? "chunks loaded at each target mass (%)" : "budget (% of chunks)";
   script += "'\nset ylabel 'attention recall'\nset key bottom right\n";

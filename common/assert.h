@@ -38,21 +38,21 @@ namespace ckv::internal {
 
 }  // namespace ckv::internal
 
-#define CKV_CHECK(cond)                                                  \
-  do {                                                                   \
-    if (__builtin_expect(!(cond), 0)) {                                  \
-      ::ckv::internal::CheckFailed(__FILE__, __LINE__, #cond);           \
-    }                                                                    \
+#define CKV_CHECK(cond)                                        \
+  do {                                                         \
+    if (__builtin_expect(!(cond), 0)) {                        \
+      ::ckv::internal::CheckFailed(__FILE__, __LINE__, #cond); \
+    }                                                          \
   } while (false)
 
 #if CKV_DCHECK_IS_ON
 #define CKV_DCHECK(cond) CKV_CHECK(cond)
 #else
-#define CKV_DCHECK(cond)           \
-  do {                             \
-    if (false) {                   \
-      static_cast<void>(cond);     \
-    }                              \
+#define CKV_DCHECK(cond)       \
+  do {                         \
+    if (false) {               \
+      static_cast<void>(cond); \
+    }                          \
   } while (false)
 #endif
 

@@ -27,8 +27,8 @@ constexpr float kHalfMax = 65504.0f;
 uint16_t HalfAtLeast(float v) {
   uint16_t h = FloatToHalf(v);
   if (HalfToFloat(h) >= v) return h;
-  if (h == 0x8000u) return 0x0001u;            // -0 -> the smallest positive subnormal
-  return (h & 0x8000u) ? h - 1 : h + 1;        // one step towards +inf
+  if (h == 0x8000u) return 0x0001u;      // -0 -> the smallest positive subnormal
+  return (h & 0x8000u) ? h - 1 : h + 1;  // one step towards +inf
 }
 // The largest fp16 <= v.
 uint16_t HalfAtMost(float v) { return HalfAtLeast(-v) ^ 0x8000u; }
@@ -149,10 +149,9 @@ void EncodePart(KvCodec codec, const Grouping& g, const std::vector<float>& x, s
     for (size_t i = 0; i < g.count; ++i) {
       const size_t at = base + i * g.stride;
       const float r = s > 0 ? x[at] / s : 0.0f;
-      payload[at] = codec == KvCodec::kInt8
-                        ? static_cast<std::byte>(static_cast<int8_t>(
-                              std::clamp(std::nearbyint(r), -127.0f, 127.0f)))
-                        : static_cast<std::byte>(FloatToE4M3(r));
+      payload[at] = codec == KvCodec::kInt8 ? static_cast<std::byte>(static_cast<int8_t>(
+                                                  std::clamp(std::nearbyint(r), -127.0f, 127.0f)))
+                                            : static_cast<std::byte>(FloatToE4M3(r));
     }
   }
 }
@@ -179,8 +178,8 @@ void DecodePart(const ModelSpec& spec, const Grouping& g, const std::byte* in, s
     for (size_t i = 0; i < g.count; ++i) {
       const size_t at = base + i * g.stride;
       const uint8_t q = static_cast<uint8_t>(payload[at]);
-      const float v = codec == KvCodec::kInt8 ? static_cast<float>(static_cast<int8_t>(q))
-                                              : E4M3ToFloat(q);
+      const float v =
+          codec == KvCodec::kInt8 ? static_cast<float>(static_cast<int8_t>(q)) : E4M3ToFloat(q);
       StoreElement(spec.dtype, v * s, out + at * eb);
     }
   }
@@ -188,8 +187,8 @@ void DecodePart(const ModelSpec& spec, const Grouping& g, const std::byte* in, s
 
 absl::Status CheckSize(const char* what, size_t got, size_t want, const ModelSpec& spec) {
   if (got == want) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " of ", got, " bytes; a record of ",
-                                                 spec.DebugString(), " needs ", want));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " of ", got, " bytes; a record of ", spec.DebugString(), " needs ", want));
 }
 
 }  // namespace
@@ -277,8 +276,8 @@ absl::Status DecodeRecordKeys(const ModelSpec& spec, std::span<const std::byte> 
                               std::span<std::byte> out) {
   if (absl::Status s = spec.Validate(); !s.ok()) return s;
   const size_t half = spec.DecodedRecordBytes() / 2;
-  if (absl::Status s = CheckSize("DecodeRecordKeys: K part", key_part.size(),
-                                 spec.RecordKeyBytes(), spec);
+  if (absl::Status s =
+          CheckSize("DecodeRecordKeys: K part", key_part.size(), spec.RecordKeyBytes(), spec);
       !s.ok()) {
     return s;
   }

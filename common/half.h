@@ -44,7 +44,7 @@ inline uint16_t FloatToHalf(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+  if (abs < 0x38800000u) {               // below the smallest normal half: subnormal or zero
     if (abs < 0x33000000u) return sign;  // below half the smallest subnormal
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const int shift = 126 - static_cast<int>(abs >> 23);  // 14..24

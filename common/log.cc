@@ -33,8 +33,9 @@ class StderrLoggerImpl final : public Logger {
  public:
   void Log(LogLevel level, std::string_view message) override {
     // A message may carry strings from outside (host names, error texts sent by a server):
-    // escaped, so the terminal shows them rather than obeys them. The whole line is built first and written with one fwrite under a mutex, so lines from
-    // concurrent threads never interleave, even with other stdio users of stderr.
+    // escaped, so the terminal shows them rather than obeys them. The whole line is built first and
+    // written with one fwrite under a mutex, so lines from concurrent threads never interleave,
+    // even with other stdio users of stderr.
     std::string line = absl::StrCat(Sv(LevelPrefix(level)), Printable(message), "\n");
     absl::MutexLock lock(&mu_);
     std::fwrite(line.data(), 1, line.size(), stderr);

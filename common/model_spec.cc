@@ -112,8 +112,8 @@ absl::StatusOr<KvCodec> ParseKvCodec(std::string_view name) {
   if (lower == "fp8" || lower == "fp8-e4m3" || lower == "e4m3") return KvCodec::kFp8E4M3;
   if (lower == "int8") return KvCodec::kInt8;
   if (lower == "int4") return KvCodec::kInt4;
-  return absl::InvalidArgumentError(absl::StrCat("codec \"", absl::CHexEscape(Sv(name)),
-                                                 "\": must be none, fp8, int8 or int4"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("codec \"", absl::CHexEscape(Sv(name)), "\": must be none, fp8, int8 or int4"));
 }
 
 absl::StatusOr<ModelSpec> ModelSpec::Preset(std::string_view name, DType dtype,
@@ -239,13 +239,10 @@ size_t ModelSpec::KvBytesPerToken() const {
 }
 
 std::string ModelSpec::DebugString() const {
-  return absl::StrCat(model_id, " (", layers, " layers, ", q_heads, " q heads, ", kv_heads,
-                      " kv heads, head dim ", head_dim, ", ", Sv(DTypeName(dtype)),
-                      ", c=", chunk_tokens,
-                      codec == KvCodec::kNone
-                          ? ""
-                          : absl::StrCat(", codec ", Sv(KvCodecName(codec))),
-                      ")");
+  return absl::StrCat(
+      model_id, " (", layers, " layers, ", q_heads, " q heads, ", kv_heads, " kv heads, head dim ",
+      head_dim, ", ", Sv(DTypeName(dtype)), ", c=", chunk_tokens,
+      codec == KvCodec::kNone ? "" : absl::StrCat(", codec ", Sv(KvCodecName(codec))), ")");
 }
 
 }  // namespace ckv

@@ -95,15 +95,13 @@ absl::Status NoSpaceError(std::string_view message) {
 
 absl::Status WithMessage(const absl::Status& s, std::string_view message) {
   absl::Status out(s.code(), Sv(message));
-  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  s.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 
 bool IsNoSpace(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kResourceExhausted &&
-         s.GetPayload(kNoSpaceUrl).has_value();
+  return s.code() == absl::StatusCode::kResourceExhausted && s.GetPayload(kNoSpaceUrl).has_value();
 }
 
 }  // namespace ckv

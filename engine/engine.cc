@@ -114,7 +114,7 @@ struct EngineLife {
 
 // In an EngineImpl call: holds off Close until the call returns, and returns `closed_value`
 // when the engine is closed.
-#define CKV_OPEN_OR_RETURN(closed_value)            \
+#define CKV_OPEN_OR_RETURN(closed_value)           \
   absl::ReaderMutexLock ckv_life_lock(&life_->mu); \
   if (life_->closed) return closed_value
 
@@ -270,8 +270,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     }
     return Timed(engine::Op::kPut, metrics_.put, start_ns, std::move(result));
   }
-  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
-                                  std::span<const int32_t> tokens) override {
+  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens) override {
     CKV_OPEN_OR_RETURN(EngineClosedError("Lookup"));
     const int64_t start_ns = clock().MonotonicNanos();
     absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
@@ -344,7 +343,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     s.prefetched_bytes_used = t.prefetched_bytes_used;
     s.prefetched_bytes_wasted = t.prefetched_bytes_wasted;
     s.await_blocked_seconds = t.await_blocked_seconds;
-    if (reads_ != nullptr) s.read_idle_with_pending_seconds = reads_->stats().idle_with_pending_seconds;
+    if (reads_ != nullptr)
+      s.read_idle_with_pending_seconds = reads_->stats().idle_with_pending_seconds;
     if (tiers_ != nullptr) {
       const engine::TierStats gpu = tiers_->stats(engine::TierLevel::kGpu);
       const engine::TierStats cpu = tiers_->stats(engine::TierLevel::kCpu);
@@ -399,8 +399,8 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       metrics_.failures.Record(engine::Op::kBeginReprefill, session.status());
       return session.status();
     }
-    auto metered = std::make_unique<MeteredSession>(std::move(*session), metrics_, clock(),
-                                                    begin_ns, life_);
+    auto metered =
+        std::make_unique<MeteredSession>(std::move(*session), metrics_, clock(), begin_ns, life_);
     absl::MutexLock lock(&life_->live_mu);
     life_->live.insert(metered.get());
     return std::unique_ptr<ReprefillSession>(std::move(metered));
@@ -494,18 +494,17 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   std::atomic<engine::SelectorClock*> clock_{nullptr};
   std::atomic<engine::ScoringKeys*> scoring_keys_{nullptr};
   CallMetrics metrics_;
-  bool gpu_tier_on_device_ = false;  // the GPU tier's memory is a CUDA device's
+  bool gpu_tier_on_device_ = false;              // the GPU tier's memory is a CUDA device's
   std::string io_backend_ ABSL_GUARDED_BY(mu_);  // IoBackendInUse's answer, once known
-  std::unique_ptr<engine::RemoteTier> remote_;  // null: no remote tier
+  std::unique_ptr<engine::RemoteTier> remote_;   // null: no remote tier
   const std::shared_ptr<EngineLife> life_ = std::make_shared<EngineLife>();
 };
 
 std::string EngineImpl::IoBackendInUse() {
   if (reads_ != nullptr) return reads_->backend();
   if (io_backend_.empty()) {
-    storage::FileSystem* fs = file_system_ != nullptr
-                                  ? file_system_
-                                  : storage::PosixFileSystem(options_.io_backend);
+    storage::FileSystem* fs =
+        file_system_ != nullptr ? file_system_ : storage::PosixFileSystem(options_.io_backend);
     absl::StatusOr<std::unique_ptr<storage::IoQueue>> queue = fs->NewIoQueue(1);
     if (!queue.ok()) return "unknown";  // asked again next time
     io_backend_ = (*queue)->backend();
@@ -533,14 +532,13 @@ std::string EngineImpl::Metrics() {
   engine::StoreMetrics(s, out);
 
   // The store, since Open.
-  out.Counter("ckv_records_read_total", "Records read from segments, since Open.",
-              s.records_read);
+  out.Counter("ckv_records_read_total", "Records read from segments, since Open.", s.records_read);
   out.Counter("ckv_record_read_bytes_total", "Segment bytes of the records read, since Open.",
               s.bytes_read);
   out.Counter("ckv_checksum_failures_total",
               "Records whose checksum did not match when read, since Open.", s.checksum_failures);
-  out.Gauge("ckv_orphan_reclaimed_bytes",
-            "Segment space no committed chunk named, freed by Open.", s.orphan_bytes_reclaimed);
+  out.Gauge("ckv_orphan_reclaimed_bytes", "Segment space no committed chunk named, freed by Open.",
+            s.orphan_bytes_reclaimed);
   out.Gauge("ckv_index_from_snapshot",
             "1 when Open loaded the chunk index from the snapshot of the last clean close.",
             uint64_t{s.index_from_snapshot ? 1u : 0u});
@@ -565,8 +563,7 @@ std::string EngineImpl::Metrics() {
   out.Counter("ckv_no_space_recovered_total",
               "Of those Puts, the ones the retry stored, since Open.", s.no_space_recovered);
   out.Counter("ckv_no_space_evictions_total",
-              "Chunks evicted because the file system was full, since Open.",
-              s.no_space_evictions);
+              "Chunks evicted because the file system was full, since Open.", s.no_space_evictions);
   out.Counter("ckv_put_staging_waits_total",
               "Puts that waited for a lane of staging memory, since Open.", s.put_staging_waits);
   out.Counter("ckv_put_direct_bytes_total",
@@ -693,8 +690,7 @@ std::string EngineImpl::Metrics() {
               "heads, since Open.",
               s.remote_head_reads);
   out.Counter("ckv_remote_head_misses_total",
-              "Of those, the ones the cluster had no chunk for, since Open.",
-              s.remote_head_misses);
+              "Of those, the ones the cluster had no chunk for, since Open.", s.remote_head_misses);
   out.Counter("ckv_remote_head_chunks_total",
               "Chunk heads (header and summaries) Re-Prefill sessions read from the cluster, "
               "verified, since Open.",
@@ -730,8 +726,7 @@ std::string EngineImpl::Metrics() {
              "cancelled: by Cancel or shutdown), since Open.");
   out.Sample("ckv_read_requests_completed_total", {{"outcome", "ok"}}, r.requests_ok);
   out.Sample("ckv_read_requests_completed_total", {{"outcome", "failed"}}, r.requests_failed);
-  out.Sample("ckv_read_requests_completed_total", {{"outcome", "cancelled"}},
-             r.requests_cancelled);
+  out.Sample("ckv_read_requests_completed_total", {{"outcome", "cancelled"}}, r.requests_cancelled);
   out.Counter("ckv_read_checksum_failures_total",
               "Read engine requests whose checksum did not match, since Open.",
               r.checksum_failures);
@@ -818,8 +813,7 @@ class ReadOnlyEngine final : public Engine {
                                 const KvTensors& kv) override {
     return View().store->Put(spec, tokens, kv);
   }
-  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec,
-                                  std::span<const int32_t> tokens) override {
+  absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens) override {
     return View().store->Lookup(spec, tokens);
   }
   absl::StatusOr<PrefixExtent> Probe(const ModelSpec& spec,
@@ -854,16 +848,19 @@ class ReadOnlyEngine final : public Engine {
         return absl::UnavailableError(absl::StrCat(
             "chunk ", key.ToHex(), " layer ", layer, " moved through ", kReadRetries,
             " views of the store while it was read (its writer keeps evicting and storing it); "
-            "last: ", s.message()));
+            "last: ",
+            s.message()));
       }
       failed_at = std::move(where);
       CKV_RETURN_IF_ERROR(CatchUpAfter(Tick()));
       view = View();
       s = view.store->ReadRecord(spec, key, layer, out);
       if (absl::IsNotFound(s)) {
-        return absl::NotFoundError(absl::StrCat(
-            "chunk ", key.ToHex(), " was evicted or deleted by the store's writer while it was "
-            "read (", s.message(), ")"));
+        return absl::NotFoundError(
+            absl::StrCat("chunk ", key.ToHex(),
+                         " was evicted or deleted by the store's writer while it was "
+                         "read (",
+                         s.message(), ")"));
       }
     }
     return s;

@@ -39,21 +39,36 @@ LatencyHistogram::Snapshot LatencyHistogram::snapshot() const {
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kPut: return "put";
-    case Op::kLookup: return "lookup";
-    case Op::kReadRecord: return "read_record";
-    case Op::kDelete: return "delete";
-    case Op::kDeletePrefix: return "delete_prefix";
-    case Op::kPrefixChunks: return "prefix_chunks";
-    case Op::kDescribePrefix: return "describe_prefix";
-    case Op::kVerify: return "verify";
-    case Op::kRepair: return "repair";
-    case Op::kGc: return "gc";
-    case Op::kBeginReprefill: return "begin_reprefill";
-    case Op::kSubmitQueries: return "submit_queries";
-    case Op::kAwaitLayer: return "await_layer";
-    case Op::kFinish: return "finish";
-    case Op::kProbe: return "probe";
+    case Op::kPut:
+      return "put";
+    case Op::kLookup:
+      return "lookup";
+    case Op::kReadRecord:
+      return "read_record";
+    case Op::kDelete:
+      return "delete";
+    case Op::kDeletePrefix:
+      return "delete_prefix";
+    case Op::kPrefixChunks:
+      return "prefix_chunks";
+    case Op::kDescribePrefix:
+      return "describe_prefix";
+    case Op::kVerify:
+      return "verify";
+    case Op::kRepair:
+      return "repair";
+    case Op::kGc:
+      return "gc";
+    case Op::kBeginReprefill:
+      return "begin_reprefill";
+    case Op::kSubmitQueries:
+      return "submit_queries";
+    case Op::kAwaitLayer:
+      return "await_layer";
+    case Op::kFinish:
+      return "finish";
+    case Op::kProbe:
+      return "probe";
   }
   return "?";
 }

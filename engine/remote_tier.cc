@@ -28,28 +28,25 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 absl::Status NameRecord(const absl::Status& status, const ModelSpec& spec,
                         const RemoteRecordFetch& f) {
   return absl::Status(status.code(), absl::StrCat("remote record ", f.key.ToHex(), "/L", f.layer,
-                                                  " of ", spec.model_id, ": ",
-                                                  status.message()));
+                                                  " of ", spec.model_id, ": ", status.message()));
 }
 
 }  // namespace
 
-absl::StatusOr<remote::ClusterOptions> RemoteTier::ClientOptions(
-    const RemoteTierOptions& options) {
+absl::StatusOr<remote::ClusterOptions> RemoteTier::ClientOptions(const RemoteTierOptions& options) {
   remote::ClusterOptions co;
   for (const std::string& seed : options.seeds) {
     auto parsed = remote::ParseEndpoints(seed);
     if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("remote.seeds: ", parsed.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("remote.seeds: ", parsed.status().message()));
     }
     co.seeds.insert(co.seeds.end(), parsed->begin(), parsed->end());
   }
   if (co.seeds.empty()) return absl::InvalidArgumentError("remote.seeds: no endpoint");
   if (options.connect_timeout_ms == 0 || options.call_timeout_ms == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "remote timeouts must be positive: connect_timeout_ms ", options.connect_timeout_ms,
-        ", call_timeout_ms ", options.call_timeout_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote timeouts must be positive: connect_timeout_ms ",
+                     options.connect_timeout_ms, ", call_timeout_ms ", options.call_timeout_ms));
   }
   co.connect_timeout = absl::Milliseconds(options.connect_timeout_ms);
   co.call_timeout = absl::Milliseconds(options.call_timeout_ms);
@@ -61,14 +58,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
                                                                Logger* logger) {
   CKV_ASSIGN_OR_RETURN(remote::ClusterOptions co, ClientOptions(options));
   if (options.key_prefix.find('{') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "remote.key_prefix \"", options.key_prefix,
-        "\" contains '{': a hash tag would put every chunk in one slot"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote.key_prefix \"", options.key_prefix,
+                     "\" contains '{': a hash tag would put every chunk in one slot"));
   }
   if (options.publish_queue_chunks < 1 || options.publish_queue_chunks > 1'000'000) {
-    return absl::InvalidArgumentError(absl::StrCat("remote.publish_queue_chunks ",
-                                                   options.publish_queue_chunks,
-                                                   " not in 1..1000000"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote.publish_queue_chunks ", options.publish_queue_chunks, " not in 1..1000000"));
   }
   if (options.publish_batch_chunks < 1 || options.publish_batch_chunks > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -76,8 +72,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
   }
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<remote::ClusterClient> client,
                        remote::ClusterClient::Create(co));
-  return std::unique_ptr<RemoteTier>(
-      new RemoteTier(options, std::move(client), store, logger));
+  return std::unique_ptr<RemoteTier>(new RemoteTier(options, std::move(client), store, logger));
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options,
@@ -395,10 +390,10 @@ void RemoteTier::FetchBatch(std::vector<FetchJob>& batch) {
       if (first_error.ok()) first_error = replies[i].status();
     } else if (replies[i]->str.size() != f.dest.size()) {
       // GETRANGE of a missing key is empty; of a shorter value, short.
-      status = absl::UnavailableError(absl::StrCat(
-          "remote record ", f.key.ToHex(), "/L", f.layer, " of ", spec.model_id, ": ",
-          replies[i]->str.size(), " bytes of ", f.dest.size(),
-          " (gone from the cluster since its head was read)"));
+      status = absl::UnavailableError(
+          absl::StrCat("remote record ", f.key.ToHex(), "/L", f.layer, " of ", spec.model_id, ": ",
+                       replies[i]->str.size(), " bytes of ", f.dest.size(),
+                       " (gone from the cluster since its head was read)"));
     } else {
       std::memcpy(f.dest.data(), replies[i]->str.data(), f.dest.size());
       status = remote::VerifyChunkRecord(spec, f.key, *f.head, f.layer, f.dest);
@@ -650,8 +645,8 @@ uint64_t RemoteTier::Fill(const ModelSpec& spec, std::span<const int32_t> tokens
   absl::StatusOr<PutResult> put = store_->Put(spec, tokens.first(kv.tokens), kv, &summaries);
   if (!put.ok()) {
     LogRateLimited(LogLevel::kWarning,
-                   absl::StrCat("fill: storing ", decoded.size(), " fetched chunks locally: ",
-                                put.status().ToString()));
+                   absl::StrCat("fill: storing ", decoded.size(),
+                                " fetched chunks locally: ", put.status().ToString()));
     return miss();
   }
   {
@@ -744,9 +739,10 @@ absl::StatusOr<std::vector<RemoteNodeReport>> DescribeCluster(const RemoteTierOp
     absl::StatusOr<remote::Reply> memory = client->ExecuteOn(endpoint, {"INFO", "memory"});
     absl::StatusOr<remote::Reply> stats = client->ExecuteOn(endpoint, {"INFO", "stats"});
     if (!dbsize.ok() || !memory.ok() || !stats.ok()) {
-      r.error = std::string(
-          (!dbsize.ok() ? dbsize.status() : !memory.ok() ? memory.status() : stats.status())
-              .message());
+      r.error = std::string((!dbsize.ok()   ? dbsize.status()
+                             : !memory.ok() ? memory.status()
+                                            : stats.status())
+                                .message());
       out.push_back(std::move(r));
       continue;
     }

@@ -61,30 +61,30 @@ namespace ckv::engine {
 
 // Counters since the engine opened.
 struct RemoteTierStats {
-  uint64_t publish_queued = 0;     // chunks queued for publishing
+  uint64_t publish_queued = 0;  // chunks queued for publishing
   // Chunks turned away by a full queue, or dropped behind a call that failed whole.
   uint64_t publish_dropped = 0;
-  uint64_t published_chunks = 0;   // chunks SET in the cluster
-  uint64_t published_bytes = 0;    // their value bytes
-  uint64_t publish_failures = 0;   // chunks whose SET failed (cluster unreachable, OOM, ...)
-  uint64_t publish_skipped = 0;    // chunks gone from the local store before they were read
-  uint64_t fills = 0;              // local misses that asked the cluster
-  uint64_t fill_misses = 0;        // of which found nothing to fetch
-  uint64_t fetched_chunks = 0;     // chunks fetched, verified and written into the local store
-  uint64_t fetched_bytes = 0;      // their value bytes
-  uint64_t head_reads = 0;         // local misses of selecting sessions that asked (FindHeads)
-  uint64_t head_misses = 0;        // of which found no chunk there
-  uint64_t head_chunks = 0;        // chunk heads sessions read (FindHeads), verified
-  uint64_t session_records = 0;    // records sessions read (FetchRecords), verified
+  uint64_t published_chunks = 0;      // chunks SET in the cluster
+  uint64_t published_bytes = 0;       // their value bytes
+  uint64_t publish_failures = 0;      // chunks whose SET failed (cluster unreachable, OOM, ...)
+  uint64_t publish_skipped = 0;       // chunks gone from the local store before they were read
+  uint64_t fills = 0;                 // local misses that asked the cluster
+  uint64_t fill_misses = 0;           // of which found nothing to fetch
+  uint64_t fetched_chunks = 0;        // chunks fetched, verified and written into the local store
+  uint64_t fetched_bytes = 0;         // their value bytes
+  uint64_t head_reads = 0;            // local misses of selecting sessions that asked (FindHeads)
+  uint64_t head_misses = 0;           // of which found no chunk there
+  uint64_t head_chunks = 0;           // chunk heads sessions read (FindHeads), verified
+  uint64_t session_records = 0;       // records sessions read (FetchRecords), verified
   uint64_t session_record_bytes = 0;  // their bytes
-  uint64_t fills_queued = 0;       // FillLater calls queued
-  uint64_t fills_dropped = 0;      // FillLater calls a full fill queue turned away
-  uint64_t corrupt_chunks = 0;     // values, heads or records that failed verification
-                                   // (DataLoss), never served
-  uint64_t errors = 0;             // calls that failed: unreachable, timed out, redirected away
-  uint64_t timeouts = 0;           // of which timed out
-  uint64_t budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
-  uint64_t queue_depth = 0;        // chunks waiting to be published now
+  uint64_t fills_queued = 0;          // FillLater calls queued
+  uint64_t fills_dropped = 0;         // FillLater calls a full fill queue turned away
+  uint64_t corrupt_chunks = 0;        // values, heads or records that failed verification
+                                      // (DataLoss), never served
+  uint64_t errors = 0;                // calls that failed: unreachable, timed out, redirected away
+  uint64_t timeouts = 0;              // of which timed out
+  uint64_t budget_bytes = 0;          // RemoteTierOptions::budget_bytes (not enforced)
+  uint64_t queue_depth = 0;           // chunks waiting to be published now
   remote::ClusterClientStats client;
 };
 
@@ -119,11 +119,11 @@ struct RemoteRecordFetch {
 // What Check found for some chunks.
 struct RemoteCheckReport {
   uint64_t chunks_checked = 0;
-  uint64_t present = 0;    // found in the cluster, verified, equal to the local records
-  uint64_t missing = 0;    // not in the cluster (never published, or evicted)
-  uint64_t corrupt = 0;    // failed verification (DataLoss)
-  uint64_t differing = 0;  // verified, but not equal to the local records
-  uint64_t unreachable = 0;  // not checked: the cluster did not answer in time
+  uint64_t present = 0;               // found in the cluster, verified, equal to the local records
+  uint64_t missing = 0;               // not in the cluster (never published, or evicted)
+  uint64_t corrupt = 0;               // failed verification (DataLoss)
+  uint64_t differing = 0;             // verified, but not equal to the local records
+  uint64_t unreachable = 0;           // not checked: the cluster did not answer in time
   std::vector<std::string> problems;  // one line per corrupt or differing chunk (at most 100)
 };
 
@@ -135,7 +135,7 @@ struct RemoteNodeReport {
   uint64_t used_memory_bytes = 0;  // INFO memory used_memory
   uint64_t maxmemory_bytes = 0;    // 0 = none
   std::string maxmemory_policy;
-  uint64_t evicted_keys = 0;       // INFO stats
+  uint64_t evicted_keys = 0;  // INFO stats
   uint64_t keyspace_hits = 0;
   uint64_t keyspace_misses = 0;
   std::string error;  // non-empty when the node did not answer

@@ -27,11 +27,16 @@ namespace ckv {
 
 std::string_view SelectorName(Selector selector) {
   switch (selector) {
-    case Selector::kPeriodExact: return "period-exact";
-    case Selector::kQuest: return "quest";
-    case Selector::kMeanKey: return "mean-key";
-    case Selector::kOracle: return "oracle";
-    case Selector::kOutlierKey: return "outlier-key";
+    case Selector::kPeriodExact:
+      return "period-exact";
+    case Selector::kQuest:
+      return "quest";
+    case Selector::kMeanKey:
+      return "mean-key";
+    case Selector::kOracle:
+      return "oracle";
+    case Selector::kOutlierKey:
+      return "outlier-key";
   }
   return "unknown";
 }
@@ -66,11 +71,16 @@ namespace {
 
 kernels::SelectorKind KindOf(Selector s) {
   switch (s) {
-    case Selector::kPeriodExact: return kernels::SelectorKind::kPeriodExact;
-    case Selector::kQuest: return kernels::SelectorKind::kQuest;
-    case Selector::kMeanKey: return kernels::SelectorKind::kMeanKey;
-    case Selector::kOracle: return kernels::SelectorKind::kOracle;
-    case Selector::kOutlierKey: return kernels::SelectorKind::kOutlierKey;
+    case Selector::kPeriodExact:
+      return kernels::SelectorKind::kPeriodExact;
+    case Selector::kQuest:
+      return kernels::SelectorKind::kQuest;
+    case Selector::kMeanKey:
+      return kernels::SelectorKind::kMeanKey;
+    case Selector::kOracle:
+      return kernels::SelectorKind::kOracle;
+    case Selector::kOutlierKey:
+      return kernels::SelectorKind::kOutlierKey;
   }
   return kernels::SelectorKind::kOracle;
 }
@@ -79,8 +89,8 @@ kernels::SelectorKind KindOf(Selector s) {
 // that show it, so that neither outlives it.
 struct Slot {
   enum class State { kQueued, kLanded, kFailed, kCancelled };
-  std::vector<std::byte> data;       // the read's destination, when read from NVMe
-  TierCache::Handle tier;            // where the record is cached, when it is
+  std::vector<std::byte> data;  // the read's destination, when read from NVMe
+  TierCache::Handle tier;       // where the record is cached, when it is
   // The record's bytes: tier.data() when cached, else data.data().
   const std::byte* bytes() const { return tier ? tier.data() : data.data(); }
   // Its bytes on the host (a period head's scoring): our copy when we read it.
@@ -104,7 +114,7 @@ struct Slot {
   // needs it (on its own thread, so that the read engine's thread only reads and verifies), or
   // in Finish under a benchmark's clock (SelectorClock).
   bool to_admit = false;
-  double score = 0;         // its chunk's S when it was requested
+  double score = 0;  // its chunk's S when it was requested
 };
 
 // A selection of a prefix of `n` chunks: chunk indices, strictly increasing (CancelUnneeded
@@ -281,8 +291,8 @@ class SessionImpl final : public ReprefillSession {
         const size_t at = n * per_chunk + size_t{h} * d_n;
         kernels::DecodeMean(kernels::MeanAt(f, mean_ptrs_[vt.chunks[n]], layer, h), d_n,
                             vt.keys.data() + at);
-        kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[vt.chunks[n]], layer, h),
-                                d_n, vt.values.data() + at);
+        kernels::DecodeEstimate(kernels::EstimateAt(f, estimate_ptrs_[vt.chunks[n]], layer, h), d_n,
+                                vt.values.data() + at);
       }
     }
   }
@@ -292,16 +302,17 @@ class SessionImpl final : public ReprefillSession {
   absl::Status SubmitQueries(uint32_t layer, std::span<const float> queries) override {
     if (finished_) return absl::FailedPreconditionError("SubmitQueries after Finish");
     if (layer >= spec_.layers || submitted_[layer]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SubmitQueries for layer ", layer, ": ", spec_.model_id, " has ", spec_.layers,
-          " layers and each is submitted once"));
+      return absl::InvalidArgumentError(absl::StrCat("SubmitQueries for layer ", layer, ": ",
+                                                     spec_.model_id, " has ", spec_.layers,
+                                                     " layers and each is submitted once"));
     }
     const size_t want = size_t{options_.window} * spec_.q_heads * spec_.head_dim;
     if (queries.empty() && ChoosesChunks(options_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "queries of layer ", layer, ": none given; only a session at budget_fraction 1 (every "
-          "chunk) and no target_mass selects without queries, and this one's are ",
-          options_.budget_fraction, " and ", options_.target_mass));
+      return absl::InvalidArgumentError(
+          absl::StrCat("queries of layer ", layer,
+                       ": none given; only a session at budget_fraction 1 (every "
+                       "chunk) and no target_mass selects without queries, and this one's are ",
+                       options_.budget_fraction, " and ", options_.target_mass));
     }
     if (!queries.empty() && queries.size() != want) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -326,14 +337,14 @@ class SessionImpl final : public ReprefillSession {
     // A layer inside a period: the head's selection serves it.
     if (!submitted_[head]) {
       // The layer counts as submitted: AwaitLayer must return this, never an empty view.
-      failed_[layer] = absl::FailedPreconditionError(absl::StrCat(
-          "queries of layer ", layer, " before those of its period head ", head));
+      failed_[layer] = absl::FailedPreconditionError(
+          absl::StrCat("queries of layer ", layer, " before those of its period head ", head));
       return failed_[layer];
     }
     if (!failed_[head].ok()) {
-      failed_[layer] = absl::Status(
-          failed_[head].code(), absl::StrCat("layer ", layer, ": its period head, layer ", head,
-                                             ", failed: ", failed_[head].message()));
+      failed_[layer] = absl::Status(failed_[head].code(),
+                                    absl::StrCat("layer ", layer, ": its period head, layer ", head,
+                                                 ", failed: ", failed_[head].message()));
       return absl::OkStatus();
     }
     selections_[layer] = selections_[head];
@@ -343,9 +354,9 @@ class SessionImpl final : public ReprefillSession {
       // adds is read on demand.
       absl::StatusOr<kernels::Selection> sel = Select(layer, queries, {});
       if (!sel.ok()) {
-        failed_[layer] = absl::Status(sel.status().code(),
-                                      absl::StrCat("layer ", layer, " (rescored; period head ",
-                                                   head, "): ", sel.status().message()));
+        failed_[layer] = absl::Status(
+            sel.status().code(), absl::StrCat("layer ", layer, " (rescored; period head ", head,
+                                              "): ", sel.status().message()));
         return failed_[layer];
       }
       std::vector<uint32_t> both;
@@ -419,11 +430,11 @@ class SessionImpl final : public ReprefillSession {
       BuildVirtualTokens(layer, chosen);
       return absl::OkStatus();
     }
-    const prefetch::PlanOptions plan{.layers = spec_.layers,
-                                     .period_layers = p,
-                                     .per_layer = per_layer,
-                                     .read_keys_ahead =
-                                         !queryless && !kernels::ReadsSummaries(kind_)};
+    const prefetch::PlanOptions plan{
+        .layers = spec_.layers,
+        .period_layers = p,
+        .per_layer = per_layer,
+        .read_keys_ahead = !queryless && !kernels::ReadsSummaries(kind_)};
     for (const prefetch::PlannedRead& r : prefetch::PlanAfterSelection(layer, plan)) {
       if (r.keys_only) {
         std::vector<uint32_t> all(n);
@@ -596,10 +607,10 @@ class SessionImpl final : public ReprefillSession {
                                s.priority != prefetch::Priority::kDemand &&
                                s.state == Slot::State::kQueued;
           // A cancelled request, or a failed prefetch now needed on demand: read it (again).
-          const bool retry = s.state == Slot::State::kCancelled ||
-                             (s.state == Slot::State::kFailed &&
-                              s.priority != prefetch::Priority::kDemand &&
-                              priority == prefetch::Priority::kDemand);
+          const bool retry =
+              s.state == Slot::State::kCancelled ||
+              (s.state == Slot::State::kFailed && s.priority != prefetch::Priority::kDemand &&
+               priority == prefetch::Priority::kDemand);
           if (upgrade && s.remote) {  // promoted in place, and waited for
             if (s.promoted != nullptr) s.promoted->store(true);
             continue;
@@ -721,17 +732,17 @@ class SessionImpl final : public ReprefillSession {
                                                  std::span<std::byte> dest) {
     // A key source holds keys in the dtype; a spec with a codec scores its records' K parts.
     if (ScoringKeys* source = spec_.codec == KvCodec::kNone ? host_.scoring_keys() : nullptr) {
-      absl::StatusOr<prefetch::ReadRequest> r =
-          source->KeysRead(keys_[j], layer, priority, dest);
+      absl::StatusOr<prefetch::ReadRequest> r = source->KeysRead(keys_[j], layer, priority, dest);
       if (!absl::IsNotFound(r.status())) return r;
     }
-    return RecordRead(host_, *pinned_, j, layer, priority, dest, static_cast<uint32_t>(dest.size()));
+    return RecordRead(host_, *pinned_, j, layer, priority, dest,
+                      static_cast<uint32_t>(dest.size()));
   }
 
   // Waits for (layer, chunk) of every chunk to land. A cancelled one, or a failed prefetch, is
   // requested again on demand. Errors: the first failed demand read's.
   absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer,
-                                                           std::span<const uint32_t> chunks) {
+                                                          std::span<const uint32_t> chunks) {
     for (;;) {
       std::vector<uint32_t> again;
       std::vector<std::shared_ptr<Slot>> out;
@@ -873,7 +884,7 @@ class SessionImpl final : public ReprefillSession {
   const std::unique_ptr<storage::PinnedChunks> pinned_;
   const size_t local_;  // chunks [0, local_) are pinned here, the rest are remote_'s
   prefetch::ReadEngine* const reads_;
-  const RemoteHeads remote_;             // the chunks found only in the shared tier
+  const RemoteHeads remote_;                // the chunks found only in the shared tier
   const std::vector<int32_t> fill_tokens_;  // the prefix Finish has filled locally (FillLater)
   // Summary parts read from NVMe (stable addresses: the pointers below point into them).
   std::vector<std::unique_ptr<ChunkSummaries>> summaries_;
@@ -881,7 +892,7 @@ class SessionImpl final : public ReprefillSession {
   std::vector<const std::byte*> summary_ptrs_;   // the selector's part, per chunk, wherever it is
   // With estimate_rest: the mean and estimate parts per chunk (null where a chunk has none).
   std::vector<const std::byte*> mean_ptrs_, estimate_ptrs_;
-  std::vector<const std::byte*> outlier_ptrs_;  // outlier-key's outlier parts (null: none)
+  std::vector<const std::byte*> outlier_ptrs_;     // outlier-key's outlier parts (null: none)
   std::vector<std::vector<uint32_t>> selections_;  // per layer
   // Whether Admit holds admissions for Finish: a benchmark's clock is set, and there are tiers.
   // Fixed when the session starts (a benchmark sets its clock before its sessions start).
@@ -892,7 +903,7 @@ class SessionImpl final : public ReprefillSession {
     std::shared_ptr<Slot> slot;
   };
   std::vector<Deferred> deferred_;
-  std::vector<std::vector<float>> scores_;          // per scored layer
+  std::vector<std::vector<float>> scores_;  // per scored layer
   std::vector<bool> submitted_;
   std::vector<bool> queryless_;  // per head layer submitted without queries (budget 1)
   // Per layer: the error of a period head that failed (scoring or requesting), and of the
@@ -911,16 +922,15 @@ class SessionImpl final : public ReprefillSession {
 }  // namespace
 
 absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
-                                                 const storage::PinnedChunks& pinned,
-                                                 size_t chunk, uint32_t record,
-                                                 prefetch::Priority priority,
+                                                 const storage::PinnedChunks& pinned, size_t chunk,
+                                                 uint32_t record, prefetch::Priority priority,
                                                  std::span<std::byte> dest, uint32_t bytes) {
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   const bool part = bytes != 0;
-  CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest r,
-                       reads->RequestFor(part ? pinned.PartOf(chunk, record, 0, bytes)
-                                              : pinned.ReadOf(chunk, record),
-                                         priority));
+  CKV_ASSIGN_OR_RETURN(
+      prefetch::ReadRequest r,
+      reads->RequestFor(
+          part ? pinned.PartOf(chunk, record, 0, bytes) : pinned.ReadOf(chunk, record), priority));
   r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record,
                         part ? " (keys)" : "");
   CKV_DCHECK(ReadFitsRecord(pinned, chunk, record, r, dest.size()));
@@ -933,25 +943,25 @@ bool SelectsRemoteRecords(const ReprefillOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
-                                                                const ModelSpec& spec,
-                                                                std::span<const int32_t> tokens,
-                                                                const ReprefillOptions& options) {
+                                                               const ModelSpec& spec,
+                                                               std::span<const int32_t> tokens,
+                                                               const ReprefillOptions& options) {
   CKV_RETURN_IF_ERROR(spec.Validate());
   if (!(options.budget_fraction > 0 && options.budget_fraction <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.budget_fraction = ",
-                                                   options.budget_fraction,
-                                                   ": must be in (0, 1]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReprefillOptions.budget_fraction = ", options.budget_fraction, ": must be in (0, 1]"));
   }
   if (!(options.target_mass >= 0 && options.target_mass <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("ReprefillOptions.target_mass = ",
-                                                   options.target_mass, ": must be in [0, 1]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReprefillOptions.target_mass = ", options.target_mass, ": must be in [0, 1]"));
   }
-  if (options.rescore_layers && (!options.period_selection ||
-                                 !kernels::ReadsSummaries(KindOf(options.selector)))) {
+  if (options.rescore_layers &&
+      (!options.period_selection || !kernels::ReadsSummaries(KindOf(options.selector)))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReprefillOptions.rescore_layers needs period_selection and a summary selector (quest, "
         "mean-key, outlier-key); this session's selector is ",
-        std::string(SelectorName(options.selector)), ", period_selection ", options.period_selection ? "on" : "off"));
+        std::string(SelectorName(options.selector)), ", period_selection ",
+        options.period_selection ? "on" : "off"));
   }
   if (options.window < 1 || options.window > 4096 || options.period_layers < 1 ||
       options.period_layers > 1024) {
@@ -973,9 +983,9 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
   keys.resize(local);
   keys.insert(keys.end(), remote.keys.begin(), remote.keys.end());
   CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
-  auto session = std::make_unique<SessionImpl>(host, spec, options, std::move(keys),
-                                               std::move(pinned), reads, std::move(remote),
-                                               std::move(fill_tokens));
+  auto session =
+      std::make_unique<SessionImpl>(host, spec, options, std::move(keys), std::move(pinned), reads,
+                                    std::move(remote), std::move(fill_tokens));
   CKV_RETURN_IF_ERROR(session->LoadSummaries());
   return session;
 }

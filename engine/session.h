@@ -124,15 +124,14 @@ inline constexpr uint64_t kMaxRemoteSessionChunks = 8192;
 // `bytes` > 0 reads only the record's first `bytes` bytes (PartOf), unverified. Sessions and the
 // benchmark's baselines build their record reads with it, so both read alike.
 absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
-                                                 const storage::PinnedChunks& pinned,
-                                                 size_t chunk, uint32_t record,
-                                                 prefetch::Priority priority,
+                                                 const storage::PinnedChunks& pinned, size_t chunk,
+                                                 uint32_t record, prefetch::Priority priority,
                                                  std::span<std::byte> dest, uint32_t bytes = 0);
 
 absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
-                                                                const ModelSpec& spec,
-                                                                std::span<const int32_t> tokens,
-                                                                const ReprefillOptions& options);
+                                                               const ModelSpec& spec,
+                                                               std::span<const int32_t> tokens,
+                                                               const ReprefillOptions& options);
 
 }  // namespace ckv::engine
 

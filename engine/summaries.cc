@@ -8,10 +8,14 @@ namespace ckv::engine {
 
 size_t SummaryPartBytes(const kernels::SummaryFormat& f, SummaryPart part) {
   switch (part) {
-    case SummaryPart::kMinMax: return f.MinMaxBytes();
-    case SummaryPart::kMean: return f.MeanBytes();
-    case SummaryPart::kEstimate: return f.EstimateBytes();
-    case SummaryPart::kOutlier: return f.OutlierBytes();
+    case SummaryPart::kMinMax:
+      return f.MinMaxBytes();
+    case SummaryPart::kMean:
+      return f.MeanBytes();
+    case SummaryPart::kEstimate:
+      return f.EstimateBytes();
+    case SummaryPart::kOutlier:
+      return f.OutlierBytes();
   }
   return 0;
 }
@@ -32,7 +36,8 @@ storage::AuxRecords SummaryRecords(const ModelSpec& spec, const KvTensors& kv) {
                                    out[static_cast<size_t>(SummaryPart::kMinMax)],
                                    out[static_cast<size_t>(SummaryPart::kMean)],
                                    out[static_cast<size_t>(SummaryPart::kOutlier)]);
-      kernels::EstimateChunkLayer(spec, layer, kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
+      kernels::EstimateChunkLayer(spec, layer,
+                                  kv.v[layer].subspan(chunk * chunk_bytes, chunk_bytes),
                                   out[static_cast<size_t>(SummaryPart::kEstimate)]);
     }
   };

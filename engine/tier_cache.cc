@@ -87,12 +87,11 @@ bool TierManager::Handle::device_pointer() const { return entry_->device; }
 
 TierManager::TierManager(uint64_t gpu_budget_bytes, uint64_t cpu_budget_bytes,
                          std::unique_ptr<kernels::DeviceMemory> gpu_memory,
-                         std::unique_ptr<kernels::DeviceMemory> cpu_memory,
-                         double summary_share)
+                         std::unique_ptr<kernels::DeviceMemory> cpu_memory, double summary_share)
     : gpu_memory_(gpu_memory ? std::move(gpu_memory) : kernels::NewHostMemory()),
       cpu_memory_(cpu_memory ? std::move(cpu_memory) : kernels::NewHostMemory()) {
-  const auto summary_bytes = static_cast<uint64_t>(
-      static_cast<double>(cpu_budget_bytes) * std::clamp(summary_share, 0.0, 1.0));
+  const auto summary_bytes = static_cast<uint64_t>(static_cast<double>(cpu_budget_bytes) *
+                                                   std::clamp(summary_share, 0.0, 1.0));
   const uint64_t budgets[kPools] = {gpu_budget_bytes, cpu_budget_bytes - summary_bytes,
                                     summary_bytes};
   const char* names[kPools] = {"GPU tier", "CPU tier", "summary cache"};
@@ -181,8 +180,8 @@ TierManager::Handle TierManager::GetSummaries(const ChunkKey& id, uint32_t part)
 absl::StatusOr<TierManager::Handle> TierManager::PutSummaries(const ChunkKey& id, uint32_t part,
                                                               std::span<const std::byte> bytes) {
   if (part >= kSummaryRecord) {
-    return absl::InvalidArgumentError(absl::StrCat("summaries of ", id.ToHex(), ": part ", part,
-                                                   " >= ", kSummaryRecord));
+    return absl::InvalidArgumentError(
+        absl::StrCat("summaries of ", id.ToHex(), ": part ", part, " >= ", kSummaryRecord));
   }
   // Summaries all score 0: they rank by last use alone.
   return Place(kSummaryPool, kSummaryPool, RecordId{id, kSummaryRecord + part}, bytes, 0);

@@ -41,8 +41,8 @@ class Kv {
         for (size_t i = 0; i < elements; ++i) {
           const uint64_t r = Next(seed);
           // sign, an exponent of 13 or 14 (0.25 to 1), ten random mantissa bits
-          const uint16_t half = static_cast<uint16_t>((r & 0x8000) | ((13 + ((r >> 16) & 1)) << 10) |
-                                                      ((r >> 20) & 0x3ff));
+          const uint16_t half = static_cast<uint16_t>(
+              (r & 0x8000) | ((13 + ((r >> 16) & 1)) << 10) | ((r >> 20) & 0x3ff));
           t[2 * i] = static_cast<std::byte>(half & 0xff);
           t[2 * i + 1] = static_cast<std::byte>(half >> 8);
         }

@@ -43,7 +43,6 @@ int main(int argc, char** argv) {
   if (!stats.ok()) return 1;
   std::printf("%llu chunks matched, %llu records served, read amplification %.2f\n",
               static_cast<unsigned long long>(stats->matched_chunks),
-              static_cast<unsigned long long>(stats->records_served),
-              stats->read_amplification());
+              static_cast<unsigned long long>(stats->records_served), stats->read_amplification());
   return 0;
 }

@@ -37,6 +37,8 @@ std::atomic<CpuPath> g_path{CpuPath::kAuto};
 
 void SetCpuPath(CpuPath path) { g_path.store(path, std::memory_order_relaxed); }
 
-bool UseAvx2() { return g_path.load(std::memory_order_relaxed) != CpuPath::kScalar && CpuHasAvx2(); }
+bool UseAvx2() {
+  return g_path.load(std::memory_order_relaxed) != CpuPath::kScalar && CpuHasAvx2();
+}
 
 }  // namespace ckv::kernels

@@ -40,10 +40,10 @@ absl::Status CheckSummaryInput(const SelectorInput& in, SelectorKind kind) {
   const size_t want = size_t{in.window} * in.shape.q_heads * in.shape.head_dim;
   if (in.window == 0 || in.chunks == 0 || parts.size() != in.chunks || in.queries.size() != want ||
       in.layer >= in.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(SelectorName(kind)), " on the device: ", parts.size(), " summaries for ",
-        in.chunks, " chunks, ", in.queries.size(), " query floats (", want, " needed), layer ",
-        in.layer, " of ", in.layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(SelectorName(kind)), " on the device: ", parts.size(),
+                     " summaries for ", in.chunks, " chunks, ", in.queries.size(),
+                     " query floats (", want, " needed), layer ", in.layer, " of ", in.layers));
   }
   return absl::OkStatus();
 }
@@ -81,8 +81,8 @@ absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput& in) {
   std::vector<float> scores(in.chunks);
   if (auto st = FromLaunch(cuda_launch::QuestScores(
           parts.data(), in.chunks, f.MinMaxBytes(), static_cast<int>(in.layer),
-          static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads),
-          static_cast<int>(s.head_dim), rows.data(),
+          static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads), static_cast<int>(s.head_dim),
+          rows.data(),
           1.0f / (static_cast<float>(in.window) * std::sqrt(static_cast<float>(s.head_dim))),
           scores.data()));
       !st.ok()) {
@@ -100,9 +100,8 @@ absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput& in) {
   std::vector<float> scores(in.chunks);
   if (auto st = FromLaunch(cuda_launch::MeanKeyScores(
           parts.data(), in.chunks, f.MeanBytes(), static_cast<int>(in.layer),
-          static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads),
-          static_cast<int>(s.head_dim), qbar.data(),
-          1.0f / std::sqrt(static_cast<float>(s.head_dim)), scores.data()));
+          static_cast<int>(s.q_heads), static_cast<int>(s.kv_heads), static_cast<int>(s.head_dim),
+          qbar.data(), 1.0f / std::sqrt(static_cast<float>(s.head_dim)), scores.data()));
       !st.ok()) {
     return st;
   }
@@ -182,9 +181,9 @@ absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
   if (auto st = DeviceAvailable(); !st.ok()) return st;
   if (auto st = CheckVirtualTokenInput(s, queries, window, loaded, vt); !st.ok()) return st;
   if (size_t{window} * s.q_heads > 65535) {  // one grid row per (query, q head)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AttentionWithVirtualTokens on the device: ", window, " queries x ", s.q_heads,
-        " q heads; at most 65535 rows a call"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AttentionWithVirtualTokens on the device: ", window, " queries x ", s.q_heads,
+                     " q heads; at most 65535 rows a call"));
   }
   const size_t tokens = size_t{loaded.tokens} + vt.count;
   std::vector<float> out(queries.size(), 0.0f);
@@ -198,8 +197,7 @@ absl::StatusOr<std::vector<float>> AttentionWithVirtualTokens(const KvShape& s,
   if (auto st = FromLaunch(cuda_launch::BiasedAttention(
           k.data(), v.data(), bias.data(), tokens, static_cast<int>(s.kv_heads),
           static_cast<int>(s.head_dim), queries.data(), static_cast<int>(s.q_heads),
-          static_cast<int>(window), 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
-          out.data()));
+          static_cast<int>(window), 1.0f / std::sqrt(static_cast<float>(s.head_dim)), out.data()));
       !st.ok()) {
     return st;
   }
@@ -213,9 +211,9 @@ absl::Status DecodeRecords(const ModelSpec& spec, std::span<const std::byte* con
   const size_t decoded = spec.DecodedRecordBytes();
   const size_t element = DTypeBytes(spec.dtype);
   if (out.size() != records.size() * decoded) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DecodeRecords: output of ", out.size(), " bytes; ", records.size(), " records of ",
-        spec.DebugString(), " need ", records.size() * decoded));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeRecords: output of ", out.size(), " bytes; ", records.size(),
+                     " records of ", spec.DebugString(), " need ", records.size() * decoded));
   }
   if (reinterpret_cast<uintptr_t>(out.data()) % element != 0) {
     return absl::InvalidArgumentError(
@@ -253,9 +251,8 @@ absl::Status PinHostMemory(void*, size_t) { return NotBuilt(); }
 void UnpinHostMemory(void*) {}
 absl::StatusOr<std::vector<float>> QuestScores(const SelectorInput&) { return NotBuilt(); }
 absl::StatusOr<std::vector<float>> MeanKeyScores(const SelectorInput&) { return NotBuilt(); }
-absl::StatusOr<std::vector<float>> TokenAttention(const KvShape&, std::span<const float>,
-                                                  uint32_t, ChunkRecords,
-                                                  std::span<const uint32_t>) {
+absl::StatusOr<std::vector<float>> TokenAttention(const KvShape&, std::span<const float>, uint32_t,
+                                                  ChunkRecords, std::span<const uint32_t>) {
   return NotBuilt();
 }
 absl::StatusOr<GatheredKv> Gather(const KvShape&, ChunkRecords, std::span<const uint32_t>) {

@@ -34,9 +34,9 @@ std::string CudaError(cudaError_t e, const char* what) {
     if (ckv_cuda_err != cudaSuccess) return CudaError(ckv_cuda_err, #call); \
   } while (0)
 
-#define CKV_TRY(expr)                      \
-  do {                                     \
-    std::string ckv_try_err = (expr);      \
+#define CKV_TRY(expr)                             \
+  do {                                            \
+    std::string ckv_try_err = (expr);             \
     if (!ckv_try_err.empty()) return ckv_try_err; \
   } while (0)
 
@@ -211,8 +211,8 @@ __global__ void TokenScoresKernel(const unsigned char* records, size_t record_by
 
 // out[i * row + e] = element e of the K (or V) of chunk chunks[i / chunk_elems]...
 __global__ void GatherKernel(const unsigned char* records, size_t record_bytes, int dtype,
-                             size_t half_elements, const unsigned* chunks, size_t count,
-                             float* k, float* v) {
+                             size_t half_elements, const unsigned* chunks, size_t count, float* k,
+                             float* v) {
   const size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (e >= count * half_elements) return;
   const size_t i = e / half_elements, within = e % half_elements;
@@ -220,7 +220,6 @@ __global__ void GatherKernel(const unsigned char* records, size_t record_bytes, 
   k[e] = Element(rec, within, dtype);
   v[e] = Element(rec, half_elements + within, dtype);
 }
-
 
 // scores[r * tokens + t] = q_r . k_{t, h(g)} * scale + bias[t * q_heads + g], row r = i * q_heads
 // + g.
@@ -416,9 +415,9 @@ std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_b
   return "";
 }
 
-std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes,
-                          int layer, int q_heads, int kv_heads, int head_dim, const float* qbar,
-                          float scale, float* scores) {
+std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
+                          int q_heads, int kv_heads, int head_dim, const float* qbar, float scale,
+                          float* scores) {
   Stream stream;
   CKV_CUDA(cudaStreamCreate(&stream.s));
   DeviceBuffer<unsigned char> d_parts;
@@ -471,8 +470,8 @@ std::string TokenAttention(const unsigned char* records, size_t chunks, size_t r
                            stream.s>>>(d_scores.ptr, tokens, rows, d_max.ptr, d_sum.ptr,
                                        1.0f / static_cast<float>(rows), d_mass.ptr);
   CKV_CUDA(cudaGetLastError());
-  CKV_CUDA(cudaMemcpyAsync(mass, d_mass.ptr, tokens * sizeof(float), cudaMemcpyDeviceToHost,
-                           stream.s));
+  CKV_CUDA(
+      cudaMemcpyAsync(mass, d_mass.ptr, tokens * sizeof(float), cudaMemcpyDeviceToHost, stream.s));
   CKV_CUDA(cudaStreamSynchronize(stream.s));
   return "";
 }
@@ -488,9 +487,9 @@ std::string Gather(const unsigned char* records, size_t chunks, size_t record_by
   CKV_TRY(d_list.Upload(list, count, stream.s));
   CKV_TRY(d_k.Allocate(count * half_elements));
   CKV_TRY(d_v.Allocate(count * half_elements));
-  GatherKernel<<<static_cast<unsigned>((count * half_elements + kThreads - 1) / kThreads),
-                 kThreads, 0, stream.s>>>(d_records.ptr, record_bytes, dtype, half_elements,
-                                          d_list.ptr, count, d_k.ptr, d_v.ptr);
+  GatherKernel<<<static_cast<unsigned>((count * half_elements + kThreads - 1) / kThreads), kThreads,
+                 0, stream.s>>>(d_records.ptr, record_bytes, dtype, half_elements, d_list.ptr,
+                                count, d_k.ptr, d_v.ptr);
   CKV_CUDA(cudaGetLastError());
   CKV_CUDA(cudaMemcpyAsync(k, d_k.ptr, count * half_elements * sizeof(float),
                            cudaMemcpyDeviceToHost, stream.s));
@@ -533,9 +532,9 @@ std::string BiasedAttention(const float* k, const float* v, const float* bias, s
   return "";
 }
 
-std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec,
-                          int dtype, int chunk_tokens, int kv_heads, int head_dim,
-                          size_t record_bytes, size_t key_bytes, unsigned char* out) {
+std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec, int dtype,
+                          int chunk_tokens, int kv_heads, int head_dim, size_t record_bytes,
+                          size_t key_bytes, unsigned char* out) {
   if (count == 0) return "";
   Stream stream;
   CKV_CUDA(cudaStreamCreate(&stream.s));

@@ -26,9 +26,9 @@ std::string QuestScores(const unsigned char* parts, size_t chunks, size_t part_b
                         float* scores);
 
 // scores[j] = sum_g softmax_j(qbar_g . mean_{j,h(g)} * scale) / q_heads.
-std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes,
-                          int layer, int q_heads, int kv_heads, int head_dim, const float* qbar,
-                          float scale, float* scores);
+std::string MeanKeyScores(const unsigned char* parts, size_t chunks, size_t part_bytes, int layer,
+                          int q_heads, int kv_heads, int head_dim, const float* qbar, float scale,
+                          float* scores);
 
 // mass[t] = mean over (head in heads, query) of softmax_t(q . k_t * scale), over the records of
 // `chunks` chunks back to back (K first, dtype 1 fp16, 2 bf16, 3 fp32).
@@ -51,9 +51,9 @@ std::string BiasedAttention(const float* k, const float* v, const float* bias, s
 // Decodes `count` records at the device pointers records[i] (a host array), `record_bytes` each
 // with their K part's `key_bytes` first, into device memory `out` (codec 0 none, 1 fp8 e4m3,
 // 2 int8, 3 int4; dtype as TokenAttention's), as ckv::DecodeRecord does, bit for bit.
-std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec,
-                          int dtype, int chunk_tokens, int kv_heads, int head_dim,
-                          size_t record_bytes, size_t key_bytes, unsigned char* out);
+std::string DecodeRecords(const unsigned char* const* records, size_t count, int codec, int dtype,
+                          int chunk_tokens, int kv_heads, int head_dim, size_t record_bytes,
+                          size_t key_bytes, unsigned char* out);
 
 }  // namespace ckv::kernels::cuda_launch
 

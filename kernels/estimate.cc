@@ -16,11 +16,16 @@ namespace ckv::kernels {
 
 std::string_view EstimateKindName(EstimateKind k) {
   switch (k) {
-    case EstimateKind::kNone: return "drop";
-    case EstimateKind::kMean: return "mean";
-    case EstimateKind::kGaussian: return "gauss";
-    case EstimateKind::kGaussianWindow: return "gauss-window";
-    case EstimateKind::kGaussianCapped: return "gauss-capped";
+    case EstimateKind::kNone:
+      return "drop";
+    case EstimateKind::kMean:
+      return "mean";
+    case EstimateKind::kGaussian:
+      return "gauss";
+    case EstimateKind::kGaussianWindow:
+      return "gauss-window";
+    case EstimateKind::kGaussianCapped:
+      return "gauss-capped";
   }
   return "?";
 }
@@ -38,8 +43,8 @@ absl::StatusOr<ChunkStats> ChunkStats::Of(const KvShape& s, ChunkRecords records
   std::vector<float> k(size_t{c} * row), v(size_t{c} * row);
   for (size_t n = 0; n < which.size(); ++n) {
     if (which[n] >= records.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk index ", which[n], " of ",
-                                                     records.size(), " chunks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk index ", which[n], " of ", records.size(), " chunks"));
     }
     ToFloat(s.dtype, records[which[n]], k.size(), k.data());
     ToFloat(s.dtype, records[which[n]] + s.half_record_bytes(), v.size(), v.data());
@@ -97,8 +102,7 @@ ChunkStats ChunkStats::Subset(std::span<const uint32_t> which, uint32_t kv_heads
   for (size_t a = 0; a < 5; ++a) {
     to[a]->resize(which.size() * per_chunk);
     for (size_t n = 0; n < which.size(); ++n) {
-      std::copy_n(from[a]->data() + which[n] * per_chunk, per_chunk,
-                  to[a]->data() + n * per_chunk);
+      std::copy_n(from[a]->data() + which[n] * per_chunk, per_chunk, to[a]->data() + n * per_chunk);
     }
   }
   return out;
@@ -115,9 +119,9 @@ absl::Status CheckQueriesAndLoaded(const KvShape& s, std::span<const float> quer
                                                    window, " x ", ldq, " need ", window * ldq));
   }
   if (loaded.k.size() != loaded.tokens * ldkv || loaded.v.size() != loaded.tokens * ldkv) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gathered kv of ", loaded.k.size(), " + ", loaded.v.size(), " floats; ", loaded.tokens,
-        " tokens need ", loaded.tokens * ldkv, " each"));
+    return absl::InvalidArgumentError(absl::StrCat("gathered kv of ", loaded.k.size(), " + ",
+                                                   loaded.v.size(), " floats; ", loaded.tokens,
+                                                   " tokens need ", loaded.tokens * ldkv, " each"));
   }
   return absl::OkStatus();
 }
@@ -127,12 +131,12 @@ absl::Status CheckStats(const KvShape& s, const ChunkStats& rest, EstimateKind k
   const size_t need = size_t{rest.chunks} * s.kv_heads * s.head_dim;
   std::vector<const std::vector<float>*> parts = {&rest.key_mean, &rest.value_mean};
   if (kind != EstimateKind::kMean) parts.push_back(&rest.key_var);
-  if (kind == EstimateKind::kGaussianCapped) parts.insert(parts.end(), {&rest.key_min, &rest.key_max});
+  if (kind == EstimateKind::kGaussianCapped)
+    parts.insert(parts.end(), {&rest.key_min, &rest.key_max});
   for (const auto* v : parts) {
     if (v->size() != need) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk statistics of ", v->size(),
-                                                     " floats; ", rest.chunks, " chunks need ",
-                                                     need));
+      return absl::InvalidArgumentError(absl::StrCat("chunk statistics of ", v->size(), " floats; ",
+                                                     rest.chunks, " chunks need ", need));
     }
   }
   return absl::OkStatus();
@@ -171,8 +175,7 @@ std::vector<float> AttendWithExtra(const KvShape& s, std::span<const float> quer
                width);
     }
     if (m > 0) {
-      ScoresQK(q, ldq, window, extra_keys + h * d_n, ldkv, m, d_n, scale, p.data() + tokens,
-               width);
+      ScoresQK(q, ldq, window, extra_keys + h * d_n, ldkv, m, d_n, scale, p.data() + tokens, width);
       adjust(g, h, q, p.data() + tokens, width);
     }
     for (uint32_t i = 0; i < window; ++i) {
@@ -221,8 +224,8 @@ absl::StatusOr<std::vector<float>> EstimatedAttention(const KvShape& s,
       }
     }
     if (kind != EstimateKind::kMean) {
-      ScoresQK(q2.data(), d_n, per_window ? 1 : window, rest.key_var.data() + h * d_n, ldkv, m,
-               d_n, 0.5f * scale * scale, spread.data(), m);
+      ScoresQK(q2.data(), d_n, per_window ? 1 : window, rest.key_var.data() + h * d_n, ldkv, m, d_n,
+               0.5f * scale * scale, spread.data(), m);
     }
     for (uint32_t i = 0; i < window; ++i) {
       float* row = logits + size_t{i} * width;
@@ -242,8 +245,8 @@ absl::StatusOr<std::vector<float>> EstimatedAttention(const KvShape& s,
       }
     }
   };
-  return AttendWithExtra(s, queries, window, loaded, rest.key_mean.data(),
-                         rest.value_mean.data(), m, adjust);
+  return AttendWithExtra(s, queries, window, loaded, rest.key_mean.data(), rest.value_mean.data(),
+                         m, adjust);
 }
 
 absl::StatusOr<VirtualTokens> VirtualTokensOf(const KvShape& s, std::span<const float> queries,
@@ -284,10 +287,10 @@ absl::Status CheckVirtualTokenInput(const KvShape& s, std::span<const float> que
   const size_t ldkv = size_t{s.kv_heads} * s.head_dim;
   if (vt.keys.size() != vt.count * ldkv || vt.values.size() != vt.count * ldkv ||
       vt.bias.size() != size_t{vt.count} * s.q_heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "virtual tokens of ", vt.keys.size(), " + ", vt.values.size(), " + ", vt.bias.size(),
-        " floats; ", vt.count, " tokens need ", vt.count * ldkv, " + ", vt.count * ldkv, " + ",
-        size_t{vt.count} * s.q_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("virtual tokens of ", vt.keys.size(), " + ", vt.values.size(), " + ",
+                     vt.bias.size(), " floats; ", vt.count, " tokens need ", vt.count * ldkv, " + ",
+                     vt.count * ldkv, " + ", size_t{vt.count} * s.q_heads));
   }
   return absl::OkStatus();
 }

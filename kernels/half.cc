@@ -32,7 +32,7 @@ void FloatToHalfScalar(const float* src, size_t n, std::byte* dst) {
 #if CKV_X86
 
 __attribute__((target("avx2,f16c"))) void HalfToFloatF16c(const std::byte* src, size_t n,
-                                                         float* dst) {
+                                                          float* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
@@ -42,7 +42,7 @@ __attribute__((target("avx2,f16c"))) void HalfToFloatF16c(const std::byte* src, 
 }
 
 __attribute__((target("avx2,f16c"))) void FloatToHalfF16c(const float* src, size_t n,
-                                                         std::byte* dst) {
+                                                          std::byte* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);

@@ -22,13 +22,13 @@ class HostMemory final : public DeviceMemory {
   std::string name() const override { return "host"; }
   bool device_pointers() const override { return false; }
   absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
-    void* p = ::operator new(bytes, std::align_val_t{kDeviceAlignment}, std::nothrow);
+    void* p = ::operator new (bytes, std::align_val_t{kDeviceAlignment}, std::nothrow);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("host memory: ", bytes, " bytes"));
     }
     return static_cast<std::byte*>(p);
   }
-  void Free(std::byte* p) override { ::operator delete(p, std::align_val_t{kDeviceAlignment}); }
+  void Free(std::byte* p) override { ::operator delete (p, std::align_val_t{kDeviceAlignment}); }
   absl::StatusOr<std::unique_ptr<CopyEvent>> CopyFromHostAsync(std::byte* dst, const std::byte* src,
                                                                size_t bytes) override {
     std::memcpy(dst, src, bytes);

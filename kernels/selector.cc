@@ -42,13 +42,13 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
     const auto& parts = kind == SelectorKind::kQuest ? in.minmax : in.mean;
     if (parts.size() != in.chunks || in.layer >= in.layers ||
         std::find(parts.begin(), parts.end(), nullptr) != parts.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          std::string(SelectorName(kind)), ": ", parts.size(), " summaries for ", in.chunks,
-          " chunks (none null), layer ", in.layer, " of ", in.layers));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(SelectorName(kind)), ": ", parts.size(), " summaries for ",
+                       in.chunks, " chunks (none null), layer ", in.layer, " of ", in.layers));
     }
     if (kind == SelectorKind::kOutlierKey && in.outlier.size() != in.chunks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "outlier-key: ", in.outlier.size(), " outlier parts for ", in.chunks, " chunks"));
+      return absl::InvalidArgumentError(absl::StrCat("outlier-key: ", in.outlier.size(),
+                                                     " outlier parts for ", in.chunks, " chunks"));
     }
   } else if (in.records.size() != in.chunks) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(SelectorName(kind)), ": ",
@@ -59,14 +59,14 @@ absl::Status CheckInput(SelectorKind kind, const SelectorInput& in, const Select
       (o.impress_block_tokens == 0 || o.impress_block_tokens % in.shape.chunk_tokens != 0 ||
        o.impress_probe_heads == 0 || o.impress_probe_heads > in.shape.q_heads)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "impress: blocks of ", o.impress_block_tokens, " tokens (chunks of ",
-        in.shape.chunk_tokens, "), ", o.impress_probe_heads, " probe heads of ",
-        in.shape.q_heads));
+        "impress: blocks of ", o.impress_block_tokens, " tokens (chunks of ", in.shape.chunk_tokens,
+        "), ", o.impress_probe_heads, " probe heads of ", in.shape.q_heads));
   }
   if (kind == SelectorKind::kImpress) {
     for (const auto& [what, list] :
          {std::pair<const char*, const std::vector<uint32_t>&>{"probe", o.impress_probe_q_heads},
-          std::pair<const char*, const std::vector<uint32_t>&>{"scoring", o.impress_score_q_heads}}) {
+          std::pair<const char*, const std::vector<uint32_t>&>{"scoring",
+                                                               o.impress_score_q_heads}}) {
       std::vector<bool> seen(in.shape.q_heads, false);
       for (uint32_t h : list) {
         if (h >= in.shape.q_heads || seen[h]) {
@@ -186,8 +186,7 @@ std::vector<float> OutlierKeyScores(const SelectorInput& in) {
     const MeanEntry e = MeanAt(f, part, in.layer, h);
     simd::DecodeI8(e.mean, e.scale, d_n, out);
   };
-  std::vector<float> lm =
-      SummaryLogits(in, in.mean, f.MeanEntryBytes(), qbar, d_n, scale, decode);
+  std::vector<float> lm = SummaryLogits(in, in.mean, f.MeanEntryBytes(), qbar, d_n, scale, decode);
   if (c < 2) return MeanOfSoftmaxes(std::move(lm), in.shape.q_heads, in.chunks);
   std::vector<const std::byte*> outlier(in.outlier.begin(), in.outlier.end());
   for (size_t j = 0; j < in.chunks; ++j) {
@@ -261,21 +260,27 @@ std::vector<float> MeanQueryRows(const SelectorInput& in) {
   const size_t ldq = size_t{in.shape.q_heads} * in.shape.head_dim;
   std::vector<float> qbar(ldq, 0.0f);
   for (uint32_t i = 0; i < in.window; ++i) {
-    simd::Axpy(1.0f / static_cast<float>(in.window), in.queries.data() + i * ldq, qbar.data(),
-               ldq);
+    simd::Axpy(1.0f / static_cast<float>(in.window), in.queries.data() + i * ldq, qbar.data(), ldq);
   }
   return qbar;
 }
 
 std::string_view SelectorName(SelectorKind kind) {
   switch (kind) {
-    case SelectorKind::kPeriodExact: return "period-exact";
-    case SelectorKind::kQuest: return "quest";
-    case SelectorKind::kMeanKey: return "mean-key";
-    case SelectorKind::kOracle: return "oracle";
-    case SelectorKind::kImpress: return "impress";
-    case SelectorKind::kH2o: return "h2o";
-    case SelectorKind::kOutlierKey: return "outlier-key";
+    case SelectorKind::kPeriodExact:
+      return "period-exact";
+    case SelectorKind::kQuest:
+      return "quest";
+    case SelectorKind::kMeanKey:
+      return "mean-key";
+    case SelectorKind::kOracle:
+      return "oracle";
+    case SelectorKind::kImpress:
+      return "impress";
+    case SelectorKind::kH2o:
+      return "h2o";
+    case SelectorKind::kOutlierKey:
+      return "outlier-key";
   }
   return "unknown";
 }
@@ -284,9 +289,9 @@ absl::StatusOr<SelectorKind> ParseSelectorKind(std::string_view name) {
   for (SelectorKind k : kKinds) {
     if (SelectorName(k) == name) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown selector '", std::string(name),
-      "' (period-exact, quest, mean-key, oracle, impress, h2o, outlier-key)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown selector '", std::string(name),
+                   "' (period-exact, quest, mean-key, oracle, impress, h2o, outlier-key)"));
 }
 
 std::vector<SelectorKind> AllSelectorKinds() { return {std::begin(kKinds), std::end(kKinds)}; }
@@ -302,16 +307,19 @@ double ScoringFlops(SelectorKind kind, const SelectorInput& in, const SelectOpti
   const double d = in.shape.head_dim;
   // impress: the ranking heads, or the probes when they are more (their per-head attention is
   // computed for the gate).
-  const double heads =
-      kind != SelectorKind::kImpress
-          ? in.shape.q_heads
-          : static_cast<double>(std::max(ImpressRankHeads(in.shape, o).size(),
-                                         ImpressProbeHeads(in.shape, o).size()));
+  const double heads = kind != SelectorKind::kImpress
+                           ? in.shape.q_heads
+                           : static_cast<double>(std::max(ImpressRankHeads(in.shape, o).size(),
+                                                          ImpressProbeHeads(in.shape, o).size()));
   switch (kind) {
-    case SelectorKind::kQuest: return 2 * n * heads * 2 * d;
-    case SelectorKind::kMeanKey: return 2 * n * heads * d;
-    case SelectorKind::kOutlierKey: return 2 * n * heads * 2 * d;
-    default: return 2.0 * in.window * n * in.shape.chunk_tokens * heads * d;
+    case SelectorKind::kQuest:
+      return 2 * n * heads * 2 * d;
+    case SelectorKind::kMeanKey:
+      return 2 * n * heads * d;
+    case SelectorKind::kOutlierKey:
+      return 2 * n * heads * 2 * d;
+    default:
+      return 2.0 * in.window * n * in.shape.chunk_tokens * heads * d;
   }
 }
 
@@ -439,10 +447,10 @@ absl::StatusOr<Selection> Select(SelectorKind kind, const SelectorInput& in,
     if (ranked_by_probes) probe_mass = std::move(sum);
   }
   absl::StatusOr<std::vector<float>> mass =
-      probe_mass ? std::move(*probe_mass)
-                 : TokenAttention(in.shape, in.queries, in.window, in.records,
-                                  kind == SelectorKind::kImpress ? ImpressRankHeads(in.shape, o)
-                                                                 : heads);
+      probe_mass
+          ? std::move(*probe_mass)
+          : TokenAttention(in.shape, in.queries, in.window, in.records,
+                           kind == SelectorKind::kImpress ? ImpressRankHeads(in.shape, o) : heads);
   if (!mass.ok()) return mass.status();
   sel.tokens = TopK(*mass, k_tokens);
   sel.scores = PerChunk(*mass, c);

@@ -134,8 +134,8 @@ size_t SelectedCount(std::span<const float> scores, const SelectOptions& options
 // and `layer`; key selectors read `records`. Every pointer must stay valid for the call.
 struct SelectorInput {
   KvShape shape;
-  uint32_t layers = 0;  // of the model: a summary part holds every layer's entries
-  uint32_t layer = 0;   // the layer scored, < layers
+  uint32_t layers = 0;             // of the model: a summary part holds every layer's entries
+  uint32_t layer = 0;              // the layer scored, < layers
   std::span<const float> queries;  // [window, q_heads, head_dim] float32
   uint32_t window = 0;             // w >= 1
   size_t chunks = 0;               // n >= 1

@@ -86,8 +86,8 @@ namespace {
 // Folds one token's keys of every kv head (`n` floats, head-major) into the running minimum,
 // maximum and sum of each element: the same operations, in the same token order, as ExactSummary
 // makes per head, so the results are bit-identical; contiguous, so the loop vectorises.
-void AccumulateRow(const float* __restrict x, size_t n, float* __restrict mn,
-                   float* __restrict mx, float* __restrict sum) {
+void AccumulateRow(const float* __restrict x, size_t n, float* __restrict mn, float* __restrict mx,
+                   float* __restrict sum) {
   for (size_t i = 0; i < n; ++i) {
     const float v = x[i] != x[i] ? 0.0f : std::min(std::max(x[i], -kHalfMax), kHalfMax);  // Clamp
     mn[i] = std::min(mn[i], v);
@@ -139,8 +139,8 @@ void SummarizeChunkLayer(const ModelSpec& spec, uint32_t layer, std::span<const 
   const size_t row = size_t{spec.kv_heads} * d_n;  // one token's keys, every kv head
   const size_t elements = size_t{spec.chunk_tokens} * row;
   // One chunk's keys of one layer in, one entry per kv head of that layer out, inside the parts.
-  CKV_DCHECK(layer < spec.layers && keys.size() == size_t{spec.chunk_tokens} *
-                                                       spec.TokenBytesPerLayer());
+  CKV_DCHECK(layer < spec.layers &&
+             keys.size() == size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer());
   CKV_DCHECK(minmax_part.size() == f.MinMaxBytes() && mean_part.size() == f.MeanBytes());
   CKV_DCHECK(outlier_part.empty() || outlier_part.size() == f.OutlierBytes());
   // Reused per thread: a Put summarises every layer of every chunk it writes.
@@ -227,9 +227,15 @@ void RoundTripInt8(float* x, uint32_t n, Rounding r) {
   const float scale = ScaleFor(MaxAbs(x, n)).second;
   std::vector<int8_t> q(n);
   switch (r) {
-    case Rounding::kDown: QuantiseAll<Rounding::kDown>(x, n, scale, q.data()); break;
-    case Rounding::kUp: QuantiseAll<Rounding::kUp>(x, n, scale, q.data()); break;
-    case Rounding::kNearest: QuantiseAll<Rounding::kNearest>(x, n, scale, q.data()); break;
+    case Rounding::kDown:
+      QuantiseAll<Rounding::kDown>(x, n, scale, q.data());
+      break;
+    case Rounding::kUp:
+      QuantiseAll<Rounding::kUp>(x, n, scale, q.data());
+      break;
+    case Rounding::kNearest:
+      QuantiseAll<Rounding::kNearest>(x, n, scale, q.data());
+      break;
   }
   for (uint32_t i = 0; i < n; ++i) x[i] = q[i] * scale;
 }

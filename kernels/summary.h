@@ -26,8 +26,9 @@
 // nearest. Keys that are not finite are clamped to +-65504 first.
 //
 // Size: at c = 16 and 16-bit KV the min/max part is (2 * head_dim + 4) / (64 * head_dim) of the
-// chunk's KV bytes (1/31.5 at head_dim 128), and the mean and estimate parts half of that each. This layout is format version 1 of the summary records: do not change
-// it without bumping docs/format.md.
+// chunk's KV bytes (1/31.5 at head_dim 128), and the mean and estimate parts half of that each.
+// This layout is format version 1 of the summary records: do not change it without bumping
+// docs/format.md.
 //
 // Thread-safety: pure functions.
 #ifndef CKV_KERNELS_SUMMARY_H_
@@ -61,9 +62,7 @@ struct SummaryFormat {
   size_t EstimateBytes() const { return Entries() * EstimateEntryBytes(); }
   size_t OutlierBytes() const { return Entries() * OutlierEntryBytes(); }
   size_t Entries() const { return size_t{layers} * kv_heads; }
-  size_t EntryIndex(uint32_t layer, uint32_t head) const {
-    return size_t{layer} * kv_heads + head;
-  }
+  size_t EntryIndex(uint32_t layer, uint32_t head) const { return size_t{layer} * kv_heads + head; }
 };
 
 // One (layer, kv head) entry of a min/max part, viewed in place.
@@ -118,8 +117,8 @@ struct OutlierEntry {
   const int8_t* key = nullptr;  // head_dim values: the key farthest from the chunk's mean
 };
 
-inline OutlierEntry OutlierAt(const SummaryFormat& f, const std::byte* outlier_part,
-                              uint32_t layer, uint32_t head) {
+inline OutlierEntry OutlierAt(const SummaryFormat& f, const std::byte* outlier_part, uint32_t layer,
+                              uint32_t head) {
   const std::byte* p = outlier_part + f.EntryIndex(layer, head) * f.OutlierEntryBytes();
   uint16_t s;
   std::memcpy(&s, p, 2);

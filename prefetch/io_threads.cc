@@ -61,13 +61,13 @@ struct IoThread {
   std::unique_ptr<storage::IoQueue> queue;
   storage::AlignedBuffer arena;
   std::vector<Slot> slots;
-  std::vector<Slot*> free;       // owned by the thread
-  std::vector<Slot*> finished;   // landed this turn, filled by the queue's completions
-  uint32_t taken = 0;            // slots not free
-  uint32_t in_queue = 0;         // slots with a read in the queue (<= queue_depth)
+  std::vector<Slot*> free;               // owned by the thread
+  std::vector<Slot*> finished;           // landed this turn, filled by the queue's completions
+  uint32_t taken = 0;                    // slots not free
+  uint32_t in_queue = 0;                 // slots with a read in the queue (<= queue_depth)
   storage::IoQueue::Counters counted{};  // the queue's counters already added to the stats
-  bool sleeping_with_room = false;  // guarded by the engine's mu_
-  bool wake_sent = false;           // guarded by the engine's mu_
+  bool sleeping_with_room = false;       // guarded by the engine's mu_
+  bool wake_sent = false;                // guarded by the engine's mu_
   std::thread thread;
 };
 
@@ -85,7 +85,9 @@ class IoThreads final : public Backend {
     }
   }
 
-  const char* name() const override { return threads_.empty() ? "?" : threads_[0]->queue->backend(); }
+  const char* name() const override {
+    return threads_.empty() ? "?" : threads_[0]->queue->backend();
+  }
   bool fixed_buffers() const override { return fixed_buffers_ && fixed_files_; }
 
   absl::Status Start() override {
@@ -108,8 +110,8 @@ class IoThreads final : public Backend {
 
   absl::Status RegisterFile(FileId id, storage::File* file) override {
     if (file->alignment() > storage::kDirectIoAlignment) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RegisterFile ", file->path(), ": alignment ", file->alignment(), " exceeds 4096"));
+      return absl::InvalidArgumentError(absl::StrCat("RegisterFile ", file->path(), ": alignment ",
+                                                     file->alignment(), " exceeds 4096"));
     }
     if (!register_) return absl::OkStatus();
     for (auto& t : threads_) CKV_RETURN_IF_ERROR(t->queue->RegisterFile(id, file));
@@ -164,8 +166,9 @@ class IoThreads final : public Backend {
     fixed_files_ = fixed_files_ && files.ok() && t.queue->fixed_files();
     if (!files.ok()) {
       std::call_once(files_logged, [&] {
-        logger->Log(LogLevel::kWarning, absl::StrCat("read engine: registering a file table failed (",
-                                                     files.message(), "); using plain descriptors"));
+        logger->Log(LogLevel::kWarning,
+                    absl::StrCat("read engine: registering a file table failed (", files.message(),
+                                 "); using plain descriptors"));
       });
     }
     absl::Status s = t.queue->RegisterBuffers(spans);
@@ -218,14 +221,15 @@ class IoThreads final : public Backend {
       Slot* s = t.free[i];
       const IoGroup& g = s->group;
       s->status = absl::OkStatus();
-      ops_.push_back(storage::IoOp{.kind = storage::IoOp::Kind::kRead,
-                                   .file = g.file_ptr,
-                                   .offset = g.offset,
-                                   .buffer = s->buffer,
-                                   .length = g.length,
-                                   .priority = static_cast<uint8_t>(g.priority),
-                                   .file_slot = register_ ? g.file : storage::kNoIoSlot,
-                                   .buffer_index = register_ ? s->buffer_index : storage::kNoIoSlot});
+      ops_.push_back(
+          storage::IoOp{.kind = storage::IoOp::Kind::kRead,
+                        .file = g.file_ptr,
+                        .offset = g.offset,
+                        .buffer = s->buffer,
+                        .length = g.length,
+                        .priority = static_cast<uint8_t>(g.priority),
+                        .file_slot = register_ ? g.file : storage::kNoIoSlot,
+                        .buffer_index = register_ ? s->buffer_index : storage::kNoIoSlot});
       IoThread* tp = &t;
       callbacks_.emplace_back([tp, s](const absl::Status& status) {
         // Each read lands exactly once: a second completion would hand the slot's buffer to

@@ -30,9 +30,12 @@ using internal::Request;
 
 const char* PriorityName(Priority priority) {
   switch (priority) {
-    case Priority::kDemand: return "demand";
-    case Priority::kIntraPeriod: return "intra-period";
-    case Priority::kSpeculative: return "speculative";
+    case Priority::kDemand:
+      return "demand";
+    case Priority::kIntraPeriod:
+      return "intra-period";
+    case Priority::kSpeculative:
+      return "speculative";
   }
   return "?";
 }
@@ -74,10 +77,12 @@ ReadEngine::Impl::~Impl() = default;
 absl::Status ReadEngine::Impl::Init() {
   const ReadEngineOptions& o = options_;
   if (o.queue_depth == 0 || o.queue_depth > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("queue_depth ", o.queue_depth, " is outside 1..1024"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue_depth ", o.queue_depth, " is outside 1..1024"));
   }
   if (o.io_threads == 0 || o.io_threads > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("io_threads ", o.io_threads, " is outside 1..64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("io_threads ", o.io_threads, " is outside 1..64"));
   }
   if (o.max_io_bytes == 0 || o.max_io_bytes % storage::kDirectIoAlignment != 0 ||
       o.max_io_bytes > (1u << 30)) {
@@ -85,8 +90,9 @@ absl::Status ReadEngine::Impl::Init() {
         absl::StrCat("max_io_bytes ", o.max_io_bytes, " is not a multiple of 4096 up to 1 GiB"));
   }
   if (o.max_outstanding_requests == 0 || o.max_files == 0 || o.max_files > (1u << 15)) {
-    return absl::InvalidArgumentError("max_outstanding_requests and max_files must be positive "
-                                      "(max_files at most 32768)");
+    return absl::InvalidArgumentError(
+        "max_outstanding_requests and max_files must be positive "
+        "(max_files at most 32768)");
   }
   {
     absl::MutexLock lock(&mu_);
@@ -128,9 +134,9 @@ void ReadEngine::Impl::Shutdown() {
       ++stats_.requests_cancelled;
       Completion c;
       c.result.id = r.id();
-      c.result.status = absl::CancelledError(absl::StrCat(
-          "read ", r.r.name.empty() ? absl::StrCat("request ", r.id()) : r.r.name,
-          " cancelled: the read engine is shutting down"));
+      c.result.status = absl::CancelledError(
+          absl::StrCat("read ", r.r.name.empty() ? absl::StrCat("request ", r.id()) : r.r.name,
+                       " cancelled: the read engine is shutting down"));
       c.callback = std::move(r.r.callback);
       cancelled.push_back(std::move(c));
       FreeLocked(&r);
@@ -151,8 +157,8 @@ absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(storage::File* file) {
     if (stopping_) return absl::FailedPreconditionError("read engine is shutting down");
     while (id < files_.size() && (files_[id] != nullptr || reserved_[id])) ++id;
     if (id == files_.size()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("RegisterFile ", file->path(), ": all ", files_.size(), " file slots in use"));
+      return absl::ResourceExhaustedError(absl::StrCat("RegisterFile ", file->path(), ": all ",
+                                                       files_.size(), " file slots in use"));
     }
     reserved_[id] = true;  // requests see the file only once the backend has registered it
   }
@@ -193,35 +199,37 @@ absl::Status ReadEngine::Impl::UnregisterFile(FileId id) {
 
 absl::Status ReadEngine::Impl::ValidateLocked(const ReadRequest& r) const {
   if (r.file >= files_.size() || files_[r.file] == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("read request: file ", r.file, " is not registered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("read request: file ", r.file, " is not registered"));
   }
   storage::File* f = files_[r.file];
   const size_t align = f->alignment();
   if (r.length == 0 || r.length > options_.max_io_bytes || r.length % align != 0 ||
       r.offset % align != 0 || r.offset >= (uint64_t{1} << 48)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "read request ", r.name, " on ", f->path(), ": offset ", r.offset, " length ", r.length,
-        " must be multiples of ", align, " with 0 < length <= max_io_bytes ", options_.max_io_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("read request ", r.name, " on ", f->path(), ": offset ", r.offset, " length ",
+                     r.length, " must be multiples of ", align, " with 0 < length <= max_io_bytes ",
+                     options_.max_io_bytes));
   }
   if (r.checksum_bytes > r.length || r.dest.size() > r.length) {
-    return absl::InvalidArgumentError(absl::StrCat("read request ", r.name, " on ", f->path(),
-                                                   ": checksum_bytes ", r.checksum_bytes,
-                                                   " or dest size ", r.dest.size(),
-                                                   " exceeds length ", r.length));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "read request ", r.name, " on ", f->path(), ": checksum_bytes ", r.checksum_bytes,
+        " or dest size ", r.dest.size(), " exceeds length ", r.length));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<RequestId>> ReadEngine::Impl::SubmitBatch(std::span<ReadRequest> requests) {
+absl::StatusOr<std::vector<RequestId>> ReadEngine::Impl::SubmitBatch(
+    std::span<ReadRequest> requests) {
   std::vector<RequestId> ids;
   ids.reserve(requests.size());
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("read engine is shutting down");
   for (const ReadRequest& r : requests) CKV_RETURN_IF_ERROR(ValidateLocked(r));
   if (requests.size() > free_.size()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "read queue full: ", table_.size() - free_.size(), " of ", table_.size(),
-        " requests outstanding, ", requests.size(), " more submitted"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("read queue full: ", table_.size() - free_.size(), " of ", table_.size(),
+                     " requests outstanding, ", requests.size(), " more submitted"));
   }
   TickLocked();
   for (ReadRequest& rr : requests) {
@@ -295,9 +303,8 @@ void ReadEngine::Impl::PauseAndDrain() {
   absl::MutexLock lock(&mu_);
   TickLocked();
   paused_ = true;
-  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_flight_ == 0 || stopping_;
-  };
+  auto drained = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0 || stopping_; };
   mu_.Await(absl::Condition(&drained));
 }
 
@@ -418,8 +425,8 @@ std::string RequestName(const ReadRequest& r, const storage::File* f) {
 }
 }  // namespace
 
-void ReadEngine::Impl::FinishGroup(IoGroup& g, const std::byte* buffer, const absl::Status& io_status,
-                                   std::vector<Completion>& out) {
+void ReadEngine::Impl::FinishGroup(IoGroup& g, const std::byte* buffer,
+                                   const absl::Status& io_status, std::vector<Completion>& out) {
   for (Request* r : g.requests) {
     Completion c;
     c.result.id = r->id();
@@ -427,8 +434,9 @@ void ReadEngine::Impl::FinishGroup(IoGroup& g, const std::byte* buffer, const ab
     c.result.coalesced = static_cast<uint32_t>(g.requests.size());
     const ReadRequest& rr = r->r;
     if (!io_status.ok()) {
-      c.result.status = absl::Status(
-          io_status.code(), absl::StrCat(io_status.message(), " [", RequestName(rr, g.file_ptr), "]"));
+      c.result.status =
+          absl::Status(io_status.code(),
+                       absl::StrCat(io_status.message(), " [", RequestName(rr, g.file_ptr), "]"));
     } else {
       const std::byte* data = buffer + (rr.offset - g.offset);
       if (rr.verify_checksum) {
@@ -503,11 +511,14 @@ absl::StatusOr<std::unique_ptr<ReadEngine>> ReadEngine::Create(ReadEngineOptions
 const char* ReadEngine::backend() const { return impl_->backend_name(); }
 bool ReadEngine::uses_fixed_buffers() const { return impl_->fixed_buffers(); }
 
-absl::StatusOr<FileId> ReadEngine::RegisterFile(storage::File* file) { return impl_->RegisterFile(file); }
+absl::StatusOr<FileId> ReadEngine::RegisterFile(storage::File* file) {
+  return impl_->RegisterFile(file);
+}
 absl::Status ReadEngine::UnregisterFile(FileId file) { return impl_->UnregisterFile(file); }
 absl::StatusOr<FileId> ReadEngine::FileIdOf(storage::File* file) { return impl_->FileIdOf(file); }
 
-absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read, Priority priority) {
+absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read,
+                                                   Priority priority) {
   CKV_ASSIGN_OR_RETURN(FileId file, impl_->FileIdOf(read.file));
   ReadRequest r;
   r.file = file;
@@ -521,7 +532,8 @@ absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read
 }
 
 absl::StatusOr<RequestId> ReadEngine::Submit(ReadRequest request) {
-  CKV_ASSIGN_OR_RETURN(std::vector<RequestId> ids, impl_->SubmitBatch(std::span<ReadRequest>(&request, 1)));
+  CKV_ASSIGN_OR_RETURN(std::vector<RequestId> ids,
+                       impl_->SubmitBatch(std::span<ReadRequest>(&request, 1)));
   return ids[0];
 }
 

@@ -175,14 +175,14 @@ inline constexpr size_t kIoSizeBuckets = 11;
 struct ReadEngineStats {
   uint64_t requests_submitted = 0;
   uint64_t requests_ok = 0;
-  uint64_t requests_failed = 0;      // I/O errors, checksum mismatches
-  uint64_t requests_cancelled = 0;   // by Cancel or shutdown
+  uint64_t requests_failed = 0;     // I/O errors, checksum mismatches
+  uint64_t requests_cancelled = 0;  // by Cancel or shutdown
   uint64_t checksum_failures = 0;
-  uint64_t requests_coalesced = 0;   // requests that rode in another request's read
-  uint64_t bytes_requested = 0;      // lengths of the requests issued to the device
-  uint64_t bytes_read = 0;           // bytes the device transferred (retries included)
-  uint64_t ios_issued = 0;           // the I/O queue's transfers (SQEs or ReadAt calls), requeued
-                                     // remainders and retries included
+  uint64_t requests_coalesced = 0;  // requests that rode in another request's read
+  uint64_t bytes_requested = 0;     // lengths of the requests issued to the device
+  uint64_t bytes_read = 0;          // bytes the device transferred (retries included)
+  uint64_t ios_issued = 0;          // the I/O queue's transfers (SQEs or ReadAt calls), requeued
+                                    // remainders and retries included
   // Device reads in flight, sampled at each issue (see kQueueDepthBuckets).
   std::array<uint64_t, kQueueDepthBuckets> queue_depth_histogram{};
   // Device reads by size (see kIoSizeBuckets): what a fio job must replay to be comparable.
@@ -198,8 +198,9 @@ struct ReadEngineStats {
   double elapsed_seconds = 0;
   // bytes_read / bytes_requested (1 when nothing was requested).
   double read_amplification() const {
-    return bytes_requested == 0 ? 1.0
-                                : static_cast<double>(bytes_read) / static_cast<double>(bytes_requested);
+    return bytes_requested == 0
+               ? 1.0
+               : static_cast<double>(bytes_read) / static_cast<double>(bytes_requested);
   }
 };
 

@@ -98,9 +98,7 @@ class ReadEngine::Impl {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // True when a read could be taken now (something queued and not paused).
-  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !paused_ && queued_ > 0;
-  }
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !paused_ && queued_ > 0; }
   // Fills groups[0..n) with up to groups.size() coalesced device reads, highest priority first,
   // counts them in flight and returns n. The groups belong to the backend.
   size_t TakeLocked(std::span<internal::IoGroup* const> groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

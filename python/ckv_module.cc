@@ -137,9 +137,12 @@ T Take(absl::StatusOr<T> result) {
 
 py::dtype DTypeOf(ckv::DType dtype) {
   switch (dtype) {
-    case ckv::DType::kFp16: return py::dtype("float16");
-    case ckv::DType::kBf16: return py::dtype("uint16");
-    case ckv::DType::kFp32: return py::dtype("float32");
+    case ckv::DType::kFp16:
+      return py::dtype("float16");
+    case ckv::DType::kBf16:
+      return py::dtype("uint16");
+    case ckv::DType::kFp32:
+      return py::dtype("float32");
   }
   return py::dtype("uint8");
 }
@@ -170,8 +173,10 @@ py::array AsArray(const py::handle& obj, const std::string& name) {
     }
     return numpy.attr("asarray")(obj);
   } catch (py::error_already_set& e) {
-    Invalid(absl::StrCat(name, ": cannot be read in place as an array (a CPU tensor or a numpy "
-                         "array is needed): ", e.what()));
+    Invalid(absl::StrCat(name,
+                         ": cannot be read in place as an array (a CPU tensor or a numpy "
+                         "array is needed): ",
+                         e.what()));
   }
 }
 
@@ -181,8 +186,8 @@ std::string DTypeString(const py::dtype& dtype) { return py::str(dtype.attr("nam
 void CheckArray(const py::array& a, const std::string& name, const py::dtype& dtype,
                 const std::vector<py::ssize_t>& shape, const char* dtype_hint) {
   if (!a.dtype().equal(dtype)) {
-    Invalid(absl::StrCat(name, ": expected dtype ", DTypeString(dtype), " (", dtype_hint,
-                         "), got ", DTypeString(a.dtype())));
+    Invalid(absl::StrCat(name, ": expected dtype ", DTypeString(dtype), " (", dtype_hint, "), got ",
+                         DTypeString(a.dtype())));
   }
   bool shape_ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
   for (size_t i = 0; shape_ok && i < shape.size(); ++i) shape_ok = a.shape(i) == shape[i];
@@ -198,9 +203,12 @@ void CheckArray(const py::array& a, const std::string& name, const py::dtype& dt
 
 const char* DTypeHint(ckv::DType dtype) {
   switch (dtype) {
-    case ckv::DType::kFp16: return "the spec's fp16";
-    case ckv::DType::kBf16: return "the spec's bf16, as its raw 16 bits";
-    case ckv::DType::kFp32: return "the spec's fp32";
+    case ckv::DType::kFp16:
+      return "the spec's fp16";
+    case ckv::DType::kBf16:
+      return "the spec's bf16, as its raw 16 bits";
+    case ckv::DType::kFp32:
+      return "the spec's fp32";
   }
   return "";
 }
@@ -225,8 +233,8 @@ py::array_t<int32_t> Tokens(const py::handle& obj) {
   py::module_ numpy = py::module_::import("numpy");
   py::array a = numpy.attr("asarray")(obj);
   if (a.ndim() != 1) {
-    Invalid(absl::StrCat("tokens: expected a flat sequence of token ids, got shape ",
-                         ArrayShape(a)));
+    Invalid(
+        absl::StrCat("tokens: expected a flat sequence of token ids, got shape ", ArrayShape(a)));
   }
   if (a.size() == 0) return py::array_t<int32_t>(0);
   const std::string kind = py::str(a.dtype().attr("kind"));
@@ -327,46 +335,100 @@ py::dict PutResultDict(const ckv::PutResult& r) {
 py::dict EngineStatsDict(const ckv::EngineStats& s) {
   py::dict d;
 #define CKV_FIELD(f) d[#f] = s.f
-  CKV_FIELD(puts); CKV_FIELD(chunks_written); CKV_FIELD(chunks_deduplicated);
-  CKV_FIELD(bytes_written); CKV_FIELD(chunks_evicted); CKV_FIELD(bytes_evicted);
-  CKV_FIELD(chunks_deleted); CKV_FIELD(records_read); CKV_FIELD(bytes_read);
-  CKV_FIELD(checksum_failures); CKV_FIELD(chunks); CKV_FIELD(prefixes); CKV_FIELD(segments);
-  CKV_FIELD(index_memory_bytes); CKV_FIELD(disk_bytes_used); CKV_FIELD(max_disk_bytes);
-  CKV_FIELD(orphan_bytes_reclaimed); CKV_FIELD(index_from_snapshot); CKV_FIELD(reclaim_rounds);
-  CKV_FIELD(reclaim_chunks); CKV_FIELD(reclaim_bytes); CKV_FIELD(free_kept_bytes);
-  CKV_FIELD(inline_evictions); CKV_FIELD(no_space_puts); CKV_FIELD(no_space_recovered);
-  CKV_FIELD(no_space_evictions); CKV_FIELD(reclaim_margin_bytes); CKV_FIELD(put_latency_p50_us);
-  CKV_FIELD(put_latency_p99_us); CKV_FIELD(put_latency_max_us); CKV_FIELD(put_latency_window);
-  CKV_FIELD(put_staging_waits); CKV_FIELD(put_direct_bytes); CKV_FIELD(sessions);
-  CKV_FIELD(session_records_served); CKV_FIELD(session_bytes_needed);
-  CKV_FIELD(session_bytes_read); CKV_FIELD(gpu_hits); CKV_FIELD(cpu_hits);
-  CKV_FIELD(summary_cache_hits); CKV_FIELD(prefetched_bytes_used);
-  CKV_FIELD(prefetched_bytes_wasted); CKV_FIELD(await_blocked_seconds);
-  CKV_FIELD(read_idle_with_pending_seconds); CKV_FIELD(gpu_tier_budget_bytes);
-  CKV_FIELD(gpu_tier_resident_bytes); CKV_FIELD(cpu_tier_budget_bytes);
+  CKV_FIELD(puts);
+  CKV_FIELD(chunks_written);
+  CKV_FIELD(chunks_deduplicated);
+  CKV_FIELD(bytes_written);
+  CKV_FIELD(chunks_evicted);
+  CKV_FIELD(bytes_evicted);
+  CKV_FIELD(chunks_deleted);
+  CKV_FIELD(records_read);
+  CKV_FIELD(bytes_read);
+  CKV_FIELD(checksum_failures);
+  CKV_FIELD(chunks);
+  CKV_FIELD(prefixes);
+  CKV_FIELD(segments);
+  CKV_FIELD(index_memory_bytes);
+  CKV_FIELD(disk_bytes_used);
+  CKV_FIELD(max_disk_bytes);
+  CKV_FIELD(orphan_bytes_reclaimed);
+  CKV_FIELD(index_from_snapshot);
+  CKV_FIELD(reclaim_rounds);
+  CKV_FIELD(reclaim_chunks);
+  CKV_FIELD(reclaim_bytes);
+  CKV_FIELD(free_kept_bytes);
+  CKV_FIELD(inline_evictions);
+  CKV_FIELD(no_space_puts);
+  CKV_FIELD(no_space_recovered);
+  CKV_FIELD(no_space_evictions);
+  CKV_FIELD(reclaim_margin_bytes);
+  CKV_FIELD(put_latency_p50_us);
+  CKV_FIELD(put_latency_p99_us);
+  CKV_FIELD(put_latency_max_us);
+  CKV_FIELD(put_latency_window);
+  CKV_FIELD(put_staging_waits);
+  CKV_FIELD(put_direct_bytes);
+  CKV_FIELD(sessions);
+  CKV_FIELD(session_records_served);
+  CKV_FIELD(session_bytes_needed);
+  CKV_FIELD(session_bytes_read);
+  CKV_FIELD(gpu_hits);
+  CKV_FIELD(cpu_hits);
+  CKV_FIELD(summary_cache_hits);
+  CKV_FIELD(prefetched_bytes_used);
+  CKV_FIELD(prefetched_bytes_wasted);
+  CKV_FIELD(await_blocked_seconds);
+  CKV_FIELD(read_idle_with_pending_seconds);
+  CKV_FIELD(gpu_tier_budget_bytes);
+  CKV_FIELD(gpu_tier_resident_bytes);
+  CKV_FIELD(cpu_tier_budget_bytes);
   CKV_FIELD(cpu_tier_resident_bytes);
-  CKV_FIELD(remote_enabled); CKV_FIELD(remote_publish_queued); CKV_FIELD(remote_publish_dropped);
-  CKV_FIELD(remote_published_chunks); CKV_FIELD(remote_published_bytes);
-  CKV_FIELD(remote_publish_failures); CKV_FIELD(remote_fills); CKV_FIELD(remote_fill_misses);
-  CKV_FIELD(remote_fetched_chunks); CKV_FIELD(remote_fetched_bytes);
-  CKV_FIELD(remote_head_reads); CKV_FIELD(remote_head_misses);
-  CKV_FIELD(remote_head_chunks); CKV_FIELD(remote_session_records);
-  CKV_FIELD(remote_session_record_bytes); CKV_FIELD(remote_fills_queued);
-  CKV_FIELD(remote_fills_dropped); CKV_FIELD(remote_corrupt_chunks); CKV_FIELD(remote_errors);
-  CKV_FIELD(remote_timeouts); CKV_FIELD(remote_publish_queue_depth);
+  CKV_FIELD(remote_enabled);
+  CKV_FIELD(remote_publish_queued);
+  CKV_FIELD(remote_publish_dropped);
+  CKV_FIELD(remote_published_chunks);
+  CKV_FIELD(remote_published_bytes);
+  CKV_FIELD(remote_publish_failures);
+  CKV_FIELD(remote_fills);
+  CKV_FIELD(remote_fill_misses);
+  CKV_FIELD(remote_fetched_chunks);
+  CKV_FIELD(remote_fetched_bytes);
+  CKV_FIELD(remote_head_reads);
+  CKV_FIELD(remote_head_misses);
+  CKV_FIELD(remote_head_chunks);
+  CKV_FIELD(remote_session_records);
+  CKV_FIELD(remote_session_record_bytes);
+  CKV_FIELD(remote_fills_queued);
+  CKV_FIELD(remote_fills_dropped);
+  CKV_FIELD(remote_corrupt_chunks);
+  CKV_FIELD(remote_errors);
+  CKV_FIELD(remote_timeouts);
+  CKV_FIELD(remote_publish_queue_depth);
   CKV_FIELD(remote_budget_bytes);
   return d;
 }
 
 py::dict SessionStatsDict(const ckv::SessionStats& s) {
   py::dict d;
-  CKV_FIELD(matched_chunks); CKV_FIELD(layers_served); CKV_FIELD(records_served);
-  CKV_FIELD(bytes_needed); CKV_FIELD(bytes_read); CKV_FIELD(summary_bytes_read);
-  CKV_FIELD(summary_cache_hits); CKV_FIELD(gpu_hits); CKV_FIELD(cpu_hits);
-  CKV_FIELD(nvme_records); CKV_FIELD(prefetched_bytes_used); CKV_FIELD(prefetched_bytes_wasted);
-  CKV_FIELD(await_blocked_seconds); CKV_FIELD(device_idle_seconds);
-  CKV_FIELD(remote_chunks); CKV_FIELD(remote_records); CKV_FIELD(remote_bytes_read);
-  CKV_FIELD(unestimated_chunks); CKV_FIELD(virtual_tokens_served);
+  CKV_FIELD(matched_chunks);
+  CKV_FIELD(layers_served);
+  CKV_FIELD(records_served);
+  CKV_FIELD(bytes_needed);
+  CKV_FIELD(bytes_read);
+  CKV_FIELD(summary_bytes_read);
+  CKV_FIELD(summary_cache_hits);
+  CKV_FIELD(gpu_hits);
+  CKV_FIELD(cpu_hits);
+  CKV_FIELD(nvme_records);
+  CKV_FIELD(prefetched_bytes_used);
+  CKV_FIELD(prefetched_bytes_wasted);
+  CKV_FIELD(await_blocked_seconds);
+  CKV_FIELD(device_idle_seconds);
+  CKV_FIELD(remote_chunks);
+  CKV_FIELD(remote_records);
+  CKV_FIELD(remote_bytes_read);
+  CKV_FIELD(unestimated_chunks);
+  CKV_FIELD(virtual_tokens_served);
 #undef CKV_FIELD
   d["read_amplification"] = s.read_amplification();
   return d;
@@ -400,8 +462,8 @@ struct PyEngine {
   bool gpu_tier_on_device = false;  // GPU-tier records are device pointers
 
   // Closes this handle's engine now, its live sessions too (Engine::Close: the store is
-  // released at once); later calls raise FailedPreconditionError. The pointer is taken out with the GIL held, so no other Python
-  // thread sees it half-reset; the engine closes without it.
+  // released at once); later calls raise FailedPreconditionError. The pointer is taken out with the
+  // GIL held, so no other Python thread sees it half-reset; the engine closes without it.
   void Close() {
     std::shared_ptr<ckv::Engine> closing = std::move(engine);
     // Sessions hold the engine (a shared_ptr), so dropping this reference alone left the store
@@ -500,9 +562,12 @@ py::object VirtualTokensDict(const ckv::ModelSpec& spec, const ckv::VirtualToken
 
 const char* TierName(ckv::LayerView::Tier tier) {
   switch (tier) {
-    case ckv::LayerView::Tier::kGpu: return "gpu";
-    case ckv::LayerView::Tier::kCpu: return "cpu";
-    case ckv::LayerView::Tier::kSession: return "session";
+    case ckv::LayerView::Tier::kGpu:
+      return "gpu";
+    case ckv::LayerView::Tier::kCpu:
+      return "cpu";
+    case ckv::LayerView::Tier::kSession:
+      return "session";
   }
   return "?";
 }
@@ -510,8 +575,7 @@ const char* TierName(ckv::LayerView::Tier tier) {
 std::shared_ptr<PyEngine> OpenEngine(const std::string& path,
                                      std::optional<uint64_t> max_disk_bytes,
                                      uint64_t gpu_tier_bytes, uint64_t cpu_tier_bytes,
-                                     bool create_if_missing, bool error_if_exists,
-                                     bool read_only,
+                                     bool create_if_missing, bool error_if_exists, bool read_only,
                                      const ckv::RemoteTierOptions& remote = {}) {
   ckv::EngineOptions options;
   options.remote = remote;
@@ -526,8 +590,8 @@ std::shared_ptr<PyEngine> OpenEngine(const std::string& path,
   std::string metrics;
   {
     py::gil_scoped_release release;
-    engine = read_only ? ckv::Engine::OpenReadOnly(options, path)
-                       : ckv::Engine::Open(options, path);
+    engine =
+        read_only ? ckv::Engine::OpenReadOnly(options, path) : ckv::Engine::Open(options, path);
     // Whether the GPU tier holds device memory: Metrics() says so (ckv_gpu_tier_on_device).
     if (engine.ok() && gpu_tier_bytes > 0) metrics = (*engine)->Metrics();
   }
@@ -560,8 +624,8 @@ PYBIND11_MODULE(ckv, m) {
                              "The shape of a model's KV cache and the identity that binds data "
                              "to it (ckv/model_spec.h).")
       .def(py::init([](uint32_t layers, uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim,
-                       const std::string& dtype, uint32_t chunk_tokens,
-                       const std::string& model_id, const std::string& codec) {
+                       const std::string& dtype, uint32_t chunk_tokens, const std::string& model_id,
+                       const std::string& codec) {
              ckv::ModelSpec spec;
              spec.layers = layers;
              spec.q_heads = q_heads;
@@ -603,8 +667,7 @@ PYBIND11_MODULE(ckv, m) {
           "dtype", [](const ckv::ModelSpec& s) { return std::string(ckv::DTypeName(s.dtype)); },
           "Element type: 'fp16', 'bf16' or 'fp32'.")
       .def_property_readonly(
-          "codec",
-          [](const ckv::ModelSpec& s) { return std::string(ckv::KvCodecName(s.codec)); },
+          "codec", [](const ckv::ModelSpec& s) { return std::string(ckv::KvCodecName(s.codec)); },
           "How records are stored: 'none' (the dtype), 'fp8', 'int8' or 'int4' (ckv/codec.h). "
           "Views and read_record hand out records decoded to the dtype.")
       .def_property_readonly(
@@ -701,9 +764,10 @@ PYBIND11_MODULE(ckv, m) {
                                    "], got ", ArrayShape(a)));
             }
             if (a.shape(0) == 0) {
-              Invalid(absl::StrCat("queries: an array of 0 rows; pass None to submit no queries "
-                                   "(a session at budget_fraction 1 only), or [",
-                                   s.window, ", ", q_heads, ", ", dim, "] (the session's window)"));
+              Invalid(
+                  absl::StrCat("queries: an array of 0 rows; pass None to submit no queries "
+                               "(a session at budget_fraction 1 only), or [",
+                               s.window, ", ", q_heads, ", ", dim, "] (the session's window)"));
             }
             CheckArray(a, "queries", py::dtype::of<float>(),
                        {static_cast<py::ssize_t>(s.window), q_heads, dim},
@@ -757,10 +821,9 @@ PYBIND11_MODULE(ckv, m) {
                   err = cudaMemcpy(dst, r.data, bytes, cudaMemcpyDefault);
                 }
                 if (err != cudaSuccess) {
-                  throw StatusError{absl::InternalError(
-                      absl::StrCat("layer ", layer, ", chunk ", r.chunk,
-                                   ": copying the record from the GPU tier: ",
-                                   cudaGetErrorString(err)))};
+                  throw StatusError{absl::InternalError(absl::StrCat(
+                      "layer ", layer, ", chunk ", r.chunk,
+                      ": copying the record from the GPU tier: ", cudaGetErrorString(err)))};
                 }
                 host_copies[i] = std::move(copy);
 #else
@@ -773,9 +836,8 @@ PYBIND11_MODULE(ckv, m) {
               }
             }
             // One capsule owns a reference to the view; every array's base is that capsule.
-            py::capsule base(new std::shared_ptr<PyLayerView>(holder), [](void* p) {
-              delete static_cast<std::shared_ptr<PyLayerView>*>(p);
-            });
+            py::capsule base(new std::shared_ptr<PyLayerView>(holder),
+                             [](void* p) { delete static_cast<std::shared_ptr<PyLayerView>*>(p); });
             const size_t half = s->spec.DecodedRecordBytes() / 2;
             for (size_t i = 0; i < holder->view.records().size(); ++i) {
               const auto& r = holder->view.records()[i];
@@ -873,16 +935,13 @@ PYBIND11_MODULE(ckv, m) {
           "read_only", [](const PyEngine& e) { return e.read_only; },
           "Whether the engine was opened with open_read_only.")
       .def(
-          "close",
-          [](PyEngine& e) { e.Close(); },
+          "close", [](PyEngine& e) { e.Close(); },
           "Closes the engine now, even while sessions live (their later calls raise "
           "FailedPreconditionError): the store can be opened again at once. Later calls on the "
           "engine raise FailedPreconditionError.")
       .def("__enter__", [](const std::shared_ptr<PyEngine>& e) { return e; })
       .def("__exit__",
-           [](PyEngine& e, const py::object&, const py::object&, const py::object&) {
-             e.Close();
-           })
+           [](PyEngine& e, const py::object&, const py::object&, const py::object&) { e.Close(); })
       .def(
           "catch_up",
           [](PyEngine& e) {
@@ -897,8 +956,8 @@ PYBIND11_MODULE(ckv, m) {
           "A read-only engine takes a new view of the store; a writing engine: nothing to do.")
       .def(
           "put",
-          [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens,
-             const py::object& k, const py::object& v) {
+          [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens, const py::object& k,
+             const py::object& v) {
             auto engine = e.Get();
             Check(spec.Validate());
             py::array_t<int32_t> t = Tokens(tokens);

@@ -82,7 +82,8 @@ std::string EncodeChunkValue(const ModelSpec& spec, const ChunkKey& key,
           storage::RecordChecksum(records[l].data(), records[l].size()));
     std::memcpy(p + layout.RecordOffset(l), records[l].data(), layout.record_bytes);
   }
-  std::memcpy(p + layout.minmax_offset, minmax.data(), std::min(minmax.size(), layout.minmax_bytes));
+  std::memcpy(p + layout.minmax_offset, minmax.data(),
+              std::min(minmax.size(), layout.minmax_bytes));
   std::memcpy(p + layout.mean_offset, mean.data(), std::min(mean.size(), layout.mean_bytes));
   const size_t summaries_sum_at = kChunkValueFixedHeaderBytes + 8ull * layers;
   Put64(p + summaries_sum_at,
@@ -114,8 +115,8 @@ absl::StatusOr<DecodedChunkHead> DecodeChunkHead(const ModelSpec& spec, const Ch
   }
   const uint16_t version = static_cast<uint16_t>(Load(p + 4, 2));
   if (version != kChunkValueVersion) {
-    return loss(absl::StrCat("format version ", version, " (this ckv reads ",
-                             kChunkValueVersion, ")"));
+    return loss(
+        absl::StrCat("format version ", version, " (this ckv reads ", kChunkValueVersion, ")"));
   }
   const uint32_t layers = static_cast<uint32_t>(Load(p + 40, 4));
   if (layers != spec.layers) {
@@ -123,22 +124,22 @@ absl::StatusOr<DecodedChunkHead> DecodeChunkHead(const ModelSpec& spec, const Ch
   }
   const size_t checked = kChunkValueFixedHeaderBytes + 8ull * layers + 8;
   if (head.size() < checked + 8) {
-    return loss(absl::StrCat("value of ", head.size(), " bytes is shorter than its ",
-                             checked + 8, "-byte header"));
+    return loss(absl::StrCat("value of ", head.size(), " bytes is shorter than its ", checked + 8,
+                             "-byte header"));
   }
   const uint64_t header_sum = Load(p + checked, 8);
   const uint64_t actual_header_sum = storage::RecordChecksum(p, checked);
   if (header_sum != actual_header_sum) {
-    return loss(absl::StrFormat("header checksum 0x%016x != 0x%016x", actual_header_sum,
-                                header_sum));
+    return loss(
+        absl::StrFormat("header checksum 0x%016x != 0x%016x", actual_header_sum, header_sum));
   }
   if (static_cast<uint8_t>(p[6]) != kChunkValueLayerMajor) {
     return loss(absl::StrCat("layout ", static_cast<int>(static_cast<uint8_t>(p[6])),
                              " is not layer-major (1)"));
   }
   if (static_cast<uint8_t>(p[7]) != static_cast<uint8_t>(spec.codec)) {
-    return loss(absl::StrCat("codec ", static_cast<int>(static_cast<uint8_t>(p[7])), " != ",
-                             static_cast<int>(spec.codec), " (",
+    return loss(absl::StrCat("codec ", static_cast<int>(static_cast<uint8_t>(p[7])),
+                             " != ", static_cast<int>(spec.codec), " (",
                              std::string(KvCodecName(spec.codec)), ")"));
   }
   const ChunkKey fp = spec.Fingerprint();
@@ -155,8 +156,8 @@ absl::StatusOr<DecodedChunkHead> DecodeChunkHead(const ModelSpec& spec, const Ch
   const uint32_t minmax_bytes = static_cast<uint32_t>(Load(p + 48, 4));
   const uint32_t mean_bytes = static_cast<uint32_t>(Load(p + 52, 4));
   if (minmax_bytes != layout.minmax_bytes || mean_bytes != layout.mean_bytes) {
-    return loss(absl::StrCat("summary bytes ", minmax_bytes, " + ", mean_bytes, " != ",
-                             layout.minmax_bytes, " + ", layout.mean_bytes));
+    return loss(absl::StrCat("summary bytes ", minmax_bytes, " + ", mean_bytes,
+                             " != ", layout.minmax_bytes, " + ", layout.mean_bytes));
   }
   if (head.size() != layout.head_bytes) {
     return loss(absl::StrCat("head of ", head.size(), " bytes, expected ", layout.head_bytes));
@@ -183,18 +184,20 @@ absl::Status VerifyChunkRecord(const ModelSpec& spec, const ChunkKey& key,
                                const DecodedChunkHead& head, uint32_t layer,
                                std::span<const std::byte> record) {
   if (layer >= head.record_checksums.size()) {
-    return Loss(spec, key, absl::StrCat("record L", layer, ": the head has ",
-                                        head.record_checksums.size(), " records"));
+    return Loss(spec, key,
+                absl::StrCat("record L", layer, ": the head has ", head.record_checksums.size(),
+                             " records"));
   }
   if (record.size() != spec.RecordBytes()) {
-    return Loss(spec, key, absl::StrCat("record L", layer, ": ", record.size(), " bytes, expected ",
-                                        spec.RecordBytes()));
+    return Loss(spec, key,
+                absl::StrCat("record L", layer, ": ", record.size(), " bytes, expected ",
+                             spec.RecordBytes()));
   }
-  return storage::VerifyRecordChecksum(
-      record.data(), record.size(), head.record_checksums[layer], [&] {
-        return absl::StrCat("remote chunk ", key.ToHex(), " of ", spec.model_id, " record L",
-                            layer);
-      });
+  return storage::VerifyRecordChecksum(record.data(), record.size(), head.record_checksums[layer],
+                                       [&] {
+                                         return absl::StrCat("remote chunk ", key.ToHex(), " of ",
+                                                             spec.model_id, " record L", layer);
+                                       });
 }
 
 absl::StatusOr<DecodedChunkValue> DecodeChunkValue(const ModelSpec& spec, const ChunkKey& key,
@@ -205,8 +208,8 @@ absl::StatusOr<DecodedChunkValue> DecodeChunkValue(const ModelSpec& spec, const 
     CKV_RETURN_IF_ERROR(
         DecodeChunkHead(spec, key, value.substr(0, std::min(value.size(), layout.head_bytes)))
             .status());
-    return Loss(spec, key, absl::StrCat("value of ", value.size(), " bytes, expected ",
-                                        layout.value_bytes()));
+    return Loss(spec, key,
+                absl::StrCat("value of ", value.size(), " bytes, expected ", layout.value_bytes()));
   }
   DecodedChunkValue out;
   CKV_ASSIGN_OR_RETURN(out.head, DecodeChunkHead(spec, key, value.substr(0, layout.head_bytes)));

@@ -69,10 +69,10 @@ struct ChunkValueLayout {
   size_t head_bytes = 0;     // H: header and summaries
   size_t minmax_offset = 0;  // the min/max summary, S1 bytes
   size_t minmax_bytes = 0;
-  size_t mean_offset = 0;    // the mean summary, S2 bytes
+  size_t mean_offset = 0;  // the mean summary, S2 bytes
   size_t mean_bytes = 0;
-  size_t record_bytes = 0;   // R
-  uint32_t layers = 0;       // L
+  size_t record_bytes = 0;  // R
+  uint32_t layers = 0;      // L
   size_t RecordOffset(uint32_t layer) const { return head_bytes + layer * record_bytes; }
   size_t value_bytes() const { return head_bytes + size_t{layers} * record_bytes; }
 };

@@ -83,9 +83,9 @@ absl::Status ContextError(const redisContext* c, const Endpoint& node, std::stri
   // hiredis reports a timed-out read or write as the strerror of EAGAIN, and a timed-out
   // connect as "Connection timed out".
   const std::string_view text(c->errstr);
-  const bool timed_out = c->err == REDIS_ERR_IO &&
-                         (text.find("temporarily unavailable") != std::string_view::npos ||
-                          text.find("timed out") != std::string_view::npos);
+  const bool timed_out =
+      c->err == REDIS_ERR_IO && (text.find("temporarily unavailable") != std::string_view::npos ||
+                                 text.find("timed out") != std::string_view::npos);
   const std::string message = absl::StrFormat("redis %s: %s: %s", node.ToString(), Sv(what),
                                               c->errstr[0] != '\0' ? c->errstr : "I/O error");
   if (timed_out) {
@@ -163,10 +163,10 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
   }
   if (options.connect_timeout <= absl::ZeroDuration() ||
       options.call_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cluster client: timeouts must be positive (connect ",
-        absl::FormatDuration(options.connect_timeout), ", call ",
-        absl::FormatDuration(options.call_timeout), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster client: timeouts must be positive (connect ",
+                     absl::FormatDuration(options.connect_timeout), ", call ",
+                     absl::FormatDuration(options.call_timeout), ")"));
   }
   if (options.max_redirects < 1 || options.max_redirects > 64) {
     return absl::InvalidArgumentError(
@@ -252,8 +252,8 @@ absl::StatusOr<redisContext*> ClusterClient::Acquire(const Endpoint& node, absl:
     const int e = errno;
     redisFree(c);
     io_errors_.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnavailableError(
-        absl::StrCat("redis ", node.ToString(), ": cannot make the socket non-blocking: errno ", e));
+    return absl::UnavailableError(absl::StrCat("redis ", node.ToString(),
+                                               ": cannot make the socket non-blocking: errno ", e));
   }
   connections_opened_.fetch_add(1, std::memory_order_relaxed);
   return c;
@@ -499,8 +499,8 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
       l.reader.ExpectNextReply(64, nullptr, /*arrays=*/false);  // +OK
     } else {
       l.reader.ExpectNextReply(
-          r.max_reply_bytes != 0 ? r.max_reply_bytes : options_.max_reply_bytes,
-          r.reply_storage, r.array_reply);
+          r.max_reply_bytes != 0 ? r.max_reply_bytes : options_.max_reply_bytes, r.reply_storage,
+          r.array_reply);
     }
   };
   std::vector<pollfd> fds;
@@ -518,9 +518,9 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       for (Live* l : polled) {
-        const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-            "redis ", l->g->node.ToString(), ": no reply within the deadline (",
-            absl::FormatDuration(options_.call_timeout), ")"));
+        const absl::Status s = absl::DeadlineExceededError(
+            absl::StrCat("redis ", l->g->node.ToString(), ": no reply within the deadline (",
+                         absl::FormatDuration(options_.call_timeout), ")"));
         finish(*l, &s);
       }
       break;
@@ -554,10 +554,10 @@ void ClusterClient::RunGroups(std::vector<Group>& groups, absl::Time deadline) {
       const ssize_t got = l.reader.ReadFrom(l.c->fd);
       if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (got <= 0) {
-        const absl::Status s = absl::UnavailableError(absl::StrCat(
-            "redis ", l.g->node.ToString(), ": ",
-            got == 0 ? std::string("connection closed by the server")
-                     : absl::StrCat("read: errno ", errno)));
+        const absl::Status s = absl::UnavailableError(
+            absl::StrCat("redis ", l.g->node.ToString(), ": ",
+                         got == 0 ? std::string("connection closed by the server")
+                                  : absl::StrCat("read: errno ", errno)));
         finish(l, &s);
         continue;
       }
@@ -585,8 +585,7 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
   calls_.fetch_add(1, std::memory_order_relaxed);
   requests_.fetch_add(requests.size(), std::memory_order_relaxed);
   const absl::Time deadline = absl::Now() + options_.call_timeout;
-  std::vector<absl::StatusOr<Reply>> out(requests.size(),
-                                         absl::UnknownError("request not run"));
+  std::vector<absl::StatusOr<Reply>> out(requests.size(), absl::UnknownError("request not run"));
   // Per pending request: where a redirection sent it, and whether to send ASKING first.
   struct Pending {
     size_t index;
@@ -597,9 +596,9 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
   pending.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i].key_index >= requests[i].argv.size()) {
-      out[i] = absl::InvalidArgumentError(absl::StrCat(
-          "request ", i, ": key index ", requests[i].key_index, " past its ",
-          requests[i].argv.size(), " arguments"));
+      out[i] = absl::InvalidArgumentError(absl::StrCat("request ", i, ": key index ",
+                                                       requests[i].key_index, " past its ",
+                                                       requests[i].argv.size(), " arguments"));
       continue;
     }
     pending.push_back(Pending{i, std::nullopt, false});
@@ -608,24 +607,22 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
   for (int round = 0; !pending.empty(); ++round) {
     if (round > options_.max_redirects) {
       for (const Pending& p : pending) {
-        out[p.index] = absl::UnavailableError(absl::StrCat(
-            "too many redirections or retries (", options_.max_redirects, "); last: ",
-            out[p.index].status().message()));
+        out[p.index] = absl::UnavailableError(
+            absl::StrCat("too many redirections or retries (", options_.max_redirects,
+                         "); last: ", out[p.index].status().message()));
       }
       break;
     }
     if (backoff) {
       // A cluster in failover or a node restarting: wait a little before asking again, never
       // past the deadline.
-      const absl::Duration pause = std::min(absl::Milliseconds(20 * round),
-                                            deadline - absl::Now());
+      const absl::Duration pause = std::min(absl::Milliseconds(20 * round), deadline - absl::Now());
       if (pause > absl::ZeroDuration()) absl::SleepFor(pause);
     }
     if (absl::Now() >= deadline) {
       for (const Pending& p : pending) {
         std::string message = absl::StrCat(Describe(requests[p.index]), ": deadline of ",
-                                           absl::FormatDuration(options_.call_timeout),
-                                           " passed");
+                                           absl::FormatDuration(options_.call_timeout), " passed");
         if (round > 0 && !out[p.index].ok()) {
           absl::StrAppend(&message, "; last: ", out[p.index].status().message());
         }
@@ -657,8 +654,8 @@ std::vector<absl::StatusOr<Reply>> ClusterClient::Execute(const std::vector<Requ
       } else {
         const int32_t m = map->slot_master[KeySlot(r.argv[r.key_index])];
         if (m < 0) {
-          out[p.index] = absl::UnavailableError(absl::StrCat(
-              Describe(r), ": slot ", KeySlot(r.argv[r.key_index]), " has no master"));
+          out[p.index] = absl::UnavailableError(
+              absl::StrCat(Describe(r), ": slot ", KeySlot(r.argv[r.key_index]), " has no master"));
           continue;
         }
         node = map->masters[m];
@@ -727,9 +724,9 @@ std::vector<absl::StatusOr<std::optional<std::string>>> ClusterClient::MultiGet(
   return out;
 }
 
-std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(
-    const std::vector<std::string>& keys, std::vector<std::string>* values,
-    uint64_t max_value_bytes) {
+std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(const std::vector<std::string>& keys,
+                                                              std::vector<std::string>* values,
+                                                              uint64_t max_value_bytes) {
   values->resize(keys.size());
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -750,9 +747,9 @@ std::vector<absl::StatusOr<bool>> ClusterClient::MultiGetInto(
       (*values)[i] = std::move(replies[i]->str);
       out.push_back(true);
     } else {
-      out.push_back(absl::InternalError(
-          absl::StrCat("GET ", Printable(keys[i]), ": answered ", TypeName(replies[i]->type),
-                       ", not a string")));
+      out.push_back(
+          absl::InternalError(absl::StrCat("GET ", Printable(keys[i]), ": answered ",
+                                           TypeName(replies[i]->type), ", not a string")));
     }
   }
   return out;
@@ -772,12 +769,12 @@ std::vector<absl::Status> ClusterClient::MultiSet(
       out.push_back(replies[i].status());
     } else if (replies[i]->type != Reply::Type::kStatus || replies[i]->str != "OK") {
       // Only +OK means the value was stored.
-      out.push_back(absl::InternalError(absl::StrCat(
-          "SET ", Printable(items[i].first), ": answered ", TypeName(replies[i]->type),
-          replies[i]->type == Reply::Type::kStatus
-              ? absl::StrCat(" \"", Printable(replies[i]->str), "\"")
-              : std::string(),
-          ", not +OK")));
+      out.push_back(absl::InternalError(
+          absl::StrCat("SET ", Printable(items[i].first), ": answered ", TypeName(replies[i]->type),
+                       replies[i]->type == Reply::Type::kStatus
+                           ? absl::StrCat(" \"", Printable(replies[i]->str), "\"")
+                           : std::string(),
+                       ", not +OK")));
     } else {
       out.push_back(absl::OkStatus());
     }
@@ -785,8 +782,7 @@ std::vector<absl::Status> ClusterClient::MultiSet(
   return out;
 }
 
-std::vector<absl::StatusOr<bool>> ClusterClient::MultiExists(
-    const std::vector<std::string>& keys) {
+std::vector<absl::StatusOr<bool>> ClusterClient::MultiExists(const std::vector<std::string>& keys) {
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) requests[i].argv = {"EXISTS", keys[i]};
   std::vector<absl::StatusOr<Reply>> replies = Execute(requests);
@@ -796,9 +792,9 @@ std::vector<absl::StatusOr<bool>> ClusterClient::MultiExists(
     if (!replies[i].ok()) {
       out.push_back(replies[i].status());
     } else if (replies[i]->type != Reply::Type::kInteger) {
-      out.push_back(absl::InternalError(absl::StrCat(
-          "EXISTS ", Printable(keys[i]), ": answered ", TypeName(replies[i]->type),
-          ", not an integer")));
+      out.push_back(
+          absl::InternalError(absl::StrCat("EXISTS ", Printable(keys[i]), ": answered ",
+                                           TypeName(replies[i]->type), ", not an integer")));
     } else {
       out.push_back(replies[i]->integer > 0);
     }

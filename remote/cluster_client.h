@@ -101,8 +101,8 @@ struct ClusterOptions {
 struct Reply {
   enum class Type { kNil, kString, kStatus, kInteger, kArray, kError };
   Type type = Type::kNil;
-  std::string str;        // kString, kStatus, kError
-  long long integer = 0;  // kInteger
+  std::string str;              // kString, kStatus, kError
+  long long integer = 0;        // kInteger
   std::vector<Reply> elements;  // kArray
 };
 
@@ -165,8 +165,7 @@ class ClusterClient {
                                                  std::vector<std::string>* values,
                                                  uint64_t max_value_bytes = 0);
   // SET of each (key, value): OK only for a "+OK" answer.
-  std::vector<absl::Status> MultiSet(
-      const std::vector<std::pair<std::string, std::string>>& items);
+  std::vector<absl::Status> MultiSet(const std::vector<std::pair<std::string, std::string>>& items);
   // EXISTS of each key (Internal for an answer that is not an integer).
   std::vector<absl::StatusOr<bool>> MultiExists(const std::vector<std::string>& keys);
 

@@ -93,8 +93,8 @@ const char* RespReader::Parse(const char* p, const char* end, int depth, Reply* 
         return nullptr;
       }
       if (static_cast<unsigned long long>(length) > max_bytes_ && length != -1) {
-        *error = absl::StrCat("bulk string of ", length, " bytes announced, over the ",
-                              max_bytes_, " bytes the reply may be");
+        *error = absl::StrCat("bulk string of ", length, " bytes announced, over the ", max_bytes_,
+                              " bytes the reply may be");
         return nullptr;
       }
       if (length == -1) {
@@ -130,15 +130,17 @@ const char* RespReader::Parse(const char* p, const char* end, int depth, Reply* 
         return after_line;
       }
       if (!arrays_) {
-        *error = absl::StrCat("an array of ", count, " elements answered a request that takes none");
+        *error =
+            absl::StrCat("an array of ", count, " elements answered a request that takes none");
         return nullptr;
       }
       // Each element costs a Reply (72 bytes) however short it is on the wire ("+\r\n"): the
       // reply's elements, at every depth, are held to its byte limit / 32.
       elements_seen_ += static_cast<uint64_t>(count);
       if (elements_seen_ > MaxElements()) {
-        *error = absl::StrCat("more than ", MaxElements(), " array elements in one reply, over what its ",
-                              max_bytes_, " bytes allow");
+        *error = absl::StrCat("more than ", MaxElements(),
+                              " array elements in one reply, over what its ", max_bytes_,
+                              " bytes allow");
         return nullptr;
       }
       if (depth + 1 > kMaxDepth) {
@@ -221,8 +223,8 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
     while (crlf_left_ > 0 && begin_ < end_) {
       const char expected = crlf_left_ == 2 ? '\r' : '\n';
       if (buf_[begin_] != expected) {
-        return absl::InternalError(absl::StrCat("bulk string of ", ready_->str.size(),
-                                                " bytes not ended by CRLF"));
+        return absl::InternalError(
+            absl::StrCat("bulk string of ", ready_->str.size(), " bytes not ended by CRLF"));
       }
       ++begin_;
       --crlf_left_;
@@ -281,8 +283,8 @@ absl::StatusOr<std::optional<Reply>> RespReader::Next() {
 }
 
 void RespReader::ExpectNextReply(uint64_t max_bytes, std::string* storage, bool arrays) {
-  max_bytes_ = max_bytes == 0 ? kDefaultMaxReplyBytes
-                              : std::min<uint64_t>(max_bytes, kMaxBulkBytes);
+  max_bytes_ =
+      max_bytes == 0 ? kDefaultMaxReplyBytes : std::min<uint64_t>(max_bytes, kMaxBulkBytes);
   storage_ = storage;
   arrays_ = arrays;
 }

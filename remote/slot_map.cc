@@ -21,8 +21,8 @@ bool ValidPort(long long port) { return port >= 1 && port <= 65535; }
 // The endpoint of one node entry ([host, port, id?, ...]) of a range; nullopt when malformed.
 std::optional<Endpoint> EndpointOf(const Reply& r, const Endpoint& answered_by) {
   if (r.type != Reply::Type::kArray || r.elements.size() < 2 ||
-      r.elements[0].type != Reply::Type::kString ||
-      r.elements[1].type != Reply::Type::kInteger || !ValidPort(r.elements[1].integer)) {
+      r.elements[0].type != Reply::Type::kString || r.elements[1].type != Reply::Type::kInteger ||
+      !ValidPort(r.elements[1].integer)) {
     return std::nullopt;
   }
   Endpoint e;
@@ -85,14 +85,14 @@ absl::StatusOr<SlotMap> ParseSlotMap(const Reply& reply, const Endpoint& answere
   // Not Endpoint::ToString: this file stands alone (the fuzz target links it without the client).
   const std::string node = absl::StrCat(answered_by.host, ":", answered_by.port);
   auto bad = [&](std::string_view what) {
-    return absl::UnavailableError(absl::StrCat("redis ", node, ": CLUSTER SLOTS: ",
-                                               Printable(what)));
+    return absl::UnavailableError(
+        absl::StrCat("redis ", node, ": CLUSTER SLOTS: ", Printable(what)));
   };
   if (reply.type == Reply::Type::kError) return bad(reply.str);
   if (reply.type != Reply::Type::kArray) return bad("not an array");
   if (reply.elements.size() > kClusterSlots) {
-    return bad(absl::StrCat(reply.elements.size(), " ranges, more than the ", kClusterSlots,
-                            " slots"));
+    return bad(
+        absl::StrCat(reply.elements.size(), " ranges, more than the ", kClusterSlots, " slots"));
   }
   SlotMap map;
   EndpointIndex masters(&map.masters), replicas(&map.replicas);

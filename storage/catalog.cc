@@ -25,8 +25,8 @@ namespace {
 
 // Order of handles_: default first, then ours.
 enum CfIndex { kDefault = 0, kChunks, kPrefixes, kSegments, kStatistics, kMeta, kCfCount };
-const char* const kCfNames[kCfCount] = {"default", kCfChunks,
-                                        kCfPrefixes, kCfSegments, kCfStatistics, kCfMeta};
+const char* const kCfNames[kCfCount] = {"default",   kCfChunks,     kCfPrefixes,
+                                        kCfSegments, kCfStatistics, kCfMeta};
 
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 absl::string_view ToView(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
@@ -89,8 +89,8 @@ void Catalog::Batch::DeleteSegment(uint32_t id) {
   batch_.Delete(catalog_->handles_[kSegments], EncodeSegmentKey(id));
 }
 void Catalog::Batch::PutSpec(const ModelSpec& spec) {
-  batch_.Put(catalog_->handles_[kMeta],
-             absl::StrCat(kMetaSpecPrefix, spec.Fingerprint().ToHex()), EncodeModelSpec(spec));
+  batch_.Put(catalog_->handles_[kMeta], absl::StrCat(kMetaSpecPrefix, spec.Fingerprint().ToHex()),
+             EncodeModelSpec(spec));
 }
 void Catalog::Batch::PutCounters(const StoredCounters& counters) {
   batch_.Put(catalog_->handles_[kStatistics], kStatsEngine, EncodeCounters(counters));
@@ -139,9 +139,9 @@ absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs, Clock*
 }
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
-                                                       bool create_if_missing,
-                                                       bool error_if_exists, Contents* contents,
-                                                       FileSystem* fs, Clock* clock) {
+                                                       bool create_if_missing, bool error_if_exists,
+                                                       Contents* contents, FileSystem* fs,
+                                                       Clock* clock) {
   std::error_code ec;
   const bool exists = std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec);
   if (!exists && !create_if_missing) {
@@ -189,8 +189,7 @@ absl::StatusOr<std::unique_ptr<Catalog::Lock>> Catalog::LockDir(const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenReadOnly(const std::string& dir,
-                                                               Contents* contents,
-                                                               FileSystem* fs) {
+                                                               Contents* contents, FileSystem* fs) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
     return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
@@ -255,9 +254,9 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
     CKV_RETURN_IF_ERROR(FromRocks(TightenModes(dir), absl::StrCat("restrict modes of ", dir)));
   }
   rocksdb::DB* raw = nullptr;
-  CKV_RETURN_IF_ERROR(FromRocks(
-      rocksdb::DB::Open(db_options, dir, descriptors, &catalog->handles_, &raw),
-      absl::StrCat("open catalog ", dir)));
+  CKV_RETURN_IF_ERROR(
+      FromRocks(rocksdb::DB::Open(db_options, dir, descriptors, &catalog->handles_, &raw),
+                absl::StrCat("open catalog ", dir)));
   catalog->db_.reset(raw);
 
   return catalog;
@@ -286,25 +285,25 @@ absl::Status Catalog::Load(Contents* contents) {
     return absl::DataLossError(absl::StrCat("catalog ", dir, " has format version 0"));
   }
 
-  CKV_RETURN_IF_ERROR(ScanCf(db, h[kMeta], kCfMeta, [&](absl::string_view k, absl::string_view v)
-                                                          -> absl::Status {
-    if (k == kMetaMaxDiskBytes) {
-      CKV_ASSIGN_OR_RETURN(c.max_disk_bytes, DecodeU64(v, k));
-    } else if (k == kMetaLayout) {
-      if (v.size() != 1 || (v[0] != static_cast<char>(RecordLayout::kLayerMajor) &&
-                            v[0] != static_cast<char>(RecordLayout::kPeriodMajor))) {
-        return absl::DataLossError("catalog meta layout is not a known layout");
-      }
-      c.layout = static_cast<RecordLayout>(v[0]);
-    } else if (k == kMetaCreatedMs) {
-      CKV_ASSIGN_OR_RETURN(uint64_t ms, DecodeU64(v, k));
-      c.created_unix_ms = static_cast<int64_t>(ms);
-    } else if (absl::StartsWith(k, kMetaSpecPrefix)) {
-      CKV_ASSIGN_OR_RETURN(ModelSpec spec, DecodeModelSpec(v, k));
-      c.specs.push_back(std::move(spec));
-    }
-    return absl::OkStatus();
-  }));
+  CKV_RETURN_IF_ERROR(
+      ScanCf(db, h[kMeta], kCfMeta, [&](absl::string_view k, absl::string_view v) -> absl::Status {
+        if (k == kMetaMaxDiskBytes) {
+          CKV_ASSIGN_OR_RETURN(c.max_disk_bytes, DecodeU64(v, k));
+        } else if (k == kMetaLayout) {
+          if (v.size() != 1 || (v[0] != static_cast<char>(RecordLayout::kLayerMajor) &&
+                                v[0] != static_cast<char>(RecordLayout::kPeriodMajor))) {
+            return absl::DataLossError("catalog meta layout is not a known layout");
+          }
+          c.layout = static_cast<RecordLayout>(v[0]);
+        } else if (k == kMetaCreatedMs) {
+          CKV_ASSIGN_OR_RETURN(uint64_t ms, DecodeU64(v, k));
+          c.created_unix_ms = static_cast<int64_t>(ms);
+        } else if (absl::StartsWith(k, kMetaSpecPrefix)) {
+          CKV_ASSIGN_OR_RETURN(ModelSpec spec, DecodeModelSpec(v, k));
+          c.specs.push_back(std::move(spec));
+        }
+        return absl::OkStatus();
+      }));
   CKV_RETURN_IF_ERROR(ScanCf(db, h[kStatistics], kCfStatistics,
                              [&](absl::string_view k, absl::string_view v) -> absl::Status {
                                if (k == kStatsEngine) {
@@ -312,24 +311,21 @@ absl::Status Catalog::Load(Contents* contents) {
                                }
                                return absl::OkStatus();
                              }));
-  CKV_RETURN_IF_ERROR(ScanCf(db, h[kSegments], kCfSegments,
-                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
-                               CKV_ASSIGN_OR_RETURN(uint32_t id, DecodeSegmentKey(k));
-                               CKV_ASSIGN_OR_RETURN(
-                                   SegmentRecord r,
-                                   DecodeSegmentRecord(v, absl::StrCat("segment ", id)));
-                               c.segments.emplace_back(id, r);
-                               return absl::OkStatus();
-                             }));
-  CKV_RETURN_IF_ERROR(ScanCf(db, h[kPrefixes], kCfPrefixes,
-                             [&](absl::string_view k, absl::string_view v) -> absl::Status {
-                               CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
-                               CKV_ASSIGN_OR_RETURN(
-                                   PrefixRecord r,
-                                   DecodePrefixRecord(v, absl::StrCat("prefix ", key.ToHex())));
-                               c.prefixes.emplace_back(key, r);
-                               return absl::OkStatus();
-                             }));
+  CKV_RETURN_IF_ERROR(ScanCf(
+      db, h[kSegments], kCfSegments, [&](absl::string_view k, absl::string_view v) -> absl::Status {
+        CKV_ASSIGN_OR_RETURN(uint32_t id, DecodeSegmentKey(k));
+        CKV_ASSIGN_OR_RETURN(SegmentRecord r, DecodeSegmentRecord(v, absl::StrCat("segment ", id)));
+        c.segments.emplace_back(id, r);
+        return absl::OkStatus();
+      }));
+  CKV_RETURN_IF_ERROR(ScanCf(
+      db, h[kPrefixes], kCfPrefixes, [&](absl::string_view k, absl::string_view v) -> absl::Status {
+        CKV_ASSIGN_OR_RETURN(ChunkKey key, DecodeChunkKey(k));
+        CKV_ASSIGN_OR_RETURN(PrefixRecord r,
+                             DecodePrefixRecord(v, absl::StrCat("prefix ", key.ToHex())));
+        c.prefixes.emplace_back(key, r);
+        return absl::OkStatus();
+      }));
   *contents = std::move(c);
   return absl::OkStatus();
 }
@@ -383,8 +379,8 @@ absl::Status Catalog::ScanChunks(const ChunkFn& fn) {
     absl::CondVar cv;
     std::deque<Batch> full ABSL_GUARDED_BY(mu);
     std::deque<Batch> empty ABSL_GUARDED_BY(mu);
-    bool done ABSL_GUARDED_BY(mu) = false;  // the scanner has handed over its last batch
-    bool stop ABSL_GUARDED_BY(mu) = false;  // fn failed: the scanner must stop
+    bool done ABSL_GUARDED_BY(mu) = false;    // the scanner has handed over its last batch
+    bool stop ABSL_GUARDED_BY(mu) = false;    // fn failed: the scanner must stop
     absl::Status status ABSL_GUARDED_BY(mu);  // the scan's
   } pipe;
   {
@@ -484,8 +480,7 @@ absl::Status Catalog::GetChunks(std::span<const ChunkKey> keys, const IndexedChu
   std::vector<rocksdb::Status> statuses(keys.size());
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
-  db_->MultiGet(ro, handles_[kChunks], keys.size(), slices.data(), values.data(),
-                statuses.data());
+  db_->MultiGet(ro, handles_[kChunks], keys.size(), slices.data(), values.data(), statuses.data());
   ChunkRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
     absl::Status status;

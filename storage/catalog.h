@@ -78,9 +78,8 @@ class Catalog {
   // its CatalogFileSystem layer is put over RocksDB's files (storage/file_system.h). `clock`
   // (optional, not owned; nullptr = RealClock()) dates a new catalog (Contents::created_unix_ms).
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
-                                                       bool create_if_missing,
-                                                       bool error_if_exists, Contents* contents,
-                                                       FileSystem* fs = nullptr,
+                                                       bool create_if_missing, bool error_if_exists,
+                                                       Contents* contents, FileSystem* fs = nullptr,
                                                        Clock* clock = nullptr);
   // Opens the catalog in `dir` read-only, while another process may hold it for writing: a
   // consistent view of what was committed when it opened (RocksDB's read-only instance: no lock,

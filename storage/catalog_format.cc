@@ -79,9 +79,9 @@ class Reader {
     uint8_t v = 0;
     CKV_RETURN_IF_ERROR(Get(&v));
     if (v != expected) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "catalog entry ", what_, ": encoding version ", v, " is not ", expected,
-          " (written by another ckv version?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("catalog entry ", what_, ": encoding version ", v, " is not ", expected,
+                       " (written by another ckv version?)"));
     }
     return absl::OkStatus();
   }
@@ -288,8 +288,8 @@ absl::StatusOr<SegmentRecord> DecodeSegmentRecord(absl::string_view bytes, absl:
     }
   }
   CKV_RETURN_IF_ERROR(r.Finish());
-  if (s.layers == 0 || s.layers > kMaxLayers || s.band_layers == 0 ||
-      s.band_layers > s.layers || s.record_bytes == 0 || s.record_bytes > kMaxRecordBytes ||
+  if (s.layers == 0 || s.layers > kMaxLayers || s.band_layers == 0 || s.band_layers > s.layers ||
+      s.record_bytes == 0 || s.record_bytes > kMaxRecordBytes ||
       s.record_slot_bytes < s.record_bytes || s.record_slot_bytes > kMaxRecordBytes ||
       s.record_slot_bytes % 4096 != 0 || s.capacity_slots == 0 ||
       s.capacity_slots > kMaxSegmentSlots) {

@@ -46,16 +46,16 @@ inline constexpr char kStatsEngine[] = "engine";  // StoredCounters
 
 // One chunk: where its records are and how to check them.
 struct ChunkRecord {
-  ChunkKey parent;        // zero for the first chunk of a prefix
-  ChunkKey fingerprint;   // of the ModelSpec it was written under
-  uint32_t depth = 0;     // index of the chunk in its prefix (0 = first)
-  uint32_t segment = 0;   // segment id
-  uint32_t slot = 0;      // slot in the segment
-  uint64_t put_seq = 0;   // order of the Put that wrote it (initial LRU order)
+  ChunkKey parent;       // zero for the first chunk of a prefix
+  ChunkKey fingerprint;  // of the ModelSpec it was written under
+  uint32_t depth = 0;    // index of the chunk in its prefix (0 = first)
+  uint32_t segment = 0;  // segment id
+  uint32_t slot = 0;     // slot in the segment
+  uint64_t put_seq = 0;  // order of the Put that wrote it (initial LRU order)
   int64_t created_unix_ms = 0;
-  double importance = 0;  // I: accumulated attention over Re-Prefills
-  uint64_t loads = 0;     // F: times loaded into a faster tier
-  std::vector<int32_t> tokens;      // the chunk's c token ids
+  double importance = 0;        // I: accumulated attention over Re-Prefills
+  uint64_t loads = 0;           // F: times loaded into a faster tier
+  std::vector<int32_t> tokens;  // the chunk's c token ids
   // XXH3-64 of each record (record bytes, no padding): the L layers' records, then the segment's
   // auxiliary records in their order.
   std::vector<uint64_t> checksums;
@@ -72,11 +72,11 @@ struct PrefixRecord {
 struct SegmentRecord {
   ChunkKey fingerprint;  // every chunk in it is of this spec
   RecordLayout layout = RecordLayout::kLayerMajor;
-  uint32_t layers = 0;          // L of the spec
-  uint32_t band_layers = 1;     // layers per band: 1 (layer-major) or p (period-major)
-  uint32_t record_bytes = 0;    // spec.RecordBytes()
+  uint32_t layers = 0;             // L of the spec
+  uint32_t band_layers = 1;        // layers per band: 1 (layer-major) or p (period-major)
+  uint32_t record_bytes = 0;       // spec.RecordBytes()
   uint32_t record_slot_bytes = 0;  // record_bytes rounded up to 4096
-  uint32_t capacity_slots = 0;  // chunks the segment can hold
+  uint32_t capacity_slots = 0;     // chunks the segment can hold
   int64_t created_unix_ms = 0;
   // Bytes of each auxiliary record a chunk has besides its layers' records (the key summaries
   // the engine computes at Put time; storage does not interpret them). Each is stored in a band

@@ -38,8 +38,8 @@ ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem
       path_(std::move(path)),
       fs_(fs),
       logger_(logger),
-      staging_(std::make_unique<StagingPool>(fs, options.put_staging_bytes,
-                                             options.max_write_bytes, options.io_queue_depth)) {}
+      staging_(std::make_unique<StagingPool>(fs, options.put_staging_bytes, options.max_write_bytes,
+                                             options.io_queue_depth)) {}
 
 // The reclaimer goes first: its rounds use the catalog, the segments and the listeners.
 ChunkStore::~ChunkStore() {
@@ -68,9 +68,8 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (options.io_queue_depth < 1 || options.io_queue_depth > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EngineOptions.io_queue_depth = ", options.io_queue_depth,
-                     ": must be in 1..1024"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EngineOptions.io_queue_depth = ", options.io_queue_depth, ": must be in 1..1024"));
   }
   if (options.max_write_bytes < kDirectIoAlignment || options.max_write_bytes % 4096 != 0) {
     return absl::InvalidArgumentError(
@@ -104,10 +103,11 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
       return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
     }
     const size_t slash = path.find_last_of('/');
-    const std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    const std::string parent =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
     if (!fs->Exists(parent)) {
-      return absl::NotFoundError(absl::StrCat("cannot create store ", path, ": directory ",
-                                              parent, " does not exist"));
+      return absl::NotFoundError(
+          absl::StrCat("cannot create store ", path, ": directory ", parent, " does not exist"));
     }
     CKV_RETURN_IF_ERROR(fs->CreateDir(path));
     created_parent = parent;
@@ -123,11 +123,10 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
   for (const bool use_snapshot : {true, false}) {
     store.reset(new ChunkStore(resolved, path, fs, logger));
     contents = Catalog::Contents{};
-    CKV_ASSIGN_OR_RETURN(store->catalog_,
-                         Catalog::Open(absl::StrCat(path, "/", kCatalogDir),
-                                       options.create_if_missing,
-                                       options.error_if_exists && use_snapshot, &contents, fs,
-                                       resolved.clock));
+    CKV_ASSIGN_OR_RETURN(
+        store->catalog_,
+        Catalog::Open(absl::StrCat(path, "/", kCatalogDir), options.create_if_missing,
+                      options.error_if_exists && use_snapshot, &contents, fs, resolved.clock));
     bool snapshot_failed = false;
     absl::Status loaded = store->Load(contents, use_snapshot, &snapshot_failed);
     if (snapshot_failed) {
@@ -261,9 +260,8 @@ absl::StatusOr<uint64_t> ChunkStore::FreeSpaceToOpen(const StoreOptions& options
 
 absl::Status ChunkStore::RefuseIfReadOnly(std::string_view op) const {
   if (!options_.read_only) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(std::string(op), " on ", path_,
-                   ": the store is open read-only (Engine::OpenReadOnly)"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      std::string(op), " on ", path_, ": the store is open read-only (Engine::OpenReadOnly)"));
 }
 
 absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
@@ -277,13 +275,13 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
   for (const auto& [id, geometry] : c.segments) {
     const std::string file_path = SegmentPath(id);
     if (!fs_->Exists(file_path)) {
-      return absl::DataLossError(absl::StrCat("segment ", id, " (", file_path,
-                                              ") named by the catalog is missing"));
+      return absl::DataLossError(
+          absl::StrCat("segment ", id, " (", file_path, ") named by the catalog is missing"));
     }
-    CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                         fs_->Open(file_path, options_.read_only
-                                                  ? FileSystem::OpenMode::kReadOnly
-                                                  : FileSystem::OpenMode::kReadWrite));
+    CKV_ASSIGN_OR_RETURN(
+        std::unique_ptr<File> file,
+        fs_->Open(file_path, options_.read_only ? FileSystem::OpenMode::kReadOnly
+                                                : FileSystem::OpenMode::kReadWrite));
     segments_.emplace(id, std::make_unique<Segment>(id, geometry, std::move(file)));
     next_segment_id_ = std::max(next_segment_id_, id + 1);
   }
@@ -327,12 +325,11 @@ absl::Status ChunkStore::ScanCatalogLocked() {
   std::vector<LoadLink> links;
   links.reserve(expected_chunks);
   // ScanChunks calls the lambda before it returns, with mu_ still held here.
-  CKV_RETURN_IF_ERROR(catalog_->ScanChunks(
-      [&](const ChunkKey& key, const ChunkRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-          -> absl::Status {
-        LoadChunkLocked(key, r, links);
-        return absl::OkStatus();
-      }));
+  CKV_RETURN_IF_ERROR(catalog_->ScanChunks([&](const ChunkKey& key, const ChunkRecord& r)
+                                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+                                                 LoadChunkLocked(key, r, links);
+                                                 return absl::OkStatus();
+                                               }));
   // The use order starts as the Put order: the latest 2^31 Puts keep theirs.
   use_clock_ = put_seq_;
   use_base_ = use_clock_ > kUseRebase ? use_clock_ - kUseRebase : 0;
@@ -353,8 +350,8 @@ absl::Status ChunkStore::ScanCatalogLocked() {
     if (parent_key.IsZero()) continue;  // kRoot
     auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) {
-      open_problems_.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent ",
-                                            parent_key.ToHex()));
+      open_problems_.push_back(
+          absl::StrCat("chunk ", key.ToHex(), " has no stored parent ", parent_key.ToHex()));
       e.parent = ChunkEntry::kLostParent;
       lost_parents_.emplace(key, parent_key);
       continue;
@@ -374,12 +371,12 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r,
     problem = absl::StrCat("chunk ", key.ToHex(), " names segment ", r.segment,
                            ", which the catalog does not hold");
   } else if (r.slot >= seg->second->geometry().capacity_slots) {
-    problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ",
-                           r.segment, ", which has ", seg->second->geometry().capacity_slots);
+    problem = absl::StrCat("chunk ", key.ToHex(), " names slot ", r.slot, " of segment ", r.segment,
+                           ", which has ", seg->second->geometry().capacity_slots);
   } else if (!(seg->second->geometry().fingerprint == r.fingerprint) ||
              r.checksums.size() != seg->second->records()) {
-    problem = absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ",
-                           r.segment);
+    problem =
+        absl::StrCat("chunk ", key.ToHex(), " does not match the spec of segment ", r.segment);
   } else if (absl::Status s = FingerprintOrdinalLocked(r.fingerprint).status(); !s.ok()) {
     problem = absl::StrCat("chunk ", key.ToHex(), ": ", s.message());
   } else if (!seg->second->MarkUsed(r.slot)) {
@@ -446,10 +443,12 @@ absl::Status ChunkStore::ReclaimOrphans() {
   }
   orphan_bytes_reclaimed_ = reclaimed;
   if (reclaimed > 0) {
-    logger_->Log(LogLevel::kInfo,
-                 absl::StrCat("reclaimed ", reclaimed, " bytes of segment space no committed "
-                              "chunk names in ", path_, " (slots freed for reuse, or writes a "
-                              "crash left uncommitted)"));
+    logger_->Log(LogLevel::kInfo, absl::StrCat("reclaimed ", reclaimed,
+                                               " bytes of segment space no committed "
+                                               "chunk names in ",
+                                               path_,
+                                               " (slots freed for reuse, or writes a "
+                                               "crash left uncommitted)"));
   }
   return absl::OkStatus();
 }
@@ -522,8 +521,7 @@ ChunkKey ChunkStore::ParentKeyLocked(const ChunkKey& key, const ChunkEntry& e) c
   return chunks_.KeyAt(e.parent);
 }
 
-ChunkStore::ChunkEntry ChunkStore::EntryFromRecordLocked(const ChunkRecord& r,
-                                                         uint32_t last_use) {
+ChunkStore::ChunkEntry ChunkStore::EntryFromRecordLocked(const ChunkRecord& r, uint32_t last_use) {
   ChunkEntry e;  // the parent is linked by the caller
   e.spec = fingerprint_ordinals_.at(r.fingerprint);
   e.segment = r.segment;
@@ -539,8 +537,8 @@ bool ChunkStore::HeldLocked(const ChunkKey& key, const ChunkEntry& e) const {
          read_pins_.contains(SlotId{e.segment, e.slot});
 }
 
-absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec,
-                                            std::span<const int32_t> tokens, bool touch) {
+absl::StatusOr<uint64_t> ChunkStore::Lookup(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                            bool touch) {
   CKV_RETURN_IF_ERROR(spec.Validate());
   const std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   absl::MutexLock lock(&mu_);
@@ -622,8 +620,8 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
       auto owner = specs_.find(FingerprintOf(e));
       return absl::FailedPreconditionError(absl::StrCat(
           "chunk ", key.ToHex(), " is stored under model ",
-          owner == specs_.end() ? FingerprintOf(e).ToHex() : owner->second.DebugString(),
-          ", not ", spec.DebugString()));
+          owner == specs_.end() ? FingerprintOf(e).ToHex() : owner->second.DebugString(), ", not ",
+          spec.DebugString()));
     }
     if (layer >= spec.layers) {
       return absl::InvalidArgumentError(
@@ -631,8 +629,8 @@ absl::Status ChunkStore::ReadRecord(const ModelSpec& spec, const ChunkKey& key, 
     }
     if (out.size() != spec.RecordBytes()) {
       return absl::InvalidArgumentError(absl::StrCat("record buffer of ", out.size(),
-                                                     " bytes; a record of ", spec.model_id,
-                                                     " is ", spec.RecordBytes()));
+                                                     " bytes; a record of ", spec.model_id, " is ",
+                                                     spec.RecordBytes()));
     }
     e.last_use = UseTickLocked();
     seg = segments_.at(e.segment).get();
@@ -662,9 +660,9 @@ absl::StatusOr<uint32_t> ChunkStore::AuxBytes(const ChunkKey& key, uint32_t aux)
   }
   const Segment& seg = *segments_.at(it->second.segment);
   if (aux >= seg.geometry().aux_record_bytes.size()) {
-    return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " has no auxiliary record ",
-                                            aux, " (it has ",
-                                            seg.geometry().aux_record_bytes.size(), ")"));
+    return absl::NotFoundError(absl::StrCat("chunk ", key.ToHex(), " has no auxiliary record ", aux,
+                                            " (it has ", seg.geometry().aux_record_bytes.size(),
+                                            ")"));
   }
   return seg.geometry().aux_record_bytes[aux];
 }
@@ -770,10 +768,9 @@ absl::Status ChunkStore::CheckPlace(const ChunkKey& key, const ChunkRecord& reco
         record.slot, "; the store indexed it at segment ", segment.id(), " slot ", slot));
   }
   if (record.checksums.size() != segment.records()) {
-    return absl::DataLossError(absl::StrCat("catalog record of chunk ", key.ToHex(), " has ",
-                                            record.checksums.size(), " checksums; segment ",
-                                            segment.id(), " holds ", segment.records(),
-                                            " records per chunk"));
+    return absl::DataLossError(absl::StrCat(
+        "catalog record of chunk ", key.ToHex(), " has ", record.checksums.size(),
+        " checksums; segment ", segment.id(), " holds ", segment.records(), " records per chunk"));
   }
   return absl::OkStatus();
 }
@@ -790,8 +787,8 @@ absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned,
   }
   pinned.checksums_.resize(offsets.back());
   std::vector<std::pair<size_t, absl::Status>> misplaced;  // no record, or one elsewhere
-  CKV_RETURN_IF_ERROR(catalog_->GetChunks(
-      keys, [&](size_t i, const absl::Status& status, const ChunkRecord& r) {
+  CKV_RETURN_IF_ERROR(
+      catalog_->GetChunks(keys, [&](size_t i, const absl::Status& status, const ChunkRecord& r) {
         if (absl::IsNotFound(status)) {
           misplaced.emplace_back(i, status);
         } else if (!status.ok()) {
@@ -800,8 +797,7 @@ absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned,
                    !place.ok()) {
           misplaced.emplace_back(i, std::move(place));
         } else {
-          std::copy(r.checksums.begin(), r.checksums.end(),
-                    pinned.checksums_.begin() + offsets[i]);
+          std::copy(r.checksums.begin(), r.checksums.end(), pinned.checksums_.begin() + offsets[i]);
         }
         return absl::OkStatus();
       }));
@@ -816,13 +812,13 @@ absl::Status ChunkStore::ReadChecksums(PinnedChunks& pinned,
                                  it->second.segment == chunks[i].segment->id() &&
                                  it->second.slot == chunks[i].slot;
       unusable->emplace_back(
-          i, indexed_there ? (absl::IsNotFound(status)
-                                  ? absl::DataLossError(absl::StrCat(
-                                        "chunk ", keys[i].ToHex(),
-                                        " is stored but its catalog record is missing"))
-                                  : status)
-                           : absl::NotFoundError(absl::StrCat(
-                                 "chunk ", keys[i].ToHex(), " was removed while being pinned")));
+          i, indexed_there
+                 ? (absl::IsNotFound(status) ? absl::DataLossError(absl::StrCat(
+                                                   "chunk ", keys[i].ToHex(),
+                                                   " is stored but its catalog record is missing"))
+                                             : status)
+                 : absl::NotFoundError(
+                       absl::StrCat("chunk ", keys[i].ToHex(), " was removed while being pinned")));
     }
   }
   std::sort(unusable->begin(), unusable->end(),
@@ -883,15 +879,14 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinn
     }
     const PinnedChunks::Chunk& c = pinned.chunks()[i];
     if (record >= c.segment->records()) {
-      return absl::NotFoundError(absl::StrCat("chunk ", c.key.ToHex(),
-                                              " has no auxiliary record ", aux,
-                                              " (stored by a ckv that did not write it)"));
+      return absl::NotFoundError(absl::StrCat("chunk ", c.key.ToHex(), " has no auxiliary record ",
+                                              aux, " (stored by a ckv that did not write it)"));
     }
     const uint32_t b = c.segment->record_bytes(record);
     if (bytes != 0 && b != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "auxiliary record ", aux, " of chunk ", c.key.ToHex(), " has ", b, " bytes; chunk ",
-          first->ToHex(), "'s has ", bytes));
+      return absl::InvalidArgumentError(absl::StrCat("auxiliary record ", aux, " of chunk ",
+                                                     c.key.ToHex(), " has ", b, " bytes; chunk ",
+                                                     first->ToHex(), "'s has ", bytes));
     }
     bytes = b;
     if (first == nullptr) first = &c.key;
@@ -909,15 +904,15 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinn
         BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, c.checksums, i});
   }
   absl::Status first_error;
-  CKV_RETURN_IF_ERROR(ReadBands(std::move(reads), max_io_bytes,
-                                [&](const BandRead& read, uint32_t, const absl::Status& st,
-                                    const std::byte* data) {
-                                  if (!st.ok()) {
-                                    if (first_error.ok()) first_error = st;
-                                    return;
-                                  }
-                                  std::memcpy(out.data() + read.tag * bytes, data, bytes);
-                                }));
+  CKV_RETURN_IF_ERROR(
+      ReadBands(std::move(reads), max_io_bytes,
+                [&](const BandRead& read, uint32_t, const absl::Status& st, const std::byte* data) {
+                  if (!st.ok()) {
+                    if (first_error.ok()) first_error = st;
+                    return;
+                  }
+                  std::memcpy(out.data() + read.tag * bytes, data, bytes);
+                }));
   if (absl::IsDataLoss(first_error)) {
     logger_->Log(LogLevel::kError, std::string(first_error.message()));
   }
@@ -1021,7 +1016,8 @@ PrefixInfo ChunkStore::MakePrefixInfo(const ChunkKey& id, const PrefixEntry& p) 
     info.tokens = p.chunks * spec->second.chunk_tokens;
   }
   auto last = chunks_.find(id);
-  if (last != chunks_.end()) info.bytes = p.chunks * segments_.at(last->second.segment)->chunk_bytes();
+  if (last != chunks_.end())
+    info.bytes = p.chunks * segments_.at(last->second.segment)->chunk_bytes();
   info.chunks = p.chunks;
   info.created_unix_ms = p.created_unix_ms;
   return info;
@@ -1060,8 +1056,8 @@ absl::StatusOr<PrefixDescription> ChunkStore::DescribePrefix(const ChunkKey& pre
   while (!key.IsZero()) {
     auto it = chunks_.find(key);
     if (it == chunks_.end()) {
-      return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(), " is missing chunk ",
-                                              key.ToHex()));
+      return absl::DataLossError(
+          absl::StrCat("prefix ", prefix_id.ToHex(), " is missing chunk ", key.ToHex()));
     }
     const ChunkEntry& e = it->second;
     const Segment& seg = *segments_.at(e.segment);
@@ -1072,8 +1068,8 @@ absl::StatusOr<PrefixDescription> ChunkStore::DescribePrefix(const ChunkKey& pre
   std::reverse(d.chunks.begin(), d.chunks.end());
   auto s = specs_.find(p->second.fingerprint);
   if (s == specs_.end()) {
-    return absl::DataLossError(absl::StrCat("prefix ", prefix_id.ToHex(),
-                                            " names an unknown model spec"));
+    return absl::DataLossError(
+        absl::StrCat("prefix ", prefix_id.ToHex(), " names an unknown model spec"));
   }
   d.spec = s->second;
   return d;

@@ -137,24 +137,24 @@ struct StoreStats {
   uint64_t orphan_bytes_reclaimed = 0;
   bool index_from_snapshot = false;  // Open loaded the index snapshot rather than scanning
   // ---- Background reclaimer ----
-  uint64_t reclaim_rounds = 0;          // reclaimer rounds that evicted (since Open)
-  uint64_t reclaim_chunks = 0;          // chunks they evicted (also in chunks_evicted)
-  uint64_t reclaim_bytes = 0;           // bytes they freed (kept for Puts to write over)
-  uint64_t free_kept_bytes = 0;         // free slots still holding blocks (in disk_bytes_used)
-  uint64_t inline_evictions = 0;        // Puts that had to evict inline (stalled) (since Open)
+  uint64_t reclaim_rounds = 0;    // reclaimer rounds that evicted (since Open)
+  uint64_t reclaim_chunks = 0;    // chunks they evicted (also in chunks_evicted)
+  uint64_t reclaim_bytes = 0;     // bytes they freed (kept for Puts to write over)
+  uint64_t free_kept_bytes = 0;   // free slots still holding blocks (in disk_bytes_used)
+  uint64_t inline_evictions = 0;  // Puts that had to evict inline (stalled) (since Open)
   // Puts that found the file system full below the cap, those of them that stored their chunks
   // on a retry after giving back room, and the chunks evicted for them (since Open).
   uint64_t no_space_puts = 0;
   uint64_t no_space_recovered = 0;
   uint64_t no_space_evictions = 0;
-  uint64_t reclaim_margin_bytes = 0;    // the margin in force; 0 = no reclaimer
+  uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
   // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
   uint64_t put_latency_p50_us = 0;
   uint64_t put_latency_p99_us = 0;
   uint64_t put_latency_max_us = 0;
-  uint64_t put_latency_window = 0;   // Puts that p50 and p99 are over
-  uint64_t put_staging_waits = 0;    // Puts that waited for staging memory
-  uint64_t put_direct_bytes = 0;     // bytes Puts wrote straight from the caller's tensors
+  uint64_t put_latency_window = 0;  // Puts that p50 and p99 are over
+  uint64_t put_staging_waits = 0;   // Puts that waited for staging memory
+  uint64_t put_direct_bytes = 0;    // bytes Puts wrote straight from the caller's tensors
 };
 
 // Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
@@ -188,9 +188,9 @@ class PinnedChunks {
   struct Location {
     File* file = nullptr;
     uint64_t offset = 0;
-    uint32_t length = 0;         // record bytes
-    uint32_t stride = 0;         // bytes between this record and the next slot's same record
-    uint64_t checksum = 0;       // XXH3-64 of the record bytes
+    uint32_t length = 0;    // record bytes
+    uint32_t stride = 0;    // bytes between this record and the next slot's same record
+    uint64_t checksum = 0;  // XXH3-64 of the record bytes
   };
 
   ~PinnedChunks();
@@ -368,11 +368,11 @@ class ChunkStore {
     uint32_t parent = kRoot;  // the parent's id in chunks_ (ParentKeyLocked)
     uint32_t segment = 0;
     uint32_t slot = 0;
-    uint32_t children = 0;   // stored chunks whose parent this is (derived on open)
-    float importance = 0;    // I (the catalog's record holds it as a double)
-    uint32_t loads = 0;      // F, saturating
-    uint16_t spec = 0;       // its spec's fingerprint, as an ordinal (FingerprintOf)
-    bool prefix_end = false; // a stored prefix ends here
+    uint32_t children = 0;    // stored chunks whose parent this is (derived on open)
+    float importance = 0;     // I (the catalog's record holds it as a double)
+    uint32_t loads = 0;       // F, saturating
+    uint16_t spec = 0;        // its spec's fingerprint, as an ordinal (FingerprintOf)
+    bool prefix_end = false;  // a stored prefix ends here
   };
   static_assert(sizeof(ChunkEntry) <= 32, "the index's entry grew (64 B per chunk)");
   struct PrefixEntry {
@@ -410,9 +410,9 @@ class ChunkStore {
   std::string SnapshotPath() const;
   absl::Status WriteIndexSnapshot() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status LoadIndexSnapshotLocked(bool* loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool snapshot_on_close_ = false;  // set once Open succeeded
+  bool snapshot_on_close_ = false;         // set once Open succeeded
   std::function<void()> pin_window_hook_;  // SetPinWindowHookForTesting
-  bool index_from_snapshot_ = false;  // set by Load
+  bool index_from_snapshot_ = false;       // set by Load
   // Load's scan of the catalog: every chunk's record, indexed, then linked to its parent.
   absl::Status ScanCatalogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Load keeps of a chunk's record until every chunk is in, by its id in chunks_.
@@ -422,8 +422,8 @@ class ChunkStore {
   };
   // Indexes one chunk of the catalog, or records why it cannot be served; its LoadLink goes to
   // links[its id in chunks_].
-  void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record,
-                       std::vector<LoadLink>& links) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoadChunkLocked(const ChunkKey& key, const ChunkRecord& record, std::vector<LoadLink>& links)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReclaimOrphans();
   // Punches the free runs of `segment` when it holds more blocks than its live chunks need;
   // returns the bytes given back. REQUIRES: mu_ held (the free runs must not change).
@@ -608,7 +608,7 @@ class ChunkStore {
     uint32_t band = 0;
     const ChunkKey* key = nullptr;
     std::span<const uint64_t> checksums;  // the chunk's, all records
-    size_t tag = 0;                                     // the caller's
+    size_t tag = 0;                       // the caller's
   };
   // Called for every record of every band read: its status (the read's error, or the checksum
   // check's result) and, when OK, its bytes.
@@ -664,8 +664,7 @@ class ChunkStore {
   void TakeUnpunchedLocked(const Segment& segment, SlotRun run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans up to `count` of the unpunched slots of the owner's segments for a Put (longest runs
   // first), takes them out of unpunched_ and used_bytes_, and returns how many.
-  size_t PlanUnpunchedLocked(const SlotOwner& owner, size_t count,
-                             std::vector<PlannedRun>* plan)
+  size_t PlanUnpunchedLocked(const SlotOwner& owner, size_t count, std::vector<PlannedRun>* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runs of consecutive slots of one segment in `slots`.
   std::vector<SegmentRun> RunsOfLocked(std::vector<SlotId> slots) const
@@ -692,7 +691,7 @@ class ChunkStore {
   void RebaseUseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t put_seq_ ABSL_GUARDED_BY(mu_) = 0;
   StoredCounters counters_ ABSL_GUARDED_BY(mu_);
-  uint64_t orphan_bytes_reclaimed_ = 0;  // set during Open
+  uint64_t orphan_bytes_reclaimed_ = 0;     // set during Open
   std::vector<std::string> open_problems_;  // found while loading; reported by Verify
   // Catalog entries Load could not serve (damaged); Repair deletes them.
   std::vector<ChunkKey> dropped_chunks_ ABSL_GUARDED_BY(mu_);

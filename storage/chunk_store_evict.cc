@@ -35,8 +35,7 @@ bool ChunkStore::OwnsLocked(const SlotOwner& owner, const Segment& segment) cons
          g.aux_record_bytes == *owner.aux_bytes;
 }
 
-absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
-                                        const SlotOwner* owner) {
+absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted, const SlotOwner* owner) {
   if (max_disk_bytes_ == 0) return absl::OkStatus();
   const uint64_t data_cap = DataCapLocked();
   // Bytes of evicted slots kept for the owner's Put, which writes over every one of them (at most
@@ -117,7 +116,7 @@ absl::Status ChunkStore::MakeRoomLocked(uint64_t need, uint64_t* evicted,
 }
 
 absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t at_least,
-                                                     uint64_t* evicted) {
+                                                    uint64_t* evicted) {
   // What was given back is what left used_bytes_: a punch that fails keeps its slot counted.
   const uint64_t used_before = used_bytes_;
   auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return used_before - used_bytes_; };
@@ -128,10 +127,11 @@ absl::StatusOr<uint64_t> ChunkStore::FreeDiskLocked(uint64_t bytes, uint64_t at_
   if (plan.victims.empty()) return freed();
   if (freed() + plan.bytes < at_least) {
     // Evicting would not make the room: the chunks stay, and the Put fails.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "it still needs ", at_least, " bytes, but only ", freed() + plan.bytes,
-        " can be given back (", used_bytes_, " bytes in use; the rest is held by readers or "
-        "Puts in flight); nothing was evicted"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("it still needs ", at_least, " bytes, but only ", freed() + plan.bytes,
+                     " can be given back (", used_bytes_,
+                     " bytes in use; the rest is held by readers or "
+                     "Puts in flight); nothing was evicted"));
   }
   Catalog::Batch batch = catalog_->NewBatch();
   CKV_RETURN_IF_ERROR(RemoveChunksLocked(plan.victims, batch, Removal::kEvict, nullptr));
@@ -333,8 +333,8 @@ absl::Status ChunkStore::AddUsage(std::span<const Usage> usage) {
   CKV_RETURN_IF_ERROR(catalog_->Commit(batch, /*sync=*/false));
   for (auto& [entry, u] : applied) {
     entry->importance += static_cast<float>(u->importance);
-    entry->loads = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{entry->loads} + u->loads,
-                                                            UINT32_MAX));
+    entry->loads =
+        static_cast<uint32_t>(std::min<uint64_t>(uint64_t{entry->loads} + u->loads, UINT32_MAX));
   }
   return absl::OkStatus();
 }

@@ -40,24 +40,23 @@ absl::Status ChunkStore::ValidatePut(const ModelSpec& spec, std::span<const int3
   // Validate allows records of up to 2^40 bytes; a segment's geometry keeps sizes in a u32,
   // which would truncate them silently.
   if (spec.RecordBytes() > kMaxRecordBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelSpec ", spec.model_id, ": a record (K and V of ", spec.chunk_tokens,
-        " tokens x ", spec.kv_heads, " kv heads x ", spec.head_dim, " head dim) is ",
-        spec.RecordBytes(), " bytes, over the limit of ", kMaxRecordBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelSpec ", spec.model_id, ": a record (K and V of ", spec.chunk_tokens,
+                     " tokens x ", spec.kv_heads, " kv heads x ", spec.head_dim, " head dim) is ",
+                     spec.RecordBytes(), " bytes, over the limit of ", kMaxRecordBytes));
   }
   if (tokens.size() < spec.chunk_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Put of ", tokens.size(), " tokens: fewer than one chunk of ", spec.chunk_tokens));
   }
   if (kv.tokens != tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("KvTensors.tokens = ", kv.tokens,
-                                                   " but the prefix has ", tokens.size(),
-                                                   " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvTensors.tokens = ", kv.tokens, " but the prefix has ", tokens.size(), " tokens"));
   }
   if (kv.k.size() != spec.layers || kv.v.size() != spec.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvTensors has ", kv.k.size(), " K and ", kv.v.size(), " V tensors; ", spec.model_id,
-        " has ", spec.layers, " layers"));
+    return absl::InvalidArgumentError(absl::StrCat("KvTensors has ", kv.k.size(), " K and ",
+                                                   kv.v.size(), " V tensors; ", spec.model_id,
+                                                   " has ", spec.layers, " layers"));
   }
   const uint64_t want = uint64_t{kv.tokens} * spec.TokenBytesPerLayer();
   for (uint32_t l = 0; l < spec.layers; ++l) {
@@ -82,14 +81,14 @@ struct ChunkStore::PendingPut {
       : spec(spec), tokens(tokens), aux_bytes(std::move(aux_bytes)) {}
   const ModelSpec& spec;
   std::span<const int32_t> tokens;
-  std::vector<uint32_t> aux_bytes;  // of each auxiliary record; empty without
-  ChunkKey fp;                      // the spec's fingerprint
-  std::vector<ChunkKey> keys;       // of the prefix's whole chunks
-  size_t n = 0;                     // keys.size()
-  size_t m = 0;                     // leading chunks stored already
-  bool new_spec = false;            // no chunk of this spec was stored when it began
-  uint64_t chunk_bytes = 0;         // one new chunk's bytes in a segment
-  std::vector<PlannedRun> plan;     // the slots of the new chunks
+  std::vector<uint32_t> aux_bytes;       // of each auxiliary record; empty without
+  ChunkKey fp;                           // the spec's fingerprint
+  std::vector<ChunkKey> keys;            // of the prefix's whole chunks
+  size_t n = 0;                          // keys.size()
+  size_t m = 0;                          // leading chunks stored already
+  bool new_spec = false;                 // no chunk of this spec was stored when it began
+  uint64_t chunk_bytes = 0;              // one new chunk's bytes in a segment
+  std::vector<PlannedRun> plan;          // the slots of the new chunks
   std::optional<FileSystemSpace> space;  // the file system's size, where it states one
   PutResult result;
   // Set when the Put failed for a full file system with keys[m - 1] pinned: the pin is not
@@ -127,8 +126,8 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
 }
 
 absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
-                                               std::span<const int32_t> tokens,
-                                               const KvTensors& kv, const AuxRecords* aux) {
+                                               std::span<const int32_t> tokens, const KvTensors& kv,
+                                               const AuxRecords* aux) {
   PutShortfall shortfall;
   // The chains a failed try counted as stored stay pinned until the Put returns: the eviction
   // below, the background reclaimer and other Puts' evictions must not take them, or a retry
@@ -177,13 +176,13 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
       what = absl::StrCat("the file system was full (", result.status().message(), ")");
     }
     if (!freed.ok()) {
-      return WithMessage(freed.status(),
-                         absl::StrCat("Put of ", spec.model_id, ": ", what,
-                                      retry > 1 ? absl::StrCat(" (", evicted, " chunks evicted "
-                                                               "for it so far)")
-                                                : std::string(),
-                                      "; giving back room for a retry failed: ",
-                                      freed.status().message()));
+      return WithMessage(freed.status(), absl::StrCat("Put of ", spec.model_id, ": ", what,
+                                                      retry > 1 ? absl::StrCat(" (", evicted,
+                                                                               " chunks evicted "
+                                                                               "for it so far)")
+                                                                : std::string(),
+                                                      "; giving back room for a retry failed: ",
+                                                      freed.status().message()));
     }
     if (*freed == 0) {
       return WithMessage(
@@ -197,10 +196,9 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                                           punch_error, ")")));
     }
     logger_->Log(LogLevel::kWarning,
-                 absl::StrCat("Put of ", spec.model_id, ": ", what, "; it still needed ",
-                              at_least, " bytes: evicted ", evicted_now,
-                              " chunks and gave back ", *freed, " bytes; trying again (",
-                              retry, " of ", kNoSpaceRetries, ")"));
+                 absl::StrCat("Put of ", spec.model_id, ": ", what, "; it still needed ", at_least,
+                              " bytes: evicted ", evicted_now, " chunks and gave back ", *freed,
+                              " bytes; trying again (", retry, " of ", kNoSpaceRetries, ")"));
     shortfall = PutShortfall{};
     result = PutOnce(spec, tokens, kv, aux, &shortfall);
     keep_pin(shortfall);
@@ -221,9 +219,8 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
 }
 
 absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
-                                              std::span<const int32_t> tokens,
-                                              const KvTensors& kv, const AuxRecords* aux,
-                                              PutShortfall* shortfall) {
+                                              std::span<const int32_t> tokens, const KvTensors& kv,
+                                              const AuxRecords* aux, PutShortfall* shortfall) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
   CKV_RETURN_IF_ERROR(ValidateAux(aux));
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
@@ -283,9 +280,9 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
     if (chunks_.contains(keys[i])) {
       // Stored chunks always include their parents; only a catalog damaged before this open
       // (a chunk Load had to drop) breaks that. Writing here would shadow the stored record.
-      return absl::DataLossError(absl::StrCat(
-          "chunk ", keys[i].ToHex(), " (", i, " of this prefix) is stored but chunk ",
-          keys[m].ToHex(), " before it is not; run kvctl verify"));
+      return absl::DataLossError(
+          absl::StrCat("chunk ", keys[i].ToHex(), " (", i, " of this prefix) is stored but chunk ",
+                       keys[m].ToHex(), " before it is not; run kvctl verify"));
     }
   }
   put.m = m;
@@ -314,11 +311,11 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
     const FileSystemSpace& fs = *put.space;
     const uint64_t others =
         fs.total_bytes - std::min(fs.total_bytes, fs.available_bytes + used_bytes_);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "Put of ", n - m, " new chunks (", need, " bytes) of ", put.spec.model_id,
-        " can never fit the file system holding ", path_, ": it is ", fs.total_bytes,
-        " bytes, of which ", others, " are not the store's (", fs.available_bytes,
-        " free, ", used_bytes_, " held by the store); nothing was evicted"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Put of ", n - m, " new chunks (", need, " bytes) of ", put.spec.model_id,
+                     " can never fit the file system holding ", path_, ": it is ", fs.total_bytes,
+                     " bytes, of which ", others, " are not the store's (", fs.available_bytes,
+                     " free, ", used_bytes_, " held by the store); nothing was evicted"));
   }
   for (size_t i = m; i < n; ++i) inflight_.insert(keys[i]);
   if (m > 0) put_pins_[keys[m - 1]]++;
@@ -405,8 +402,7 @@ absl::Status ChunkStore::CommitStoredPrefixLocked(PendingPut& put) {
   return absl::OkStatus();
 }
 
-absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
-                                  const AuxRecords* aux,
+absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv, const AuxRecords* aux,
                                   std::vector<std::vector<uint64_t>>* checksums,
                                   uint64_t* bytes_written, uint64_t* still_needed) {
   const std::vector<uint32_t>& aux_bytes = put.aux_bytes;
@@ -433,9 +429,8 @@ absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
   };
 
   // Write the records, then make them durable.
-  absl::Status s =
-      WriteChunks(put.spec, kv, m, put.plan, aux_data, aux_ready, checksums, bytes_written,
-                  still_needed);
+  absl::Status s = WriteChunks(put.spec, kv, m, put.plan, aux_data, aux_ready, checksums,
+                               bytes_written, still_needed);
   if (s.ok()) {
     std::vector<Segment*> synced;
     for (const PlannedRun& r : put.plan) {
@@ -449,9 +444,9 @@ absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv,
   return s;
 }
 
-absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(
-    PendingPut& put, absl::Status s, std::vector<std::vector<uint64_t>>& checksums,
-    uint64_t bytes_written) {
+absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(PendingPut& put, absl::Status s,
+                                                      std::vector<std::vector<uint64_t>>& checksums,
+                                                      uint64_t bytes_written) {
   const std::vector<ChunkKey>& keys = put.keys;
   const size_t n = put.n;
   const size_t m = put.m;
@@ -764,8 +759,8 @@ void GatherBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const 
 
 }  // namespace
 
-absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
-                                     size_t first_chunk, const std::vector<PlannedRun>& plan,
+absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv, size_t first_chunk,
+                                     const std::vector<PlannedRun>& plan,
                                      const std::vector<std::vector<std::byte>>& aux_data,
                                      const std::function<void()>& aux_ready,
                                      std::vector<std::vector<uint64_t>>* checksums,
@@ -782,8 +777,8 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
     if (r.kept) continue;  // written over: its blocks are allocated already
     for (uint32_t band = 0; band < r.segment->bands(); ++band) {
       const uint64_t length = r.run.count * r.segment->band_slot_bytes(band);
-      absl::Status s = r.segment->file()->Allocate(r.segment->BandOffset(band, r.run.start),
-                                                   length);
+      absl::Status s =
+          r.segment->file()->Allocate(r.segment->BandOffset(band, r.run.start), length);
       if (absl::IsUnimplemented(s)) break;  // the writes allocate instead
       if (!s.ok() && IsNoSpace(s)) *still_needed = new_bytes - std::min(new_bytes, allocated);
       CKV_RETURN_IF_ERROR(s);
@@ -802,7 +797,7 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   // the lane bounds those in flight too.
   std::vector<std::vector<IoPiece>> piece_sets(buffers.size());
   std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash(XXH3_createState(),
-                                                                      &XXH3_freeState);
+                                                                       &XXH3_freeState);
   if (hash == nullptr) throw std::bad_alloc();  // as for any allocation
   // A band of one chunk larger than a staging buffer (or a file aligned beyond the pool's
   // alignment) is staged in a buffer of its own, written alone: rare, and still bounded.

@@ -67,8 +67,7 @@ void ChunkStore::KickReclaimerLocked() {
   reclaim_cv_.SignalAll();
 }
 
-ChunkStore::EvictionPlan ChunkStore::PlanEvictionLocked(uint64_t bytes,
-                                                        size_t max_victims) const {
+ChunkStore::EvictionPlan ChunkStore::PlanEvictionLocked(uint64_t bytes, size_t max_victims) const {
   EvictionPlan plan;
   if (bytes == 0 || max_victims == 0) return plan;
   auto before = [](const EvictionCandidate& a, const EvictionCandidate& b) {
@@ -177,10 +176,9 @@ void ChunkStore::FreeSlotsLocked(std::vector<SlotId> slots) {
       used_bytes_ -= run.count * seg->chunk_bytes();
       continue;
     }
-    logger_->Log(LogLevel::kWarning,
-                 absl::StrCat("could not free blocks of slots ", run.start, "..",
-                              run.start + run.count - 1, " of segment ", seg->id(), ": ",
-                              s.message()));
+    logger_->Log(LogLevel::kWarning, absl::StrCat("could not free blocks of slots ", run.start,
+                                                  "..", run.start + run.count - 1, " of segment ",
+                                                  seg->id(), ": ", s.message()));
     // Their blocks are still allocated: they keep counting against the cap until a retry
     // punches them or a Put reuses them.
     last_punch_error_ = std::string(s.message());

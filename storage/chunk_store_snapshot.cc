@@ -96,8 +96,8 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
   CKV_RETURN_IF_ERROR(file->Truncate(0));
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  AlignedBuffer buffer(std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) *
-                                                            kRecordBytes)));
+  AlignedBuffer buffer(
+      std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
   uint64_t offset = header_bytes;
   size_t filled = 0;
   absl::Status s;
@@ -223,8 +223,8 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
     XXH3_state_t* s;
     ~FreeState() { XXH3_freeState(s); }
   } free_state{state};
-  AlignedBuffer buffer(std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) *
-                                                            kRecordBytes)));
+  AlignedBuffer buffer(
+      std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
   uint64_t done = 0;
   uint64_t children = 0, linked = 0;  // must agree: every link is one parent's child
   while (done < n) {
@@ -261,8 +261,8 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
                                     ") does not fit the catalog's segments"));
       }
       if (!seg->second->MarkUsed(e.slot)) {
-        return damaged(absl::StrCat("chunk ", key.ToHex(), " shares slot ", e.slot,
-                                    " of segment ", e.segment));
+        return damaged(absl::StrCat("chunk ", key.ToHex(), " shares slot ", e.slot, " of segment ",
+                                    e.segment));
       }
       if (chunks_.Insert(key, e) != index) {
         return damaged(absl::StrCat("chunk ", key.ToHex(), " is listed twice"));

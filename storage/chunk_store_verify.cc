@@ -36,8 +36,7 @@ absl::StatusOr<VerifyReport> ChunkStore::VerifyInternal(const ProgressFn& progre
   return report;
 }
 
-void ChunkStore::CheckStructureLocked(VerifyReport& report,
-                                      absl::flat_hash_set<ChunkKey>* corrupt,
+void ChunkStore::CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt,
                                       absl::flat_hash_map<ChunkKey, uint32_t>* depths) {
   // Each chunk's depth, from the parent links (memoised by id), for the prefixes' lengths here and
   // the records' depths in CheckKeys. A chain whose first chunk's parent is not stored has none.
@@ -83,8 +82,8 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
       report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
       if (corrupt != nullptr) corrupt->insert(key);
     } else if (depth[it.id()] == kLoop) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(),
-                                             " is on a loop of parent links"));
+      report.problems.push_back(
+          absl::StrCat("chunk ", key.ToHex(), " is on a loop of parent links"));
       if (corrupt != nullptr) corrupt->insert(key);
     } else if (depth[it.id()] != kLost) {
       depths->emplace(key, depth[it.id()]);
@@ -110,8 +109,8 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report,
     }
   }
   if (leaves_.size() > chunks_.size()) {
-    report.problems.push_back(absl::StrCat(leaves_.size(), " leaves for ", chunks_.size(),
-                                           " stored chunks"));
+    report.problems.push_back(
+        absl::StrCat(leaves_.size(), " leaves for ", chunks_.size(), " stored chunks"));
   }
   for (const auto& [id, p] : prefixes_) {
     auto it = chunks_.find(id);
@@ -172,8 +171,8 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
         auto it = chunks_.find(keys[i]);
         if (it == chunks_.end()) continue;  // removed while we verified
         const ChunkEntry& e = it->second;
-        chunks.push_back(PinnedChunks::Chunk{it->first, segments_.at(e.segment).get(), e.slot, {},
-                                             e.importance, e.loads});
+        chunks.push_back(PinnedChunks::Chunk{
+            it->first, segments_.at(e.segment).get(), e.slot, {}, e.importance, e.loads});
         PinLocked(SlotId{e.segment, e.slot});
       }
       handle.reset(new PinnedChunks(this, std::move(chunks)));
@@ -197,22 +196,21 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
                                  pinned[i].checksums, i});
       }
     }
-    absl::Status s = ReadBands(std::move(reads), kMaxIoBytes,
-                               [&](const BandRead& read, uint32_t record, const absl::Status& st,
-                                   const std::byte*) {
-                                 report.records_checked++;
-                                 report.bytes_checked += read.seg->record_bytes(record);
-                                 done_bytes += read.seg->record_stride(read.band);
-                                 if (st.ok()) return;
-                                 if (absl::IsDataLoss(st) &&
-                                     st.message().find("checksum") != std::string_view::npos) {
-                                   report.checksum_failures++;
-                                   if (corrupt != nullptr) corrupt->insert(*read.key);
-                                 } else if (unreadable != nullptr) {
-                                   unreadable->push_back(std::string(st.message()));
-                                 }
-                                 report.problems.push_back(std::string(st.message()));
-                               });
+    absl::Status s = ReadBands(
+        std::move(reads), kMaxIoBytes,
+        [&](const BandRead& read, uint32_t record, const absl::Status& st, const std::byte*) {
+          report.records_checked++;
+          report.bytes_checked += read.seg->record_bytes(record);
+          done_bytes += read.seg->record_stride(read.band);
+          if (st.ok()) return;
+          if (absl::IsDataLoss(st) && st.message().find("checksum") != std::string_view::npos) {
+            report.checksum_failures++;
+            if (corrupt != nullptr) corrupt->insert(*read.key);
+          } else if (unreadable != nullptr) {
+            unreadable->push_back(std::string(st.message()));
+          }
+          report.problems.push_back(std::string(st.message()));
+        });
     CKV_RETURN_IF_ERROR(s);
     report.chunks_checked += std::count(skip.begin(), skip.end(), false);
     if (progress) progress(done_bytes, total_bytes);
@@ -266,8 +264,8 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   for (const ChunkKey& key : dropped_chunks_) {
     if (chunks_.contains(key)) continue;  // a later Put stored it again, soundly
     batch.DeleteChunk(key);
-    report.removed.push_back(absl::StrCat("catalog entry of chunk ", key.ToHex(),
-                                          ": could not be loaded"));
+    report.removed.push_back(
+        absl::StrCat("catalog entry of chunk ", key.ToHex(), ": could not be loaded"));
   }
   for (const ChunkKey& key : dropped_prefixes_) {
     if (chunks_.contains(key)) continue;
@@ -281,8 +279,8 @@ absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
   dropped_prefixes_.clear();
   open_problems_.clear();
   if (!report.removed.empty()) {
-    logger_->Log(LogLevel::kWarning, absl::StrCat("repair of ", path_, " removed ",
-                                                  report.removed.size(), " entries"));
+    logger_->Log(LogLevel::kWarning,
+                 absl::StrCat("repair of ", path_, " removed ", report.removed.size(), " entries"));
   }
   return report;
 }

@@ -193,9 +193,9 @@ class ChunkTable {
   }
 
   std::vector<std::unique_ptr<Slot[]>> blocks_;
-  uint32_t used_ = 0;               // ids handed out: [0, used_)
-  std::vector<uint32_t> free_;      // erased ids, reused first
-  std::vector<uint64_t> live_;      // bit id set = id holds a key
+  uint32_t used_ = 0;           // ids handed out: [0, used_)
+  std::vector<uint32_t> free_;  // erased ids, reused first
+  std::vector<uint64_t> live_;  // bit id set = id holds a key
   absl::flat_hash_set<uint32_t, IdHash, IdEq> index_;
 };
 

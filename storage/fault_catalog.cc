@@ -38,14 +38,12 @@ class CatalogFaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
 
   rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
                            rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), UINT64_MAX,
-                     [&] { return target()->Append(data, o, dbg); });
+    return Appending(data.size(), UINT64_MAX, [&] { return target()->Append(data, o, dbg); });
   }
   rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
                            const rocksdb::DataVerificationInfo& v,
                            rocksdb::IODebugContext* dbg) override {
-    return Appending(data.size(), UINT64_MAX,
-                     [&] { return target()->Append(data, o, v, dbg); });
+    return Appending(data.size(), UINT64_MAX, [&] { return target()->Append(data, o, v, dbg); });
   }
   rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
                                      const rocksdb::IOOptions& o,
@@ -86,9 +84,9 @@ class CatalogFaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
     absl::Status s = fs_->CrashPoint(absl::StrCat("catalog append ", path_));
     if (!s.ok()) return ToIo(s);
     if (fs_->CatalogNoSpace(path_, bytes)) {
-      return rocksdb::IOStatus::NoSpace(
-          absl::StrCat("append ", bytes, " bytes to ", path_, ": No space left on device "
-                       "(injected)"));
+      return rocksdb::IOStatus::NoSpace(absl::StrCat("append ", bytes, " bytes to ", path_,
+                                                     ": No space left on device "
+                                                     "(injected)"));
     }
     const uint64_t before =
         offset != UINT64_MAX ? offset : target()->GetFileSize(rocksdb::IOOptions(), nullptr);
@@ -118,8 +116,7 @@ class CatalogFaultDirectory final : public rocksdb::FSDirectoryWrapper {
   rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
     return Syncing([&] { return FSDirectoryWrapper::Fsync(o, dbg); });
   }
-  rocksdb::IOStatus FsyncWithDirOptions(const rocksdb::IOOptions& o,
-                                        rocksdb::IODebugContext* dbg,
+  rocksdb::IOStatus FsyncWithDirOptions(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg,
                                         const rocksdb::DirFsyncOptions& d) override {
     return Syncing([&] { return FSDirectoryWrapper::FsyncWithDirOptions(o, dbg, d); });
   }

@@ -219,10 +219,10 @@ class FaultIoQueue final : public IoQueue {
     for (const IoOp& op : ops) {
       if (op.file == nullptr || Unwrap(op.file) == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "IoQueue(fault): ", op.file == nullptr ? std::string("an op has no file")
-                                                   : op.file->path() +
-                                                         " was not opened by the fault-injecting "
-                                                         "file system"));
+            "IoQueue(fault): ", op.file == nullptr
+                                    ? std::string("an op has no file")
+                                    : op.file->path() + " was not opened by the fault-injecting "
+                                                        "file system"));
       }
     }
     return IoQueue::SubmitBatch(ops, done);
@@ -253,8 +253,9 @@ class FaultIoQueue final : public IoQueue {
   absl::Status RegisterFile(uint32_t slot, File* file) override {
     FaultFile* f = Unwrap(file);
     if (f == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "IoQueue(fault): RegisterFile ", file->path(), ": not opened by the fault-injecting file system"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("IoQueue(fault): RegisterFile ", file->path(),
+                       ": not opened by the fault-injecting file system"));
     }
     return inner_->RegisterFile(slot, f->inner());
   }
@@ -286,19 +287,18 @@ class FaultIoQueue final : public IoQueue {
     if (std::optional<FaultInjectingFileSystem::OpFault> f =
             fs_->HookFault(path, read, op.offset, op.length, inner_->backend())) {
       if (f->error != 0) {
-        Defer(std::move(*done), ErrnoToStatus(f->error, absl::StrCat(read ? "read " : "write ", path,
-                                                                    " at offset ", op.offset,
-                                                                    " (injected)")));
+        Defer(std::move(*done),
+              ErrnoToStatus(f->error, absl::StrCat(read ? "read " : "write ", path, " at offset ",
+                                                   op.offset, " (injected)")));
         return absl::OkStatus();
       }
       if (f->transfer_limit == 0) {
-        Defer(std::move(*done),
-              read ? absl::DataLossError(absl::StrCat("short read of ", path, " at offset ",
-                                                      op.offset, ": got 0 of ", op.length,
-                                                      " bytes (injected)"))
-                   : absl::InternalError(absl::StrCat("write ", path, " at offset ", op.offset,
-                                                      ": wrote 0 of ", op.length,
-                                                      " bytes (injected)")));
+        Defer(std::move(*done), read ? absl::DataLossError(absl::StrCat(
+                                           "short read of ", path, " at offset ", op.offset,
+                                           ": got 0 of ", op.length, " bytes (injected)"))
+                                     : absl::InternalError(absl::StrCat(
+                                           "write ", path, " at offset ", op.offset,
+                                           ": wrote 0 of ", op.length, " bytes (injected)")));
         return absl::OkStatus();
       }
       if (f->transfer_limit > 0 && static_cast<uint64_t>(f->transfer_limit) < op.length) {
@@ -308,32 +308,33 @@ class FaultIoQueue final : public IoQueue {
         Pieces first_pieces, rest_pieces;
         const IoOp first = Narrow(op, 0, head, &first_pieces);
         const IoOp rest = Narrow(op, head, op.length - head, &rest_pieces);
-        return inner_->Submit(first, [this, file, rest, rest_pieces, first_pieces,
-                                      done](const absl::Status& status) {
-          if (!status.ok()) {
-            Invoke(*done, status);
-            return;
-          }
-          if (absl::Status s = SubmitPiece(file, rest, done); !s.ok()) Invoke(*done, s);
-        });
+        return inner_->Submit(
+            first, [this, file, rest, rest_pieces, first_pieces, done](const absl::Status& status) {
+              if (!status.ok()) {
+                Invoke(*done, status);
+                return;
+              }
+              if (absl::Status s = SubmitPiece(file, rest, done); !s.ok()) Invoke(*done, s);
+            });
       }
     }
     const Decision d = fs_->Decide(
-        path, read ? FaultInjectingFileSystem::OpType::kRead : FaultInjectingFileSystem::OpType::kWrite,
+        path,
+        read ? FaultInjectingFileSystem::OpType::kRead : FaultInjectingFileSystem::OpType::kWrite,
         op.length, file->granule());
     if (d.fault || d.latency_us > 0) fs_->CountQueueFault(inner_->backend(), read);
     if (!d.fault) {
-      return inner_->Submit(op, [this, done](const absl::Status& status) { Invoke(*done, status); });
+      return inner_->Submit(op,
+                            [this, done](const absl::Status& status) { Invoke(*done, status); });
     }
     absl::Status fault_status = FaultFile::FaultStatus(d, path, op.offset, op.length);
     if (FaultFile::TransfersSomething(d)) {
       Pieces partial_pieces;
       const IoOp partial = Narrow(op, 0, d.partial_bytes, &partial_pieces);
-      return inner_->Submit(partial, [this, done, partial_pieces,
-                                      fault_status = std::move(fault_status)](
-                                         const absl::Status& status) {
-        Invoke(*done, status.ok() ? fault_status : status);
-      });
+      return inner_->Submit(
+          partial,
+          [this, done, partial_pieces, fault_status = std::move(fault_status)](
+              const absl::Status& status) { Invoke(*done, status.ok() ? fault_status : status); });
     }
     // Nothing to transfer: the op completes with its fault at the next reap point.
     Defer(std::move(*done), std::move(fault_status));
@@ -374,8 +375,7 @@ class FaultIoQueue final : public IoQueue {
 // ---------------------------------------------------------------------------------------------
 // FaultInjectingFileSystem
 
-FaultInjectingFileSystem::FaultInjectingFileSystem(FileSystem* target, uint64_t seed,
-                                                   Clock* clock)
+FaultInjectingFileSystem::FaultInjectingFileSystem(FileSystem* target, uint64_t seed, Clock* clock)
     : target_(target),
       clock_(clock != nullptr ? clock : RealClock()),
       rng_(seed),
@@ -715,7 +715,8 @@ void FaultInjectingFileSystem::Remember(File* inner, uint64_t offset, size_t len
 
 void FaultInjectingFileSystem::Forget(const std::string& path, uint64_t before) {
   absl::MutexLock lock(&mu_);
-  std::erase_if(unsynced_, [&](const UnsyncedWrite& w) { return w.path == path && w.seq < before; });
+  std::erase_if(unsynced_,
+                [&](const UnsyncedWrite& w) { return w.path == path && w.seq < before; });
 }
 
 absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::ApplyCrash(

@@ -38,18 +38,18 @@
 // for one op) first, then the rules': a partial
 // transfer is delegated with the shortened length and its Status replaced on completion; an op
 // that transfers nothing is not delegated, and its callback runs with the fault's Status from
-// the wrapper's Drain or Reap (or from Submit when `depth` of them are waiting). Callbacks still run
-// exactly once, never nested, never inside a submission.
+// the wrapper's Drain or Reap (or from Submit when `depth` of them are waiting). Callbacks still
+// run exactly once, never nested, never inside a submission.
 //
 // Power loss, simulated: ArmCrash(n) lets n more data operations (writes, queued writes, syncs,
-// punches, allocations, file creations, directory fsyncs) through; the next one "crashes": it is not performed, and from then on
-// every operation of this file system fails with Unavailable "... (simulated crash)", as if the
-// process had died there. While armed, the file system remembers each write not yet covered by
-// a completed Sync of its file, with the bytes it replaced (read just before it). Once the store
-// is closed, ApplyCrash(seed) makes the files look as after a power loss at that point: each
-// remembered write is dropped (its old bytes put back), torn (a random multiple of 4 KiB of its
-// head kept, the rest put back) or kept, a third each, drawn from `seed`; then it disarms.
-// Writes made before arming are not remembered (they count as synced).
+// punches, allocations, file creations, directory fsyncs) through; the next one "crashes": it is
+// not performed, and from then on every operation of this file system fails with Unavailable "...
+// (simulated crash)", as if the process had died there. While armed, the file system remembers each
+// write not yet covered by a completed Sync of its file, with the bytes it replaced (read just
+// before it). Once the store is closed, ApplyCrash(seed) makes the files look as after a power loss
+// at that point: each remembered write is dropped (its old bytes put back), torn (a random multiple
+// of 4 KiB of its head kept, the rest put back) or kept, a third each, drawn from `seed`; then it
+// disarms. Writes made before arming are not remembered (they count as synced).
 //
 // The catalog is behind the same seam (CatalogFileSystem): RocksDB's appends, syncs, file
 // creations, renames and directory fsyncs count as data operations, so the crash can land inside
@@ -157,8 +157,7 @@ class FaultInjectingFileSystem final : public FileSystem {
 
   // `target` and `clock` are not owned; `clock` (nullptr: RealClock()) is what injected latency
   // sleeps on. No rule is set: everything is forwarded unchanged.
-  explicit FaultInjectingFileSystem(FileSystem* target, uint64_t seed = 0,
-                                    Clock* clock = nullptr);
+  explicit FaultInjectingFileSystem(FileSystem* target, uint64_t seed = 0, Clock* clock = nullptr);
   ~FaultInjectingFileSystem() override;
 
   FileSystem* target() const { return target_; }
@@ -322,8 +321,8 @@ class FaultInjectingFileSystem final : public FileSystem {
 
   // A directory entry no directory fsync has made durable.
   struct PendingEntry {
-    std::string path;  // the file created, or the rename's target
-    std::string from;  // a rename's source; empty for a creation
+    std::string path;                     // the file created, or the rename's target
+    std::string from;                     // a rename's source; empty for a creation
     std::optional<std::string> replaced;  // the bytes of the file a rename replaced
   };
   struct CatalogTail {

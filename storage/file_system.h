@@ -220,9 +220,9 @@ class FileSystem {
   virtual ~FileSystem() = default;
 
   enum class OpenMode : uint8_t {
-    kReadWrite,       // must exist
-    kCreateReadWrite, // created when missing
-    kReadOnly         // must exist; writes fail (a read-only store: another process writes it)
+    kReadWrite,        // must exist
+    kCreateReadWrite,  // created when missing
+    kReadOnly          // must exist; writes fail (a read-only store: another process writes it)
   };
   // Opens for direct I/O (O_DIRECT) where the file system supports it.
   virtual absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) = 0;

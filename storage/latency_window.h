@@ -24,11 +24,11 @@ class LatencyWindow {
   static constexpr size_t kWindow = 4096;
 
   struct Summary {
-    uint64_t count = 0;    // latencies recorded in all
-    uint64_t window = 0;   // of which p50 and p99 are computed (the latest, at most kWindow)
+    uint64_t count = 0;   // latencies recorded in all
+    uint64_t window = 0;  // of which p50 and p99 are computed (the latest, at most kWindow)
     uint64_t p50_us = 0;
     uint64_t p99_us = 0;
-    uint64_t max_us = 0;   // over all recorded
+    uint64_t max_us = 0;  // over all recorded
   };
 
   void Record(uint64_t latency_us) {
@@ -45,7 +45,8 @@ class LatencyWindow {
       absl::MutexLock lock(&mu_);
       s.count = count_;
       s.max_us = max_us_;
-      v.assign(ring_.begin(), ring_.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(count_, kWindow)));
+      v.assign(ring_.begin(),
+               ring_.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(count_, kWindow)));
     }
     s.window = v.size();
     if (v.empty()) return s;

@@ -75,8 +75,8 @@ class MemFile final : public File {
     CKV_RETURN_IF_ERROR(CheckAligned("read ", offset, out.data(), out.size()));
     absl::MutexLock lock(&node_->mu);
     const uint64_t size = node_->size;
-    const size_t got = offset >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(
-                                                out.size(), size - offset));
+    const size_t got =
+        offset >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(out.size(), size - offset));
     for (size_t done = 0; done < got; done += kBlock) {
       const size_t n = std::min<size_t>(kBlock, got - done);
       auto it = node_->blocks.find((offset + done) / kBlock);
@@ -172,8 +172,8 @@ class MemFile final : public File {
     const uint64_t end = (offset + length + kBlock - 1) / kBlock;
     for (uint64_t b = offset / kBlock; b < end; ++b) missing += !node_->blocks.contains(b);
     if (node_->usage->Take(missing)) return absl::OkStatus();
-    return ErrnoToStatus(ENOSPC, absl::StrCat(what, path_, " at offset ", offset, " (",
-                                              length, " bytes)"));
+    return ErrnoToStatus(ENOSPC,
+                         absl::StrCat(what, path_, " at offset ", offset, " (", length, " bytes)"));
   }
   using BlockIt = std::map<uint64_t, std::unique_ptr<std::byte[]>>::iterator;
   void EraseLocked(BlockIt first, BlockIt last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(node_->mu) {
@@ -202,8 +202,7 @@ MemFileSystem::~MemFileSystem() = default;
 
 bool MemFileSystem::IsDirLocked(const std::string& path) const { return dirs_.contains(path); }
 
-absl::StatusOr<std::unique_ptr<File>> MemFileSystem::Open(const std::string& raw,
-                                                          OpenMode mode) {
+absl::StatusOr<std::unique_ptr<File>> MemFileSystem::Open(const std::string& raw, OpenMode mode) {
   const std::string path = Normalize(raw);
   absl::MutexLock lock(&mu_);
   if (IsDirLocked(path)) return ErrnoToStatus(EISDIR, absl::StrCat("open ", raw));
@@ -297,8 +296,8 @@ absl::StatusOr<FileSystemSpace> MemFileSystem::Space(const std::string& path) {
         absl::StrCat("the in-memory file system holding ", path, " has no capacity"));
   }
   if (!Exists(path)) return ErrnoToStatus(ENOENT, absl::StrCat("statvfs ", path));
-  const uint64_t used = std::min(usage_->blocks.load(std::memory_order_relaxed),
-                                 usage_->capacity_blocks);
+  const uint64_t used =
+      std::min(usage_->blocks.load(std::memory_order_relaxed), usage_->capacity_blocks);
   return FileSystemSpace{usage_->capacity_blocks * kBlock,
                          (usage_->capacity_blocks - used) * kBlock};
 }

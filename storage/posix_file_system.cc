@@ -133,8 +133,8 @@ absl::Status PosixFile::WriteGatherAt(uint64_t offset, std::span<const IoPiece> 
       const size_t from = i == piece ? skip : 0;
       iov.push_back({const_cast<std::byte*>(pieces[i].data + from), pieces[i].length - from});
     }
-    const ssize_t n = ::pwritev(fd_, iov.data(), static_cast<int>(iov.size()),
-                                static_cast<off_t>(offset));
+    const ssize_t n =
+        ::pwritev(fd_, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
     if (n > 0) {
       offset += static_cast<uint64_t>(n);
       size_t left = static_cast<size_t>(n);
@@ -183,8 +183,7 @@ absl::Status PosixFile::Allocate(uint64_t offset, uint64_t length) {
   if (length == 0) return absl::OkStatus();
   // Mode 0, which extends the file's size over the range: ext4 punches holes only below the size,
   // so blocks reserved past it with KEEP_SIZE could not be given back by PunchHole.
-  if (::fallocate(fd_, 0, static_cast<off_t>(offset),
-                  static_cast<off_t>(length)) != 0) {
+  if (::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(length)) != 0) {
     return ErrnoToStatus(
         errno, absl::StrCat("allocate in ", path_, " at offset ", offset, " length ", length));
   }
@@ -212,7 +211,6 @@ absl::StatusOr<uint64_t> PosixFile::AllocatedBytes() {
 
 // ---------------------------------------------------------------------------------------------
 // The synchronous queue
-
 
 // ---------------------------------------------------------------------------------------------
 // PosixFileSystem

@@ -57,8 +57,8 @@ absl::Status VerifyRecordChecksum(const void* data, size_t bytes, uint64_t expec
                                   const Describe& what) {
   const uint64_t actual = RecordChecksum(data, bytes);
   if (actual == expected) return absl::OkStatus();
-  return absl::DataLossError(absl::StrFormat("%s: checksum 0x%016x != 0x%016x", what(), actual,
-                                             expected));
+  return absl::DataLossError(
+      absl::StrFormat("%s: checksum 0x%016x != 0x%016x", what(), actual, expected));
 }
 
 }  // namespace ckv::storage

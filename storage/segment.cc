@@ -75,8 +75,8 @@ uint64_t Segment::BandOffset(uint32_t band, uint32_t slot) const {
   const uint64_t layer_band_region =
       uint64_t{geometry_.capacity_slots} * geometry_.band_layers * geometry_.record_slot_bytes;
   if (band < layer_bands()) return band * layer_band_region + slot * band_slot_bytes(band);
-  uint64_t offset = uint64_t{geometry_.capacity_slots} * geometry_.layers *
-                    geometry_.record_slot_bytes;
+  uint64_t offset =
+      uint64_t{geometry_.capacity_slots} * geometry_.layers * geometry_.record_slot_bytes;
   for (uint32_t b = layer_bands(); b < band; ++b) {
     offset += uint64_t{geometry_.capacity_slots} * band_slot_bytes(b);
   }
@@ -86,7 +86,8 @@ uint64_t Segment::BandOffset(uint32_t band, uint32_t slot) const {
 uint64_t Segment::RecordOffset(uint32_t slot, uint32_t record) const {
   CKV_DCHECK(slot < geometry_.capacity_slots && record < records());
   const uint32_t band = band_of(record);
-  return BandOffset(band, slot) + uint64_t{record - first_record_of_band(band)} * record_stride(band);
+  return BandOffset(band, slot) +
+         uint64_t{record - first_record_of_band(band)} * record_stride(band);
 }
 
 void Segment::BeginLoad() {

@@ -11,11 +11,11 @@
 //
 // After the layer bands come the auxiliary bands, one per auxiliary record (the key summaries),
 // each with slots of that record's size rounded up to 4096, so the summaries of consecutive slots
-// are one contiguous run too. In layer-major, layer l of consecutive slots is one contiguous run, and in period-major one
-// chunk's records of a period are. record_slot is the record size rounded up to 4096 for direct
-// I/O. Files are sparse: a slot's blocks exist while a chunk lives in it; a freed slot is punched,
-// or, when the reclaimer freed it, keeps its blocks for the next Put to write over (ChunkStore
-// counts those against the cap). See docs/format.md.
+// are one contiguous run too. In layer-major, layer l of consecutive slots is one contiguous run,
+// and in period-major one chunk's records of a period are. record_slot is the record size rounded
+// up to 4096 for direct I/O. Files are sparse: a slot's blocks exist while a chunk lives in it; a
+// freed slot is punched, or, when the reclaimer freed it, keeps its blocks for the next Put to
+// write over (ChunkStore counts those against the cap). See docs/format.md.
 //
 // Thread-safety: geometry methods are const and thread-safe. The allocator (Allocate/Free) is not
 // synchronised: ChunkStore calls it under its mutex. The File is thread-safe.

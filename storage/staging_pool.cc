@@ -54,7 +54,8 @@ void StagingPool::AllocateLocked() {
     auto lane = std::make_unique<Lane>();
     const size_t first = l * per_lane;
     const size_t last = l + 1 == lane_count_ ? buffer_count_ : first + per_lane;
-    for (size_t b = first; b < last; ++b) lane->buffers.push_back(memory_.data() + b * buffer_bytes_);
+    for (size_t b = first; b < last; ++b)
+      lane->buffers.push_back(memory_.data() + b * buffer_bytes_);
     free_.push_back(lane.get());
     lanes_.push_back(std::move(lane));
   }

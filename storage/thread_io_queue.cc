@@ -164,7 +164,8 @@ class ThreadIoQueue final : public IoQueue {
       } else if (!op.gather.empty()) {
         r->status = op.file->WriteGatherAt(op.offset, op.gather);
       } else {
-        r->status = op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
+        r->status =
+            op.file->WriteAt(op.offset, {static_cast<const std::byte*>(op.buffer), op.length});
       }
       mu_.Lock();
       CKV_DCHECK(running_ > 0);
@@ -212,8 +213,8 @@ class ThreadIoQueue final : public IoQueue {
   }
 
   const uint32_t depth_;
-  std::vector<Request> table_;   // never resized: pointers stay valid
-  std::vector<Request*> free_;   // the queue's thread only
+  std::vector<Request> table_;                           // never resized: pointers stay valid
+  std::vector<Request*> free_;                           // the queue's thread only
   std::deque<std::pair<Callback, absl::Status>> ready_;  // the queue's thread only
   bool running_callbacks_ = false;
   std::vector<std::thread> workers_;  // started by the queue's thread, joined at destruction

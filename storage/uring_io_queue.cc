@@ -245,7 +245,8 @@ class UringIoQueue final : public IoQueue {
     fds_.assign(slots, -1);
     const int ret = io_uring_register_files_sparse(&ring_, slots);
     if (ret < 0) {
-      return ErrnoToStatus(-ret, absl::StrCat("io_uring_register_files_sparse of ", slots, " slots"));
+      return ErrnoToStatus(-ret,
+                           absl::StrCat("io_uring_register_files_sparse of ", slots, " slots"));
     }
     fixed_files_ = true;
     return absl::OkStatus();
@@ -254,8 +255,9 @@ class UringIoQueue final : public IoQueue {
   absl::Status RegisterFile(uint32_t slot, File* file) override {
     auto* posix = dynamic_cast<PosixFile*>(file);
     if (posix == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "IoQueue(io_uring): RegisterFile ", file->path(), ": not opened by the POSIX file system"));
+      return absl::InvalidArgumentError(absl::StrCat("IoQueue(io_uring): RegisterFile ",
+                                                     file->path(),
+                                                     ": not opened by the POSIX file system"));
     }
     if (slot >= fds_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("IoQueue(io_uring): RegisterFile ",
@@ -284,10 +286,11 @@ class UringIoQueue final : public IoQueue {
   absl::Status RegisterBuffers(std::span<const std::span<std::byte>> buffers) override {
     std::vector<iovec> iovs(buffers.size());
     for (size_t i = 0; i < buffers.size(); ++i) iovs[i] = {buffers[i].data(), buffers[i].size()};
-    const int ret = io_uring_register_buffers(&ring_, iovs.data(), static_cast<unsigned>(iovs.size()));
+    const int ret =
+        io_uring_register_buffers(&ring_, iovs.data(), static_cast<unsigned>(iovs.size()));
     if (ret < 0) {
-      return ErrnoToStatus(-ret, absl::StrCat("io_uring_register_buffers of ", buffers.size(),
-                                              " buffers"));
+      return ErrnoToStatus(
+          -ret, absl::StrCat("io_uring_register_buffers of ", buffers.size(), " buffers"));
     }
     fixed_buffers_ = true;
     return absl::OkStatus();
@@ -308,7 +311,7 @@ class UringIoQueue final : public IoQueue {
     int retries = 0;          // EINTR/EAGAIN in a row
     Callback callback;
     bool in_use = false;
-    std::vector<iovec> iov;   // a gathered write's pieces not yet transferred (WRITEV)
+    std::vector<iovec> iov;  // a gathered write's pieces not yet transferred (WRITEV)
   };
 
   // The queue broke during a batch: the call reports `status` instead of the batch's callbacks.
@@ -501,10 +504,9 @@ class UringIoQueue final : public IoQueue {
       if (read) {  // end of file
         Complete(request, ShortReadError(*request));
       } else {  // not expected of a regular file; resubmitting could spin forever
-        Complete(request,
-                 absl::InternalError(absl::StrCat("write ", op.file->path(), " at offset ",
-                                                  op.offset + request->done_bytes, ": wrote 0 of ",
-                                                  remaining, " bytes")));
+        Complete(request, absl::InternalError(absl::StrCat("write ", op.file->path(), " at offset ",
+                                                           op.offset + request->done_bytes,
+                                                           ": wrote 0 of ", remaining, " bytes")));
       }
       return;
     }
@@ -523,8 +525,8 @@ class UringIoQueue final : public IoQueue {
     if (auto* file = dynamic_cast<PosixFile*>(r.op.file); file != nullptr) {
       return file->TransferError(err, read, offset, r.op.buffer + r.done_bytes, remaining);
     }
-    return ErrnoToStatus(err, absl::StrCat(read ? "read " : "write ", r.op.file->path(),
-                                           " at offset ", offset));
+    return ErrnoToStatus(
+        err, absl::StrCat(read ? "read " : "write ", r.op.file->path(), " at offset ", offset));
   }
 
   static absl::Status ShortReadError(const Request& r) {
@@ -593,7 +595,7 @@ class UringIoQueue final : public IoQueue {
   bool running_callbacks_ = false;
   bool shutting_down_ = false;
   absl::Status broken_;
-  std::vector<int> fds_;  // by registered slot; -1 when free
+  std::vector<int> fds_;                        // by registered slot; -1 when free
   std::vector<std::pair<int, bool>> resolved_;  // SubmitBatch's scratch: fd, fixed file
   std::vector<Request*> batch_;                 // SubmitBatch's scratch: the batch's Requests
   bool fixed_files_ = false;

@@ -56,8 +56,8 @@ TEST(AssertDeathTest, SegmentDoubleFreeStopsTheProcess) {
   auto file = fs.Open("/seg", storage::FileSystem::OpenMode::kCreateReadWrite);
   ASSERT_TRUE(file.ok()) << file.status();
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
-  const storage::SegmentRecord geometry = storage::Segment::GeometryFor(
-      spec, RecordLayout::kLayerMajor, 1, 64 << 20, 0, {});
+  const storage::SegmentRecord geometry =
+      storage::Segment::GeometryFor(spec, RecordLayout::kLayerMajor, 1, 64 << 20, 0, {});
   storage::Segment segment(1, geometry, std::move(*file));
   const storage::SlotRun run = segment.Allocate(2);
   ASSERT_EQ(run.count, 2u);
@@ -72,7 +72,8 @@ TEST(AssertDeathTest, SegmentDoubleFreeStopsTheProcess) {
 // the second completion, before a staging buffer is handed to two ops.
 class TwiceCompletingQueue final : public storage::IoQueue {
  public:
-  explicit TwiceCompletingQueue(std::unique_ptr<storage::IoQueue> inner) : inner_(std::move(inner)) {}
+  explicit TwiceCompletingQueue(std::unique_ptr<storage::IoQueue> inner)
+      : inner_(std::move(inner)) {}
   absl::Status Submit(const storage::IoOp& op, Callback done) override {
     return inner_->Submit(op, [done = std::move(done)](const absl::Status& status) {
       done(status);

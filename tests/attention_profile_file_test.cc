@@ -83,9 +83,9 @@ TEST(AttentionProfileFileTest, ReadsBackTheShapeTokensQueriesAndKv) {
   ASSERT_EQ(rec->size(), 2 * 2 * half * 2);
   const size_t l0 = (1 * 2 + 0) * size_t{t_all} * row;
   EXPECT_EQ(HalfAt(*rec, 0), p.k[l0]);
-  EXPECT_EQ(HalfAt(*rec, half), p.v[l0]);                       // chunk 0's V
-  EXPECT_EQ(HalfAt(*rec, 2 * half + 3), p.k[l0 + half + 3]);    // chunk 1's K
-  EXPECT_EQ(HalfAt(*rec, 3 * half + 3), p.v[l0 + half + 3]);    // chunk 1's V
+  EXPECT_EQ(HalfAt(*rec, half), p.v[l0]);                     // chunk 0's V
+  EXPECT_EQ(HalfAt(*rec, 2 * half + 3), p.k[l0 + half + 3]);  // chunk 1's K
+  EXPECT_EQ(HalfAt(*rec, 3 * half + 3), p.v[l0 + half + 3]);  // chunk 1's V
 
   EXPECT_EQ(file.ReadKv(2, 8).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(file.ReadKv(0, 65).status().code(), absl::StatusCode::kInvalidArgument);

@@ -72,7 +72,9 @@ struct TestProfile {
     }
     std::vector<safetensors::TensorData> all = {
         {"k", k_dtype, k_shape, k_bytes},
-        {"v", safetensors::Dtype::kF16, {c, layers, t, kv_heads, head_dim},
+        {"v",
+         safetensors::Dtype::kF16,
+         {c, layers, t, kv_heads, head_dim},
          std::as_bytes(std::span(v))},
         {"q", q_dtype, {c, turns, layers, window, q_heads, head_dim}, q_bytes},
         {"tokens", safetensors::Dtype::kI32, {c, t}, std::as_bytes(std::span(tokens))},
@@ -95,8 +97,10 @@ struct TestProfile {
         {"rope_theta", "10000.0"},
     };
     for (const auto& [key, value] : metadata_overrides) {
-      if (value.empty()) meta.erase(key);
-      else meta[key] = value;
+      if (value.empty())
+        meta.erase(key);
+      else
+        meta[key] = value;
     }
     return safetensors::WriteFile(path, std::move(written), meta);
   }

@@ -22,13 +22,13 @@ TEST(BlockTraceTest, DetectsTheFormatFromTheFirstRequest) {
             TraceFormat::kCkv);
   EXPECT_EQ(*DetectTraceFormat("{\"timestamp\": 0, \"hash_ids\": [1]}\nnot json", "t"),
             TraceFormat::kMooncake);
-  EXPECT_EQ(*DetectTraceFormat("{\"chat_id\": 3, \"hash_ids\": [1]}", "t"),
-            TraceFormat::kBailian);
-  EXPECT_EQ(DetectTraceFormat(" \n\n", "t.jsonl").status().message(), "t.jsonl: the trace is empty");
+  EXPECT_EQ(*DetectTraceFormat("{\"chat_id\": 3, \"hash_ids\": [1]}", "t"), TraceFormat::kBailian);
+  EXPECT_EQ(DetectTraceFormat(" \n\n", "t.jsonl").status().message(),
+            "t.jsonl: the trace is empty");
   const auto unknown = DetectTraceFormat("\n{\"prompt\": \"hi\"}", "t.jsonl");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(unknown.status().message(),
-                               "t.jsonl:2: cannot tell the trace format"))
+  EXPECT_TRUE(
+      absl::StartsWith(unknown.status().message(), "t.jsonl:2: cannot tell the trace format"))
       << unknown.status();
   EXPECT_EQ(*ParseTraceFormat("bailian"), TraceFormat::kBailian);
   EXPECT_EQ(ParseTraceFormat("sharegpt").status().message(),
@@ -37,7 +37,8 @@ TEST(BlockTraceTest, DetectsTheFormatFromTheFirstRequest) {
 
 TEST(BlockTraceTest, ParsesMooncakeWithItsPartialLastBlock) {
   const std::string text =
-      "{\"timestamp\": 1500, \"input_length\": 1030, \"output_length\": 7, \"hash_ids\": [4, 9, 2]}\n"
+      "{\"timestamp\": 1500, \"input_length\": 1030, \"output_length\": 7, \"hash_ids\": [4, 9, "
+      "2]}\n"
       "\n"
       "{\"timestamp\": 2000, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [4],"
       " \"extra\": true}\n";
@@ -90,9 +91,9 @@ TEST(BlockTraceTest, BlockTokensScaleEveryBlockAndThePartialLastOneRoundsUp) {
   auto trace = ParseBlockTrace(text, "m.jsonl", TraceFormat::kMooncake, options);
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_EQ(trace->block_tokens, 32u);
-  EXPECT_EQ(trace->requests[0].tokens, 65u);   // 2 * 32 + ceil(1 * 32 / 512)
-  EXPECT_EQ(trace->requests[1].tokens, 96u);   // a whole last block
-  EXPECT_EQ(trace->requests[2].tokens, 7u);    // ceil(100 * 32 / 512)
+  EXPECT_EQ(trace->requests[0].tokens, 65u);  // 2 * 32 + ceil(1 * 32 / 512)
+  EXPECT_EQ(trace->requests[1].tokens, 96u);  // a whole last block
+  EXPECT_EQ(trace->requests[2].tokens, 7u);   // ceil(100 * 32 / 512)
   options.max_requests = 2;
   trace = ParseBlockTrace(text + "not json\n", "m.jsonl", TraceFormat::kMooncake, options);
   ASSERT_TRUE(trace.ok()) << "lines past --max-requests are not read: " << trace.status();
@@ -179,10 +180,9 @@ TEST(BlockTraceTest, LimitsBoundLinesRequestsAndTheWholeTrace) {
   EXPECT_TRUE(ParseBlockTrace(line, "m", TraceFormat::kMooncake, small, limits).ok());
   limits = {};
   limits.max_total_tokens = 2047;
-  EXPECT_EQ(ParseBlockTrace(line + line, "m", TraceFormat::kMooncake, {}, limits)
-                .status()
-                .message(),
-            "m:2: the trace reaches 2048 tokens at 512 per block; the limit is 2047");
+  EXPECT_EQ(
+      ParseBlockTrace(line + line, "m", TraceFormat::kMooncake, {}, limits).status().message(),
+      "m:2: the trace reaches 2048 tokens at 512 per block; the limit is 2047");
   small.block_tokens = 65537;
   EXPECT_EQ(ParseBlockTrace(line, "m", TraceFormat::kMooncake, small).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -107,14 +107,15 @@ TEST(CatalogScanTest, ARecordThatDoesNotDecodeIsDataLossNamingItsChunk) {
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, cfs, &handles, &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], EncodeChunkKey(bad), "\x01short").ok());
+    ASSERT_TRUE(
+        db->Put(rocksdb::WriteOptions(), handles[1], EncodeChunkKey(bad), "\x01short").ok());
     for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   }
   Catalog::Contents contents;
   auto catalog = Catalog::Open(path, false, false, &contents);
   ASSERT_TRUE(catalog.ok()) << catalog.status();
-  const absl::Status s = (*catalog)->ScanChunks(
-      [](const ChunkKey&, const ChunkRecord&) { return absl::OkStatus(); });
+  const absl::Status s =
+      (*catalog)->ScanChunks([](const ChunkKey&, const ChunkRecord&) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find(bad.ToHex()), std::string::npos) << s;
 }

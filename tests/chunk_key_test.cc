@@ -25,10 +25,7 @@ std::vector<int32_t> Iota(size_t n, int32_t first = 0) {
 
 TEST(ChunkKeyTest, HexRoundTrip) {
   const ChunkKey keys[] = {
-      {0, 0},
-      {0x0123456789abcdefULL, 0xfedcba9876543210ULL},
-      {~uint64_t{0}, ~uint64_t{0}},
-      {1, 0},
+      {0, 0}, {0x0123456789abcdefULL, 0xfedcba9876543210ULL}, {~uint64_t{0}, ~uint64_t{0}}, {1, 0},
       {0, 1},
   };
   for (const ChunkKey& k : keys) {
@@ -48,12 +45,12 @@ TEST(ChunkKeyTest, HexRoundTrip) {
 TEST(ChunkKeyTest, FromHexRejectsBadInput) {
   const std::string bad[] = {
       "",
-      "0123456789abcdef0123456789abcde",    // 31 digits
-      "0123456789abcdef0123456789abcdef0",  // 33 digits
-      "0123456789abcdef0123456789abcdeg",   // not hex
-      "0x23456789abcdef0123456789abcdef",   // prefix
-      " 123456789abcdef0123456789abcdef",   // space
-      "-123456789abcdef0123456789abcdef",   // sign
+      "0123456789abcdef0123456789abcde",             // 31 digits
+      "0123456789abcdef0123456789abcdef0",           // 33 digits
+      "0123456789abcdef0123456789abcdeg",            // not hex
+      "0x23456789abcdef0123456789abcdef",            // prefix
+      " 123456789abcdef0123456789abcdef",            // space
+      "-123456789abcdef0123456789abcdef",            // sign
       std::string(32, '0').replace(16, 1, 1, '\0'),  // NUL inside
   };
   for (const std::string& s : bad) {

@@ -335,11 +335,9 @@ TEST_F(SmallDiskTest, APutLargerThanTheDiskIsRefusedBeforeAnythingIsEvicted) {
   EXPECT_THAT(std::string(put.status().message()),
               ::testing::AllOf(
                   ::testing::HasSubstr(absl::StrCat(big_chunks, " new chunks (",
-                                                    big_chunks * ChunkDiskBytes(spec_),
-                                                    " bytes)")),
+                                                    big_chunks * ChunkDiskBytes(spec_), " bytes)")),
                   ::testing::HasSubstr(absl::StrCat("can never fit the file system holding ",
-                                                    dir_.path(), ": it is ", kDiskBytes,
-                                                    " bytes")),
+                                                    dir_.path(), ": it is ", kDiskBytes, " bytes")),
                   ::testing::HasSubstr("nothing was evicted")));
   const EngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.chunks_evicted, 0u);
@@ -459,14 +457,13 @@ class FullDiskOpenTest : public SmallDiskTest {
   // the catalog's appends fail while less than 512 KiB is free (the catalog shares the disk).
   void FillTheRestAndClose() {
     engine_.reset();
-    auto filler = mem_.Open(dir_.path() + "/filler", storage::FileSystem::OpenMode::kCreateReadWrite);
+    auto filler =
+        mem_.Open(dir_.path() + "/filler", storage::FileSystem::OpenMode::kCreateReadWrite);
     ASSERT_TRUE(filler.ok()) << filler.status();
     const uint64_t left = mem_.Space(dir_.path())->available_bytes;
     ASSERT_TRUE((*filler)->Allocate(0, left).ok());
     ASSERT_EQ(mem_.Space(dir_.path())->available_bytes, 0u);
-    fs_.AddRule({.write_enospc = 1,
-                 .catalog_writes = true,
-                 .applies = [this] {
+    fs_.AddRule({.write_enospc = 1, .catalog_writes = true, .applies = [this] {
                    return mem_.Space(dir_.path())->available_bytes < (512u << 10);
                  }});
     options_.create_if_missing = false;

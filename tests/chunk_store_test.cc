@@ -20,9 +20,9 @@ namespace ckv {
 namespace {
 
 using ::ckv::testing::ChunkDiskBytes;
-using ::ckv::testing::RecordsPerChunk;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
+using ::ckv::testing::RecordsPerChunk;
 using ::ckv::testing::SegmentBlocksBytes;
 using ::ckv::testing::TempDir;
 
@@ -89,16 +89,18 @@ std::vector<RoundTripCase> AllRoundTripCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PresetsDtypesLayouts, RoundTripTest, ::testing::ValuesIn(AllRoundTripCases()),
-    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
-      std::string name = info.param.preset + "_" + std::string(DTypeName(info.param.dtype)) +
-                         (info.param.layout == RecordLayout::kLayerMajor ? "_layer" : "_period");
-      for (char& ch : name) {
-        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(PresetsDtypesLayouts, RoundTripTest,
+                         ::testing::ValuesIn(AllRoundTripCases()),
+                         [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+                           std::string name =
+                               info.param.preset + "_" + std::string(DTypeName(info.param.dtype)) +
+                               (info.param.layout == RecordLayout::kLayerMajor ? "_layer"
+                                                                               : "_period");
+                           for (char& ch : name) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
 
 TEST(ChunkStoreTest, SharedLeadingChunksAreWrittenOnce) {
   auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
@@ -120,7 +122,8 @@ TEST(ChunkStoreTest, SharedLeadingChunksAreWrittenOnce) {
   EXPECT_EQ(engine->Stats().chunks, 20u);
   EXPECT_EQ(engine->Stats().disk_bytes_used, 20 * ChunkBytes(spec));
   EXPECT_GE(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec));
-  EXPECT_LE(SegmentBlocksBytes(dir.path()), 20 * ChunkBytes(spec) + FsMetadataSlack(20 * ChunkBytes(spec)));
+  EXPECT_LE(SegmentBlocksBytes(dir.path()),
+            20 * ChunkBytes(spec) + FsMetadataSlack(20 * ChunkBytes(spec)));
   // A Put of a stored prefix writes nothing.
   auto again = PutSynthetic(*engine, spec, a);
   ASSERT_TRUE(again.ok());
@@ -185,7 +188,8 @@ TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
         EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
         EXPECT_NE(s.message().find("checksum"), absl::string_view::npos) << s;
         // Nothing of the corrupt record reached the caller.
-        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+        EXPECT_TRUE(
+            std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
       } else {
         ASSERT_TRUE(s.ok()) << "chunk " << i << " layer " << l << ": " << s;
         synth::FillRecord(spec, keys[i], l, want);
@@ -289,8 +293,7 @@ TEST(ChunkStoreTest, AStaleCatalogEntryNamingAReusedSlotIsDataLossNeverTheOtherC
     const absl::Status s = engine->ReadRecord(spec, a, l, out);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "layer " << l << ": " << s;
   }
-  EXPECT_TRUE(
-      std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x5a}; }))
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x5a}; }))
       << "no byte of b's record reached the caller";
   EXPECT_EQ(engine->ReadRecord(spec, b, 0, out).code(), absl::StatusCode::kNotFound);
   // Verify, which reads through the batched read path, fails every record of a: its layers' and
@@ -313,7 +316,7 @@ TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {
     // Prefixes of 3..10 chunks, some sharing a system prompt of 2 chunks.
     const size_t chunks = 3 + (i * 7) % 8;
     auto tokens = (i % 3 == 0) ? synth::TokensWithSharedPrefix(99, 2 * spec.chunk_tokens, 1000 + i,
-                                                                chunks * spec.chunk_tokens)
+                                                               chunks * spec.chunk_tokens)
                                : synth::Tokens(1000 + i, chunks * spec.chunk_tokens);
     auto put = PutSynthetic(*engine, spec, tokens);
     ASSERT_TRUE(put.ok()) << "put " << i << ": " << put.status();
@@ -497,7 +500,8 @@ TEST(ChunkStoreTest, DeleteFreesOnlyWhatNoOtherPrefixUses) {
   EXPECT_EQ(*engine->Lookup(spec, b), 4u);
   EXPECT_EQ(*engine->Lookup(spec, a), 6u);
   EXPECT_GE(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec));
-  EXPECT_LE(SegmentBlocksBytes(dir.path()), 6 * ChunkBytes(spec) + FsMetadataSlack(6 * ChunkBytes(spec)));
+  EXPECT_LE(SegmentBlocksBytes(dir.path()),
+            6 * ChunkBytes(spec) + FsMetadataSlack(6 * ChunkBytes(spec)));
   EXPECT_EQ(engine->Delete(spec, b).code(), absl::StatusCode::kNotFound);
   CKV_EXPECT_OK(engine->Delete(spec, a));
   EXPECT_EQ(engine->Stats().chunks, 0u);
@@ -625,9 +629,10 @@ TEST(OpenTest, UnwritableDirectoryIsPermissionDenied) {
 
 // Opens the catalog of the closed store in `store` with RocksDB itself and lets `edit` change it
 // (handles in the order default, chunks, prefixes, segments, statistics, meta).
-void EditCatalog(const TempDir& store,
-                 const std::function<void(rocksdb::DB*,
-                                          const std::vector<rocksdb::ColumnFamilyHandle*>&)>& edit) {
+void EditCatalog(
+    const TempDir& store,
+    const std::function<void(rocksdb::DB*, const std::vector<rocksdb::ColumnFamilyHandle*>&)>&
+        edit) {
   rocksdb::DBOptions db_options;
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   for (const char* name : {"default", storage::kCfChunks, storage::kCfPrefixes,
@@ -650,8 +655,9 @@ rocksdb::WriteOptions SyncedWrite() {
 
 void SetFormatVersion(const TempDir& store, uint32_t version) {
   EditCatalog(store, [&](rocksdb::DB* db, const auto& handles) {
-    ASSERT_TRUE(db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion,
-                        storage::EncodeU32(version)).ok());
+    ASSERT_TRUE(
+        db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion, storage::EncodeU32(version))
+            .ok());
   });
 }
 
@@ -691,12 +697,13 @@ TEST(OpenTest, AVersion1StoreIsReadAndUpgradedOnOpen) {
       auto g = storage::DecodeSegmentRecord(it->value().ToString(), "segment");
       ASSERT_TRUE(g.ok()) << g.status();
       std::string v1 = storage::EncodeSegmentRecord(*g);
-      v1[0] = 1;                // encoding version 1...
+      v1[0] = 1;                 // encoding version 1...
       v1.resize(v1.size() - 4);  // ...without the auxiliary record count
       ASSERT_TRUE(db->Put(SyncedWrite(), handles[3], it->key(), v1).ok());
     }
-    ASSERT_TRUE(db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion,
-                        storage::EncodeU32(1)).ok());
+    ASSERT_TRUE(
+        db->Put(SyncedWrite(), handles[5], storage::kMetaFormatVersion, storage::EncodeU32(1))
+            .ok());
   });
   {
     auto engine = OpenOrDie(dir.path());

@@ -108,11 +108,9 @@ TEST(ChunkValueTest, HeadAndRecordsReadApartVerify) {
           << other;
     }
     rec[7] ^= 0x10;
-    EXPECT_EQ(VerifyChunkRecord(spec, key, *head, l, bytes()).code(),
-              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(VerifyChunkRecord(spec, key, *head, l, bytes()).code(), absl::StatusCode::kDataLoss);
     rec.pop_back();
-    EXPECT_EQ(VerifyChunkRecord(spec, key, *head, l, bytes()).code(),
-              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(VerifyChunkRecord(spec, key, *head, l, bytes()).code(), absl::StatusCode::kDataLoss);
   }
   // Every flipped byte of the head, and a head one byte short or long, is DataLoss.
   for (size_t i = 0; i < head_bytes.size(); ++i) {

@@ -88,8 +88,8 @@ TEST(ClusterClientCreateTest, NoClusterIsUnavailableWithinTheDeadline) {
 }
 
 TEST_F(ClusterClientTest, KeySlotAgreesWithTheServer) {
-  for (const std::string key : {"foo", "bar", "{user1000}.following", "ckv:abc:0123", "a{}b",
-                                "x{y}z{w}"}) {
+  for (const std::string key :
+       {"foo", "bar", "{user1000}.following", "ckv:abc:0123", "a{}b", "x{y}z{w}"}) {
     const std::string answer = cluster_->Cli(0, absl::StrCat("CLUSTER KEYSLOT '", key, "'"));
     EXPECT_EQ(std::stoul(answer), KeySlot(key)) << key;
   }
@@ -187,12 +187,16 @@ TEST_F(ClusterClientTest, SlotMigrationFollowsAskThenMoved) {
   const std::string target_id = cluster_->NodeId(target);
   // Half-migrated: one key already on the target, the other still on the source.
   ASSERT_NE(cluster_->Cli(target, absl::StrCat("CLUSTER SETSLOT ", slot, " IMPORTING ", source_id))
-                .find("OK"), std::string::npos);
+                .find("OK"),
+            std::string::npos);
   ASSERT_NE(cluster_->Cli(source, absl::StrCat("CLUSTER SETSLOT ", slot, " MIGRATING ", target_id))
-                .find("OK"), std::string::npos);
-  ASSERT_NE(cluster_->Cli(source, absl::StrCat("MIGRATE 127.0.0.1 ", cluster_->port(target),
-                                               " '' 0 5000 KEYS '", moved_key, "'"))
-                .find("OK"), std::string::npos);
+                .find("OK"),
+            std::string::npos);
+  ASSERT_NE(cluster_
+                ->Cli(source, absl::StrCat("MIGRATE 127.0.0.1 ", cluster_->port(target),
+                                           " '' 0 5000 KEYS '", moved_key, "'"))
+                .find("OK"),
+            std::string::npos);
   auto got = client->MultiGet({moved_key, staying_key});
   ASSERT_TRUE(got[0].ok()) << got[0].status();
   ASSERT_TRUE(got[1].ok()) << got[1].status();
@@ -202,9 +206,11 @@ TEST_F(ClusterClientTest, SlotMigrationFollowsAskThenMoved) {
   EXPECT_EQ(client->stats().moved_redirects, 0u);
 
   // The migration ends: the slot belongs to the target, everywhere.
-  ASSERT_NE(cluster_->Cli(source, absl::StrCat("MIGRATE 127.0.0.1 ", cluster_->port(target),
-                                               " '' 0 5000 KEYS '", staying_key, "'"))
-                .find("OK"), std::string::npos);
+  ASSERT_NE(cluster_
+                ->Cli(source, absl::StrCat("MIGRATE 127.0.0.1 ", cluster_->port(target),
+                                           " '' 0 5000 KEYS '", staying_key, "'"))
+                .find("OK"),
+            std::string::npos);
   for (int i = 0; i < cluster_->size(); ++i) {
     if (!cluster_->IsMaster(i)) continue;
     cluster_->Cli(i, absl::StrCat("CLUSTER SETSLOT ", slot, " NODE ", target_id));
@@ -364,9 +370,9 @@ TEST(ClusterClientFailoverTest, KilledMasterReplicaTakesOver) {
   // What the reader saw, call by call.
   struct Seen {
     int calls = 0;
-    int failed_calls = 0;         // calls with at least one failed key
+    int failed_calls = 0;          // calls with at least one failed key
     int served_while_failing = 0;  // keys served by calls that also had failures
-    int ok_after_failure = 0;     // calls that served every key after one that failed
+    int ok_after_failure = 0;      // calls that served every key after one that failed
     absl::Duration longest_call;
     std::vector<std::string> problems;  // a hang, a miss, wrong bytes, an unexpected status
   };

@@ -51,9 +51,9 @@ std::vector<float> RecordValues(const ModelSpec& spec, uint64_t seed) {
   std::vector<float> x(2 * n);
   for (size_t i = 0; i < 2 * n; ++i) x[i] = normal(rng) * channel_scale[i % hd];
   for (size_t t = 0; t < spec.chunk_tokens; ++t) x[t * hd + 3] = 0;  // a zero key channel
-  std::fill(x.begin() + n + hd, x.begin() + n + 2 * hd, 0.0f);      // a zero value token
-  x[5] = 60000.0f;                                                  // an outlier key
-  x[n + 7] = -60000.0f;                                             // an outlier value
+  std::fill(x.begin() + n + hd, x.begin() + n + 2 * hd, 0.0f);       // a zero value token
+  x[5] = 60000.0f;                                                   // an outlier key
+  x[n + 7] = -60000.0f;                                              // an outlier value
   return x;
 }
 
@@ -109,9 +109,9 @@ TEST(CodecTest, EachCodecRoundTripsWithinItsStatedBoundAndDecodesToTheSameBitsEv
       kernels::ToFloat(dtype, input.data(), 2 * n, as_given.data());
       const std::span<const std::byte> in(input);
       std::vector<std::byte> record(spec.RecordBytes());
-      ASSERT_TRUE(EncodeRecord(spec, in.first(input.size() / 2), in.subspan(input.size() / 2),
-                               record)
-                      .ok());
+      ASSERT_TRUE(
+          EncodeRecord(spec, in.first(input.size() / 2), in.subspan(input.size() / 2), record)
+              .ok());
       std::vector<std::byte> decoded(spec.DecodedRecordBytes()), again(decoded.size());
       ASSERT_TRUE(DecodeRecord(spec, record, decoded).ok());
       ASSERT_TRUE(DecodeRecord(spec, record, again).ok());
@@ -171,9 +171,8 @@ TEST(CodecTest, ExtremesDecodeFiniteAndNaNAsZero) {
     kernels::FromFloat(DType::kFp16, x.data(), 2 * n, input.data());
     const std::span<const std::byte> in(input);
     std::vector<std::byte> record(spec.RecordBytes()), decoded(spec.DecodedRecordBytes());
-    ASSERT_TRUE(EncodeRecord(spec, in.first(input.size() / 2), in.subspan(input.size() / 2),
-                             record)
-                    .ok());
+    ASSERT_TRUE(
+        EncodeRecord(spec, in.first(input.size() / 2), in.subspan(input.size() / 2), record).ok());
     ASSERT_TRUE(DecodeRecord(spec, record, decoded).ok());
     std::vector<float> got(2 * n);
     kernels::ToFloat(DType::kFp16, decoded.data(), 2 * n, got.data());
@@ -182,7 +181,7 @@ TEST(CodecTest, ExtremesDecodeFiniteAndNaNAsZero) {
     }
     EXPECT_GT(got[0], 60000.0f) << KvCodecName(codec);
     EXPECT_LT(got[1], -60000.0f) << KvCodecName(codec);
-    EXPECT_GT(got[2], 60000.0f) << KvCodecName(codec);  // +inf, stored as 65504
+    EXPECT_GT(got[2], 60000.0f) << KvCodecName(codec);                   // +inf, stored as 65504
     EXPECT_LT(std::fabs(got[3]), 65504.0f / 100) << KvCodecName(codec);  // NaN, stored as 0
     EXPECT_GT(got[n], 60000.0f) << KvCodecName(codec);
     EXPECT_LT(got[n + 1], -60000.0f) << KvCodecName(codec);
@@ -346,10 +345,10 @@ TEST(CodecStoreTest, ASessionScoresDecodedKeysAndServesTheStoredRecords) {
       ASSERT_TRUE(EncodeRecord(spec, std::span(k[l]).subspan(j * half, half),
                                std::span(v[l]).subspan(j * half, half), rec)
                       .ok());
-      ASSERT_TRUE(
-          DecodeRecord(spec, rec, {decoded[l].data() + j * spec.DecodedRecordBytes(),
-                                   spec.DecodedRecordBytes()})
-              .ok());
+      ASSERT_TRUE(DecodeRecord(spec, rec,
+                               {decoded[l].data() + j * spec.DecodedRecordBytes(),
+                                spec.DecodedRecordBytes()})
+                      .ok());
     }
   }
   TempDir dir;
@@ -388,8 +387,8 @@ TEST(CodecStoreTest, ASessionScoresDecodedKeysAndServesTheStoredRecords) {
     for (size_t i = 0; i < expected.size(); ++i) {
       const auto& r = view->records()[i];
       ASSERT_EQ(r.chunk, expected[i]) << "layer " << l;
-      ASSERT_TRUE(ServedEquals(r, stored[l].data() + r.chunk * spec.RecordBytes(),
-                               spec.RecordBytes()))
+      ASSERT_TRUE(
+          ServedEquals(r, stored[l].data() + r.chunk * spec.RecordBytes(), spec.RecordBytes()))
           << "layer " << l << " chunk " << r.chunk;
     }
   }

@@ -53,7 +53,8 @@ inline std::string Format(const char* verb, const Prefix& p, uint64_t value = 0)
 }
 
 // Parses a line Format wrote; false for anything else (a line cut short by the kill).
-inline bool Parse(const std::string& line, std::string* verb, Prefix* p, uint64_t* value = nullptr) {
+inline bool Parse(const std::string& line, std::string* verb, Prefix* p,
+                  uint64_t* value = nullptr) {
   char v[16];
   unsigned long long seed, chunks, shared, val;
   if (std::sscanf(line.c_str(), "%15s %llu %llu %llu %llu", v, &seed, &chunks, &shared, &val) !=

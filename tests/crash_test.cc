@@ -271,8 +271,8 @@ class Ledger {
     size_t pending_gone = 0;
     for (const ChunkKey& key : removal_pending_) pending_gone += stored(key) ? 0 : 1;
     ASSERT_TRUE(pending_gone == 0 || pending_gone == removal_pending_.size())
-        << run << ": a removal batch of " << removal_pending_.size() << " chunks is partly applied ("
-        << pending_gone << " gone)";
+        << run << ": a removal batch of " << removal_pending_.size()
+        << " chunks is partly applied (" << pending_gone << " gone)";
     // Every acknowledged Put is there, bit-exact: whole, or (with a cap) shortened by removals
     // the store reported; a chunk below the lower bound may be missing only if the removal in
     // flight took it.
@@ -283,8 +283,7 @@ class Ledger {
       for (uint64_t i = *matched; i < e.matched; ++i) {
         ASSERT_TRUE(pending.contains(e.keys[i]))
             << run << ": acknowledged prefix " << seed << " lost chunk " << i << " of "
-            << e.prefix.chunks << " (" << e.keys[i].ToHex()
-            << "), which no committed removal took";
+            << e.prefix.chunks << " (" << e.keys[i].ToHex() << "), which no committed removal took";
       }
       ASSERT_LE(*matched, e.prefix.chunks);
       ASSERT_EQ(CountBadRecords(engine, spec, tokens, *matched), 0)
@@ -312,9 +311,8 @@ class Ledger {
         ASSERT_EQ(CountBadRecords(engine, spec, tokens, p.chunks), 0) << run;
         expected_[p.seed] = e;
         ++puts_cut_short_committed_;
-      } else if (*matched > p.shared_chunks &&
-                 (removed_since_putting_.contains(e.keys[*matched]) ||
-                  pending.contains(e.keys[*matched]))) {
+      } else if (*matched > p.shared_chunks && (removed_since_putting_.contains(e.keys[*matched]) ||
+                                                pending.contains(e.keys[*matched]))) {
         // Committed, then cut by a removal (the reclaimer's) that took the next chunk.
         ASSERT_EQ(CountBadRecords(engine, spec, tokens, *matched), 0) << run;
         expected_[p.seed] = e;
@@ -364,8 +362,8 @@ class Ledger {
       const uint64_t shared = SharedWithOthers(keys);
       auto matched = engine.Lookup(spec, tokens);
       ASSERT_TRUE(matched.ok());
-      ASSERT_LE(*matched, shared) << run << ": deleted prefix " << seed << " is back ("
-                                  << *matched << " of its " << p.chunks << " chunks stored)";
+      ASSERT_LE(*matched, shared) << run << ": deleted prefix " << seed << " is back (" << *matched
+                                  << " of its " << p.chunks << " chunks stored)";
       ++deletes_checked_;
     }
     // Whatever is listed (acknowledged or not) is whole.
@@ -401,7 +399,8 @@ class Ledger {
   }
   void WriteKnown(const std::string& path) const {
     std::ofstream out(path, std::ios::trunc);
-    for (const crash::Known& k : Known()) out << crash::Format("known", k.prefix, k.matched) << "\n";
+    for (const crash::Known& k : Known())
+      out << crash::Format("known", k.prefix, k.matched) << "\n";
   }
 
   int acks() const { return acks_; }
@@ -416,15 +415,14 @@ class Ledger {
  private:
   struct Entry {
     crash::Prefix prefix;
-    std::vector<ChunkKey> keys;  // its chunk keys
-    uint64_t matched = 0;  // leading chunks known to be stored (a lower bound)
-    uint64_t loads = 0;    // F summed over its chunks after the last acknowledged session
+    std::vector<ChunkKey> keys;   // its chunk keys
+    uint64_t matched = 0;         // leading chunks known to be stored (a lower bound)
+    uint64_t loads = 0;           // F summed over its chunks after the last acknowledged session
     uint64_t loads_unsynced = 0;  // the same, not yet followed by a synced commit (power loss)
   };
   static Entry MakeEntry(const crash::Prefix& p) {
     const ModelSpec spec = crash::Spec();
-    return Entry{p,
-                 ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, crash::TokensOf(spec, p)),
+    return Entry{p, ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, crash::TokensOf(spec, p)),
                  p.chunks, 0, 0};
   }
   // The most leading chunks of `keys` that an expected prefix holds too.
@@ -446,13 +444,13 @@ class Ledger {
 
   const uint64_t cap_;
   const bool power_loss_;
-  std::map<uint64_t, Entry> expected_;          // acknowledged and not deleted, by seed
-  std::map<uint64_t, crash::Prefix> uncertain_;  // a Delete began but was not acknowledged
-  std::map<uint64_t, crash::Prefix> deleted_;    // acknowledged Deletes
-  std::map<uint64_t, Entry> deleting_;            // their entries when the Delete began
-  std::optional<crash::Prefix> put_pending_;     // a Put began but was not acknowledged
+  std::map<uint64_t, Entry> expected_;                   // acknowledged and not deleted, by seed
+  std::map<uint64_t, crash::Prefix> uncertain_;          // a Delete began but was not acknowledged
+  std::map<uint64_t, crash::Prefix> deleted_;            // acknowledged Deletes
+  std::map<uint64_t, Entry> deleting_;                   // their entries when the Delete began
+  std::optional<crash::Prefix> put_pending_;             // a Put began but was not acknowledged
   absl::flat_hash_set<ChunkKey> removed_since_putting_;  // committed removals since "putting"
-  std::vector<ChunkKey> removal_pending_;        // reported "removing", not yet "removed"
+  std::vector<ChunkKey> removal_pending_;                // reported "removing", not yet "removed"
   std::string in_flight_;
   int acks_ = 0, sessions_ = 0, gcs_ = 0, loads_checked_ = 0, puts_cut_short_committed_ = 0;
   int deletes_checked_ = 0, removals_ = 0;
@@ -461,8 +459,8 @@ class Ledger {
 
 // Runs the real kvctl verify (with the generator's check of every record) on a closed store.
 void KvctlVerify(const std::string& store) {
-  const std::string cmd = "KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH) + " verify " +
-                          store + " --synthetic --json 2>&1";
+  const std::string cmd = "KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH) + " verify " + store +
+                          " --synthetic --json 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
@@ -583,14 +581,15 @@ void RunKillCell(const Cell& cell) {
   if (cell.cap > 0) {
     EXPECT_GT(ledger.removals(), 0) << "nothing was evicted under the cap";
   }
-  std::printf("crash test (%s, cap %llu): %d kills, %d inside an operation (put %d, delete %d, "
-              "session %d, gc %d); %d acknowledged operations (%d sessions, %d gc), %d removals "
-              "of %llu chunks in the ledger, %d F checks, %d deleted-prefix checks, %.1f s\n",
-              cell.mode_name, static_cast<unsigned long long>(cell.cap), killed, in_flight,
-              killed_in["put"], killed_in["delete"], killed_in["session"], killed_in["gc"],
-              ledger.acks(), ledger.sessions(), ledger.gcs(), ledger.removals(),
-              static_cast<unsigned long long>(ledger.chunks_removed()), ledger.loads_checked(),
-              ledger.deletes_checked(), seconds);
+  std::printf(
+      "crash test (%s, cap %llu): %d kills, %d inside an operation (put %d, delete %d, "
+      "session %d, gc %d); %d acknowledged operations (%d sessions, %d gc), %d removals "
+      "of %llu chunks in the ledger, %d F checks, %d deleted-prefix checks, %.1f s\n",
+      cell.mode_name, static_cast<unsigned long long>(cell.cap), killed, in_flight,
+      killed_in["put"], killed_in["delete"], killed_in["session"], killed_in["gc"], ledger.acks(),
+      ledger.sessions(), ledger.gcs(), ledger.removals(),
+      static_cast<unsigned long long>(ledger.chunks_removed()), ledger.loads_checked(),
+      ledger.deletes_checked(), seconds);
 }
 
 TEST(CrashTest, SigkillDuringPutsLosesNothingAcknowledgedAndShowsNothingPartial) {
@@ -741,29 +740,30 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
     // The crashes land while the background reclaimer works too (its own thread, any moment).
     EXPECT_GT(reclaim_rounds, 0u) << "the background reclaimer never ran";
   }
-  std::printf("simulated power loss (cap %llu): background reclaimer rounds %llu, Puts that "
-              "evicted inline %llu\n",
-              static_cast<unsigned long long>(cap),
-              static_cast<unsigned long long>(reclaim_rounds),
-              static_cast<unsigned long long>(inline_evictions));
-  std::printf("simulated power loss (cap %llu): %d crashes (%d in the catalog, %d in segment "
-              "I/O; inside put %d, delete %d, session %d, gc %d), %d operations, %d "
-              "acknowledged; unsynced segment writes dropped %llu, torn %llu, kept %llu; catalog "
-              "tails dropped %llu, torn %llu, kept %llu; directory entries undone %llu, kept "
-              "%llu; %d removals of %llu chunks in the ledger, %d F checks, %d deleted-prefix "
-              "checks, %.1f s\n",
-              static_cast<unsigned long long>(cap), crashed, in_catalog, in_segments,
-              crashed_in["put"], crashed_in["delete"], crashed_in["session"], crashed_in["gc"],
-              steps, ledger.acks(), static_cast<unsigned long long>(total.writes_dropped),
-              static_cast<unsigned long long>(total.writes_torn),
-              static_cast<unsigned long long>(total.writes_kept),
-              static_cast<unsigned long long>(total.catalog_tails_dropped),
-              static_cast<unsigned long long>(total.catalog_tails_torn),
-              static_cast<unsigned long long>(total.catalog_tails_kept),
-              static_cast<unsigned long long>(total.entries_undone),
-              static_cast<unsigned long long>(total.entries_kept), ledger.removals(),
-              static_cast<unsigned long long>(ledger.chunks_removed()), ledger.loads_checked(),
-              ledger.deletes_checked(), seconds);
+  std::printf(
+      "simulated power loss (cap %llu): background reclaimer rounds %llu, Puts that "
+      "evicted inline %llu\n",
+      static_cast<unsigned long long>(cap), static_cast<unsigned long long>(reclaim_rounds),
+      static_cast<unsigned long long>(inline_evictions));
+  std::printf(
+      "simulated power loss (cap %llu): %d crashes (%d in the catalog, %d in segment "
+      "I/O; inside put %d, delete %d, session %d, gc %d), %d operations, %d "
+      "acknowledged; unsynced segment writes dropped %llu, torn %llu, kept %llu; catalog "
+      "tails dropped %llu, torn %llu, kept %llu; directory entries undone %llu, kept "
+      "%llu; %d removals of %llu chunks in the ledger, %d F checks, %d deleted-prefix "
+      "checks, %.1f s\n",
+      static_cast<unsigned long long>(cap), crashed, in_catalog, in_segments, crashed_in["put"],
+      crashed_in["delete"], crashed_in["session"], crashed_in["gc"], steps, ledger.acks(),
+      static_cast<unsigned long long>(total.writes_dropped),
+      static_cast<unsigned long long>(total.writes_torn),
+      static_cast<unsigned long long>(total.writes_kept),
+      static_cast<unsigned long long>(total.catalog_tails_dropped),
+      static_cast<unsigned long long>(total.catalog_tails_torn),
+      static_cast<unsigned long long>(total.catalog_tails_kept),
+      static_cast<unsigned long long>(total.entries_undone),
+      static_cast<unsigned long long>(total.entries_kept), ledger.removals(),
+      static_cast<unsigned long long>(ledger.chunks_removed()), ledger.loads_checked(),
+      ledger.deletes_checked(), seconds);
 }
 
 TEST(CrashTest, SimulatedPowerLossDropsOrTearsUnsyncedWritesAndLosesNothingAcknowledged) {
@@ -771,8 +771,7 @@ TEST(CrashTest, SimulatedPowerLossDropsOrTearsUnsyncedWritesAndLosesNothingAckno
 }
 
 TEST(CrashTest, SimulatedPowerLossUnderACapKeepsTheCapAndWholePrefixes) {
-  RunPowerLossCell(24 * ChunkDiskBytes(crash::Spec()), KillsFromEnv(kDefaultPowerLosses),
-                   0x9a12);
+  RunPowerLossCell(24 * ChunkDiskBytes(crash::Spec()), KillsFromEnv(kDefaultPowerLosses), 0x9a12);
 }
 
 // A power loss at each data operation of one background-reclaimer round and of the
@@ -789,8 +788,8 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
   const ModelSpec spec = crash::Spec();
   const uint64_t chunk = ChunkDiskBytes(spec);
   const uint64_t cap = 24 * chunk;
-  const std::vector<crash::Prefix> prefixes = {{1, 4, 0}, {2, 4, 0}, {3, 4, 0}, {4, 4, 0},
-                                               {5, 4, 0}};
+  const std::vector<crash::Prefix> prefixes = {
+      {1, 4, 0}, {2, 4, 0}, {3, 4, 0}, {4, 4, 0}, {5, 4, 0}};
   const crash::Prefix deleted = prefixes[1];  // frees slots 4..7: the round's victims make runs
   const crash::Prefix after = {6, 4, 0};      // the Put after the round, over its slots
   auto put = [&](Engine& engine, const crash::Prefix& p) {
@@ -931,9 +930,10 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
   EXPECT_GT(in_catalog, 0) << "no crash landed in the round's catalog batch";
   EXPECT_GT(in_put, 2) << "crashes did not land in the Put over the round's slots";
   EXPECT_GT(applied, 0);
-  std::printf("reclaim round crashes: %d steps, %d in the round's catalog batch, %d in the Put "
-              "after it, %d with the removal applied\n",
-              steps, in_catalog, in_put, applied);
+  std::printf(
+      "reclaim round crashes: %d steps, %d in the round's catalog batch, %d in the Put "
+      "after it, %d with the removal applied\n",
+      steps, in_catalog, in_put, applied);
 }
 
 // The deterministic crash seams (storage/file_system.h): a power loss exactly between a Put's
@@ -976,9 +976,8 @@ class CrashSeamTest : public ::testing::Test {
     auto reopened = Open(/*faulty=*/false);
     if (reopened == nullptr) return nullptr;
     auto verify = reopened->Verify();
-    EXPECT_TRUE(verify.ok() && verify->ok()) << (verify.ok() && !verify->ok()
-                                                     ? verify->problems.front()
-                                                     : std::string("verify failed"));
+    EXPECT_TRUE(verify.ok() && verify->ok())
+        << (verify.ok() && !verify->ok() ? verify->problems.front() : std::string("verify failed"));
     const EngineStats stats = reopened->Stats();
     EXPECT_EQ(stats.disk_bytes_used, stats.chunks * ChunkDiskBytes(crash::Spec()));
     return reopened;

@@ -71,8 +71,7 @@ class Workload {
   // `seed` seeds the mix and names this workload's prefixes (seed * 100000 + i). `capped`: the
   // store has a cap, so Puts may evict and are followed by match lines. `known`: prefixes an
   // earlier process stored (the parent's view), usable by Deletes and sessions.
-  Workload(Engine& engine, Mode mode, uint64_t seed, bool capped, std::vector<Known> known,
-           Say say)
+  Workload(Engine& engine, Mode mode, uint64_t seed, bool capped, std::vector<Known> known, Say say)
       : engine_(engine),
         spec_(Spec()),
         mode_(mode),

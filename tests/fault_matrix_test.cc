@@ -55,18 +55,25 @@ enum class Seam { kFileSystem, kReadEngine };
 
 const char* Name(Fault f) {
   switch (f) {
-    case Fault::kEio: return "Eio";
-    case Fault::kShortIo: return "ShortIo";
-    case Fault::kEnospc: return "Enospc";
-    case Fault::kSlow: return "Slow";
+    case Fault::kEio:
+      return "Eio";
+    case Fault::kShortIo:
+      return "ShortIo";
+    case Fault::kEnospc:
+      return "Enospc";
+    case Fault::kSlow:
+      return "Slow";
   }
   return "?";
 }
 const char* Name(Phase p) {
   switch (p) {
-    case Phase::kPut: return "Put";
-    case Phase::kSession: return "Session";
-    case Phase::kEviction: return "Eviction";
+    case Phase::kPut:
+      return "Put";
+    case Phase::kSession:
+      return "Session";
+    case Phase::kEviction:
+      return "Eviction";
   }
   return "?";
 }
@@ -118,12 +125,13 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
   // alone: then it sums one case).
   static void TearDownTestSuite() {
     const Totals& t = MatrixTotals();
-    std::printf("fault matrix: %llu cases, %llu faults injected, %llu calls failed with the "
-                "fault's code, %llu records served by sessions (under faults and after), "
-                "%.1f MiB verified\n",
-                (unsigned long long)t.cases.load(), (unsigned long long)t.faults.load(),
-                (unsigned long long)t.failed_calls.load(),
-                (unsigned long long)t.records_served.load(), t.bytes_verified.load() / 1048576.0);
+    std::printf(
+        "fault matrix: %llu cases, %llu faults injected, %llu calls failed with the "
+        "fault's code, %llu records served by sessions (under faults and after), "
+        "%.1f MiB verified\n",
+        (unsigned long long)t.cases.load(), (unsigned long long)t.faults.load(),
+        (unsigned long long)t.failed_calls.load(), (unsigned long long)t.records_served.load(),
+        t.bytes_verified.load() / 1048576.0);
   }
 
   void SetUp() override {
@@ -132,8 +140,9 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     // 12 layers (8 under sanitizers) keep a case's Puts and sessions cheap; the paths are the same.
     spec_.layers = kSanitizerBuild ? 8 : 12;
     const FaultCase& c = GetParam();
-    seed_ = synth::Mix64(static_cast<uint64_t>(c.fault) * 1000 + static_cast<uint64_t>(c.phase) * 100 +
-                         static_cast<uint64_t>(c.rate * 100) + (c.seam == Seam::kReadEngine ? 7 : 0));
+    seed_ =
+        synth::Mix64(static_cast<uint64_t>(c.fault) * 1000 + static_cast<uint64_t>(c.phase) * 100 +
+                     static_cast<uint64_t>(c.rate * 100) + (c.seam == Seam::kReadEngine ? 7 : 0));
     fs_ = std::make_unique<FaultInjectingFileSystem>(storage::PosixFileSystem(), seed_);
     // Slow I/O really is slow (that is what bounds are tested against), but only for the ops
     // the rate picks; every other fault leaves the sleeper unused.
@@ -191,13 +200,19 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
         if (static_cast<double>(draw % 1000000) >= GetParam().rate * 1e6) return f;
         hook_faults_++;
         switch (GetParam().fault) {
-          case Fault::kEio: f.error = EIO; break;
+          case Fault::kEio:
+            f.error = EIO;
+            break;
           // A short transfer: the queue requeues the rest, unless nothing came (end of file).
           case Fault::kShortIo:
-            f.transfer_limit = (draw >> 32) % 2 == 0 ? 0 : static_cast<int64_t>((length / 2) / 4096 * 4096);
+            f.transfer_limit =
+                (draw >> 32) % 2 == 0 ? 0 : static_cast<int64_t>((length / 2) / 4096 * 4096);
             break;
-          case Fault::kSlow: f.latency_us = kSlowUs; break;
-          case Fault::kEnospc: break;
+          case Fault::kSlow:
+            f.latency_us = kSlowUs;
+            break;
+          case Fault::kEnospc:
+            break;
         }
         return f;
       });
@@ -308,12 +323,14 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
       const absl::Status submitted = (*session)->SubmitQueries(l, q);
       if (!submitted.ok()) {
         // A period head reads its whole layer to score it.
-        ExpectFaultError(submitted, absl::StatusCode::kDataLoss, absl::StrCat("SubmitQueries L", l));
+        ExpectFaultError(submitted, absl::StatusCode::kDataLoss,
+                         absl::StrCat("SubmitQueries L", l));
         EXPECT_TRUE(absl::StrContains(submitted.message(), "record ")) << submitted;
       }
       auto view = (*session)->AwaitLayer(l);
       if (!view.ok()) {
-        ExpectFaultError(view.status(), absl::StatusCode::kDataLoss, absl::StrCat("AwaitLayer L", l));
+        ExpectFaultError(view.status(), absl::StatusCode::kDataLoss,
+                         absl::StrCat("AwaitLayer L", l));
         // Names the record (chunk key and layer) or, for a layer of a failed period head, the
         // head's record.
         EXPECT_TRUE(absl::StrContains(view.status().message(), "record ")) << view.status();
@@ -353,8 +370,8 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     ASSERT_TRUE(gc.ok()) << gc.status();
     auto report = engine_->Verify();
     ASSERT_TRUE(report.ok()) << report.status();
-    EXPECT_TRUE(report->ok()) << report->problems.size() << " problems, first: "
-                              << report->problems.front();
+    EXPECT_TRUE(report->ok()) << report->problems.size()
+                              << " problems, first: " << report->problems.front();
     EXPECT_EQ(report->checksum_failures, 0u);
     MatrixTotals().bytes_verified += report->bytes_checked;
 
@@ -428,7 +445,8 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
       if (p.acknowledged) continue;
       auto again = PutSynthetic(*engine_, spec_, p.tokens);
       ASSERT_TRUE(again.ok()) << again.status();
-      EXPECT_EQ(CountBadRecords(*engine_, spec_, p.tokens, p.tokens.size() / spec_.chunk_tokens), 0);
+      EXPECT_EQ(CountBadRecords(*engine_, spec_, p.tokens, p.tokens.size() / spec_.chunk_tokens),
+                0);
     }
   }
 
@@ -447,7 +465,8 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
   absl::Mutex removed_mu_;
   absl::flat_hash_set<ChunkKey> removed_ ABSL_GUARDED_BY(removed_mu_);
   uint64_t failed_calls_ = 0;
-  uint64_t extra_blocks_ = 0;  // segment blocks beyond the catalog's chunks, after Gc  // calls under faults that failed (the test's thread only)
+  uint64_t extra_blocks_ = 0;  // segment blocks beyond the catalog's chunks, after Gc  // calls
+                               // under faults that failed (the test's thread only)
 };
 
 TEST_P(FaultMatrixTest, FailsWithTheFaultsCodeServesExactBytesAndIsConsistentAfter) {
@@ -461,8 +480,8 @@ TEST_P(FaultMatrixTest, FailsWithTheFaultsCodeServesExactBytesAndIsConsistentAft
       // New prefixes, and prefixes that extend a base one (their beginning is deduplicated).
       for (uint64_t i = 0; i < 2; ++i) {
         PutUnderFaults(synth::Tokens(200 + i, kChunks * spec_.chunk_tokens));
-        PutUnderFaults(synth::TokensWithSharedPrefix(100 + i, kChunks * spec_.chunk_tokens,
-                                                     210 + i, (kChunks + 4) * spec_.chunk_tokens));
+        PutUnderFaults(synth::TokensWithSharedPrefix(100 + i, kChunks * spec_.chunk_tokens, 210 + i,
+                                                     (kChunks + 4) * spec_.chunk_tokens));
       }
       break;
     case Phase::kSession:
@@ -526,12 +545,13 @@ TEST_P(FaultMatrixTest, FailsWithTheFaultsCodeServesExactBytesAndIsConsistentAft
   ExpectConsistentWithoutFaults();
   MatrixTotals().cases++;
   MatrixTotals().faults += faults;
-  std::printf("fault matrix %s: %llu faults injected, %llu calls failed, %llu B of extent "
-              "metadata, reads on %s, %.2f s\n",
-              CaseName({c, 0}).c_str(), static_cast<unsigned long long>(faults),
-              static_cast<unsigned long long>(failed_calls_),
-              static_cast<unsigned long long>(extra_blocks_), backend.c_str(),
-              absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf(
+      "fault matrix %s: %llu faults injected, %llu calls failed, %llu B of extent "
+      "metadata, reads on %s, %.2f s\n",
+      CaseName({c, 0}).c_str(), static_cast<unsigned long long>(faults),
+      static_cast<unsigned long long>(failed_calls_),
+      static_cast<unsigned long long>(extra_blocks_), backend.c_str(),
+      absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 std::vector<FaultCase> Cases() {

@@ -587,9 +587,13 @@ TEST_P(IoQueueTest, RegisteredFilesAndBuffersWriteAndReadInOneBatch) {
     std::vector<IoQueue::Callback> done;
     int landed = 0;
     for (uint32_t i = 0; i < kOps; ++i) {
-      ops.push_back({.kind = kind, .file = file.get(), .offset = i * kBlock,
-                     .buffer = buffers[first_buffer + i].data(), .length = kBlock,
-                     .priority = static_cast<uint8_t>(i % 3), .file_slot = 3,
+      ops.push_back({.kind = kind,
+                     .file = file.get(),
+                     .offset = i * kBlock,
+                     .buffer = buffers[first_buffer + i].data(),
+                     .length = kBlock,
+                     .priority = static_cast<uint8_t>(i % 3),
+                     .file_slot = 3,
                      .buffer_index = first_buffer + i});
       done.push_back([&](const absl::Status& s) {
         EXPECT_TRUE(s.ok()) << s;

@@ -184,9 +184,9 @@ TEST_F(FormatFixtureTest, EveryCatalogRecordDecodesAndReencodesToTheSameBytes) {
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw_db = nullptr;
-  ASSERT_TRUE(
-      rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), store_ + "/catalog", cfs, &handles, &raw_db)
-          .ok());
+  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), store_ + "/catalog", cfs, &handles,
+                                           &raw_db)
+                  .ok());
   std::unique_ptr<rocksdb::DB> db(raw_db);
   size_t values = 0;
   auto scan = [&](size_t cf, auto check) {
@@ -234,7 +234,6 @@ TEST_F(FormatFixtureTest, EveryCatalogRecordDecodesAndReencodesToTheSameBytes) {
   EXPECT_EQ(values, kFixtureChunks + 2 + 1 + 1 + 5);  // chunks, prefixes, segment, counters, meta
   for (auto* h : handles) db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
 }
-
 
 // The fixture's chunks predate the estimate part (their segment has two auxiliary records): a
 // session that asks for estimates serves them as before, dropping what it does not load and

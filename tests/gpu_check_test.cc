@@ -108,15 +108,15 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
       EXPECT_EQ(*row.Find("compared")->AsString(), "cpu scalar vs cpu dispatched");
     }
     if (name == "kernels.quest") {
-      ExpectSame(modelled,
-                 kernels::ScoringFlops(kernels::SelectorKind::kQuest, in, {}) / gpu.flops_per_s *
-                     1e3,
-                 name);
+      ExpectSame(
+          modelled,
+          kernels::ScoringFlops(kernels::SelectorKind::kQuest, in, {}) / gpu.flops_per_s * 1e3,
+          name);
     } else if (name == "kernels.mean_key") {
-      ExpectSame(modelled,
-                 kernels::ScoringFlops(kernels::SelectorKind::kMeanKey, in, {}) /
-                     gpu.flops_per_s * 1e3,
-                 name);
+      ExpectSame(
+          modelled,
+          kernels::ScoringFlops(kernels::SelectorKind::kMeanKey, in, {}) / gpu.flops_per_s * 1e3,
+          name);
     } else if (name == "kernels.token_attention") {
       ExpectSame(modelled,
                  kernels::ScoringFlops(kernels::SelectorKind::kPeriodExact, in, {}) /
@@ -151,8 +151,7 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
       const double kv = (context + s) * spec.TokenBytesPerLayer() * 2;
       ExpectSame(Num(extra, "modelled_attention_flops_ms"), flops / gpu.flops_per_s * 1e3, name);
       ExpectSame(Num(extra, "modelled_attention_hbm_ms"), kv / gpu.hbm_bytes_per_s * 1e3, name);
-      ExpectSame(modelled, std::max(flops / gpu.flops_per_s, kv / gpu.hbm_bytes_per_s) * 1e3,
-                 name);
+      ExpectSame(modelled, std::max(flops / gpu.flops_per_s, kv / gpu.hbm_bytes_per_s) * 1e3, name);
       const double layer = bench::LayerSeconds(spec, arch, gpu, s, context);
       ExpectSame(Num(extra, "modelled_layer_ms"), layer * 1e3, name);
       ExpectSame(Num(extra, "modelled_marginal_ms"),
@@ -161,14 +160,25 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
       ExpectSame(Num(extra, "modelled_pcie_ms"), bytes / gpu.pcie_bytes_per_s * 1e3, name);
     }
   }
-  const std::set<std::string> want = {
-      "kernels.quest",         "kernels.mean_key",      "kernels.token_attention",
-      "kernels.gather",        "tier.admit",            "tier.lookup",
-      "tier.roundtrip",        "pcie.h2d.record",       "pcie.h2d.layer_005pct",
-      "pcie.h2d.layer_025pct", "pcie.h2d.layer_100pct", "launch.layer",
-      "hbm.layer_weights",     "model.layer_weight_flops", "attention.ctx_005pct",
-      "attention.ctx_010pct",  "attention.ctx_025pct",  "attention.ctx_050pct",
-      "attention.ctx_100pct"};
+  const std::set<std::string> want = {"kernels.quest",
+                                      "kernels.mean_key",
+                                      "kernels.token_attention",
+                                      "kernels.gather",
+                                      "tier.admit",
+                                      "tier.lookup",
+                                      "tier.roundtrip",
+                                      "pcie.h2d.record",
+                                      "pcie.h2d.layer_005pct",
+                                      "pcie.h2d.layer_025pct",
+                                      "pcie.h2d.layer_100pct",
+                                      "launch.layer",
+                                      "hbm.layer_weights",
+                                      "model.layer_weight_flops",
+                                      "attention.ctx_005pct",
+                                      "attention.ctx_010pct",
+                                      "attention.ctx_025pct",
+                                      "attention.ctx_050pct",
+                                      "attention.ctx_100pct"};
   EXPECT_EQ(names, want);
   EXPECT_EQ(names.size(), rows.size()) << "a row name repeats";
 }
@@ -185,9 +195,10 @@ TEST(GpuCheckTest, DryRunFollowsTheModelsFlagsAndShape) {
   f.launch_us = 12;
   f.pcie_gb_s = 50;
   // A smaller layer too, so that the figures are seen to follow the shape as well.
-  CheckDryRun("--gpu-tflops 400 --hbm-gb-s 3000 --launch-us 12 --pcie-gb-s 50 "
-              "--prefix-tokens 2048 --suffix-tokens 32",
-              bench::GpuParams::Of(f), 2048, 32);
+  CheckDryRun(
+      "--gpu-tflops 400 --hbm-gb-s 3000 --launch-us 12 --pcie-gb-s 50 "
+      "--prefix-tokens 2048 --suffix-tokens 32",
+      bench::GpuParams::Of(f), 2048, 32);
 }
 
 TEST(GpuCheckTest, WithoutADeviceItExitsTwoNamingTheReason) {

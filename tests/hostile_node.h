@@ -58,10 +58,9 @@ class HostileNode {
     kOutOfOrder,   // a working node whose pipelined replies come back in reverse order
   };
   static constexpr Behavior kAllBehaviors[] = {
-      Behavior::kHugeArray,  Behavior::kHugeBulk, Behavior::kDrip,
-      Behavior::kEndless,    Behavior::kWrongTypes, Behavior::kMovedLoop,
-      Behavior::kAskLoop,    Behavior::kMovedToName, Behavior::kBadSlotMap,
-      Behavior::kOutOfOrder};
+      Behavior::kHugeArray,  Behavior::kHugeBulk,  Behavior::kDrip,    Behavior::kEndless,
+      Behavior::kWrongTypes, Behavior::kMovedLoop, Behavior::kAskLoop, Behavior::kMovedToName,
+      Behavior::kBadSlotMap, Behavior::kOutOfOrder};
   static constexpr int kMaxConnections = 64;
 
   struct Options {
@@ -75,17 +74,28 @@ class HostileNode {
 
   static const char* Name(Behavior b) {
     switch (b) {
-      case Behavior::kHonest: return "honest";
-      case Behavior::kHugeArray: return "huge-array";
-      case Behavior::kHugeBulk: return "huge-bulk";
-      case Behavior::kDrip: return "drip";
-      case Behavior::kEndless: return "endless";
-      case Behavior::kWrongTypes: return "wrong-types";
-      case Behavior::kMovedLoop: return "moved-loop";
-      case Behavior::kAskLoop: return "ask-loop";
-      case Behavior::kMovedToName: return "moved-to-name";
-      case Behavior::kBadSlotMap: return "bad-slot-map";
-      case Behavior::kOutOfOrder: return "out-of-order";
+      case Behavior::kHonest:
+        return "honest";
+      case Behavior::kHugeArray:
+        return "huge-array";
+      case Behavior::kHugeBulk:
+        return "huge-bulk";
+      case Behavior::kDrip:
+        return "drip";
+      case Behavior::kEndless:
+        return "endless";
+      case Behavior::kWrongTypes:
+        return "wrong-types";
+      case Behavior::kMovedLoop:
+        return "moved-loop";
+      case Behavior::kAskLoop:
+        return "ask-loop";
+      case Behavior::kMovedToName:
+        return "moved-to-name";
+      case Behavior::kBadSlotMap:
+        return "bad-slot-map";
+      case Behavior::kOutOfOrder:
+        return "out-of-order";
     }
     return "?";
   }
@@ -237,8 +247,8 @@ class HostileNode {
     if (bad) {
       // One range on port 99999 (not a port), one on a host that would retitle a terminal.
       return absl::StrCat("*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n", Bulk("127.0.0.1"), ":99999\r\n",
-                          "*3\r\n:8192\r\n:16383\r\n*2\r\n", Bulk("\x1b]0;pwned\x07"), ":",
-                          port_, "\r\n");
+                          "*3\r\n:8192\r\n:16383\r\n*2\r\n", Bulk("\x1b]0;pwned\x07"), ":", port_,
+                          "\r\n");
     }
     return absl::StrCat("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n", Bulk("127.0.0.1"), ":", port_,
                         "\r\n");
@@ -381,8 +391,8 @@ class HostileNode {
   std::atomic<uint64_t> commands_{0};
   std::thread acceptor_;
   std::mutex mu_;
-  std::vector<std::thread> threads_;  // guarded by mu_
-  int live_ = 0;                      // guarded by mu_
+  std::vector<std::thread> threads_;         // guarded by mu_
+  int live_ = 0;                             // guarded by mu_
   std::map<std::string, std::string> data_;  // guarded by mu_
 };
 

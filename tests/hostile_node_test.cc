@@ -117,9 +117,8 @@ TEST_P(HostileClientTest, EveryCallEndsWithinItsDeadlineAsAnErrorOrAMiss) {
   const absl::Duration limit = kCallTimeout + kConnectTimeout + kSlack;
   const uint64_t rss_before = PeakRssBytes();
 
-  const absl::Status refresh = Timed("RefreshSlotMap", limit, [&] {
-    return (*client)->RefreshSlotMap();
-  });
+  const absl::Status refresh =
+      Timed("RefreshSlotMap", limit, [&] { return (*client)->RefreshSlotMap(); });
   const auto set = Timed("MultiSet", limit, [&] {
     return (*client)->MultiSet({{"a", "1"}, {"b", "22"}, {"c", "333"}});
   });
@@ -135,9 +134,8 @@ TEST_P(HostileClientTest, EveryCallEndsWithinItsDeadlineAsAnErrorOrAMiss) {
     r.max_reply_bytes = 2;
     return (*client)->Execute({r});
   });
-  const auto dbsize = Timed("ExecuteOn DBSIZE", limit, [&] {
-    return (*client)->ExecuteOn(o.seeds[0], {"DBSIZE"});
-  });
+  const auto dbsize = Timed("ExecuteOn DBSIZE", limit,
+                            [&] { return (*client)->ExecuteOn(o.seeds[0], {"DBSIZE"}); });
 
   // Nothing sized by what the node announced (a 2 GiB array, a 512 MiB string): the peak RSS
   // grew by far less than either. (Under ASan the shadow of a touched 512 MiB would show too.)
@@ -281,9 +279,8 @@ TEST_P(HostileEngineTest, EntryPointsEndInTimeAndServeOnlyStoredBytes) {
     ASSERT_TRUE(a.ok()) << a.status();
     auto put = ckv::testing::PutSynthetic(**a, spec, tokens);
     ASSERT_TRUE(put.ok()) << put.status();
-    EXPECT_TRUE(Timed("publishing", 2 * one_call, [&] {
-      return engine::WaitUntilRemotePublished(**a, absl::Seconds(10));
-    }));
+    EXPECT_TRUE(Timed("publishing", 2 * one_call,
+                      [&] { return engine::WaitUntilRemotePublished(**a, absl::Seconds(10)); }));
     published = (*a)->Stats().remote_published_chunks;
     Timed("closing the publisher", one_call, [&] {
       a->reset();
@@ -301,9 +298,8 @@ TEST_P(HostileEngineTest, EntryPointsEndInTimeAndServeOnlyStoredBytes) {
   ReprefillOptions selecting;
   selecting.selector = Selector::kQuest;
   selecting.budget_fraction = 0.5;
-  auto session = Timed("a selecting session", fill, [&] {
-    return (*b)->BeginReprefill(spec, tokens, selecting);
-  });
+  auto session = Timed("a selecting session", fill,
+                       [&] { return (*b)->BeginReprefill(spec, tokens, selecting); });
   if (session.ok()) {
     std::vector<float> queries(size_t{selecting.window} * spec.q_heads * spec.head_dim, 0.25f);
     const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);

@@ -28,9 +28,11 @@ TEST(IndexBenchTest, TwoTinySizesReportSaneFiguresThatGrowWithN) {
   const std::string json = dir.path() + "/out.json";
   // The larger size is big enough that its index outweighs the noise of a process's RSS.
   const auto r = ::ckv::testing::RunProgram(
-      CKV_INDEX_BENCH_PATH, "--store " + dir.path() + "/stores --chunks 2000,40000 "
-                            "--prefix-chunks 100 --cold-chains 8 --hot-lookups 20 --puts 5 "
-                            "--chunks-per-put 2 --json " + json);
+      CKV_INDEX_BENCH_PATH, "--store " + dir.path() +
+                                "/stores --chunks 2000,40000 "
+                                "--prefix-chunks 100 --cold-chains 8 --hot-lookups 20 --puts 5 "
+                                "--chunks-per-put 2 --json " +
+                                json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(json);
   ASSERT_TRUE(in.good()) << json << " not written; output: " << r.output;

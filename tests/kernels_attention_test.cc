@@ -132,8 +132,7 @@ TEST_P(AttentionTest, GatherOrderDoesNotChangeTheOutputAndBadKvIsRejected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, AttentionTest,
-                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2),
-                         [](const auto& info) {
+                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2), [](const auto& info) {
                            return info.param == CpuPath::kScalar ? "scalar" : "avx2";
                          });
 

@@ -132,10 +132,9 @@ TEST_F(CudaKernelsTest, AttentionWithVirtualTokensMatchesTheCpu) {
   EXPECT_EQ(*none, std::vector<float>(queries_.size(), 0.0f));
   VirtualTokens short_bias = *VirtualTokensOf(s, queries_, kWindow, *stats, EstimateKind::kMean);
   short_bias.bias.pop_back();
-  EXPECT_EQ(cuda::AttentionWithVirtualTokens(s, queries_, kWindow, *loaded, short_bias)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      cuda::AttentionWithVirtualTokens(s, queries_, kWindow, *loaded, short_bias).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // Random K and V of one record of `spec` (in its dtype): per-channel magnitudes from 1e-3 to 1e2,

@@ -258,9 +258,8 @@ TEST(EstimateTest, TheStoredPartHoldsTheValueMeanInEightBits) {
   for (bool repeated : {false, true}) {
     const auto records = Records(s, 1, repeated, 2.0f, 31);
     std::vector<std::byte> part(f.EstimateBytes(), std::byte{0x5a});
-    EstimateChunkLayer(spec, 1,
-                       std::span(records[0].data() + s.half_record_bytes(), s.half_record_bytes()),
-                       part);
+    EstimateChunkLayer(
+        spec, 1, std::span(records[0].data() + s.half_record_bytes(), s.half_record_bytes()), part);
     const auto exact = ChunkStats::Of(s, Pointers(records), std::vector<uint32_t>{0});
     ASSERT_TRUE(exact.ok());
     ChunkStats rounded = *exact;
@@ -296,10 +295,9 @@ TEST(EstimateTest, BadInputsAreRefusedWithTheirSizes) {
   const auto bad = EstimatedAttention(s, q, 2, *kv, *stats, EstimateKind::kGaussian);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("2 chunks"), std::string::npos) << bad.status();
-  const auto short_q = EstimatedAttention(s, std::vector<float>(5), 2, *kv,
-                                          *ChunkStats::Of(s, Pointers(records),
-                                                          std::vector<uint32_t>{1}),
-                                          EstimateKind::kMean);
+  const auto short_q = EstimatedAttention(
+      s, std::vector<float>(5), 2, *kv,
+      *ChunkStats::Of(s, Pointers(records), std::vector<uint32_t>{1}), EstimateKind::kMean);
   EXPECT_EQ(short_q.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -81,8 +81,7 @@ TEST_P(HalfConversionTest, FromFloatGivesTheScalarConversion) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, HalfConversionTest,
-                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2),
-                         [](const auto& info) {
+                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2), [](const auto& info) {
                            return info.param == CpuPath::kScalar ? "scalar" : "avx2";
                          });
 

@@ -107,9 +107,10 @@ Prefix MakePrefix(size_t chunks, uint64_t seed, std::vector<uint32_t> planted = 
 float Key(const Prefix& p, size_t j, uint32_t t, uint32_t h, uint32_t d) {
   const KvShape s = KvShape::Of(p.spec);
   float x;
-  ToFloat(s.dtype, p.records[j].data() + ((size_t{t} * s.kv_heads + h) * s.head_dim + d) *
-                                             ElementBytes(s.dtype),
-          1, &x);
+  ToFloat(
+      s.dtype,
+      p.records[j].data() + ((size_t{t} * s.kv_heads + h) * s.head_dim + d) * ElementBytes(s.dtype),
+      1, &x);
   return x;
 }
 
@@ -491,8 +492,8 @@ TEST_P(SelectorTest, AHeadWithLargeLogitsDoesNotDecideAlone) {
 
 TEST_P(SelectorTest, OracleHasRecallOneAtFullBudgetAndEveryOtherAtMost) {
   const Prefix p = MakePrefix(30, 5);
-  const auto mass = PerChunk(*TokenAttention(KvShape::Of(p.spec), p.queries, p.window,
-                                             p.record_ptr), 16);
+  const auto mass =
+      PerChunk(*TokenAttention(KvShape::Of(p.spec), p.queries, p.window, p.record_ptr), 16);
   double total = 0;
   for (float m : mass) total += m;
   EXPECT_NEAR(total, 1.0, 1e-4);
@@ -511,8 +512,7 @@ TEST_P(SelectorTest, OracleHasRecallOneAtFullBudgetAndEveryOtherAtMost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, SelectorTest,
-                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2),
-                         [](const auto& info) {
+                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2), [](const auto& info) {
                            return info.param == CpuPath::kScalar ? "scalar" : "avx2";
                          });
 

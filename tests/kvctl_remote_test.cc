@@ -68,7 +68,7 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   const std::string tokens_file = dir.Sub("tokens.json");
   std::ofstream(tokens_file) << "[" << absl::StrJoin(tokens, ",") << "]";
   ProgramRun lookup = Kvctl(absl::StrCat("lookup ", b, " --model qwen2.5-0.5b --tokens-file ",
-                                  tokens_file, " ", remote, " --json"));
+                                         tokens_file, " ", remote, " --json"));
   ASSERT_EQ(lookup.exit_code, 0) << lookup.output;
   auto lookup_json = tools::ParseJson(lookup.output);
   ASSERT_TRUE(lookup_json.ok()) << lookup.output;

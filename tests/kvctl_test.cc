@@ -201,8 +201,7 @@ std::string JsonString(const std::string& json, const std::string& key) {
 }
 
 // A KV file as ExportKv writes it, of `tokens` synthetic tokens of `spec`.
-void ExportSynthetic(const std::string& path, const ModelSpec& spec, size_t tokens,
-                     uint64_t seed) {
+void ExportSynthetic(const std::string& path, const ModelSpec& spec, size_t tokens, uint64_t seed) {
   const std::vector<int32_t> ids = synth::Tokens(seed, tokens);
   const synth::SyntheticKv kv(spec, ids);
   CKV_ASSERT_OK(safetensors::ExportKv(path, spec, ids, kv.tensors()));
@@ -298,8 +297,7 @@ TEST_P(KvctlImportTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
   EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(expected));
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, KvctlImportTest,
-                         ::testing::Values("qwen2.5-0.5b", "qwen2.5-7b"),
+INSTANTIATE_TEST_SUITE_P(Presets, KvctlImportTest, ::testing::Values("qwen2.5-0.5b", "qwen2.5-7b"),
                          [](const auto& info) {
                            return info.param == "qwen2.5-0.5b" ? std::string("small")
                                                                : std::string("seven_b");
@@ -378,10 +376,10 @@ TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
 
   // Usage errors are exit 2, a prefix that is not stored exit 3.
   EXPECT_EQ(Kvctl("import " + store + " " + good).exit_code, 2);
-  EXPECT_EQ(Kvctl("import " + store + " " + good + " --model qwen2.5-0.5b --spec " +
-                  dir.Sub("bf16.json"))
-                .exit_code,
-            2);
+  EXPECT_EQ(
+      Kvctl("import " + store + " " + good + " --model qwen2.5-0.5b --spec " + dir.Sub("bf16.json"))
+          .exit_code,
+      2);
   EXPECT_EQ(Kvctl("export " + store + " xyz " + dir.Sub("o.safetensors")).exit_code, 2);
   EXPECT_EQ(Kvctl("export " + store + " " + std::string(32, '0') + " " + dir.Sub("o.safetensors"))
                 .exit_code,
@@ -419,8 +417,8 @@ TEST(KvctlTest, ExportFailuresNameTheFileAndLeaveItAsItWas) {
   const std::string out = dir.Sub("out.safetensors");
   WriteFileBytes(out, "the old file");
   const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 64; exec " +
-                          std::string(CKV_KVCTL_PATH) + " export " + store + " " + id + " " +
-                          out + "\" 2>&1";
+                          std::string(CKV_KVCTL_PATH) + " export " + store + " " + id + " " + out +
+                          "\" 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string text;
@@ -470,8 +468,7 @@ TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
     EXPECT_EQ(IntOf(t, "matched_chunks"), want[i][1]);
     EXPECT_EQ(IntOf(t, "chunks_written"), want[i][2]);
     // 10% of the matched chunks (at least the sink and the last) at each of the 24 layers.
-    const int64_t per_layer =
-        want[i][1] == 0 ? 0 : std::max<int64_t>(2, (want[i][1] + 5) / 10);
+    const int64_t per_layer = want[i][1] == 0 ? 0 : std::max<int64_t>(2, (want[i][1] + 5) / 10);
     EXPECT_EQ(IntOf(t, "records_served"), per_layer * spec.layers);
     EXPECT_EQ(IntOf(t, "bytes_needed"), IntOf(t, "records_served") * spec.RecordBytes());
   }
@@ -502,8 +499,10 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
   // At 32 tokens per hash id: 4, 4 (and a tail of 5) and 4 chunks; blocks 1 and 2 are shared.
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 2]}\n"
-         "{\"timestamp\": 9, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, 3]}\n"
-         "{\"timestamp\": 20, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 9]}\n";
+         "{\"timestamp\": 9, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, "
+         "3]}\n"
+         "{\"timestamp\": 20, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, "
+         "9]}\n";
   KvctlRun r = Kvctl("replay " + store + " " + trace +
                      " --model qwen2.5-0.5b --block-tokens 32 --speed 1000 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -545,7 +544,7 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr(trace + ":4: \"input_length\" 5000 does not fit 1 blocks of 512 "
-                               "tokens (1..512)"));
+                                       "tokens (1..512)"));
   r = Kvctl("replay " + store + " " + bailian + " --model qwen2.5-0.5b --format ckv");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr(bailian + ":1: unknown member"));
@@ -575,8 +574,8 @@ TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
   r = Kvctl("replay " + dir.Sub("nothing") + " " + trace + " --model qwen2.5-0.5b");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   // A request too large to hold in memory is refused before anything runs.
-  std::ofstream(trace)
-      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 600000}}\n";
+  std::ofstream(trace) << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, "
+                          "\"tokens\": 600000}}\n";
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b");
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
@@ -738,8 +737,7 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   const std::string trace = dir.Sub("trace.jsonl");
   std::ofstream(trace)
       << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 224}}\n";
-  ASSERT_EQ(Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put").exit_code,
-            0);
+  ASSERT_EQ(Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put").exit_code, 0);
   // A GPU tier of 5 chunks' records (24 layers of 8 KiB each), and a CPU tier whose record
   // share (3/4) holds everything else.
   const uint64_t record = spec.RecordBytes();

@@ -38,7 +38,7 @@ using ::testing::Not;
 struct ShellRun {
   int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
-  std::string out;     // stdout and stderr
+  std::string out;      // stdout and stderr
   long max_rss_kb = 0;  // of the command's process (kvctl: `sh -c` execs it)
   double seconds = 0;
 };
@@ -158,8 +158,8 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [7]}\n";
   ShellRun r = Kvctl("replay " + store + " " + trace +
-                    " --model qwen2.5-0.5b --block-tokens 65536 --max-request-kv-bytes 256M",
-                dir.path());
+                         " --model qwen2.5-0.5b --block-tokens 65536 --max-request-kv-bytes 256M",
+                     dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
                                ":1: turn 1 of \"r0\": 65536 tokens, 768.0 MiB of KV"));
@@ -179,7 +179,8 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   }
 
   // put and import state the same limit.
-  r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 65536 --seed 1 "
+  r = Kvctl("put " + store +
+                " --model qwen2.5-0.5b --tokens 65536 --seed 1 "
                 "--max-request-kv-bytes 256M",
             dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
@@ -198,7 +199,8 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("over the import limit of 65536 bytes (--max-request-kv-bytes"));
   // ... and the limit is a byte count, at most 1T.
-  r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 16 --seed 1 "
+  r = Kvctl("put " + store +
+                " --model qwen2.5-0.5b --tokens 16 --seed 1 "
                 "--max-request-kv-bytes 2T",
             dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
@@ -219,18 +221,18 @@ TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbor
   // address space the shell allows.
   const std::string limit = "ulimit -v 2097152 && exec " + std::string(CKV_KVCTL_PATH);
   ShellRun r = Shell(limit + " put " + store +
-                    " --model qwen2.5-0.5b --tokens 262144 --seed 1 --max-request-kv-bytes 8G",
-                dir.path());
+                         " --model qwen2.5-0.5b --tokens 262144 --seed 1 --max-request-kv-bytes 8G",
+                     dir.path());
   EXPECT_EQ(r.signal, 0) << r.out;
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: out of memory allocating 3.0 GiB"));
 
   const std::string trace = dir.Sub("t.jsonl");
-  std::ofstream(trace)
-      << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, \"tokens\": 262144}}\n";
-  r = Shell(limit + " replay " + store + " " + trace +
-                " --model qwen2.5-0.5b --max-request-kv-bytes 8G",
-            dir.path());
+  std::ofstream(trace) << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, "
+                          "\"tokens\": 262144}}\n";
+  r = Shell(
+      limit + " replay " + store + " " + trace + " --model qwen2.5-0.5b --max-request-kv-bytes 8G",
+      dir.path());
   EXPECT_EQ(r.signal, 0) << r.out;
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: out of memory"));
@@ -324,26 +326,26 @@ TEST(KvctlUntrustedInputTest, ReplaySpeedsAndTimestampGapsThatWouldSleepForAgesA
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n"
          "{\"timestamp\": 9, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
-  ShellRun r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1e-20",
-                dir.path());
+  ShellRun r =
+      Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1e-20", dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--speed: 1e-20 is not 0 or a number in [0.001, 1e+06]"));
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 2e6",
-            dir.path());
+  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 2e6", dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
 
   std::ofstream(trace, std::ios::app)
       << "{\"timestamp\": 1e15, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1", dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(trace + ":3: request \"r2\" arrives 1e+12 s after the one before "
-                               "it; at --speed 1 replay would wait 1e+12 s, and it waits at most "
-                               "3600 s between requests"));
+  EXPECT_THAT(r.out,
+              HasSubstr(trace + ":3: request \"r2\" arrives 1e+12 s after the one before "
+                                "it; at --speed 1 replay would wait 1e+12 s, and it waits at most "
+                                "3600 s between requests"));
   EXPECT_LT(r.seconds, 30) << r.out;
   // Slowed down within the bounds, the first two requests replay (9 ms apart, at half speed).
-  r = Kvctl("replay " + store + " " + trace +
-                " --model qwen2.5-0.5b --speed 0.5 --max-requests 2 --json",
-            dir.path());
+  r = Kvctl(
+      "replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 0.5 --max-requests 2 --json",
+      dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 

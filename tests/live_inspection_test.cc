@@ -276,8 +276,8 @@ pid_t SpawnWriter(const std::string& store, uint64_t cap, const std::string& kno
     const int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
     const std::string cap_str = std::to_string(cap);
-    ::execl(CKV_CRASH_CHILD_PATH, CKV_CRASH_CHILD_PATH, store.c_str(), "7", "puts",
-            cap_str.c_str(), known_file.c_str(), static_cast<char*>(nullptr));
+    ::execl(CKV_CRASH_CHILD_PATH, CKV_CRASH_CHILD_PATH, store.c_str(), "7", "puts", cap_str.c_str(),
+            known_file.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return pid;
@@ -300,8 +300,8 @@ TEST(LiveInspectionTest, ReadersInOneProcessVerifyEveryByteWhileAWriterInAnother
 
   uint64_t verified = 0, not_found = 0, views = 0, puts_seen = 0;
   std::vector<std::byte> got(spec.RecordBytes()), want(spec.RecordBytes());
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::seconds(testing::kSanitizerBuild ? 20 : 6);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(testing::kSanitizerBuild ? 20 : 6);
   absl::StatusOr<std::unique_ptr<Engine>> reader = absl::UnavailableError("not yet");
   while (std::chrono::steady_clock::now() < deadline && !::testing::Test::HasFailure()) {
     if (!reader.ok()) {
@@ -340,8 +340,8 @@ TEST(LiveInspectionTest, ReadersInOneProcessVerifyEveryByteWhileAWriterInAnother
     if (views % 5 == 0) {
       auto report = (*reader)->Verify();
       ASSERT_TRUE(report.ok()) << report.status();
-      EXPECT_TRUE(report->ok()) << report->problems.size() << " problems, first: "
-                                << report->problems.front();
+      EXPECT_TRUE(report->ok()) << report->problems.size()
+                                << " problems, first: " << report->problems.front();
     }
   }
   ASSERT_EQ(::kill(writer, SIGKILL), 0);
@@ -351,11 +351,11 @@ TEST(LiveInspectionTest, ReadersInOneProcessVerifyEveryByteWhileAWriterInAnother
   EXPECT_GT(views, 3u);
   EXPECT_GT(verified, 50u);
   EXPECT_GT(puts_seen, 10u) << "the writer made too little progress for the test to mean much";
-  std::printf("live inspection: %llu views, %llu records verified, %llu not found (evicted or "
-              "deleted meanwhile), the writer at %llu Puts\n",
-              static_cast<unsigned long long>(views), static_cast<unsigned long long>(verified),
-              static_cast<unsigned long long>(not_found),
-              static_cast<unsigned long long>(puts_seen));
+  std::printf(
+      "live inspection: %llu views, %llu records verified, %llu not found (evicted or "
+      "deleted meanwhile), the writer at %llu Puts\n",
+      static_cast<unsigned long long>(views), static_cast<unsigned long long>(verified),
+      static_cast<unsigned long long>(not_found), static_cast<unsigned long long>(puts_seen));
   // And the store, reopened by a writer after the kill, is consistent.
   reader = absl::UnavailableError("closed");
   auto after = Engine::Open(EngineOptions{}, store);

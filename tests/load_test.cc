@@ -70,8 +70,8 @@ struct LoadConfig {
 
 // Counts of what the load did, summed over threads.
 struct LoadCounts {
-  std::atomic<uint64_t> sessions{0}, records_checked{0}, bytes_checked{0}, puts{0},
-      puts_refused{0}, deletes{0}, deletes_not_found{0}, ops{0}, samples{0};
+  std::atomic<uint64_t> sessions{0}, records_checked{0}, bytes_checked{0}, puts{0}, puts_refused{0},
+      deletes{0}, deletes_not_found{0}, ops{0}, samples{0};
   std::atomic<uint64_t> unexpected{0};  // calls that failed in a way the test does not allow
 };
 
@@ -83,8 +83,8 @@ class LoadTest : public ::testing::Test {
     cfg_.threads = std::max(8, 4 * static_cast<int>(std::thread::hardware_concurrency()));
     for (int g = 0; g < cfg_.groups; ++g) {
       for (int c = 0; c < cfg_.per_group; ++c) {
-        const size_t own = cfg_.min_own + synth::Mix64(g * 100 + c) %
-                                              (cfg_.max_own - cfg_.min_own + 1);
+        const size_t own =
+            cfg_.min_own + synth::Mix64(g * 100 + c) % (cfg_.max_own - cfg_.min_own + 1);
         prompts_.push_back(synth::TokensWithSharedPrefix(
             1000 + g, cfg_.shared_chunks * cfg_.spec.chunk_tokens, 2000 + g * 100 + c,
             (cfg_.shared_chunks + own) * cfg_.spec.chunk_tokens));
@@ -192,8 +192,8 @@ class LoadTest : public ::testing::Test {
       for (const auto& r : view->records()) {
         synth::FillRecord(s, keys[r.chunk], l, want);
         if (!ServedEquals(r, want.data(), want.size())) {
-          Unexpected("AwaitLayer", absl::DataLossError(absl::StrCat(
-                                       "wrong bytes served for chunk ", r.chunk, " layer ", l)));
+          Unexpected("AwaitLayer", absl::DataLossError(absl::StrCat("wrong bytes served for chunk ",
+                                                                    r.chunk, " layer ", l)));
         }
         counts_.records_checked++;
         counts_.bytes_checked += want.size();
@@ -212,17 +212,17 @@ class LoadTest : public ::testing::Test {
     if (st.gpu_tier_resident_bytes > st.gpu_tier_budget_bytes ||
         st.cpu_tier_resident_bytes > st.cpu_tier_budget_bytes ||
         st.disk_bytes_used > st.max_disk_bytes) {
-      Unexpected("Stats", absl::InternalError(absl::StrCat(
-                              "gpu tier ", st.gpu_tier_resident_bytes, " / ",
-                              st.gpu_tier_budget_bytes, ", cpu tier ", st.cpu_tier_resident_bytes,
-                              " / ", st.cpu_tier_budget_bytes, ", disk ", st.disk_bytes_used,
-                              " / ", st.max_disk_bytes)));
+      Unexpected("Stats",
+                 absl::InternalError(absl::StrCat(
+                     "gpu tier ", st.gpu_tier_resident_bytes, " / ", st.gpu_tier_budget_bytes,
+                     ", cpu tier ", st.cpu_tier_resident_bytes, " / ", st.cpu_tier_budget_bytes,
+                     ", disk ", st.disk_bytes_used, " / ", st.max_disk_bytes)));
     }
     if (!full) return;
     const uint64_t blocks = SegmentBlocksBytes(dir_.path());
     if (blocks > st.max_disk_bytes) {
-      Unexpected("segment files", absl::InternalError(absl::StrCat(
-                                      "segment blocks ", blocks, " > cap ", st.max_disk_bytes)));
+      Unexpected("segment files", absl::InternalError(absl::StrCat("segment blocks ", blocks,
+                                                                   " > cap ", st.max_disk_bytes)));
     }
     const uint64_t rss = RssBytes();
     absl::MutexLock lock(&mu_);
@@ -296,7 +296,8 @@ TEST_F(LoadTest, ConcurrentSessionsPutsAndDeletesStayExactAndWithinBudgets) {
       "(%llu not found), %llu chunks evicted, %llu samples; RSS before %.1f MiB, after round 1 "
       "%.1f MiB, after round 2 %.1f MiB, peak %.1f MiB, bound %.1f MiB\n",
       cfg_.threads, seconds, elapsed, (unsigned long long)counts_.ops.load(),
-      (unsigned long long)counts_.sessions.load(), (unsigned long long)counts_.records_checked.load(),
+      (unsigned long long)counts_.sessions.load(),
+      (unsigned long long)counts_.records_checked.load(),
       counts_.bytes_checked.load() / double(kMiB), (unsigned long long)counts_.puts.load(),
       (unsigned long long)counts_.puts_refused.load(), (unsigned long long)counts_.deletes.load(),
       (unsigned long long)counts_.deletes_not_found.load(), (unsigned long long)st.chunks_evicted,

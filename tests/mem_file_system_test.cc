@@ -107,8 +107,8 @@ TEST(MemFileSystemTest, DirectoryTree) {
   ASSERT_NE(MustOpen(fs, "/x/f"), nullptr);
   auto names = fs.ListDir("/x");
   ASSERT_TRUE(names.ok()) << names.status();
-  EXPECT_EQ(*names, (std::vector<std::string>{"f", "y"}));  // files and directories, sorted
-  EXPECT_FALSE(fs.ListDir("/x/f").ok());  // ENOTDIR, as opendir of a file
+  EXPECT_EQ(*names, (std::vector<std::string>{"f", "y"}));         // files and directories, sorted
+  EXPECT_FALSE(fs.ListDir("/x/f").ok());                           // ENOTDIR, as opendir of a file
   EXPECT_NE(fs.DeleteFile("/x/y").code(), absl::StatusCode::kOk);  // a directory
   EXPECT_NE(fs.Open("/x/y", OpenMode::kReadWrite).status().code(), absl::StatusCode::kOk);
   CKV_ASSERT_OK(fs.SyncDir("/x/y"));
@@ -131,16 +131,15 @@ TEST(MemFileSystemTest, QueueRoundTrip) {
   CKV_ASSERT_OK((*queue)->Submit(
       IoOp{IoOp::Kind::kWrite, file.get(), kBlock, out.data(), out.size()}, count));
   CKV_ASSERT_OK((*queue)->Drain());
-  CKV_ASSERT_OK((*queue)->Submit(
-      IoOp{IoOp::Kind::kRead, file.get(), kBlock, in.data(), in.size()}, count));
+  CKV_ASSERT_OK(
+      (*queue)->Submit(IoOp{IoOp::Kind::kRead, file.get(), kBlock, in.data(), in.size()}, count));
   CKV_ASSERT_OK((*queue)->Drain());
   EXPECT_EQ(done, 2);
   EXPECT_EQ(std::memcmp(in.data(), out.data(), in.size()), 0);
   // Past the end: the read's status is DataLoss, as on disk.
   absl::Status past;
-  CKV_ASSERT_OK((*queue)->Submit(
-      IoOp{IoOp::Kind::kRead, file.get(), 8 * kBlock, in.data(), kBlock},
-      [&](const absl::Status& s) { past = s; }));
+  CKV_ASSERT_OK((*queue)->Submit(IoOp{IoOp::Kind::kRead, file.get(), 8 * kBlock, in.data(), kBlock},
+                                 [&](const absl::Status& s) { past = s; }));
   CKV_ASSERT_OK((*queue)->Drain());
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
 }

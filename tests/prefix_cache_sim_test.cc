@@ -23,9 +23,9 @@ TEST(PrefixLruSimTest, UnlimitedHitsEveryLeadingChunkSeenBefore) {
 
 TEST(PrefixLruSimTest, EvictsTheLeastRecentLeafAndThenItsParent) {
   PrefixLruSim sim(4);
-  sim.Access(Chain{0, 1});   // t1
-  sim.Access(Chain{2, 3});   // t2
-  sim.Access(Chain{0, 1});   // t3: 0 <- 1 is now the most recent
+  sim.Access(Chain{0, 1});                 // t1
+  sim.Access(Chain{2, 3});                 // t2
+  sim.Access(Chain{0, 1});                 // t3: 0 <- 1 is now the most recent
   EXPECT_EQ(sim.Access(Chain{4, 5}), 0u);  // room for 2: leaf 3 (t2), then its parent 2
   EXPECT_EQ(sim.evicted(), 2u);
   EXPECT_EQ(sim.Access(Chain{2}), 0u) << "2 was evicted";

@@ -16,13 +16,18 @@ TEST(PrintableTest, EscapesWhatATerminalWouldObeyAndKeepsTheRest) {
   EXPECT_EQ(Printable(std::string("nul\0byte", 8)), "nul\\x00byte");
   // The C1 CSI (U+009B) UTF-8 encoded, a lone 0x9b (CSI to an 8-bit terminal), a truncated
   // sequence and an overlong '/' are escaped byte by byte.
-  EXPECT_EQ(Printable("a\xc2\x9b" "2Jb"), "a\\xc2\\x9b2Jb");
-  EXPECT_EQ(Printable("a\x9b" "2J"), "a\\x9b2J");
+  EXPECT_EQ(Printable("a\xc2\x9b"
+                      "2Jb"),
+            "a\\xc2\\x9b2Jb");
+  EXPECT_EQ(Printable("a\x9b"
+                      "2J"),
+            "a\\x9b2J");
   EXPECT_EQ(Printable("end\xe2\x82"), "end\\xe2\\x82");
   EXPECT_EQ(Printable("\xc0\xaf"), "\\xc0\\xaf");
   // Plain text, UTF-8 (2, 3 and 4 bytes) and backslashes are kept as they are.
   EXPECT_TRUE(IsPrintable("\xc2\xa0 \xe2\x82\xac \xf0\x9f\x99\x82"));
-  EXPECT_EQ(Printable("qwen2.5-7b \xc3\xa9t\xc3\xa9 C:\\path"), "qwen2.5-7b \xc3\xa9t\xc3\xa9 C:\\path");
+  EXPECT_EQ(Printable("qwen2.5-7b \xc3\xa9t\xc3\xa9 C:\\path"),
+            "qwen2.5-7b \xc3\xa9t\xc3\xa9 C:\\path");
   EXPECT_TRUE(IsPrintable("qwen2.5-7b"));
   EXPECT_FALSE(IsPrintable("a\x1b"));
   // Escaping twice changes nothing more: a message escaped once may be logged again.

@@ -35,9 +35,11 @@ TEST(PutBenchTest, SteadyStateTinyRunEvictsOnEveryPutAndReportsLatency) {
   const std::string json = dir.path() + "/out.json";
   // 64 tokens of qwen2.5-0.5b: 4 chunks a Put; the cap holds 2 prefixes and a half. Without the
   // background reclaimer each Put after the warm-up must evict inline.
-  const Ran r = RunPutBench("--steady-state --store " + dir.path() +
-                            "/stores --model qwen2.5-0.5b --tokens 64 --puts 7 --cap-puts 2 --reclaim-margin 0 "
-                            "--json " + json);
+  const Ran r = RunPutBench(
+      "--steady-state --store " + dir.path() +
+      "/stores --model qwen2.5-0.5b --tokens 64 --puts 7 --cap-puts 2 --reclaim-margin 0 "
+      "--json " +
+      json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(json);
   ASSERT_TRUE(in.good()) << json << " not written; output: " << r.output;

@@ -51,8 +51,7 @@ class PutStagingTest : public ::testing::Test {
   // A store on the fault-injecting wrapper over memory (the thread queue under the wrapper, as
   // the fault tests use it), with a small staging pool: `staging` bytes of `write`-byte buffers.
   std::unique_ptr<storage::ChunkStore> Open(uint64_t staging, uint32_t write,
-                                            storage::Clock* clock = nullptr,
-                                            bool direct = false) {
+                                            storage::Clock* clock = nullptr, bool direct = false) {
     storage::StoreOptions options;
     options.put_direct_writes = direct;
     options.file_system = &fault_;
@@ -219,8 +218,7 @@ TEST_P(PutDirectTest, AlignedTensorsAreWrittenWithoutStagingAndReadBackBitExact)
   storage::FaultInjectingFileSystem fault(&mem);
   storage::StoreOptions options;
   options.put_direct_writes = true;
-  options.file_system =
-      GetParam().posix ? storage::PosixFileSystem(*GetParam().posix) : &fault;
+  options.file_system = GetParam().posix ? storage::PosixFileSystem(*GetParam().posix) : &fault;
   auto store = storage::ChunkStore::Open(options, dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
@@ -262,7 +260,8 @@ TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
   auto store = Open(32 << 20, 2 << 20, nullptr, /*direct=*/true);
   ASSERT_NE(store, nullptr);
   int round = 0;
-  for (double storage::FaultRule::*fault : {&storage::FaultRule::torn_write, &storage::FaultRule::write_eio}) {
+  for (double storage::FaultRule::*fault :
+       {&storage::FaultRule::torn_write, &storage::FaultRule::write_eio}) {
     storage::FaultRule rule;
     rule.path_substring = "seg-";
     rule.*fault = 1;
@@ -287,7 +286,8 @@ TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
 
 TEST(NarrowIoOpTest, CutsAGatheredWriteInsideItsPieces) {
   std::vector<std::byte> a(4096), b(4096), c(4096);
-  const std::vector<storage::IoPiece> pieces = {{a.data(), 4096}, {b.data(), 4096}, {c.data(), 4096}};
+  const std::vector<storage::IoPiece> pieces = {
+      {a.data(), 4096}, {b.data(), 4096}, {c.data(), 4096}};
   storage::IoOp op;
   op.kind = storage::IoOp::Kind::kWrite;
   op.offset = 1 << 20;

@@ -68,7 +68,8 @@ struct TestFile {
   std::vector<uint64_t> checksums;
 };
 
-ReadRequest RecordRequest(FileId id, const TestFile& f, uint32_t i, Priority p = Priority::kDemand) {
+ReadRequest RecordRequest(FileId id, const TestFile& f, uint32_t i,
+                          Priority p = Priority::kDemand) {
   ReadRequest r;
   r.file = id;
   r.offset = uint64_t{i} * kRecord;
@@ -84,7 +85,8 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
  protected:
   void SetUp() override {
     if (GetParam() == IoBackend::kUring && !storage::UringAvailable()) {
-      GTEST_SKIP() << "io_uring unavailable: " << "the threads backend runs the same tests";
+      GTEST_SKIP() << "io_uring unavailable: "
+                   << "the threads backend runs the same tests";
     }
   }
   ReadEngineOptions Options() {
@@ -97,8 +99,8 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
   // The fault-injecting file system over the POSIX one of the test's backend: files opened by
   // it, and an engine reading through it (o.file_system), get the hook's faults.
   storage::FaultInjectingFileSystem* FaultFs(ReadEngineOptions& o) {
-    fault_fs_ = std::make_unique<storage::FaultInjectingFileSystem>(
-        storage::PosixFileSystem(GetParam()));
+    fault_fs_ =
+        std::make_unique<storage::FaultInjectingFileSystem>(storage::PosixFileSystem(GetParam()));
     o.file_system = fault_fs_.get();
     return fault_fs_.get();
   }
@@ -400,7 +402,8 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   std::vector<std::shared_ptr<ReadFuture>> spec;
   std::atomic<uint64_t> max_demand_seq{0};
   Counter done;
-  for (uint32_t i = 0; i < 60; ++i) spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
+  for (uint32_t i = 0; i < 60; ++i)
+    spec.push_back(*engine->SubmitWithFuture(RecordRequest(*id, f, i, Priority::kSpeculative)));
   // Speculation is running: its first read is issued (and held).
   ASSERT_TRUE(held.reading.WaitForNotificationWithTimeout(kWait));
   for (uint32_t i = 60; i < 65; ++i) {
@@ -408,7 +411,8 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
     r.callback = [&](const ReadResult& res) {
       EXPECT_TRUE(res.status.ok()) << res.status;
       uint64_t prev = max_demand_seq.load();
-      while (prev < res.issue_seq && !max_demand_seq.compare_exchange_weak(prev, res.issue_seq)) {}
+      while (prev < res.issue_seq && !max_demand_seq.compare_exchange_weak(prev, res.issue_seq)) {
+      }
       ++done;
     };
     ASSERT_TRUE(engine->Submit(std::move(r)).ok());
@@ -695,7 +699,8 @@ TEST_P(ReadEngineTest, SeveralIoThreadsDeliverEverything) {
 INSTANTIATE_TEST_SUITE_P(Backends, ReadEngineTest,
                          ::testing::Values(IoBackend::kUring, IoBackend::kThreads),
                          [](const ::testing::TestParamInfo<IoBackend>& info) {
-                           return std::string(info.param == IoBackend::kUring ? "Uring" : "Threads");
+                           return std::string(info.param == IoBackend::kUring ? "Uring"
+                                                                              : "Threads");
                          });
 
 // The fault file system's rules under each backend: its queue wraps the backend's queue, so
@@ -768,7 +773,8 @@ TEST(ReadEngineFaultFsTest, UringBackendRefusesFilesOfAnotherFileSystem) {
   o.queue_depth = 4;
   auto engine = ReadEngine::Create(o);
   ASSERT_TRUE(engine.ok());
-  EXPECT_EQ((*engine)->RegisterFile(f.file.get()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->RegisterFile(f.file.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -57,7 +57,6 @@ inline std::string FindOnPath(const std::string& name) {
   return "";
 }
 
-
 // Polls `done` every 20 ms until it is true or `timeout` passed; its last answer.
 inline bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
@@ -113,10 +112,9 @@ class RedisCluster {
       if (pid == 0) {
         execl(server.c_str(), server.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1",
               "--cluster-enabled", "yes", "--cluster-config-file", conf.c_str(),
-              "--cluster-node-timeout", node_timeout.c_str(), "--dir", c->dir_.c_str(),
-              "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
-              "--logfile", log.c_str(), "--daemonize", "no",
-              "--protected-mode", "no", static_cast<char*>(nullptr));
+              "--cluster-node-timeout", node_timeout.c_str(), "--dir", c->dir_.c_str(), "--save",
+              "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", "--logfile", log.c_str(),
+              "--daemonize", "no", "--protected-mode", "no", static_cast<char*>(nullptr));
         _exit(127);
       }
       c->pids_.push_back(pid);
@@ -203,9 +201,7 @@ class RedisCluster {
     while (!id.empty() && (id.back() == '\n' || id.back() == '\r')) id.pop_back();
     return id;
   }
-  bool IsMaster(int node) const {
-    return Cli(node, "ROLE").rfind("master", 0) == 0;
-  }
+  bool IsMaster(int node) const { return Cli(node, "ROLE").rfind("master", 0) == 0; }
 
   void Signal(int node, int sig) { kill(pids_[node], sig); }
   // SIGKILLs the node and reaps it.
@@ -259,12 +255,12 @@ class RedisCluster {
 // In a test: skips, saying why, when `status` (of RedisCluster::Start) is NotFound (redis-server
 // or redis-cli is not installed); fails the test for any other error, which a test must not
 // hide as a skip.
-#define CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(status)                                  \
-  do {                                                                            \
-    const ::absl::Status ckv_cluster_status_ = (status);                          \
-    if (::absl::IsNotFound(ckv_cluster_status_)) {                                \
-      GTEST_SKIP() << "no Redis Cluster: " << ckv_cluster_status_;                \
-    }                                                                             \
+#define CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(status)                                       \
+  do {                                                                                 \
+    const ::absl::Status ckv_cluster_status_ = (status);                               \
+    if (::absl::IsNotFound(ckv_cluster_status_)) {                                     \
+      GTEST_SKIP() << "no Redis Cluster: " << ckv_cluster_status_;                     \
+    }                                                                                  \
     ASSERT_TRUE(ckv_cluster_status_.ok()) << "Redis Cluster: " << ckv_cluster_status_; \
   } while (false)
 
@@ -292,9 +288,8 @@ class SuiteClusterTest : public ::testing::Test {
   }
   void SetUp() override {
     if (cluster_ == nullptr) {
-      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(start_status_ != nullptr
-                                           ? *start_status_
-                                           : absl::InternalError("the cluster is gone"));
+      CKV_SKIP_OR_FAIL_WITHOUT_CLUSTER(
+          start_status_ != nullptr ? *start_status_ : absl::InternalError("the cluster is gone"));
     }
   }
 

@@ -60,8 +60,7 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   const std::string quest =
       ckv::testing::RunProgram(
           CKV_REMOTE_BENCH_PATH,
-          absl::StrCat("--remote ", (*cluster)->endpoint(0).ToString(), " --dir ",
-                       dir.Sub("quest"),
+          absl::StrCat("--remote ", (*cluster)->endpoint(0).ToString(), " --dir ", dir.Sub("quest"),
                        " --tokens 128 --runs 1 --seconds 0.2 --selector quest --budget 0.25",
                        " --json"))
           .output;

@@ -206,8 +206,8 @@ SessionRun RunSession(Engine& e, const ModelSpec& spec, const std::vector<int32_
     run.chunks.emplace_back();
     for (const auto& r : view->records()) {
       synth::FillRecord(spec, keys[r.chunk], l, want);
-      EXPECT_TRUE(ServedEquals(r, want.data(), want.size())) << "layer " << l << " chunk "
-                                                             << r.chunk;
+      EXPECT_TRUE(ServedEquals(r, want.data(), want.size()))
+          << "layer " << l << " chunk " << r.chunk;
       run.chunks.back().push_back(r.chunk);
     }
   }
@@ -252,9 +252,8 @@ TEST_F(RemoteTierTest, SessionReadsOnlyTheRecordsItSelectsFromTheCluster) {
     // selection per layer, never the whole prefix.
     EXPECT_GE(cold.stats.remote_records, cold.stats.records_served);
     EXPECT_LE(cold.stats.remote_records, 2 * cold.stats.records_served);
-    EXPECT_EQ(cold.stats.remote_bytes_read,
-              chunks * remote::LayoutOfChunkValue(spec_).head_bytes +
-                  cold.stats.remote_records * spec_.RecordBytes());
+    EXPECT_EQ(cold.stats.remote_bytes_read, chunks * remote::LayoutOfChunkValue(spec_).head_bytes +
+                                                cold.stats.remote_records * spec_.RecordBytes());
     EXPECT_GT(cold.stats.read_amplification(), 1.0);
     EngineStats st = b->Stats();
     EXPECT_EQ(st.remote_head_reads, 1u);
@@ -291,8 +290,8 @@ TEST_F(RemoteTierTest, SessionNeverServesADamagedOrMissingRecord) {
   const remote::ChunkValueLayout layout = remote::LayoutOfChunkValue(spec_);
   // Layer 2's record of every chunk, one byte each: whatever layer 2 selects is damaged.
   for (size_t j = 0; j < chunks; ++j) {
-    Cli(absl::StrCat("SETRANGE ", ClusterKey(spec_, tokens, j), " ",
-                     layout.RecordOffset(2) + 1000, " Z"));
+    Cli(absl::StrCat("SETRANGE ", ClusterKey(spec_, tokens, j), " ", layout.RecordOffset(2) + 1000,
+                     " Z"));
   }
   ReprefillOptions o;
   o.selector = Selector::kQuest;
@@ -352,8 +351,8 @@ TEST_F(RemoteTierTest, CorruptedValueIsDataLossAndNeverServed) {
   // One byte of chunk 6's layer-3 record, in the cluster.
   const std::string key = ClusterKey(spec_, tokens, 6);
   const size_t offset = remote::LayoutOfChunkValue(spec_).RecordOffset(3) + 100;
-  ASSERT_NE(Cli(absl::StrCat("SETRANGE ", key, " ", offset, " Z")).find(
-                std::to_string(remote::ChunkValueBytes(spec_))),
+  ASSERT_NE(Cli(absl::StrCat("SETRANGE ", key, " ", offset, " Z"))
+                .find(std::to_string(remote::ChunkValueBytes(spec_))),
             std::string::npos);
   auto b = OpenEngine(dir.Sub("b"), RemoteOptions());
   auto found = b->Lookup(spec_, tokens);
@@ -466,7 +465,7 @@ TEST_F(RemoteTierTest, StoppedClusterFailsASessionsLayerWithinTheTimeout) {
   auto session = b->BeginReprefill(spec_, tokens, o);
   ASSERT_TRUE(session.ok()) << session.status();
   ASSERT_EQ((*session)->matched_chunks(), 32u);  // the heads, read
-  struct Continue {  // the masters run again whatever the test asserts
+  struct Continue {                              // the masters run again whatever the test asserts
     RedisCluster* cluster;
     ~Continue() {
       for (int i = 0; i < cluster->size(); ++i) cluster->Signal(i, SIGCONT);

@@ -66,8 +66,8 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
     EXPECT_LE(lru, inf + 1e-9);
     // Recency first (storage/eviction_policy.h): the store is the LRU the simulation models, up
     // to the simulation's slightly larger capacity (no metadata reserve). Without a reclaimer:
-    // its margin is space the simulation does not leave free (about a point at 10%). Score first was 3
-    // points off here (16.6% against 13.4% at 10%, 46.9% against 44.0% at 50%).
+    // its margin is space the simulation does not leave free (about a point at 10%). Score first
+    // was 3 points off here (16.6% against 13.4% at 10%, 46.9% against 44.0% at 50%).
     EXPECT_NEAR(ckv, lru, 0.005);
     EXPECT_GT(*cap.Find("put_latency")->Find("max_seconds")->AsDouble(), 0);
   }

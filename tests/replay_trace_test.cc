@@ -58,8 +58,7 @@ TEST(ReplayTraceTest, BadLinesNameTheFileTheLineAndWhatIsWrong) {
        "N >= 0"},
       {"{\"conversation\": \"b\", \"turn\": 1, \"tokens\": [1], \"role\": \"user\"}",
        "t.jsonl:2: unknown member \"role\" (known: conversation, turn, tokens, generate)"},
-      {"{\"conversation\": \"b\", \"turn\": 1, \"tokens\": [1],}",
-       "t.jsonl:2: JSON at byte"},
+      {"{\"conversation\": \"b\", \"turn\": 1, \"tokens\": [1],}", "t.jsonl:2: JSON at byte"},
   };
   for (const auto& [line, want] : cases) {
     auto turns = ParseTrace(ok + line + "\n", "t.jsonl");
@@ -126,14 +125,17 @@ TEST(ReplayTraceTest, ReadTraceTextRefusesWhatIsNoTraceAsItReadsIt) {
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text, "\n  " + line + "\r\n\t" + line);
   EXPECT_EQ(read("nul.jsonl", line + std::string("{\0", 2)).status().message(),
-            dir.path() + "/nul.jsonl:2: a NUL byte at byte 49 of the file: binary data, not a "
-                         "JSON Lines trace");
+            dir.path() +
+                "/nul.jsonl:2: a NUL byte at byte 49 of the file: binary data, not a "
+                "JSON Lines trace");
   EXPECT_EQ(read("text.jsonl", line + "  # \x1b[2J\n").status().message(),
-            dir.path() + "/text.jsonl:2: the line starts with '#', not '{': every line of a "
-                         "trace is a JSON object");
+            dir.path() +
+                "/text.jsonl:2: the line starts with '#', not '{': every line of a "
+                "trace is a JSON object");
   EXPECT_EQ(read("esc.jsonl", "\x1b[2J").status().message(),
-            dir.path() + "/esc.jsonl:1: the line starts with '\\x1b', not '{': every line of a "
-                         "trace is a JSON object");
+            dir.path() +
+                "/esc.jsonl:1: the line starts with '\\x1b', not '{': every line of a "
+                "trace is a JSON object");
   EXPECT_EQ(read("long.jsonl", line + "{" + std::string(100, ' ') + "}\n").status().message(),
             dir.path() + "/long.jsonl:2: line of more than 64 bytes; the limit is 64");
   // /dev/zero: refused in its first read, whatever the file limit.

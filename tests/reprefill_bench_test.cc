@@ -59,9 +59,11 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   const std::string json = dir.path() + "/out.json";
   const std::string plot = dir.path() + "/out.png";
   const std::string args =
-      "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
-      "--conversations 2 --turns 2 --budgets 10,50 --systems " + kSystems +
-      " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --rounds 2 --json " + json;
+      "--store " + store +
+      " --model qwen2.5-0.5b --prefix-tokens 256 --suffix-tokens 16 "
+      "--conversations 2 --turns 2 --budgets 10,50 --systems " +
+      kSystems + " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --rounds 2 --json " +
+      json;
   const Ran first = RunBench(args + " --plot " + plot);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("making a new store"), std::string::npos) << first.output;
@@ -80,9 +82,9 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   const JsonValue* workload = doc->Find("workload");
   ASSERT_NE(workload, nullptr);
   EXPECT_EQ(*workload->Find("model")->AsString(), "qwen2.5-0.5b");
-  for (const char* k : {"prefix_tokens", "suffix_tokens", "conversations", "turns", "warmup_turns",
-                        "concurrency", "window", "gpu_tier_bytes", "cpu_tier_bytes", "seed",
-                        "store_bytes"}) {
+  for (const char* k :
+       {"prefix_tokens", "suffix_tokens", "conversations", "turns", "warmup_turns", "concurrency",
+        "window", "gpu_tier_bytes", "cpu_tier_bytes", "seed", "store_bytes"}) {
     EXPECT_TRUE(IsInt(*workload, k)) << k;
   }
   EXPECT_EQ(Num(*workload, "prefix_tokens"), 256);
@@ -129,7 +131,8 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     EXPECT_GT(Num(*lat, "mean"), 0);
     EXPECT_GT(Num(*lat, "p50"), 0);
     EXPECT_LE(Num(*lat, "p50"), Num(*lat, "p95"));
-    EXPECT_GE(Num(r, "wall_ms"), Num(*lat, "mean") - 1e-9);  // the modelled GPU takes CPU scoring out
+    EXPECT_GE(Num(r, "wall_ms"),
+              Num(*lat, "mean") - 1e-9);  // the modelled GPU takes CPU scoring out
     EXPECT_GE(Num(r, "scoring_cpu_ms"), 0);
     EXPECT_GE(Num(r, "bubble_ms"), 0);
     EXPECT_TRUE(IsInt(r, "bytes_needed"));
@@ -167,7 +170,8 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   // below the recall over everything it read (here, at 10%, strictly).
   for (const char* s : {"h2o", "impress"}) {
     EXPECT_LT(Num(*by.at({s, 0.1}), "attention_recall"),
-              Num(*by.at({s, 0.1}), "attention_recall_loaded")) << s;
+              Num(*by.at({s, 0.1}), "attention_recall_loaded"))
+        << s;
   }
   // The headline: ckv against each baseline at the baseline's recall at its reference budget
   // (the run's budget closest to 5%: 10% here), and against full at recall 0.95.
@@ -189,14 +193,16 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
       EXPECT_NEAR(Num(e, "baseline_latency_ms"),
                   Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
     }
-    for (const char* k : {"ckv_latency_ms", "speedup", "speedup_min", "speedup_max", "ckv_budget"}) {
+    for (const char* k :
+         {"ckv_latency_ms", "speedup", "speedup_min", "speedup_max", "ckv_budget"}) {
       ASSERT_NE(e.Find(k), nullptr) << k;
     }
     if (e.Find("speedup")->AsDouble() != nullptr || e.Find("speedup")->AsInt() != nullptr) {
       EXPECT_GT(Num(e, "speedup"), 0);
       EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup_round_median") + 1e-12);
       EXPECT_GE(Num(e, "speedup_max"), Num(e, "speedup_round_median") - 1e-12);
-      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 1e-9);
+      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"),
+                  1e-9);
     } else {
       EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
     }
@@ -254,8 +260,8 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     SCOPED_TRACE(base + " at error " + std::to_string(error));
     seen.insert({base, error});
     EXPECT_EQ(*e.Find("ckv_system")->AsString(), "ckv");
-    for (const char* k : {"baseline_latency_ms", "ckv_latency_ms", "speedup", "speedup_min",
-                          "speedup_max"}) {
+    for (const char* k :
+         {"baseline_latency_ms", "ckv_latency_ms", "speedup", "speedup_min", "speedup_max"}) {
       ASSERT_NE(e.Find(k), nullptr) << k;
     }
     on_curve(base, *e.Find("points")->Find("baseline"), error, e.Find("baseline_latency_ms"));
@@ -324,10 +330,12 @@ TEST(ReprefillBenchTest, BaselinesAdmitAtTheRequestsEndAndHitOnTheNextTurn) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
   const Ran ran = RunBench(
-      "--store " + dir.path() + "/store --model qwen2.5-0.5b --prefix-tokens 256 "
+      "--store " + dir.path() +
+      "/store --model qwen2.5-0.5b --prefix-tokens 256 "
       "--suffix-tokens 16 --conversations 2 --turns 2 --request-shift 0 --budgets 50 "
       "--systems full,h2o,impress --gpu-tier-bytes 67108864 --cpu-tier-bytes 67108864 --no-fio "
-      "--rounds 1 --json " + json);
+      "--rounds 1 --json " +
+      json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -352,9 +360,11 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   const std::string store = dir.path() + "/store";
   const std::string json = dir.path() + "/out.json";
   const std::string args =
-      "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 2048 --suffix-tokens 16 "
+      "--store " + store +
+      " --model qwen2.5-0.5b --prefix-tokens 2048 --suffix-tokens 16 "
       "--conversations 2 --turns 3 --request-shift 0 --gpu-tier-bytes 0 --cpu-tier-bytes 0 "
-      "--no-fio --rounds 1 --json " + json;
+      "--no-fio --rounds 1 --json " +
+      json;
   const Ran ran = RunBench(args + " --budgets 5,10 --systems full,impress");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
@@ -412,10 +422,10 @@ TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
   const std::string store = dir.path() + "/store";
   const std::string json = dir.path() + "/out.json";
   const std::string args =
-      "--store " + store + " --model qwen2.5-0.5b --prefix-tokens 512 --suffix-tokens 16 "
+      "--store " + store +
+      " --model qwen2.5-0.5b --prefix-tokens 512 --suffix-tokens 16 "
       "--conversations 2 --turns 2 --gpu-tier-bytes 0 --cpu-tier-bytes 0 --no-fio --rounds 1 ";
-  const Ran ran =
-      RunBench(args + "--budgets 10 --fidelity --systems ckv-paper,h2o --json " + json);
+  const Ran ran = RunBench(args + "--budgets 10 --fidelity --systems ckv-paper,h2o --json " + json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -455,9 +465,11 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   TempDir dir;
   const std::string store = dir.path() + "/store";
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench("--store " + store + " --model qwen2.5-0.5b --prefix-tokens 1024 "
+  const Ran ran = RunBench("--store " + store +
+                           " --model qwen2.5-0.5b --prefix-tokens 1024 "
                            "--suffix-tokens 16 --conversations 2 --turns 2 --budgets 10 "
-                           "--systems full,ckv --fio-seconds 1 --json " + json);
+                           "--systems full,ckv --fio-seconds 1 --json " +
+                           json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   struct stat fio_st {};
   ASSERT_EQ(::stat((store + "/fio.dat").c_str(), &fio_st), 0) << ran.output;
@@ -467,7 +479,8 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   uint64_t largest = 0;
   for (const char* layout : {"layer-major", "period-major"}) {
     std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(store + "/" + layout + "/segments", ec)) {
+    for (const auto& e :
+         std::filesystem::directory_iterator(store + "/" + layout + "/segments", ec)) {
       struct stat st {};
       if (::stat(e.path().c_str(), &st) == 0) {
         largest = std::max<uint64_t>(largest, uint64_t(st.st_blocks) * 512);
@@ -492,7 +505,8 @@ TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
   TempDir dir;
   const std::string store = dir.path() + "/it's a: store";
   const std::string json = dir.path() + "/out.json";
-  const std::string args = "--store \"" + store + "\" --model qwen2.5-0.5b --prefix-tokens 256 "
+  const std::string args = "--store \"" + store +
+                           "\" --model qwen2.5-0.5b --prefix-tokens 256 "
                            "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 10 "
                            "--systems full,ckv";
   const bool have_fio = std::system("fio --version >/dev/null 2>&1") == 0;
@@ -538,9 +552,11 @@ TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
 // A tiny run with the fidelity (qwen2.5-0.5b, one conversation of a 256-token prefix and two
 // 16-token turns, 50%, one round) of `systems`, its JSON into `json`.
 Ran RunTinyFidelity(const TempDir& dir, const std::string& systems, const std::string& json) {
-  return RunBench("--store " + dir.path() + "/s --model qwen2.5-0.5b --prefix-tokens 256 "
+  return RunBench("--store " + dir.path() +
+                  "/s --model qwen2.5-0.5b --prefix-tokens 256 "
                   "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 50 --rounds 1 "
-                  "--fidelity --no-fio --systems " + systems + " --json " + json);
+                  "--fidelity --no-fio --systems " +
+                  systems + " --json " + json);
 }
 
 // The ckv variants with an estimate, a target mass and rescored layers run, the fidelity
@@ -549,8 +565,8 @@ Ran RunTinyFidelity(const TempDir& dir, const std::string& systems, const std::s
 TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCheckOut) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunTinyFidelity(
-      dir, "ckv,ckv-est,ckv:mean-key:period-major:2:estimate:target:rescore", json);
+  const Ran ran =
+      RunTinyFidelity(dir, "ckv,ckv-est,ckv:mean-key:period-major:2:estimate:target:rescore", json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -562,7 +578,8 @@ TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCh
   ASSERT_EQ(error.count("ckv:mean-key:period-major:2:estimate:target:rescore"), 1u) << ran.output;
   EXPECT_GT(error["ckv"], 0);
   EXPECT_LT(error["ckv-est"], error["ckv"]) << "the same selections, the rest estimated";
-  const Ran bad = RunBench("--store " + dir.path() + "/s --systems ckv:quest:layer-major:rescore "
+  const Ran bad = RunBench("--store " + dir.path() +
+                           "/s --systems ckv:quest:layer-major:rescore "
                            "--no-fio");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("rescore needs quest, mean-key or outlier-key with a period"),
@@ -607,7 +624,8 @@ TEST(ReprefillBenchTest, CodecSuffixesRunBesideTheDtypeInOneRun) {
   EXPECT_EQ(suffixed.exit_code, 2);
   EXPECT_NE(suffixed.output.find("impress keeps its own files in the dtype"), std::string::npos)
       << suffixed.output;
-  const Ran defaulted = RunBench("--store " + dir.path() + "/s --systems full,h2o --codec fp8 "
+  const Ran defaulted = RunBench("--store " + dir.path() +
+                                 "/s --systems full,h2o --codec fp8 "
                                  "--no-fio");
   EXPECT_EQ(defaulted.exit_code, 2);
   EXPECT_NE(defaulted.output.find("system h2o keeps its own files"), std::string::npos)
@@ -651,10 +669,12 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
   const Ran ran = RunBench("--store " + store + " --attention-profile trained-tiny " +
                            "--profile-file " + profile + " --budgets 10,50 --systems " + kSystems +
                            " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio "
-                           "--rounds 1 --json " + json);
+                           "--rounds 1 --json " +
+                           json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   EXPECT_NE(ran.output.find("attention profile " + profile + ": test/trained-tiny"),
-            std::string::npos) << ran.output;
+            std::string::npos)
+      << ran.output;
   EXPECT_NE(ran.output.find("reading the KV of 192 tokens"), std::string::npos) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -685,12 +705,15 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
       EXPECT_NEAR(error, 0, 1e-5);
     }
   }
-  EXPECT_EQ(systems, (std::set<std::string>{"full", "h2o", "impress", "ckv-paper", "ckv",
-                                            "recompute"}));
+  EXPECT_EQ(systems,
+            (std::set<std::string>{"full", "h2o", "impress", "ckv-paper", "ckv", "recompute"}));
 
   // Rerun: the store is reused; a rewritten file (another seed) makes a new one.
-  const std::string again = "--store " + store + " --attention-profile trained-tiny "
-                            "--profile-file " + profile + " --budgets 50 --systems ckv --no-fio "
+  const std::string again = "--store " + store +
+                            " --attention-profile trained-tiny "
+                            "--profile-file " +
+                            profile +
+                            " --budgets 50 --systems ckv --no-fio "
                             "--rounds 1";
   const Ran reused = RunBench(again);
   ASSERT_EQ(reused.exit_code, 0) << reused.output;
@@ -721,11 +744,9 @@ TEST(ReprefillBenchTest, ProfileFileFlagsAreRefusedByName) {
             "--turns 5 contradicts the profile file " + profile + ", which has 2"},
            {"--attention-profile trained-tiny --profile-file " + profile + " --model qwen2.5-7b",
             "--model qwen2.5-7b contradicts the profile file"},
-           {"--attention-profile trained-tiny --profile-file " + profile +
-                " --request-shift 0.5",
+           {"--attention-profile trained-tiny --profile-file " + profile + " --request-shift 0.5",
             "--request-shift is the synthetic generator's"},
-           {"--attention-profile trained-tiny --profile-file " + profile +
-                " --head-agreement 0.95",
+           {"--attention-profile trained-tiny --profile-file " + profile + " --head-agreement 0.95",
             "--head-agreement is the synthetic generator's"},
            {"--attention-profile bogus", "or trained-tiny (with --profile-file)"}}) {
     const Ran ran = RunBench(base + c.args);

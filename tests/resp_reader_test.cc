@@ -57,12 +57,11 @@ std::string Pattern(size_t n, int seed) {
 
 TEST(RespReaderTest, EveryTypeAtEveryCut) {
   const std::string large = Pattern(RespReader::kDirectBytes + 3, 1);
-  const std::string stream = absl::StrCat("+OK\r\n", "-MOVED 3999 127.0.0.1:6381\r\n", ":-42\r\n",
-                                          "$-1\r\n", Bulk("small\r\nvalue"), Bulk(""),
-                                          "*3\r\n:1\r\n", Bulk("x"), "*-1\r\n", "*0\r\n",
-                                          Bulk(large), "+after\r\n");
-  for (size_t step : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{100}, size_t{4096},
-                      stream.size()}) {
+  const std::string stream = absl::StrCat(
+      "+OK\r\n", "-MOVED 3999 127.0.0.1:6381\r\n", ":-42\r\n", "$-1\r\n", Bulk("small\r\nvalue"),
+      Bulk(""), "*3\r\n:1\r\n", Bulk("x"), "*-1\r\n", "*0\r\n", Bulk(large), "+after\r\n");
+  for (size_t step :
+       {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{100}, size_t{4096}, stream.size()}) {
     SCOPED_TRACE(absl::StrCat("reads of ", step, " bytes"));
     RespReader reader;
     std::vector<Reply> got = ReadAll(stream, step, &reader);
@@ -265,8 +264,7 @@ TEST(RespReaderTest, AnnouncedSizesOverTheLimitAreRefusedAtTheirHeader) {
   // string is never sized (it was resized to 500 MiB before its payload arrived).
   s = FirstError("$524288000\r\nabc");
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(s.message().find("bulk string of 524288000 bytes announced"), std::string::npos)
-      << s;
+  EXPECT_NE(s.message().find("bulk string of 524288000 bytes announced"), std::string::npos) << s;
 }
 
 TEST(RespReaderTest, EachReplyIsHeldToTheLimitItsRequestStated) {

@@ -604,8 +604,8 @@ TEST_F(SafetensorsTest, ReadRangeReadsASliceOfOneTensorAndNoMore) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>(i + 1);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(100 + i);
   const std::string path = dir_.Sub("r.safetensors");
-  CKV_ASSERT_OK(WriteFile(
-      path, {{"a", Dtype::kF16, {6}, Bytes(a)}, {"b", Dtype::kI32, {2}, Bytes(b)}}, {}));
+  CKV_ASSERT_OK(
+      WriteFile(path, {{"a", Dtype::kF16, {6}, Bytes(a)}, {"b", Dtype::kI32, {2}, Bytes(b)}}, {}));
   auto reader = Reader::OpenFile(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::string out(4, '\0');
@@ -715,9 +715,8 @@ std::string SparseKvFile(const std::string& path, const ModelSpec& spec, uint64_
     offset += bytes;
   };
   add("token_ids", "I32", "[" + std::to_string(tokens) + "]", 4 * tokens);
-  const std::string kv_shape = "[" + std::to_string(tokens) + "," +
-                               std::to_string(spec.kv_heads) + "," +
-                               std::to_string(spec.head_dim) + "]";
+  const std::string kv_shape = "[" + std::to_string(tokens) + "," + std::to_string(spec.kv_heads) +
+                               "," + std::to_string(spec.head_dim) + "]";
   const uint64_t kv_bytes = tokens * spec.kv_heads * spec.head_dim * 2;
   for (uint32_t l = 0; l < spec.layers; ++l) {
     add(KeyTensorName(l), "F16", kv_shape, kv_bytes);
@@ -747,8 +746,7 @@ ModelSpec SparseSpec(uint32_t layers, uint32_t kv_heads, uint32_t head_dim) {
 TEST(SafetensorsBoundsTest, TooManyTokenIdsAreRefusedBeforeReading) {
   TempDir dir;
   const ModelSpec spec = SparseSpec(1, 1, 1);
-  const std::string path =
-      SparseKvFile(dir.Sub("ids.safetensors"), spec, kMaxImportTokens + 1);
+  const std::string path = SparseKvFile(dir.Sub("ids.safetensors"), spec, kMaxImportTokens + 1);
   auto reader = Reader::OpenFile(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   auto imported = ImportKv(**reader, spec);

@@ -166,8 +166,10 @@ TEST(SecurityTest, KvctlWritesNothingOutsideTheStoreAndTheOutputPathsItIsGiven) 
   };
   run("init " + store + " --max-disk-bytes 64M", 0);
   run("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1", 0);
-  run("put " + store + " --model qwen2.5-0.5b --tokens 96 --seed 2 --shared-tokens 64 "
-      "--shared-seed 1", 0);
+  run("put " + store +
+          " --model qwen2.5-0.5b --tokens 96 --seed 2 --shared-tokens 64 "
+          "--shared-seed 1",
+      0);
   ASSERT_EQ(KvctlIn(cwd, tmp, "ls " + store + " --json", &out), 0) << out;
   const size_t at = out.find("\"id\":\"");
   ASSERT_NE(at, std::string::npos) << out;

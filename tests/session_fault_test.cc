@@ -44,7 +44,8 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   TempDir dir;
   storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
   EngineOptions eo;
-  eo.layout = RecordLayout::kLayerMajor;  // one layer's records are one band: reads never mix layers
+  eo.layout =
+      RecordLayout::kLayerMajor;  // one layer's records are one band: reads never mix layers
   const engine::Seams seams{.file_system = &fs};
   auto opened = engine::OpenWithSeams(eo, dir.path(), seams);
   ASSERT_TRUE(opened.ok()) << opened.status();
@@ -62,19 +63,19 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   std::atomic<bool> on{true};
   std::atomic<uint64_t> injected{0};
   fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
-        const uint64_t offset = op.offset;
-        const size_t length = op.length;
-        storage::FaultInjectingFileSystem::OpFault f;
-        if (!on || !op.read || op.path != bad_path) return f;
-        for (const auto& [lo, hi] : bad) {
-          if (offset < hi && lo < offset + length) {
-            f.error = EIO;
-            injected++;
-            break;
-          }
-        }
-        return f;
-      });
+    const uint64_t offset = op.offset;
+    const size_t length = op.length;
+    storage::FaultInjectingFileSystem::OpFault f;
+    if (!on || !op.read || op.path != bad_path) return f;
+    for (const auto& [lo, hi] : bad) {
+      if (offset < hi && lo < offset + length) {
+        f.error = EIO;
+        injected++;
+        break;
+      }
+    }
+    return f;
+  });
 
   for (int pass = 0; pass < 2; ++pass) {  // under the fault, then without it
     ReprefillOptions o;
@@ -116,8 +117,8 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
       EXPECT_EQ(view->records().size(), 4u);
       for (const auto& r : view->records()) {
         synth::FillRecord(spec, keys[r.chunk], l, want);
-        ASSERT_TRUE(ServedEquals(r, want.data(), want.size())) << "chunk " << r.chunk
-                                                                     << " layer " << l;
+        ASSERT_TRUE(ServedEquals(r, want.data(), want.size()))
+            << "chunk " << r.chunk << " layer " << l;
       }
       ++served;
     }
@@ -148,9 +149,8 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.index == 0) return std::string("PeriodHead_L4_RegressionFailedHeadServedEmptyViews");
       return absl::StrCat(std::string(SelectorName(info.param.selector)) == "period-exact"
                               ? "PeriodExact"
-                              : std::string(SelectorName(info.param.selector)) == "quest"
-                                    ? "Quest"
-                                    : "MeanKey",
+                          : std::string(SelectorName(info.param.selector)) == "quest" ? "Quest"
+                                                                                      : "MeanKey",
                           "_L", info.param.bad_layer);
     });
 
@@ -177,14 +177,14 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   std::atomic<int> reads_of_it{0};
   absl::Notification failed_once;
   fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
-        storage::FaultInjectingFileSystem::OpFault f;
-        if (op.read && op.path == where->segment_path && op.offset <= where->offset &&
-            where->offset < op.offset + op.length && reads_of_it++ == 0) {
-          f.error = EIO;
-          failed_once.Notify();
-        }
-        return f;
-      });
+    storage::FaultInjectingFileSystem::OpFault f;
+    if (op.read && op.path == where->segment_path && op.offset <= where->offset &&
+        where->offset < op.offset + op.length && reads_of_it++ == 0) {
+      f.error = EIO;
+      failed_once.Notify();
+    }
+    return f;
+  });
   ReprefillOptions o;
   o.selector = Selector::kQuest;
   o.budget_fraction = 0.25;

@@ -282,8 +282,8 @@ TEST(SessionTierTest, DeletingAPrefixErasesItsRecordsFromTheTiers) {
     auto view = (*session)->AwaitLayer(0);
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(engine->Delete(d.spec, d.tokens).ok());
-    EXPECT_GT(engine->Stats().cpu_tier_resident_bytes + engine->Stats().gpu_tier_resident_bytes,
-              0u) << "the view's records stay until it is released";
+    EXPECT_GT(engine->Stats().cpu_tier_resident_bytes + engine->Stats().gpu_tier_resident_bytes, 0u)
+        << "the view's records stay until it is released";
     for (const auto& r : view->records()) {
       EXPECT_TRUE(ServedEquals(r, d.Record(0, r.chunk), d.spec.RecordBytes())) << r.chunk;
     }
@@ -320,9 +320,9 @@ TEST(SessionTierTest, ASmallGpuTierSpillsToTheCpuTierAndBudgetsHold) {
   // What no tier kept is served from the session's own copy.
   EXPECT_GT(seen[LayerView::Tier::kSession], 0);
   EXPECT_LE(seen[LayerView::Tier::kSession], static_cast<int>(second.nvme_records));
-  EXPECT_EQ(seen[LayerView::Tier::kSession] + seen[LayerView::Tier::kGpu] +
-                seen[LayerView::Tier::kCpu],
-            static_cast<int>(second.records_served));
+  EXPECT_EQ(
+      seen[LayerView::Tier::kSession] + seen[LayerView::Tier::kGpu] + seen[LayerView::Tier::kCpu],
+      static_cast<int>(second.records_served));
   // Hits are records found in a tier; records read now and cached are served from it too.
   EXPECT_LE(second.gpu_hits, static_cast<uint64_t>(seen[LayerView::Tier::kGpu]));
   EXPECT_LE(second.cpu_hits, static_cast<uint64_t>(seen[LayerView::Tier::kCpu]));
@@ -509,7 +509,8 @@ TEST(SessionLifeTest, ErrorsAreClear) {
   bad.rescore_layers = true;  // without period_selection
   refused = engine->BeginReprefill(d.spec, d.tokens, bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("period_selection off"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("period_selection off"));
   {
     // A target mass needs queries even at budget 1.
     ReprefillOptions target;
@@ -941,8 +942,8 @@ TEST(SessionEstimateTest, TheChunksNotLoadedComeAsVirtualTokensAndLowerTheError)
     auto full = kernels::ReferenceAttention(shape, q, o.window, *kernels::Gather(shape, ptr, all));
     auto kv = kernels::Gather(shape, ptr, loaded);
     ASSERT_TRUE(full.ok() && kv.ok());
-    without += kernels::RelativeL2Error(*kernels::ReferenceAttention(shape, q, o.window, *kv),
-                                        *full);
+    without +=
+        kernels::RelativeL2Error(*kernels::ReferenceAttention(shape, q, o.window, *kv), *full);
     with += kernels::RelativeL2Error(
         *kernels::AttentionWithVirtualTokens(shape, q, o.window, *kv, vt), *full);
   }

@@ -76,8 +76,8 @@ TEST(SlotMapTest, ReplicasBeyondTheFirst1024AreNotKept) {
   // only. A linear search per replica made this parse take seconds, and 800,000 minutes.
   Reply range = Range(0, 16383, Node("10.0.0.1", 7000));
   for (int i = 0; i < 100000; ++i) {
-    range.elements.push_back(Node("10.1." + std::to_string(i / 250) + "." + std::to_string(i % 250),
-                                  1 + i % 60000));
+    range.elements.push_back(
+        Node("10.1." + std::to_string(i / 250) + "." + std::to_string(i % 250), 1 + i % 60000));
   }
   auto map = ParseSlotMap(Map({std::move(range)}), kNode);
   ASSERT_TRUE(map.ok()) << map.status();

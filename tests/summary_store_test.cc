@@ -12,11 +12,11 @@
 namespace ckv {
 namespace {
 
+using ::ckv::testing::TempDir;
 using engine::ChunkSummaries;
 using engine::LoadSummaries;
 using engine::SummaryPart;
 using engine::SummaryRecords;
-using ::ckv::testing::TempDir;
 
 ModelSpec Spec(const char* preset, DType dtype = DType::kFp16) {
   auto spec = ModelSpec::Preset(preset, dtype);
@@ -147,8 +147,7 @@ TEST(SummaryFormatTest, BoxContainsEveryKeyAndMeanIsWithinHalfAStep) {
       const auto [minmax_part, mean_part] = Expected(spec, kv.tensors(), chunk);
       for (uint32_t l : {0u, spec.layers - 1}) {
         const size_t bytes = size_t{c} * spec.TokenBytesPerLayer();
-        kernels::ToFloat(dtype, kv.tensors().k[l].data() + chunk * bytes, keys.size(),
-                         keys.data());
+        kernels::ToFloat(dtype, kv.tensors().k[l].data() + chunk * bytes, keys.size(), keys.data());
         for (uint32_t h = 0; h < h_n; ++h) {
           const auto mm = kernels::MinMaxAt(f, minmax_part.data(), l, h);
           kernels::DecodeMinMax(mm, d_n, mn.data(), mx.data());

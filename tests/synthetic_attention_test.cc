@@ -90,7 +90,8 @@ std::vector<double> ChunkMass(const SyntheticAttention& gen,
 std::vector<uint32_t> Top(const std::vector<double>& mass, size_t k) {
   std::vector<uint32_t> idx(mass.size());
   std::iota(idx.begin(), idx.end(), 0u);
-  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return mass[a] > mass[b]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](uint32_t a, uint32_t b) { return mass[a] > mass[b]; });
   idx.resize(k);
   std::sort(idx.begin(), idx.end());
   return idx;
@@ -345,7 +346,6 @@ TEST(SyntheticAttentionTest, HeavyHittersAreCarriedBySomeOfTheirTokens) {
   EXPECT_LT(all_hot, half_hot - 0.1);
 }
 
-
 // ---- The calibrated profile and the profile switch.
 
 uint64_t Fnv(const std::vector<float>& v) {
@@ -487,7 +487,8 @@ TEST(SyntheticAttentionTest, RequestShiftMovesTheHeavyHitters) {
 TEST(SyntheticAttentionTest, EarlyLayersAreDiffuseAndSomeHeadsLocal) {
   const SyntheticAttention gen(Spec(), 2048, AttentionParams{});
   const double early = (TopTokenShare(TokenMass(gen, gen.Generate(0)), 0.05) +
-                        TopTokenShare(TokenMass(gen, gen.Generate(1)), 0.05)) / 2;
+                        TopTokenShare(TokenMass(gen, gen.Generate(1)), 0.05)) /
+                       2;
   int local = 0, heads = 0;
   double later = 0;
   for (uint32_t layer : {4u, 8u, 12u, 16u}) {
@@ -509,13 +510,12 @@ TEST(SyntheticAttentionTest, EarlyLayersAreDiffuseAndSomeHeadsLocal) {
 
 // Statistics of kv head h's rows of x [n, kv_heads, head_dim].
 struct ChannelStats {
-  double variance = 0;   // centred, mean over channels
-  double neighbour = 0;  // lag-1 correlation along the tokens, pooled over channels
-  double top8 = 0;       // share of the centred energy in the top 8 principal directions
+  double variance = 0;      // centred, mean over channels
+  double neighbour = 0;     // lag-1 correlation along the tokens, pooled over channels
+  double top8 = 0;          // share of the centred energy in the top 8 principal directions
   std::vector<double> rms;  // per channel, uncentred
 };
-ChannelStats OfHead(const std::vector<float>& x, size_t n, uint32_t h_n, uint32_t h,
-                    uint32_t d_n) {
+ChannelStats OfHead(const std::vector<float>& x, size_t n, uint32_t h_n, uint32_t h, uint32_t d_n) {
   auto at = [&](size_t t, uint32_t d) { return double{x[(t * h_n + h) * d_n + d]}; };
   ChannelStats s;
   std::vector<double> mean(d_n, 0.0);
@@ -740,8 +740,8 @@ TEST(SyntheticAttentionTest, DISABLED_ReportAtTheCalibrationShape) {
   }
   std::printf("qwen2.5-7b, 8192 tokens, defaults, %u layers:\n", layers);
   std::printf("  sink chunk share              %.3f\n", sink);
-  std::printf("  oracle mass at 5/10/25/50%%    %.3f %.3f %.3f %.3f\n", held[0], held[1],
-              held[2], held[3]);
+  std::printf("  oracle mass at 5/10/25/50%%    %.3f %.3f %.3f %.3f\n", held[0], held[1], held[2],
+              held[3]);
   std::printf("  adjacent period heads overlap %.3f (top 10%%, %d pairs)\n", overlap / heads,
               heads);
   std::printf("  q heads' top-10%% overlap      %.3f in a group, %.3f across groups\n", in_group,

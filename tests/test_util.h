@@ -68,8 +68,8 @@ class Watchdog {
           absl::MutexLock lock(&mu_);
           while (!done_) {
             if (cv_.WaitWithDeadline(&mu_, deadline_) && !done_) {
-              std::fprintf(stderr, "watchdog: %s still running after %s; aborting\n",
-                           what_.c_str(), absl::FormatDuration(limit).c_str());
+              std::fprintf(stderr, "watchdog: %s still running after %s; aborting\n", what_.c_str(),
+                           absl::FormatDuration(limit).c_str());
               std::fflush(stderr);
               std::abort();
             }
@@ -128,16 +128,16 @@ class TempDir {
   std::string path_;
 };
 
-#define CKV_ASSERT_OK(expr)                                      \
-  do {                                                           \
-    const ::absl::Status ckv_test_status_ = (expr);              \
-    ASSERT_TRUE(ckv_test_status_.ok()) << ckv_test_status_;     \
+#define CKV_ASSERT_OK(expr)                                 \
+  do {                                                      \
+    const ::absl::Status ckv_test_status_ = (expr);         \
+    ASSERT_TRUE(ckv_test_status_.ok()) << ckv_test_status_; \
   } while (false)
 
-#define CKV_EXPECT_OK(expr)                                      \
-  do {                                                           \
-    const ::absl::Status ckv_test_status_ = (expr);              \
-    EXPECT_TRUE(ckv_test_status_.ok()) << ckv_test_status_;     \
+#define CKV_EXPECT_OK(expr)                                 \
+  do {                                                      \
+    const ::absl::Status ckv_test_status_ = (expr);         \
+    EXPECT_TRUE(ckv_test_status_.ok()) << ckv_test_status_; \
   } while (false)
 
 // Bytes of disk blocks allocated to the segment files of the store at `store` (st_blocks).
@@ -182,9 +182,7 @@ inline int CountBadRecords(Engine& engine, const ModelSpec& spec,
 
 // Waits until the store's background reclaimer is idle: a round in progress holds
 // slots it is punching in disk_bytes_used, so exact stats are read after it.
-inline void WaitForReclaim(Engine& engine) {
-  engine::HostOf(engine).store().WaitForReclaimIdle();
-}
+inline void WaitForReclaim(Engine& engine) { engine::HostOf(engine).store().WaitForReclaimIdle(); }
 
 // Puts the synthetic prefix `tokens`.
 inline absl::StatusOr<PutResult> PutSynthetic(Engine& engine, const ModelSpec& spec,

@@ -42,8 +42,8 @@ struct Counters {
   std::atomic<int64_t> allocated_bytes{0};  // outstanding
   std::atomic<int64_t> registered{0};       // outstanding host registrations
   std::atomic<int> copies{0};
-  std::atomic<int> waits{0};        // CopyEvent::Wait calls begun
-  std::atomic<int> fail_copies{0};  // the next this many copies fail (when waited for)
+  std::atomic<int> waits{0};             // CopyEvent::Wait calls begun
+  std::atomic<int> fail_copies{0};       // the next this many copies fail (when waited for)
   std::atomic<int> fail_allocations{0};  // the next this many allocations fail
 };
 

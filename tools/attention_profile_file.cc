@@ -81,7 +81,8 @@ absl::Status AttentionProfileFile::Init() {
   }
   if (window_ > suffix_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("window ", window_, " > suffix_tokens ",
-                                                   suffix_tokens_, " (the window is the suffix's "
+                                                   suffix_tokens_,
+                                                   " (the window is the suffix's "
                                                    "last tokens)"));
   }
 
@@ -121,8 +122,8 @@ absl::Status AttentionProfileFile::Init() {
   const uint64_t c = conversations_;
   const uint64_t total = total_tokens();
   const std::vector<uint64_t> kv_shape = {c, spec_.layers, total, spec_.kv_heads, spec_.head_dim};
-  const std::vector<uint64_t> q_shape = {c, turns_, spec_.layers, window_, spec_.q_heads,
-                                         spec_.head_dim};
+  const std::vector<uint64_t> q_shape = {c,       turns_,        spec_.layers,
+                                         window_, spec_.q_heads, spec_.head_dim};
   const std::vector<uint64_t> tok_shape = {c, total};
   const std::string why = absl::StrCat(
       " (from the metadata: conversations = k's first dimension ", c, ", layers ", spec_.layers,
@@ -139,15 +140,15 @@ absl::Status AttentionProfileFile::Init() {
   }
   if (q->bytes() > kMaxProfileQueryBytes) {
     return absl::InvalidArgumentError(absl::StrCat("tensor q holds ", q->bytes(),
-                                                   " bytes, more than the ",
-                                                   kMaxProfileQueryBytes, " read into memory"));
+                                                   " bytes, more than the ", kMaxProfileQueryBytes,
+                                                   " read into memory"));
   }
   tokens_.resize(c * total);
   CKV_RETURN_IF_ERROR(reader_->Read(*tok, std::as_writable_bytes(std::span(tokens_))));
   for (size_t i = 0; i < tokens_.size(); ++i) {
     if (tokens_[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tokens[", i / total, ", ", i % total,
-                                                     "] is ", tokens_[i], ", a negative id"));
+      return absl::InvalidArgumentError(absl::StrCat("tokens[", i / total, ", ", i % total, "] is ",
+                                                     tokens_[i], ", a negative id"));
     }
   }
   q_.resize(q->bytes() / sizeof(float));

@@ -87,8 +87,8 @@ class AttentionProfileFile {
  private:
   AttentionProfileFile() = default;
   absl::Status Init();
-  absl::Status ReadSlab(const safetensors::TensorInfo& t, uint32_t c, uint32_t layer,
-                        size_t tokens, std::vector<std::byte>* out) const;
+  absl::Status ReadSlab(const safetensors::TensorInfo& t, uint32_t c, uint32_t layer, size_t tokens,
+                        std::vector<std::byte>* out) const;
 
   std::string path_;
   std::unique_ptr<safetensors::Reader> reader_;

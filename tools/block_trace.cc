@@ -33,8 +33,9 @@ absl::Status LineError(std::string_view name, size_t line, std::string_view mess
 absl::StatusOr<JsonValue> ParseObjectLine(std::string_view content, std::string_view name,
                                           size_t line, const TraceLimits& limits) {
   if (content.size() > limits.max_line_bytes) {
-    return LineError(name, line, absl::StrCat("line of ", content.size(), " bytes; the limit is ",
-                                              limits.max_line_bytes));
+    return LineError(
+        name, line,
+        absl::StrCat("line of ", content.size(), " bytes; the limit is ", limits.max_line_bytes));
   }
   JsonLimits jl;
   jl.max_bytes = limits.max_line_bytes;
@@ -42,8 +43,9 @@ absl::StatusOr<JsonValue> ParseObjectLine(std::string_view content, std::string_
   absl::StatusOr<JsonValue> value = ParseJson(content, jl);
   if (!value.ok()) return LineError(name, line, std::string(value.status().message()));
   if (value->AsObject() == nullptr) {
-    return LineError(name, line, absl::StrCat("a request is a JSON object, not ",
-                                              std::string(value->TypeName())));
+    return LineError(
+        name, line,
+        absl::StrCat("a request is a JSON object, not ", std::string(value->TypeName())));
   }
   return value;
 }
@@ -69,8 +71,11 @@ class RequestParser {
  public:
   RequestParser(std::string_view name, TraceFormat format, uint32_t block_tokens,
                 const TraceLimits& limits)
-      : name_(name), format_(format), native_(NativeBlockTokens(format)),
-        block_tokens_(block_tokens), limits_(limits) {}
+      : name_(name),
+        format_(format),
+        native_(NativeBlockTokens(format)),
+        block_tokens_(block_tokens),
+        limits_(limits) {}
 
   absl::StatusOr<BlockRequest> Parse(const JsonValue& v, size_t line, size_t index) const {
     BlockRequest r;
@@ -78,10 +83,9 @@ class RequestParser {
     auto error = [&](std::string_view message) { return LineError(name_, line, message); };
     const std::optional<double> ts = Number(v.Find("timestamp"));
     if (!ts || !(*ts >= 0) || *ts > 1e15) {
-      return error(absl::StrCat("\"timestamp\" ", Shown(v.Find("timestamp")),
-                                " is not a number >= 0 (",
-                                format_ == TraceFormat::kMooncake ? "milliseconds" : "seconds",
-                                ")"));
+      return error(
+          absl::StrCat("\"timestamp\" ", Shown(v.Find("timestamp")), " is not a number >= 0 (",
+                       format_ == TraceFormat::kMooncake ? "milliseconds" : "seconds", ")"));
     }
     r.arrival_seconds = format_ == TraceFormat::kMooncake ? *ts / 1000 : *ts;
     CKV_ASSIGN_OR_RETURN(const uint64_t input, Count(v, "input_length", 1, line));
@@ -114,8 +118,8 @@ class RequestParser {
     for (size_t i = 0; i < n; ++i) {
       const int64_t* id = (*ids)[i].AsInt();
       if (id == nullptr || *id < 0) {
-        return error(absl::StrCat("hash id ", i, " is ", Shown(&(*ids)[i]),
-                                  ", not an integer >= 0"));
+        return error(
+            absl::StrCat("hash id ", i, " is ", Shown(&(*ids)[i]), ", not an integer >= 0"));
       }
       r.hash_ids.push_back(static_cast<uint64_t>(*id));
     }
@@ -127,8 +131,9 @@ class RequestParser {
                                  size_t line) const {
     const JsonValue* value = v.Find(key);
     if (value == nullptr || value->AsInt() == nullptr || *value->AsInt() < min) {
-      return LineError(name_, line, absl::StrCat("\"", std::string(key), "\" ", Shown(value),
-                                                 " is not an integer >= ", min));
+      return LineError(
+          name_, line,
+          absl::StrCat("\"", std::string(key), "\" ", Shown(value), " is not an integer >= ", min));
     }
     return static_cast<uint64_t>(*value->AsInt());
   }
@@ -141,13 +146,14 @@ class RequestParser {
                chat->AsString()->size() <= 256) {
       r->label = *chat->AsString();
     } else {
-      return LineError(name_, line, absl::StrCat("\"chat_id\" ", Shown(chat),
-                                                 " is not an integer >= 0 or a short string"));
+      return LineError(
+          name_, line,
+          absl::StrCat("\"chat_id\" ", Shown(chat), " is not an integer >= 0 or a short string"));
     }
     if (const JsonValue* p = v.Find("parent_chat_id");
         p != nullptr && (p->AsInt() == nullptr || *p->AsInt() < -1)) {
-      return LineError(name_, line, absl::StrCat("\"parent_chat_id\" ", Shown(p),
-                                                 " is not an integer >= -1"));
+      return LineError(name_, line,
+                       absl::StrCat("\"parent_chat_id\" ", Shown(p), " is not an integer >= -1"));
     }
     if (const JsonValue* t = v.Find("type"); t != nullptr && t->AsString() == nullptr) {
       return LineError(name_, line, absl::StrCat("\"type\" ", Shown(t), " is not a string"));
@@ -169,9 +175,12 @@ class RequestParser {
 
 std::string_view TraceFormatName(TraceFormat format) {
   switch (format) {
-    case TraceFormat::kCkv: return "ckv";
-    case TraceFormat::kMooncake: return "mooncake";
-    case TraceFormat::kBailian: return "bailian";
+    case TraceFormat::kCkv:
+      return "ckv";
+    case TraceFormat::kMooncake:
+      return "mooncake";
+    case TraceFormat::kBailian:
+      return "bailian";
   }
   return "?";
 }
@@ -186,9 +195,12 @@ absl::StatusOr<TraceFormat> ParseTraceFormat(std::string_view name) {
 
 uint32_t NativeBlockTokens(TraceFormat format) {
   switch (format) {
-    case TraceFormat::kMooncake: return 512;
-    case TraceFormat::kBailian: return 16;
-    case TraceFormat::kCkv: return 0;
+    case TraceFormat::kMooncake:
+      return 512;
+    case TraceFormat::kBailian:
+      return 16;
+    case TraceFormat::kCkv:
+      return 0;
   }
   return 0;
 }
@@ -197,8 +209,8 @@ absl::StatusOr<TraceFormat> DetectTraceFormat(std::string_view text, std::string
                                               const TraceLimits& limits) {
   std::optional<TraceFormat> format;
   size_t first_line = 0;
-  CKV_RETURN_IF_ERROR(ForEachLine(
-      text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
+  CKV_RETURN_IF_ERROR(
+      ForEachLine(text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
         first_line = line;
         CKV_ASSIGN_OR_RETURN(const JsonValue v, ParseObjectLine(content, name, line, limits));
         if (v.Find("conversation") != nullptr) {
@@ -228,25 +240,24 @@ absl::StatusOr<BlockTrace> ParseBlockTrace(std::string_view text, std::string_vi
         absl::StrCat(std::string(name), ": a ckv trace has no hash blocks (use ParseTrace)"));
   }
   if (options.block_tokens > kMaxBlockTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("block of ", options.block_tokens,
-                                                   " tokens; the limit is ", kMaxBlockTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block of ", options.block_tokens, " tokens; the limit is ", kMaxBlockTokens));
   }
   BlockTrace trace;
   trace.format = format;
-  trace.block_tokens =
-      options.block_tokens == 0 ? NativeBlockTokens(format) : options.block_tokens;
+  trace.block_tokens = options.block_tokens == 0 ? NativeBlockTokens(format) : options.block_tokens;
   const RequestParser parser(name, format, trace.block_tokens, limits);
   uint64_t total = 0;
-  CKV_RETURN_IF_ERROR(ForEachLine(
-      text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
+  CKV_RETURN_IF_ERROR(
+      ForEachLine(text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
         CKV_ASSIGN_OR_RETURN(const JsonValue v, ParseObjectLine(content, name, line, limits));
         CKV_ASSIGN_OR_RETURN(BlockRequest r, parser.Parse(v, line, trace.requests.size()));
         total += r.tokens;
         if (total > limits.max_total_tokens) {
-          return LineError(name, line,
-                           absl::StrCat("the trace reaches ", total, " tokens at ",
-                                        trace.block_tokens, " per block; the limit is ",
-                                        limits.max_total_tokens));
+          return LineError(
+              name, line,
+              absl::StrCat("the trace reaches ", total, " tokens at ", trace.block_tokens,
+                           " per block; the limit is ", limits.max_total_tokens));
         }
         trace.requests.push_back(std::move(r));
         return options.max_requests == 0 || trace.requests.size() < options.max_requests;

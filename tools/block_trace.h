@@ -64,13 +64,13 @@ struct BlockTraceOptions {
 };
 
 struct BlockRequest {
-  std::string label;            // Bailian: chat_id; Mooncake: "r" and the request's index
-  uint64_t turn = 1;            // Bailian: turn; Mooncake: 1
-  double arrival_seconds = 0;   // the trace's timestamp, in seconds
-  uint64_t tokens = 0;          // prompt tokens after scaling
-  uint64_t output_tokens = 0;   // as the trace says (not scaled; not replayed)
+  std::string label;           // Bailian: chat_id; Mooncake: "r" and the request's index
+  uint64_t turn = 1;           // Bailian: turn; Mooncake: 1
+  double arrival_seconds = 0;  // the trace's timestamp, in seconds
+  uint64_t tokens = 0;         // prompt tokens after scaling
+  uint64_t output_tokens = 0;  // as the trace says (not scaled; not replayed)
   std::vector<uint64_t> hash_ids;
-  size_t line = 0;              // 1-based line of the trace it came from
+  size_t line = 0;  // 1-based line of the trace it came from
 };
 
 struct BlockTrace {

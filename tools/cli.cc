@@ -38,11 +38,24 @@ bool ParseBytes(std::string_view text, uint64_t* out) {
   int shift = 0;
   if (!suffix.empty()) {
     switch (suffix[0]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      case 't': case 'T': shift = 40; break;
-      default: return false;
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      case 't':
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        return false;
     }
     suffix.remove_prefix(1);
     if (!suffix.empty() && suffix != "B" && suffix != "iB") return false;
@@ -79,8 +92,8 @@ std::string CommandPath(const CLI::App& app) {
   const CLI::App* at = &app;
   while (true) {
     const std::vector<const CLI::App*> chosen = at->get_subcommands({});
-    const auto it = std::find_if(chosen.begin(), chosen.end(),
-                                 [](const CLI::App* s) { return s->parsed(); });
+    const auto it =
+        std::find_if(chosen.begin(), chosen.end(), [](const CLI::App* s) { return s->parsed(); });
     if (it == chosen.end()) break;
     at = *it;
     path += " " + at->get_name();
@@ -144,8 +157,8 @@ CLI::Option* AddBytes(CLI::App& app, const std::string& name, uint64_t* out,
                    [out](const std::string& text) { return ParseBytes(text, out); });
 }
 
-CLI::Option* AddDouble(CLI::App& app, const std::string& name, double* out,
-                       const std::string& help, const std::string& type_name) {
+CLI::Option* AddDouble(CLI::App& app, const std::string& name, double* out, const std::string& help,
+                       const std::string& type_name) {
   return AddParsed(app, name, help, type_name, "a number",
                    [out](const std::string& text) { return ParseDouble(text, out); });
 }

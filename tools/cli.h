@@ -82,20 +82,19 @@ CLI::Option* AddUint(CLI::App& app, const std::string& name, T* out, const std::
       std::numeric_limits<T>::max() == std::numeric_limits<uint64_t>::max()
           ? std::string("a non-negative integer")
           : "an integer in 0.." + std::to_string(std::numeric_limits<T>::max());
-  return AddParsed(app, name, help, type_name, what,
-                   [out](const std::string& text) {
-                     uint64_t v = 0;
-                     if (!ParseUint(text, &v) || v > std::numeric_limits<T>::max()) return false;
-                     *out = static_cast<T>(v);
-                     return true;
-                   });
+  return AddParsed(app, name, help, type_name, what, [out](const std::string& text) {
+    uint64_t v = 0;
+    if (!ParseUint(text, &v) || v > std::numeric_limits<T>::max()) return false;
+    *out = static_cast<T>(v);
+    return true;
+  });
 }
 // A byte count (see ParseBytes).
 CLI::Option* AddBytes(CLI::App& app, const std::string& name, uint64_t* out,
                       const std::string& help);
 // A number (see ParseDouble).
-CLI::Option* AddDouble(CLI::App& app, const std::string& name, double* out,
-                       const std::string& help, const std::string& type_name = "X");
+CLI::Option* AddDouble(CLI::App& app, const std::string& name, double* out, const std::string& help,
+                       const std::string& type_name = "X");
 // One of `choices`: "NAME: 'VALUE' is not a, b or c".
 CLI::Option* AddChoice(CLI::App& app, const std::string& name, std::string* out,
                        const std::vector<std::string>& choices, const std::string& help);

@@ -95,8 +95,10 @@ class Parser {
     }
     if (pos_ >= text_.size()) return Error("expected a value");
     switch (text_[pos_]) {
-      case '{': return ObjectValue(depth, out);
-      case '[': return ArrayValue(depth, out);
+      case '{':
+        return ObjectValue(depth, out);
+      case '[':
+        return ArrayValue(depth, out);
       case '"': {
         std::string s;
         CKV_RETURN_IF_ERROR(String(&s));
@@ -115,7 +117,8 @@ class Parser {
         if (!Consume("null")) return Error("expected a value");
         *out = JsonValue();
         return absl::OkStatus();
-      default: return Number(out);
+      default:
+        return Number(out);
     }
   }
 
@@ -258,14 +261,30 @@ class Parser {
       ++pos_;
       if (pos_ >= text_.size()) return Error("unterminated string");
       switch (text_[pos_++]) {
-        case '"': *out += '"'; break;
-        case '\\': *out += '\\'; break;
-        case '/': *out += '/'; break;
-        case 'b': *out += '\b'; break;
-        case 'f': *out += '\f'; break;
-        case 'n': *out += '\n'; break;
-        case 'r': *out += '\r'; break;
-        case 't': *out += '\t'; break;
+        case '"':
+          *out += '"';
+          break;
+        case '\\':
+          *out += '\\';
+          break;
+        case '/':
+          *out += '/';
+          break;
+        case 'b':
+          *out += '\b';
+          break;
+        case 'f':
+          *out += '\f';
+          break;
+        case 'n':
+          *out += '\n';
+          break;
+        case 'r':
+          *out += '\r';
+          break;
+        case 't':
+          *out += '\t';
+          break;
         case 'u': {
           uint32_t cp = 0;
           CKV_RETURN_IF_ERROR(Hex4(&cp));
@@ -282,7 +301,9 @@ class Parser {
           AppendUtf8(cp, *out);
           break;
         }
-        default: --pos_; return Error("unknown escape");
+        default:
+          --pos_;
+          return Error("unknown escape");
       }
     }
   }
@@ -386,8 +407,8 @@ absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_byt
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > max_bytes) {
-      status = absl::InvalidArgumentError(absl::StrCat(path, ": over the ", Sv(what),
-                                                       " size limit of ", max_bytes, " bytes"));
+      status = absl::InvalidArgumentError(
+          absl::StrCat(path, ": over the ", Sv(what), " size limit of ", max_bytes, " bytes"));
       break;
     }
   }

@@ -62,7 +62,6 @@ inline size_t Utf8SequenceLength(std::string_view s, size_t i) {
   return len;
 }
 
-
 class JsonWriter {
  public:
   JsonWriter& BeginObject() {
@@ -189,14 +188,36 @@ class JsonWriter {
     for (size_t i = 0; i < s.size();) {
       const unsigned char c = static_cast<unsigned char>(s[i]);
       switch (c) {
-        case '"': out_ += "\\\""; ++i; continue;
-        case '\\': out_ += "\\\\"; ++i; continue;
-        case '\b': out_ += "\\b"; ++i; continue;
-        case '\f': out_ += "\\f"; ++i; continue;
-        case '\n': out_ += "\\n"; ++i; continue;
-        case '\r': out_ += "\\r"; ++i; continue;
-        case '\t': out_ += "\\t"; ++i; continue;
-        default: break;
+        case '"':
+          out_ += "\\\"";
+          ++i;
+          continue;
+        case '\\':
+          out_ += "\\\\";
+          ++i;
+          continue;
+        case '\b':
+          out_ += "\\b";
+          ++i;
+          continue;
+        case '\f':
+          out_ += "\\f";
+          ++i;
+          continue;
+        case '\n':
+          out_ += "\\n";
+          ++i;
+          continue;
+        case '\r':
+          out_ += "\\r";
+          ++i;
+          continue;
+        case '\t':
+          out_ += "\\t";
+          ++i;
+          continue;
+        default:
+          break;
       }
       if (c < 0x20 || c == 0x7F) {
         out_ += "\\u00";

@@ -39,16 +39,15 @@ class LineParser {
         absl::StrCat(std::string(name_), ":", line_, ": ", std::string(message)));
   }
 
-  absl::StatusOr<TraceTurn> Parse(std::string_view text,
-                                  const Conversations& conversations) const {
+  absl::StatusOr<TraceTurn> Parse(std::string_view text, const Conversations& conversations) const {
     JsonLimits jl;
     jl.max_bytes = limits_.max_line_bytes;
     jl.max_depth = 4;
     absl::StatusOr<JsonValue> value = ParseJson(text, jl);
     if (!value.ok()) return Error(std::string(value.status().message()));
     const JsonValue::Object* object = value->AsObject();
-    if (object == nullptr) return Error(absl::StrCat("a turn is a JSON object, not ",
-                                                     std::string(value->TypeName())));
+    if (object == nullptr)
+      return Error(absl::StrCat("a turn is a JSON object, not ", std::string(value->TypeName())));
     for (const auto& [key, member] : *object) {
       if (key != "conversation" && key != "turn" && key != "tokens" && key != "generate") {
         return Error(absl::StrCat("unknown member \"", key,
@@ -103,9 +102,9 @@ class LineParser {
     } else {
       const JsonValue* seed = generate->Find("seed");
       const JsonValue* count = generate->Find("tokens");
-      if (generate->AsObject() == nullptr || generate->AsObject()->size() != 2 ||
-          seed == nullptr || seed->AsInt() == nullptr || *seed->AsInt() < 0 ||
-          count == nullptr || count->AsInt() == nullptr || *count->AsInt() < 0) {
+      if (generate->AsObject() == nullptr || generate->AsObject()->size() != 2 || seed == nullptr ||
+          seed->AsInt() == nullptr || *seed->AsInt() < 0 || count == nullptr ||
+          count->AsInt() == nullptr || *count->AsInt() < 0) {
         return Error(
             "\"generate\" must be {\"seed\": S, \"tokens\": N} with integers S >= 0 and N >= 0");
       }
@@ -153,8 +152,8 @@ absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::st
   std::vector<TraceTurn> turns;
   Conversations conversations;
   size_t total = 0;
-  CKV_RETURN_IF_ERROR(ForEachLine(
-      text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
+  CKV_RETURN_IF_ERROR(
+      ForEachLine(text, [&](size_t line, std::string_view content) -> absl::StatusOr<bool> {
         const LineParser parser(name, line, limits);
         if (content.size() > limits.max_line_bytes) {
           return parser.Error(absl::StrCat("line of ", content.size(), " bytes; the limit is ",
@@ -193,8 +192,8 @@ absl::StatusOr<std::string> ReadTraceText(const std::string& path, const TraceLi
     }
     if (n == 0) break;
     if (text.size() + static_cast<size_t>(n) > limits.max_file_bytes) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          path, ": over the trace size limit of ", limits.max_file_bytes, " bytes"));
+      status = absl::InvalidArgumentError(
+          absl::StrCat(path, ": over the trace size limit of ", limits.max_file_bytes, " bytes"));
       break;
     }
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
@@ -212,9 +211,9 @@ absl::StatusOr<std::string> ReadTraceText(const std::string& path, const TraceLi
         break;
       }
       if (++line_bytes > limits.max_line_bytes) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            path, ":", line, ": line of more than ", limits.max_line_bytes,
-            " bytes; the limit is ", limits.max_line_bytes));
+        status = absl::InvalidArgumentError(
+            absl::StrCat(path, ":", line, ": line of more than ", limits.max_line_bytes,
+                         " bytes; the limit is ", limits.max_line_bytes));
         break;
       }
       if (!line_started && c != ' ' && c != '\t' && c != '\r') {

@@ -35,9 +35,9 @@ namespace ckv::tools {
 
 struct TraceTurn {
   std::string conversation;
-  uint64_t turn = 0;              // 1, 2, ... within its conversation
-  std::vector<int32_t> tokens;    // appended to the conversation's context
-  size_t line = 0;                // 1-based line of the trace it came from
+  uint64_t turn = 0;            // 1, 2, ... within its conversation
+  std::vector<int32_t> tokens;  // appended to the conversation's context
+  size_t line = 0;              // 1-based line of the trace it came from
 };
 
 struct TraceLimits {
@@ -69,8 +69,7 @@ absl::StatusOr<std::vector<TraceTurn>> ParseTrace(std::string_view text, std::st
 // object); a line is refused once it grows past limits.max_line_bytes, the file once it grows
 // past limits.max_file_bytes. So at most max_line_bytes plus one read (64 KiB) is held before a
 // refusal. Errors: the mapped open/read error; InvalidArgument naming the path (and line).
-absl::StatusOr<std::string> ReadTraceText(const std::string& path,
-                                          const TraceLimits& limits = {});
+absl::StatusOr<std::string> ReadTraceText(const std::string& path, const TraceLimits& limits = {});
 
 // Reads the file at `path` (ReadTraceText) and parses it. Errors name the path.
 absl::StatusOr<std::vector<TraceTurn>> ReadTraceFile(const std::string& path,

@@ -152,8 +152,8 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name, const tools
   const int64_t* end = pair != nullptr && pair->size() == 2 ? (*pair)[1].AsInt() : nullptr;
   if (begin == nullptr || end == nullptr || *begin < 0 || *end < 0) {
     if (pair == nullptr) {
-      return TensorError(name, absl::StrCat("data_offsets is ", Sv(offsets->TypeName()),
-                                            ", not [BEGIN, END]"));
+      return TensorError(
+          name, absl::StrCat("data_offsets is ", Sv(offsets->TypeName()), ", not [BEGIN, END]"));
     }
     const std::string given = absl::StrJoin(
         *pair, ", ",
@@ -175,7 +175,6 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name, const tools
   }
   return t;
 }
-
 
 }  // namespace
 

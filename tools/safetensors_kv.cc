@@ -33,18 +33,25 @@ namespace {
 // The ckv dtype of a K/V tensor's dtype; nullopt for the integer dtypes.
 std::optional<DType> KvDtype(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kF16: return DType::kFp16;
-    case Dtype::kBF16: return DType::kBf16;
-    case Dtype::kF32: return DType::kFp32;
-    default: return std::nullopt;
+    case Dtype::kF16:
+      return DType::kFp16;
+    case Dtype::kBF16:
+      return DType::kBf16;
+    case Dtype::kF32:
+      return DType::kFp32;
+    default:
+      return std::nullopt;
   }
 }
 
 Dtype FileDtype(DType dtype) {
   switch (dtype) {
-    case DType::kFp16: return Dtype::kF16;
-    case DType::kBf16: return Dtype::kBF16;
-    case DType::kFp32: break;
+    case DType::kFp16:
+      return Dtype::kF16;
+    case DType::kBf16:
+      return Dtype::kBF16;
+    case DType::kFp32:
+      break;
   }
   return Dtype::kF32;
 }
@@ -283,10 +290,10 @@ absl::Status ReadKvTensors(const Reader& file, const KvTensorSet& set, DType dty
   const uint64_t dim = out->spec.head_dim;
   const size_t tensor_bytes = tokens * out->spec.TokenBytesPerLayer();
   if (uint64_t{2} * layers * tensor_bytes > options.max_kv_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "K and V of ", tokens, " tokens x ", layers, " layers are ",
-        uint64_t{2} * layers * tensor_bytes, " bytes, over the import limit of ",
-        options.max_kv_bytes, " bytes (", options.max_kv_bytes_name, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("K and V of ", tokens, " tokens x ", layers, " layers are ",
+                     uint64_t{2} * layers * tensor_bytes, " bytes, over the import limit of ",
+                     options.max_kv_bytes, " bytes (", options.max_kv_bytes_name, ")"));
   }
   const size_t row_bytes = dim * DTypeBytes(dtype);
   const uint64_t total = uint64_t{2} * layers * tensor_bytes;
@@ -303,9 +310,9 @@ absl::Status ReadKvTensors(const Reader& file, const KvTensorSet& set, DType dty
     }
   } catch (const std::bad_alloc&) {
     out->buffers.clear();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of memory allocating K and V of ", tokens, " tokens x ", layers,
-                     " layers (", total, " bytes)"));
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating K and V of ", tokens,
+                                                     " tokens x ", layers, " layers (", total,
+                                                     " bytes)"));
   }
   uint64_t done = 0;
   size_t next_buffer = out->buffers.size() - 2 * size_t{layers};

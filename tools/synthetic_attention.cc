@@ -85,8 +85,8 @@ inline double Uniform(uint64_t r) { return static_cast<double>(r >> 11) * 0x1.0p
 // A unit normal (approximately: Irwin-Hall of 4 uniform 16-bit lanes, exact mean 0 and variance
 // 1) from 64 random bits. Integer arithmetic up to the one exact int-to-float conversion.
 inline float Normal(uint64_t r) {
-  const int32_t sum = static_cast<int32_t>((r & 0xffff) + ((r >> 16) & 0xffff) +
-                                           ((r >> 32) & 0xffff) + (r >> 48));
+  const int32_t sum =
+      static_cast<int32_t>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
   // 1 / sqrt(4 * (65536^2 - 1) / 12): the standard deviation of the sum of 4 lanes.
   constexpr float kScale = 2.6428998e-05f;
   return static_cast<float>(sum - 131070) * kScale;
@@ -136,8 +136,9 @@ void ValidateCalibrated(const ModelSpec& spec, const AttentionParams& p) {
       !IsProbability(c.value_smooth_share) ||
       c.value_low_rank_share + c.value_smooth_share > 1 + 1e-12 ||
       !(c.value_smooth_corr >= 0 && c.value_smooth_corr < 1)) {
-    Fail("calibrated values: value_rank 0, a share outside [0, 1] or summing above 1, or "
-         "value_smooth_corr outside [0, 1)");
+    Fail(
+        "calibrated values: value_rank 0, a share outside [0, 1] or summing above 1, or "
+        "value_smooth_corr outside [0, 1)");
   }
   if (!std::isfinite(c.key_outlier_offset) || !IsSpread(c.key_outlier_scale) ||
       !IsSpread(c.query_token_spread) || !IsProbability(c.head_agreement)) {
@@ -247,7 +248,6 @@ void WriteQueries(const ModelSpec& spec, const AttentionParams& p, uint32_t laye
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // The calibrated profile. Per (layer, kv head) the directions are, row after row: u_0 (what every
 // normal q head of the group reads: sink, recency, always-on hitters), u_1..u_m (one per q head:
@@ -345,9 +345,9 @@ double OwnWeight(double head_agreement) {
     double jaccard, own;
   };
   static constexpr Point kMeasured[] = {
-      {0.432, 1.0},   {0.470, 0.894}, {0.546, 0.707}, {0.699, 0.447}, {0.789, 0.316},
-      {0.852, 0.224}, {0.889, 0.173}, {0.911, 0.141}, {0.936, 0.100}, {0.953, 0.0707},
-      {1.0, 0.0},
+      {0.432, 1.0},   {0.470, 0.894},  {0.546, 0.707}, {0.699, 0.447},
+      {0.789, 0.316}, {0.852, 0.224},  {0.889, 0.173}, {0.911, 0.141},
+      {0.936, 0.100}, {0.953, 0.0707}, {1.0, 0.0},
   };
   if (head_agreement <= kMeasured[0].jaccard) return 1.0;
   for (size_t i = 1; i < std::size(kMeasured); ++i) {
@@ -379,8 +379,8 @@ double GroupShare(const AttentionParams& p) {
 bool IsLocalHead(const AttentionParams& p, uint32_t m, uint32_t layer, uint32_t g) {
   const double a = GroupShare(p);
   const bool follows = a > 0 && Uniform(Hash(p.seed, kLocalFollows, layer, g)) < a;
-  const uint64_t coin = follows ? Hash(p.seed, kGroupLocal, layer, g / m)
-                                : Hash(p.seed, kLocalHead, layer, g);
+  const uint64_t coin =
+      follows ? Hash(p.seed, kGroupLocal, layer, g / m) : Hash(p.seed, kLocalHead, layer, g);
   return Uniform(coin) < p.calibrated.local_head_fraction;
 }
 
@@ -432,8 +432,8 @@ void WriteCalQueries(const ModelSpec& spec, const AttentionParams& p, const CalS
     const bool local = IsLocalHead(p, s.m, layer, g);
     // The part every query of the head shares: u_loc, or the own noise direction.
     for (uint32_t d = 0; d < d_n; ++d) {
-      base[d] = local ? row(s.loc_row())[d]
-                      : mix.group * row(s.group_row())[d] + mix.own * row(i + 1)[d];
+      base[d] =
+          local ? row(s.loc_row())[d] : mix.group * row(s.group_row())[d] + mix.own * row(i + 1)[d];
     }
     for (size_t j = 0; j < parts.size(); ++j) head_w[j] = Jitter(p, mix, s.m, layer, g, parts[j]);
     const uint64_t stream = Hash(query_seed, kCalQueries, layer, g);
@@ -493,15 +493,14 @@ void WriteCalValues(const ModelSpec& spec, const AttentionParams& p, size_t n, u
   const uint32_t d_n = spec.head_dim, h_n = spec.kv_heads;
   const uint32_t rank = std::min(c.value_rank, d_n);
   const double rest = std::max(0.0, 1 - c.value_low_rank_share - c.value_smooth_share);
-  const auto low_rank = static_cast<float>(
-      std::sqrt(c.value_low_rank_share * static_cast<double>(d_n) / rank));
+  const auto low_rank =
+      static_cast<float>(std::sqrt(c.value_low_rank_share * static_cast<double>(d_n) / rank));
   const auto smooth = static_cast<float>(std::sqrt(c.value_smooth_share));
   const auto noise = static_cast<float>(std::sqrt(rest));
   const auto rho = static_cast<float>(c.value_smooth_corr);
   const auto innovation =
       static_cast<float>(std::sqrt(1 - c.value_smooth_corr * c.value_smooth_corr));
-  const std::vector<float> basis =
-      Orthonormal(Hash(p.seed, kValueDirections, layer, h), rank, d_n);
+  const std::vector<float> basis = Orthonormal(Hash(p.seed, kValueDirections, layer, h), rank, d_n);
   const uint64_t noise_stream = Hash(p.seed, kCalValues, layer, h);
   const uint64_t smooth_stream = Hash(p.seed, kValueSmooth, layer, h);
   const uint64_t coef_stream = Hash(p.seed, kValueCoefficients, layer, h);
@@ -534,8 +533,8 @@ struct Span {
 // The hitters of `slots` slots of scope `who` (0: the layer's, 1 + h: kv head h's own) at
 // `layer`: each slot holds a hitter born at the last layer <= `layer` whose coin said "replace"
 // (or at layer 0), drawn from (slot, birth layer).
-void SlotSpans(const AttentionParams& p, const CalShape& s, size_t n, uint32_t layer,
-               uint64_t who, size_t slots, float scale, std::vector<Span>& out) {
+void SlotSpans(const AttentionParams& p, const CalShape& s, size_t n, uint32_t layer, uint64_t who,
+               size_t slots, float scale, std::vector<Span>& out) {
   const CalibratedShape& c = p.calibrated;
   // log(1 - 1/mean): Geometric lengths by inversion.
   const double log_stay = c.hitter_mean_tokens > 1 ? std::log1p(-1 / c.hitter_mean_tokens) : 0;
@@ -565,8 +564,8 @@ void SlotSpans(const AttentionParams& p, const CalShape& s, size_t n, uint32_t l
   }
 }
 
-void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& p,
-                        uint32_t layer, SyntheticAttention::Layer& out) {
+void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& p, uint32_t layer,
+                        SyntheticAttention::Layer& out) {
   const CalibratedShape& c = p.calibrated;
   const CalShape s = CalShapeOf(spec, c);
   const uint32_t h_n = spec.kv_heads, d_n = spec.head_dim;
@@ -577,7 +576,8 @@ void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& 
   std::vector<float> position(n), local(n);
   for (size_t t = 0; t < n; ++t) {
     const double back = static_cast<double>(n - 1 - t);
-    position[t] = diffuse * static_cast<float>(c.recent_strength * std::exp(-back / c.recent_tokens));
+    position[t] =
+        diffuse * static_cast<float>(c.recent_strength * std::exp(-back / c.recent_tokens));
     local[t] = static_cast<float>(c.local_strength * std::exp(-back / c.local_tokens));
   }
   if (layer > 0) {
@@ -589,8 +589,8 @@ void GenerateCalibrated(const ModelSpec& spec, size_t n, const AttentionParams& 
 
   const double spans_per_head = c.hitter_density * static_cast<double>(n);
   const auto own_slots = static_cast<size_t>(std::lround(spans_per_head * c.kv_head_own_share));
-  const auto layer_slots = static_cast<size_t>(std::lround(spans_per_head)) - std::min(
-      own_slots, static_cast<size_t>(std::lround(spans_per_head)));
+  const auto layer_slots = static_cast<size_t>(std::lround(spans_per_head)) -
+                           std::min(own_slots, static_cast<size_t>(std::lround(spans_per_head)));
   std::vector<Span> layer_spans, spans;
   SlotSpans(p, s, n, layer, 0, layer_slots, diffuse, layer_spans);
 

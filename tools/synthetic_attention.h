@@ -18,11 +18,11 @@
 //     (importance drawn per 16-token chunk, request-independent, periods of 8 layers) and is kept
 //     bit for bit so that earlier results can be reproduced.
 //
-// kPlantedChunks in short: per (layer, kv head) there are orthonormal directions u_0 (shared by the kv head's
-// group of q heads) and u_1..u_m (one per q head of the group). A key is Gaussian noise plus a
-// logit boost along u_0 (what all q heads of the group see) and corrections along u_i (what only
-// q head i sees); a query of q head i is sqrt(D) * (u_0 + u_i) plus noise. So the attention logit
-// q . k / sqrt(D) of a token is its planted boost for that q head plus noise, and the boosts
+// kPlantedChunks in short: per (layer, kv head) there are orthonormal directions u_0 (shared by the
+// kv head's group of q heads) and u_1..u_m (one per q head of the group). A key is Gaussian noise
+// plus a logit boost along u_0 (what all q heads of the group see) and corrections along u_i (what
+// only q head i sees); a query of q head i is sqrt(D) * (u_0 + u_i) plus noise. So the attention
+// logit q . k / sqrt(D) of a token is its planted boost for that q head plus noise, and the boosts
 // decide where attention goes:
 //   - a sink: the first tokens of the prefix;
 //   - recency: the last chunks, decaying with distance;
@@ -165,9 +165,10 @@ struct CalibratedShape {
 };
 
 // The knobs of the planted structure. Unless said otherwise, a field is kPlantedChunks' alone;
-// seed, window, sink_tokens, token_noise, query_noise and query_seed serve both. Strengths are in logit units (q . k / sqrt(D)): a token
-// whose boost is larger by 1 gets e = 2.7x the attention weight. The defaults are calibrated on
-// qwen2.5-7b with an 8K-token prefix (docs/generator.md lists what they produce there).
+// seed, window, sink_tokens, token_noise, query_noise and query_seed serve both. Strengths are in
+// logit units (q . k / sqrt(D)): a token whose boost is larger by 1 gets e = 2.7x the attention
+// weight. The defaults are calibrated on qwen2.5-7b with an 8K-token prefix (docs/generator.md
+// lists what they produce there).
 struct AttentionParams {
   // Which model (see the file comment). Default: kCalibrated.
   AttentionProfile profile = AttentionProfile::kCalibrated;

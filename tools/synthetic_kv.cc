@@ -183,8 +183,8 @@ void FillStoredRecord(const ModelSpec& spec, const ChunkKey& key, uint32_t layer
   std::vector<std::byte> decoded(spec.DecodedRecordBytes());
   FillRecord(spec, key, layer, decoded);
   const size_t half = decoded.size() / 2;
-  const absl::Status s = EncodeRecord(spec, std::span(decoded).first(half),
-                                      std::span(decoded).subspan(half), out);
+  const absl::Status s =
+      EncodeRecord(spec, std::span(decoded).first(half), std::span(decoded).subspan(half), out);
   if (!s.ok()) Fail("FillStoredRecord: EncodeRecord failed");
 }
 
@@ -236,8 +236,8 @@ size_t SyntheticKv::bytes() const {
 const KvTensors& ReplayKv::Fill(std::span<const int32_t> tokens, size_t first_chunk) {
   const size_t c = spec_.chunk_tokens;
   const size_t part_bytes = c * spec_.TokenBytesPerLayer();
-  const std::vector<ChunkKey> keys = ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens,
-                                                    tokens);
+  const std::vector<ChunkKey> keys =
+      ChainChunkKeys(spec_.Fingerprint(), spec_.chunk_tokens, tokens);
   const size_t bytes = keys.size() * part_bytes;
   tensors_.tokens = keys.size() * c;
   tensors_.k.clear();

@@ -13,7 +13,8 @@
 namespace ckv::bench {
 
 BaselineRunner::BaselineRunner(const RunContext& ctx)
-    : ctx_(ctx), spec_(ctx_.spec),
+    : ctx_(ctx),
+      spec_(ctx_.spec),
       kf_(ctx.w->spec(), ctx.w->stored_tokens(), ctx.w->flags().conversations),
       max_chunks_(static_cast<uint32_t>(ctx.w->stored_tokens() / ctx.w->spec().chunk_tokens)) {
   const uint32_t pool = ctx.state->tiers ? spec_.layers + 2 : 3;
@@ -141,8 +142,9 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
     }
     auto& buf = L.own[j];
     L.filled[j] = true;
-    CKV_ASSIGN_OR_RETURN(prefetch::ReadRequest q,
-                         engine::RecordRead(host, pinned, j, layer, prefetch::Priority::kDemand, buf));
+    CKV_ASSIGN_OR_RETURN(
+        prefetch::ReadRequest q,
+        engine::RecordRead(host, pinned, j, layer, prefetch::Priority::kDemand, buf));
     out.bytes_read += q.length;
     out.nvme_records++;
     L.h2d_bytes += spec_.RecordBytes();
@@ -162,7 +164,10 @@ absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, 
   const uint32_t per_read = static_cast<uint32_t>(std::max<size_t>(1, kMaxIo / ckb));
   if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads, ctx_.gpu);
   for (uint32_t j = 0; j < n;) {
-    if (!need[j]) { ++j; continue; }
+    if (!need[j]) {
+      ++j;
+      continue;
+    }
     uint32_t e = j;
     while (e < n && need[e]) ++e;
     for (uint32_t h : heads) {
@@ -183,8 +188,8 @@ absl::Status BaselineRunner::RequestKeys(uint32_t conversation, uint32_t layer, 
                          CKV_RETURN_IF_ERROR(storage::VerifyRecordChecksum(
                              got.data() + i * ckb, ckb, (*ctx_.key_sums)[first + i], [&] {
                                return absl::StrCat("keys.bin: conversation ", conversation,
-                                                   ", layer ", layer, ", kv head ", h,
-                                                   ", chunk ", a + i);
+                                                   ", layer ", layer, ", kv head ", h, ", chunk ",
+                                                   a + i);
                              }));
                        }
                        return absl::OkStatus();

@@ -26,20 +26,20 @@ class BaselineRunner : public SystemRunner {
   // made (before timing) and reused: a request's clock pays no allocation, page fault or zero
   // fill for them.
   struct Layer {
-    std::vector<const std::byte*> rec;            // per chunk: its record (or K-only scratch)
-    std::vector<std::vector<std::byte>> own;      // per chunk: a record-sized buffer
-    std::vector<bool> filled;                     // per chunk: own[j] was read into (or built)
+    std::vector<const std::byte*> rec;        // per chunk: its record (or K-only scratch)
+    std::vector<std::vector<std::byte>> own;  // per chunk: a record-sized buffer
+    std::vector<bool> filled;                 // per chunk: own[j] was read into (or built)
     std::vector<engine::TierManager::Handle> pins;
-    std::vector<std::byte> keys;                  // key-file bytes of this layer
+    std::vector<std::byte> keys;  // key-file bytes of this layer
     // Key segments read from the key file for the tiers, offered once they land (admitted when
     // the request ends, Admit): (kv head, first chunk, chunks).
     struct KeySegment {
       uint32_t head, first, chunks;
     };
     std::vector<KeySegment> key_segments;
-    std::vector<std::vector<std::byte>> extra;    // a system's own buffers (SizeExtra)
-    uint64_t h2d_bytes = 0;                       // bytes that must cross PCIe for it
-    std::unique_ptr<ReadBatch> batch;             // waited for before the layer is reused
+    std::vector<std::vector<std::byte>> extra;  // a system's own buffers (SizeExtra)
+    uint64_t h2d_bytes = 0;                     // bytes that must cross PCIe for it
+    std::unique_ptr<ReadBatch> batch;           // waited for before the layer is reused
   };
   // Returns a layer to the runner's pool when it goes (after waiting for its reads), or holds
   // it until AdmitHeld when the tiers may admit from its buffers.

@@ -15,7 +15,7 @@
 namespace ckv::bench {
 
 absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t conversation,
-                                                                 uint32_t layer) {
+                                                                uint32_t layer) {
   const auto key = std::make_pair(conversation, layer);
   auto it = records_.find(key);
   if (it == records_.end()) {
@@ -25,9 +25,8 @@ absl::StatusOr<const std::vector<std::byte>*> Fidelity::Records(uint32_t convers
   return &it->second;
 }
 
-absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(KvCodec codec,
-                                                                uint32_t conversation,
-                                                                uint32_t layer) {
+absl::StatusOr<const std::vector<std::byte>*> Fidelity::Served(KvCodec codec, uint32_t conversation,
+                                                               uint32_t layer) {
   CKV_ASSIGN_OR_RETURN(const std::vector<std::byte>* original, Records(conversation, layer));
   if (codec == KvCodec::kNone) return original;
   const ModelSpec spec = WithCodec(w_.spec(), codec);
@@ -66,9 +65,9 @@ absl::Status SameTokens(const VirtualTokens& served, const VirtualTokens& rebuil
     }
     for (size_t i = 0; i < a.size(); ++i) {
       if (!(std::abs(a[i] - b[i]) <= 1e-4f * std::max(1.0f, std::abs(b[i])))) {
-        return absl::InternalError(absl::StrCat(
-            "layer ", layer, ": virtual-token ", parts[p].first, "[", i, "] is ", a[i],
-            " as served and ", b[i], " from the records' statistics"));
+        return absl::InternalError(absl::StrCat("layer ", layer, ": virtual-token ", parts[p].first,
+                                                "[", i, "] is ", a[i], " as served and ", b[i],
+                                                " from the records' statistics"));
       }
     }
   }
@@ -146,21 +145,24 @@ absl::StatusOr<Fidelity::Quality> Fidelity::Measure(
         if (!std::binary_search(loaded[l].begin(), loaded[l].end(), j)) rest.push_back(j);
       }
       if (estimated[l] != rest) {
-        return absl::InternalError(absl::StrCat(
-            "layer ", l, ": the session estimated ", estimated[l].size(), " chunks; it loaded ",
-            loaded[l].size(), " of ", n, ", so ", rest.size(), " were to be estimated (a store "
-            "written before the estimate part? remove it to rebuild)"));
+        return absl::InternalError(
+            absl::StrCat("layer ", l, ": the session estimated ", estimated[l].size(),
+                         " chunks; it loaded ", loaded[l].size(), " of ", n, ", so ", rest.size(),
+                         " were to be estimated (a store "
+                         "written before the estimate part? remove it to rebuild)"));
       }
     }
     if (l < estimated.size() && !estimated[l].empty()) {
-      CKV_ASSIGN_OR_RETURN(kernels::ChunkStats stats, kernels::ChunkStats::Of(shape, ptr, estimated[l]));
+      CKV_ASSIGN_OR_RETURN(kernels::ChunkStats stats,
+                           kernels::ChunkStats::Of(shape, ptr, estimated[l]));
       stats.RoundTripInt8(shape.kv_heads, shape.head_dim);  // as the estimate parts store them
-      CKV_ASSIGN_OR_RETURN(VirtualTokens vt, kernels::VirtualTokensOf(shape, queries[l], window,
-                                                                      stats,
-                                                                      kernels::EstimateKind::kMean));
+      CKV_ASSIGN_OR_RETURN(
+          VirtualTokens vt,
+          kernels::VirtualTokensOf(shape, queries[l], window, stats, kernels::EstimateKind::kMean));
       vt.chunks = estimated[l];  // the statistics' order is theirs
       if (l < served.size()) CKV_RETURN_IF_ERROR(SameTokens(served[l], vt, l));
-      CKV_ASSIGN_OR_RETURN(out, kernels::AttentionWithVirtualTokens(shape, queries[l], window, kv, vt));
+      CKV_ASSIGN_OR_RETURN(out,
+                           kernels::AttentionWithVirtualTokens(shape, queries[l], window, kv, vt));
     } else {
       CKV_ASSIGN_OR_RETURN(out, kernels::ReferenceAttention(shape, queries[l], window, kv));
     }
@@ -183,8 +185,8 @@ absl::Status Fidelity::MeasureRow(KvCodec codec, const std::vector<Request>& mea
     if (limit > 0 && q >= limit) break;
     const Request& req = measured[q];
     const RequestResult& res = results[q];
-    CKV_ASSIGN_OR_RETURN(Quality got, Measure(codec, req, w_.Queries(req), res.loaded,
-                                              res.attended, res.estimated, res.virtual_tokens));
+    CKV_ASSIGN_OR_RETURN(Quality got, Measure(codec, req, w_.Queries(req), res.loaded, res.attended,
+                                              res.estimated, res.virtual_tokens));
     rs += got.recall;
     rl += got.recall_loaded;
     errors.push_back(got.error);

@@ -33,9 +33,9 @@ class Fidelity {
 
   // What one request's attention over a system's KV gives, against the attention over all of it.
   struct Quality {
-    double recall = 0;         // mean over layers
-    double recall_loaded = 0;  // mean over layers
-    double error = 0;          // output relative L2 error, mean over layers
+    double recall = 0;                // mean over layers
+    double recall_loaded = 0;         // mean over layers
+    double error = 0;                 // output relative L2 error, mean over layers
     std::vector<double> layer_error;  // per layer
   };
 
@@ -72,7 +72,7 @@ class Fidelity {
   // (ckv/codec.h) and back, so the output error counts what the codec lost; Records() itself
   // without a codec. The truth is always computed from Records().
   absl::StatusOr<const std::vector<std::byte>*> Served(KvCodec codec, uint32_t conversation,
-                                                        uint32_t layer);
+                                                       uint32_t layer);
 
   const Workload& w_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;

@@ -56,7 +56,8 @@ double Fio::MbPerS(const IoSizeMix& mix, uint32_t qd, const std::string& dir) {
     for (const std::string& name : *names) {
       struct stat st {};
       const std::string path = dir + "/segments/" + name;
-      if (::stat(path.c_str(), &st) == 0) size = std::max<uint64_t>(size, uint64_t(st.st_blocks) * 512);
+      if (::stat(path.c_str(), &st) == 0)
+        size = std::max<uint64_t>(size, uint64_t(st.st_blocks) * 512);
     }
   }
   size = size / (1 << 20) * (1 << 20);
@@ -68,8 +69,8 @@ double Fio::MbPerS(const IoSizeMix& mix, uint32_t qd, const std::string& dir) {
   const std::string cmd = absl::StrCat(
       "fio --name=randread --ioengine=io_uring --direct=1 --rw=randread --readonly --bssplit=",
       split, " --iodepth=", qd, " --size=", file_bytes_, " --filename=", FioFileName(),
-      " --time_based --runtime=", f_.fio_seconds, " --output-format=json --output=",
-      ShellQuote(out), " >/dev/null 2>&1");
+      " --time_based --runtime=", f_.fio_seconds,
+      " --output-format=json --output=", ShellQuote(out), " >/dev/null 2>&1");
   double mb = 0;
   if (std::system(cmd.c_str()) == 0) {
     auto json = tools::ReadJsonFile(out);

@@ -54,10 +54,10 @@ struct Flags {
   // (CalibratedShape::head_agreement). < 0: the generator's default.
   double head_agreement = -1;
   // The modelled GPU (docs/baselines.md, "Compute model"): an A800 80GB SXM.
-  double gpu_tflops = 156;    // bf16 dense: 312 TFLOPS peak at 50%
-  double hbm_gb_s = 1630;     // 2039 GB/s peak at 80%
-  double launch_us = 40;      // kernel launches per decoder layer
-  double pcie_gb_s = 25;      // host to device, PCIe 4.0 x16 (32 GB/s peak)
+  double gpu_tflops = 156;  // bf16 dense: 312 TFLOPS peak at 50%
+  double hbm_gb_s = 1630;   // 2039 GB/s peak at 80%
+  double launch_us = 40;    // kernel launches per decoder layer
+  double pcie_gb_s = 25;    // host to device, PCIe 4.0 x16 (32 GB/s peak)
   // impress's probe heads: "group" (3 q heads of one GQA group: one kv head's keys) or "spread"
   // (one q head in each of 3 groups).
   std::string impress_probes = "group";

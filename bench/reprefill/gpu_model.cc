@@ -50,8 +50,8 @@ double LayerSeconds(const ModelSpec& spec, const Arch& arch, const GpuParams& gp
   double kv_bytes = (context_tokens + suffix_tokens) * spec.TokenBytesPerLayer() * 2.0;
   if (spec.codec != KvCodec::kNone) {
     // Dequantised before the attention reads it: the stored bytes read, the dtype written.
-    kv_bytes += context_tokens * (double(spec.RecordBytes()) / spec.chunk_tokens +
-                                  spec.TokenBytesPerLayer() * 2.0);
+    kv_bytes += context_tokens *
+                (double(spec.RecordBytes()) / spec.chunk_tokens + spec.TokenBytesPerLayer() * 2.0);
   }
   const double hbm = LayerWeightBytes(spec, arch) + kv_bytes;
   return std::max(flops / gpu.flops_per_s, hbm / gpu.hbm_bytes_per_s) + gpu.launch_s;

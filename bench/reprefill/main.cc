@@ -171,23 +171,23 @@ absl::StatusOr<RunResult> RunOnce(const Workload& w, const System& sys, double b
   absl::Status st = [&]() -> absl::Status {
     CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
     if (sys.kind == Kind::kImpress && !warm.empty()) {
-    // IMPRESS reorders offline from the history it has seen: the warm-up requests again until a
-    // pass rewrites nothing, so that the measured requests meet a converged layout.
-    uint32_t passes = 1;
-    bool converged = false;
-    while (!converged && passes < f.impress_reorder_passes) {
-      const uint64_t before = [&] {
+      // IMPRESS reorders offline from the history it has seen: the warm-up requests again until a
+      // pass rewrites nothing, so that the measured requests meet a converged layout.
+      uint32_t passes = 1;
+      bool converged = false;
+      while (!converged && passes < f.impress_reorder_passes) {
+        const uint64_t before = [&] {
+          absl::MutexLock lock(&state.mu);
+          return state.reordered_bytes;
+        }();
+        CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
+        ++passes;
         absl::MutexLock lock(&state.mu);
-        return state.reordered_bytes;
-      }();
-      CKV_RETURN_IF_ERROR(run_all(warm, nullptr));
-      ++passes;
-      absl::MutexLock lock(&state.mu);
-      converged = state.reordered_bytes == before;
+        converged = state.reordered_bytes == before;
+      }
+      out.reorder_passes = passes;
+      out.reorder_converged = converged;
     }
-    out.reorder_passes = passes;
-    out.reorder_converged = converged;
-  }
     out.before = reads->stats();
     CKV_RETURN_IF_ERROR(run_all(out.measured, &out.requests));
     out.after = reads->stats();
@@ -240,7 +240,8 @@ void Accumulate(const RunResult& run, Row& row) {
   const double busy = a.busy_seconds - b.busy_seconds;
   const uint64_t dev_bytes = a.bytes_read - b.bytes_read;
   row.device_mb_s += busy > 0 ? dev_bytes / busy / 1e6 : 0;
-  const double area = a.mean_queue_depth * a.elapsed_seconds - b.mean_queue_depth * b.elapsed_seconds;
+  const double area =
+      a.mean_queue_depth * a.elapsed_seconds - b.mean_queue_depth * b.elapsed_seconds;
   row.busy_queue_depth += busy > 0 ? area / busy : 0;
 }
 
@@ -386,7 +387,8 @@ std::vector<Row> CollectRows(const Flags& f, const std::vector<System>& systems,
     Finalise(row, figures[i].latencies_ms);
     if (fio != nullptr && row.busy_queue_depth > 0) {
       const std::string dir = StorePath(f, systems[jobs[i].system].store());
-      row.fio_mb_s = fio->MbPerS(mix, static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
+      row.fio_mb_s =
+          fio->MbPerS(mix, static_cast<uint32_t>(std::lround(row.busy_queue_depth)), dir);
       row.fio_full_depth_mb_s = fio->MbPerS(mix, prefetch::ReadEngineOptions{}.queue_depth, dir);
     }
     uint64_t ios = 0;
@@ -438,21 +440,23 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
            std::vector<Row>& out) {
   std::stable_sort(out.begin(), out.end(), [&](const Row& a, const Row& b) {
     if (a.tiers != b.tiers) {
-      return std::find(f.tiers.begin(), f.tiers.end(), a.tiers) < std::find(f.tiers.begin(), f.tiers.end(), b.tiers);
+      return std::find(f.tiers.begin(), f.tiers.end(), a.tiers) <
+             std::find(f.tiers.begin(), f.tiers.end(), b.tiers);
     }
     return false;
   });
   std::string ckv_name = f.compare;
   for (const System& s : systems) {
     if (!f.compare.empty()) break;
-    if (s.kind == Kind::kCkv && s.name != "ckv-paper" && (ckv_name.empty() || s.name == "ckv")) ckv_name = s.name;
+    if (s.kind == Kind::kCkv && s.name != "ckv-paper" && (ckv_name.empty() || s.name == "ckv"))
+      ckv_name = s.name;
   }
   Comparisons c;
   if (!ckv_name.empty()) {
-    c.equal_error = EqualErrorOf(out, ckv_name, std::vector<double>(std::begin(kEqualErrors),
-                                                                    std::end(kEqualErrors)));
-    c.anchored = BaselineAnchoredOf(out, ckv_name, std::vector<double>(std::begin(kAnchorBudgets),
-                                                                       std::end(kAnchorBudgets)));
+    c.equal_error = EqualErrorOf(
+        out, ckv_name, std::vector<double>(std::begin(kEqualErrors), std::end(kEqualErrors)));
+    c.anchored = BaselineAnchoredOf(
+        out, ckv_name, std::vector<double>(std::begin(kAnchorBudgets), std::end(kAnchorBudgets)));
     c.equal_recall = EqualRecallOf(out, ckv_name, 0.05);
   }
   c.impress_anchors = ImpressAnchorsOf(out);
@@ -471,12 +475,11 @@ int Report(const Flags& f, const Workload& w, const std::vector<System>& systems
 // takes the model and the workload's shape from it into *f, *spec and *arch. A flag given on the
 // command line that contradicts the file is a usage error; the others are overridden, and a note
 // says what the file set. Prints the error and returns the exit code on failure.
-std::optional<int> ApplyProfileFile(Flags* f,
-                                    std::unique_ptr<synth::AttentionProfileFile>* file,
+std::optional<int> ApplyProfileFile(Flags* f, std::unique_ptr<synth::AttentionProfileFile>* file,
                                     ModelSpec* spec, Arch* arch) {
   if (f->profile_file.empty()) {
-    return cli::UsageError(kProg, absl::StrCat("--attention-profile ", kTrainedProfile,
-                                               " needs --profile-file PATH"));
+    return cli::UsageError(
+        kProg, absl::StrCat("--attention-profile ", kTrainedProfile, " needs --profile-file PATH"));
   }
   auto opened = synth::AttentionProfileFile::Open(f->profile_file);
   if (!opened.ok()) {
@@ -486,8 +489,11 @@ std::optional<int> ApplyProfileFile(Flags* f,
   const synth::AttentionProfileFile& p = **opened;
   for (const char* name : {"--system-prompt-share", "--request-shift", "--head-agreement"}) {
     if (f->given.contains(name)) {
-      return cli::UsageError(kProg, absl::StrCat(name, " is the synthetic generator's; the "
-                                                 "profile file ", p.path(), " fixes the tokens "
+      return cli::UsageError(kProg, absl::StrCat(name,
+                                                 " is the synthetic generator's; the "
+                                                 "profile file ",
+                                                 p.path(),
+                                                 " fixes the tokens "
                                                  "and the queries"));
     }
   }
@@ -496,22 +502,25 @@ std::optional<int> ApplyProfileFile(Flags* f,
     uint32_t* value;
     uint32_t from_file;
   };
-  for (const Field& x : {Field{"--prefix-tokens", &f->prefix_tokens, p.prefix_tokens()},
-                         Field{"--suffix-tokens", &f->suffix_tokens, p.suffix_tokens()},
-                         Field{"--conversations", &f->conversations, p.conversations()},
-                         Field{"--turns", &f->turns, p.turns()},
-                         Field{"--window", &f->window, p.window()}}) {
+  for (const Field& x :
+       {Field{"--prefix-tokens", &f->prefix_tokens, p.prefix_tokens()},
+        Field{"--suffix-tokens", &f->suffix_tokens, p.suffix_tokens()},
+        Field{"--conversations", &f->conversations, p.conversations()},
+        Field{"--turns", &f->turns, p.turns()}, Field{"--window", &f->window, p.window()}}) {
     if (f->given.contains(x.flag) && *x.value != x.from_file) {
-      return cli::UsageError(kProg, absl::StrCat(x.flag, " ", *x.value, " contradicts the profile "
-                                                 "file ", p.path(), ", which has ", x.from_file,
+      return cli::UsageError(kProg, absl::StrCat(x.flag, " ", *x.value,
+                                                 " contradicts the profile "
+                                                 "file ",
+                                                 p.path(), ", which has ", x.from_file,
                                                  " (leave the flag out: the file sets it)"));
     }
     *x.value = x.from_file;
   }
   if (f->given.contains("--model") && f->model != p.spec().model_id) {
-    return cli::UsageError(kProg, absl::StrCat("--model ", f->model, " contradicts the profile "
-                                               "file ", p.path(), ", whose model is ",
-                                               p.spec().model_id));
+    return cli::UsageError(kProg, absl::StrCat("--model ", f->model,
+                                               " contradicts the profile "
+                                               "file ",
+                                               p.path(), ", whose model is ", p.spec().model_id));
   }
   f->model = p.spec().model_id;
   if (!f->given.contains("--warmup-turns")) {
@@ -556,8 +565,8 @@ int Run(const Flags& flags) {
     if (const std::optional<int> exit = ApplyProfileFile(&f, &file, &spec, &arch)) return *exit;
   } else {
     if (!f.profile_file.empty()) {
-      return cli::UsageError(kProg, absl::StrCat("--profile-file needs --attention-profile ",
-                                                 kTrainedProfile));
+      return cli::UsageError(
+          kProg, absl::StrCat("--profile-file needs --attention-profile ", kTrainedProfile));
     }
     auto preset = ModelSpec::Preset(f.model);
     if (!preset.ok()) {

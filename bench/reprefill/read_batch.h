@@ -82,7 +82,8 @@ class ReadBatch {
   }
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](size_t* p) { return *p == 0; }, &pending_));
+    mu_.Await(absl::Condition(
+        +[](size_t* p) { return *p == 0; }, &pending_));
     return status_;
   }
 

@@ -43,7 +43,6 @@ Interp AtRecall(const std::vector<const Row*>& curve, double recall, size_t roun
   return {};
 }
 
-
 // Round `round`'s mean latency of `r`, or its median over rounds when it has no such round.
 double LatencyIn(const Row& r, size_t round) {
   return round < r.round_mean_ms.size() ? r.round_mean_ms[round] : r.MedianRoundMs();
@@ -56,7 +55,8 @@ std::vector<const Row*> ErrorCurve(const std::vector<Row>& rows, const std::stri
   for (const Row& r : rows) {
     if (r.tiers == tiers && r.system == system && r.rel_error) curve.push_back(&r);
   }
-  std::sort(curve.begin(), curve.end(), [](const Row* a, const Row* b) { return a->budget < b->budget; });
+  std::sort(curve.begin(), curve.end(),
+            [](const Row* a, const Row* b) { return a->budget < b->budget; });
   return curve;
 }
 
@@ -89,9 +89,9 @@ CurvePoint PointOf(const std::vector<const Row*>& curve, double error, size_t ro
   if (curve.empty()) return p;
   const Reach reach = ReachOf(curve, error);
   if (!reach.reached) {
-    const Row* closest = *std::min_element(curve.begin(), curve.end(), [](const Row* a, const Row* b) {
-      return *a->rel_error < *b->rel_error;
-    });
+    const Row* closest =
+        *std::min_element(curve.begin(), curve.end(),
+                          [](const Row* a, const Row* b) { return *a->rel_error < *b->rel_error; });
     p.budget = closest->budget;
     p.error = *closest->rel_error;
     p.latency_ms = closest->MedianRoundMs();
@@ -119,13 +119,17 @@ std::string Percent(double budget) { return absl::StrFormat("%.1f%%", budget * 1
 // Why a point has no ratio, or what bounds it.
 std::string NoteOf(const std::string& system, const CurvePoint& p, double error) {
   if (!p.reached) {
-    return absl::StrFormat("%s does not reach error %.3f at any budget run (closest: %.3f at %s, "
-                           "%.1f ms)", system, error, p.error.value_or(0), Percent(p.budget.value_or(0)),
-                           p.latency_ms.value_or(0));
+    return absl::StrFormat(
+        "%s does not reach error %.3f at any budget run (closest: %.3f at %s, "
+        "%.1f ms)",
+        system, error, p.error.value_or(0), Percent(p.budget.value_or(0)),
+        p.latency_ms.value_or(0));
   }
   if (p.at_smallest) {
-    return absl::StrFormat("%s reaches error %.3f at its smallest budget run (%s): its latency "
-                           "there is an upper bound", system, error, Percent(p.budget.value_or(0)));
+    return absl::StrFormat(
+        "%s reaches error %.3f at its smallest budget run (%s): its latency "
+        "there is an upper bound",
+        system, error, Percent(p.budget.value_or(0)));
   }
   return "";
 }
@@ -213,12 +217,16 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
-double Row::MedianRoundMs() const { return round_mean_ms.empty() ? mean_ms : Median(round_mean_ms); }
+double Row::MedianRoundMs() const {
+  return round_mean_ms.empty() ? mean_ms : Median(round_mean_ms);
+}
 double Row::MinRoundMs() const {
-  return round_mean_ms.empty() ? mean_ms : *std::min_element(round_mean_ms.begin(), round_mean_ms.end());
+  return round_mean_ms.empty() ? mean_ms
+                               : *std::min_element(round_mean_ms.begin(), round_mean_ms.end());
 }
 double Row::MaxRoundMs() const {
-  return round_mean_ms.empty() ? mean_ms : *std::max_element(round_mean_ms.begin(), round_mean_ms.end());
+  return round_mean_ms.empty() ? mean_ms
+                               : *std::max_element(round_mean_ms.begin(), round_mean_ms.end());
 }
 
 std::vector<EqualError> EqualErrorOf(const std::vector<Row>& rows, const std::string& ckv,
@@ -248,9 +256,8 @@ std::vector<EqualError> BaselineAnchoredOf(const std::vector<Row>& rows, const s
       // One point, already in equal_error (full at any codec: full@int8).
       if (base == "full" || base.starts_with("full@") || base == "recompute") continue;
       for (const Row* r : ErrorCurve(rows, t, base)) {
-        const bool anchored = std::any_of(budgets.begin(), budgets.end(), [&](double b) {
-          return std::abs(b - r->budget) < 1e-9;
-        });
+        const bool anchored = std::any_of(budgets.begin(), budgets.end(),
+                                          [&](double b) { return std::abs(b - r->budget) < 1e-9; });
         if (!anchored) continue;
         out.push_back(Compare(t, base, ckv, {r}, ckv_curve, *r->rel_error, r->budget));
       }
@@ -290,7 +297,8 @@ std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::
     for (const Row& r : rows) {
       if (r.tiers == t && r.system == ckv) curve.push_back(&r);
     }
-    std::sort(curve.begin(), curve.end(), [](const Row* a, const Row* b) { return a->budget < b->budget; });
+    std::sort(curve.begin(), curve.end(),
+              [](const Row* a, const Row* b) { return a->budget < b->budget; });
     if (curve.empty()) continue;
     for (const char* base : {"impress", "ckv-paper", "h2o", "full"}) {
       const bool full = std::string(base) == "full";
@@ -298,7 +306,9 @@ std::vector<EqualRecall> EqualRecallOf(const std::vector<Row>& rows, const std::
       const Row* b = nullptr;
       for (const Row& r : rows) {
         if (r.tiers != t || r.system != base) continue;
-        if (b == nullptr || std::abs(r.budget - reference_budget) < std::abs(b->budget - reference_budget)) b = &r;
+        if (b == nullptr ||
+            std::abs(r.budget - reference_budget) < std::abs(b->budget - reference_budget))
+          b = &r;
       }
       if (b == nullptr || !b->recall) continue;
       EqualRecall e;
@@ -350,24 +360,24 @@ std::string Ms(const std::optional<double>& v) {
 // The equal-error entries as a table (anchored: the baseline's budget in front).
 void PrintEqualError(const std::vector<EqualError>& entries, bool anchored) {
   std::printf("%-8s %-10s %8s %7s %12s %9s %10s %9s %8s %22s\n", "tiers", "baseline",
-              anchored ? "at" : "", "error", "baseline ms", "budget", "ckv ms", "budget",
-              "speedup", "rounds: median [range]");
+              anchored ? "at" : "", "error", "baseline ms", "budget", "ckv ms", "budget", "speedup",
+              "rounds: median [range]");
   for (const EqualError& e : entries) {
     const auto budget = [](const CurvePoint& p) {
       if (!p.reached) return std::string("not reached");
       if (!p.budget) return std::string("any");
       return (p.at_smallest ? "<=" : "") + Percent(*p.budget);
     };
-    std::printf("%-8s %-10s %8s %7.3f %12s %9s %10s %9s %8s %22s\n", e.tiers.c_str(),
-                e.baseline.c_str(), e.anchor_budget ? Percent(*e.anchor_budget).c_str() : "",
-                e.error, e.base.reached ? Ms(e.base.latency_ms).c_str() : "-",
-                budget(e.base).c_str(), e.ckv.reached ? Ms(e.ckv.latency_ms).c_str() : "-",
-                budget(e.ckv).c_str(),
-                e.speedup ? absl::StrFormat("%.2fx", *e.speedup).c_str() : "-",
-                e.speedup_round_median
-                    ? absl::StrFormat("%.2f [%.2f, %.2f]", *e.speedup_round_median,
-                                      *e.speedup_min, *e.speedup_max).c_str()
-                    : "-");
+    std::printf(
+        "%-8s %-10s %8s %7.3f %12s %9s %10s %9s %8s %22s\n", e.tiers.c_str(), e.baseline.c_str(),
+        e.anchor_budget ? Percent(*e.anchor_budget).c_str() : "", e.error,
+        e.base.reached ? Ms(e.base.latency_ms).c_str() : "-", budget(e.base).c_str(),
+        e.ckv.reached ? Ms(e.ckv.latency_ms).c_str() : "-", budget(e.ckv).c_str(),
+        e.speedup ? absl::StrFormat("%.2fx", *e.speedup).c_str() : "-",
+        e.speedup_round_median ? absl::StrFormat("%.2f [%.2f, %.2f]", *e.speedup_round_median,
+                                                 *e.speedup_min, *e.speedup_max)
+                                     .c_str()
+                               : "-");
     if (!e.note.empty()) std::printf("         note: %s\n", e.note.c_str());
   }
 }
@@ -386,8 +396,10 @@ void PrintTable(const std::vector<Row>& rows, const Comparisons& c) {
         if (x.system == "impress") impress[x.budget] = x.MedianRoundMs();
         if (x.system == "full") full[x.budget] = x.MedianRoundMs();
       }
-      std::printf("\ntiers: %s (latency: median of the rounds' means [min, max]; vs imp and vs full: "
-                  "at equal budget)\n", tiers.c_str());
+      std::printf(
+          "\ntiers: %s (latency: median of the rounds' means [min, max]; vs imp and vs full: "
+          "at equal budget)\n",
+          tiers.c_str());
       std::printf("%-30s %6s %20s %8s %7s %7s %8s %8s %8s %8s %7s %7s %8s %7s %7s %6s %6s %7s\n",
                   "system", "budget", "latency ms", "p95 ms", "vs imp", "vs full", "MB read",
                   "read amp", "dev MB/s", "fio MB/s", "error", "err p95", "worst l", "recall",
@@ -403,38 +415,41 @@ void PrintTable(const std::vector<Row>& rows, const Comparisons& c) {
         const auto opt = [](const std::optional<double>& v) {
           return v ? absl::StrFormat("%.3f", *v) : std::string("-");
         };
-        const std::string lat = absl::StrFormat("%.1f [%.1f, %.1f]", x.MedianRoundMs(),
-                                                x.MinRoundMs(), x.MaxRoundMs());
+        const std::string lat =
+            absl::StrFormat("%.1f [%.1f, %.1f]", x.MedianRoundMs(), x.MinRoundMs(), x.MaxRoundMs());
         const std::string worst =
             x.worst_layer >= 0 && x.worst_layer_error
                 ? absl::StrFormat("%.2f@%d", *x.worst_layer_error, x.worst_layer)
                 : std::string("-");
-        std::printf("%-30s %5.0f%% %20s %8.1f %7s %7s %8.1f %8.2f %8.0f %8.0f %7s %7s %8s %7s %7s %6.1f %6.1f %7.1f\n",
-                    x.system.c_str(), x.budget * 100, lat.c_str(), x.p95_ms,
-                    ratio(impress).c_str(), ratio(full).c_str(),
-                    x.bytes_read / 1e6 / std::max<size_t>(1, x.requests), x.read_amplification,
-                    x.device_mb_s, x.fio_mb_s, opt(x.rel_error).c_str(),
-                    opt(x.rel_error_p95).c_str(), worst.c_str(), opt(x.recall).c_str(),
-                    opt(x.recall_loaded).c_str(),
-                    x.gpu_hit_rate * 100, x.cpu_hit_rate * 100, x.scoring_ms);
+        std::printf(
+            "%-30s %5.0f%% %20s %8.1f %7s %7s %8.1f %8.2f %8.0f %8.0f %7s %7s %8s %7s %7s %6.1f "
+            "%6.1f %7.1f\n",
+            x.system.c_str(), x.budget * 100, lat.c_str(), x.p95_ms, ratio(impress).c_str(),
+            ratio(full).c_str(), x.bytes_read / 1e6 / std::max<size_t>(1, x.requests),
+            x.read_amplification, x.device_mb_s, x.fio_mb_s, opt(x.rel_error).c_str(),
+            opt(x.rel_error_p95).c_str(), worst.c_str(), opt(x.recall).c_str(),
+            opt(x.recall_loaded).c_str(), x.gpu_hit_rate * 100, x.cpu_hit_rate * 100, x.scoring_ms);
       }
     }
   }
   if (!c.equal_error.empty()) {
-    std::printf("\nequal output error (the headline): each system's latency interpolated on its "
-                "own error-latency curve at error e (mean over requests of the per-layer "
-                "relative L2 error of the attention output), never extrapolated; speedup: the "
-                "ratio of the medians over rounds, then the per-round ratios\n");
+    std::printf(
+        "\nequal output error (the headline): each system's latency interpolated on its "
+        "own error-latency curve at error e (mean over requests of the per-layer "
+        "relative L2 error of the attention output), never extrapolated; speedup: the "
+        "ratio of the medians over rounds, then the per-round ratios\n");
     PrintEqualError(c.equal_error, /*anchored=*/false);
   }
   if (!c.anchored.empty()) {
-    std::printf("\nbaseline-anchored: each baseline at its budget, ckv at the error the baseline "
-                "reaches there\n");
+    std::printf(
+        "\nbaseline-anchored: each baseline at its budget, ckv at the error the baseline "
+        "reaches there\n");
     PrintEqualError(c.anchored, /*anchored=*/true);
   }
   if (!c.impress_anchors.empty()) {
-    std::printf("\nimpress against full, same requests and tiers (published: fewer bytes up to "
-                "50%%, read amplification 8-16x and about 1.6x faster at 5%%)\n");
+    std::printf(
+        "\nimpress against full, same requests and tiers (published: fewer bytes up to "
+        "50%%, read amplification 8-16x and about 1.6x faster at 5%%)\n");
     std::printf("%-8s %7s %14s %9s %16s\n", "tiers", "budget", "bytes vs full", "read amp",
                 "speed vs full");
     for (const ImpressAnchor& a : c.impress_anchors) {
@@ -443,21 +458,24 @@ void PrintTable(const std::vector<Row>& rows, const Comparisons& c) {
     }
   }
   if (eq.empty()) return;
-  std::printf("\nequal recall: ckv's latency interpolated at the recall each baseline reaches at its "
-              "reference budget (full: 0.95); speedup: the ratio of the medians over rounds "
-              "[min, max of the per-round ratios]\n");
+  std::printf(
+      "\nequal recall: ckv's latency interpolated at the recall each baseline reaches at its "
+      "reference budget (full: 0.95); speedup: the ratio of the medians over rounds "
+      "[min, max of the per-round ratios]\n");
   std::printf("%-8s %-10s %-30s %7s %7s %12s %10s %10s %24s\n", "tiers", "baseline", "ckv system",
               "budget", "recall", "baseline ms", "ckv ms", "ckv budget", "speedup");
   for (const EqualRecall& e : eq) {
-    const std::string budget = e.baseline == "full" ? "-" : absl::StrFormat("%.0f%%", e.baseline_budget * 100);
-    std::printf("%-8s %-10s %-30s %7s %7.3f %12.1f %10s %10s %24s\n", e.tiers.c_str(),
-                e.baseline.c_str(), e.ckv_system.c_str(), budget.c_str(), e.recall,
-                e.baseline_latency_ms,
-                e.ckv_latency_ms ? absl::StrFormat("%.1f", *e.ckv_latency_ms).c_str() : "-",
-                e.ckv_budget ? absl::StrFormat("%.1f%%", *e.ckv_budget * 100).c_str() : "-",
-                e.speedup ? absl::StrFormat("%.2fx [%.2f, %.2f]", *e.speedup, *e.speedup_min,
-                                            *e.speedup_max).c_str()
-                          : "not reached");
+    const std::string budget =
+        e.baseline == "full" ? "-" : absl::StrFormat("%.0f%%", e.baseline_budget * 100);
+    std::printf(
+        "%-8s %-10s %-30s %7s %7.3f %12.1f %10s %10s %24s\n", e.tiers.c_str(), e.baseline.c_str(),
+        e.ckv_system.c_str(), budget.c_str(), e.recall, e.baseline_latency_ms,
+        e.ckv_latency_ms ? absl::StrFormat("%.1f", *e.ckv_latency_ms).c_str() : "-",
+        e.ckv_budget ? absl::StrFormat("%.1f%%", *e.ckv_budget * 100).c_str() : "-",
+        e.speedup
+            ? absl::StrFormat("%.2fx [%.2f, %.2f]", *e.speedup, *e.speedup_min, *e.speedup_max)
+                  .c_str()
+            : "not reached");
     if (!e.note.empty()) std::printf("         note: %s\n", e.note.c_str());
   }
 }
@@ -470,7 +488,10 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   j.Key("workload").BeginObject().Key("model").String(f.model);
   j.Key("prefix_tokens").Uint(f.prefix_tokens).Key("suffix_tokens").Uint(f.suffix_tokens);
   j.Key("conversations").Uint(f.conversations).Key("turns").Uint(f.turns);
-  j.Key("warmup_turns").Uint(f.warmup_turns).Key("system_prompt_share").Double(f.system_prompt_share);
+  j.Key("warmup_turns")
+      .Uint(f.warmup_turns)
+      .Key("system_prompt_share")
+      .Double(f.system_prompt_share);
   j.Key("concurrency").Uint(f.concurrency).Key("window").Uint(f.window);
   j.Key("gpu_tier_bytes").Uint(f.gpu_tier_bytes).Key("cpu_tier_bytes").Uint(f.cpu_tier_bytes);
   j.Key("gpu_tflops").Double(f.gpu_tflops).Key("hbm_gb_s").Double(f.hbm_gb_s);
@@ -478,8 +499,10 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   j.Key("seed").Uint(f.seed).Key("rounds").Uint(f.rounds);
   j.Key("attention_profile").String(f.attention_profile);
   // A profile file's queries are the network's: the generator's shift does not apply.
-  if (w.file() != nullptr) j.Key("profile_file").String(w.file()->path());
-  else j.Key("request_shift").Double(w.Params(Request{}).request_shift);
+  if (w.file() != nullptr)
+    j.Key("profile_file").String(w.file()->path());
+  else
+    j.Key("request_shift").Double(w.Params(Request{}).request_shift);
   if (!w.file()) j.Key("head_agreement").Double(w.Params(Request{}).calibrated.head_agreement);
   j.Key("impress_probes").String(f.impress_probes).Key("impress_gate").String(f.impress_gate);
   j.Key("store_bytes").Uint(w.store_bytes());
@@ -487,7 +510,12 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   j.Key("results").BeginArray();
   for (const Row& r : rows) {
     j.BeginObject().Key("tiers").String(r.tiers).Key("system").String(r.system);
-    j.Key("config").String(r.config).Key("budget").Double(r.budget).Key("requests").Uint(r.requests);
+    j.Key("config")
+        .String(r.config)
+        .Key("budget")
+        .Double(r.budget)
+        .Key("requests")
+        .Uint(r.requests);
     j.Key("modelled").Bool(r.modelled);
     j.Key("latency_ms").BeginObject().Key("mean").Double(r.mean_ms).Key("p50").Double(r.p50_ms);
     j.Key("p95").Double(r.p95_ms).Key("round_median").Double(r.MedianRoundMs());
@@ -495,7 +523,12 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     j.Key("rounds").BeginArray();
     for (double m : r.round_mean_ms) j.Double(m);
     j.EndArray().EndObject();
-    j.Key("wall_ms").Double(r.wall_ms).Key("scoring_cpu_ms").Double(r.scoring_ms).Key("bubble_ms").Double(r.bubble_ms);
+    j.Key("wall_ms")
+        .Double(r.wall_ms)
+        .Key("scoring_cpu_ms")
+        .Double(r.scoring_ms)
+        .Key("bubble_ms")
+        .Double(r.bubble_ms);
     j.Key("bytes_needed").Uint(r.bytes_needed).Key("bytes_read").Uint(r.bytes_read);
     j.Key("h2d_bytes").Uint(r.h2d_bytes);
     j.Key("read_amplification").Double(r.read_amplification);
@@ -505,7 +538,10 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     j.Key("queue_depth").Double(r.busy_queue_depth);
     const auto opt = [&](const char* key, const std::optional<double>& v) {
       j.Key(key);
-      if (v) j.Double(*v); else j.Null();
+      if (v)
+        j.Double(*v);
+      else
+        j.Null();
     };
     opt("attention_recall", r.recall);
     opt("attention_recall_loaded", r.recall_loaded);
@@ -514,11 +550,19 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     opt("worst_layer_error", r.worst_layer_error);
     j.Key("worst_layer").Int(r.worst_layer);
     j.Key("quality_requests").Uint(r.quality_requests);
-    j.Key("hit_rate").BeginObject().Key("gpu").Double(r.gpu_hit_rate).Key("cpu").Double(r.cpu_hit_rate);
+    j.Key("hit_rate")
+        .BeginObject()
+        .Key("gpu")
+        .Double(r.gpu_hit_rate)
+        .Key("cpu")
+        .Double(r.cpu_hit_rate);
     j.EndObject();
     j.Key("wasted_prefetch_bytes").Uint(r.wasted_prefetch_bytes);
     j.Key("fallback_layers").Double(r.fallback_layers);
-    j.Key("reorder_passes").Uint(r.reorder_passes).Key("reorder_converged").Bool(r.reorder_converged);
+    j.Key("reorder_passes")
+        .Uint(r.reorder_passes)
+        .Key("reorder_converged")
+        .Bool(r.reorder_converged);
     j.EndObject();
   }
   j.EndArray();
@@ -529,7 +573,10 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     j.Key("recall").Double(e.recall).Key("baseline_latency_ms").Double(e.baseline_latency_ms);
     const auto opt = [&](const char* key, const std::optional<double>& v) {
       j.Key(key);
-      if (v) j.Double(*v); else j.Null();
+      if (v)
+        j.Double(*v);
+      else
+        j.Null();
     };
     opt("ckv_budget", e.ckv_budget);
     opt("ckv_latency_ms", e.ckv_latency_ms);
@@ -543,10 +590,18 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
   j.EndArray();
   const auto opt = [&](const char* key, const std::optional<double>& v) {
     j.Key(key);
-    if (v) j.Double(*v); else j.Null();
+    if (v)
+      j.Double(*v);
+    else
+      j.Null();
   };
   const auto point = [&](const char* key, const CurvePoint& p) {
-    j.Key(key).BeginObject().Key("reached").Bool(p.reached).Key("at_smallest_budget").Bool(p.at_smallest);
+    j.Key(key)
+        .BeginObject()
+        .Key("reached")
+        .Bool(p.reached)
+        .Key("at_smallest_budget")
+        .Bool(p.at_smallest);
     opt("budget", p.budget);
     opt("closest_error", p.error);
     opt("latency_ms", p.latency_ms);
@@ -560,10 +615,9 @@ std::string ToJson(const Workload& w, const std::vector<Row>& rows, const Compar
     j.Key("speedup_vs_full").Double(a.speedup_vs_full).EndObject();
   }
   j.EndArray();
-  for (const auto& [key, list] : {std::pair<const char*, const std::vector<EqualError>&>{
-                                      "equal_error", c.equal_error},
-                                  std::pair<const char*, const std::vector<EqualError>&>{
-                                      "baseline_anchored", c.anchored}}) {
+  for (const auto& [key, list] :
+       {std::pair<const char*, const std::vector<EqualError>&>{"equal_error", c.equal_error},
+        std::pair<const char*, const std::vector<EqualError>&>{"baseline_anchored", c.anchored}}) {
     j.Key(key).BeginArray();
     for (const EqualError& e : list) {
       j.BeginObject().Key("tiers").String(e.tiers).Key("baseline").String(e.baseline);
@@ -594,7 +648,8 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
   std::vector<std::string> tiers, systems;
   for (const Row& r : rows) {
     if (std::find(tiers.begin(), tiers.end(), r.tiers) == tiers.end()) tiers.push_back(r.tiers);
-    if (std::find(systems.begin(), systems.end(), r.system) == systems.end()) systems.push_back(r.system);
+    if (std::find(systems.begin(), systems.end(), r.system) == systems.end())
+      systems.push_back(r.system);
   }
   std::string s = absl::StrFormat("set terminal png size %d,560\nset output '%s'\n",
                                   640 + 560 * int(tiers.size()), path);
@@ -607,9 +662,10 @@ void Plot(const Workload& w, const std::vector<Row>& rows, const std::string& pa
        "set key below\nset grid\nset logscale y\nset xrange [0:*]\n";
   double label_y = 0.97;  // stepped down, so that labels of close errors do not overlap
   for (double e : kEqualErrors) {
-    s += absl::StrFormat("set arrow from %g, graph 0 to %g, graph 1 nohead dt 2 lc rgb 'gray'\n"
-                         "set label 'e = %g' at %g, graph %g left offset 0.3,0 tc rgb 'gray'\n",
-                         e, e, e, e, label_y);
+    s += absl::StrFormat(
+        "set arrow from %g, graph 0 to %g, graph 1 nohead dt 2 lc rgb 'gray'\n"
+        "set label 'e = %g' at %g, graph %g left offset 0.3,0 tc rgb 'gray'\n",
+        e, e, e, e, label_y);
     label_y -= 0.05;
   }
   for (const std::string& t : tiers) {

@@ -18,7 +18,7 @@ struct Row {
   std::string system;
   std::string config;
   double budget = 0;
-  size_t requests = 0;          // measured requests per round
+  size_t requests = 0;                         // measured requests per round
   double mean_ms = 0, p50_ms = 0, p95_ms = 0;  // over every request of every round
   std::vector<double> round_mean_ms;           // each round's mean latency
   double wall_ms = 0, scoring_ms = 0, bubble_ms = 0;
@@ -54,7 +54,7 @@ struct EqualRecall {
   std::string ckv_system;
   double baseline_budget = 0;  // 0 for "at recall 0.95" (full)
   double recall = 0;
-  double baseline_latency_ms = 0;  // median over rounds
+  double baseline_latency_ms = 0;    // median over rounds
   std::optional<double> ckv_budget;  // interpolated budget at that recall
   std::optional<double> ckv_latency_ms;
   // The ratio of the medians over rounds; beside it the median and range of per-round ratios.
@@ -73,10 +73,10 @@ inline constexpr double kAnchorBudgets[] = {0.02, 0.05, 0.10, 0.25};
 
 // One system's point on its own error-latency curve at a given output error.
 struct CurvePoint {
-  bool reached = false;          // some budget run has a mean error <= the error asked
-  bool at_smallest = false;      // reached already at the smallest budget run: an upper bound
-  std::optional<double> budget;  // interpolated (reached), or the closest point's (not reached)
-  std::optional<double> error;   // the closest point's mean error (not reached)
+  bool reached = false;              // some budget run has a mean error <= the error asked
+  bool at_smallest = false;          // reached already at the smallest budget run: an upper bound
+  std::optional<double> budget;      // interpolated (reached), or the closest point's (not reached)
+  std::optional<double> error;       // the closest point's mean error (not reached)
   std::optional<double> latency_ms;  // median over rounds of the interpolated latency, or the
                                      // closest point's median (not reached)
 };
@@ -90,7 +90,8 @@ struct EqualError {
   std::string baseline;
   std::string ckv_system;
   double error = 0;
-  std::optional<double> anchor_budget;  // baseline-anchored: the baseline's budget, `error` its error
+  std::optional<double>
+      anchor_budget;  // baseline-anchored: the baseline's budget, `error` its error
   CurvePoint base, ckv;
   // The headline: the ratio of the medians over rounds. Beside it the median and range of the
   // per-round ratios. Only where both systems reach the error.

@@ -23,28 +23,33 @@
 namespace ckv::bench {
 
 KeyFile::KeyFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
-    : layers_(spec.layers), kv_heads_(spec.kv_heads), conversations_(conversations),
-      chunk_tokens_(spec.chunk_tokens), chunks_((tokens + spec.chunk_tokens - 1) / spec.chunk_tokens),
+    : layers_(spec.layers),
+      kv_heads_(spec.kv_heads),
+      conversations_(conversations),
+      chunk_tokens_(spec.chunk_tokens),
+      chunks_((tokens + spec.chunk_tokens - 1) / spec.chunk_tokens),
       key_bytes_(spec.head_dim * kernels::ElementBytes(spec.dtype)) {
   run_bytes_ = RoundUp(tokens * key_bytes_);
   bytes_ = run_bytes_ * spec.layers * spec.kv_heads * conversations;
 }
 
 ImpressFile::ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
-    : layers_(spec.layers), conversations_(conversations),
+    : layers_(spec.layers),
+      conversations_(conversations),
       blocks_(static_cast<uint32_t>((tokens + kBlockTokens - 1) / kBlockTokens)),
       kv_bytes_(uint64_t{kBlockTokens} * spec.TokenBytesPerLayer()),
       block_bytes_(KeyFile::RoundUp(2 * kv_bytes_)) {}
 
 HalfFile::HalfFile(const ModelSpec& spec, size_t tokens, uint32_t conversations)
-    : layers_(spec.layers), conversations_(conversations),
+    : layers_(spec.layers),
+      conversations_(conversations),
       chunks_(static_cast<uint32_t>(tokens / spec.chunk_tokens)),
-      half_bytes_(spec.DecodedRecordBytes() / 2), slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
+      half_bytes_(spec.DecodedRecordBytes() / 2),
+      slot_bytes_(KeyFile::RoundUp(half_bytes_)) {}
 
 prefetch::ReadRequest HalfFile::Read(prefetch::FileId file, const std::vector<uint64_t>& sums,
-                                     const char* name, uint32_t c, uint32_t layer,
-                                     uint32_t chunk, prefetch::Priority priority,
-                                     std::span<std::byte> dest) const {
+                                     const char* name, uint32_t c, uint32_t layer, uint32_t chunk,
+                                     prefetch::Priority priority, std::span<std::byte> dest) const {
   prefetch::ReadRequest r;
   r.file = file;
   r.offset = Offset(c, layer, chunk);
@@ -88,16 +93,16 @@ absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t c
   std::vector<uint64_t> sums(count);
   in.read(reinterpret_cast<char*>(sums.data()), static_cast<std::streamsize>(count * 8));
   if (static_cast<size_t>(in.gcount()) != count * 8 || in.peek() != EOF) {
-    return absl::DataLossError(absl::StrCat("checksum file ", path, " does not hold ", count,
-                                            " checksums of 8 bytes"));
+    return absl::DataLossError(
+        absl::StrCat("checksum file ", path, " does not hold ", count, " checksums of 8 bytes"));
   }
   return sums;
 }
 
 absl::Status OwnFile::Open(prefetch::ReadEngine& engine, const std::string& path,
                            const std::string& sum_path, size_t count) {
-  CKV_ASSIGN_OR_RETURN(file, storage::PosixFileSystem()->Open(
-                                 path, storage::FileSystem::OpenMode::kReadWrite));
+  CKV_ASSIGN_OR_RETURN(
+      file, storage::PosixFileSystem()->Open(path, storage::FileSystem::OpenMode::kReadWrite));
   CKV_ASSIGN_OR_RETURN(id, engine.RegisterFile(file.get()));
   reads = &engine;
   CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));
@@ -132,13 +137,15 @@ absl::Status AppendKeys(const Workload& w, const KeyFile& kf, const KvTensors& k
       out.write(run.data(), static_cast<std::streamsize>(run.size()));
     }
   }
-  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  if (!out)
+    return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
   return absl::OkStatus();
 }
 
 // One conversation's KV in impress.bin's layout, in token order, appended to `out`.
 absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTensors& kv,
-                           std::ofstream& out, const std::string& path, std::vector<uint64_t>& sums) {
+                           std::ofstream& out, const std::string& path,
+                           std::vector<uint64_t>& sums) {
   const ModelSpec& spec = w.spec();
   const size_t tok_bytes = spec.TokenBytesPerLayer();
   const size_t tokens = w.stored_tokens();
@@ -154,7 +161,8 @@ absl::Status AppendImpress(const Workload& w, const ImpressFile& f, const KvTens
       out.write(block.data(), static_cast<std::streamsize>(block.size()));
     }
   }
-  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  if (!out)
+    return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
   return absl::OkStatus();
 }
 
@@ -177,7 +185,8 @@ struct HalfOut {
         out.write(slot.data(), static_cast<std::streamsize>(slot.size()));
       }
     }
-    if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+    if (!out)
+      return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
     return absl::OkStatus();
   }
 };
@@ -207,9 +216,11 @@ std::string ReadManifest(const std::string& path) {
 // Writes `sums` to `path`, durably enough for a benchmark (flushed, checked).
 absl::Status WriteSums(const std::string& path, const std::vector<uint64_t>& sums) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(sums.data()), static_cast<std::streamsize>(sums.size() * 8));
+  out.write(reinterpret_cast<const char*>(sums.data()),
+            static_cast<std::streamsize>(sums.size() * 8));
   out.flush();
-  if (!out) return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
+  if (!out)
+    return absl::ResourceExhaustedError(absl::StrCat("writing ", path, " failed (disk full?)"));
   return absl::OkStatus();
 }
 
@@ -230,9 +241,9 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
     // Another workload's store: start over.
     std::fprintf(stderr, "%s: making a new store in %s\n", kProg, f.store.c_str());
     // Only what this harness makes, never the rest of DIR.
-    std::vector<std::string> names = {"keys.bin", "keys.sum", "impress.bin", "impress.sum",
-                                      "impress.map", "scoring_keys.bin", "scoring_keys.sum",
-                                      "values.bin", "values.sum", "fio.dat"};
+    std::vector<std::string> names = {
+        "keys.bin",         "keys.sum",         "impress.bin", "impress.sum", "impress.map",
+        "scoring_keys.bin", "scoring_keys.sum", "values.bin",  "values.sum",  "fio.dat"};
     for (RecordLayout layout : {RecordLayout::kLayerMajor, RecordLayout::kPeriodMajor}) {
       for (KvCodec codec : {KvCodec::kNone, KvCodec::kFp8E4M3, KvCodec::kInt8, KvCodec::kInt4}) {
         names.push_back(StoreName({layout, codec}));
@@ -241,7 +252,9 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
     for (const std::string& name : names) {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::path(f.store) / name, ec);
-      if (ec) return absl::InternalError(absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
+      if (ec)
+        return absl::InternalError(
+            absl::StrCat("could not remove ", f.store, "/", name, ": ", ec.message()));
     }
     std::remove(manifest_path.c_str());
   }
@@ -259,10 +272,9 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
   const std::string impress_path = ImpressFilePath(f);
   // impress.map says impress.bin's slots are not in token order (a run that did not restore
   // them): rewriting is as cheap as restoring here.
-  const bool impress_ok =
-      !need_impress || (FileHasSize(impress_path, imf.bytes()) &&
-                        FileHasSize(ImpressSumPath(f), imf.sums() * 8) &&
-                        ::stat(ImpressMapPath(f).c_str(), &st) != 0);
+  const bool impress_ok = !need_impress || (FileHasSize(impress_path, imf.bytes()) &&
+                                            FileHasSize(ImpressSumPath(f), imf.sums() * 8) &&
+                                            ::stat(ImpressMapPath(f).c_str(), &st) != 0);
   const HalfFile hf(w.spec(), w.stored_tokens(), f.conversations);
   HalfOut halves[2];
   halves[0].path = ScoringKeyPath(f);
@@ -306,20 +318,20 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
   }
   std::vector<uint64_t> key_sums, impress_sums;
   for (uint32_t c = 0; c < f.conversations; ++c) {
-    std::fprintf(stderr, "%s: conversation %u/%u: %s the KV of %zu tokens (%s)\n", kProg,
-                 c + 1, f.conversations, w.file() ? "reading" : "generating", w.stored_tokens(),
+    std::fprintf(stderr, "%s: conversation %u/%u: %s the KV of %zu tokens (%s)\n", kProg, c + 1,
+                 f.conversations, w.file() ? "reading" : "generating", w.stored_tokens(),
                  w.spec().DebugString().c_str());
     CKV_RETURN_IF_ERROR(w.WithStoredKv(c, [&](const KvTensors& kv) -> absl::Status {
       for (size_t i = 0; i < engines.size(); ++i) {
-        CKV_ASSIGN_OR_RETURN(PutResult r,
-                             engines[i]->Put(WithCodec(w.spec(), todo[i].codec),
-                                             w.StoredTokens(c), kv));
+        CKV_ASSIGN_OR_RETURN(PutResult r, engines[i]->Put(WithCodec(w.spec(), todo[i].codec),
+                                                          w.StoredTokens(c), kv));
         std::fprintf(stderr, "%s: %s store: conversation %u/%u: %llu chunks written\n", kProg,
                      StoreName(todo[i]).c_str(), c + 1, f.conversations,
                      static_cast<unsigned long long>(r.chunks_written));
       }
       if (!keys_ok) CKV_RETURN_IF_ERROR(AppendKeys(w, kf, kv, keys, key_path, key_sums));
-      if (!impress_ok) CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path, impress_sums));
+      if (!impress_ok)
+        CKV_RETURN_IF_ERROR(AppendImpress(w, imf, kv, impress, impress_path, impress_sums));
       for (HalfOut& h : halves) {
         if (!h.ok) CKV_RETURN_IF_ERROR(h.Append(w, hf, kv));
       }
@@ -328,22 +340,28 @@ absl::Status Populate(const Workload& w, const std::set<StoreId>& stores, const 
   }
   if (!impress_ok) {
     impress.flush();
-    if (!impress) return absl::ResourceExhaustedError(absl::StrCat("writing ", impress_path, " failed (disk full?)"));
+    if (!impress)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("writing ", impress_path, " failed (disk full?)"));
     CKV_RETURN_IF_ERROR(WriteSums(ImpressSumPath(f), impress_sums));
   }
   if (!keys_ok) {
     keys.flush();
-    if (!keys) return absl::ResourceExhaustedError(absl::StrCat("writing ", key_path, " failed (disk full?)"));
+    if (!keys)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("writing ", key_path, " failed (disk full?)"));
     CKV_RETURN_IF_ERROR(WriteSums(KeySumPath(f), key_sums));
   }
   for (HalfOut& h : halves) {
     if (h.ok) continue;
     h.out.flush();
-    if (!h.out) return absl::ResourceExhaustedError(absl::StrCat("writing ", h.path, " failed (disk full?)"));
+    if (!h.out)
+      return absl::ResourceExhaustedError(absl::StrCat("writing ", h.path, " failed (disk full?)"));
     CKV_RETURN_IF_ERROR(WriteSums(h.sum_path, h.sums));
   }
   std::ofstream(manifest_path, std::ios::trunc) << manifest;
-  std::fprintf(stderr, "%s: store ready in %.1f s\n", kProg, absl::ToDoubleSeconds(absl::Now() - start));
+  std::fprintf(stderr, "%s: store ready in %.1f s\n", kProg,
+               absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
 }
 

@@ -101,7 +101,7 @@ class ImpressFile {
  public:
   static constexpr uint32_t kBlockTokens = 64;
   ImpressFile(const ModelSpec& spec, size_t tokens, uint32_t conversations);
-  uint32_t blocks() const { return blocks_; }           // per (conversation, layer)
+  uint32_t blocks() const { return blocks_; }            // per (conversation, layer)
   uint64_t block_bytes() const { return block_bytes_; }  // K then V of one block, page-rounded
   uint64_t kv_bytes() const { return kv_bytes_; }        // of the K half (and of the V half)
   uint64_t bytes() const { return block_bytes_ * blocks_ * layers_ * conversations_; }

@@ -18,7 +18,8 @@ class ScoringKeySource final : public engine::ScoringKeys {
     for (uint32_t c = 0; c < w.flags().conversations; ++c) {
       const std::vector<ChunkKey> keys =
           ChainChunkKeys(w.spec().Fingerprint(), w.spec().chunk_tokens, w.StoredTokens(c));
-      for (uint32_t j = 0; j < f_.chunks() && j < keys.size(); ++j) where_.emplace(keys[j], Where{c, j});
+      for (uint32_t j = 0; j < f_.chunks() && j < keys.size(); ++j)
+        where_.emplace(keys[j], Where{c, j});
     }
   }
 
@@ -30,8 +31,8 @@ class ScoringKeySource final : public engine::ScoringKeys {
       return absl::NotFoundError(absl::StrCat("scoring_keys.bin holds no chunk ", chunk.ToHex()));
     }
     if (dest.size() != f_.half_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("scoring keys of ", dest.size(),
-                                                     " bytes asked, a K half is ", f_.half_bytes()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scoring keys of ", dest.size(), " bytes asked, a K half is ", f_.half_bytes()));
     }
     const auto [c, j] = it->second;
     return f_.Read(file_, *sums_, "scoring_keys.bin", c, layer, j, priority, dest);
@@ -83,9 +84,15 @@ class CkvRunner final : public SystemRunner {
     uint64_t scoring_bytes = 0;
     switch (sys.selector) {
       case Selector::kPeriodExact:
-      case Selector::kOracle: scoring_bytes = n * spec.RecordKeyBytes(); break;
-      case Selector::kQuest: scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes(); break;
-      case Selector::kMeanKey: scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes(); break;
+      case Selector::kOracle:
+        scoring_bytes = n * spec.RecordKeyBytes();
+        break;
+      case Selector::kQuest:
+        scoring_bytes = n * spec.kv_heads * sf.MinMaxEntryBytes();
+        break;
+      case Selector::kMeanKey:
+        scoring_bytes = n * spec.kv_heads * sf.MeanEntryBytes();
+        break;
       case Selector::kOutlierKey:
         scoring_bytes = n * spec.kv_heads * (sf.MeanEntryBytes() + sf.OutlierEntryBytes());
         break;
@@ -108,8 +115,8 @@ class CkvRunner final : public SystemRunner {
         out.loaded[l].push_back(rec.chunk);
         if (rec.found_in != LayerView::Tier::kGpu) crossing += spec.RecordBytes();
       }
-      const size_t context = view.records().size() * spec.chunk_tokens +
-                             view.virtual_tokens().count;
+      const size_t context =
+          view.records().size() * spec.chunk_tokens + view.virtual_tokens().count;
       if (!out.estimated.empty()) out.estimated[l] = view.virtual_tokens().chunks;
       if (!out.virtual_tokens.empty()) out.virtual_tokens[l] = view.TakeVirtualTokens();
       view.Release();

@@ -42,7 +42,8 @@ class H2oRunner final : public BaselineRunner {
     std::vector<uint32_t> heads_all(spec_.kv_heads);
     std::iota(heads_all.begin(), heads_all.end(), 0u);
 
-    auto start_layer = [&](uint32_t layer, prefetch::Priority priority) -> absl::StatusOr<LayerPtr> {
+    auto start_layer = [&](uint32_t layer,
+                           prefetch::Priority priority) -> absl::StatusOr<LayerPtr> {
       auto L = NewLayer(n);
       // Every key: K halves the tiers hold (record 2l), the rest from the key file.
       std::vector<bool> need(n, true);
@@ -57,7 +58,8 @@ class H2oRunner final : public BaselineRunner {
           need[j] = false;
         }
       }
-      CKV_RETURN_IF_ERROR(RequestKeys(r.conversation, layer, n, need, heads_all, *L, out, priority));
+      CKV_RETURN_IF_ERROR(
+          RequestKeys(r.conversation, layer, n, need, heads_all, *L, out, priority));
       return L;
     };
     LayerPtr next;

@@ -114,7 +114,8 @@ class ImpressRunner final : public BaselineRunner {
     all_chunks_.reserve(max_chunks_);
     blocks_.reserve(imf_.blocks());
     scores_.reserve(size_t{spec_.layers} * (imf_.blocks() + spec_.kv_heads * (max_chunks_ + 1)));
-    if (!ctx.state->impress_counters) ctx.state->impress_counters = std::make_shared<ImpressCounters>();
+    if (!ctx.state->impress_counters)
+      ctx.state->impress_counters = std::make_shared<ImpressCounters>();
   }
 
   absl::StatusOr<RequestResult> Run(const Request& r,
@@ -255,8 +256,9 @@ class ImpressRunner final : public BaselineRunner {
       const ChunkKey key = KeySegmentKey(conversation, l, s.head, s.first);
       const double f = double(ctx_.state->freq[key] + 1);
       Admit(key, s.chunks,
-            std::span<const std::byte>(L.keys.data() + (size_t{s.head} * n * c + size_t{s.first} * c) * kb,
-                                       size_t{s.chunks} * c * kb),
+            std::span<const std::byte>(
+                L.keys.data() + (size_t{s.head} * n * c + size_t{s.first} * c) * kb,
+                size_t{s.chunks} * c * kb),
             f);
     }
     L.key_segments.clear();
@@ -272,8 +274,8 @@ class ImpressRunner final : public BaselineRunner {
   // and the blocks' scores; read blocks are offered to the tiers (admitted when the request
   // ends). `*load_h2d` gets the bytes that cross PCIe.
   absl::Status LoadLayer(const Request& r, uint32_t l, uint32_t n, const kernels::Selection& sel,
-                         const kernels::SelectOptions& so, const ImpressLayout& layout,
-                         Layer& cur, RequestResult& out, uint64_t* load_h2d) {
+                         const kernels::SelectOptions& so, const ImpressLayout& layout, Layer& cur,
+                         RequestResult& out, uint64_t* load_h2d) {
     const uint32_t c = spec_.chunk_tokens;
     const uint32_t T = n * c;
     std::vector<uint32_t> attended = Attended(sel.tokens, n, so);
@@ -311,8 +313,8 @@ class ImpressRunner final : public BaselineRunner {
       q.priority = prefetch::Priority::kDemand;
       q.verify_checksum = true;
       q.expected_checksum = layout.sum[l][b];
-      q.name = absl::StrCat("impress.bin: conversation ", r.conversation, ", layer ", l,
-                            ", block ", b);
+      q.name =
+          absl::StrCat("impress.bin: conversation ", r.conversation, ", layer ", l, ", block ", b);
       q.dest = std::span<std::byte>(cur.extra[b]);
       batch.Add(std::move(q), /*cross_bytes=*/2 * imf_.kv_bytes());
       read_mark_[b] = true;
@@ -361,7 +363,8 @@ class ImpressRunner final : public BaselineRunner {
       std::vector<double>& imp = conv.importance[l];
       for (uint32_t t = 0; t < last_tokens_; ++t) imp[t] += acc_[l][t];
       std::vector<uint32_t> target = Packed(imp, next->token_at[l], next->slot_of[l]);
-      CKV_ASSIGN_OR_RETURN(uint64_t bytes, Permute(r.conversation, l, *next, std::move(target), &imp));
+      CKV_ASSIGN_OR_RETURN(uint64_t bytes,
+                           Permute(r.conversation, l, *next, std::move(target), &imp));
       rewritten += bytes;
     }
     if (rewritten > 0 && !conv.reordered) {
@@ -437,7 +440,8 @@ class ImpressRunner final : public BaselineRunner {
   // The slots' tokens after packing: the tokens with importance > 0 gathered into the blocks
   // that already hold most of them, by swapping them with the cold tokens there (so that only
   // the blocks a swap touches change).
-  std::vector<uint32_t> Packed(const std::vector<double>& imp, const std::vector<uint32_t>& token_at,
+  std::vector<uint32_t> Packed(const std::vector<double>& imp,
+                               const std::vector<uint32_t>& token_at,
                                const std::vector<uint32_t>& slot_of) const {
     const uint32_t nb = imf_.blocks();
     std::vector<uint32_t> hot(nb, 0), cap(nb, 0);
@@ -450,7 +454,8 @@ class ImpressRunner final : public BaselineRunner {
     }
     std::vector<uint32_t> order(nb);
     std::iota(order.begin(), order.end(), 0u);
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return hot[a] > hot[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return hot[a] > hot[b]; });
     std::vector<bool> dest(nb, false);
     uint32_t room = 0;
     for (uint32_t b : order) {
@@ -498,13 +503,15 @@ class ImpressRunner final : public BaselineRunner {
     const size_t align = std::max<size_t>(4096, file->alignment());
     const size_t bb = imf_.block_bytes();
     std::vector<std::byte> raw(2 * changed.size() * bb + align);
-    std::byte* old_base = raw.data() + (align - reinterpret_cast<uintptr_t>(raw.data()) % align) % align;
+    std::byte* old_base =
+        raw.data() + (align - reinterpret_cast<uintptr_t>(raw.data()) % align) % align;
     std::byte* new_base = old_base + changed.size() * bb;
     for (size_t i = 0; i < changed.size(); ++i) {
-      CKV_RETURN_IF_ERROR(file->ReadAt(imf_.Offset(c, l, changed[i]), std::span(old_base + i * bb, bb)));
+      CKV_RETURN_IF_ERROR(
+          file->ReadAt(imf_.Offset(c, l, changed[i]), std::span(old_base + i * bb, bb)));
       // A rewrite must not give bad bytes a fresh checksum.
-      CKV_RETURN_IF_ERROR(storage::VerifyRecordChecksum(
-          old_base + i * bb, bb, layout.sum[l][changed[i]], [&] {
+      CKV_RETURN_IF_ERROR(
+          storage::VerifyRecordChecksum(old_base + i * bb, bb, layout.sum[l][changed[i]], [&] {
             return absl::StrCat("impress.bin: conversation ", c, ", layer ", l, ", block ",
                                 changed[i], " (read to reorder)");
           }));
@@ -525,7 +532,8 @@ class ImpressRunner final : public BaselineRunner {
       }
     }
     for (size_t i = 0; i < changed.size(); ++i) {
-      CKV_RETURN_IF_ERROR(file->WriteAt(imf_.Offset(c, l, changed[i]), std::span(new_base + i * bb, bb)));
+      CKV_RETURN_IF_ERROR(
+          file->WriteAt(imf_.Offset(c, l, changed[i]), std::span(new_base + i * bb, bb)));
       layout.sum[l][changed[i]] = storage::RecordChecksum(new_base + i * bb, bb);
       if (!ctx_.state->tiers) continue;
       // A tier copy of the old bytes is stale now. IMPRESS rewrites a block from memory, so
@@ -542,9 +550,10 @@ class ImpressRunner final : public BaselineRunner {
         if (t != kNone && (*imp)[t] > 0) ++hot;
       }
       const double score = double(ctx_.state->freq[key]) * hot / kB;
-      ctx_.state->tiers->Admit(engine::RecordId{key, 0},
-                               std::span<const std::byte>(new_base + i * bb, 2 * imf_.kv_bytes()),
-                               score)
+      ctx_.state->tiers
+          ->Admit(engine::RecordId{key, 0},
+                  std::span<const std::byte>(new_base + i * bb, 2 * imf_.kv_bytes()),
+                  score)
           .IgnoreError();  // not cached again: the next load reads it
     }
     token_at = std::move(target);
@@ -558,7 +567,7 @@ class ImpressRunner final : public BaselineRunner {
   const uint32_t stored_;
   std::vector<uint32_t> probe_q_, score_q_, probe_kv_, other_kv_, all_q_, all_kv_;
   // Reused across requests (sized before timing).
-  std::vector<std::vector<float>> acc_;           // per layer, per token: this request's mass
+  std::vector<std::vector<float>> acc_;  // per layer, per token: this request's mass
   std::vector<uint32_t> block_mark_, blocks_, all_chunks_;
   std::vector<bool> chunk_mark_, read_mark_, all_need_, key_need_;
   std::vector<std::pair<ChunkKey, double>> scores_;

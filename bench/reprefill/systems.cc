@@ -20,9 +20,18 @@ namespace {
 absl::StatusOr<System> ParseBase(const std::string& name) {
   System s;
   s.name = name;
-  if (name == "full") { s.kind = Kind::kFull; return s; }
-  if (name == "h2o") { s.kind = Kind::kH2o; return s; }
-  if (name == "impress") { s.kind = Kind::kImpress; return s; }
+  if (name == "full") {
+    s.kind = Kind::kFull;
+    return s;
+  }
+  if (name == "h2o") {
+    s.kind = Kind::kH2o;
+    return s;
+  }
+  if (name == "impress") {
+    s.kind = Kind::kImpress;
+    return s;
+  }
   if (name == "ckv-paper") {
     // ContiguousKV as published: c = 16, p = 8, period-exact, intra- and inter-period prefetch.
     s.selector = Selector::kPeriodExact;
@@ -42,14 +51,21 @@ absl::StatusOr<System> ParseBase(const std::string& name) {
         "ckv:<selector>:<layout>[:<period>][:noprefetch][:estimate][:target][:rescore])"));
   }
   CKV_ASSIGN_OR_RETURN(s.selector, ParseSelector(parts[1]));
-  if (parts[2] == "layer-major") s.layout = RecordLayout::kLayerMajor;
-  else if (parts[2] == "period-major") s.layout = RecordLayout::kPeriodMajor;
-  else return absl::InvalidArgumentError(absl::StrCat("system ", name, ": unknown layout ", parts[2]));
+  if (parts[2] == "layer-major")
+    s.layout = RecordLayout::kLayerMajor;
+  else if (parts[2] == "period-major")
+    s.layout = RecordLayout::kPeriodMajor;
+  else
+    return absl::InvalidArgumentError(absl::StrCat("system ", name, ": unknown layout ", parts[2]));
   for (size_t i = 3; i < parts.size(); ++i) {
-    if (parts[i] == "noprefetch") s.prefetch = false;
-    else if (parts[i] == "estimate") s.estimate = true;
-    else if (parts[i] == "target") s.target = true;
-    else if (parts[i] == "rescore") s.rescore = true;
+    if (parts[i] == "noprefetch")
+      s.prefetch = false;
+    else if (parts[i] == "estimate")
+      s.estimate = true;
+    else if (parts[i] == "target")
+      s.target = true;
+    else if (parts[i] == "rescore")
+      s.rescore = true;
     else if (!absl::SimpleAtoi(parts[i], &s.period) || s.period < 1) {
       return absl::InvalidArgumentError(absl::StrCat("system ", name, ": bad part ", parts[i]));
     } else {
@@ -58,9 +74,10 @@ absl::StatusOr<System> ParseBase(const std::string& name) {
     }
   }
   if (s.rescore && !s.period_selection) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "system ", name, ": rescore needs quest, mean-key or outlier-key with a period "
-        "(ckv:mean-key:period-major:8:rescore)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("system ", name,
+                     ": rescore needs quest, mean-key or outlier-key with a period "
+                     "(ckv:mean-key:period-major:8:rescore)"));
   }
   return s;
 }
@@ -76,10 +93,14 @@ absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_code
     if (!own_files) s.codec = default_codec;
     if (own_files && default_codec != KvCodec::kNone) {
       const std::string codec(KvCodecName(default_codec));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "system ", name, " keeps its own files in the dtype, as its authors store them: it "
-          "takes no codec (--codec ", codec, " applies to full and the ckv systems; name a "
-          "codec per system instead, as full@", codec, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("system ", name,
+                       " keeps its own files in the dtype, as its authors store them: it "
+                       "takes no codec (--codec ",
+                       codec,
+                       " applies to full and the ckv systems; name a "
+                       "codec per system instead, as full@",
+                       codec, ")"));
     }
     return s;
   }
@@ -89,9 +110,9 @@ absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_code
         absl::StrCat("system ", name, ": ", codec.status().message()));
   }
   if (own_files) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "system ", name, ": ", name.substr(0, at), " keeps its own files in the dtype, as its "
-        "authors store them; it takes no codec"));
+    return absl::InvalidArgumentError(absl::StrCat("system ", name, ": ", name.substr(0, at),
+                                                   " keeps its own files in the dtype, as its "
+                                                   "authors store them; it takes no codec"));
   }
   s.codec = *codec;
   return s;
@@ -100,26 +121,30 @@ absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_code
 std::string System::Config(const Flags& f) const {
   switch (kind) {
     case Kind::kFull:
-      return absl::StrCat("all chunks, layer-major records", CodecPart(), ", next-layer preload, "
+      return absl::StrCat("all chunks, layer-major records", CodecPart(),
+                          ", next-layer preload, "
                           "LRU tiers");
     case Kind::kH2o:
       return "all keys + selected tokens' values, next-layer key preload, LRU tiers";
     case Kind::kImpress:
       return absl::StrCat("3 probe heads (", f.impress_probes,
                           ") gate, every q head of their keys scores, Jaccard fallback (",
-                          f.impress_gate, "), 64-token blocks, reordering to convergence, "
+                          f.impress_gate,
+                          "), 64-token blocks, reordering to convergence, "
                           "next-layer probe key preload, freq x share tiers");
-    case Kind::kCkv: break;
+    case Kind::kCkv:
+      break;
   }
-  return absl::StrCat(std::string(SelectorName(selector)), ", ",
-                      layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major",
-                      selector == Selector::kPeriodExact || period_selection
-                          ? absl::StrCat(", one selection per ", period, " layers",
-                                         rescore ? " prefetched, each layer's own served beside it" : "")
-                          : ", every layer scored",
-                      CodecPart(), prefetch ? ", prefetch" : ", no prefetch",
-                      estimate ? ", the rest estimated" : "",
-                      target ? ", budgets read as target masses" : "", ", S=IxF tiers");
+  return absl::StrCat(
+      std::string(SelectorName(selector)), ", ",
+      layout == RecordLayout::kLayerMajor ? "layer-major" : "period-major",
+      selector == Selector::kPeriodExact || period_selection
+          ? absl::StrCat(", one selection per ", period, " layers",
+                         rescore ? " prefetched, each layer's own served beside it" : "")
+          : ", every layer scored",
+      CodecPart(), prefetch ? ", prefetch" : ", no prefetch",
+      estimate ? ", the rest estimated" : "", target ? ", budgets read as target masses" : "",
+      ", S=IxF tiers");
 }
 
 std::string System::CodecPart() const {

@@ -76,10 +76,10 @@ absl::StatusOr<System> ParseSystem(const std::string& name, KvCodec default_code
 
 // One request's figures.
 struct RequestResult {
-  double latency_s = 0;   // on the modelled GPU: wall time less the CPU work taken out
-  double wall_s = 0;      // as measured here
-  double scoring_s = 0;   // selection (and the baselines' host gathers) on this CPU
-  double blocked_s = 0;   // the compute stream waiting for data (bubbles)
+  double latency_s = 0;  // on the modelled GPU: wall time less the CPU work taken out
+  double wall_s = 0;     // as measured here
+  double scoring_s = 0;  // selection (and the baselines' host gathers) on this CPU
+  double blocked_s = 0;  // the compute stream waiting for data (bubbles)
   uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;
   uint64_t h2d_bytes = 0;  // bytes that crossed PCIe (from the CPU tier or NVMe)
@@ -126,9 +126,9 @@ struct RunContext {
   Engine* engine = nullptr;
   prefetch::ReadEngine* reads = nullptr;
   prefetch::FileId key_file = 0;
-  prefetch::FileId impress_file = 0;   // impress.bin, registered with `reads`
+  prefetch::FileId impress_file = 0;    // impress.bin, registered with `reads`
   storage::File* impress_io = nullptr;  // the same file, for the between-turns rewrites
-  prefetch::FileId value_file = 0;     // values.bin (h2o), registered with `reads`
+  prefetch::FileId value_file = 0;      // values.bin (h2o), registered with `reads`
   // The checksums of keys.bin, of impress.bin in token order and of values.bin (store.h),
   // verified on every read.
   const std::vector<uint64_t>* key_sums = nullptr;
@@ -167,10 +167,14 @@ std::unique_ptr<SystemRunner> MakeH2oRunner(const RunContext& ctx);
 std::unique_ptr<SystemRunner> MakeImpressRunner(const RunContext& ctx);
 inline std::unique_ptr<SystemRunner> MakeRunner(const RunContext& ctx) {
   switch (ctx.sys->kind) {
-    case Kind::kFull: return MakeFullRunner(ctx);
-    case Kind::kH2o: return MakeH2oRunner(ctx);
-    case Kind::kImpress: return MakeImpressRunner(ctx);
-    case Kind::kCkv: break;
+    case Kind::kFull:
+      return MakeFullRunner(ctx);
+    case Kind::kH2o:
+      return MakeH2oRunner(ctx);
+    case Kind::kImpress:
+      return MakeImpressRunner(ctx);
+    case Kind::kCkv:
+      break;
   }
   return MakeCkvRunner(ctx);
 }

@@ -42,7 +42,8 @@ Workload::Workload(const Flags& f, ModelSpec spec, const synth::AttentionProfile
     auto& t = tokens_[c];
     t.resize(stored_tokens_ + f.suffix_tokens);
     for (size_t i = 0; i < t.size(); ++i) {
-      const uint64_t h = i < shared ? Mix(f.seed * 1000003 + i) : Mix(Mix(f.seed + 7919 * (c + 1)) + i);
+      const uint64_t h =
+          i < shared ? Mix(f.seed * 1000003 + i) : Mix(Mix(f.seed + 7919 * (c + 1)) + i);
       t[i] = static_cast<int32_t>(h % 151643);  // qwen2.5's vocabulary
     }
   }
@@ -79,8 +80,8 @@ std::vector<std::vector<float>> Workload::Queries(const Request& r) const {
   return q;
 }
 
-absl::Status Workload::WithStoredKv(
-    uint32_t c, const std::function<absl::Status(const KvTensors&)>& fn) const {
+absl::Status Workload::WithStoredKv(uint32_t c,
+                                    const std::function<absl::Status(const KvTensors&)>& fn) const {
   if (file_ != nullptr) {
     CKV_ASSIGN_OR_RETURN(synth::ProfileKv kv, file_->ReadKv(c, stored_tokens_));
     return fn(kv.tensors);

@@ -59,7 +59,8 @@ class Workload {
   }
   // The prefix a request reuses.
   std::span<const int32_t> Prefix(const Request& r) const {
-    return std::span(tokens_[r.conversation]).first(f_.prefix_tokens + size_t{r.turn} * f_.suffix_tokens);
+    return std::span(tokens_[r.conversation])
+        .first(f_.prefix_tokens + size_t{r.turn} * f_.suffix_tokens);
   }
   // The generator's parameters of a conversation's KV and of one of its requests.
   synth::AttentionParams Params(uint32_t conversation) const;

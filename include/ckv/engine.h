@@ -64,9 +64,9 @@ class Engine {
   // `options`, io_backend, io_queue_depth and logger are used (and checked as Open checks them);
   // the cap, layout, tiers and create flags are not. Errors: InvalidArgument when
   // options.remote.seeds is not empty (a view cannot use the remote tier, docs/remote.md);
-  // NotFound when no store is at `path`; FailedPrecondition for a newer format; DataLoss for a damaged store (an open that
-  // fails over an unchanged store is not retried); Unavailable when the writer kept changing
-  // the store under 20 tries of the open.
+  // NotFound when no store is at `path`; FailedPrecondition for a newer format; DataLoss for a
+  // damaged store (an open that fails over an unchanged store is not retried); Unavailable when the
+  // writer kept changing the store under 20 tries of the open.
   static absl::StatusOr<std::unique_ptr<Engine>> OpenReadOnly(const EngineOptions& options,
                                                               const std::string& path);
 
@@ -156,11 +156,11 @@ class Engine {
   // session pins those chunks: a Delete or an eviction meanwhile does not take them from it.
   // With a remote tier (EngineOptions::remote), the chunks that continue the prefix in the
   // cluster are matched too: filled into the local store first for a session that reads every
-  // chunk, or, for one that selects (quest, mean-key below budget 1 or with a target mass), read from the cluster
-  // record by record as it selects them (docs/remote.md); a record the cluster can no longer
-  // give fails the layers that need it (AwaitLayer), never serves other bytes.
-  // Errors: InvalidArgument for bad options or spec; the summaries' read error (DataLoss for a
-  // corrupt one; NotFound for chunks stored by a ckv that wrote none) for quest and mean-key.
+  // chunk, or, for one that selects (quest, mean-key below budget 1 or with a target mass), read
+  // from the cluster record by record as it selects them (docs/remote.md); a record the cluster can
+  // no longer give fails the layers that need it (AwaitLayer), never serves other bytes. Errors:
+  // InvalidArgument for bad options or spec; the summaries' read error (DataLoss for a corrupt one;
+  // NotFound for chunks stored by a ckv that wrote none) for quest and mean-key.
   virtual absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginReprefill(
       const ModelSpec& spec, std::span<const int32_t> tokens,
       const ReprefillOptions& options = {}) = 0;

@@ -33,9 +33,9 @@ struct RemoteTierOptions {
   // asks how far the chain continues there (one call), then fetches it, 32 chunks per call,
   // starting no call past this since it began; a call that fails or passes its deadline ends
   // the fill there, and the chunks not fetched are a miss. So the cluster delays a Lookup by at
-  // most about twice this. A Re-Prefill that selects (quest, mean-key below budget 1 or with a target mass) reads the
-  // chunks' heads the same way, and then its selected records, 64 per call: a layer whose
-  // records a call could not bring fails with that call's error (docs/remote.md).
+  // most about twice this. A Re-Prefill that selects (quest, mean-key below budget 1 or with a
+  // target mass) reads the chunks' heads the same way, and then its selected records, 64 per call:
+  // a layer whose records a call could not bring fails with that call's error (docs/remote.md).
   // Default: 500.
   uint32_t call_timeout_ms = 500;
   // First part of every key ckv writes: "<key_prefix>:<model fingerprint>:<chunk key>". Must

@@ -89,7 +89,7 @@ struct PrefixExtent {
 
 // One stored prefix: a chain of chunks that a Put ended at (or that eviction trimmed to).
 struct PrefixInfo {
-  ChunkKey id;                  // the key of its last chunk; names the prefix
+  ChunkKey id;  // the key of its last chunk; names the prefix
   std::string model_id;
   ChunkKey model_fingerprint;
   uint64_t chunks = 0;

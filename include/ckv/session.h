@@ -11,7 +11,8 @@
 //     auto view = session->AwaitLayer(l);            // the selected chunks' K/V, pinned
 //     ... attention over view->records ...
 //   }                                                // views released
-//   auto stats = session->Finish();                  // adds this request's attention to I, loads to F
+//   auto stats = session->Finish();                  // adds this request's attention to I, loads
+//   to F
 //
 // Selection. Per layer, a selector (ReprefillOptions::selector) turns the queries into a set of
 // chunks under the budget (a fraction of the matched chunks, exact in chunks), always keeping the
@@ -19,7 +20,8 @@
 // layer of each period from its exact keys and serves the period's p layers with one selection;
 // `quest`, `mean-key` and `outlier-key` score every layer from the chunk summaries stored at Put
 // time, reading no KV to do so (with `period_selection`, only each period's head layer, serving
-// the period as period-exact does); `oracle` scores every layer from its exact keys (evaluation only).
+// the period as period-exact does); `oracle` scores every layer from its exact keys (evaluation
+// only).
 //
 // Prefetch. As soon as a period head is scored, the records of every layer of the period are
 // requested; the last selection is prefetched speculatively for the next period (or, with a
@@ -81,8 +83,8 @@ struct ReprefillOptions {
   // 1..1024 (a period past the last layer ends there). Default: 8.
   uint32_t period_layers = 8;
   // quest, mean-key and outlier-key: score only each period's head layer (period_layers layers)
-  // and serve the whole period with its selection, requesting the period's records at once, as period-exact
-  // does. Off: every layer is scored. Default: off.
+  // and serve the whole period with its selection, requesting the period's records at once, as
+  // period-exact does. Off: every layer is scored. Default: off.
   bool period_selection = false;
   // With period_selection: every other layer of a period is scored too, from its own summaries,
   // and serves its own selection beside the head's. The head's selection is still what the
@@ -121,10 +123,10 @@ class LayerView {
   enum class Tier : uint8_t { kGpu = 0, kCpu = 1, kSession = 2 };
 
   struct Record {
-    uint32_t chunk = 0;              // index of the chunk in the prefix (0 = first)
-    uint32_t first_token = 0;        // position of its first token: chunk * chunk_tokens
-    const std::byte* data = nullptr; // K [c, kv_heads, head_dim] then V, in the spec's dtype
-    Tier tier = Tier::kSession;      // kGpu: a device pointer (the host backend: host memory)
+    uint32_t chunk = 0;               // index of the chunk in the prefix (0 = first)
+    uint32_t first_token = 0;         // position of its first token: chunk * chunk_tokens
+    const std::byte* data = nullptr;  // K [c, kv_heads, head_dim] then V, in the spec's dtype
+    Tier tier = Tier::kSession;       // kGpu: a device pointer (the host backend: host memory)
     // Where the session found it: kGpu or kCpu for a tier hit, kSession when it was read for
     // this session, from NVMe or from the shared tier (EngineOptions::remote), and then perhaps
     // admitted to a tier, which `tier` says (a benchmark's clock holds admissions until Finish:
@@ -168,11 +170,11 @@ class LayerView {
 
 // A session's figures (also summed into EngineStats by Finish).
 struct SessionStats {
-  uint64_t matched_chunks = 0;     // leading chunks of the prompt found stored
-  uint64_t layers_served = 0;      // AwaitLayer calls that returned a view
-  uint64_t records_served = 0;     // records in those views
-  uint64_t bytes_needed = 0;       // record bytes in those views
-  uint64_t bytes_read = 0;         // bytes read from NVMe for this session (data and summaries)
+  uint64_t matched_chunks = 0;  // leading chunks of the prompt found stored
+  uint64_t layers_served = 0;   // AwaitLayer calls that returned a view
+  uint64_t records_served = 0;  // records in those views
+  uint64_t bytes_needed = 0;    // record bytes in those views
+  uint64_t bytes_read = 0;      // bytes read from NVMe for this session (data and summaries)
   // The shared tier (EngineOptions::remote): matched chunks found there and not locally, whose
   // selected records this session read from the cluster (a selector that reads summaries, below
   // budget 1; see docs/remote.md); those records; and the bytes read from the cluster, the
@@ -181,8 +183,8 @@ struct SessionStats {
   uint64_t remote_chunks = 0;
   uint64_t remote_records = 0;
   uint64_t remote_bytes_read = 0;
-  uint64_t summary_bytes_read = 0; // of which summaries
-  uint64_t summary_cache_hits = 0; // summary parts (per chunk) that came from the CPU tier
+  uint64_t summary_bytes_read = 0;  // of which summaries
+  uint64_t summary_cache_hits = 0;  // summary parts (per chunk) that came from the CPU tier
   // With estimate_rest: matched chunks that have no estimate (see ReprefillOptions), and the
   // virtual tokens the views carried.
   uint64_t unestimated_chunks = 0;
@@ -192,7 +194,7 @@ struct SessionStats {
   // from there (LayerView::Record::tier says where each record is).
   uint64_t gpu_hits = 0;
   uint64_t cpu_hits = 0;
-  uint64_t nvme_records = 0;       // records read from NVMe
+  uint64_t nvme_records = 0;             // records read from NVMe
   uint64_t prefetched_bytes_used = 0;    // prefetched (or speculated) and then served
   uint64_t prefetched_bytes_wasted = 0;  // prefetched (or speculated) and never served
   double await_blocked_seconds = 0;      // time AwaitLayer waited for I/O

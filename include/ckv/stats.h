@@ -18,10 +18,10 @@ struct EngineStats {
   uint64_t bytes_written = 0;        // segment bytes written by Puts (records incl. padding)
   uint64_t chunks_evicted = 0;       // chunks removed to keep the store under its cap
   uint64_t bytes_evicted = 0;
-  uint64_t chunks_deleted = 0;       // chunks removed by Delete
-  uint64_t records_read = 0;         // records read from segments (since Open)
-  uint64_t bytes_read = 0;           // since Open
-  uint64_t checksum_failures = 0;    // records whose checksum did not match (since Open)
+  uint64_t chunks_deleted = 0;     // chunks removed by Delete
+  uint64_t records_read = 0;       // records read from segments (since Open)
+  uint64_t bytes_read = 0;         // since Open
+  uint64_t checksum_failures = 0;  // records whose checksum did not match (since Open)
 
   // What the store holds now.
   uint64_t chunks = 0;
@@ -36,22 +36,22 @@ struct EngineStats {
   // Allocated segment bytes: live chunks, Puts in flight, and free slots that still hold blocks
   // (free_kept_bytes).
   uint64_t disk_bytes_used = 0;
-  uint64_t max_disk_bytes = 0;   // 0 = unlimited
+  uint64_t max_disk_bytes = 0;          // 0 = unlimited
   uint64_t orphan_bytes_reclaimed = 0;  // segment space no committed chunk named, freed on Open
   // Open loaded the chunk index from the snapshot the last clean close wrote, instead of reading
   // every chunk's catalog record (it does when the catalog changed since, e.g. after a crash).
   bool index_from_snapshot = false;
   // The background reclaimer (EngineOptions::reclaim_margin_bytes), since Open. Its evictions are
   // also counted in chunks_evicted and bytes_evicted.
-  uint64_t reclaim_rounds = 0;        // rounds that evicted: one synced catalog batch each
-  uint64_t reclaim_chunks = 0;        // chunks they evicted
-  uint64_t reclaim_bytes = 0;         // bytes they freed
+  uint64_t reclaim_rounds = 0;  // rounds that evicted: one synced catalog batch each
+  uint64_t reclaim_chunks = 0;  // chunks they evicted
+  uint64_t reclaim_bytes = 0;   // bytes they freed
   // Free slots that still hold their blocks, counted in disk_bytes_used: the reclaimer frees
   // slots without punching them, for the next Puts of the same model to write over, and a failed
   // punch leaves its slots so. A Put of another model that needs the room, Gc, or the next Open
   // punches them.
   uint64_t free_kept_bytes = 0;
-  uint64_t inline_evictions = 0;      // Puts that found too little room and evicted inline
+  uint64_t inline_evictions = 0;  // Puts that found too little room and evicted inline
   // Puts that found the file system full (ENOSPC) below the cap, since Open: the store gave back
   // room for each (free slots that still held blocks, then chunks evicted by score, for the bytes
   // the Put still needed and a small margin) and tried it again, up to 3 times. no_space_recovered
@@ -97,30 +97,30 @@ struct EngineStats {
   // The remote tier on a Redis Cluster (EngineOptions::remote; all 0 when it is off), since
   // Open. docs/remote.md says what each counts.
   bool remote_enabled = false;
-  uint64_t remote_publish_queued = 0;     // chunks queued for publishing
+  uint64_t remote_publish_queued = 0;  // chunks queued for publishing
   // Chunks turned away by a full publish queue, or dropped behind a call the cluster failed whole.
   uint64_t remote_publish_dropped = 0;
-  uint64_t remote_published_chunks = 0;   // chunks SET in the cluster
+  uint64_t remote_published_chunks = 0;  // chunks SET in the cluster
   uint64_t remote_published_bytes = 0;
-  uint64_t remote_publish_failures = 0;   // chunks whose SET failed
-  uint64_t remote_fills = 0;              // local misses that asked the cluster
-  uint64_t remote_fill_misses = 0;        // of which the cluster had nothing to give
-  uint64_t remote_fetched_chunks = 0;     // chunks fetched, verified and stored locally
+  uint64_t remote_publish_failures = 0;  // chunks whose SET failed
+  uint64_t remote_fills = 0;             // local misses that asked the cluster
+  uint64_t remote_fill_misses = 0;       // of which the cluster had nothing to give
+  uint64_t remote_fetched_chunks = 0;    // chunks fetched, verified and stored locally
   uint64_t remote_fetched_bytes = 0;
   // Re-Prefill sessions that select (docs/remote.md): chunk heads read, records read.
-  uint64_t remote_head_reads = 0;         // their local misses that asked the cluster
-  uint64_t remote_head_misses = 0;        // of which the cluster had no chunk to give
-  uint64_t remote_head_chunks = 0;        // chunks whose head (header, summaries) was read
-  uint64_t remote_session_records = 0;    // records read for sessions, verified
+  uint64_t remote_head_reads = 0;       // their local misses that asked the cluster
+  uint64_t remote_head_misses = 0;      // of which the cluster had no chunk to give
+  uint64_t remote_head_chunks = 0;      // chunks whose head (header, summaries) was read
+  uint64_t remote_session_records = 0;  // records read for sessions, verified
   uint64_t remote_session_record_bytes = 0;
-  uint64_t remote_fills_queued = 0;       // whole-prefix fills queued after such sessions
-  uint64_t remote_fills_dropped = 0;      // of those, turned away by a full queue
-  uint64_t remote_corrupt_chunks = 0;     // values, heads or records that failed verification:
-                                          // never served
-  uint64_t remote_errors = 0;             // cluster calls that failed (unreachable, timed out)
-  uint64_t remote_timeouts = 0;           // of which timed out
+  uint64_t remote_fills_queued = 0;         // whole-prefix fills queued after such sessions
+  uint64_t remote_fills_dropped = 0;        // of those, turned away by a full queue
+  uint64_t remote_corrupt_chunks = 0;       // values, heads or records that failed verification:
+                                            // never served
+  uint64_t remote_errors = 0;               // cluster calls that failed (unreachable, timed out)
+  uint64_t remote_timeouts = 0;             // of which timed out
   uint64_t remote_publish_queue_depth = 0;  // chunks waiting to be published now
-  uint64_t remote_budget_bytes = 0;       // RemoteTierOptions::budget_bytes (not enforced)
+  uint64_t remote_budget_bytes = 0;         // RemoteTierOptions::budget_bytes (not enforced)
 };
 
 }  // namespace ckv

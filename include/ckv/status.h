@@ -45,17 +45,17 @@ absl::Status WithMessage(const absl::Status& s, std::string_view message);
 #define CKV_STATUS_CONCAT_(a, b) CKV_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define CKV_RETURN_IF_ERROR(expr)                     \
-  do {                                                \
-    ::absl::Status ckv_status_ = (expr);              \
-    if (!ckv_status_.ok()) return ckv_status_;        \
+#define CKV_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status ckv_status_ = (expr);       \
+    if (!ckv_status_.ok()) return ckv_status_; \
   } while (false)
 
 // `lhs` = value of `rexpr` (an absl::StatusOr<T>), or returns its error.
 #define CKV_ASSIGN_OR_RETURN(lhs, rexpr) \
   CKV_ASSIGN_OR_RETURN_IMPL_(CKV_STATUS_CONCAT_(ckv_statusor_, __LINE__), lhs, rexpr)
-#define CKV_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                               \
+#define CKV_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)   \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

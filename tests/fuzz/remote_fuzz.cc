@@ -2,9 +2,10 @@
 // libFuzzer target: what a Redis Cluster node (or anyone who can write to it) sends ckv back. The
 // cluster client's RESP reader (remote/resp_reader.h) over untrusted bytes cut into reads of
 // arbitrary sizes, under the limits the client sets, each reply then read as the client reads
-// a slot map and a redirection (remote/slot_map.h), and the chunk value's decoders (remote/chunk_value.h) over a valid value that
-// the input changes, truncates or extends. Built and run by tests/fuzz/run_fuzz.sh (clang,
-// -fsanitize=fuzzer,address,undefined). Any crash, sanitizer report, leak or broken invariant
+// a slot map and a redirection (remote/slot_map.h), and the chunk value's decoders
+// (remote/chunk_value.h) over a valid value that the input changes, truncates or extends. Built and
+// run by tests/fuzz/run_fuzz.sh (clang, -fsanitize=fuzzer,address,undefined). Any crash, sanitizer
+// report, leak or broken invariant
 // (__builtin_trap below) is a finding; a changed value that decodes is one too.
 #include <sys/uio.h>
 
@@ -45,8 +46,7 @@ void CheckReply(const Reply& r, int depth) {
 // SLOTS answer and a MOVED/ASK text, as the client reads them. Run with -malloc_limit_mb=64:
 // an allocation sized by what the input announces rather than by the bytes it sent is a finding.
 void ReadReplies(std::span<const uint8_t> in) {
-  static constexpr uint64_t kLimits[] = {64, 1 << 16, RespReader::kDefaultMaxReplyBytes,
-                                         16 << 20};
+  static constexpr uint64_t kLimits[] = {64, 1 << 16, RespReader::kDefaultMaxReplyBytes, 16 << 20};
   static const ckv::remote::Endpoint kNode{"127.0.0.1", 7000};
   RespReader reader;
   std::string storage;
@@ -154,8 +154,8 @@ void DecodeChangedValue(std::span<const uint8_t> in) {
     if (at >= value.size()) break;
     const size_t n = std::min(layout.record_bytes, value.size() - at);
     const auto* p = reinterpret_cast<const std::byte*>(value.data() + at);
-    const bool same = n == layout.record_bytes &&
-                      std::memcmp(p, valid.data() + at, layout.record_bytes) == 0;
+    const bool same =
+        n == layout.record_bytes && std::memcmp(p, valid.data() + at, layout.record_bytes) == 0;
     Check(ckv::remote::VerifyChunkRecord(spec, key, *decoded_head, l, {p, n}).ok() == same);
   }
 }

@@ -69,21 +69,21 @@ ReplayRun Replay(const Trace& trace, const EngineOptions& eo, const ReprefillOpt
   run.summary = replayer.summary();
   run.stats = (*engine)->Stats();
   const ReplaySummary& s = run.summary;
-  std::printf("replay %s x%u (%s): %llu turns, %llu records checked (gpu %llu cpu %llu session "
-              "%llu), %llu selections, %llu chunks written, %llu deduplicated, %llu evicted, "
-              "%llu shorter matches, %.2f s\n",
-              std::string(TraceShapeName(trace.shape)).c_str(), Scale(),
-              std::string(SelectorName(ro.selector)).c_str(),
-              static_cast<unsigned long long>(s.turns),
-              static_cast<unsigned long long>(s.records_checked),
-              static_cast<unsigned long long>(s.records_by_tier[0]),
-              static_cast<unsigned long long>(s.records_by_tier[1]),
-              static_cast<unsigned long long>(s.records_by_tier[2]),
-              static_cast<unsigned long long>(s.selections_checked),
-              static_cast<unsigned long long>(s.chunks_written),
-              static_cast<unsigned long long>(s.chunks_existing),
-              static_cast<unsigned long long>(s.chunks_evicted),
-              static_cast<unsigned long long>(s.shorter_matches), seconds);
+  std::printf(
+      "replay %s x%u (%s): %llu turns, %llu records checked (gpu %llu cpu %llu session "
+      "%llu), %llu selections, %llu chunks written, %llu deduplicated, %llu evicted, "
+      "%llu shorter matches, %.2f s\n",
+      std::string(TraceShapeName(trace.shape)).c_str(), Scale(),
+      std::string(SelectorName(ro.selector)).c_str(), static_cast<unsigned long long>(s.turns),
+      static_cast<unsigned long long>(s.records_checked),
+      static_cast<unsigned long long>(s.records_by_tier[0]),
+      static_cast<unsigned long long>(s.records_by_tier[1]),
+      static_cast<unsigned long long>(s.records_by_tier[2]),
+      static_cast<unsigned long long>(s.selections_checked),
+      static_cast<unsigned long long>(s.chunks_written),
+      static_cast<unsigned long long>(s.chunks_existing),
+      static_cast<unsigned long long>(s.chunks_evicted),
+      static_cast<unsigned long long>(s.shorter_matches), seconds);
   return run;
 }
 

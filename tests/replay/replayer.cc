@@ -63,8 +63,8 @@ std::vector<float> Replayer::Queries(const Turn& turn, uint32_t layer) const {
 // selection (kernels/selector.h, ckv/session.h); prefetching and speculation change what is read
 // ahead, never what is served, so the expected selection of layer l is exactly Select run at
 // PeriodHead(l) with the head layer's queries. No selector needs a looser comparison.
-std::vector<uint32_t> Replayer::ExpectedSelection(const std::vector<ChunkKey>& keys,
-                                                  size_t matched, uint32_t layer,
+std::vector<uint32_t> Replayer::ExpectedSelection(const std::vector<ChunkKey>& keys, size_t matched,
+                                                  uint32_t layer,
                                                   std::span<const float> queries) const {
   const ModelSpec& s = config_.spec;
   const kernels::KvShape shape = kernels::KvShape::Of(s);
@@ -114,8 +114,10 @@ std::vector<uint32_t> Replayer::ExpectedSelection(const std::vector<ChunkKey>& k
 
 void Replayer::CheckTiersAndCap(const char* step) {
   const EngineStats st = engine_.Stats();
-  EXPECT_LE(st.gpu_tier_resident_bytes, st.gpu_tier_budget_bytes) << "GPU tier over budget " << step;
-  EXPECT_LE(st.cpu_tier_resident_bytes, st.cpu_tier_budget_bytes) << "CPU tier over budget " << step;
+  EXPECT_LE(st.gpu_tier_resident_bytes, st.gpu_tier_budget_bytes)
+      << "GPU tier over budget " << step;
+  EXPECT_LE(st.cpu_tier_resident_bytes, st.cpu_tier_budget_bytes)
+      << "CPU tier over budget " << step;
   if (config_.max_disk_bytes > 0) {
     EXPECT_LE(st.disk_bytes_used, config_.max_disk_bytes) << "store over its cap " << step;
   }
@@ -259,7 +261,8 @@ void Replayer::RunSession(const Turn& turn, const std::vector<ChunkKey>& keys,
 
 void Replayer::PutAndCheckCatalog(const Turn& turn, const std::vector<ChunkKey>& keys) {
   const ModelSpec& s = config_.spec;
-  for (size_t i = 0; i < keys.size(); ++i) parent_.emplace(keys[i], i == 0 ? ChunkKey{} : keys[i - 1]);
+  for (size_t i = 0; i < keys.size(); ++i)
+    parent_.emplace(keys[i], i == 0 ? ChunkKey{} : keys[i - 1]);
   const EngineStats before = engine_.Stats();
   const size_t existing = LeadingRun(keys, catalog_);
   auto put = [&] {
@@ -285,8 +288,8 @@ void Replayer::PutAndCheckCatalog(const Turn& turn, const std::vector<ChunkKey>&
     ASSERT_TRUE(now.contains(k)) << Where(turn) << ": a chunk of the Put is not in the catalog";
   }
   for (const ChunkKey& k : now) {
-    ASSERT_TRUE(could.contains(k)) << Where(turn) << ": chunk " << k.ToHex()
-                                   << " appeared from nowhere";
+    ASSERT_TRUE(could.contains(k))
+        << Where(turn) << ": chunk " << k.ToHex() << " appeared from nowhere";
     auto p = parent_.find(k);
     ASSERT_TRUE(p != parent_.end());
     ASSERT_TRUE(p->second.IsZero() || now.contains(p->second))
@@ -307,15 +310,16 @@ void Replayer::PutAndCheckCatalog(const Turn& turn, const std::vector<ChunkKey>&
   summary_.chunks_existing += put->chunks_existing;
   summary_.chunks_evicted += put->chunks_evicted;
   if (config_.verbose) {
-    std::printf("  conv %2u turn %2u: put %zu chunks (%llu written, %llu existing, %llu evicted), "
-                "store %zu chunks %.1f MB, tiers gpu %.2f/%.2f MB cpu %.2f/%.2f MB\n",
-                turn.conversation, turn.turn, keys.size(),
-                static_cast<unsigned long long>(put->chunks_written),
-                static_cast<unsigned long long>(put->chunks_existing),
-                static_cast<unsigned long long>(put->chunks_evicted), now.size(),
-                after.disk_bytes_used / 1e6, after.gpu_tier_resident_bytes / 1e6,
-                after.gpu_tier_budget_bytes / 1e6, after.cpu_tier_resident_bytes / 1e6,
-                after.cpu_tier_budget_bytes / 1e6);
+    std::printf(
+        "  conv %2u turn %2u: put %zu chunks (%llu written, %llu existing, %llu evicted), "
+        "store %zu chunks %.1f MB, tiers gpu %.2f/%.2f MB cpu %.2f/%.2f MB\n",
+        turn.conversation, turn.turn, keys.size(),
+        static_cast<unsigned long long>(put->chunks_written),
+        static_cast<unsigned long long>(put->chunks_existing),
+        static_cast<unsigned long long>(put->chunks_evicted), now.size(),
+        after.disk_bytes_used / 1e6, after.gpu_tier_resident_bytes / 1e6,
+        after.gpu_tier_budget_bytes / 1e6, after.cpu_tier_resident_bytes / 1e6,
+        after.cpu_tier_budget_bytes / 1e6);
   }
 }
 

@@ -56,11 +56,12 @@ struct ReplayConfig {
 // What a replay did, for the tests' own assertions.
 struct ReplaySummary {
   uint64_t turns = 0;
-  uint64_t matched_chunks = 0;             // summed over turns
-  uint64_t cross_conversation_matches = 0; // first turns that matched another conversation's chunks
-  uint64_t shorter_matches = 0;            // turns that matched less than earlier turns stored
-  uint64_t records_checked = 0;            // records served and compared with the generator
-  uint64_t selections_checked = 0;         // layers whose selection was compared
+  uint64_t matched_chunks = 0;  // summed over turns
+  uint64_t cross_conversation_matches =
+      0;                            // first turns that matched another conversation's chunks
+  uint64_t shorter_matches = 0;     // turns that matched less than earlier turns stored
+  uint64_t records_checked = 0;     // records served and compared with the generator
+  uint64_t selections_checked = 0;  // layers whose selection was compared
   std::array<uint64_t, 3> records_by_tier{};  // indexed by LayerView::Tier
   uint64_t chunks_written = 0;
   uint64_t chunks_existing = 0;

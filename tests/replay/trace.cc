@@ -33,12 +33,12 @@ void Append(std::vector<int32_t>& to, uint64_t stream_seed, size_t count) {
 }
 
 struct ShapeParams {
-  uint32_t sources = 0;                  // shared system prompts / documents (0: none)
-  size_t shared_lo = 0, shared_hi = 0;   // tokens of each shared source
+  uint32_t sources = 0;                 // shared system prompts / documents (0: none)
+  size_t shared_lo = 0, shared_hi = 0;  // tokens of each shared source
   uint32_t conversations = 0;
-  uint32_t turns = 0;                    // per conversation
-  size_t first_lo = 0, first_hi = 0;     // tokens the first turn adds after the shared source
-  size_t next_lo = 0, next_hi = 0;       // tokens each later turn adds
+  uint32_t turns = 0;                 // per conversation
+  size_t first_lo = 0, first_hi = 0;  // tokens the first turn adds after the shared source
+  size_t next_lo = 0, next_hi = 0;    // tokens each later turn adds
 };
 
 ShapeParams ParamsOf(TraceShape shape, uint32_t scale) {

@@ -32,11 +32,11 @@ enum class TraceShape : uint8_t { kSharedSystemPrompt, kSharedDocuments, kDeepCo
 std::string_view TraceShapeName(TraceShape shape);
 
 struct Turn {
-  uint32_t conversation = 0;   // index of the conversation in the trace
-  uint32_t turn = 0;           // 0 = the conversation's first turn
-  uint32_t shared_source = 0;  // which system prompt / document it starts from (0 when none)
-  size_t shared_tokens = 0;    // leading tokens that come from that shared source
-  std::vector<int32_t> prompt; // the whole prompt: the previous turn's prompt + new tokens
+  uint32_t conversation = 0;    // index of the conversation in the trace
+  uint32_t turn = 0;            // 0 = the conversation's first turn
+  uint32_t shared_source = 0;   // which system prompt / document it starts from (0 when none)
+  size_t shared_tokens = 0;     // leading tokens that come from that shared source
+  std::vector<int32_t> prompt;  // the whole prompt: the previous turn's prompt + new tokens
 };
 
 struct Trace {

@@ -47,18 +47,18 @@ struct Command {
   std::function<int()> run;
 };
 
-Command AddInit(CLI::App& kvctl);    // init.cc
-Command AddPut(CLI::App& kvctl);     // put.cc
-Command AddLs(CLI::App& kvctl);      // inspect.cc
-Command AddShow(CLI::App& kvctl);    // inspect.cc
-Command AddStats(CLI::App& kvctl);   // stats.cc
-Command AddVerify(CLI::App& kvctl);  // verify.cc
-Command AddRm(CLI::App& kvctl);      // remove.cc
-Command AddGc(CLI::App& kvctl);      // remove.cc
-Command AddImport(CLI::App& kvctl);  // import_export.cc
-Command AddExport(CLI::App& kvctl);  // import_export.cc
-Command AddReplay(CLI::App& kvctl);  // replay.cc
-Command AddLookup(CLI::App& kvctl);  // lookup.cc
+Command AddInit(CLI::App& kvctl);         // init.cc
+Command AddPut(CLI::App& kvctl);          // put.cc
+Command AddLs(CLI::App& kvctl);           // inspect.cc
+Command AddShow(CLI::App& kvctl);         // inspect.cc
+Command AddStats(CLI::App& kvctl);        // stats.cc
+Command AddVerify(CLI::App& kvctl);       // verify.cc
+Command AddRm(CLI::App& kvctl);           // remove.cc
+Command AddGc(CLI::App& kvctl);           // remove.cc
+Command AddImport(CLI::App& kvctl);       // import_export.cc
+Command AddExport(CLI::App& kvctl);       // import_export.cc
+Command AddReplay(CLI::App& kvctl);       // replay.cc
+Command AddLookup(CLI::App& kvctl);       // lookup.cc
 Command AddRemoteStats(CLI::App& kvctl);  // remote_stats.cc
 
 // "kvctl: MESSAGE" and "Run 'kvctl COMMAND --help' for usage." on stderr; returns kExitUsage.

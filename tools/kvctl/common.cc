@@ -77,34 +77,48 @@ bool AwaitRemotePublished(Engine& engine) {
 }
 
 void WriteRemoteJson(tools::JsonWriter& w, const EngineStats& s) {
-  w.Key("remote").BeginObject()
-      .Key("published_chunks").Uint(s.remote_published_chunks)
-      .Key("published_bytes").Uint(s.remote_published_bytes)
-      .Key("publish_failures").Uint(s.remote_publish_failures)
-      .Key("publish_dropped").Uint(s.remote_publish_dropped)
-      .Key("fetched_chunks").Uint(s.remote_fetched_chunks)
-      .Key("fetched_bytes").Uint(s.remote_fetched_bytes)
-      .Key("head_chunks").Uint(s.remote_head_chunks)
-      .Key("session_records").Uint(s.remote_session_records)
-      .Key("session_record_bytes").Uint(s.remote_session_record_bytes)
-      .Key("corrupt_chunks").Uint(s.remote_corrupt_chunks)
-      .Key("errors").Uint(s.remote_errors)
-      .Key("timeouts").Uint(s.remote_timeouts)
+  w.Key("remote")
+      .BeginObject()
+      .Key("published_chunks")
+      .Uint(s.remote_published_chunks)
+      .Key("published_bytes")
+      .Uint(s.remote_published_bytes)
+      .Key("publish_failures")
+      .Uint(s.remote_publish_failures)
+      .Key("publish_dropped")
+      .Uint(s.remote_publish_dropped)
+      .Key("fetched_chunks")
+      .Uint(s.remote_fetched_chunks)
+      .Key("fetched_bytes")
+      .Uint(s.remote_fetched_bytes)
+      .Key("head_chunks")
+      .Uint(s.remote_head_chunks)
+      .Key("session_records")
+      .Uint(s.remote_session_records)
+      .Key("session_record_bytes")
+      .Uint(s.remote_session_record_bytes)
+      .Key("corrupt_chunks")
+      .Uint(s.remote_corrupt_chunks)
+      .Key("errors")
+      .Uint(s.remote_errors)
+      .Key("timeouts")
+      .Uint(s.remote_timeouts)
       .EndObject();
 }
 
 void PrintRemoteLine(const EngineStats& s) {
-  std::printf("  remote               published %llu chunks (%s), %llu failed, %llu dropped; "
-              "fetched %llu chunks (%s), %llu corrupt; %llu errors (%llu timeouts)\n",
-              static_cast<unsigned long long>(s.remote_published_chunks),
-              FormatBytes(s.remote_published_bytes).c_str(),
-              static_cast<unsigned long long>(s.remote_publish_failures),
-              static_cast<unsigned long long>(s.remote_publish_dropped),
-              static_cast<unsigned long long>(s.remote_fetched_chunks),
-              FormatBytes(s.remote_fetched_bytes).c_str(),
-              static_cast<unsigned long long>(s.remote_corrupt_chunks),
-              static_cast<unsigned long long>(s.remote_errors),
-              static_cast<unsigned long long>(s.remote_timeouts));
+  std::printf(
+      "  remote               published %llu chunks (%s), %llu failed, %llu dropped; "
+      "fetched %llu chunks (%s), %llu corrupt; %llu errors (%llu timeouts)\n",
+      static_cast<unsigned long long>(s.remote_published_chunks),
+      FormatBytes(s.remote_published_bytes).c_str(),
+      static_cast<unsigned long long>(s.remote_publish_failures),
+      static_cast<unsigned long long>(s.remote_publish_dropped),
+      static_cast<unsigned long long>(s.remote_fetched_chunks),
+      FormatBytes(s.remote_fetched_bytes).c_str(),
+      static_cast<unsigned long long>(s.remote_corrupt_chunks),
+      static_cast<unsigned long long>(s.remote_errors),
+      static_cast<unsigned long long>(s.remote_timeouts));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path) {
@@ -112,13 +126,20 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path) {
 }
 
 void WritePutResultJson(tools::JsonWriter& w, const PutResult& result, uint64_t kv_bytes) {
-  w.Key("kv_bytes").Uint(kv_bytes)
-      .Key("chunks").Uint(result.chunks)
-      .Key("chunks_written").Uint(result.chunks_written)
-      .Key("chunks_deduplicated").Uint(result.chunks_existing)
-      .Key("tail_tokens").Uint(result.tail_tokens)
-      .Key("bytes_written").Uint(result.bytes_written)
-      .Key("chunks_evicted").Uint(result.chunks_evicted);
+  w.Key("kv_bytes")
+      .Uint(kv_bytes)
+      .Key("chunks")
+      .Uint(result.chunks)
+      .Key("chunks_written")
+      .Uint(result.chunks_written)
+      .Key("chunks_deduplicated")
+      .Uint(result.chunks_existing)
+      .Key("tail_tokens")
+      .Uint(result.tail_tokens)
+      .Key("bytes_written")
+      .Uint(result.bytes_written)
+      .Key("chunks_evicted")
+      .Uint(result.chunks_evicted);
 }
 
 void PrintPutResultLines(const PutResult& result, bool with_tail) {
@@ -131,41 +152,72 @@ void PrintPutResultLines(const PutResult& result, bool with_tail) {
     std::printf("  tail tokens          %llu (not stored: less than a chunk)\n",
                 static_cast<unsigned long long>(result.tail_tokens));
   }
-  std::printf("  chunks evicted       %llu\n", static_cast<unsigned long long>(result.chunks_evicted));
+  std::printf("  chunks evicted       %llu\n",
+              static_cast<unsigned long long>(result.chunks_evicted));
 }
 
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
   w.BeginObject()
-      .Key("puts").Uint(s.puts)
-      .Key("chunks_written").Uint(s.chunks_written)
-      .Key("chunks_deduplicated").Uint(s.chunks_deduplicated)
-      .Key("bytes_written").Uint(s.bytes_written)
-      .Key("chunks_evicted").Uint(s.chunks_evicted)
-      .Key("bytes_evicted").Uint(s.bytes_evicted)
-      .Key("chunks_deleted").Uint(s.chunks_deleted)
-      .Key("records_read").Uint(s.records_read)
-      .Key("bytes_read").Uint(s.bytes_read)
-      .Key("checksum_failures").Uint(s.checksum_failures)
-      .Key("chunks").Uint(s.chunks)
-      .Key("prefixes").Uint(s.prefixes)
-      .Key("segments").Uint(s.segments)
-      .Key("index_memory_bytes").Uint(s.index_memory_bytes)
-      .Key("disk_bytes_used").Uint(s.disk_bytes_used)
-      .Key("max_disk_bytes").Uint(s.max_disk_bytes)
-      .Key("orphan_bytes_reclaimed").Uint(s.orphan_bytes_reclaimed)
-      .Key("index_from_snapshot").Bool(s.index_from_snapshot)
-      .Key("reclaim_margin_bytes").Uint(s.reclaim_margin_bytes)
-      .Key("reclaim_rounds").Uint(s.reclaim_rounds)
-      .Key("reclaim_chunks").Uint(s.reclaim_chunks)
-      .Key("reclaim_bytes").Uint(s.reclaim_bytes)
-      .Key("free_kept_bytes").Uint(s.free_kept_bytes)
-      .Key("inline_evictions").Uint(s.inline_evictions)
-      .Key("put_latency_p50_us").Uint(s.put_latency_p50_us)
-      .Key("put_latency_p99_us").Uint(s.put_latency_p99_us)
-      .Key("put_latency_max_us").Uint(s.put_latency_max_us)
-      .Key("put_latency_window").Uint(s.put_latency_window)
-      .Key("put_staging_waits").Uint(s.put_staging_waits)
-      .Key("put_direct_bytes").Uint(s.put_direct_bytes)
+      .Key("puts")
+      .Uint(s.puts)
+      .Key("chunks_written")
+      .Uint(s.chunks_written)
+      .Key("chunks_deduplicated")
+      .Uint(s.chunks_deduplicated)
+      .Key("bytes_written")
+      .Uint(s.bytes_written)
+      .Key("chunks_evicted")
+      .Uint(s.chunks_evicted)
+      .Key("bytes_evicted")
+      .Uint(s.bytes_evicted)
+      .Key("chunks_deleted")
+      .Uint(s.chunks_deleted)
+      .Key("records_read")
+      .Uint(s.records_read)
+      .Key("bytes_read")
+      .Uint(s.bytes_read)
+      .Key("checksum_failures")
+      .Uint(s.checksum_failures)
+      .Key("chunks")
+      .Uint(s.chunks)
+      .Key("prefixes")
+      .Uint(s.prefixes)
+      .Key("segments")
+      .Uint(s.segments)
+      .Key("index_memory_bytes")
+      .Uint(s.index_memory_bytes)
+      .Key("disk_bytes_used")
+      .Uint(s.disk_bytes_used)
+      .Key("max_disk_bytes")
+      .Uint(s.max_disk_bytes)
+      .Key("orphan_bytes_reclaimed")
+      .Uint(s.orphan_bytes_reclaimed)
+      .Key("index_from_snapshot")
+      .Bool(s.index_from_snapshot)
+      .Key("reclaim_margin_bytes")
+      .Uint(s.reclaim_margin_bytes)
+      .Key("reclaim_rounds")
+      .Uint(s.reclaim_rounds)
+      .Key("reclaim_chunks")
+      .Uint(s.reclaim_chunks)
+      .Key("reclaim_bytes")
+      .Uint(s.reclaim_bytes)
+      .Key("free_kept_bytes")
+      .Uint(s.free_kept_bytes)
+      .Key("inline_evictions")
+      .Uint(s.inline_evictions)
+      .Key("put_latency_p50_us")
+      .Uint(s.put_latency_p50_us)
+      .Key("put_latency_p99_us")
+      .Uint(s.put_latency_p99_us)
+      .Key("put_latency_max_us")
+      .Uint(s.put_latency_max_us)
+      .Key("put_latency_window")
+      .Uint(s.put_latency_window)
+      .Key("put_staging_waits")
+      .Uint(s.put_staging_waits)
+      .Key("put_direct_bytes")
+      .Uint(s.put_direct_bytes)
       .EndObject();
 }
 
@@ -183,7 +235,8 @@ CLI::Option* AddMaxRequestKvBytes(CLI::App& app, uint64_t* limit) {
   return cli::AddParsed(
       app, "--max-request-kv-bytes",
       "most KV one request may hold in memory, refused before it is allocated (default: 8 GiB "
-      "or half the physical memory, whichever is less; here " + FormatBytes(*limit) + ")",
+      "or half the physical memory, whichever is less; here " +
+          FormatBytes(*limit) + ")",
       "BYTES", "a byte count up to 1T (an integer, optionally with a K/M/G/T suffix)",
       [limit](const std::string& text) {
         uint64_t v = 0;
@@ -201,8 +254,8 @@ absl::Status CheckRequestKvBytes(std::string_view what, uint64_t tokens, const M
   return absl::ResourceExhaustedError(absl::StrCat(
       std::string(what), ": ", tokens, " tokens, ",
       overflow ? std::string("more than 2^64 bytes") : FormatBytes(kv_bytes), " of KV (",
-      FormatBytes(spec.KvBytesPerToken()), " per token of ", spec.model_id,
-      "), over the limit of ", FormatBytes(limit),
+      FormatBytes(spec.KvBytesPerToken()), " per token of ", spec.model_id, "), over the limit of ",
+      FormatBytes(limit),
       " per request (--max-request-kv-bytes): a request's KV is held in memory whole"));
 }
 
@@ -225,8 +278,7 @@ void AddPresetOptions(CLI::App& app, PresetOptions* options) {
   app.add_option("--model-id", options->model_id,
                  "model id bound into every chunk key (default: the preset name)")
       ->type_name("ID");
-  cli::AddUint(app, "--chunk-tokens", &options->chunk_tokens, "tokens per chunk (default 16)",
-               "C");
+  cli::AddUint(app, "--chunk-tokens", &options->chunk_tokens, "tokens per chunk (default 16)", "C");
   app.add_option("--codec", options->codec,
                  "how records are stored: none (the dtype, default), fp8, int8, int4; another "
                  "codec is another spec")
@@ -295,8 +347,8 @@ int FindPrefix(Engine& engine, const std::string& command, const std::string& st
                       absl::NotFoundError("no stored prefix id starts with " + wanted));
   }
   if (matches.size() > 1) {
-    return UsageError(command, "PREFIX " + wanted + " is ambiguous: " +
-                                   std::to_string(matches.size()) +
+    return UsageError(command, "PREFIX " + wanted +
+                                   " is ambiguous: " + std::to_string(matches.size()) +
                                    " stored prefix ids start with it; give more digits");
   }
   *id = matches[0];

@@ -25,11 +25,11 @@ namespace {
 struct ImportOptions {
   std::string store;
   std::string file;
-  std::string model;        // --model PRESET, or
-  std::string spec_file;    // --spec SPEC.json
-  std::string model_id;     // --model-id; empty: see the footer
-  std::string tokens_file;  // --tokens-file
-  std::string codec = "none";  // --codec: how the store keeps the records (ckv/codec.h)
+  std::string model;                  // --model PRESET, or
+  std::string spec_file;              // --spec SPEC.json
+  std::string model_id;               // --model-id; empty: see the footer
+  std::string tokens_file;            // --tokens-file
+  std::string codec = "none";         // --codec: how the store keeps the records (ckv/codec.h)
   uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
@@ -43,39 +43,45 @@ int PrintImport(const ImportOptions& o, const safetensors::ImportedKv& imported,
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(o.store)
-        .Key("file").String(o.file)
-        .Key("prefix_id").String(result.prefix_id.ToHex())
-        .Key("model_id").String(spec.model_id)
-        .Key("dtype").String(DTypeName(spec.dtype))
-        .Key("codec").String(KvCodecName(spec.codec))
-        .Key("chunk_tokens").Uint(spec.chunk_tokens)
-        .Key("tokens").Uint(tokens)
-        .Key("layout").String(heads_first ? "heads-first" : "tokens-first")
-        .Key("layout_ambiguous").Bool(imported.layout_ambiguous);
+        .Key("store")
+        .String(o.store)
+        .Key("file")
+        .String(o.file)
+        .Key("prefix_id")
+        .String(result.prefix_id.ToHex())
+        .Key("model_id")
+        .String(spec.model_id)
+        .Key("dtype")
+        .String(DTypeName(spec.dtype))
+        .Key("codec")
+        .String(KvCodecName(spec.codec))
+        .Key("chunk_tokens")
+        .Uint(spec.chunk_tokens)
+        .Key("tokens")
+        .Uint(tokens)
+        .Key("layout")
+        .String(heads_first ? "heads-first" : "tokens-first")
+        .Key("layout_ambiguous")
+        .Bool(imported.layout_ambiguous);
     WritePutResultJson(w, result, kv_bytes);
-    w.Key("read_seconds").Double(read_seconds)
-        .Key("put_seconds").Double(put_seconds)
-        .EndObject();
+    w.Key("read_seconds").Double(read_seconds).Key("put_seconds").Double(put_seconds).EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
   // The model id may come from FILE's metadata: shown, not obeyed.
   std::printf("imported %s from %s: %s, %llu tokens (%llu chunks)\n",
               result.prefix_id.ToHex().c_str(), Printable(o.file).c_str(),
-              Printable(spec.DebugString()).c_str(),
-              static_cast<unsigned long long>(tokens),
+              Printable(spec.DebugString()).c_str(), static_cast<unsigned long long>(tokens),
               static_cast<unsigned long long>(result.chunks));
   PrintPutResultLines(result, /*with_tail=*/true);
-  std::printf("  layout               %s%s\n",
-              heads_first ? "[kv_heads, tokens, head_dim], transposed"
-                          : "[tokens, kv_heads, head_dim]",
-              imported.layout_ambiguous
-                  ? " (tokens == kv_heads: both layouts fit; read as tokens-first)"
-                  : "");
-  std::printf("  time                 read %.2fs, put %.2fs (%s)\n", read_seconds, put_seconds,
-              FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds
-                                         : 0)
-                  .c_str());
+  std::printf(
+      "  layout               %s%s\n",
+      heads_first ? "[kv_heads, tokens, head_dim], transposed" : "[tokens, kv_heads, head_dim]",
+      imported.layout_ambiguous ? " (tokens == kv_heads: both layouts fit; read as tokens-first)"
+                                : "");
+  std::printf(
+      "  time                 read %.2fs, put %.2fs (%s)\n", read_seconds, put_seconds,
+      FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds : 0)
+          .c_str());
   return kExitOk;
 }
 
@@ -257,7 +263,8 @@ int RunExport(const ExportOptions& o) {
   std::vector<std::unique_ptr<std::byte[]>> buffers;
   std::string failed_record;
   auto kv = ReadPrefixKv(**engine, spec, *keys, &buffers, &failed_record);
-  if (!kv.ok()) return StoreError("export " + prefix_id.ToHex() + ": " + failed_record, kv.status());
+  if (!kv.ok())
+    return StoreError("export " + prefix_id.ToHex() + ": " + failed_record, kv.status());
   engine->reset();  // ReadPrefixTokens opens the catalog
   auto token_ids = ReadPrefixTokens(o.store, spec, *keys);
   if (!token_ids.ok()) return StoreError("export " + prefix_id.ToHex(), token_ids.status());
@@ -277,19 +284,32 @@ int RunExport(const ExportOptions& o) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(o.store)
-        .Key("prefix_id").String(prefix_id.ToHex())
-        .Key("file").String(o.out)
-        .Key("model_id").String(spec.model_id)
-        .Key("dtype").String(DTypeName(spec.dtype))
-        .Key("stored_codec").String(KvCodecName(spec.codec))
-        .Key("chunk_tokens").Uint(spec.chunk_tokens)
-        .Key("tokens").Uint(tokens)
-        .Key("chunks").Uint(keys->size())
-        .Key("kv_bytes").Uint(kv_bytes)
-        .Key("file_bytes").Uint(file_bytes)
-        .Key("read_seconds").Double(read_seconds)
-        .Key("write_seconds").Double(write_seconds)
+        .Key("store")
+        .String(o.store)
+        .Key("prefix_id")
+        .String(prefix_id.ToHex())
+        .Key("file")
+        .String(o.out)
+        .Key("model_id")
+        .String(spec.model_id)
+        .Key("dtype")
+        .String(DTypeName(spec.dtype))
+        .Key("stored_codec")
+        .String(KvCodecName(spec.codec))
+        .Key("chunk_tokens")
+        .Uint(spec.chunk_tokens)
+        .Key("tokens")
+        .Uint(tokens)
+        .Key("chunks")
+        .Uint(keys->size())
+        .Key("kv_bytes")
+        .Uint(kv_bytes)
+        .Key("file_bytes")
+        .Uint(file_bytes)
+        .Key("read_seconds")
+        .Double(read_seconds)
+        .Key("write_seconds")
+        .Double(write_seconds)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
@@ -363,7 +383,9 @@ Command AddExport(CLI::App& kvctl) {
       "Example: kvctl export ./store 9f3c0a17b2d4e6f8 prefix.safetensors");
   AddStoreArg(*cmd, &o->store);
   AddPrefixArg(*cmd, &o->prefix);
-  cmd->add_option("OUT", o->out, "the safetensors file to write (OUT.safetensors)")->required()->type_name("");
+  cmd->add_option("OUT", o->out, "the safetensors file to write (OUT.safetensors)")
+      ->required()
+      ->type_name("");
   cli::AddJson(*cmd, &o->json);
   return {cmd, [o] { return RunExport(*o); }};
 }

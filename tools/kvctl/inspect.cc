@@ -37,25 +37,41 @@ int RunLs(const LsOptions& o) {
     w.BeginObject().Key("store").String(store).Key("prefixes").BeginArray();
     for (const PrefixInfo& p : prefixes) {
       w.BeginObject()
-          .Key("id").String(p.id.ToHex())
-          .Key("model_id").String(p.model_id)
-          .Key("model_fingerprint").String(p.model_fingerprint.ToHex())
-          .Key("tokens").Uint(p.tokens)
-          .Key("chunks").Uint(p.chunks)
-          .Key("bytes").Uint(p.bytes)
-          .Key("created_unix_ms").Int(p.created_unix_ms)
-          .Key("created").String(FormatIsoUtc(p.created_unix_ms))
+          .Key("id")
+          .String(p.id.ToHex())
+          .Key("model_id")
+          .String(p.model_id)
+          .Key("model_fingerprint")
+          .String(p.model_fingerprint.ToHex())
+          .Key("tokens")
+          .Uint(p.tokens)
+          .Key("chunks")
+          .Uint(p.chunks)
+          .Key("bytes")
+          .Uint(p.bytes)
+          .Key("created_unix_ms")
+          .Int(p.created_unix_ms)
+          .Key("created")
+          .String(FormatIsoUtc(p.created_unix_ms))
           .EndObject();
     }
     w.EndArray()
-        .Key("totals").BeginObject()
-        .Key("prefixes").Uint(prefixes.size())
-        .Key("tokens").Uint(total_tokens)
-        .Key("chunks").Uint(total_chunks)
-        .Key("bytes").Uint(total_bytes)
-        .Key("stored_chunks").Uint(stats.chunks)
-        .Key("disk_bytes_used").Uint(stats.disk_bytes_used)
-        .Key("max_disk_bytes").Uint(stats.max_disk_bytes)
+        .Key("totals")
+        .BeginObject()
+        .Key("prefixes")
+        .Uint(prefixes.size())
+        .Key("tokens")
+        .Uint(total_tokens)
+        .Key("chunks")
+        .Uint(total_chunks)
+        .Key("bytes")
+        .Uint(total_bytes)
+        .Key("stored_chunks")
+        .Uint(stats.chunks)
+        .Key("disk_bytes_used")
+        .Uint(stats.disk_bytes_used)
+        .Key("max_disk_bytes")
+        .Uint(stats.max_disk_bytes)
         .EndObject()
         .Key("stats");
     WriteStatsJson(w, stats);
@@ -63,8 +79,8 @@ int RunLs(const LsOptions& o) {
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
 
-  std::printf("%-16s  %-24s  %10s  %8s  %11s  %s\n", "PREFIX", "MODEL", "TOKENS", "CHUNKS",
-              "BYTES", "CREATED");
+  std::printf("%-16s  %-24s  %10s  %8s  %11s  %s\n", "PREFIX", "MODEL", "TOKENS", "CHUNKS", "BYTES",
+              "CREATED");
   for (const PrefixInfo& p : prefixes) {
     std::string model = Printable(p.model_id);  // the store's bytes, shown not obeyed
     if (model.size() > 24) model = model.substr(0, 23) + "~";
@@ -157,40 +173,63 @@ int RunShow(const ShowOptions& o) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(store)
-        .Key("prefix_id").String(prefix_id.ToHex())
-        .Key("model_id").String(spec.model_id)
-        .Key("dtype").String(DTypeName(spec.dtype))
-        .Key("codec").String(KvCodecName(spec.codec))
-        .Key("layers").Uint(spec.layers)
-        .Key("chunk_tokens").Uint(spec.chunk_tokens)
-        .Key("tokens").Uint(d->chunks.size() * spec.chunk_tokens)
-        .Key("bytes").Uint(bytes)
-        .Key("max_importance").Double(max_i)
-        .Key("heat").String(strip)
-        .Key("chunks").BeginArray();
+        .Key("store")
+        .String(store)
+        .Key("prefix_id")
+        .String(prefix_id.ToHex())
+        .Key("model_id")
+        .String(spec.model_id)
+        .Key("dtype")
+        .String(DTypeName(spec.dtype))
+        .Key("codec")
+        .String(KvCodecName(spec.codec))
+        .Key("layers")
+        .Uint(spec.layers)
+        .Key("chunk_tokens")
+        .Uint(spec.chunk_tokens)
+        .Key("tokens")
+        .Uint(d->chunks.size() * spec.chunk_tokens)
+        .Key("bytes")
+        .Uint(bytes)
+        .Key("max_importance")
+        .Double(max_i)
+        .Key("heat")
+        .String(strip)
+        .Key("chunks")
+        .BeginArray();
     for (size_t i = 0; i < d->chunks.size(); ++i) {
       const ChunkPlacement& c = d->chunks[i];
       w.BeginObject()
-          .Key("index").Uint(i)
-          .Key("key").String(c.key.ToHex())
-          .Key("tier").String("nvme")
-          .Key("segment").Uint(c.segment)
-          .Key("segment_file").String(SegmentFile(c.segment))
-          .Key("slot").Uint(c.slot)
-          .Key("offset").Uint(c.offset)
-          .Key("bytes").Uint(c.bytes)
-          .Key("importance").Double(c.importance)
-          .Key("loads").Uint(c.loads)
-          .Key("score").Double(c.score())
+          .Key("index")
+          .Uint(i)
+          .Key("key")
+          .String(c.key.ToHex())
+          .Key("tier")
+          .String("nvme")
+          .Key("segment")
+          .Uint(c.segment)
+          .Key("segment_file")
+          .String(SegmentFile(c.segment))
+          .Key("slot")
+          .Uint(c.slot)
+          .Key("offset")
+          .Uint(c.offset)
+          .Key("bytes")
+          .Uint(c.bytes)
+          .Key("importance")
+          .Double(c.importance)
+          .Key("loads")
+          .Uint(c.loads)
+          .Key("score")
+          .Double(c.score())
           .EndObject();
     }
     w.EndArray().EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
   std::printf("prefix %s: %s, %zu tokens (%zu chunks), %s\n", prefix_id.ToHex().c_str(),
-              Printable(spec.DebugString()).c_str(), d->chunks.size() * spec.chunk_tokens, d->chunks.size(),
-              FormatBytes(bytes).c_str());
+              Printable(spec.DebugString()).c_str(), d->chunks.size() * spec.chunk_tokens,
+              d->chunks.size(), FormatBytes(bytes).c_str());
   std::printf("tier: all on NVMe (GPU and CPU tiers exist only in a serving process)\n\n");
   std::printf("importance I along the prefix, one character per chunk (max I %.4g%s):\n", max_i,
               max_i > 0 ? "" : "; no session has read this prefix");
@@ -216,8 +255,8 @@ int RunShow(const ShowOptions& o) {
 
 Command AddLs(CLI::App& kvctl) {
   auto o = std::make_shared<LsOptions>();
-  CLI::App* cmd =
-      kvctl.add_subcommand("ls", "List the stored prefixes, newest first, with totals and disk use.");
+  CLI::App* cmd = kvctl.add_subcommand(
+      "ls", "List the stored prefixes, newest first, with totals and disk use.");
   cmd->footer(
       "BYTES counts every chunk of a prefix, so chunks shared by several prefixes are counted in\n"
       "each; the footer's disk figure counts them once.");
@@ -231,9 +270,11 @@ Command AddShow(CLI::App& kvctl) {
   CLI::App* cmd = kvctl.add_subcommand(
       "show", "Show a prefix's chunks: where each lives, its S = I x F, and a heat strip of I.");
   cmd->footer(
-      "PREFIX as for 'kvctl export'. Per chunk: its key, segment file and slot, the byte offset of\n"
+      "PREFIX as for 'kvctl export'. Per chunk: its key, segment file and slot, the byte offset "
+      "of\n"
       "its layer-0 record in that file, and its score S = I x F (I: attention importance, F:\n"
-      "loads, both added by Re-Prefill sessions; 0 in a store no session has read). The heat strip\n"
+      "loads, both added by Re-Prefill sessions; 0 in a store no session has read). The heat "
+      "strip\n"
       "draws I along the prefix, one character per chunk from ' ' (0) through .:-=+*#%@ (the\n"
       "prefix's largest I), wrapped to the terminal's width (64 columns when not a terminal).\n"
       "Tier: at rest every chunk lives on NVMe (its segment). The GPU and CPU tiers exist only in\n"

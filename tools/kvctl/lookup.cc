@@ -38,12 +38,18 @@ int RunLookup(const LookupOptions& o) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(o.store)
-        .Key("model_id").String(spec.model_id)
-        .Key("tokens").Uint(tokens->size())
-        .Key("chunks").Uint(chunks)
-        .Key("stored_chunks").Uint(*stored)
-        .Key("stored_tokens").Uint(*stored * c)
+        .Key("store")
+        .String(o.store)
+        .Key("model_id")
+        .String(spec.model_id)
+        .Key("tokens")
+        .Uint(tokens->size())
+        .Key("chunks")
+        .Uint(chunks)
+        .Key("stored_chunks")
+        .Uint(*stored)
+        .Key("stored_tokens")
+        .Uint(*stored * c)
         .Key("breaks_at_chunk");
     if (whole) {
       w.Null();
@@ -77,8 +83,9 @@ int RunLookup(const LookupOptions& o) {
 Command AddLookup(CLI::App& kvctl) {
   auto o = std::make_shared<LookupOptions>();
   CLI::App* cmd = kvctl.add_subcommand(
-      "lookup", "How many leading chunks of a token sequence the store holds, and where the chain "
-                "breaks.");
+      "lookup",
+      "How many leading chunks of a token sequence the store holds, and where the chain "
+      "breaks.");
   cmd->footer(
       "The tokens come from F, a JSON array of integers (as 'kvctl import --tokens-file'); the\n"
       "model options name the spec the chunks were stored under (as 'kvctl put': the model id\n"

@@ -45,12 +45,13 @@ namespace {
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvctl: create, populate and inspect ckv stores.", "kvctl"};
-  cli::Configure(app, "Run 'kvctl COMMAND --help' for a command's options.\n"
-                      "Exit codes: 0 ok, 1 problems found, 2 usage error, 3 I/O or store error.");
+  cli::Configure(app,
+                 "Run 'kvctl COMMAND --help' for a command's options.\n"
+                 "Exit codes: 0 ok, 1 problems found, 2 usage error, 3 I/O or store error.");
   const std::vector<Command> commands = {
-      AddInit(app),   AddPut(app), AddLs(app),     AddShow(app),   AddStats(app),  AddVerify(app),
-      AddRm(app),     AddGc(app),  AddImport(app), AddExport(app), AddReplay(app),
-      AddLookup(app), AddRemoteStats(app),
+      AddInit(app),   AddPut(app),    AddLs(app),          AddShow(app),   AddStats(app),
+      AddVerify(app), AddRm(app),     AddGc(app),          AddImport(app), AddExport(app),
+      AddReplay(app), AddLookup(app), AddRemoteStats(app),
   };
   app.add_subcommand("help", "show this help, or 'kvctl help COMMAND' for one command");
   app.require_subcommand(1);

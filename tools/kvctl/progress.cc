@@ -35,8 +35,11 @@ ProgressMode GetProgressMode() {
 }
 
 ProgressBar::ProgressBar(std::string label, uint64_t total_bytes)
-    : label_(std::move(label)), total_(total_bytes), mode_(GetProgressMode()),
-      start_(Clock::now()), last_draw_(start_) {}
+    : label_(std::move(label)),
+      total_(total_bytes),
+      mode_(GetProgressMode()),
+      start_(Clock::now()),
+      last_draw_(start_) {}
 
 void ProgressBar::Update(uint64_t done) {
   done_ = done;
@@ -79,8 +82,8 @@ std::string ProgressBar::Describe(uint64_t done, const std::string& bar) const {
     eta = "0.0s";
   }
   char line[512];
-  std::snprintf(line, sizeof(line), "%s%s %3d%%  %s / %s  %s  ETA %s", label_.c_str(),
-                bar.c_str(), static_cast<int>(fraction * 100), FormatBytes(done).c_str(),
+  std::snprintf(line, sizeof(line), "%s%s %3d%%  %s / %s  %s  ETA %s", label_.c_str(), bar.c_str(),
+                static_cast<int>(fraction * 100), FormatBytes(done).c_str(),
                 FormatBytes(total_).c_str(), FormatRate(rate).c_str(), eta.c_str());
   return line;
 }
@@ -139,8 +142,8 @@ void ElapsedTicker::Run() {
   const bool lines = mode_ == ProgressMode::kLines;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    const auto wait = lines ? std::chrono::milliseconds(kProgressLineInterval)
-                            : std::chrono::milliseconds(200);
+    const auto wait =
+        lines ? std::chrono::milliseconds(kProgressLineInterval) : std::chrono::milliseconds(200);
     if (cv_.wait_for(lock, wait, [this] { return stop_; })) return;
     std::fprintf(stderr, lines ? "%s ... %s\n" : "\r\033[K%s ... %s", label_.c_str(),
                  FormatDuration(SecondsSince(start_)).c_str());

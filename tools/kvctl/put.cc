@@ -13,8 +13,9 @@
 
 namespace ckv::kvctl {
 
-absl::StatusOr<std::unique_ptr<GeneratedKv>> GeneratedKv::Generate(
-    const ModelSpec& spec, std::span<const int32_t> tokens, bool progress) {
+absl::StatusOr<std::unique_ptr<GeneratedKv>> GeneratedKv::Generate(const ModelSpec& spec,
+                                                                   std::span<const int32_t> tokens,
+                                                                   bool progress) {
   const size_t c = spec.chunk_tokens;
   const size_t chunks = tokens.size() / c;
   const size_t token_bytes = spec.TokenBytesPerLayer();
@@ -67,33 +68,41 @@ struct PutOptions {
   uint64_t seed = 0;
   uint64_t shared_tokens = 0;
   uint64_t shared_seed = 0;
-  bool shared = false;  // --shared-tokens and --shared-seed given
-  std::string remote;   // --remote: publish to this cluster too
+  bool shared = false;                // --shared-tokens and --shared-seed given
+  std::string remote;                 // --remote: publish to this cluster too
   uint64_t max_request_kv_bytes = 0;  // --max-request-kv-bytes
   cli::JsonOutput json;
 };
 
 // Put's result: JSON (see tools/cli.h), then the text unless the JSON took its place.
-int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result,
-             uint64_t kv_bytes, double gen_seconds, double put_seconds, const EngineStats& stats) {
+int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result, uint64_t kv_bytes,
+             double gen_seconds, double put_seconds, const EngineStats& stats) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(o.store)
-        .Key("prefix_id").String(result.prefix_id.ToHex())
-        .Key("model").String(o.preset.model)
-        .Key("model_id").String(spec.model_id)
-        .Key("dtype").String(DTypeName(spec.dtype))
-        .Key("codec").String(KvCodecName(spec.codec))
-        .Key("chunk_tokens").Uint(spec.chunk_tokens)
-        .Key("tokens").Uint(o.tokens)
-        .Key("seed").Uint(o.seed);
+        .Key("store")
+        .String(o.store)
+        .Key("prefix_id")
+        .String(result.prefix_id.ToHex())
+        .Key("model")
+        .String(o.preset.model)
+        .Key("model_id")
+        .String(spec.model_id)
+        .Key("dtype")
+        .String(DTypeName(spec.dtype))
+        .Key("codec")
+        .String(KvCodecName(spec.codec))
+        .Key("chunk_tokens")
+        .Uint(spec.chunk_tokens)
+        .Key("tokens")
+        .Uint(o.tokens)
+        .Key("seed")
+        .Uint(o.seed);
     if (o.shared) {
       w.Key("shared_tokens").Uint(o.shared_tokens).Key("shared_seed").Uint(o.shared_seed);
     }
     WritePutResultJson(w, result, kv_bytes);
-    w.Key("generate_seconds").Double(gen_seconds)
-        .Key("put_seconds").Double(put_seconds);
+    w.Key("generate_seconds").Double(gen_seconds).Key("put_seconds").Double(put_seconds);
     if (!o.remote.empty()) WriteRemoteJson(w, stats);
     w.EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
@@ -102,10 +111,10 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
               spec.DebugString().c_str(), static_cast<unsigned long long>(o.tokens),
               static_cast<unsigned long long>(result.chunks));
   PrintPutResultLines(result, /*with_tail=*/false);
-  std::printf("  time                 generate %.2fs, put %.2fs (%s)\n", gen_seconds, put_seconds,
-              FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds
-                                         : 0)
-                  .c_str());
+  std::printf(
+      "  time                 generate %.2fs, put %.2fs (%s)\n", gen_seconds, put_seconds,
+      FormatRate(put_seconds > 0 ? static_cast<double>(result.bytes_written) / put_seconds : 0)
+          .c_str());
   if (!o.remote.empty()) PrintRemoteLine(stats);
   return kExitOk;
 }
@@ -166,8 +175,10 @@ Command AddPut(CLI::App& kvctl) {
   CLI::App* cmd = kvctl.add_subcommand(
       "put", "Store a synthetic prefix of N tokens and its KV (see docs/generator.md).");
   cmd->footer(
-      "Tokens come from --seed; with --shared-tokens K and --shared-seed S2 the first K tokens come\n"
-      "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the whole\n"
+      "Tokens come from --seed; with --shared-tokens K and --shared-seed S2 the first K tokens "
+      "come\n"
+      "from S2 instead, so prefixes that use the same S2 share their first K tokens, and the "
+      "whole\n"
       "chunks among them are stored once (deduplicated). N must be a multiple of the chunk size.\n"
       "With --remote, the chunks are also published to that Redis Cluster (docs/remote.md); put\n"
       "waits for them before it exits (at most 60 s) and reports how many were published. A\n"
@@ -179,14 +190,14 @@ Command AddPut(CLI::App& kvctl) {
   AddStoreArg(*cmd, &o->store);
   AddPresetOptions(*cmd, &o->preset);
   cli::AddUint(*cmd, "--tokens", &o->tokens,
-               "prefix length in tokens; a multiple of the chunk size")->required();
+               "prefix length in tokens; a multiple of the chunk size")
+      ->required();
   cli::AddUint(*cmd, "--seed", &o->seed, "seed of the tokens", "S")->required();
-  CLI::Option* shared_tokens = cli::AddUint(
-      *cmd, "--shared-tokens", &o->shared_tokens,
-      "the first K tokens come from --shared-seed (K <= N)", "K");
-  CLI::Option* shared_seed =
-      cli::AddUint(*cmd, "--shared-seed", &o->shared_seed, "seed of the shared first K tokens",
-                   "S2");
+  CLI::Option* shared_tokens =
+      cli::AddUint(*cmd, "--shared-tokens", &o->shared_tokens,
+                   "the first K tokens come from --shared-seed (K <= N)", "K");
+  CLI::Option* shared_seed = cli::AddUint(*cmd, "--shared-seed", &o->shared_seed,
+                                          "seed of the shared first K tokens", "S2");
   shared_tokens->needs(shared_seed);
   shared_seed->needs(shared_tokens);
   AddRemoteOption(*cmd, &o->remote);

@@ -39,22 +39,35 @@ int RunRemoteStats(const RemoteStatsOptions& o) {
     w.BeginObject().Key("remote").String(o.remote).Key("masters").BeginArray();
     for (const engine::RemoteNodeReport& n : *nodes) {
       w.BeginObject()
-          .Key("endpoint").String(n.endpoint)
-          .Key("slots").Uint(n.slots)
-          .Key("keys").Uint(n.keys)
-          .Key("used_memory_bytes").Uint(n.used_memory_bytes)
-          .Key("maxmemory_bytes").Uint(n.maxmemory_bytes)
-          .Key("maxmemory_policy").String(n.maxmemory_policy)
-          .Key("evicted_keys").Uint(n.evicted_keys)
-          .Key("keyspace_hits").Uint(n.keyspace_hits)
-          .Key("keyspace_misses").Uint(n.keyspace_misses)
-          .Key("error").String(n.error)
+          .Key("endpoint")
+          .String(n.endpoint)
+          .Key("slots")
+          .Uint(n.slots)
+          .Key("keys")
+          .Uint(n.keys)
+          .Key("used_memory_bytes")
+          .Uint(n.used_memory_bytes)
+          .Key("maxmemory_bytes")
+          .Uint(n.maxmemory_bytes)
+          .Key("maxmemory_policy")
+          .String(n.maxmemory_policy)
+          .Key("evicted_keys")
+          .Uint(n.evicted_keys)
+          .Key("keyspace_hits")
+          .Uint(n.keyspace_hits)
+          .Key("keyspace_misses")
+          .Uint(n.keyspace_misses)
+          .Key("error")
+          .String(n.error)
           .EndObject();
     }
     w.EndArray()
-        .Key("keys").Uint(keys)
-        .Key("used_memory_bytes").Uint(used)
-        .Key("evicted_keys").Uint(evicted)
+        .Key("keys")
+        .Uint(keys)
+        .Key("used_memory_bytes")
+        .Uint(used)
+        .Key("evicted_keys")
+        .Uint(evicted)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
@@ -70,15 +83,13 @@ int RunRemoteStats(const RemoteStatsOptions& o) {
                   Printable(n.error).c_str());
       continue;
     }
-    std::printf("  %-22s %6u %10llu %12s %12s %-16s %10llu %10llu %10llu\n",
-                Printable(n.endpoint).c_str(),
-                n.slots, static_cast<unsigned long long>(n.keys),
-                FormatBytes(n.used_memory_bytes).c_str(),
-                n.maxmemory_bytes == 0 ? "none" : FormatBytes(n.maxmemory_bytes).c_str(),
-                Printable(n.maxmemory_policy).c_str(),
-                static_cast<unsigned long long>(n.evicted_keys),
-                static_cast<unsigned long long>(n.keyspace_hits),
-                static_cast<unsigned long long>(n.keyspace_misses));
+    std::printf(
+        "  %-22s %6u %10llu %12s %12s %-16s %10llu %10llu %10llu\n", Printable(n.endpoint).c_str(),
+        n.slots, static_cast<unsigned long long>(n.keys), FormatBytes(n.used_memory_bytes).c_str(),
+        n.maxmemory_bytes == 0 ? "none" : FormatBytes(n.maxmemory_bytes).c_str(),
+        Printable(n.maxmemory_policy).c_str(), static_cast<unsigned long long>(n.evicted_keys),
+        static_cast<unsigned long long>(n.keyspace_hits),
+        static_cast<unsigned long long>(n.keyspace_misses));
   }
   return kExitOk;
 }
@@ -87,8 +98,8 @@ int RunRemoteStats(const RemoteStatsOptions& o) {
 
 Command AddRemoteStats(CLI::App& kvctl) {
   auto o = std::make_shared<RemoteStatsOptions>();
-  CLI::App* cmd = kvctl.add_subcommand(
-      "remote-stats", "The Redis Cluster of the remote tier, master by master.");
+  CLI::App* cmd = kvctl.add_subcommand("remote-stats",
+                                       "The Redis Cluster of the remote tier, master by master.");
   cmd->footer(
       "Asks any node named by --remote for the slot map, then each master for DBSIZE and INFO:\n"
       "slots, keys, memory used and its cap, the eviction policy, keys evicted, keyspace hits and\n"

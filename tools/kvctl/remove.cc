@@ -32,8 +32,8 @@ bool NearlyFull(const std::string& store) {
 // Opens `store` after `opened` found its file system full: gives back blocks without writing,
 // the prefix's chunks (rm) only when free slots and the snapshot are not enough (open_to_free.h).
 absl::StatusOr<std::unique_ptr<Engine>> OpenFreeingSpace(
-    const std::string& command, const std::string& store,
-    std::span<const ChunkKey> delete_prefixes, absl::StatusOr<std::unique_ptr<Engine>> opened) {
+    const std::string& command, const std::string& store, std::span<const ChunkKey> delete_prefixes,
+    absl::StatusOr<std::unique_ptr<Engine>> opened) {
   const std::string why = opened.ok() ? std::string() : std::string(opened.status().message());
   int opens = 0;
   auto open = [&]() -> absl::StatusOr<std::unique_ptr<Engine>> {
@@ -72,8 +72,8 @@ int RunRm(const RmOptions& o) {
   if (std::string error; !NormalizePrefixArg(&wanted, &error)) return UsageError("rm", error);
   const bool nearly_full = NearlyFull(store);
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      nearly_full ? absl::StatusOr<std::unique_ptr<Engine>>(NoSpaceError(
-                        "fewer than 16 MiB free on the file system of " + store))
+      nearly_full ? absl::StatusOr<std::unique_ptr<Engine>>(
+                        NoSpaceError("fewer than 16 MiB free on the file system of " + store))
                   : OpenExisting(store);
   ChunkKey prefix_id;
   if (!engine.ok() && IsNoSpace(engine.status())) {
@@ -84,8 +84,8 @@ int RunRm(const RmOptions& o) {
       return code;
     }
     view->reset();
-    engine = OpenFreeingSpace("rm", store, std::span<const ChunkKey>(&prefix_id, 1),
-                              std::move(engine));
+    engine =
+        OpenFreeingSpace("rm", store, std::span<const ChunkKey>(&prefix_id, 1), std::move(engine));
   }
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   if (const int code = FindPrefix(**engine, "rm", store, wanted, &prefix_id); code != kExitOk) {
@@ -108,19 +108,25 @@ int RunRm(const RmOptions& o) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(store)
-        .Key("prefix_id").String(prefix_id.ToHex())
-        .Key("chunks").Uint(chunks)
-        .Key("chunks_freed").Uint(freed)
-        .Key("bytes_freed").Uint(freed_bytes)
+        .Key("store")
+        .String(store)
+        .Key("prefix_id")
+        .String(prefix_id.ToHex())
+        .Key("chunks")
+        .Uint(chunks)
+        .Key("chunks_freed")
+        .Uint(freed)
+        .Key("bytes_freed")
+        .Uint(freed_bytes)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
-  std::printf("removed prefix %s (%llu chunks): %llu chunks freed (%s), %llu shared with other "
-              "prefixes kept\n",
-              prefix_id.ToHex().c_str(), static_cast<unsigned long long>(chunks),
-              static_cast<unsigned long long>(freed), FormatBytes(freed_bytes).c_str(),
-              static_cast<unsigned long long>(chunks - std::min(chunks, freed)));
+  std::printf(
+      "removed prefix %s (%llu chunks): %llu chunks freed (%s), %llu shared with other "
+      "prefixes kept\n",
+      prefix_id.ToHex().c_str(), static_cast<unsigned long long>(chunks),
+      static_cast<unsigned long long>(freed), FormatBytes(freed_bytes).c_str(),
+      static_cast<unsigned long long>(chunks - std::min(chunks, freed)));
   return kExitOk;
 }
 
@@ -133,8 +139,8 @@ int RunGc(const GcOptions& o) {
   const std::string& store = o.store;
   auto engine = OpenFreeingSpace(
       "gc", store, {},
-      NearlyFull(store) ? absl::StatusOr<std::unique_ptr<Engine>>(NoSpaceError(
-                              "fewer than 16 MiB free on the file system of " + store))
+      NearlyFull(store) ? absl::StatusOr<std::unique_ptr<Engine>>(
+                              NoSpaceError("fewer than 16 MiB free on the file system of " + store))
                         : OpenExisting(store));
   if (!engine.ok()) return StoreError("open " + store, engine.status());
   const EngineStats before = (*engine)->Stats();
@@ -151,26 +157,33 @@ int RunGc(const GcOptions& o) {
   if (o.json.enabled) {
     tools::JsonWriter w;
     w.BeginObject()
-        .Key("store").String(store)
-        .Key("bytes_reclaimed").Uint(total)
-        .Key("open_bytes_reclaimed").Uint(before.orphan_bytes_reclaimed)
-        .Key("gc_bytes_reclaimed").Uint(report->bytes_reclaimed)
-        .Key("segments_removed").Uint(report->segments_removed)
-        .Key("segments").Uint(after.segments)
-        .Key("disk_bytes_used").Uint(after.disk_bytes_used)
-        .Key("seconds").Double(seconds)
+        .Key("store")
+        .String(store)
+        .Key("bytes_reclaimed")
+        .Uint(total)
+        .Key("open_bytes_reclaimed")
+        .Uint(before.orphan_bytes_reclaimed)
+        .Key("gc_bytes_reclaimed")
+        .Uint(report->bytes_reclaimed)
+        .Key("segments_removed")
+        .Uint(report->segments_removed)
+        .Key("segments")
+        .Uint(after.segments)
+        .Key("disk_bytes_used")
+        .Uint(after.disk_bytes_used)
+        .Key("seconds")
+        .Double(seconds)
         .EndObject();
     if (const int rc = EmitJson(o.json, w); rc != kExitOk || o.json.ToStdout()) return rc;
   }
-  std::printf("gc %s: reclaimed %s (%s orphaned on open, %s of free slots and empty segments); "
-              "%llu segment file%s removed, %llu left; disk used %s\n",
-              store.c_str(), FormatBytes(total).c_str(),
-              FormatBytes(before.orphan_bytes_reclaimed).c_str(),
-              FormatBytes(report->bytes_reclaimed).c_str(),
-              static_cast<unsigned long long>(report->segments_removed),
-              report->segments_removed == 1 ? "" : "s",
-              static_cast<unsigned long long>(after.segments),
-              FormatBytes(after.disk_bytes_used).c_str());
+  std::printf(
+      "gc %s: reclaimed %s (%s orphaned on open, %s of free slots and empty segments); "
+      "%llu segment file%s removed, %llu left; disk used %s\n",
+      store.c_str(), FormatBytes(total).c_str(), FormatBytes(before.orphan_bytes_reclaimed).c_str(),
+      FormatBytes(report->bytes_reclaimed).c_str(),
+      static_cast<unsigned long long>(report->segments_removed),
+      report->segments_removed == 1 ? "" : "s", static_cast<unsigned long long>(after.segments),
+      FormatBytes(after.disk_bytes_used).c_str());
   return kExitOk;
 }
 

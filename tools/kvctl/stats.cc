@@ -25,12 +25,12 @@ struct StatsOptions {
 
 // What the tiers would hold if they kept the top-S records (see the footer of AddStats).
 struct TierFill {
-  uint64_t budget_bytes = 0;          // as given
-  uint64_t record_budget_bytes = 0;   // the part records may use
+  uint64_t budget_bytes = 0;         // as given
+  uint64_t record_budget_bytes = 0;  // the part records may use
   uint64_t records = 0;
-  uint64_t bytes = 0;                 // slot bytes of those records
-  uint64_t chunks = 0;                // chunks all of whose records it holds
-  double score = 0;                   // sum of the S of its records
+  uint64_t bytes = 0;   // slot bytes of those records
+  uint64_t chunks = 0;  // chunks all of whose records it holds
+  double score = 0;     // sum of the S of its records
 };
 
 struct ScoreSpread {
@@ -116,28 +116,46 @@ int PrintStatsJson(const StatsOptions& o, const StoreFigures& f) {
   tools::JsonWriter w;
   w.BeginObject().Key("store").String(o.store).Key("stats");
   WriteStatsJson(w, f.stats);
-  w.Key("fill").Double(f.fill)
-      .Key("score").BeginObject()
-      .Key("chunks").Uint(spread.chunks)
-      .Key("zero").Uint(spread.zero)
-      .Key("min").Double(spread.min)
-      .Key("q1").Double(spread.q1)
-      .Key("median").Double(spread.median)
-      .Key("q3").Double(spread.q3)
-      .Key("max").Double(spread.max)
-      .Key("total").Double(spread.total)
+  w.Key("fill")
+      .Double(f.fill)
+      .Key("score")
+      .BeginObject()
+      .Key("chunks")
+      .Uint(spread.chunks)
+      .Key("zero")
+      .Uint(spread.zero)
+      .Key("min")
+      .Double(spread.min)
+      .Key("q1")
+      .Double(spread.q1)
+      .Key("median")
+      .Double(spread.median)
+      .Key("q3")
+      .Double(spread.q3)
+      .Key("max")
+      .Double(spread.max)
+      .Key("total")
+      .Double(spread.total)
       .EndObject()
-      .Key("tiers").BeginObject();
+      .Key("tiers")
+      .BeginObject();
   for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &f.gpu},
                                 std::pair<const char*, const TierFill*>{"cpu", &f.cpu}}) {
     if (t->budget_bytes == 0) continue;
-    w.Key(name).BeginObject()
-        .Key("budget_bytes").Uint(t->budget_bytes)
-        .Key("record_budget_bytes").Uint(t->record_budget_bytes)
-        .Key("records").Uint(t->records)
-        .Key("bytes").Uint(t->bytes)
-        .Key("chunks").Uint(t->chunks)
-        .Key("score_share").Double(f.Share(*t))
+    w.Key(name)
+        .BeginObject()
+        .Key("budget_bytes")
+        .Uint(t->budget_bytes)
+        .Key("record_budget_bytes")
+        .Uint(t->record_budget_bytes)
+        .Key("records")
+        .Uint(t->records)
+        .Key("bytes")
+        .Uint(t->bytes)
+        .Key("chunks")
+        .Uint(t->chunks)
+        .Key("score_share")
+        .Double(f.Share(*t))
         .EndObject();
   }
   w.EndObject().EndObject();
@@ -151,13 +169,13 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
               static_cast<unsigned long long>(stats.chunks),
               static_cast<unsigned long long>(stats.prefixes), stats.prefixes == 1 ? "" : "es",
               static_cast<unsigned long long>(stats.segments), stats.segments == 1 ? "" : "s");
-  std::printf("  index memory   %s (%.0f B per chunk), %s\n",
-              FormatBytes(stats.index_memory_bytes).c_str(),
-              stats.chunks == 0 ? 0.0
-                                : static_cast<double>(stats.index_memory_bytes) /
-                                      static_cast<double>(stats.chunks),
-              stats.index_from_snapshot ? "loaded from the snapshot of the last close"
-                                        : "built from the catalog");
+  std::printf(
+      "  index memory   %s (%.0f B per chunk), %s\n", FormatBytes(stats.index_memory_bytes).c_str(),
+      stats.chunks == 0
+          ? 0.0
+          : static_cast<double>(stats.index_memory_bytes) / static_cast<double>(stats.chunks),
+      stats.index_from_snapshot ? "loaded from the snapshot of the last close"
+                                : "built from the catalog");
   if (stats.max_disk_bytes == 0) {
     std::printf("  disk used      %s, cap unlimited\n", FormatBytes(stats.disk_bytes_used).c_str());
   } else {
@@ -165,47 +183,50 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
                 FormatBytes(stats.disk_bytes_used).c_str(),
                 FormatBytes(stats.max_disk_bytes).c_str(), f.fill * 100);
   }
-  std::printf("  since created  %llu puts, %llu chunks written (%s), %llu deduplicated, "
-              "%llu evicted (%s), %llu deleted\n",
-              static_cast<unsigned long long>(stats.puts),
-              static_cast<unsigned long long>(stats.chunks_written),
-              FormatBytes(stats.bytes_written).c_str(),
-              static_cast<unsigned long long>(stats.chunks_deduplicated),
-              static_cast<unsigned long long>(stats.chunks_evicted),
-              FormatBytes(stats.bytes_evicted).c_str(),
-              static_cast<unsigned long long>(stats.chunks_deleted));
+  std::printf(
+      "  since created  %llu puts, %llu chunks written (%s), %llu deduplicated, "
+      "%llu evicted (%s), %llu deleted\n",
+      static_cast<unsigned long long>(stats.puts),
+      static_cast<unsigned long long>(stats.chunks_written),
+      FormatBytes(stats.bytes_written).c_str(),
+      static_cast<unsigned long long>(stats.chunks_deduplicated),
+      static_cast<unsigned long long>(stats.chunks_evicted),
+      FormatBytes(stats.bytes_evicted).c_str(),
+      static_cast<unsigned long long>(stats.chunks_deleted));
   if (stats.orphan_bytes_reclaimed > 0) {
     std::printf("  on this open   %s of orphaned segment space reclaimed\n",
                 FormatBytes(stats.orphan_bytes_reclaimed).c_str());
   }
   if (stats.reclaim_margin_bytes > 0) {
-    std::printf("  reclaimer      keeps %s free under the cap; since this open %llu rounds "
-                "evicted %llu chunks (%s), %llu Puts evicted inline; %s free but kept for Puts "
-                "to write over\n",
-                FormatBytes(stats.reclaim_margin_bytes).c_str(),
-                static_cast<unsigned long long>(stats.reclaim_rounds),
-                static_cast<unsigned long long>(stats.reclaim_chunks),
-                FormatBytes(stats.reclaim_bytes).c_str(),
-                static_cast<unsigned long long>(stats.inline_evictions),
-                FormatBytes(stats.free_kept_bytes).c_str());
+    std::printf(
+        "  reclaimer      keeps %s free under the cap; since this open %llu rounds "
+        "evicted %llu chunks (%s), %llu Puts evicted inline; %s free but kept for Puts "
+        "to write over\n",
+        FormatBytes(stats.reclaim_margin_bytes).c_str(),
+        static_cast<unsigned long long>(stats.reclaim_rounds),
+        static_cast<unsigned long long>(stats.reclaim_chunks),
+        FormatBytes(stats.reclaim_bytes).c_str(),
+        static_cast<unsigned long long>(stats.inline_evictions),
+        FormatBytes(stats.free_kept_bytes).c_str());
   }
   // Put latency is kept in memory since Open: a kvctl process that only reads shows none.
   if (stats.put_latency_window == 0) {
     std::printf("  put latency    none: no Put since this open (kept in memory per process)\n");
   } else {
-    std::printf("  put latency    p50 %.3f ms, p99 %.3f ms, max %.3f ms over the last %llu puts; "
-                "%llu waited for staging\n",
-                static_cast<double>(stats.put_latency_p50_us) / 1e3,
-                static_cast<double>(stats.put_latency_p99_us) / 1e3,
-                static_cast<double>(stats.put_latency_max_us) / 1e3,
-                static_cast<unsigned long long>(stats.put_latency_window),
-                static_cast<unsigned long long>(stats.put_staging_waits));
+    std::printf(
+        "  put latency    p50 %.3f ms, p99 %.3f ms, max %.3f ms over the last %llu puts; "
+        "%llu waited for staging\n",
+        static_cast<double>(stats.put_latency_p50_us) / 1e3,
+        static_cast<double>(stats.put_latency_p99_us) / 1e3,
+        static_cast<double>(stats.put_latency_max_us) / 1e3,
+        static_cast<unsigned long long>(stats.put_latency_window),
+        static_cast<unsigned long long>(stats.put_staging_waits));
   }
-  std::printf("  S = I x F      %llu chunks, %llu with S = 0; min %.4g, q1 %.4g, median %.4g, "
-              "q3 %.4g, max %.4g\n",
-              static_cast<unsigned long long>(spread.chunks),
-              static_cast<unsigned long long>(spread.zero), spread.min, spread.q1,
-              spread.median, spread.q3, spread.max);
+  std::printf(
+      "  S = I x F      %llu chunks, %llu with S = 0; min %.4g, q1 %.4g, median %.4g, "
+      "q3 %.4g, max %.4g\n",
+      static_cast<unsigned long long>(spread.chunks), static_cast<unsigned long long>(spread.zero),
+      spread.min, spread.q1, spread.median, spread.q3, spread.max);
   for (const auto& [name, t] : {std::pair<const char*, const TierFill*>{"gpu", &f.gpu},
                                 std::pair<const char*, const TierFill*>{"cpu", &f.cpu}}) {
     if (t->budget_bytes == 0) continue;
@@ -213,8 +234,9 @@ void PrintStatsText(const StatsOptions& o, const StoreFigures& f) {
                 FormatBytes(t->budget_bytes).c_str(), static_cast<unsigned long long>(t->records),
                 static_cast<unsigned long long>(t->chunks), f.Share(*t) * 100);
   }
-  std::printf("session figures (tier hits, bubbles) belong to a serving process: see "
-              "'kvctl stats --help'\n");
+  std::printf(
+      "session figures (tier hits, bubbles) belong to a serving process: see "
+      "'kvctl stats --help'\n");
 }
 
 // The at-rest families (engine/metrics.h, StoreMetrics: the names Engine::Metrics() gives
@@ -255,8 +277,9 @@ int RunStats(StatsOptions o) {
   f.gpu.budget_bytes = o.gpu_tier_bytes;
   f.cpu.budget_bytes = o.cpu_tier_bytes;
   f.gpu.record_budget_bytes = f.gpu.budget_bytes;
-  f.cpu.record_budget_bytes = f.cpu.budget_bytes - static_cast<uint64_t>(
-      static_cast<double>(f.cpu.budget_bytes) * engine::kSummaryShare);
+  f.cpu.record_budget_bytes =
+      f.cpu.budget_bytes -
+      static_cast<uint64_t>(static_cast<double>(f.cpu.budget_bytes) * engine::kSummaryShare);
   auto engine = OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
 

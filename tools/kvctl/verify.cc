@@ -70,9 +70,8 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
         // A checksum mismatch is already among Verify's problems: do not list it twice.
         if (absl::IsDataLoss(read)) continue;
         if (!read.ok()) {
-          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" +
-                                    std::to_string(layer) + " of prefix " + w.prefix.ToHex() +
-                                    ": " + read.ToString());
+          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) +
+                                    " of prefix " + w.prefix.ToHex() + ": " + read.ToString());
           continue;
         }
         synth::FillStoredRecord(w.spec, w.chunks[i], layer, expected);
@@ -80,10 +79,10 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
         report.bytes_compared += stored.size();
         if (stored != expected) {
           const auto mismatch = std::mismatch(stored.begin(), stored.end(), expected.begin());
-          report.problems.push_back(
-              "record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) + " of prefix " +
-              w.prefix.ToHex() + " (chunk " + std::to_string(i) + "): differs from the generator at byte " +
-              std::to_string(mismatch.first - stored.begin()));
+          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) +
+                                    " of prefix " + w.prefix.ToHex() + " (chunk " +
+                                    std::to_string(i) + "): differs from the generator at byte " +
+                                    std::to_string(mismatch.first - stored.begin()));
         }
       }
     }
@@ -98,7 +97,7 @@ struct VerifyFigures {
   std::optional<RepairReport> repaired;
   ContentReport content;
   std::optional<engine::RemoteCheckReport> remote;  // with --remote
-  std::vector<std::string> problems;  // all of them
+  std::vector<std::string> problems;                // all of them
   double seconds = 0;
 };
 
@@ -124,24 +123,39 @@ int PrintVerifyJson(const VerifyOptions& o, const VerifyFigures& f) {
   const VerifyReport& report = f.report;
   tools::JsonWriter w;
   w.BeginObject()
-      .Key("store").String(o.store)
-      .Key("ok").Bool(f.problems.empty())
-      .Key("chunks_checked").Uint(report.chunks_checked)
-      .Key("records_checked").Uint(report.records_checked)
-      .Key("bytes_checked").Uint(report.bytes_checked)
-      .Key("checksum_failures").Uint(report.checksum_failures);
+      .Key("store")
+      .String(o.store)
+      .Key("ok")
+      .Bool(f.problems.empty())
+      .Key("chunks_checked")
+      .Uint(report.chunks_checked)
+      .Key("records_checked")
+      .Uint(report.records_checked)
+      .Key("bytes_checked")
+      .Uint(report.bytes_checked)
+      .Key("checksum_failures")
+      .Uint(report.checksum_failures);
   if (o.synthetic) {
-    w.Key("records_compared").Uint(f.content.records_compared)
-        .Key("bytes_compared").Uint(f.content.bytes_compared);
+    w.Key("records_compared")
+        .Uint(f.content.records_compared)
+        .Key("bytes_compared")
+        .Uint(f.content.bytes_compared);
   }
   if (f.remote) {
-    w.Key("remote").BeginObject()
-        .Key("chunks_checked").Uint(f.remote->chunks_checked)
-        .Key("present").Uint(f.remote->present)
-        .Key("missing").Uint(f.remote->missing)
-        .Key("corrupt").Uint(f.remote->corrupt)
-        .Key("differing").Uint(f.remote->differing)
-        .Key("unreachable").Uint(f.remote->unreachable)
+    w.Key("remote")
+        .BeginObject()
+        .Key("chunks_checked")
+        .Uint(f.remote->chunks_checked)
+        .Key("present")
+        .Uint(f.remote->present)
+        .Key("missing")
+        .Uint(f.remote->missing)
+        .Key("corrupt")
+        .Uint(f.remote->corrupt)
+        .Key("differing")
+        .Uint(f.remote->differing)
+        .Key("unreachable")
+        .Uint(f.remote->unreachable)
         .EndObject();
   }
   w.Key("seconds").Double(f.seconds).Key("problems").BeginArray();
@@ -174,14 +188,15 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
                 FormatBytes(f.content.bytes_compared).c_str());
   }
   if (f.remote) {
-    std::printf("remote: %llu chunks checked in the cluster: %llu present and equal, %llu missing, "
-                "%llu corrupt, %llu differing, %llu unreachable\n",
-                static_cast<unsigned long long>(f.remote->chunks_checked),
-                static_cast<unsigned long long>(f.remote->present),
-                static_cast<unsigned long long>(f.remote->missing),
-                static_cast<unsigned long long>(f.remote->corrupt),
-                static_cast<unsigned long long>(f.remote->differing),
-                static_cast<unsigned long long>(f.remote->unreachable));
+    std::printf(
+        "remote: %llu chunks checked in the cluster: %llu present and equal, %llu missing, "
+        "%llu corrupt, %llu differing, %llu unreachable\n",
+        static_cast<unsigned long long>(f.remote->chunks_checked),
+        static_cast<unsigned long long>(f.remote->present),
+        static_cast<unsigned long long>(f.remote->missing),
+        static_cast<unsigned long long>(f.remote->corrupt),
+        static_cast<unsigned long long>(f.remote->differing),
+        static_cast<unsigned long long>(f.remote->unreachable));
   }
   if (problems.empty()) {
     std::printf("clean\n");
@@ -209,8 +224,8 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
 int RunVerify(const VerifyOptions& o) {
   // Verify alone reads: it works while a serving process holds the store. Repair writes.
   // So does --remote, which needs the engine's remote tier (a read-only engine has none).
-  auto engine = o.repair || !o.remote.empty() ? OpenExisting(o.store, o.remote)
-                                              : OpenToRead(o.store);
+  auto engine =
+      o.repair || !o.remote.empty() ? OpenExisting(o.store, o.remote) : OpenToRead(o.store);
   if (!engine.ok()) return StoreError("open " + o.store, engine.status());
   const auto start = Clock::now();
   VerifyFigures f;
@@ -256,7 +271,8 @@ Command AddVerify(CLI::App& kvctl) {
       "Exit 0 when clean, 1 when a problem was found (each is listed), 3 when the check could not\n"
       "run. With --synthetic, also compare every record byte for byte with what the synthetic\n"
       "generator makes for its chunk key (for stores that kvctl put populated).\n"
-      "With --repair, also remove what is corrupt (Engine::Repair): each chunk that failed a check\n"
+      "With --repair, also remove what is corrupt (Engine::Repair): each chunk that failed a "
+      "check\n"
       "and every chunk after it in its prefixes (a chunk's KV depends on all before it); a prefix\n"
       "that ran through one then ends at the last good chunk, under a new id. It lists what it\n"
       "removed and what it left (read errors may pass, so they are not repaired). The exit code\n"
@@ -266,8 +282,8 @@ Command AddVerify(CLI::App& kvctl) {
       "problem; a chunk the cluster does not hold is counted as missing (a miss, not a problem).\n"
       "Example: kvctl verify ./store --repair");
   AddStoreArg(*cmd, &o->store);
-  CLI::Option* synthetic = cmd->add_flag(
-      "--synthetic", o->synthetic, "also compare every record with the synthetic generator");
+  CLI::Option* synthetic = cmd->add_flag("--synthetic", o->synthetic,
+                                         "also compare every record with the synthetic generator");
   cmd->add_flag("--repair", o->repair,
                 "remove the corrupt chunks (and those after them) from the store")
       ->excludes(synthetic);
