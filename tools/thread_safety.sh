@@ -70,6 +70,7 @@ root = os.path.realpath(root)
 # The options that decide how a file parses; those taking a value may have it joined or next.
 WITH_VALUE = ("-I", "-isystem", "-iquote", "-idirafter", "-include", "-D", "-U")
 n = 0
+pchs = {}  # (cmake_pch.hxx, flags) -> the clang precompiled header made of it
 for entry in json.load(open(db)):
     src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
     rel = os.path.relpath(src, root)
@@ -93,6 +94,24 @@ for entry in json.load(open(db)):
             else:
                 kept.append(a)
         i += 1
+    # A header CMake precompiles for g++ (target_precompile_headers) is forced in by -include of
+    # its cmake_pch.hxx, beside which g++'s .gch lies, which clang cannot read: clang gets a
+    # precompiled header of its own, made once per header and set of flags (pchNN.rsp, made
+    # before the files that use it), in place of parsing the header again for each file.
+    for j in range(len(kept) - 1):
+        if kept[j] == "-include" and kept[j + 1].endswith("cmake_pch.hxx"):
+            flags = kept[:j] + kept[j + 2:]
+            key = (kept[j + 1], tuple(flags))
+            if key not in pchs:
+                pch = os.path.join(tmp, "pch%02d.pch" % len(pchs))
+                with open(os.path.join(tmp, "pch%02d.rsp" % len(pchs)), "w") as f:
+                    f.write("\n".join(shlex.quote(a) for a in flags + [
+                        "-x", "c++-header", kept[j + 1], "-o", pch]) + "\n")
+                with open(os.path.join(tmp, "pch%02d.src" % len(pchs)), "w") as f:
+                    f.write(os.path.relpath(kept[j + 1], root) + " (precompiled for clang)\n")
+                pchs[key] = pch
+            kept = kept[:j] + ["-include-pch", pchs[key]] + kept[j + 2:]
+            break
     kept.append(src)
     with open(os.path.join(tmp, "%04d.rsp" % n), "w") as f:
         f.write("\n".join(shlex.quote(a) for a in kept) + "\n")
@@ -104,11 +123,14 @@ if n == 0:
     sys.exit(2)
 EOF
 
-# check_one RSP: parses one file; its diagnostics go to RSP.log, and RSP.failed marks a failure.
+# check_one RSP: parses one file (or, for pchNN.rsp, precompiles a header for clang: the analysis
+# of the header's own code happens there, once); its diagnostics go to RSP.log, and RSP.failed
+# marks a failure.
 check_one() {
-  local rsp="$1" extra=()
+  local rsp="$1" extra=() mode=(-fsyntax-only)
   if [[ -n "${CKV_TSA_FLAGS:-}" ]]; then read -r -a extra <<<"$CKV_TSA_FLAGS"; fi
-  if ! "$CKV_TSA_CXX_RESOLVED" -fsyntax-only -Wno-everything -Wthread-safety -Werror \
+  if [[ "$(basename "$rsp")" == pch* ]]; then mode=(); fi
+  if ! "$CKV_TSA_CXX_RESOLVED" "${mode[@]}" -Wno-everything -Wthread-safety -Werror \
     -Wno-unknown-warning-option "${extra[@]}" "@$rsp" >"${rsp%.rsp}.log" 2>&1 ||
     [[ -s "${rsp%.rsp}.log" ]]; then
     touch "${rsp%.rsp}.failed"
@@ -117,9 +139,16 @@ check_one() {
 export -f check_one
 export CKV_TSA_CXX_RESOLVED="$cxx"
 
-mapfile -t rsps < <(find "$tmp" -name '*.rsp' | sort)
+# The precompiled headers first, then the files (those of a header that failed fail with it).
+mapfile -t pch_rsps < <(find "$tmp" -name 'pch*.rsp' | sort)
+mapfile -t tu_rsps < <(find "$tmp" -name '[0-9]*.rsp' | sort)
+rsps=("${pch_rsps[@]}" "${tu_rsps[@]}")
 # shellcheck disable=SC2016  # $1 is the child shell's, in single quotes on purpose
-printf '%s\0' "${rsps[@]}" | xargs -0 -n1 -P"$JOBS" bash -c 'check_one "$1"' _
+for batch in pch tu; do
+  if [[ "$batch" == pch ]]; then set -- "${pch_rsps[@]}"; else set -- "${tu_rsps[@]}"; fi
+  (($# > 0)) || continue
+  printf '%s\0' "$@" | xargs -0 -n1 -P"$JOBS" bash -c 'check_one "$1"' _
+done
 
 failed=0
 for rsp in "${rsps[@]}"; do
@@ -132,9 +161,11 @@ for rsp in "${rsps[@]}"; do
 done
 secs="$(awk -v ns="$(($(date +%s%N) - start_ns))" 'BEGIN { printf "%.1f", ns / 1e9 }')"
 if ((failed > 0)); then
-  say "FAILED: $failed of ${#rsps[@]} translation units have diagnostics (above)" \
+  say "FAILED: $failed of ${#tu_rsps[@]} translation units and ${#pch_rsps[@]} precompiled" \
+    "headers have diagnostics (above)" \
     "($("$cxx" --version | head -n1), ${secs} s)"
   exit 1
 fi
-say "${#rsps[@]} translation units checked, no thread-safety diagnostics" \
+say "${#tu_rsps[@]} translation units checked (${#pch_rsps[@]} precompiled headers)," \
+  "no thread-safety diagnostics" \
   "($("$cxx" --version | head -n1), ${secs} s)"
