@@ -36,7 +36,7 @@ class MatmulTest : public ::testing::TestWithParam<CpuPath> {
 TEST_P(MatmulTest, ScoresMatchDoublePrecisionAndLeaveTheRestOfTheRowsAlone) {
   for (const Shape& sh : {Shape{1, 1, 8}, Shape{5, 7, 16}, Shape{4, 3, 24}, Shape{9, 301, 128},
                           Shape{33, 40, 64}, Shape{3, 5, 12}, Shape{6, 2, 1}}) {
-    SCOPED_TRACE(testing::Message() << sh.rows << " x " << sh.tokens << " x " << sh.d);
+    SCOPED_TRACE(::testing::Message() << sh.rows << " x " << sh.tokens << " x " << sh.d);
     const size_t ldq = sh.d + 3, ldk = sh.d + 5, lds = sh.tokens + 2;
     const auto q = Random(sh.rows * ldq, 1), k = Random(sh.tokens * ldk, 2);
     std::vector<float> s(sh.rows * lds, -7.0f);
@@ -58,7 +58,7 @@ TEST_P(MatmulTest, ScoresMatchDoublePrecisionAndLeaveTheRestOfTheRowsAlone) {
 TEST_P(MatmulTest, WeightedValuesAccumulateAsInDoublePrecision) {
   for (const Shape& sh : {Shape{1, 1, 8}, Shape{7, 5, 16}, Shape{6, 33, 24}, Shape{13, 300, 128},
                           Shape{2, 9, 12}, Shape{3, 4, 1}}) {
-    SCOPED_TRACE(testing::Message() << sh.rows << " x " << sh.tokens << " x " << sh.d);
+    SCOPED_TRACE(::testing::Message() << sh.rows << " x " << sh.tokens << " x " << sh.d);
     const size_t ldp = sh.tokens + 1, ldv = sh.d + 3, ldo = sh.d + 2;
     const auto p = Random(sh.rows * ldp, 3), v = Random(sh.tokens * ldv, 4);
     auto o = Random(sh.rows * ldo, 5);

@@ -267,7 +267,7 @@ TEST_P(SelectorTest, SelectionsHoldTheInvariantsAndFollowTheScores) {
       auto sel = Select(kind, p.Input(), o);
       ASSERT_TRUE(sel.ok()) << sel.status();
       const auto& c = sel->chunks;
-      SCOPED_TRACE(testing::Message() << SelectorName(kind) << " at " << budget);
+      SCOPED_TRACE(::testing::Message() << SelectorName(kind) << " at " << budget);
       ASSERT_TRUE(std::is_sorted(c.begin(), c.end()));
       ASSERT_EQ(std::adjacent_find(c.begin(), c.end()), c.end());
       ASSERT_FALSE(c.empty());
@@ -622,7 +622,7 @@ TEST(SelectorErrorsTest, BadInputsAreInvalidArgumentWithTheValue) {
   Prefix p = MakePrefix(10, 1);
   auto expect_invalid = [](const absl::Status& st, const std::string& says) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_THAT(std::string(st.message()), testing::HasSubstr(says));
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr(says));
   };
   SelectOptions o;
   o.budget_fraction = 0;

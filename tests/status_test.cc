@@ -107,7 +107,7 @@ TEST(StatusMacrosTest, ReturnAndAssign) {
 }
 
 TEST(LoggerTest, StderrLinesArePrefixedAndWhole) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   StderrLogger()->Log(LogLevel::kInfo, "opened store");
   StderrLogger()->Log(LogLevel::kWarning, "io_uring unavailable");
   StderrLogger()->Log(LogLevel::kError, "record 3/L7: checksum");
@@ -120,7 +120,7 @@ TEST(LoggerTest, StderrLinesArePrefixedAndWhole) {
     });
   }
   for (auto& th : threads) th.join();
-  const std::string out = testing::internal::GetCapturedStderr();
+  const std::string out = ::testing::internal::GetCapturedStderr();
   std::vector<std::string> lines = absl::StrSplit(out, '\n');
   ASSERT_EQ(lines.size(), 3u + 800u + 1u);
   EXPECT_EQ(lines[0], "ckv: info: opened store");
@@ -135,9 +135,9 @@ TEST(LoggerTest, StderrLinesArePrefixedAndWhole) {
 }
 
 TEST(LoggerTest, NullDropsEverything) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   NullLogger()->Log(LogLevel::kError, "nothing");
-  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_EQ(NullLogger(), NullLogger());
 }
 
