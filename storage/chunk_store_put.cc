@@ -5,7 +5,6 @@
 #include <cstring>
 #include <future>
 #include <memory>
-#include <new>
 #include <optional>
 
 #include "absl/cleanup/cleanup.h"
@@ -798,7 +797,9 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   std::vector<std::vector<IoPiece>> piece_sets(buffers.size());
   std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash(XXH3_createState(),
                                                                        &XXH3_freeState);
-  if (hash == nullptr) throw std::bad_alloc();  // as for any allocation
+  if (hash == nullptr) {
+    return absl::ResourceExhaustedError("Put: no memory for the checksum state (XXH3_createState)");
+  }
   // A band of one chunk larger than a staging buffer (or a file aligned beyond the pool's
   // alignment) is staged in a buffer of its own, written alone: rare, and still bounded.
   AlignedBuffer own;
