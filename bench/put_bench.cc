@@ -57,6 +57,7 @@
 #include "ckv/options.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
+#include "tools/store_stats_json.h"
 #include "tools/synthetic_kv.h"
 
 namespace ckv::bench {
@@ -538,31 +539,9 @@ std::string SteadyJson(const Flags& f, const ModelSpec& spec, uint64_t kv_bytes,
       .Double(s.uncapped_p50_ms)
       .EndObject()
       .Key("store_stats")
-      .BeginObject()
-      .Key("put_latency_p50_us")
-      .Uint(st.put_latency_p50_us)
-      .Key("put_latency_p99_us")
-      .Uint(st.put_latency_p99_us)
-      .Key("put_latency_max_us")
-      .Uint(st.put_latency_max_us)
-      .Key("put_latency_window")
-      .Uint(st.put_latency_window)
-      .Key("put_staging_waits")
-      .Uint(st.put_staging_waits)
-      .Key("put_direct_bytes")
-      .Uint(st.put_direct_bytes)
-      .Key("chunks_evicted")
-      .Uint(st.chunks_evicted)
-      .Key("inline_evictions")
-      .Uint(st.inline_evictions)
-      .Key("reclaim_rounds")
-      .Uint(st.reclaim_rounds)
-      .Key("reclaim_margin_bytes")
-      .Uint(st.reclaim_margin_bytes)
-      .Key("disk_bytes_used")
-      .Uint(st.disk_bytes_used)
-      .EndObject()
-      .EndObject();
+      .BeginObject();
+  tools::WriteStoreStatsMembers(w, st);
+  w.EndObject().EndObject();
   return w.str();
 }
 

@@ -47,42 +47,10 @@ storage::StoreOptions StoreOptionsOf(const EngineOptions& options) {
   return o;
 }
 
-// The storage fields of the engine's stats.
+// The storage fields of the engine's stats: the StoreStats it derives from.
 EngineStats EngineStatsOf(const storage::StoreStats& st) {
   EngineStats s;
-  s.puts = st.puts;
-  s.chunks_written = st.chunks_written;
-  s.chunks_deduplicated = st.chunks_deduplicated;
-  s.bytes_written = st.bytes_written;
-  s.chunks_evicted = st.chunks_evicted;
-  s.bytes_evicted = st.bytes_evicted;
-  s.chunks_deleted = st.chunks_deleted;
-  s.records_read = st.records_read;
-  s.bytes_read = st.bytes_read;
-  s.checksum_failures = st.checksum_failures;
-  s.chunks = st.chunks;
-  s.prefixes = st.prefixes;
-  s.segments = st.segments;
-  s.index_memory_bytes = st.index_memory_bytes;
-  s.disk_bytes_used = st.disk_bytes_used;
-  s.max_disk_bytes = st.max_disk_bytes;
-  s.orphan_bytes_reclaimed = st.orphan_bytes_reclaimed;
-  s.index_from_snapshot = st.index_from_snapshot;
-  s.reclaim_rounds = st.reclaim_rounds;
-  s.reclaim_chunks = st.reclaim_chunks;
-  s.reclaim_bytes = st.reclaim_bytes;
-  s.free_kept_bytes = st.free_kept_bytes;
-  s.inline_evictions = st.inline_evictions;
-  s.no_space_puts = st.no_space_puts;
-  s.no_space_recovered = st.no_space_recovered;
-  s.no_space_evictions = st.no_space_evictions;
-  s.reclaim_margin_bytes = st.reclaim_margin_bytes;
-  s.put_latency_p50_us = st.put_latency_p50_us;
-  s.put_latency_p99_us = st.put_latency_p99_us;
-  s.put_latency_max_us = st.put_latency_max_us;
-  s.put_latency_window = st.put_latency_window;
-  s.put_staging_waits = st.put_staging_waits;
-  s.put_direct_bytes = st.put_direct_bytes;
+  static_cast<StoreStats&>(s) = st;
   return s;
 }
 
@@ -532,43 +500,7 @@ std::string EngineImpl::Metrics() {
   engine::StoreMetrics(s, out);
 
   // The store, since Open.
-  out.Counter("ckv_records_read_total", "Records read from segments, since Open.", s.records_read);
-  out.Counter("ckv_record_read_bytes_total", "Segment bytes of the records read, since Open.",
-              s.bytes_read);
-  out.Counter("ckv_checksum_failures_total",
-              "Records whose checksum did not match when read, since Open.", s.checksum_failures);
-  out.Gauge("ckv_orphan_reclaimed_bytes", "Segment space no committed chunk named, freed by Open.",
-            s.orphan_bytes_reclaimed);
-  out.Gauge("ckv_index_from_snapshot",
-            "1 when Open loaded the chunk index from the snapshot of the last clean close.",
-            uint64_t{s.index_from_snapshot ? 1u : 0u});
-  out.Gauge("ckv_reclaim_margin_bytes",
-            "The margin the background reclaimer keeps free under the cap; 0 = no reclaimer.",
-            s.reclaim_margin_bytes);
-  out.Counter("ckv_reclaim_rounds_total",
-              "Background reclaimer rounds that evicted (one synced catalog batch each), since "
-              "Open.",
-              s.reclaim_rounds);
-  out.Counter("ckv_reclaimed_chunks_total", "Chunks the background reclaimer evicted, since Open.",
-              s.reclaim_chunks);
-  out.Counter("ckv_reclaimed_bytes_total", "Bytes the background reclaimer freed, since Open.",
-              s.reclaim_bytes);
-  out.Counter("ckv_inline_evictions_total",
-              "Puts that found too little room and evicted inline, since Open.",
-              s.inline_evictions);
-  out.Counter("ckv_no_space_puts_total",
-              "Puts that found the file system full (ENOSPC) below the cap, evicted to make room "
-              "and tried once more, since Open.",
-              s.no_space_puts);
-  out.Counter("ckv_no_space_recovered_total",
-              "Of those Puts, the ones the retry stored, since Open.", s.no_space_recovered);
-  out.Counter("ckv_no_space_evictions_total",
-              "Chunks evicted because the file system was full, since Open.", s.no_space_evictions);
-  out.Counter("ckv_put_staging_waits_total",
-              "Puts that waited for a lane of staging memory, since Open.", s.put_staging_waits);
-  out.Counter("ckv_put_direct_bytes_total",
-              "Bytes Puts wrote straight from the caller's tensors, without staging, since Open.",
-              s.put_direct_bytes);
+  engine::StoreMetricsSinceOpen(s, out);
 
   // Re-Prefill sessions, summed when they finish.
   out.Counter("ckv_sessions_total", "Re-Prefill sessions finished, since Open.", s.sessions);

@@ -201,38 +201,33 @@ void MetricsText::Failures(std::string_view name, std::string_view help,
   }
 }
 
-void StoreMetrics(const EngineStats& s, MetricsText& out) {
-  out.Gauge("ckv_chunks", "Chunks the store holds.", s.chunks);
-  out.Gauge("ckv_prefixes", "Prefixes the store holds.", s.prefixes);
-  out.Gauge("ckv_segments", "Segment files of the store.", s.segments);
-  out.Gauge("ckv_disk_used_bytes",
-            "Allocated segment bytes: live chunks, Puts in flight and free slots that still hold "
-            "blocks (ckv_free_kept_bytes).",
-            s.disk_bytes_used);
-  out.Gauge("ckv_disk_cap_bytes", "The cap on segment bytes (max_disk_bytes); 0 = unlimited.",
-            s.max_disk_bytes);
-  out.Gauge("ckv_free_kept_bytes",
-            "Free segment slots that still hold their blocks, kept for Puts to write over.",
-            s.free_kept_bytes);
-  out.Gauge("ckv_index_memory_bytes",
-            "Memory of the in-RAM chunk index (chunk table, checksums, leaves, fingerprints).",
-            s.index_memory_bytes);
-  out.Counter("ckv_puts_total", "Put calls that returned OK, since the store was created.", s.puts);
-  out.Counter("ckv_chunks_written_total",
-              "Chunks whose records a Put wrote, since the store was created.", s.chunks_written);
-  out.Counter("ckv_chunks_deduplicated_total",
-              "Chunks a Put found already stored and did not write, since the store was created.",
-              s.chunks_deduplicated);
-  out.Counter("ckv_written_bytes_total",
-              "Segment bytes Puts wrote (records with padding), since the store was created.",
-              s.bytes_written);
-  out.Counter("ckv_chunks_evicted_total",
-              "Chunks removed to keep the store under its cap, since the store was created.",
-              s.chunks_evicted);
-  out.Counter("ckv_evicted_bytes_total",
-              "Segment bytes evictions freed, since the store was created.", s.bytes_evicted);
-  out.Counter("ckv_chunks_deleted_total", "Chunks removed by Delete, since the store was created.",
-              s.chunks_deleted);
+namespace {
+
+// The families of the CKV_STORE_STATS_FIELDS entries of scope `scope`, in their order.
+void StoreFamilies(const StoreStats& s, StatScope scope, MetricsText& out) {
+  const auto family = [&out, scope](StatKind kind, StatScope of, std::string_view name,
+                                    std::string_view help, uint64_t value) {
+    if (of != scope) return;
+    if (kind == StatKind::kCounter) {
+      out.Counter(name, help, value);
+    } else {
+      out.Gauge(name, help, value);
+    }
+  };
+#define CKV_STORE_FAMILY_(type, name, kind, scope, metric, help) \
+  family(StatKind::kind, StatScope::scope, metric, help, static_cast<uint64_t>(s.name));
+  CKV_STORE_STATS_FIELDS(CKV_STORE_FAMILY_)
+#undef CKV_STORE_FAMILY_
+}
+
+}  // namespace
+
+void StoreMetrics(const StoreStats& s, MetricsText& out) {
+  StoreFamilies(s, StatScope::kAtRest, out);
+}
+
+void StoreMetricsSinceOpen(const StoreStats& s, MetricsText& out) {
+  StoreFamilies(s, StatScope::kSinceOpen, out);
 }
 
 }  // namespace ckv::engine

@@ -17,7 +17,10 @@
 //
 // StoreMetrics writes the families of what a store holds at rest (chunks, prefixes, segments,
 // disk bytes, cap, persisted counters, index memory): Engine::Metrics() starts with them, and
-// 'kvctl stats --format prom' prints only them, so both name them alike.
+// 'kvctl stats --format prom' prints only them, so both name them alike. StoreMetricsSinceOpen
+// writes the rest of the store's families (read counters, reclaimer, ENOSPC, staging), which
+// only a process that opened the store has. Both write the entries of CKV_STORE_STATS_FIELDS
+// (ckv/stats.h) of their scope, by the names and help texts listed there.
 //
 // Thread-safety: LatencyHistogram and FailureCounters are thread-safe; MetricsText is not
 // (one writer per string).
@@ -145,7 +148,9 @@ class MetricsText {
 };
 
 // The at-rest families of `stats` (see the banner), into `out`.
-void StoreMetrics(const EngineStats& stats, MetricsText& out);
+void StoreMetrics(const StoreStats& stats, MetricsText& out);
+// The store's since-Open families of `stats` (see the banner), into `out`.
+void StoreMetricsSinceOpen(const StoreStats& stats, MetricsText& out);
 
 }  // namespace ckv::engine
 

@@ -335,39 +335,9 @@ py::dict PutResultDict(const ckv::PutResult& r) {
 py::dict EngineStatsDict(const ckv::EngineStats& s) {
   py::dict d;
 #define CKV_FIELD(f) d[#f] = s.f
-  CKV_FIELD(puts);
-  CKV_FIELD(chunks_written);
-  CKV_FIELD(chunks_deduplicated);
-  CKV_FIELD(bytes_written);
-  CKV_FIELD(chunks_evicted);
-  CKV_FIELD(bytes_evicted);
-  CKV_FIELD(chunks_deleted);
-  CKV_FIELD(records_read);
-  CKV_FIELD(bytes_read);
-  CKV_FIELD(checksum_failures);
-  CKV_FIELD(chunks);
-  CKV_FIELD(prefixes);
-  CKV_FIELD(segments);
-  CKV_FIELD(index_memory_bytes);
-  CKV_FIELD(disk_bytes_used);
-  CKV_FIELD(max_disk_bytes);
-  CKV_FIELD(orphan_bytes_reclaimed);
-  CKV_FIELD(index_from_snapshot);
-  CKV_FIELD(reclaim_rounds);
-  CKV_FIELD(reclaim_chunks);
-  CKV_FIELD(reclaim_bytes);
-  CKV_FIELD(free_kept_bytes);
-  CKV_FIELD(inline_evictions);
-  CKV_FIELD(no_space_puts);
-  CKV_FIELD(no_space_recovered);
-  CKV_FIELD(no_space_evictions);
-  CKV_FIELD(reclaim_margin_bytes);
-  CKV_FIELD(put_latency_p50_us);
-  CKV_FIELD(put_latency_p99_us);
-  CKV_FIELD(put_latency_max_us);
-  CKV_FIELD(put_latency_window);
-  CKV_FIELD(put_staging_waits);
-  CKV_FIELD(put_direct_bytes);
+#define CKV_STORE_FIELD_(type, name, kind, scope, metric, help) CKV_FIELD(name);
+  CKV_STORE_STATS_FIELDS(CKV_STORE_FIELD_)
+#undef CKV_STORE_FIELD_
   CKV_FIELD(sessions);
   CKV_FIELD(session_records_served);
   CKV_FIELD(session_bytes_needed);

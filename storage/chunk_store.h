@@ -60,6 +60,7 @@
 #include "ckv/model_spec.h"
 #include "ckv/record_layout.h"
 #include "ckv/reports.h"
+#include "ckv/stats.h"
 #include "storage/catalog.h"
 #include "storage/chunk_table.h"
 #include "storage/clock.h"
@@ -115,47 +116,9 @@ struct StoreOptions {
   bool reclaim_in_background = true;
 };
 
-// What the store has done and holds: the storage fields of ckv::EngineStats, which documents
-// each (ckv/stats.h).
-struct StoreStats {
-  uint64_t puts = 0;
-  uint64_t chunks_written = 0;
-  uint64_t chunks_deduplicated = 0;
-  uint64_t bytes_written = 0;
-  uint64_t chunks_evicted = 0;
-  uint64_t bytes_evicted = 0;
-  uint64_t chunks_deleted = 0;
-  uint64_t records_read = 0;
-  uint64_t bytes_read = 0;
-  uint64_t checksum_failures = 0;
-  uint64_t chunks = 0;
-  uint64_t prefixes = 0;
-  uint64_t segments = 0;
-  uint64_t index_memory_bytes = 0;
-  uint64_t disk_bytes_used = 0;
-  uint64_t max_disk_bytes = 0;
-  uint64_t orphan_bytes_reclaimed = 0;
-  bool index_from_snapshot = false;  // Open loaded the index snapshot rather than scanning
-  // ---- Background reclaimer ----
-  uint64_t reclaim_rounds = 0;    // reclaimer rounds that evicted (since Open)
-  uint64_t reclaim_chunks = 0;    // chunks they evicted (also in chunks_evicted)
-  uint64_t reclaim_bytes = 0;     // bytes they freed (kept for Puts to write over)
-  uint64_t free_kept_bytes = 0;   // free slots still holding blocks (in disk_bytes_used)
-  uint64_t inline_evictions = 0;  // Puts that had to evict inline (stalled) (since Open)
-  // Puts that found the file system full below the cap, those of them that stored their chunks
-  // on a retry after giving back room, and the chunks evicted for them (since Open).
-  uint64_t no_space_puts = 0;
-  uint64_t no_space_recovered = 0;
-  uint64_t no_space_evictions = 0;
-  uint64_t reclaim_margin_bytes = 0;  // the margin in force; 0 = no reclaimer
-  // Put latency (EngineStats::put_latency_*): p50 and p99 over the latest Puts, max over all.
-  uint64_t put_latency_p50_us = 0;
-  uint64_t put_latency_p99_us = 0;
-  uint64_t put_latency_max_us = 0;
-  uint64_t put_latency_window = 0;  // Puts that p50 and p99 are over
-  uint64_t put_staging_waits = 0;   // Puts that waited for staging memory
-  uint64_t put_direct_bytes = 0;    // bytes Puts wrote straight from the caller's tensors
-};
+// What the store has done and holds: the public ckv::StoreStats, the storage part of
+// ckv::EngineStats; ckv/stats.h (CKV_STORE_STATS_FIELDS) lists and documents each field.
+using StoreStats = ::ckv::StoreStats;
 
 // Records a Put stores for each chunk besides its layers' records: the engine's key summaries.
 // Storage does not interpret them; it places, checksums, reads and frees them with the chunk.

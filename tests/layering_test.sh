@@ -24,7 +24,8 @@ cd "$root"
 
 # The plain value types of the public API: no Engine, no session, no options.
 value_headers="ckv/chunk_key.h ckv/model_spec.h ckv/status.h ckv/log.h ckv/kv.h \
-ckv/record_layout.h ckv/reports.h ckv/io_backend.h ckv/virtual_tokens.h ckv/codec.h"
+ckv/record_layout.h ckv/reports.h ckv/io_backend.h ckv/virtual_tokens.h ckv/codec.h \
+ckv/stats.h"
 
 # Files of tools/ and bench/ that reach a lower layer directly, each with its reason.
 declare -A exceptions=(

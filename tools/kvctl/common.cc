@@ -14,6 +14,7 @@
 #include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
+#include "tools/store_stats_json.h"
 
 namespace ckv::kvctl {
 
@@ -157,68 +158,9 @@ void PrintPutResultLines(const PutResult& result, bool with_tail) {
 }
 
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s) {
-  w.BeginObject()
-      .Key("puts")
-      .Uint(s.puts)
-      .Key("chunks_written")
-      .Uint(s.chunks_written)
-      .Key("chunks_deduplicated")
-      .Uint(s.chunks_deduplicated)
-      .Key("bytes_written")
-      .Uint(s.bytes_written)
-      .Key("chunks_evicted")
-      .Uint(s.chunks_evicted)
-      .Key("bytes_evicted")
-      .Uint(s.bytes_evicted)
-      .Key("chunks_deleted")
-      .Uint(s.chunks_deleted)
-      .Key("records_read")
-      .Uint(s.records_read)
-      .Key("bytes_read")
-      .Uint(s.bytes_read)
-      .Key("checksum_failures")
-      .Uint(s.checksum_failures)
-      .Key("chunks")
-      .Uint(s.chunks)
-      .Key("prefixes")
-      .Uint(s.prefixes)
-      .Key("segments")
-      .Uint(s.segments)
-      .Key("index_memory_bytes")
-      .Uint(s.index_memory_bytes)
-      .Key("disk_bytes_used")
-      .Uint(s.disk_bytes_used)
-      .Key("max_disk_bytes")
-      .Uint(s.max_disk_bytes)
-      .Key("orphan_bytes_reclaimed")
-      .Uint(s.orphan_bytes_reclaimed)
-      .Key("index_from_snapshot")
-      .Bool(s.index_from_snapshot)
-      .Key("reclaim_margin_bytes")
-      .Uint(s.reclaim_margin_bytes)
-      .Key("reclaim_rounds")
-      .Uint(s.reclaim_rounds)
-      .Key("reclaim_chunks")
-      .Uint(s.reclaim_chunks)
-      .Key("reclaim_bytes")
-      .Uint(s.reclaim_bytes)
-      .Key("free_kept_bytes")
-      .Uint(s.free_kept_bytes)
-      .Key("inline_evictions")
-      .Uint(s.inline_evictions)
-      .Key("put_latency_p50_us")
-      .Uint(s.put_latency_p50_us)
-      .Key("put_latency_p99_us")
-      .Uint(s.put_latency_p99_us)
-      .Key("put_latency_max_us")
-      .Uint(s.put_latency_max_us)
-      .Key("put_latency_window")
-      .Uint(s.put_latency_window)
-      .Key("put_staging_waits")
-      .Uint(s.put_staging_waits)
-      .Key("put_direct_bytes")
-      .Uint(s.put_direct_bytes)
-      .EndObject();
+  w.BeginObject();
+  tools::WriteStoreStatsMembers(w, s);
+  w.EndObject();
 }
 
 uint64_t DefaultMaxRequestKvBytes() {
