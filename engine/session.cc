@@ -19,6 +19,7 @@
 #include "kernels/estimate.h"
 #include "kernels/selector.h"
 #include "prefetch/planner.h"
+#include "storage/eviction_policy.h"
 
 namespace ckv {
 
@@ -552,7 +553,8 @@ class SessionImpl final : public ReprefillSession {
       for (size_t i = 0; i < usage.size(); ++i) {
         const auto& c = pinned_->chunks()[chunk_of[i]];
         tiers->UpdateScore(usage[i].key,
-                           (c.importance + usage[i].importance) * double(c.loads + usage[i].loads));
+                           storage::EvictionPolicy::Score(c.importance + usage[i].importance,
+                                                          c.loads + usage[i].loads));
       }
     }
     return stats_;
@@ -688,7 +690,8 @@ class SessionImpl final : public ReprefillSession {
         }
         prefetch::ReadRequest r = std::move(*read);
         slot->read_bytes = r.length;
-        slot->score = pinned_->chunks()[j].importance * double(pinned_->chunks()[j].loads);
+        slot->score = storage::EvictionPolicy::Score(pinned_->chunks()[j].importance,
+                                                     pinned_->chunks()[j].loads);
         r.callback = [this, slot, keys_only](const prefetch::ReadResult& result) {
           absl::MutexLock lock(&mu_);
           CKV_DCHECK(slot->state == Slot::State::kQueued);  // each read completes once
