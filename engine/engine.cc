@@ -227,16 +227,20 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
                                 const KvTensors& kv) override {
     CKV_OPEN_OR_RETURN(EngineClosedError("Put"));
-    const int64_t start_ns = clock().MonotonicNanos();
     const storage::AuxRecords summaries = engine::SummaryRecords(spec, kv);
-    absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries);
-    if (result.ok() && remote_ != nullptr && result->chunks > 0) {
+    // The store times the Put once, for its put latency (EngineStats::put_latency_*) and for the
+    // histogram here.
+    int64_t latency_ns = 0;
+    absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries, &latency_ns);
+    if (!result.ok()) return Counted(engine::Op::kPut, std::move(result));
+    metrics_.put.Observe(latency_ns);
+    if (remote_ != nullptr && result->chunks > 0) {
       // Committed locally: now (in the background) to the cluster as well.
       const std::vector<ChunkKey> keys = ChainChunkKeys(
           spec.Fingerprint(), spec.chunk_tokens, tokens.first(result->chunks * spec.chunk_tokens));
       remote_->Publish(spec, keys);
     }
-    return Timed(engine::Op::kPut, metrics_.put, start_ns, std::move(result));
+    return result;
   }
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens) override {
     CKV_OPEN_OR_RETURN(EngineClosedError("Lookup"));

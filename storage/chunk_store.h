@@ -202,9 +202,13 @@ class ChunkStore {
                                                   std::span<const ChunkKey> delete_prefixes);
 
   // `aux` (optional) adds auxiliary records to each new chunk. Chunks are placed only in
-  // segments whose auxiliary records have the same sizes.
+  // segments whose auxiliary records have the same sizes. Put times itself, from call to return,
+  // into the put latency of Stats() when it returns OK; `latency_ns` (optional) then receives that
+  // same measurement, for a caller that reports Put latency too (Engine::Put's histogram), so
+  // that both report one timing.
   absl::StatusOr<PutResult> Put(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                const KvTensors& kv, const AuxRecords* aux = nullptr);
+                                const KvTensors& kv, const AuxRecords* aux = nullptr,
+                                int64_t* latency_ns = nullptr);
   // The leading whole chunks of `tokens` stored. `touch` marks them used now (their recency, which
   // eviction reads); Engine::Probe, which must change nothing, passes false.
   absl::StatusOr<uint64_t> Lookup(const ModelSpec& spec, std::span<const int32_t> tokens,

@@ -113,13 +113,15 @@ absl::Status ChunkStore::ValidateAux(const AuxRecords* aux) {
 }
 
 absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                          const KvTensors& kv, const AuxRecords* aux) {
+                                          const KvTensors& kv, const AuxRecords* aux,
+                                          int64_t* latency_ns) {
   CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Put"));
   const int64_t start_ns = options_.clock->MonotonicNanos();
   absl::StatusOr<PutResult> result = PutTimed(spec, tokens, kv, aux);
   if (result.ok()) {
-    const int64_t ns = options_.clock->MonotonicNanos() - start_ns;
-    put_latency_.Record(static_cast<uint64_t>(std::max<int64_t>(ns, 0)) / 1000);
+    const int64_t ns = std::max<int64_t>(options_.clock->MonotonicNanos() - start_ns, 0);
+    put_latency_.Record(static_cast<uint64_t>(ns) / 1000);
+    if (latency_ns != nullptr) *latency_ns = ns;
   }
   return result;
 }
