@@ -232,7 +232,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
     // histogram here.
     int64_t latency_ns = 0;
     absl::StatusOr<PutResult> result = store_->Put(spec, tokens, kv, &summaries, &latency_ns);
-    if (!result.ok()) return Counted(engine::Op::kPut, std::move(result));
+    if (!result.ok()) return Counted(engine::Op::kPut, result.status());
     metrics_.put.Observe(latency_ns);
     if (remote_ != nullptr && result->chunks > 0) {
       // Committed locally: now (in the background) to the cluster as well.
