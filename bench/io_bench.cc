@@ -47,11 +47,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
+#include "io/file_system.h"
 #include "prefetch/read_engine.h"
-#include "storage/file_system.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
 #include "xxhash.h"
@@ -108,9 +108,9 @@ void FillBlock(uint64_t b, std::byte* out) {
   }
 }
 
-absl::Status CreateFile(storage::File* f, uint64_t size) {
+absl::Status CreateFile(io::File* f, uint64_t size) {
   constexpr size_t kChunk = 8 << 20;
-  storage::AlignedBuffer buf(kChunk);
+  io::AlignedBuffer buf(kChunk);
   for (uint64_t off = 0; off < size; off += kChunk) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, size - off));
     for (size_t o = 0; o < n; o += kBlock) FillBlock((off + o) / kBlock, buf.data() + o);
@@ -161,12 +161,12 @@ int Fail(const absl::Status& status) {
 }
 
 // The bench file, created (or rewritten when smaller than --file-size) first; `size` is its size.
-absl::StatusOr<std::unique_ptr<storage::File>> OpenBenchFile(const Flags& fl, uint64_t* size) {
-  storage::FileSystem* fs = storage::PosixFileSystem();
+absl::StatusOr<std::unique_ptr<io::File>> OpenBenchFile(const Flags& fl, uint64_t* size) {
+  io::FileSystem* fs = io::PosixFileSystem();
   const bool exists = fs->Exists(fl.file);
-  auto opened = fs->Open(fl.file, storage::FileSystem::OpenMode::kCreateReadWrite);
+  auto opened = fs->Open(fl.file, io::FileSystem::OpenMode::kCreateReadWrite);
   if (!opened.ok()) return opened.status();
-  std::unique_ptr<storage::File> file = std::move(*opened);
+  std::unique_ptr<io::File> file = std::move(*opened);
   *size = 0;
   if (auto s = file->Size(); s.ok()) *size = *s;
   if (!exists || *size < fl.file_size) {

@@ -96,8 +96,8 @@ absl::Status EngineClosedError(absl::string_view what) {
 // with FailedPrecondition.
 class MeteredSession final : public ReprefillSession {
  public:
-  MeteredSession(std::unique_ptr<ReprefillSession> inner, CallMetrics& metrics,
-                 storage::Clock& clock, int64_t begin_ns, std::shared_ptr<EngineLife> life)
+  MeteredSession(std::unique_ptr<ReprefillSession> inner, CallMetrics& metrics, Clock& clock,
+                 int64_t begin_ns, std::shared_ptr<EngineLife> life)
       : matched_chunks_(inner->matched_chunks()),
         inner_(std::move(inner)),
         metrics_(metrics),
@@ -163,7 +163,7 @@ class MeteredSession final : public ReprefillSession {
   absl::Mutex mu_;
   std::unique_ptr<ReprefillSession> inner_ ABSL_GUARDED_BY(mu_);
   CallMetrics& metrics_;
-  storage::Clock& clock_;
+  Clock& clock_;
   const int64_t begin_ns_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   const std::shared_ptr<EngineLife> life_;
@@ -171,7 +171,7 @@ class MeteredSession final : public ReprefillSession {
 
 class EngineImpl final : public Engine, public engine::SessionHost {
  public:
-  EngineImpl(const EngineOptions& options, storage::FileSystem* file_system,
+  EngineImpl(const EngineOptions& options, io::FileSystem* file_system,
              std::unique_ptr<storage::ChunkStore> store)
       : options_(options), file_system_(file_system), store_(std::move(store)) {
     if (options.gpu_tier_bytes > 0 || options.cpu_tier_bytes > 0) {
@@ -430,7 +430,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 
  private:
   // The store's clock (tests step a FakeClock): the latencies are measured on it.
-  storage::Clock& clock() { return *store_->clock(); }
+  Clock& clock() { return *store_->clock(); }
   template <typename T>
   T Counted(engine::Op op, T result) {
     metrics_.failures.Record(op, StatusOf(result));
@@ -457,7 +457,7 @@ class EngineImpl final : public Engine, public engine::SessionHost {
   std::string IoBackendInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineOptions options_;
-  storage::FileSystem* const file_system_;  // nullptr: the POSIX one (engine::Seams)
+  io::FileSystem* const file_system_;  // nullptr: the POSIX one (engine::Seams)
   std::unique_ptr<storage::ChunkStore> store_;
   absl::Mutex mu_;
   std::unique_ptr<prefetch::ReadEngine> reads_ ABSL_GUARDED_BY(mu_);
@@ -475,9 +475,9 @@ class EngineImpl final : public Engine, public engine::SessionHost {
 std::string EngineImpl::IoBackendInUse() {
   if (reads_ != nullptr) return reads_->backend();
   if (io_backend_.empty()) {
-    storage::FileSystem* fs =
-        file_system_ != nullptr ? file_system_ : storage::PosixFileSystem(options_.io_backend);
-    absl::StatusOr<std::unique_ptr<storage::IoQueue>> queue = fs->NewIoQueue(1);
+    io::FileSystem* fs =
+        file_system_ != nullptr ? file_system_ : io::PosixFileSystem(options_.io_backend);
+    absl::StatusOr<std::unique_ptr<io::IoQueue>> queue = fs->NewIoQueue(1);
     if (!queue.ok()) return "unknown";  // asked again next time
     io_backend_ = (*queue)->backend();
   }
@@ -723,7 +723,7 @@ class ReadOnlyEngine final : public Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options,
                                                       const std::string& path,
-                                                      storage::FileSystem* file_system) {
+                                                      io::FileSystem* file_system) {
     // A view can neither publish (it writes nothing) nor keep what it would fetch (a fill is a
     // Put into the local store): a remote tier here would silently do nothing, so say so.
     if (!options.remote.seeds.empty()) {

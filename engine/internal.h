@@ -14,13 +14,13 @@
 
 #include "absl/time/time.h"
 #include "ckv/engine.h"
+#include "common/clock.h"
 #include "engine/remote_tier.h"
 #include "engine/session.h"
 #include "engine/tier_cache.h"
+#include "io/file_system.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
-#include "storage/clock.h"
-#include "storage/file_system.h"
 
 namespace ckv::engine {
 
@@ -40,10 +40,10 @@ void SetScoringKeys(Engine& engine, ScoringKeys* keys);
 struct Seams {
   // The time the engine reads: its store's timestamps, its sessions' await_blocked_seconds and
   // its read engine's stats (tests step a FakeClock).
-  storage::Clock* clock = nullptr;
+  Clock* clock = nullptr;
   // The file system the store's and the read engine's data path goes through: an in-memory or
-  // fault-injecting one (storage/fault_file_system.h), over io_uring or threads alike.
-  storage::FileSystem* file_system = nullptr;
+  // fault-injecting one (io/fault_file_system.h), over io_uring or threads alike.
+  io::FileSystem* file_system = nullptr;
 };
 
 // Engine::Open and Engine::OpenReadOnly, through `seams` (a read-only engine uses only the file

@@ -135,7 +135,7 @@ bool ReadFitsRecord(const storage::PinnedChunks& pinned, size_t chunk, uint32_t 
   const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
   const uint64_t padded = (uint64_t{where.length} + 4095) / 4096 * 4096;  // the record's slot
   return wanted <= r.length && r.offset % align == 0 && r.length % align == 0 &&
-         (storage::kDirectIoAlignment % align != 0 || r.length <= padded);
+         (io::kDirectIoAlignment % align != 0 || r.length <= padded);
 }
 
 // Keeps the slots of one view alive.
@@ -462,7 +462,7 @@ class SessionImpl final : public ReprefillSession {
       return LayerView(layer, {}, nullptr);
     }
     const std::vector<uint32_t>& chosen = selections_[layer];
-    storage::Clock& clock = *host_.store().clock();  // the store's: tests may step it
+    Clock& clock = *host_.store().clock();  // the store's: tests may step it
     const int64_t start_ns = clock.MonotonicNanos();
     CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, chosen));
     stats_.await_blocked_seconds += static_cast<double>(clock.MonotonicNanos() - start_ns) * 1e-9;

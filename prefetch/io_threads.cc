@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// ReadEngine's I/O threads: each drives one queue of the storage I/O layer (storage::IoQueue,
+// ReadEngine's I/O threads: each drives one queue of the I/O layer (io::IoQueue,
 // made by the options' FileSystem: io_uring, or the thread fallback; the fault-injecting file
 // system wraps either), so that the engine owns only scheduling, coalescing, cancellation and
 // verification, and the disk mechanics (fixed buffers and files, the wake-up eventfd,
@@ -58,22 +58,22 @@ struct Slot {
 };
 
 struct IoThread {
-  std::unique_ptr<storage::IoQueue> queue;
-  storage::AlignedBuffer arena;
+  std::unique_ptr<io::IoQueue> queue;
+  io::AlignedBuffer arena;
   std::vector<Slot> slots;
-  std::vector<Slot*> free;               // owned by the thread
-  std::vector<Slot*> finished;           // landed this turn, filled by the queue's completions
-  uint32_t taken = 0;                    // slots not free
-  uint32_t in_queue = 0;                 // slots with a read in the queue (<= queue_depth)
-  storage::IoQueue::Counters counted{};  // the queue's counters already added to the stats
-  bool sleeping_with_room = false;       // guarded by the engine's mu_
-  bool wake_sent = false;                // guarded by the engine's mu_
+  std::vector<Slot*> free;          // owned by the thread
+  std::vector<Slot*> finished;      // landed this turn, filled by the queue's completions
+  uint32_t taken = 0;               // slots not free
+  uint32_t in_queue = 0;            // slots with a read in the queue (<= queue_depth)
+  io::IoQueue::Counters counted{};  // the queue's counters already added to the stats
+  bool sleeping_with_room = false;  // guarded by the engine's mu_
+  bool wake_sent = false;           // guarded by the engine's mu_
   std::thread thread;
 };
 
 class IoThreads final : public Backend {
  public:
-  explicit IoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs)
+  explicit IoThreads(ReadEngine::Impl* engine, io::FileSystem* fs)
       : engine_(engine), fs_(fs), register_(engine->options().register_with_ring) {}
   ~IoThreads() override {
     Join();
@@ -108,8 +108,8 @@ class IoThreads final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status RegisterFile(FileId id, storage::File* file) override {
-    if (file->alignment() > storage::kDirectIoAlignment) {
+  absl::Status RegisterFile(FileId id, io::File* file) override {
+    if (file->alignment() > io::kDirectIoAlignment) {
       return absl::InvalidArgumentError(absl::StrCat("RegisterFile ", file->path(), ": alignment ",
                                                      file->alignment(), " exceeds 4096"));
     }
@@ -148,7 +148,7 @@ class IoThreads final : public Backend {
     CKV_ASSIGN_OR_RETURN(t.queue, fs_->NewIoQueue(o.queue_depth));
     t.queue->SetPollBeforeSleep(o.poll_before_sleep_us);
     const uint32_t buffers = 2 * o.queue_depth;
-    t.arena = storage::AlignedBuffer(size_t{buffers} * o.max_io_bytes, storage::kDirectIoAlignment);
+    t.arena = io::AlignedBuffer(size_t{buffers} * o.max_io_bytes, io::kDirectIoAlignment);
     t.slots.resize(buffers);
     std::vector<std::span<std::byte>> spans(buffers);
     for (uint32_t i = 0; i < buffers; ++i) {
@@ -199,7 +199,7 @@ class IoThreads final : public Backend {
         --t.taken;
       }
       landed.clear();
-      const storage::IoQueue::Counters c = t.queue->counters();
+      const io::IoQueue::Counters c = t.queue->counters();
       engine_->CountIoLocked(c.transfers - t.counted.transfers, c.bytes - t.counted.bytes);
       t.counted = c;
       t.wake_sent = false;
@@ -221,15 +221,14 @@ class IoThreads final : public Backend {
       Slot* s = t.free[i];
       const IoGroup& g = s->group;
       s->status = absl::OkStatus();
-      ops_.push_back(
-          storage::IoOp{.kind = storage::IoOp::Kind::kRead,
-                        .file = g.file_ptr,
-                        .offset = g.offset,
-                        .buffer = s->buffer,
-                        .length = g.length,
-                        .priority = static_cast<uint8_t>(g.priority),
-                        .file_slot = register_ ? g.file : storage::kNoIoSlot,
-                        .buffer_index = register_ ? s->buffer_index : storage::kNoIoSlot});
+      ops_.push_back(io::IoOp{.kind = io::IoOp::Kind::kRead,
+                              .file = g.file_ptr,
+                              .offset = g.offset,
+                              .buffer = s->buffer,
+                              .length = g.length,
+                              .priority = static_cast<uint8_t>(g.priority),
+                              .file_slot = register_ ? g.file : io::kNoIoSlot,
+                              .buffer_index = register_ ? s->buffer_index : io::kNoIoSlot});
       IoThread* tp = &t;
       callbacks_.emplace_back([tp, s](const absl::Status& status) {
         // Each read lands exactly once: a second completion would hand the slot's buffer to
@@ -309,7 +308,7 @@ class IoThreads final : public Backend {
 
   static thread_local IoThread* current_;
   ReadEngine::Impl* const engine_;
-  storage::FileSystem* const fs_;
+  io::FileSystem* const fs_;
   const bool register_;
   std::vector<std::unique_ptr<IoThread>> threads_;
   bool fixed_buffers_ = register_;  // every queue's buffers registered
@@ -317,18 +316,18 @@ class IoThreads final : public Backend {
   bool pinned_ = false;
   // Scratch of TakeAndSubmit; thread_local because every I/O thread uses its own.
   static thread_local std::vector<IoGroup*> groups_;
-  static thread_local std::vector<storage::IoOp> ops_;
-  static thread_local std::vector<storage::IoQueue::Callback> callbacks_;
+  static thread_local std::vector<io::IoOp> ops_;
+  static thread_local std::vector<io::IoQueue::Callback> callbacks_;
 };
 
 thread_local IoThread* IoThreads::current_ = nullptr;
 thread_local std::vector<IoGroup*> IoThreads::groups_;
-thread_local std::vector<storage::IoOp> IoThreads::ops_;
-thread_local std::vector<storage::IoQueue::Callback> IoThreads::callbacks_;
+thread_local std::vector<io::IoOp> IoThreads::ops_;
+thread_local std::vector<io::IoQueue::Callback> IoThreads::callbacks_;
 
 }  // namespace
 
-std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs) {
+std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, io::FileSystem* fs) {
   return std::make_unique<IoThreads>(engine, fs);
 }
 

@@ -66,7 +66,7 @@ void ReadFuture::Set(const absl::Status& status) {
 
 ReadEngine::Impl::Impl(ReadEngineOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : storage::RealClock()) {
+      clock_(options_.clock != nullptr ? options_.clock : RealClock()) {
   start_ns_ = clock_->MonotonicNanos();
   last_tick_ns_ = start_ns_;
   paused_ = options_.start_paused;
@@ -84,7 +84,7 @@ absl::Status ReadEngine::Impl::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("io_threads ", o.io_threads, " is outside 1..64"));
   }
-  if (o.max_io_bytes == 0 || o.max_io_bytes % storage::kDirectIoAlignment != 0 ||
+  if (o.max_io_bytes == 0 || o.max_io_bytes % io::kDirectIoAlignment != 0 ||
       o.max_io_bytes > (1u << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_io_bytes ", o.max_io_bytes, " is not a multiple of 4096 up to 1 GiB"));
@@ -105,14 +105,13 @@ absl::Status ReadEngine::Impl::Init() {
     files_.assign(o.max_files, nullptr);
     reserved_.assign(o.max_files, false);
   }
-  if (o.file_system == nullptr && o.backend == IoBackend::kUring && !storage::UringAvailable()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "io_uring backend requested but unavailable: ", storage::UringUnavailableReason()));
+  if (o.file_system == nullptr && o.backend == IoBackend::kUring && !io::UringAvailable()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("io_uring backend requested but unavailable: ", io::UringUnavailableReason()));
   }
   // The reads go through the I/O layer of the file system the files were opened by; without
   // one, the POSIX file system's for `backend` (kAuto falls back to threads, logged once).
-  storage::FileSystem* fs =
-      o.file_system != nullptr ? o.file_system : storage::PosixFileSystem(o.backend);
+  io::FileSystem* fs = o.file_system != nullptr ? o.file_system : io::PosixFileSystem(o.backend);
   backend_ = internal::NewIoThreads(this, fs);
   absl::Status s = backend_->Start();
   if (!s.ok()) backend_.reset();
@@ -149,7 +148,7 @@ void ReadEngine::Impl::Shutdown() {
   backend_.reset();
 }
 
-absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(storage::File* file) {
+absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(io::File* file) {
   if (file == nullptr) return absl::InvalidArgumentError("RegisterFile: null file");
   FileId id = 0;
   {
@@ -170,7 +169,7 @@ absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(storage::File* file) {
   return id;
 }
 
-absl::StatusOr<FileId> ReadEngine::Impl::FileIdOf(storage::File* file) {
+absl::StatusOr<FileId> ReadEngine::Impl::FileIdOf(io::File* file) {
   absl::MutexLock lock(&ids_mu_);
   if (auto it = ids_.find(file); it != ids_.end()) return it->second;
   CKV_ASSIGN_OR_RETURN(FileId id, RegisterFile(file));
@@ -202,7 +201,7 @@ absl::Status ReadEngine::Impl::ValidateLocked(const ReadRequest& r) const {
     return absl::InvalidArgumentError(
         absl::StrCat("read request: file ", r.file, " is not registered"));
   }
-  storage::File* f = files_[r.file];
+  io::File* f = files_[r.file];
   const size_t align = f->alignment();
   if (r.length == 0 || r.length > options_.max_io_bytes || r.length % align != 0 ||
       r.offset % align != 0 || r.offset >= (uint64_t{1} << 48)) {
@@ -419,7 +418,7 @@ std::string ReadEngine::Impl::Describe(const IoGroup& g) {
 }
 
 namespace {
-std::string RequestName(const ReadRequest& r, const storage::File* f) {
+std::string RequestName(const ReadRequest& r, const io::File* f) {
   if (!r.name.empty()) return r.name;
   return absl::StrCat(f->path(), "@", r.offset);
 }
@@ -511,14 +510,13 @@ absl::StatusOr<std::unique_ptr<ReadEngine>> ReadEngine::Create(ReadEngineOptions
 const char* ReadEngine::backend() const { return impl_->backend_name(); }
 bool ReadEngine::uses_fixed_buffers() const { return impl_->fixed_buffers(); }
 
-absl::StatusOr<FileId> ReadEngine::RegisterFile(storage::File* file) {
+absl::StatusOr<FileId> ReadEngine::RegisterFile(io::File* file) {
   return impl_->RegisterFile(file);
 }
 absl::Status ReadEngine::UnregisterFile(FileId file) { return impl_->UnregisterFile(file); }
-absl::StatusOr<FileId> ReadEngine::FileIdOf(storage::File* file) { return impl_->FileIdOf(file); }
+absl::StatusOr<FileId> ReadEngine::FileIdOf(io::File* file) { return impl_->FileIdOf(file); }
 
-absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const storage::FileRead& read,
-                                                   Priority priority) {
+absl::StatusOr<ReadRequest> ReadEngine::RequestFor(const io::FileRead& read, Priority priority) {
   CKV_ASSIGN_OR_RETURN(FileId file, impl_->FileIdOf(read.file));
   ReadRequest r;
   r.file = file;

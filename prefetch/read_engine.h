@@ -8,10 +8,10 @@
 //     one priority;
 //   - coalesces queued requests for adjacent byte ranges of one file into one device read of at
 //     most `max_io_bytes` (each request's checksum is still verified on its own bytes);
-//   - issues reads through the storage I/O layer (storage::IoQueue of the options' FileSystem),
+//   - issues reads through the I/O layer (io::IoQueue of the options' FileSystem),
 //     one queue per I/O thread, `queue_depth` reads in flight each, into staging buffers
 //     registered with the queue: io_uring with READ_FIXED and fixed-file indexes, or the thread
-//     fallback (File::ReadAt on a pool of workers; any storage::File); the fault-injecting file
+//     fallback (File::ReadAt on a pool of workers; any io::File); the fault-injecting file
 //     system injects faults there, whichever backend is under it;
 //   - verifies each request's checksum as its read lands, before any callback sees the bytes: a
 //     mismatch is DataLoss naming the request;
@@ -45,8 +45,8 @@
 #include "absl/time/time.h"
 #include "ckv/io_backend.h"
 #include "ckv/log.h"
-#include "storage/clock.h"
-#include "storage/file_system.h"
+#include "common/clock.h"
+#include "io/file_system.h"
 
 namespace ckv::prefetch {
 
@@ -64,10 +64,10 @@ using PinMemoryHook = std::function<absl::Status(void* address, size_t bytes)>;
 using UnpinMemoryHook = std::function<void(void* address, size_t bytes)>;
 
 struct ReadEngineOptions {
-  // The file system whose I/O layer (storage::IoQueue) issues the reads; registered files must
+  // The file system whose I/O layer (io::IoQueue) issues the reads; registered files must
   // be opened by it. A FaultInjectingFileSystem injects faults into the reads here, over either
-  // backend. Not owned; must outlive the engine. Default: none, storage::PosixFileSystem(backend).
-  storage::FileSystem* file_system = nullptr;
+  // backend. Not owned; must outlive the engine. Default: none, io::PosixFileSystem(backend).
+  io::FileSystem* file_system = nullptr;
   // Without file_system: the POSIX file system's backend. Default: kAuto (io_uring when
   // available, else threads with one log line); kUring fails Create when io_uring is unavailable.
   IoBackend backend = IoBackend::kAuto;
@@ -104,8 +104,8 @@ struct ReadEngineOptions {
   // Start with issuing held until Resume() (tests queue a backlog first). Default: false.
   bool start_paused = false;
   // What the time-weighted stats (busy, idle with pending, elapsed seconds, mean queue depth)
-  // are measured on. Not owned; must outlive the engine. Default (nullptr): storage::RealClock().
-  storage::Clock* clock = nullptr;
+  // are measured on. Not owned; must outlive the engine. Default (nullptr): ckv::RealClock().
+  Clock* clock = nullptr;
 };
 
 // Identifies a submitted request; 0 is never an id.
@@ -223,18 +223,18 @@ class ReadEngine {
   bool uses_fixed_buffers() const;
 
   // Makes `file` readable by requests. `file` must be opened by the options' file system (for
-  // io_uring, storage::PosixFileSystem, or a wrapper over it); it is not owned and must outlive
+  // io_uring, io::PosixFileSystem, or a wrapper over it); it is not owned and must outlive
   // its registration.
-  absl::StatusOr<FileId> RegisterFile(storage::File* file);
+  absl::StatusOr<FileId> RegisterFile(io::File* file);
   // REQUIRES: no request for `file` is outstanding.
   absl::Status UnregisterFile(FileId file);
   // The id of `file`, registering it on first use; the same id on later calls until it is
   // unregistered. Thread-safe.
-  absl::StatusOr<FileId> FileIdOf(storage::File* file);
-  // A request for `read` (storage::FileRead, e.g. a pinned chunk's record: PinnedChunks::ReadOf):
+  absl::StatusOr<FileId> FileIdOf(io::File* file);
+  // A request for `read` (io::FileRead, e.g. a pinned chunk's record: PinnedChunks::ReadOf):
   // its file by id (FileIdOf), offset and padded length, and its checksum verified when it has
   // one. The caller adds name, dest and callback.
-  absl::StatusOr<ReadRequest> RequestFor(const storage::FileRead& read, Priority priority);
+  absl::StatusOr<ReadRequest> RequestFor(const io::FileRead& read, Priority priority);
 
   // Queues a request. InvalidArgument for a bad request, ResourceExhausted when
   // max_outstanding_requests are outstanding, FailedPrecondition after shutdown began.

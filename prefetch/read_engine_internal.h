@@ -22,8 +22,8 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "io/file_system.h"
 #include "prefetch/read_engine.h"
-#include "storage/file_system.h"
 
 namespace ckv::prefetch {
 namespace internal {
@@ -41,7 +41,7 @@ struct Request {
 // One device read: one request, or several adjacent ones in offset order.
 struct IoGroup {
   FileId file = 0;
-  storage::File* file_ptr = nullptr;
+  io::File* file_ptr = nullptr;
   uint64_t offset = 0;
   uint32_t length = 0;
   uint64_t issue_seq = 0;
@@ -63,7 +63,7 @@ class Backend {
   // Starts the threads. Called once, without the lock.
   virtual absl::Status Start() = 0;
   // Registers / unregisters a file at table slot `id`. Called without the lock.
-  virtual absl::Status RegisterFile(FileId id, storage::File* file) = 0;
+  virtual absl::Status RegisterFile(FileId id, io::File* file) = 0;
   virtual void UnregisterFile(FileId id) = 0;
   // Work was queued or shutdown began: wake a thread that sleeps with room.
   virtual void WakeLocked() = 0;
@@ -82,9 +82,9 @@ class ReadEngine::Impl {
   void Shutdown();
 
   // The public API.
-  absl::StatusOr<FileId> RegisterFile(storage::File* file);
+  absl::StatusOr<FileId> RegisterFile(io::File* file);
   absl::Status UnregisterFile(FileId file);
-  absl::StatusOr<FileId> FileIdOf(storage::File* file);
+  absl::StatusOr<FileId> FileIdOf(io::File* file);
   absl::StatusOr<std::vector<RequestId>> SubmitBatch(std::span<ReadRequest> requests);
   absl::Status Cancel(RequestId id);
   void SetPaused(bool paused);
@@ -144,18 +144,18 @@ class ReadEngine::Impl {
   // Queued requests by (file, start) and (file, end), for coalescing.
   absl::flat_hash_map<uint64_t, internal::Request*> by_start_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, internal::Request*> by_end_ ABSL_GUARDED_BY(mu_);
-  std::vector<storage::File*> files_ ABSL_GUARDED_BY(mu_);
+  std::vector<io::File*> files_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> reserved_ ABSL_GUARDED_BY(mu_);  // slots being (un)registered
   // FileIdOf's registrations; held across RegisterFile so that a file is registered once.
   absl::Mutex ids_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  absl::flat_hash_map<storage::File*, FileId> ids_ ABSL_GUARDED_BY(ids_mu_);
+  absl::flat_hash_map<io::File*, FileId> ids_ ABSL_GUARDED_BY(ids_mu_);
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // device reads
   uint64_t issue_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ReadEngineStats stats_ ABSL_GUARDED_BY(mu_);
-  storage::Clock* const clock_;  // options_.clock, or the real one
-  int64_t start_ns_ = 0;         // clock_->MonotonicNanos() at construction
+  Clock* const clock_;    // options_.clock, or the real one
+  int64_t start_ns_ = 0;  // clock_->MonotonicNanos() at construction
   int64_t last_tick_ns_ ABSL_GUARDED_BY(mu_) = 0;
   double depth_area_ ABSL_GUARDED_BY(mu_) = 0;  // in-flight reads x seconds
   // Counted by FinishGroup, before the callbacks run, without the lock.
@@ -164,7 +164,7 @@ class ReadEngine::Impl {
 
 namespace internal {
 // The I/O threads (prefetch/io_threads.cc), each driving one queue of `fs`'s I/O layer.
-std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, storage::FileSystem* fs);
+std::unique_ptr<Backend> NewIoThreads(ReadEngine::Impl* engine, io::FileSystem* fs);
 }  // namespace internal
 
 }  // namespace ckv::prefetch

@@ -14,11 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
+#include "io/private_file_system.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
-#include "storage/private_file_system.h"
 
 namespace ckv::storage {
 namespace {
@@ -113,7 +113,7 @@ absl::Status SyncDirectory(const std::string& path) {
 
 }  // namespace
 
-absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs, Clock* clock) {
+absl::Status Catalog::CreateEmpty(const std::string& dir, io::FileSystem* fs, Clock* clock) {
   // Built aside and renamed into place, so that a crash during creation (RocksDB creates column
   // families one by one) leaves either no catalog or a complete one.
   const std::string aside = dir + ".creating";
@@ -140,7 +140,7 @@ absl::Status Catalog::CreateEmpty(const std::string& dir, FileSystem* fs, Clock*
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                                        bool create_if_missing, bool error_if_exists,
-                                                       Contents* contents, FileSystem* fs,
+                                                       Contents* contents, io::FileSystem* fs,
                                                        Clock* clock) {
   std::error_code ec;
   const bool exists = std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec);
@@ -189,7 +189,8 @@ absl::StatusOr<std::unique_ptr<Catalog::Lock>> Catalog::LockDir(const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenReadOnly(const std::string& dir,
-                                                               Contents* contents, FileSystem* fs) {
+                                                               Contents* contents,
+                                                               io::FileSystem* fs) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
     return absl::NotFoundError(absl::StrCat("no ckv store at ", dir, " (no catalog)"));
@@ -212,7 +213,7 @@ class DiscardingRocksLogger final : public rocksdb::Logger {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir, bool create,
-                                                         FileSystem* fs, bool read_only) {
+                                                         io::FileSystem* fs, bool read_only) {
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = create;
   db_options.create_missing_column_families = create;
@@ -239,7 +240,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
   catalog->dir_ = dir;
   // Store files are 0600 and directories 0700, RocksDB's included, whatever the umask; a test
   // file system puts its layer over them (faults, simulated power loss).
-  catalog->env_ = NewPrivateEnv(fs);
+  catalog->env_ = io::NewPrivateEnv(fs);
   db_options.env = catalog->env_.get();
   if (read_only) {
     db_options.info_log = std::make_shared<DiscardingRocksLogger>();
@@ -251,7 +252,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::OpenDb(const std::string& dir,
     return catalog;
   }
   if (!create) {
-    CKV_RETURN_IF_ERROR(FromRocks(TightenModes(dir), absl::StrCat("restrict modes of ", dir)));
+    CKV_RETURN_IF_ERROR(FromRocks(io::TightenModes(dir), absl::StrCat("restrict modes of ", dir)));
   }
   rocksdb::DB* raw = nullptr;
   CKV_RETURN_IF_ERROR(

@@ -25,11 +25,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "io/file_system.h"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "storage/catalog_format.h"
-#include "storage/clock.h"
-#include "storage/file_system.h"
 
 namespace ckv::storage {
 
@@ -75,11 +75,12 @@ class Catalog {
   // NotFound (missing, !create_if_missing), AlreadyExists (error_if_exists), FailedPrecondition
   // (format version newer than this build), Unavailable (open in another process), DataLoss
   // (corrupt), and the mapped I/O errors. `fs` (optional, not owned, must outlive the catalog):
-  // its CatalogFileSystem layer is put over RocksDB's files (storage/file_system.h). `clock`
+  // its CatalogFileSystem layer is put over RocksDB's files (io/file_system.h). `clock`
   // (optional, not owned; nullptr = RealClock()) dates a new catalog (Contents::created_unix_ms).
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
                                                        bool create_if_missing, bool error_if_exists,
-                                                       Contents* contents, FileSystem* fs = nullptr,
+                                                       Contents* contents,
+                                                       io::FileSystem* fs = nullptr,
                                                        Clock* clock = nullptr);
   // Opens the catalog in `dir` read-only, while another process may hold it for writing: a
   // consistent view of what was committed when it opened (RocksDB's read-only instance: no lock,
@@ -88,7 +89,7 @@ class Catalog {
   // again when the catalog's files changed meanwhile (ReadOnlyEngine does).
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenReadOnly(const std::string& dir,
                                                                Contents* contents,
-                                                               FileSystem* fs = nullptr);
+                                                               io::FileSystem* fs = nullptr);
   // Holds the LOCK of the catalog in `dir` (RocksDB's, as an open catalog holds it) without
   // opening it, until the returned handle is destroyed: a tool may then change the store's
   // files under a read-only view (ChunkStore::FreeSpaceToOpen). Writes nothing (the LOCK file
@@ -147,11 +148,12 @@ class Catalog {
 
  private:
   Catalog() = default;
-  static absl::Status CreateEmpty(const std::string& dir, FileSystem* fs, Clock* clock);
+  static absl::Status CreateEmpty(const std::string& dir, io::FileSystem* fs, Clock* clock);
   static absl::StatusOr<std::unique_ptr<Catalog>> OpenDb(const std::string& dir, bool create,
-                                                         FileSystem* fs, bool read_only = false);
+                                                         io::FileSystem* fs,
+                                                         bool read_only = false);
   absl::Status Load(Contents* contents);
-  // RocksDB's Env with PrivateFileSystem (storage/private_file_system.h): files 0600,
+  // RocksDB's Env with PrivateFileSystem (io/private_file_system.h): files 0600,
   // directories 0700. Declared before db_ so that it outlives the DB.
   std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;

@@ -25,21 +25,21 @@ using chunk_store_internal::PunchGaveBack;
 
 std::string ShortKey(const ChunkKey& k) { return k.ToHex().substr(0, 16); }
 
-FileSystem* ChooseFileSystem(const StoreOptions& options) {
+io::FileSystem* ChooseFileSystem(const StoreOptions& options) {
   if (options.file_system != nullptr) return options.file_system;
-  return PosixFileSystem(options.io_backend);
+  return io::PosixFileSystem(options.io_backend);
 }
 
 }  // namespace
 
-ChunkStore::ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs,
+ChunkStore::ChunkStore(const StoreOptions& options, std::string path, io::FileSystem* fs,
                        Logger* logger)
     : options_(options),
       path_(std::move(path)),
       fs_(fs),
       logger_(logger),
-      staging_(std::make_unique<StagingPool>(fs, options.put_staging_bytes, options.max_write_bytes,
-                                             options.io_queue_depth)) {}
+      staging_(std::make_unique<io::StagingPool>(
+          fs, options.put_staging_bytes, options.max_write_bytes, options.io_queue_depth)) {}
 
 // The reclaimer goes first: its rounds use the catalog, the segments and the listeners.
 ChunkStore::~ChunkStore() {
@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(absl::StrCat(
         "EngineOptions.io_queue_depth = ", options.io_queue_depth, ": must be in 1..1024"));
   }
-  if (options.max_write_bytes < kDirectIoAlignment || options.max_write_bytes % 4096 != 0) {
+  if (options.max_write_bytes < io::kDirectIoAlignment || options.max_write_bytes % 4096 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("EngineOptions.max_write_bytes = ", options.max_write_bytes,
                      ": must be a positive multiple of 4096"));
@@ -86,13 +86,13 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
         "EngineOptions.period_layers = ", options.period_layers, ": must be in 1..1024"));
   }
   if (options.io_backend == IoBackend::kUring && options.file_system == nullptr &&
-      !UringAvailable()) {
+      !io::UringAvailable()) {
     return absl::UnavailableError(
         "EngineOptions.io_backend = io_uring, but io_uring cannot be set up in this process "
         "(kernel.io_uring_disabled, a seccomp profile or an old kernel); use kAuto or kThreads");
   }
   if (options.read_only) return OpenReadOnly(options, path);
-  FileSystem* fs = ChooseFileSystem(options);
+  io::FileSystem* fs = ChooseFileSystem(options);
   Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
 
   // The store directory: created when allowed, but never its parents, so that a mistyped path
@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(const StoreOptions&
 
 absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::OpenReadOnly(const StoreOptions& options,
                                                                      const std::string& path) {
-  FileSystem* fs = ChooseFileSystem(options);
+  io::FileSystem* fs = ChooseFileSystem(options);
   Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
   if (!fs->Exists(path)) return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
   StoreOptions resolved = options;
@@ -202,7 +202,7 @@ absl::StatusOr<uint64_t> ChunkStore::FreeSpaceToOpen(const StoreOptions& options
                                                      std::span<const ChunkKey> delete_prefixes) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
-  FileSystem* fs = ChooseFileSystem(options);
+  io::FileSystem* fs = ChooseFileSystem(options);
   Logger* logger = options.logger != nullptr ? options.logger : StderrLogger();
   if (!fs->Exists(path)) return absl::NotFoundError(absl::StrCat("no ckv store at ", path));
   const std::string catalog_dir = absl::StrCat(path, "/", kCatalogDir);
@@ -247,7 +247,7 @@ absl::StatusOr<uint64_t> ChunkStore::FreeSpaceToOpen(const StoreOptions& options
   const std::string snapshot = view->SnapshotPath();
   if (fs->Exists(snapshot)) {
     uint64_t bytes = 0;
-    if (auto file = fs->Open(snapshot, FileSystem::OpenMode::kReadOnly); file.ok()) {
+    if (auto file = fs->Open(snapshot, io::FileSystem::OpenMode::kReadOnly); file.ok()) {
       if (absl::StatusOr<uint64_t> held = (*file)->AllocatedBytes(); held.ok()) bytes = *held;
     }
     CKV_RETURN_IF_ERROR(fs->DeleteFile(snapshot));
@@ -279,9 +279,9 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
           absl::StrCat("segment ", id, " (", file_path, ") named by the catalog is missing"));
     }
     CKV_ASSIGN_OR_RETURN(
-        std::unique_ptr<File> file,
-        fs_->Open(file_path, options_.read_only ? FileSystem::OpenMode::kReadOnly
-                                                : FileSystem::OpenMode::kReadWrite));
+        std::unique_ptr<io::File> file,
+        fs_->Open(file_path, options_.read_only ? io::FileSystem::OpenMode::kReadOnly
+                                                : io::FileSystem::OpenMode::kReadWrite));
     segments_.emplace(id, std::make_unique<Segment>(id, geometry, std::move(file)));
     next_segment_id_ = std::max(next_segment_id_, id + 1);
   }
@@ -426,7 +426,7 @@ absl::Status ChunkStore::ReclaimOrphans() {
     // A file the catalog does not name: a segment whose creation did not commit. Its contents
     // were never visible.
     const std::string file_path = absl::StrCat(dir, "/", name);
-    auto file = fs_->Open(file_path, FileSystem::OpenMode::kReadWrite);
+    auto file = fs_->Open(file_path, io::FileSystem::OpenMode::kReadWrite);
     if (file.ok()) {
       auto bytes = (*file)->AllocatedBytes();
       if (bytes.ok()) reclaimed += *bytes;
@@ -588,10 +588,10 @@ absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t rec
                                        std::span<std::byte> out) {
   const uint64_t stride = seg->record_stride(seg->band_of(record));
   // Reused per thread, so made again when too small or aligned for another file's alignment.
-  thread_local AlignedBuffer buffer;
+  thread_local io::AlignedBuffer buffer;
   const size_t alignment = seg->file()->alignment();
   if (buffer.size() < stride || reinterpret_cast<uintptr_t>(buffer.data()) % alignment != 0) {
-    buffer = AlignedBuffer(stride, alignment);
+    buffer = io::AlignedBuffer(stride, alignment);
   }
   CKV_RETURN_IF_ERROR(seg->file()->ReadAt(seg->RecordOffset(slot, record),
                                           std::span<std::byte>(buffer.data(), stride)));
@@ -681,9 +681,9 @@ PinnedChunks::Location PinnedChunks::RecordAt(size_t chunk, uint32_t record) con
                   static_cast<uint32_t>(seg.band_slot_bytes(band)), c.checksums[record]};
 }
 
-FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
+io::FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
   const Location where = RecordAt(chunk, record);
-  FileRead read = PartOf(chunk, record, 0, where.length);
+  io::FileRead read = PartOf(chunk, record, 0, where.length);
   // The whole padded slot, when the file's alignment divides it: a record smaller than its slot
   // (a codec's, or any record not a multiple of 4 KiB) then ends where the next slot's read
   // begins, so the read engine coalesces a run of them into one device read, as it does
@@ -700,12 +700,13 @@ FileRead PinnedChunks::ReadOf(size_t chunk, uint32_t record) const {
   return read;
 }
 
-FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const {
+io::FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from,
+                                  uint32_t bytes) const {
   const Location where = RecordAt(chunk, record);
   const uint64_t align = std::max<uint64_t>(1, where.file->alignment());
   const uint64_t begin = (where.offset + from) / align * align;
   const uint64_t end = (where.offset + from + bytes + align - 1) / align * align;
-  FileRead read;
+  io::FileRead read;
   read.file = where.file;
   read.offset = begin;
   read.length = static_cast<uint32_t>(end - begin);
@@ -715,7 +716,7 @@ FileRead PinnedChunks::PartOf(size_t chunk, uint32_t record, uint32_t from, uint
   // Segments pad records to 4 KiB, so an alignment that divides 4 KiB never reads past the pad.
   const Segment& seg = *chunks_[chunk].segment;
   CKV_DCHECK(begin % align == 0 && read.length % align == 0 && begin <= where.offset + from);
-  CKV_DCHECK(kDirectIoAlignment % align != 0 ||
+  CKV_DCHECK(io::kDirectIoAlignment % align != 0 ||
              end <= where.offset + seg.record_stride(seg.band_of(record)));
   return read;
 }
@@ -944,12 +945,12 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
 
   // As in WriteChunks: depth + 1 buffers, declared before the queue so they outlive it.
   const size_t depth = options_.io_queue_depth;
-  std::vector<AlignedBuffer> buffers;
+  std::vector<io::AlignedBuffer> buffers;
   std::vector<size_t> free_buffers;
-  CKV_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> queue,
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<io::IoQueue> queue,
                        fs_->NewIoQueue(static_cast<uint32_t>(depth)));
   struct DrainOnExit {
-    IoQueue* q;
+    io::IoQueue* q;
     ~DrainOnExit() { q->Drain().IgnoreError(); }  // the error was already returned
   } drain_on_exit{queue.get()};
   for (const auto& run : runs) {
@@ -970,10 +971,10 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
       buffers.emplace_back(io_bytes, first.seg->file()->alignment());
     }
     if (buffers[bi].size() < io_bytes) {
-      buffers[bi] = AlignedBuffer(io_bytes, first.seg->file()->alignment());
+      buffers[bi] = io::AlignedBuffer(io_bytes, first.seg->file()->alignment());
     }
-    IoOp op;
-    op.kind = IoOp::Kind::kRead;
+    io::IoOp op;
+    op.kind = io::IoOp::Kind::kRead;
     op.file = first.seg->file();
     op.offset = first.seg->BandOffset(first.band, first.slot);
     op.buffer = buffers[bi].data();

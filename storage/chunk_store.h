@@ -61,14 +61,14 @@
 #include "ckv/record_layout.h"
 #include "ckv/reports.h"
 #include "ckv/stats.h"
+#include "common/clock.h"
+#include "common/latency_window.h"
+#include "io/file_system.h"
+#include "io/staging_pool.h"
 #include "storage/catalog.h"
 #include "storage/chunk_table.h"
-#include "storage/clock.h"
 #include "storage/eviction_policy.h"
-#include "storage/file_system.h"
-#include "storage/latency_window.h"
 #include "storage/segment.h"
-#include "storage/staging_pool.h"
 
 namespace ckv::storage {
 
@@ -90,7 +90,7 @@ struct StoreOptions {
   // Write aligned records straight from the caller's tensors (EngineOptions::put_direct_writes).
   bool put_direct_writes = false;
   // nullptr = the POSIX file system with io_backend. Not owned; must outlive the store.
-  FileSystem* file_system = nullptr;
+  io::FileSystem* file_system = nullptr;
   // A read-only view of a store another process may hold for writing (Engine::OpenReadOnly):
   // the catalog as committed when the view opened, read through RocksDB's read-only instance;
   // segment files opened read-only; nothing created, written, punched or reclaimed, on open,
@@ -149,7 +149,7 @@ class PinnedChunks {
   };
   // Where one record is, and how to check it.
   struct Location {
-    File* file = nullptr;
+    io::File* file = nullptr;
     uint64_t offset = 0;
     uint32_t length = 0;    // record bytes
     uint32_t stride = 0;    // bytes between this record and the next slot's same record
@@ -165,11 +165,11 @@ class PinnedChunks {
   Location RecordAt(size_t chunk, uint32_t record) const;
   // The record's read, ready for the I/O layer: its offset, its length padded to the file's
   // alignment, and its checksum over the record's bytes. Same REQUIRES as RecordAt.
-  FileRead ReadOf(size_t chunk, uint32_t record) const;
+  io::FileRead ReadOf(size_t chunk, uint32_t record) const;
   // Bytes [from, from + bytes) of the record, read as the aligned blocks around them (`skip` says
   // where they start); unverified: the record's checksum covers the whole record. REQUIRES as
   // RecordAt, and from + bytes <= the record's length.
-  FileRead PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const;
+  io::FileRead PartOf(size_t chunk, uint32_t record, uint32_t from, uint32_t bytes) const;
 
  private:
   friend class ChunkStore;
@@ -360,7 +360,7 @@ class ChunkStore {
   };
   using SlotId = std::pair<uint32_t, uint32_t>;  // segment, slot
 
-  ChunkStore(const StoreOptions& options, std::string path, FileSystem* fs, Logger* logger);
+  ChunkStore(const StoreOptions& options, std::string path, io::FileSystem* fs, Logger* logger);
   // Open's read-only path (StoreOptions::read_only).
   static absl::StatusOr<std::unique_ptr<ChunkStore>> OpenReadOnly(const StoreOptions& options,
                                                                   const std::string& path);
@@ -600,7 +600,7 @@ class ChunkStore {
 
   const StoreOptions options_;
   const std::string path_;
-  FileSystem* const fs_;
+  io::FileSystem* const fs_;
   Logger* const logger_;
   std::unique_ptr<Catalog> catalog_;
 
@@ -732,8 +732,8 @@ class ChunkStore {
   uint64_t no_space_puts_ ABSL_GUARDED_BY(mu_) = 0;       // Puts that found the disk full
   uint64_t no_space_recovered_ ABSL_GUARDED_BY(mu_) = 0;  // of those, retried and stored
   uint64_t no_space_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // chunks evicted for them
-  // Staging buffers and write queues of every Put (storage/staging_pool.h).
-  std::unique_ptr<StagingPool> staging_;
+  // Staging buffers and write queues of every Put (io/staging_pool.h).
+  std::unique_ptr<io::StagingPool> staging_;
   // Latency of the Puts that returned OK.
   LatencyWindow put_latency_;
   // Bytes written straight from callers' tensors (gathered writes), since Open.

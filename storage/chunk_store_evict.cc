@@ -24,7 +24,7 @@ uint64_t ChunkStore::DataCapLocked() const {
   // tree takes blocks (ext4: one 4 KiB block per ~340 extents, and a punched slot can split an
   // extent): reserve one block per segment (one more for a segment a Put may create) and 1/256
   // of the data, several times the worst case of one extent per record.
-  const uint64_t per_segment = (segments_.size() + 1) * kDirectIoAlignment;
+  const uint64_t per_segment = (segments_.size() + 1) * io::kDirectIoAlignment;
   if (max_disk_bytes_ <= per_segment) return 0;
   return (max_disk_bytes_ - per_segment) / 257 * 256;
 }

@@ -80,15 +80,15 @@ struct ChunkStore::PendingPut {
       : spec(spec), tokens(tokens), aux_bytes(std::move(aux_bytes)) {}
   const ModelSpec& spec;
   std::span<const int32_t> tokens;
-  std::vector<uint32_t> aux_bytes;       // of each auxiliary record; empty without
-  ChunkKey fp;                           // the spec's fingerprint
-  std::vector<ChunkKey> keys;            // of the prefix's whole chunks
-  size_t n = 0;                          // keys.size()
-  size_t m = 0;                          // leading chunks stored already
-  bool new_spec = false;                 // no chunk of this spec was stored when it began
-  uint64_t chunk_bytes = 0;              // one new chunk's bytes in a segment
-  std::vector<PlannedRun> plan;          // the slots of the new chunks
-  std::optional<FileSystemSpace> space;  // the file system's size, where it states one
+  std::vector<uint32_t> aux_bytes;           // of each auxiliary record; empty without
+  ChunkKey fp;                               // the spec's fingerprint
+  std::vector<ChunkKey> keys;                // of the prefix's whole chunks
+  size_t n = 0;                              // keys.size()
+  size_t m = 0;                              // leading chunks stored already
+  bool new_spec = false;                     // no chunk of this spec was stored when it began
+  uint64_t chunk_bytes = 0;                  // one new chunk's bytes in a segment
+  std::vector<PlannedRun> plan;              // the slots of the new chunks
+  std::optional<io::FileSystemSpace> space;  // the file system's size, where it states one
   PutResult result;
   // Set when the Put failed for a full file system with keys[m - 1] pinned: the pin is not
   // released but handed to PutTimed (PutShortfall::pinned), which keeps it across its retries.
@@ -227,7 +227,7 @@ absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
   // The file system's size, asked before the lock (a statvfs): a Put that could never fit it is
   // refused before anything is evicted for it. Not every file system can say.
-  if (absl::StatusOr<FileSystemSpace> space = fs_->Space(path_); space.ok()) put.space = *space;
+  if (absl::StatusOr<io::FileSystemSpace> space = fs_->Space(path_); space.ok()) put.space = *space;
   put.fp = spec.Fingerprint();
   put.keys = ChainChunkKeys(put.fp, spec.chunk_tokens, tokens);
   put.n = put.keys.size();
@@ -309,7 +309,7 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
   if (put.space.has_value() && need > put.space->available_bytes + used_bytes_) {
     // More than the file system could ever give the store, even with every chunk evicted: the
     // store is not emptied for a Put that fails anyway.
-    const FileSystemSpace& fs = *put.space;
+    const io::FileSystemSpace& fs = *put.space;
     const uint64_t others =
         fs.total_bytes - std::min(fs.total_bytes, fs.available_bytes + used_bytes_);
     return absl::ResourceExhaustedError(
@@ -441,7 +441,7 @@ absl::Status ChunkStore::WritePut(const PendingPut& put, const KvTensors& kv, co
       synced.push_back(r.segment);
     }
   }
-  if (s.ok()) s = fs_->CrashSeam(kSeamPutDataSynced);
+  if (s.ok()) s = fs_->CrashSeam(io::kSeamPutDataSynced);
   return s;
 }
 
@@ -515,7 +515,7 @@ absl::StatusOr<PutResult> ChunkStore::CommitPutLocked(PendingPut& put, absl::Sta
   put.result.chunks_written = n - m;
   put.result.bytes_written = bytes_written;
   CKV_DCHECK(max_disk_bytes_ == 0 || used_bytes_ <= max_disk_bytes_);  // the disk cap
-  CKV_RETURN_IF_ERROR(fs_->CrashSeam(kSeamPutCommitted));
+  CKV_RETURN_IF_ERROR(fs_->CrashSeam(io::kSeamPutCommitted));
   return put.result;
 }
 
@@ -656,8 +656,8 @@ absl::StatusOr<Segment*> ChunkStore::NewSegmentLocked(const ModelSpec& spec,
   const SegmentRecord g = Segment::GeometryFor(spec, layout_, options_.period_layers,
                                                options_.segment_bytes, NowMs(), aux_bytes);
   const std::string file_path = SegmentPath(id);
-  CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs_->Open(file_path, FileSystem::OpenMode::kCreateReadWrite));
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<io::File> file,
+                       fs_->Open(file_path, io::FileSystem::OpenMode::kCreateReadWrite));
   CKV_RETURN_IF_ERROR(fs_->SyncDir(absl::StrCat(path_, "/", kSegmentsDir)));
   // The segment is committed empty before any chunk is written into it, so a crash can leave an
   // empty segment but never a chunk in an unnamed file.
@@ -722,7 +722,7 @@ bool DirectBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const 
                 size_t alignment) {
   if (band >= seg.layer_bands() || spec.codec != KvCodec::kNone) return false;  // encoded: staged
   const size_t half = size_t{spec.chunk_tokens} * spec.TokenBytesPerLayer();
-  const size_t block = std::max(alignment, kDirectIoAlignment);
+  const size_t block = std::max(alignment, io::kDirectIoAlignment);
   if (half % block != 0 || seg.record_stride(band) != 2 * half) return false;
   const uint32_t first = seg.first_record_of_band(band);
   for (uint32_t l = first; l < first + seg.records_in_band(band); ++l) {
@@ -739,7 +739,7 @@ bool DirectBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const 
 // the same bytes the kernel will read).
 void GatherBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const KvTensors& kv,
                 size_t first_new, size_t first_chunk, uint32_t count, XXH3_state_t* hash,
-                std::vector<IoPiece>* pieces, std::vector<std::vector<uint64_t>>* checksums) {
+                std::vector<io::IoPiece>* pieces, std::vector<std::vector<uint64_t>>* checksums) {
   const size_t token_bytes = spec.TokenBytesPerLayer();
   const size_t half = size_t{spec.chunk_tokens} * token_bytes;
   const uint32_t first_record = seg.first_record_of_band(band);
@@ -751,8 +751,8 @@ void GatherBand(const Segment& seg, uint32_t band, const ModelSpec& spec, const 
     for (uint32_t l = first_record; l < first_record + records; ++l) {
       const std::byte* k = kv.k[l].data() + at;
       const std::byte* v = kv.v[l].data() + at;
-      pieces->push_back(IoPiece{k, half});
-      pieces->push_back(IoPiece{v, half});
+      pieces->push_back(io::IoPiece{k, half});
+      pieces->push_back(io::IoPiece{v, half});
       (*checksums)[new_index][l] = RecordChecksum2(hash, k, half, v, half);
     }
   }
@@ -788,15 +788,15 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   }
   // The staging buffers and the queue are the lane's: this Put streams through them, whatever
   // its size, refilling each buffer once its write completes.
-  CKV_ASSIGN_OR_RETURN(StagingPool::Lease lease, staging_->LeaseLane());
-  IoQueue* const queue = lease.queue();
+  CKV_ASSIGN_OR_RETURN(io::StagingPool::Lease lease, staging_->LeaseLane());
+  io::IoQueue* const queue = lease.queue();
   const std::span<std::byte* const> buffers = lease.buffers();
   std::vector<size_t> free_buffers;
   for (size_t i = buffers.size(); i > 0; --i) free_buffers.push_back(i - 1);
   // The pieces of gathered writes (records written straight from the caller's tensors, see
   // DirectBand), one set per buffer: a gathered write holds a buffer's turn, not its memory, so
   // the lane bounds those in flight too.
-  std::vector<std::vector<IoPiece>> piece_sets(buffers.size());
+  std::vector<std::vector<io::IoPiece>> piece_sets(buffers.size());
   std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash(XXH3_createState(),
                                                                        &XXH3_freeState);
   if (hash == nullptr) {
@@ -804,7 +804,7 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
   }
   // A band of one chunk larger than a staging buffer (or a file aligned beyond the pool's
   // alignment) is staged in a buffer of its own, written alone: rare, and still bounded.
-  AlignedBuffer own;
+  io::AlignedBuffer own;
   absl::Status first_error;
   uint64_t written = 0;
   auto on_done = [&](size_t bi, size_t io_bytes, bool direct) {
@@ -839,13 +839,13 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
       if (direct) {
         per_io = static_cast<uint32_t>(std::max<uint64_t>(
             1, std::min<uint64_t>(options_.max_write_bytes / band_slot,
-                                  kMaxIoPieces / (2 * seg->records_in_band(band)))));
+                                  io::kMaxIoPieces / (2 * seg->records_in_band(band)))));
       }
       for (uint32_t s0 = 0; s0 < r.run.count && first_error.ok(); s0 += per_io) {
         const uint32_t count = std::min(per_io, r.run.count - s0);
         const size_t io_bytes = count * band_slot;
         const bool pooled = direct || (io_bytes <= staging_->buffer_bytes() &&
-                                       StagingPool::kBufferAlignment % alignment == 0);
+                                       io::StagingPool::kBufferAlignment % alignment == 0);
         size_t bi = SIZE_MAX;
         std::byte* buf = nullptr;
         if (pooled) {
@@ -859,11 +859,11 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
           buf = buffers[bi];
         } else {
           if (absl::Status s = queue->Drain(); !s.ok()) return fail_queue(s);
-          if (own.size() < io_bytes) own = AlignedBuffer(io_bytes, alignment);
+          if (own.size() < io_bytes) own = io::AlignedBuffer(io_bytes, alignment);
           buf = own.data();
         }
-        IoOp op;
-        op.kind = IoOp::Kind::kWrite;
+        io::IoOp op;
+        op.kind = io::IoOp::Kind::kWrite;
         op.file = seg->file();
         op.offset = seg->BandOffset(band, r.run.start + s0);
         op.length = io_bytes;
@@ -875,7 +875,7 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
           StageBand(*seg, band, spec, kv, aux_data, r.first + s0, first_chunk, count, buf,
                     checksums);
           op.buffer = buf;
-          op.buffer_index = pooled ? lease.buffer_index(bi) : kNoIoSlot;
+          op.buffer_index = pooled ? lease.buffer_index(bi) : io::kNoIoSlot;
         }
         if (absl::Status s = queue->Submit(op, on_done(bi, io_bytes, direct)); !s.ok()) {
           return fail_queue(s);

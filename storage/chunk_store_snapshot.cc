@@ -90,13 +90,13 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
   }
   const uint64_t header_bytes = HeaderBytes(fingerprints_.size());
   const std::string path = SnapshotPath();
-  CKV_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs_->Open(path, FileSystem::OpenMode::kCreateReadWrite));
+  CKV_ASSIGN_OR_RETURN(std::unique_ptr<io::File> file,
+                       fs_->Open(path, io::FileSystem::OpenMode::kCreateReadWrite));
   // Records first, the header last: a close cut short leaves a header that does not check.
   CKV_RETURN_IF_ERROR(file->Truncate(0));
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  AlignedBuffer buffer(
+  io::AlignedBuffer buffer(
       std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
   uint64_t offset = header_bytes;
   size_t filled = 0;
@@ -132,7 +132,7 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
   XXH3_freeState(state);
   CKV_RETURN_IF_ERROR(s);
 
-  AlignedBuffer header(header_bytes);
+  io::AlignedBuffer header(header_bytes);
   std::memset(header.data(), 0, header_bytes);
   std::byte* h = header.data();
   std::memcpy(h, kMagic, sizeof kMagic);
@@ -170,12 +170,12 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
                                                   "): reading the catalog"));
     return absl::OkStatus();
   };
-  auto file = fs_->Open(path, FileSystem::OpenMode::kReadWrite);
+  auto file = fs_->Open(path, io::FileSystem::OpenMode::kReadWrite);
   if (!file.ok()) return skip(file.status().message());
   auto size = (*file)->Size();
   if (!size.ok()) return skip(size.status().message());
   if (*size < kBlock) return skip(absl::StrCat("a file of ", *size, " bytes"));
-  AlignedBuffer first(kBlock);
+  io::AlignedBuffer first(kBlock);
   if (absl::Status s = (*file)->ReadAt(0, first.span()); !s.ok()) return skip(s.message());
   const std::byte* h = first.data();
   const uint64_t header_bytes = GetLe<uint64_t>(h + 56);
@@ -192,7 +192,7 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
   if (identity != catalog_->Identity() || sequence != catalog_->LatestSequence()) {
     return absl::OkStatus();  // the catalog changed since it was written
   }
-  AlignedBuffer header(header_bytes);
+  io::AlignedBuffer header(header_bytes);
   if (absl::Status s = (*file)->ReadAt(0, header.span()); !s.ok()) return skip(s.message());
   h = header.data();
   const size_t checked = kFingerprintsOffset + 16 * size_t{fingerprints};
@@ -223,7 +223,7 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
     XXH3_state_t* s;
     ~FreeState() { XXH3_freeState(s); }
   } free_state{state};
-  AlignedBuffer buffer(
+  io::AlignedBuffer buffer(
       std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
   uint64_t done = 0;
   uint64_t children = 0, linked = 0;  // must agree: every link is one parent's child

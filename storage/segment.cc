@@ -9,7 +9,7 @@
 
 namespace ckv::storage {
 
-Segment::Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<File> file)
+Segment::Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<io::File> file)
     : id_(id), geometry_(geometry), file_(std::move(file)) {
   free_.emplace(0, geometry_.capacity_slots);
 }

@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "io/file_system.h"
 #include "storage/catalog_format.h"
-#include "storage/file_system.h"
 
 namespace ckv::storage {
 
@@ -43,7 +43,7 @@ struct SlotRun {
 
 class Segment {
  public:
-  Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<File> file);
+  Segment(uint32_t id, const SegmentRecord& geometry, std::unique_ptr<io::File> file);
 
   // "seg-00000007.ckv".
   static std::string FileName(uint32_t id);
@@ -58,7 +58,7 @@ class Segment {
 
   uint32_t id() const { return id_; }
   const SegmentRecord& geometry() const { return geometry_; }
-  File* file() const { return file_.get(); }
+  io::File* file() const { return file_.get(); }
 
   // Records of a chunk: its layers' records (index = layer), then its auxiliary records.
   uint32_t records() const {
@@ -118,7 +118,7 @@ class Segment {
  private:
   uint32_t id_;
   SegmentRecord geometry_;
-  std::unique_ptr<File> file_;
+  std::unique_ptr<io::File> file_;
   std::map<uint32_t, uint32_t> free_;  // start -> count, disjoint, never adjacent
   std::vector<uint64_t> loading_;      // during a load: bit s set = slot s used
   bool loading_active_ = false;        // between BeginLoad and EndLoad

@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "ckv/status.h"
+#include "io/mem_file_system.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"
-#include "storage/mem_file_system.h"
 #include "storage/segment.h"
 #include "tests/test_util.h"
 
@@ -52,8 +52,8 @@ TEST(AssertDeathTest, EnableDcheckTurnsItOn) { EXPECT_EQ(CKV_DCHECK_IS_ON, 1); }
 // chunks. The store never does; if it did, the process stops before a reader gets wrong bytes.
 TEST(AssertDeathTest, SegmentDoubleFreeStopsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  storage::MemFileSystem fs;
-  auto file = fs.Open("/seg", storage::FileSystem::OpenMode::kCreateReadWrite);
+  io::MemFileSystem fs;
+  auto file = fs.Open("/seg", io::FileSystem::OpenMode::kCreateReadWrite);
   ASSERT_TRUE(file.ok()) << file.status();
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   const storage::SegmentRecord geometry =
@@ -70,11 +70,10 @@ TEST(AssertDeathTest, SegmentDoubleFreeStopsTheProcess) {
 // The I/O layer's seam, broken on purpose: a queue that runs every op's callback twice, as a
 // faulty IoQueue would. The layers above check that each op completes exactly once, and stop at
 // the second completion, before a staging buffer is handed to two ops.
-class TwiceCompletingQueue final : public storage::IoQueue {
+class TwiceCompletingQueue final : public io::IoQueue {
  public:
-  explicit TwiceCompletingQueue(std::unique_ptr<storage::IoQueue> inner)
-      : inner_(std::move(inner)) {}
-  absl::Status Submit(const storage::IoOp& op, Callback done) override {
+  explicit TwiceCompletingQueue(std::unique_ptr<io::IoQueue> inner) : inner_(std::move(inner)) {}
+  absl::Status Submit(const io::IoOp& op, Callback done) override {
     return inner_->Submit(op, [done = std::move(done)](const absl::Status& status) {
       done(status);
       done(status);
@@ -87,13 +86,12 @@ class TwiceCompletingQueue final : public storage::IoQueue {
   const char* backend() const override { return inner_->backend(); }
 
  private:
-  std::unique_ptr<storage::IoQueue> inner_;
+  std::unique_ptr<io::IoQueue> inner_;
 };
 
-class TwiceCompletingFileSystem final : public storage::FileSystem {
+class TwiceCompletingFileSystem final : public io::FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<storage::File>> Open(const std::string& path,
-                                                      OpenMode mode) override {
+  absl::StatusOr<std::unique_ptr<io::File>> Open(const std::string& path, OpenMode mode) override {
     return mem_.Open(path, mode);
   }
   absl::Status CreateDir(const std::string& path) override { return mem_.CreateDir(path); }
@@ -103,14 +101,14 @@ class TwiceCompletingFileSystem final : public storage::FileSystem {
   absl::Status DeleteFile(const std::string& path) override { return mem_.DeleteFile(path); }
   absl::Status SyncDir(const std::string& path) override { return mem_.SyncDir(path); }
   bool Exists(const std::string& path) override { return mem_.Exists(path); }
-  absl::StatusOr<std::unique_ptr<storage::IoQueue>> NewIoQueue(uint32_t depth) override {
-    CKV_ASSIGN_OR_RETURN(std::unique_ptr<storage::IoQueue> inner, mem_.NewIoQueue(depth));
-    return std::unique_ptr<storage::IoQueue>(new TwiceCompletingQueue(std::move(inner)));
+  absl::StatusOr<std::unique_ptr<io::IoQueue>> NewIoQueue(uint32_t depth) override {
+    CKV_ASSIGN_OR_RETURN(std::unique_ptr<io::IoQueue> inner, mem_.NewIoQueue(depth));
+    return std::unique_ptr<io::IoQueue>(new TwiceCompletingQueue(std::move(inner)));
   }
-  storage::MemFileSystem& mem() { return mem_; }
+  io::MemFileSystem& mem() { return mem_; }
 
  private:
-  storage::MemFileSystem mem_;
+  io::MemFileSystem mem_;
 };
 
 // The chunk store: a Put's write that completes twice would return its staging buffer twice.
@@ -135,9 +133,9 @@ TEST(AssertDeathTest, ChunkStoreWriteCompletingTwiceStopsThePut) {
 TEST(AssertDeathTest, ReadEngineReadLandingTwiceStopsTheIoThread) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TwiceCompletingFileSystem fs;
-  auto file = fs.Open("/data", storage::FileSystem::OpenMode::kCreateReadWrite);
+  auto file = fs.Open("/data", io::FileSystem::OpenMode::kCreateReadWrite);
   ASSERT_TRUE(file.ok()) << file.status();
-  storage::AlignedBuffer block(4096);
+  io::AlignedBuffer block(4096);
   CKV_ASSERT_OK((*file)->WriteAt(0, std::span<const std::byte>(block.data(), block.size())));
   prefetch::ReadEngineOptions options;
   options.file_system = &fs;

@@ -11,18 +11,18 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
-#include "gmock/gmock.h"
 #include "engine/internal.h"
-#include "storage/fault_file_system.h"
-#include "storage/mem_file_system.h"
+#include "gmock/gmock.h"
+#include "io/fault_file_system.h"
+#include "io/mem_file_system.h"
 #include "tests/test_util.h"
 #include "tools/kvctl/open_to_free.h"
 
 namespace ckv {
 namespace {
 
-using ::ckv::storage::FaultInjectingFileSystem;
-using ::ckv::storage::FaultRule;
+using ::ckv::io::FaultInjectingFileSystem;
+using ::ckv::io::FaultRule;
 using ::ckv::testing::ChunkDiskBytes;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
@@ -74,7 +74,7 @@ class StoreFaultTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  FaultInjectingFileSystem fs_{storage::PosixFileSystem(), /*seed=*/7};
+  FaultInjectingFileSystem fs_{io::PosixFileSystem(), /*seed=*/7};
   ModelSpec spec_;
   std::unique_ptr<Engine> engine_;
   std::vector<int32_t> base_;
@@ -243,7 +243,7 @@ TEST_F(StoreFaultTest, AReadErrorIsAnErrorNotData) {
 // (found by the fault matrix, Eio_1pct_Eviction).
 TEST(StoreCapFaultTest, RegressionEvictionWhosePunchFailsPassedTheCap) {
   TempDir dir;
-  FaultInjectingFileSystem fs(storage::PosixFileSystem(), /*seed=*/11);
+  FaultInjectingFileSystem fs(io::PosixFileSystem(), /*seed=*/11);
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   EngineOptions options;
   options.max_disk_bytes = 6 * ChunkDiskBytes(spec);
@@ -314,7 +314,7 @@ class SmallDiskTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  storage::MemFileSystem mem_{kDiskBytes};
+  io::MemFileSystem mem_{kDiskBytes};
   FaultInjectingFileSystem fs_{&mem_, /*seed=*/11};
   ModelSpec spec_;
   std::unique_ptr<Engine> engine_;
@@ -351,7 +351,7 @@ TEST_F(SmallDiskTest, APutLargerThanTheDiskIsRefusedBeforeAnythingIsEvicted) {
   // Where the file system states a larger size (the wrapper's SetSpace), the store goes by it:
   // the same Put now meets the full disk, and the ENOSPC retry still evicts nothing, as
   // eviction could not make the room.
-  fs_.SetSpace(storage::FileSystemSpace{64ull << 20, 60ull << 20});
+  fs_.SetSpace(io::FileSystemSpace{64ull << 20, 60ull << 20});
   put = PutSynthetic(*engine_, spec_, big);
   ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
   EXPECT_THAT(std::string(put.status().message()),
@@ -457,8 +457,7 @@ class FullDiskOpenTest : public SmallDiskTest {
   // the catalog's appends fail while less than 512 KiB is free (the catalog shares the disk).
   void FillTheRestAndClose() {
     engine_.reset();
-    auto filler =
-        mem_.Open(dir_.path() + "/filler", storage::FileSystem::OpenMode::kCreateReadWrite);
+    auto filler = mem_.Open(dir_.path() + "/filler", io::FileSystem::OpenMode::kCreateReadWrite);
     ASSERT_TRUE(filler.ok()) << filler.status();
     const uint64_t left = mem_.Space(dir_.path())->available_bytes;
     ASSERT_TRUE((*filler)->Allocate(0, left).ok());

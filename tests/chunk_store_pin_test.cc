@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "io/mem_file_system.h"
 #include "storage/chunk_store.h"
-#include "storage/mem_file_system.h"
 #include "storage/record_checksum.h"
 #include "tests/test_util.h"
 
@@ -37,7 +37,7 @@ class PinTest : public ::testing::Test {
   }
   // Reads the record at `where` and checks it against the generator.
   void ExpectRecord(const storage::PinnedChunks::Location& where, size_t chunk, uint32_t layer) {
-    storage::AlignedBuffer buf((where.length + 4095) / 4096 * 4096, where.file->alignment());
+    io::AlignedBuffer buf((where.length + 4095) / 4096 * 4096, where.file->alignment());
     ASSERT_TRUE(where.file->ReadAt(where.offset, std::span(buf.data(), buf.size())).ok());
     EXPECT_EQ(storage::RecordChecksum(buf.data(), where.length), where.checksum);
     std::vector<std::byte> want(spec_.RecordBytes());
@@ -46,7 +46,7 @@ class PinTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  storage::MemFileSystem fs_;
+  io::MemFileSystem fs_;
   std::unique_ptr<storage::ChunkStore> store_;
   ModelSpec spec_;
   std::vector<int32_t> tokens_;
@@ -80,7 +80,7 @@ TEST_F(PinTest, PinnedRecordsHandOutReadyReads) {
   ASSERT_TRUE(pinned.ok()) << pinned.status();
   const uint32_t layer = spec_.layers - 1;
   const storage::PinnedChunks::Location where = (*pinned)->RecordAt(1, layer);
-  const storage::FileRead read = (*pinned)->ReadOf(1, layer);
+  const io::FileRead read = (*pinned)->ReadOf(1, layer);
   const size_t align = where.file->alignment();
   EXPECT_EQ(read.file, where.file);
   EXPECT_EQ(read.offset, where.offset);
@@ -90,19 +90,19 @@ TEST_F(PinTest, PinnedRecordsHandOutReadyReads) {
   EXPECT_EQ(read.skip, 0u);
   EXPECT_EQ(read.checksum, where.checksum);
   EXPECT_EQ(read.checksum_bytes, where.length);
-  storage::AlignedBuffer buf(read.length, align);
+  io::AlignedBuffer buf(read.length, align);
   CKV_ASSERT_OK(read.file->ReadAt(read.offset, buf.span()));
   CKV_EXPECT_OK(storage::VerifyRecordChecksum(buf.data(), read.checksum_bytes, read.checksum,
                                               [] { return std::string("record"); }));
   // The second half (V), as the H2O baseline reads it.
   const uint32_t half = where.length / 2;
-  const storage::FileRead part = (*pinned)->PartOf(1, layer, half, half);
+  const io::FileRead part = (*pinned)->PartOf(1, layer, half, half);
   EXPECT_EQ(part.offset % align, 0u);
   EXPECT_EQ(part.length % align, 0u);
   EXPECT_EQ(part.offset + part.skip, where.offset + half);
   EXPECT_GE(part.offset + part.length, where.offset + where.length);
   EXPECT_EQ(part.checksum_bytes, 0u);
-  storage::AlignedBuffer pbuf(part.length, align);
+  io::AlignedBuffer pbuf(part.length, align);
   CKV_ASSERT_OK(part.file->ReadAt(part.offset, pbuf.span()));
   EXPECT_EQ(0, std::memcmp(pbuf.data() + part.skip, buf.data() + half, half));
   // A corrupt byte fails the one verification with DataLoss naming the record.

@@ -17,18 +17,18 @@
 #include <vector>
 
 #include "ckv/log.h"
+#include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
-#include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
 
 namespace ckv {
 namespace {
 
+using ::ckv::io::FaultInjectingFileSystem;
+using ::ckv::io::FaultKind;
+using ::ckv::io::FaultRule;
 using ::ckv::storage::ChunkStore;
-using ::ckv::storage::FaultInjectingFileSystem;
-using ::ckv::storage::FaultKind;
-using ::ckv::storage::FaultRule;
 using ::ckv::storage::StoreOptions;
 using ::ckv::testing::TempDir;
 
@@ -100,7 +100,7 @@ class ReclaimTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  FaultInjectingFileSystem fs_{storage::PosixFileSystem(), 11};
+  FaultInjectingFileSystem fs_{io::PosixFileSystem(), 11};
   const ModelSpec spec_ = SmallSpec();
   // The same chunk size as spec_, another fingerprint: its chunks go to segments of their own.
   const ModelSpec other_ = [this] {

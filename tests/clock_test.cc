@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The clock seam (storage/clock.h): FakeClock moves only when told, and what the store dates by
+// The clock seam (common/clock.h): FakeClock moves only when told, and what the store dates by
 // it (the catalog's creation time, each prefix's) reads the clock it is given, not the wall.
-#include "storage/clock.h"
+#include "common/clock.h"
 
 #include <map>
 #include <vector>
@@ -14,7 +14,7 @@
 namespace ckv {
 namespace {
 
-using ::ckv::storage::FakeClock;
+using ::ckv::FakeClock;
 
 TEST(ClockTest, FakeClockMovesOnlyWhenAdvancedOrSleptOn) {
   FakeClock clock(absl::FromUnixSeconds(1000));
@@ -28,7 +28,7 @@ TEST(ClockTest, FakeClockMovesOnlyWhenAdvancedOrSleptOn) {
 }
 
 TEST(ClockTest, RealClockMoves) {
-  storage::Clock* clock = storage::RealClock();
+  Clock* clock = RealClock();
   const int64_t before = clock->MonotonicNanos();
   clock->SleepFor(absl::Milliseconds(1));
   EXPECT_GE(clock->MonotonicNanos() - before, 1'000'000);

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "storage/file_system.h"
+#include "io/file_system.h"
 #include "tests/test_util.h"
 
 namespace ckv {
@@ -24,7 +24,7 @@ TEST(CoverageTest, SaysWhetherTheTestDirectoryHasODirectAndIoUring) {
   const int fd = ::open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
   const bool direct = fd >= 0;
   if (fd >= 0) ::close(fd);
-  const bool uring = storage::UringAvailable();
+  const bool uring = io::UringAvailable();
   const char* tmpdir = std::getenv("TMPDIR");
   std::printf("ckv coverage: TMPDIR=%s: O_DIRECT %s; io_uring %s\n",
               tmpdir != nullptr ? tmpdir : "/tmp",

@@ -29,17 +29,17 @@
 #include <vector>
 #include <string>
 
-#include "ckv/engine.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "ckv/engine.h"
 #include "ckv/log.h"
 #include "engine/internal.h"
+#include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
 #include "tests/crash_workload.h"
-#include "storage/fault_file_system.h"
-#include "tools/synthetic_kv.h"
 #include "tests/test_util.h"
+#include "tools/synthetic_kv.h"
 
 #ifndef CKV_KVCTL_PATH
 #error "CKV_KVCTL_PATH must name the kvctl binary"
@@ -624,11 +624,11 @@ TEST(CrashTest, SigkillWhilePutsEvictUnderACapKeepsTheCapAndWholePrefixes) {
 // Simulated power loss, in process: the workload runs on a store whose segment files go through
 // the fault file system, armed to "crash" after a random number of data operations; the store is
 // then abandoned, every segment write not covered by a completed fdatasync is dropped, torn or
-// kept (storage/fault_file_system.h), and the store is reopened and checked as after a SIGKILL.
+// kept (io/fault_file_system.h), and the store is reopened and checked as after a SIGKILL.
 void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
   TempDir dir;
   std::string store;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), rng_seed);
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem(), rng_seed);
   Ledger ledger(cap, /*power_loss=*/true);
   uint64_t rng = rng_seed;
   auto next = [&rng]() {
@@ -639,7 +639,7 @@ void RunPowerLossCell(uint64_t cap, int crashes, uint64_t rng_seed) {
   };
   absl::Mutex ledger_mu;
   uint64_t reclaim_rounds = 0, inline_evictions = 0;  // of the background reclaimer
-  storage::FaultInjectingFileSystem::CrashReport total;
+  io::FaultInjectingFileSystem::CrashReport total;
   int crashed = 0, steps = 0, in_catalog = 0, in_segments = 0;
   std::map<std::string, int> crashed_in;  // by the operation in flight
   const auto start = std::chrono::steady_clock::now();
@@ -804,7 +804,7 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
     const std::string run = "crash at op " + std::to_string(n) + " of the round and the Put";
     TempDir dir;
     const std::string store = dir.Sub("store");
-    storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 500 + n);
+    io::FaultInjectingFileSystem fs(io::PosixFileSystem(), 500 + n);
     EngineOptions options;
     const engine::Seams seams{.file_system = &fs};
     options.logger = NullLogger();
@@ -936,7 +936,7 @@ TEST(CrashTest, APowerLossAtEachStepOfAReclaimRoundAndThePutAfterItKeepsTheCapAn
       steps, in_catalog, in_put, applied);
 }
 
-// The deterministic crash seams (storage/file_system.h): a power loss exactly between a Put's
+// The deterministic crash seams (io/file_system.h): a power loss exactly between a Put's
 // data sync and its catalog commit, and exactly after the commit, each followed by the worst case
 // a power loss allows (every unsynced write dropped, every directory entry no fsync made durable
 // undone, in the segments' and the catalog's directories alike).
@@ -971,7 +971,7 @@ class CrashSeamTest : public ::testing::Test {
   std::unique_ptr<Engine> CrashAndReopen(std::unique_ptr<Engine> engine) {
     EXPECT_TRUE(fs_.crashed());
     engine.reset();
-    auto report = fs_.ApplyCrash(1, storage::FaultInjectingFileSystem::CrashOutcome::kDropAll);
+    auto report = fs_.ApplyCrash(1, io::FaultInjectingFileSystem::CrashOutcome::kDropAll);
     EXPECT_TRUE(report.ok()) << report.status();
     auto reopened = Open(/*faulty=*/false);
     if (reopened == nullptr) return nullptr;
@@ -985,7 +985,7 @@ class CrashSeamTest : public ::testing::Test {
 
   TempDir dir_;
   const std::string store_ = dir_.Sub("store");
-  storage::FaultInjectingFileSystem fs_{storage::PosixFileSystem(), 7};
+  io::FaultInjectingFileSystem fs_{io::PosixFileSystem(), 7};
 };
 
 TEST_F(CrashSeamTest, APowerLossBetweenDataSyncAndCatalogCommitShowsNothingOfThePut) {
@@ -993,10 +993,10 @@ TEST_F(CrashSeamTest, APowerLossBetweenDataSyncAndCatalogCommitShowsNothingOfThe
   auto engine = Open(/*faulty=*/true);
   ASSERT_NE(engine, nullptr);
   ASSERT_TRUE(Put(*engine, a).ok());
-  fs_.ArmCrashAt(storage::kSeamPutDataSynced);
+  fs_.ArmCrashAt(io::kSeamPutDataSynced);
   const absl::Status s = Put(*engine, b);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_EQ(fs_.crash_point(), storage::kSeamPutDataSynced);
+  EXPECT_EQ(fs_.crash_point(), io::kSeamPutDataSynced);
   engine = CrashAndReopen(std::move(engine));
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(Stored(*engine, a), a.chunks) << "the acknowledged Put before the crash";
@@ -1011,10 +1011,10 @@ TEST_F(CrashSeamTest, APowerLossAfterTheCatalogCommitShowsAllOfThePut) {
   const crash::Prefix a{1, 4, 0}, b{2, 5, 2};
   auto engine = Open(/*faulty=*/true);
   ASSERT_NE(engine, nullptr);
-  fs_.ArmCrashAt(storage::kSeamPutCommitted);
+  fs_.ArmCrashAt(io::kSeamPutCommitted);
   absl::Status s = Put(*engine, a);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_EQ(fs_.crash_point(), storage::kSeamPutCommitted);
+  EXPECT_EQ(fs_.crash_point(), io::kSeamPutCommitted);
   engine = CrashAndReopen(std::move(engine));
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(Stored(*engine, a), a.chunks) << "committed: everything must be visible";
@@ -1023,7 +1023,7 @@ TEST_F(CrashSeamTest, APowerLossAfterTheCatalogCommitShowsAllOfThePut) {
   engine.reset();
   engine = Open(/*faulty=*/true);
   ASSERT_NE(engine, nullptr);
-  fs_.ArmCrashAt(storage::kSeamPutCommitted);
+  fs_.ArmCrashAt(io::kSeamPutCommitted);
   s = Put(*engine, b);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   engine = CrashAndReopen(std::move(engine));
@@ -1041,7 +1041,7 @@ TEST_F(CrashSeamTest, AnAcknowledgedDeleteStaysDeletedAfterAPowerLoss) {
   ASSERT_NE(engine, nullptr);
   ASSERT_TRUE(Put(*engine, a).ok());
   ASSERT_TRUE(Put(*engine, b).ok());
-  fs_.ArmCrashAt(storage::kSeamPutDataSynced);
+  fs_.ArmCrashAt(io::kSeamPutDataSynced);
   const ModelSpec spec = crash::Spec();
   ASSERT_TRUE(engine->Delete(spec, crash::TokensOf(spec, a)).ok());
   EXPECT_TRUE(absl::IsUnavailable(Put(*engine, c)));

@@ -6,8 +6,8 @@
 
 #include "ckv/engine.h"
 #include "gtest/gtest.h"
+#include "io/file_system.h"
 #include "kernels/device_memory.h"
-#include "storage/file_system.h"
 #include "tests/prom_text.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
@@ -142,9 +142,9 @@ TEST(EngineMetricsTest, CountsCallsLatenciesSessionsAndFailuresByCode) {
   EXPECT_EQ(p.Value("ckv_gpu_tier_on_device"), kernels::NewCudaMemory().ok() ? 1 : 0);
   // The backend: the read engine's, the one the POSIX file system picks for kAuto.
   EXPECT_EQ(p.Count("ckv_io_backend_info"), 1u);
-  EXPECT_EQ(p.Value("ckv_io_backend_info",
-                    {{"backend", storage::UringAvailable() ? "io_uring" : "threads"}}),
-            1);
+  EXPECT_EQ(
+      p.Value("ckv_io_backend_info", {{"backend", io::UringAvailable() ? "io_uring" : "threads"}}),
+      1);
 }
 
 TEST(EngineMetricsTest, NamesTheThreadsBackendAndNoDeviceTierBeforeAnySession) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fault matrix (docs/reliability.md): EIO, short I/O, ENOSPC and slow I/O at several rates,
-// injected through the fault-injecting file system (storage/fault_file_system.h: its rules, or
+// injected through the fault-injecting file system (io/fault_file_system.h: its rules, or
 // its op hook on the read engine's reads), which wraps the one I/O layer's queues, io_uring where
 // the kernel allows it, during Puts, during Re-Prefill sessions (summary
 // reads, period heads, prefetches, demand reads) and during eviction and Gc. Each case checks:
@@ -26,18 +26,18 @@
 #include "absl/strings/str_format.h"
 #include "ckv/engine.h"
 #include "engine/internal.h"
+#include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
-#include "storage/fault_file_system.h"
-#include "tests/test_util.h"
 #include "tests/served_bytes.h"
+#include "tests/test_util.h"
 
 namespace ckv {
 namespace {
 
 using ::ckv::testing::ServedEquals;
 
-using ::ckv::storage::FaultInjectingFileSystem;
-using ::ckv::storage::FaultRule;
+using ::ckv::io::FaultInjectingFileSystem;
+using ::ckv::io::FaultRule;
 using ::ckv::testing::ChunkDiskBytes;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::kSanitizerBuild;
@@ -143,7 +143,7 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     seed_ =
         synth::Mix64(static_cast<uint64_t>(c.fault) * 1000 + static_cast<uint64_t>(c.phase) * 100 +
                      static_cast<uint64_t>(c.rate * 100) + (c.seam == Seam::kReadEngine ? 7 : 0));
-    fs_ = std::make_unique<FaultInjectingFileSystem>(storage::PosixFileSystem(), seed_);
+    fs_ = std::make_unique<FaultInjectingFileSystem>(io::PosixFileSystem(), seed_);
     // Slow I/O really is slow (that is what bounds are tested against), but only for the ops
     // the rate picks; every other fault leaves the sleeper unused.
     fs_->SetSleeper([this](uint64_t us) {
@@ -252,7 +252,7 @@ class FaultMatrixTest : public ::testing::TestWithParam<FaultCase> {
     fs_->ClearRules();
   }
   uint64_t FaultsInjected() const {
-    return fs_->total_injected() - fs_->injected(storage::FaultKind::kLatency) + slow_ops_ +
+    return fs_->total_injected() - fs_->injected(io::FaultKind::kLatency) + slow_ops_ +
            hook_faults_;
   }
 
@@ -533,7 +533,7 @@ TEST_P(FaultMatrixTest, FailsWithTheFaultsCodeServesExactBytesAndIsConsistentAft
   // The faults went through the one I/O layer, on io_uring where the kernel allows it: Put's
   // writes (a rate of 1 hits every one of them but ENOSPC's, which the block reservation meets
   // first) and the read engine's reads (the hook sees only those).
-  if (storage::UringAvailable()) {
+  if (io::UringAvailable()) {
     EXPECT_EQ(backend, "io_uring");
   }
   if (c.rate >= 1.0 && c.phase == Phase::kPut && c.fault != Fault::kEnospc) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the data path's OS seam: AlignedBuffer, the POSIX file system, both IoQueue backends
 // (io_uring and the synchronous "threads" one) and the fault-injecting wrapper.
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
 #include <algorithm>
 #include <atomic>
@@ -21,12 +21,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "storage/fault_file_system.h"
-#include "storage/mem_file_system.h"
-#include "storage/uring_io_queue.h"
+#include "io/fault_file_system.h"
+#include "io/mem_file_system.h"
+#include "io/uring_io_queue.h"
 #include "tests/test_util.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 using ::ckv::testing::TempDir;
@@ -116,7 +116,7 @@ TEST(AlignedBufferTest, RoundsSizeUpAndAligns) {
 // PosixFileSystem: files and directories
 
 // The File and FileSystem contract, run against the POSIX file system and the in-memory one
-// (storage/mem_file_system.h), which must behave alike: same results, same error codes.
+// (io/mem_file_system.h), which must behave alike: same results, same error codes.
 class PosixFileTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -1031,4 +1031,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, FaultIoQueueTest,
                          });
 
 }  // namespace
-}  // namespace ckv::storage
+}  // namespace ckv::io

@@ -7,11 +7,12 @@
 #
 #   include/ckv/  includes only include/ckv/.
 #   common/       the implementations of the public value types: the value headers only.
-#   storage/, kernels/  the public value headers and common/; nothing of engine, sessions or the
+#   io/, kernels/  the public value headers and common/; nothing of engine, sessions or the
 #                 Engine API.
+#   storage/      what io/ may, and io/.
 #   prefetch/     what storage/ may, and storage/.
 #   remote/       what storage/ may, and storage/ (the shared tier on Redis Cluster).
-#   engine/       any public header, prefetch/, remote/, storage/, kernels/, common/.
+#   engine/       any public header, prefetch/, remote/, storage/, io/, kernels/, common/.
 #   tools/, bench/  the public API, their own headers (bench/ also tools/), kernels/ (the compute
 #                 functions the tools and benchmarks run), engine/internal.h (the named internal
 #                 API of the benchmark harness), and the exceptions listed below by file.
@@ -30,7 +31,7 @@ ckv/stats.h"
 # Files of tools/ and bench/ that reach a lower layer directly, each with its reason.
 declare -A exceptions=(
   # io_bench measures the I/O layer itself against fio.
-  ["bench/io_bench.cc storage/file_system.h"]=1
+  ["bench/io_bench.cc io/file_system.h"]=1
   ["bench/io_bench.cc prefetch/read_engine.h"]=1
   # kvctl's catalog inspection reads the catalog directly; its tier report sizes the summary
   # share of the CPU tier; its --format prom writes the store's figures with the engine's own
@@ -64,7 +65,7 @@ in_list() {  # in_list WORD LIST...
 allowed() {
   local file="$1" folder="$2" inc="$3" top="${3%%/*}"
   case "$top" in
-    ckv|common|storage|kernels|prefetch|remote|engine|tools|bench) ;;
+    ckv|common|io|storage|kernels|prefetch|remote|engine|tools|bench) ;;
     *) return 0 ;;  # a third-party header (absl/, rocksdb/, ...)
   esac
   case "$folder" in
@@ -74,19 +75,19 @@ allowed() {
     common)
       rule="common/ includes only the public value headers and common/"
       [[ "$top" == common ]] || in_list "$inc" $value_headers ;;
-    storage|kernels)
+    io|kernels)
       rule="$folder/ includes only $folder/, common/ and the public value headers ($value_headers)"
       [[ "$top" == "$folder" || "$top" == common ]] || in_list "$inc" $value_headers ;;
-    prefetch)
-      rule="prefetch/ includes only prefetch/, storage/, common/ and the public value headers"
-      [[ "$top" == prefetch || "$top" == storage || "$top" == common ]] ||
+    storage)
+      rule="storage/ includes only storage/, io/, common/ and the public value headers"
+      [[ "$top" == storage || "$top" == io || "$top" == common ]] ||
         in_list "$inc" $value_headers ;;
-    remote)
-      rule="remote/ includes only remote/, storage/, common/ and the public value headers"
-      [[ "$top" == remote || "$top" == storage || "$top" == common ]] ||
+    prefetch|remote)
+      rule="$folder/ includes only $folder/, storage/, io/, common/ and the public value headers"
+      [[ "$top" == "$folder" || "$top" == storage || "$top" == io || "$top" == common ]] ||
         in_list "$inc" $value_headers ;;
     engine)
-      rule="engine/ includes only the public API, engine/, prefetch/, remote/, storage/, kernels/, common/"
+      rule="engine/ includes only the public API, engine/, prefetch/, remote/, storage/, io/, kernels/, common/"
       [[ "$top" != tools && "$top" != bench ]] ;;
     python)
       rule="python/ includes only the public API (include/ckv/)"
@@ -114,7 +115,7 @@ while IFS= read -r file; do
       failures=$((failures + 1))
     fi
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
-done < <(find include common storage kernels prefetch remote engine tools bench python \
+done < <(find include common io storage kernels prefetch remote engine tools bench python \
            -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null | sort)
 
 if ((checked == 0)); then

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The in-memory FileSystem (storage/mem_file_system.h). The contract it shares with the POSIX
+// The in-memory FileSystem (io/mem_file_system.h). The contract it shares with the POSIX
 // file system runs against both in file_system_test.cc (PosixFileTest, parametrised); here is
 // what only memory shows: blocks and holes counted exactly, a deleted file still open, the
 // directory tree, the queue, and a whole store whose segments never touch the disk.
-#include "storage/mem_file_system.h"
+#include "io/mem_file_system.h"
 
 #include <cstring>
 #include <filesystem>
@@ -15,11 +15,11 @@
 namespace ckv {
 namespace {
 
-using ::ckv::storage::AlignedBuffer;
-using ::ckv::storage::File;
-using ::ckv::storage::IoOp;
-using ::ckv::storage::MemFileSystem;
-using OpenMode = ::ckv::storage::FileSystem::OpenMode;
+using ::ckv::io::AlignedBuffer;
+using ::ckv::io::File;
+using ::ckv::io::IoOp;
+using ::ckv::io::MemFileSystem;
+using OpenMode = ::ckv::io::FileSystem::OpenMode;
 using ::ckv::testing::CountBadRecords;
 using ::ckv::testing::PutSynthetic;
 using ::ckv::testing::TempDir;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Put's staging pool and latency figures (storage/staging_pool.h, storage/latency_window.h):
+// Put's staging pool and latency figures (io/staging_pool.h, common/latency_window.h):
 // Puts larger than the pool stream through it and come back bit-exact, concurrent Puts share a
 // pool of one lane by waiting, and the store's p50/p99/max of Put latency are the nearest-rank
 // figures of the Puts' durations on the store's clock.
@@ -9,13 +9,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
+#include "common/latency_window.h"
+#include "io/fault_file_system.h"
+#include "io/io_op_narrow.h"
+#include "io/mem_file_system.h"
+#include "io/staging_pool.h"
 #include "storage/chunk_store.h"
-#include "storage/clock.h"
-#include "storage/fault_file_system.h"
-#include "storage/io_op_narrow.h"
-#include "storage/latency_window.h"
-#include "storage/mem_file_system.h"
-#include "storage/staging_pool.h"
 #include "tests/test_util.h"
 
 namespace ckv {
@@ -24,11 +24,11 @@ namespace {
 using ::ckv::testing::TempDir;
 
 TEST(LatencyWindowTest, NearestRankOverTheLatestPutsAndMaxOverAll) {
-  storage::LatencyWindow w;
+  LatencyWindow w;
   EXPECT_EQ(w.Summarize().window, 0u);
   EXPECT_EQ(w.Summarize().p99_us, 0u);
   for (uint64_t v = 100; v >= 1; --v) w.Record(v);  // out of order on purpose
-  storage::LatencyWindow::Summary s = w.Summarize();
+  LatencyWindow::Summary s = w.Summarize();
   EXPECT_EQ(s.count, 100u);
   EXPECT_EQ(s.window, 100u);
   EXPECT_EQ(s.p50_us, 50u);
@@ -36,9 +36,9 @@ TEST(LatencyWindowTest, NearestRankOverTheLatestPutsAndMaxOverAll) {
   EXPECT_EQ(s.max_us, 100u);
   // A huge one, then enough small ones to push it out of the window: max keeps it.
   w.Record(1'000'000);
-  for (size_t i = 0; i < storage::LatencyWindow::kWindow; ++i) w.Record(7);
+  for (size_t i = 0; i < LatencyWindow::kWindow; ++i) w.Record(7);
   s = w.Summarize();
-  EXPECT_EQ(s.window, storage::LatencyWindow::kWindow);
+  EXPECT_EQ(s.window, LatencyWindow::kWindow);
   EXPECT_EQ(s.p50_us, 7u);
   EXPECT_EQ(s.p99_us, 7u);
   EXPECT_EQ(s.max_us, 1'000'000u);
@@ -51,7 +51,7 @@ class PutStagingTest : public ::testing::Test {
   // A store on the fault-injecting wrapper over memory (the thread queue under the wrapper, as
   // the fault tests use it), with a small staging pool: `staging` bytes of `write`-byte buffers.
   std::unique_ptr<storage::ChunkStore> Open(uint64_t staging, uint32_t write,
-                                            storage::Clock* clock = nullptr, bool direct = false) {
+                                            Clock* clock = nullptr, bool direct = false) {
     storage::StoreOptions options;
     options.put_direct_writes = direct;
     options.file_system = &fault_;
@@ -78,8 +78,8 @@ class PutStagingTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  storage::MemFileSystem mem_;
-  storage::FaultInjectingFileSystem fault_{&mem_};
+  io::MemFileSystem mem_;
+  io::FaultInjectingFileSystem fault_{&mem_};
   ModelSpec spec_ = *ModelSpec::Preset("qwen2.5-0.5b");
 };
 
@@ -129,7 +129,7 @@ TEST_F(PutStagingTest, ConcurrentPutsShareOneLaneByWaiting) {
 TEST_F(PutStagingTest, FailedWriteLeavesTheLaneUsableForTheNextPut) {
   auto store = Open(1 << 20, 512 << 10);
   ASSERT_NE(store, nullptr);
-  storage::FaultRule rule;
+  io::FaultRule rule;
   rule.path_substring = "seg-";
   rule.write_eio = 1;
   fault_.AddRule(rule);
@@ -150,8 +150,8 @@ TEST_F(PutStagingTest, FailedWriteLeavesTheLaneUsableForTheNextPut) {
 TEST_F(PutStagingTest, LatencyFiguresAreTheNearestRankOfThePutsOnTheStoreClock) {
   // Injected latency on the segment files sleeps on the fake clock, so each Put takes a
   // deterministic time that the test reads off the same clock.
-  storage::FakeClock clock;
-  storage::FaultInjectingFileSystem timed(&mem_, /*seed=*/1, &clock);
+  FakeClock clock;
+  io::FaultInjectingFileSystem timed(&mem_, /*seed=*/1, &clock);
   storage::StoreOptions options;
   options.file_system = &timed;
   options.clock = &clock;
@@ -159,7 +159,7 @@ TEST_F(PutStagingTest, LatencyFiguresAreTheNearestRankOfThePutsOnTheStoreClock) 
   auto opened = storage::ChunkStore::Open(options, dir_.path());
   ASSERT_TRUE(opened.ok()) << opened.status();
   storage::ChunkStore& store = **opened;
-  storage::FaultRule rule;
+  io::FaultRule rule;
   rule.path_substring = "seg-";
   rule.latency_us = 250;
   timed.AddRule(rule);
@@ -187,13 +187,13 @@ struct AlignedKv {
     tensors.tokens = from.tokens;
     for (const auto* side : {&from.k, &from.v}) {
       for (std::span<const std::byte> t : *side) {
-        storage::AlignedBuffer& b = memory.emplace_back(t.size(), 4096);
+        io::AlignedBuffer& b = memory.emplace_back(t.size(), 4096);
         std::memcpy(b.data(), t.data(), t.size());
         (side == &from.k ? tensors.k : tensors.v).emplace_back(b.data(), t.size());
       }
     }
   }
-  std::vector<storage::AlignedBuffer> memory;
+  std::vector<io::AlignedBuffer> memory;
   KvTensors tensors;
 };
 
@@ -209,16 +209,16 @@ class PutDirectTest : public ::testing::TestWithParam<DirectCase> {};
 // pwritev, or WriteAt piece by piece under the wrapper), and read back bit-exact with the
 // checksums of exactly those bytes; unaligned ones are staged.
 TEST_P(PutDirectTest, AlignedTensorsAreWrittenWithoutStagingAndReadBackBitExact) {
-  if (GetParam().posix == IoBackend::kUring && !storage::UringAvailable()) {
-    GTEST_SKIP() << "io_uring unavailable: " << storage::UringUnavailableReason();
+  if (GetParam().posix == IoBackend::kUring && !io::UringAvailable()) {
+    GTEST_SKIP() << "io_uring unavailable: " << io::UringUnavailableReason();
   }
   TempDir dir;
-  storage::MemFileSystem mem;
+  io::MemFileSystem mem;
   CKV_ASSERT_OK(mem.CreateDirs(dir.path()));
-  storage::FaultInjectingFileSystem fault(&mem);
+  io::FaultInjectingFileSystem fault(&mem);
   storage::StoreOptions options;
   options.put_direct_writes = true;
-  options.file_system = GetParam().posix ? storage::PosixFileSystem(*GetParam().posix) : &fault;
+  options.file_system = GetParam().posix ? io::PosixFileSystem(*GetParam().posix) : &fault;
   auto store = storage::ChunkStore::Open(options, dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
@@ -260,9 +260,8 @@ TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
   auto store = Open(32 << 20, 2 << 20, nullptr, /*direct=*/true);
   ASSERT_NE(store, nullptr);
   int round = 0;
-  for (double storage::FaultRule::*fault :
-       {&storage::FaultRule::torn_write, &storage::FaultRule::write_eio}) {
-    storage::FaultRule rule;
+  for (double io::FaultRule::*fault : {&io::FaultRule::torn_write, &io::FaultRule::write_eio}) {
+    io::FaultRule rule;
     rule.path_substring = "seg-";
     rule.*fault = 1;
     fault_.AddRule(rule);
@@ -286,16 +285,15 @@ TEST_F(PutStagingTest, FaultsInGatheredWritesFailThePutCleanly) {
 
 TEST(NarrowIoOpTest, CutsAGatheredWriteInsideItsPieces) {
   std::vector<std::byte> a(4096), b(4096), c(4096);
-  const std::vector<storage::IoPiece> pieces = {
-      {a.data(), 4096}, {b.data(), 4096}, {c.data(), 4096}};
-  storage::IoOp op;
-  op.kind = storage::IoOp::Kind::kWrite;
+  const std::vector<io::IoPiece> pieces = {{a.data(), 4096}, {b.data(), 4096}, {c.data(), 4096}};
+  io::IoOp op;
+  op.kind = io::IoOp::Kind::kWrite;
   op.offset = 1 << 20;
   op.length = 3 * 4096;
   op.gather = pieces;
-  std::vector<storage::IoPiece> cut;
+  std::vector<io::IoPiece> cut;
   // The middle 8 KiB: the second half of a, all of b, the first half of c.
-  const storage::IoOp mid = storage::NarrowIoOp(op, 2048, 8192, &cut);
+  const io::IoOp mid = io::NarrowIoOp(op, 2048, 8192, &cut);
   EXPECT_EQ(mid.offset, (1u << 20) + 2048);
   EXPECT_EQ(mid.length, 8192u);
   ASSERT_EQ(mid.gather.size(), 3u);
@@ -306,29 +304,29 @@ TEST(NarrowIoOpTest, CutsAGatheredWriteInsideItsPieces) {
   EXPECT_EQ(mid.gather[2].data, c.data());
   EXPECT_EQ(mid.gather[2].length, 2048u);
   // The rest after 2 pieces: c alone. A plain op's buffer advances instead.
-  const storage::IoOp rest = storage::NarrowIoOp(op, 8192, 4096, &cut);
+  const io::IoOp rest = io::NarrowIoOp(op, 8192, 4096, &cut);
   ASSERT_EQ(rest.gather.size(), 1u);
   EXPECT_EQ(rest.gather[0].data, c.data());
-  storage::IoOp plain;
+  io::IoOp plain;
   plain.buffer = a.data();
   plain.length = 4096;
-  EXPECT_EQ(storage::NarrowIoOp(plain, 1024, 512, &cut).buffer, a.data() + 1024);
+  EXPECT_EQ(io::NarrowIoOp(plain, 1024, 512, &cut).buffer, a.data() + 1024);
 }
 
 TEST(StagingPoolTest, LanesAreBoundedByThePoolAndTheQueueDepth) {
-  storage::MemFileSystem fs;
+  io::MemFileSystem fs;
   // 32 MiB of 2 MiB buffers at depth 16: 16 buffers in 2 lanes of 8.
-  storage::StagingPool pool(&fs, 32 << 20, 2 << 20, 16);
+  io::StagingPool pool(&fs, 32 << 20, 2 << 20, 16);
   EXPECT_EQ(pool.pool_bytes(), uint64_t{32} << 20);
   EXPECT_EQ(pool.lanes(), 2u);
   auto a = pool.LeaseLane();
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->buffers().size(), 8u);
   for (std::byte* b : a->buffers()) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % storage::StagingPool::kBufferAlignment, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % io::StagingPool::kBufferAlignment, 0u);
   }
   // Less than two buffers' worth still makes one lane of two.
-  storage::StagingPool tiny(&fs, 1 << 20, 2 << 20, 16);
+  io::StagingPool tiny(&fs, 1 << 20, 2 << 20, 16);
   EXPECT_EQ(tiny.lanes(), 1u);
   EXPECT_EQ(tiny.pool_bytes(), uint64_t{4} << 20);
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of prefetch/read_engine.h, run for both backends of the storage I/O layer (io_uring and
+// Tests of prefetch/read_engine.h, run for both backends of the I/O layer (io_uring and
 // the thread fallback): exact bytes, checksums, coalescing, priorities under a backlog, injected
-// faults (through storage::FaultInjectingFileSystem over either backend), cancellation racing
+// faults (through io::FaultInjectingFileSystem over either backend), cancellation racing
 // completions, bounded queues and waits.
 #include "prefetch/read_engine.h"
 
@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "storage/fault_file_system.h"
-#include "storage/file_system.h"
+#include "io/fault_file_system.h"
+#include "io/file_system.h"
 #include "tests/test_util.h"
 #include "xxhash.h"
 
@@ -52,11 +52,11 @@ std::vector<std::byte> Pattern(uint64_t i, size_t bytes = kRecord) {
 
 // A file of `records` records of kRecord bytes, with the pattern above.
 struct TestFile {
-  TestFile(storage::FileSystem* fs, const std::string& path, uint32_t records) : records(records) {
-    auto f = fs->Open(path, storage::FileSystem::OpenMode::kCreateReadWrite);
+  TestFile(io::FileSystem* fs, const std::string& path, uint32_t records) : records(records) {
+    auto f = fs->Open(path, io::FileSystem::OpenMode::kCreateReadWrite);
     EXPECT_TRUE(f.ok()) << f.status();
     file = std::move(*f);
-    storage::AlignedBuffer buf(size_t{records} * kRecord);
+    io::AlignedBuffer buf(size_t{records} * kRecord);
     for (uint32_t i = 0; i < records; ++i) {
       FillPattern(i, std::span<std::byte>(buf.data() + size_t{i} * kRecord, kRecord));
       checksums.push_back(XXH3_64bits(buf.data() + size_t{i} * kRecord, kRecord));
@@ -64,7 +64,7 @@ struct TestFile {
     EXPECT_TRUE(file->WriteAt(0, buf.span()).ok());
   }
   uint32_t records;
-  std::unique_ptr<storage::File> file;
+  std::unique_ptr<io::File> file;
   std::vector<uint64_t> checksums;
 };
 
@@ -84,7 +84,7 @@ ReadRequest RecordRequest(FileId id, const TestFile& f, uint32_t i,
 class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
  protected:
   void SetUp() override {
-    if (GetParam() == IoBackend::kUring && !storage::UringAvailable()) {
+    if (GetParam() == IoBackend::kUring && !io::UringAvailable()) {
       GTEST_SKIP() << "io_uring unavailable: "
                    << "the threads backend runs the same tests";
     }
@@ -98,9 +98,8 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
   }
   // The fault-injecting file system over the POSIX one of the test's backend: files opened by
   // it, and an engine reading through it (o.file_system), get the hook's faults.
-  storage::FaultInjectingFileSystem* FaultFs(ReadEngineOptions& o) {
-    fault_fs_ =
-        std::make_unique<storage::FaultInjectingFileSystem>(storage::PosixFileSystem(GetParam()));
+  io::FaultInjectingFileSystem* FaultFs(ReadEngineOptions& o) {
+    fault_fs_ = std::make_unique<io::FaultInjectingFileSystem>(io::PosixFileSystem(GetParam()));
     o.file_system = fault_fs_.get();
     return fault_fs_.get();
   }
@@ -110,11 +109,11 @@ class ReadEngineTest : public ::testing::TestWithParam<IoBackend> {
     return e.ok() ? std::move(*e) : nullptr;
   }
   TempDir dir_;
-  std::unique_ptr<storage::FaultInjectingFileSystem> fault_fs_;  // outlives the engines
+  std::unique_ptr<io::FaultInjectingFileSystem> fault_fs_;  // outlives the engines
 };
 
-using OpInfo = storage::FaultInjectingFileSystem::OpInfo;
-using IoFault = storage::FaultInjectingFileSystem::OpFault;
+using OpInfo = io::FaultInjectingFileSystem::OpInfo;
+using IoFault = io::FaultInjectingFileSystem::OpFault;
 
 // A count of callbacks that a test can wait on: bumped by the engine's threads, waited for on
 // the test's (a wait on a condition, not a poll with sleeps).
@@ -147,7 +146,7 @@ bool WaitFor(const Counter& counter, int target, absl::Duration timeout = kWait)
 }
 
 TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 512);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 512);
   auto engine = Make(Options());
   ASSERT_NE(engine, nullptr);
   EXPECT_STREQ(engine->backend(), GetParam() == IoBackend::kUring ? "io_uring" : "threads");
@@ -206,7 +205,7 @@ TEST_P(ReadEngineTest, EveryCompletionDeliversExactlyTheRequestedBytes) {
 }
 
 TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 64);
   ReadEngineOptions o = Options();
   o.start_paused = true;
   auto engine = Make(o);
@@ -257,7 +256,7 @@ TEST_P(ReadEngineTest, CoalescesAdjacentRecordsAndVerifiesEachChecksum) {
 }
 
 TEST_P(ReadEngineTest, CoalescingStopsAtMaxIoBytes) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 64);
   ReadEngineOptions o = Options();
   o.start_paused = true;
   o.max_io_bytes = 64 * 1024;  // 4 records
@@ -282,7 +281,7 @@ TEST_P(ReadEngineTest, CoalescingStopsAtMaxIoBytes) {
 // Holds every read of `fs` at issue until `release` is notified: `reading` is notified at the
 // first, and `issued` counts them. Tests step through what is in flight with no latency race.
 struct HeldAtIssue {
-  explicit HeldAtIssue(storage::FaultInjectingFileSystem* fs) {
+  explicit HeldAtIssue(io::FaultInjectingFileSystem* fs) {
     fs->SetOpHook([this](const OpInfo&) {
       issued.fetch_add(1);
       if (!reading.HasBeenNotified()) reading.Notify();
@@ -295,7 +294,7 @@ struct HeldAtIssue {
 };
 
 TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 128);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 128);
   ReadEngineOptions o = Options();
   o.queue_depth = 1;
   o.coalesce = false;
@@ -337,8 +336,8 @@ TEST_P(ReadEngineTest, DemandIsIssuedBeforeABacklogOfSpeculation) {
 // The time-weighted stats are measured on the engine's clock: on a FakeClock, exactly the time
 // the test steps, however long the reads really take.
 TEST_P(ReadEngineTest, StatsAreTimedOnTheEnginesClock) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 4);
-  storage::FakeClock clock;
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 4);
+  FakeClock clock;
   ReadEngineOptions o = Options();
   o.clock = &clock;
   o.start_paused = true;
@@ -367,7 +366,7 @@ TEST_P(ReadEngineTest, StatsAreTimedOnTheEnginesClock) {
 // A queue depth of 1 (one read in flight, the smallest ring: one entry besides the wake-up poll)
 // still reads everything, fed by submissions from another thread.
 TEST_P(ReadEngineTest, QueueDepthOneReadsEverything) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 64);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 64);
   ReadEngineOptions o = Options();
   o.queue_depth = 1;
   auto engine = Make(o);
@@ -390,7 +389,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
   // hook holds every read at issue until the demand is queued (explicit steps, no latency race),
   // so the reads issued before it are at most the queue depth.
   ReadEngineOptions o = Options();
-  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  io::FaultInjectingFileSystem* fs = FaultFs(o);
   TestFile f(fs, dir_.Sub("data"), 128);
   o.queue_depth = 2;
   o.coalesce = false;
@@ -429,7 +428,7 @@ TEST_P(ReadEngineTest, DemandOvertakesRunningSpeculation) {
 // called are known, and it cannot return before they are released.
 TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
   ReadEngineOptions o = Options();
-  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  io::FaultInjectingFileSystem* fs = FaultFs(o);
   TestFile f(fs, dir_.Sub("data"), 32);
   o.queue_depth = 2;
   o.coalesce = false;
@@ -473,7 +472,7 @@ TEST_P(ReadEngineTest, PauseAndDrainWaitsForTheReadsInFlightAndIssuesNoMore) {
 
 TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
   ReadEngineOptions o = Options();
-  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  io::FaultInjectingFileSystem* fs = FaultFs(o);
   TestFile f(fs, dir_.Sub("data"), 256);
   o.coalesce = false;  // one request per device read, so each fault maps to one request
   absl::Mutex mu;
@@ -543,7 +542,7 @@ TEST_P(ReadEngineTest, InjectedFaultsEndInTheRightStatus) {
 }
 
 TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 256);
   ReadEngineOptions o = Options();
   o.max_outstanding_requests = 256;
   auto engine = Make(o);
@@ -611,7 +610,7 @@ TEST_P(ReadEngineTest, CancelsRaceCompletionsWithoutTouchingFreedBuffers) {
 
 TEST_P(ReadEngineTest, DestroyingWithReadsInFlightCompletesOrCancelsEach) {
   ReadEngineOptions o = Options();
-  storage::FaultInjectingFileSystem* fs = FaultFs(o);
+  io::FaultInjectingFileSystem* fs = FaultFs(o);
   TestFile f(fs, dir_.Sub("data"), 256);
   std::atomic<int> calls{0}, ok{0}, cancelled{0};
   {
@@ -635,7 +634,7 @@ TEST_P(ReadEngineTest, DestroyingWithReadsInFlightCompletesOrCancelsEach) {
 }
 
 TEST_P(ReadEngineTest, WaitsAreBoundedAndRequestsAreValidated) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 8);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 8);
   ReadEngineOptions o = Options();
   o.start_paused = true;
   auto engine = Make(o);
@@ -676,7 +675,7 @@ TEST_P(ReadEngineTest, WaitsAreBoundedAndRequestsAreValidated) {
 }
 
 TEST_P(ReadEngineTest, SeveralIoThreadsDeliverEverything) {
-  TestFile f(storage::PosixFileSystem(), dir_.Sub("data"), 256);
+  TestFile f(io::PosixFileSystem(), dir_.Sub("data"), 256);
   ReadEngineOptions o = Options();
   o.io_threads = 3;
   o.queue_depth = 4;
@@ -707,10 +706,10 @@ INSTANTIATE_TEST_SUITE_P(Backends, ReadEngineTest,
 // the faults reach io_uring reads as well as the thread fallback's, and are counted there.
 TEST(ReadEngineFaultFsTest, EioAndShortReadsFromTheFaultFileSystem) {
   for (IoBackend backend : {IoBackend::kThreads, IoBackend::kUring}) {
-    if (backend == IoBackend::kUring && !storage::UringAvailable()) continue;
+    if (backend == IoBackend::kUring && !io::UringAvailable()) continue;
     SCOPED_TRACE(IoBackendName(backend));
     TempDir dir;
-    storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(backend), /*seed=*/5);
+    io::FaultInjectingFileSystem fs(io::PosixFileSystem(backend), /*seed=*/5);
     TestFile f(&fs, dir.Sub("seg-1"), 256);
     fs.AddRule({.path_substring = "seg-", .read_eio = 0.1, .short_read = 0.1});
     fs.ResetCounters();
@@ -743,8 +742,8 @@ TEST(ReadEngineFaultFsTest, EioAndShortReadsFromTheFaultFileSystem) {
       }
     }
     EXPECT_GT(failed, 0u);
-    EXPECT_EQ(failed, fs.injected(storage::FaultKind::kReadEio) +
-                          fs.injected(storage::FaultKind::kShortRead));
+    EXPECT_EQ(failed,
+              fs.injected(io::FaultKind::kReadEio) + fs.injected(io::FaultKind::kShortRead));
     // Every fault went through the queue of this backend.
     EXPECT_EQ(fs.queue_faults(IoBackendName(backend)).reads, failed);
   }
@@ -756,7 +755,7 @@ TEST(ReadEngineAutoTest, AutoPicksUringWhenAvailable) {
   o.queue_depth = 2;
   auto engine = ReadEngine::Create(o);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  EXPECT_STREQ((*engine)->backend(), storage::UringAvailable() ? "io_uring" : "threads");
+  EXPECT_STREQ((*engine)->backend(), io::UringAvailable() ? "io_uring" : "threads");
   o.queue_depth = 0;
   EXPECT_EQ(ReadEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -764,9 +763,9 @@ TEST(ReadEngineAutoTest, AutoPicksUringWhenAvailable) {
 // A file must come from the engine's file system: the POSIX one's io_uring queue refuses a
 // wrapped file it has no descriptor for.
 TEST(ReadEngineFaultFsTest, UringBackendRefusesFilesOfAnotherFileSystem) {
-  if (!storage::UringAvailable()) GTEST_SKIP() << "io_uring unavailable";
+  if (!io::UringAvailable()) GTEST_SKIP() << "io_uring unavailable";
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(), 1);
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem(), 1);
   TestFile f(&fs, dir.Sub("seg-1"), 2);
   ReadEngineOptions o;
   o.backend = IoBackend::kUring;

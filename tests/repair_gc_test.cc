@@ -3,8 +3,8 @@
 #include <fstream>
 
 #include "ckv/engine.h"
+#include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
-#include "storage/fault_file_system.h"
 #include "tests/test_util.h"
 
 namespace ckv {
@@ -18,7 +18,7 @@ using ::ckv::testing::TempDir;
 ModelSpec Spec() { return *ModelSpec::Preset("qwen2.5-0.5b"); }
 
 std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {},
-                             storage::FileSystem* fs = nullptr) {
+                             io::FileSystem* fs = nullptr) {
   auto engine = engine::OpenWithSeams(options, dir, {.file_system = fs});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
@@ -112,14 +112,14 @@ TEST(GcTest, DeletesSegmentsThatHoldNothingAndTheStoreGoesOn) {
 
 TEST(GcTest, ReclaimsBlocksAFailedPunchLeftBehind) {
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem(IoBackend::kThreads));
   auto engine = Open(dir.path(), {}, &fs);
   const auto keep = synth::Tokens(6, 4 * Spec().chunk_tokens);
   const auto drop = synth::Tokens(7, 8 * Spec().chunk_tokens);
   ASSERT_TRUE(PutSynthetic(*engine, Spec(), keep).ok());
   ASSERT_TRUE(PutSynthetic(*engine, Spec(), drop).ok());
   const uint64_t full = SegmentBlocksBytes(dir.path());
-  storage::FaultRule rule;
+  io::FaultRule rule;
   rule.punch_hole_fail = 1;
   fs.AddRule(rule);
   ASSERT_TRUE(engine->Delete(Spec(), drop).ok());  // the slots are free; their blocks are not

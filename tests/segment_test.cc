@@ -7,19 +7,19 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "storage/mem_file_system.h"
+#include "io/mem_file_system.h"
 
 namespace ckv::storage {
 namespace {
 
-Segment MakeSegment(MemFileSystem& fs, uint32_t capacity) {
+Segment MakeSegment(io::MemFileSystem& fs, uint32_t capacity) {
   SegmentRecord g;
   g.layers = 1;
   g.band_layers = 1;
   g.record_bytes = 4096;
   g.record_slot_bytes = 4096;
   g.capacity_slots = capacity;
-  auto file = fs.Open("/seg", FileSystem::OpenMode::kCreateReadWrite);
+  auto file = fs.Open("/seg", io::FileSystem::OpenMode::kCreateReadWrite);
   EXPECT_TRUE(file.ok()) << file.status();
   return Segment(1, g, *std::move(file));
 }
@@ -50,7 +50,7 @@ TEST(SegmentLoadTest, SlotsMarkedInAnyOrderGiveTheExactFreeRuns) {
   std::mt19937 rng(7);
   for (uint32_t capacity : {1u, 63u, 64u, 65u, 200u, 1000u}) {
     for (double density : {0.0, 0.1, 0.5, 0.97, 1.0}) {
-      MemFileSystem fs;
+      io::MemFileSystem fs;
       Segment seg = MakeSegment(fs, capacity);
       std::vector<bool> used(capacity);
       std::vector<uint32_t> order;
@@ -81,7 +81,7 @@ TEST(SegmentLoadTest, SlotsMarkedInAnyOrderGiveTheExactFreeRuns) {
 TEST(SegmentLoadTest, ASegmentTooLargeForABitmapSplitsItsRunsInstead) {
   // A geometry over kMaxLoadBitmapSlots (up to 2^30 slots, tiny chunks in huge segments) is
   // loaded without a bitmap of its size, with the same result.
-  MemFileSystem fs;
+  io::MemFileSystem fs;
   const uint32_t capacity = Segment::kMaxLoadBitmapSlots + 100;
   Segment seg = MakeSegment(fs, capacity);
   seg.BeginLoad();
@@ -94,7 +94,7 @@ TEST(SegmentLoadTest, ASegmentTooLargeForABitmapSplitsItsRunsInstead) {
 }
 
 TEST(SegmentLoadTest, ASegmentWithNoChunkIsWhollyFree) {
-  MemFileSystem fs;
+  io::MemFileSystem fs;
   Segment seg = MakeSegment(fs, 1000);
   seg.BeginLoad();
   seg.EndLoad();
@@ -102,7 +102,7 @@ TEST(SegmentLoadTest, ASegmentWithNoChunkIsWhollyFree) {
 }
 
 TEST(SegmentLoadTest, ASlotMarkedTwiceIsRefusedTheSecondTime) {
-  MemFileSystem fs;
+  io::MemFileSystem fs;
   Segment seg = MakeSegment(fs, 100);
   seg.BeginLoad();
   EXPECT_TRUE(seg.MarkUsed(70));

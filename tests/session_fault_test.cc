@@ -12,10 +12,10 @@
 #include "absl/synchronization/notification.h"
 #include "ckv/engine.h"
 #include "engine/internal.h"
+#include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
-#include "storage/fault_file_system.h"
-#include "tests/test_util.h"
 #include "tests/served_bytes.h"
+#include "tests/test_util.h"
 
 namespace ckv {
 namespace {
@@ -42,7 +42,7 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   const auto tokens = synth::Tokens(41, 16 * spec.chunk_tokens);
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem());
   EngineOptions eo;
   eo.layout =
       RecordLayout::kLayerMajor;  // one layer's records are one band: reads never mix layers
@@ -62,10 +62,10 @@ TEST_P(SessionLayerFaultTest, OnlyTheFailedLayersFailNamingTheRecordAndTheRestAr
   }
   std::atomic<bool> on{true};
   std::atomic<uint64_t> injected{0};
-  fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
+  fs.SetOpHook([&](const io::FaultInjectingFileSystem::OpInfo& op) {
     const uint64_t offset = op.offset;
     const size_t length = op.length;
-    storage::FaultInjectingFileSystem::OpFault f;
+    io::FaultInjectingFileSystem::OpFault f;
     if (!on || !op.read || op.path != bad_path) return f;
     for (const auto& [lo, hi] : bad) {
       if (offset < hi && lo < offset + length) {
@@ -162,7 +162,7 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   const auto tokens = synth::Tokens(43, 16 * spec.chunk_tokens);
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem());
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem());
   EngineOptions eo;
   eo.layout = RecordLayout::kLayerMajor;
   const engine::Seams seams{.file_system = &fs};
@@ -176,8 +176,8 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   ASSERT_TRUE(where.ok()) << where.status();
   std::atomic<int> reads_of_it{0};
   absl::Notification failed_once;
-  fs.SetOpHook([&](const storage::FaultInjectingFileSystem::OpInfo& op) {
-    storage::FaultInjectingFileSystem::OpFault f;
+  fs.SetOpHook([&](const io::FaultInjectingFileSystem::OpInfo& op) {
+    io::FaultInjectingFileSystem::OpFault f;
     if (op.read && op.path == where->segment_path && op.offset <= where->offset &&
         where->offset < op.offset + op.length && reads_of_it++ == 0) {
       f.error = EIO;
@@ -209,7 +209,7 @@ TEST(SessionPrefetchFaultTest, RegressionAFailedSpeculativeReadFailedTheLayerTha
   EXPECT_EQ(reads_of_it.load(), 2) << "one failed speculative read, one demand read";
   // The fault reached the session's reads through the I/O layer's io_uring queue where the kernel
   // allows it (the engine no longer falls back to threads for a caller's file system).
-  EXPECT_EQ(fs.queue_faults(storage::UringAvailable() ? "io_uring" : "threads").reads, 1u);
+  EXPECT_EQ(fs.queue_faults(io::UringAvailable() ? "io_uring" : "threads").reads, 1u);
   ASSERT_TRUE((*session)->Finish().ok());
 }
 

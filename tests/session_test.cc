@@ -10,6 +10,8 @@
 
 #include "ckv/engine.h"
 #include "engine/internal.h"
+#include "gmock/gmock.h"
+#include "io/fault_file_system.h"
 #include "kernels/attention.h"
 #include "kernels/estimate.h"
 #include "kernels/fidelity.h"
@@ -17,11 +19,9 @@
 #include "kernels/selector.h"
 #include "kernels/summary.h"
 #include "storage/chunk_store.h"
-#include "storage/fault_file_system.h"
+#include "tests/served_bytes.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_attention.h"
-#include "gmock/gmock.h"
-#include "tests/served_bytes.h"
 
 namespace ckv {
 namespace {
@@ -110,7 +110,7 @@ const Planted& Data() {
 }
 
 std::unique_ptr<Engine> Open(const std::string& dir, EngineOptions options = {},
-                             storage::FileSystem* fs = nullptr) {
+                             io::FileSystem* fs = nullptr) {
   auto engine = engine::OpenWithSeams(options, dir, {.file_system = fs});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
@@ -658,13 +658,13 @@ TEST(SessionLifeTest, ACorruptRecordIsDataLossFromAwaitLayer) {
   EXPECT_TRUE((*session)->Finish().ok());
 }
 
-// The engine reads time only through its clock (storage/clock.h), here a FakeClock that nothing
+// The engine reads time only through its clock (common/clock.h), here a FakeClock that nothing
 // advances: the prefix is dated at the clock's time, and however long the session really waits
 // for its reads, the time it reports blocked is exactly 0 (a real clock would report more).
 TEST(SessionClockTest, TimestampsAndAwaitTimeComeFromTheEnginesClock) {
   const Planted& d = Data();
   TempDir dir;
-  storage::FakeClock clock(absl::FromUnixMillis(1'650'000'000'123));
+  FakeClock clock(absl::FromUnixMillis(1'650'000'000'123));
   auto engine = engine::OpenWithSeams(EngineOptions{}, dir.path(), {.clock = &clock});
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE(d.Put(**engine).ok());
@@ -700,7 +700,7 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
   // asks for the next layer, and what they read is then served.
   const Planted& d = Data();
   TempDir dir;
-  storage::FaultInjectingFileSystem fs(storage::PosixFileSystem(IoBackend::kThreads));
+  io::FaultInjectingFileSystem fs(io::PosixFileSystem(IoBackend::kThreads));
   auto engine = Open(dir.path(), {}, &fs);
   ASSERT_TRUE(d.Put(*engine).ok());
   absl::Mutex mu;
@@ -709,7 +709,7 @@ TEST(SessionOverlapTest, ReadsOverlapComputeInsteadOfAddingToIt) {
     absl::MutexLock lock(&mu);
     ++reads;
   });
-  storage::FaultRule counted;
+  io::FaultRule counted;
   counted.path_substring = "seg-";
   counted.latency_us = 1;  // every op on a segment reaches the sleeper
   fs.AddRule(counted);

@@ -251,7 +251,7 @@ sanitize_in() {
 
 # The suite again under AddressSanitizer (leaks included) + UndefinedBehaviorSanitizer, then
 # under ThreadSanitizer (tests/tsan.supp says what it ignores in the uninstrumented libraries;
-# storage/tsan_absl_sync.cc makes absl::Mutex visible to it).
+# common/tsan_absl_sync.cc makes absl::Mutex visible to it).
 run_sanitized() {
   phase "build: ASan+UBSan (build-asan/)"
   sanitize_in "$ASAN_BUILD_DIR" "ASan+UBSan" address,undefined

@@ -31,7 +31,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
 readonly CXX="${CKV_CROSS_CXX:-aarch64-linux-gnu-g++}"
 readonly JOBS="${CKV_CROSS_JOBS:-$(nproc 2>/dev/null || echo 2)}"
-readonly DIRS=(common storage kernels prefetch remote engine)
+readonly DIRS=(common io storage kernels prefetch remote engine)
 mode=(-O2)
 mode_name="-c -O2"
 case "${1:-}" in

@@ -51,7 +51,7 @@ double Fio::MbPerS(const IoSizeMix& mix, uint32_t qd, const std::string& dir) {
   }
   qd = std::clamp<uint32_t>(qd, 1, max_qd_);
   uint64_t size = 0;
-  auto names = storage::PosixFileSystem()->ListDir(dir + "/segments");
+  auto names = io::PosixFileSystem()->ListDir(dir + "/segments");
   if (names.ok()) {
     for (const std::string& name : *names) {
       struct stat st {};

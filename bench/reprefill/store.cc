@@ -101,8 +101,8 @@ absl::StatusOr<std::vector<uint64_t>> ReadSums(const std::string& path, size_t c
 
 absl::Status OwnFile::Open(prefetch::ReadEngine& engine, const std::string& path,
                            const std::string& sum_path, size_t count) {
-  CKV_ASSIGN_OR_RETURN(
-      file, storage::PosixFileSystem()->Open(path, storage::FileSystem::OpenMode::kReadWrite));
+  CKV_ASSIGN_OR_RETURN(file,
+                       io::PosixFileSystem()->Open(path, io::FileSystem::OpenMode::kReadWrite));
   CKV_ASSIGN_OR_RETURN(id, engine.RegisterFile(file.get()));
   reads = &engine;
   CKV_ASSIGN_OR_RETURN(sums, ReadSums(sum_path, count));

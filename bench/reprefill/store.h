@@ -149,7 +149,7 @@ std::string ValueSumPath(const Flags& f);
 // engine, with its checksums. Unregistered by Close, or when it goes (on an error path).
 struct OwnFile {
   prefetch::ReadEngine* reads = nullptr;  // set while registered
-  std::unique_ptr<storage::File> file;
+  std::unique_ptr<io::File> file;
   prefetch::FileId id = 0;
   std::vector<uint64_t> sums;
 

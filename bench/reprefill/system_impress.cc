@@ -499,7 +499,7 @@ class ImpressRunner final : public BaselineRunner {
       }
     }
     if (changed.empty()) return uint64_t{0};
-    storage::File* file = ctx_.impress_io;
+    io::File* file = ctx_.impress_io;
     const size_t align = std::max<size_t>(4096, file->alignment());
     const size_t bb = imf_.block_bytes();
     std::vector<std::byte> raw(2 * changed.size() * bb + align);

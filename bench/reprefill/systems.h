@@ -126,9 +126,9 @@ struct RunContext {
   Engine* engine = nullptr;
   prefetch::ReadEngine* reads = nullptr;
   prefetch::FileId key_file = 0;
-  prefetch::FileId impress_file = 0;    // impress.bin, registered with `reads`
-  storage::File* impress_io = nullptr;  // the same file, for the between-turns rewrites
-  prefetch::FileId value_file = 0;      // values.bin (h2o), registered with `reads`
+  prefetch::FileId impress_file = 0;  // impress.bin, registered with `reads`
+  io::File* impress_io = nullptr;     // the same file, for the between-turns rewrites
+  prefetch::FileId value_file = 0;    // values.bin (h2o), registered with `reads`
   // The checksums of keys.bin, of impress.bin in token order and of values.bin (store.h),
   // verified on every read.
   const std::vector<uint64_t>* key_sums = nullptr;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ckv/io_backend.h: which backend performs disk I/O, the one definition that the public options,
-// the storage I/O layer (storage/file_system.h), the read engine and the engine all use.
+// the I/O layer (io/file_system.h), the read engine and the engine all use.
 //
 // Thread-safety: plain values.
 #ifndef CKV_IO_BACKEND_H_

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// PrivateFileSystem (see storage/private_file_system.h).
-#include "storage/private_file_system.h"
+// PrivateFileSystem (see io/private_file_system.h).
+#include "io/private_file_system.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,10 +12,10 @@
 #include <memory>
 #include <string>
 
+#include "io/file_system.h"
 #include "rocksdb/file_system.h"
-#include "storage/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 constexpr mode_t kFileMode = 0600;
@@ -145,4 +145,4 @@ rocksdb::Status TightenModes(const std::string& dir) {
   return rocksdb::Status::OK();
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/fault_file_system.h: a FileSystem wrapper that injects I/O faults, for tests.
+// io/fault_file_system.h: a FileSystem wrapper that injects I/O faults, for tests.
 //
 // FaultInjectingFileSystem forwards every call to a target FileSystem, as LevelDB's EnvWrapper
 // does, and injects faults into the files whose path matches one of its rules, each with the
@@ -31,7 +31,7 @@
 // starts with "read", so EIO maps to DataLoss as a real one does.
 //
 // Queues: NewIoQueue wraps a queue of the target (io_uring or the thread fallback: the one I/O
-// layer of storage/file_system.h, so faults reach whichever backend the store and the read engine
+// layer of io/file_system.h, so faults reach whichever backend the store and the read engine
 // use; queue_faults(backend) counts them by backend). The wrapper accepts only Files opened by
 // this file system, translates them (and registered file slots) to the target's Files and
 // applies faults per op, the op hook's (SetOpHook: a test's own errno, short transfer or latency
@@ -65,7 +65,7 @@
 // simulated: an unsynced punch coming undone (Open punches every free slot anyway), the loss of
 // a segment file's unsynced size change, and a deleted file coming back.
 //
-// Crash seams: ArmCrashAt(seam) crashes at the named point of a Put (storage/file_system.h:
+// Crash seams: ArmCrashAt(seam) crashes at the named point of a Put (io/file_system.h:
 // kSeamPutDataSynced, kSeamPutCommitted) instead of after a number of operations; everything
 // else is as above. ApplyCrash with CrashOutcome::kDropAll drops every unsynced write and undoes
 // every non-durable directory entry: the worst case a power loss allows, deterministically.
@@ -80,8 +80,8 @@
 // Thread-safety: every method is thread-safe (the Files and the rules share one mutex); a
 // queue is used by one thread at a time. The target must outlive this file system, and this file
 // system every File and queue it returns.
-#ifndef CKV_STORAGE_FAULT_FILE_SYSTEM_H_
-#define CKV_STORAGE_FAULT_FILE_SYSTEM_H_
+#ifndef CKV_IO_FAULT_FILE_SYSTEM_H_
+#define CKV_IO_FAULT_FILE_SYSTEM_H_
 
 #include <array>
 #include <cerrno>
@@ -99,10 +99,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "storage/clock.h"
-#include "storage/file_system.h"
+#include "common/clock.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 enum class FaultKind : uint8_t {
   kReadEio,
@@ -242,7 +242,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   absl::StatusOr<CrashReport> ApplyCrash(uint64_t seed,
                                          CrashOutcome outcome = CrashOutcome::kRandom);
 
-  // The catalog behind the seam (storage/file_system.h). The layer refers to this file system,
+  // The catalog behind the seam (io/file_system.h). The layer refers to this file system,
   // which must outlive it.
   std::shared_ptr<rocksdb::FileSystem> CatalogFileSystem(
       std::shared_ptr<rocksdb::FileSystem> base) override;
@@ -352,6 +352,6 @@ class FaultInjectingFileSystem final : public FileSystem {
   std::array<uint64_t, kNumFaultKinds> injected_ ABSL_GUARDED_BY(mu_){};
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_FAULT_FILE_SYSTEM_H_
+#endif  // CKV_IO_FAULT_FILE_SYSTEM_H_

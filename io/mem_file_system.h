@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/mem_file_system.h: a FileSystem in memory, for tests (ckv/options.h promises one).
+// io/mem_file_system.h: a FileSystem in memory, for tests (ckv/options.h promises one).
 //
 // Files, directories and their contents live in this object and vanish with it; nothing touches
-// the disk. The semantics are the POSIX file system's as storage/file_system.h states them, with
+// the disk. The semantics are the POSIX file system's as io/file_system.h states them, with
 // the errors it returns (ErrnoToStatus of the errno the kernel would give, the same messages):
 // reads past the end are DataLoss ("short read"), offsets, lengths and buffers must be aligned to
 // alignment() (4096) as O_DIRECT requires, PunchHole and Allocate work on whole 4096-byte blocks
@@ -19,8 +19,8 @@
 // here; CreateDirs makes the store's directory in memory first, as `mkdir -p` would.
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef CKV_STORAGE_MEM_FILE_SYSTEM_H_
-#define CKV_STORAGE_MEM_FILE_SYSTEM_H_
+#ifndef CKV_IO_MEM_FILE_SYSTEM_H_
+#define CKV_IO_MEM_FILE_SYSTEM_H_
 
 #include <map>
 #include <memory>
@@ -30,9 +30,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 class MemFileSystem final : public FileSystem {
  public:
@@ -71,6 +71,6 @@ class MemFileSystem final : public FileSystem {
   std::map<std::string, std::shared_ptr<Node>> files_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_MEM_FILE_SYSTEM_H_
+#endif  // CKV_IO_MEM_FILE_SYSTEM_H_

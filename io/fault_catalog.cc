@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The catalog behind FaultInjectingFileSystem's seam (see storage/fault_file_system.h): the
+// The catalog behind FaultInjectingFileSystem's seam (see io/fault_file_system.h): the
 // RocksDB FileSystem layer returned by FaultInjectingFileSystem::CatalogFileSystem.
 #include <memory>
 #include <string>
@@ -8,10 +8,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "io/fault_file_system.h"
 #include "rocksdb/file_system.h"
-#include "storage/fault_file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 std::string StripSlashes(std::string path) {
@@ -209,4 +209,4 @@ std::shared_ptr<rocksdb::FileSystem> FaultInjectingFileSystem::CatalogFileSystem
   return std::make_shared<CatalogFaultFileSystem>(this, std::move(base));
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

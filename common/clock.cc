@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The real clock (see storage/clock.h).
-#include "storage/clock.h"
+// The real clock (see common/clock.h).
+#include "common/clock.h"
 
 #include <time.h>
 
-namespace ckv::storage {
+namespace ckv {
 namespace {
 
 class RealClockImpl final : public Clock {
@@ -25,4 +25,4 @@ Clock* RealClock() {
   return clock;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/io_op_narrow.h: part of an IoOp, for a layer that splits a transfer (the
+// io/io_op_narrow.h: part of an IoOp, for a layer that splits a transfer (the
 // fault-injecting wrapper's short and torn transfers).
 //
 // Thread-safety: a pure function.
-#ifndef CKV_STORAGE_IO_OP_NARROW_H_
-#define CKV_STORAGE_IO_OP_NARROW_H_
+#ifndef CKV_IO_IO_OP_NARROW_H_
+#define CKV_IO_IO_OP_NARROW_H_
 
 #include <algorithm>
 #include <cstddef>
 #include <vector>
 
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 // `op` narrowed to its bytes [from, from + length): the offset and buffer advance; a gathered
 // op's pieces are cut to fit into *pieces, which the result points into (keep it alive while the
@@ -43,6 +43,6 @@ inline IoOp NarrowIoOp(const IoOp& op, size_t from, size_t length, std::vector<I
   return out;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_IO_OP_NARROW_H_
+#endif  // CKV_IO_IO_OP_NARROW_H_

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// FaultInjectingFileSystem (see storage/fault_file_system.h).
-#include "storage/fault_file_system.h"
+// FaultInjectingFileSystem (see io/fault_file_system.h).
+#include "io/fault_file_system.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -19,10 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "ckv/status.h"
+#include "io/io_op_narrow.h"
 #include "rocksdb/file_system.h"
-#include "storage/io_op_narrow.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 // Partial transfers stop on a multiple of this (or of the file's alignment when larger), as a
@@ -821,4 +821,4 @@ absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::
   return report;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/private_file_system.h: a RocksDB file system whose files are 0600 and directories 0700.
+// io/private_file_system.h: a RocksDB file system whose files are 0600 and directories 0700.
 //
 // RocksDB creates its files (SST, WAL, MANIFEST, CURRENT, IDENTITY, OPTIONS, LOG, LOCK) with
 // mode 0644 less the umask, and its directories 0755 less the umask, and the installed RocksDB
@@ -13,15 +13,15 @@
 // exists with a wider mode, not even for a moment.
 //
 // Thread-safety: thread-safe, as the wrapped file system.
-#ifndef CKV_STORAGE_PRIVATE_FILE_SYSTEM_H_
-#define CKV_STORAGE_PRIVATE_FILE_SYSTEM_H_
+#ifndef CKV_IO_PRIVATE_FILE_SYSTEM_H_
+#define CKV_IO_PRIVATE_FILE_SYSTEM_H_
 
 #include <memory>
 #include <string>
 
 #include "rocksdb/env.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 class FileSystem;
 
@@ -36,6 +36,6 @@ std::unique_ptr<rocksdb::Env> NewPrivateEnv(FileSystem* wrapper = nullptr);
 // created.
 rocksdb::Status TightenModes(const std::string& dir);
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_PRIVATE_FILE_SYSTEM_H_
+#endif  // CKV_IO_PRIVATE_FILE_SYSTEM_H_

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/staging_pool.h: the Put path's staging memory and write queues, made once per store.
+// io/staging_pool.h: the Put path's staging memory and write queues, made once per store.
 //
 // A Put copies records into staging buffers and writes them with O_DIRECT. Allocating those
 // buffers per Put made every Put copy into freshly faulted pages (a page fault per 4 KiB, zeroed
@@ -18,8 +18,8 @@
 //
 // Thread-safety: thread-safe. A leased lane (its queue and buffers) belongs to the leasing thread
 // until the Lease is destroyed.
-#ifndef CKV_STORAGE_STAGING_POOL_H_
-#define CKV_STORAGE_STAGING_POOL_H_
+#ifndef CKV_IO_STAGING_POOL_H_
+#define CKV_IO_STAGING_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -30,9 +30,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 class StagingPool {
  public:
@@ -107,6 +107,6 @@ class StagingPool {
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_STAGING_POOL_H_
+#endif  // CKV_IO_STAGING_POOL_H_

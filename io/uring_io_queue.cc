@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The io_uring IoQueue (see storage/file_system.h and storage/uring_io_queue.h): the one
+// The io_uring IoQueue (see io/file_system.h and io/uring_io_queue.h): the one
 // io_uring implementation of the I/O layer, for Put's writes and the read engine's reads alike.
 //
 // Life cycle of a ring. One UringIoQueue owns one ring, used by one thread at a time (Wake and
@@ -44,7 +44,7 @@
 //     caller buffers until then), drops the callbacks that have not run, then
 //     io_uring_queue_exit unmaps the ring (cancelling the poll) and the eventfd is closed.
 //     Callers Drain first.
-#include "storage/uring_io_queue.h"
+#include "io/uring_io_queue.h"
 
 #include <liburing.h>
 #include <poll.h>
@@ -67,13 +67,13 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
 #endif
 
-namespace ckv::storage {
+namespace ckv::io {
 
 // Under TSan, a ring's accesses are ordered on the start of each of its mappings (the CQ may
 // share the SQ's: a second release or acquire there changes nothing).
@@ -416,7 +416,7 @@ class UringIoQueue final : public IoQueue {
   void PollBeforeSleep() {
     if (in_flight_ == 0 || poll_us_ == 0 || gap_us_ * 2 >= poll_us_) return;
     io_uring_submit(&ring_);
-    // Real time, not a storage::Clock: the spin races the device; a FakeClock would never end it.
+    // Real time, not a ckv::Clock: the spin races the device; a FakeClock would never end it.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(poll_us_);
     while (io_uring_cq_ready(&ring_) == 0 && std::chrono::steady_clock::now() < until) {
     }
@@ -663,4 +663,4 @@ bool UringAvailable() { return CachedProbe().available; }
 
 std::string UringUnavailableReason() { return CachedProbe().reason; }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

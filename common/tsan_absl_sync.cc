@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/tsan_absl_sync.cc: makes absl::Mutex visible to ThreadSanitizer. TSan builds only.
+// common/tsan_absl_sync.cc: makes absl::Mutex visible to ThreadSanitizer. TSan builds only.
 //
 // Debian's Abseil is a shared library built without -fsanitize=thread, so TSan never sees the
 // lock hand-offs inside absl::Mutex and reports every pair of accesses it orders as a race. Under

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The POSIX file system (see storage/file_system.h): PosixFile, and PosixFileSystem, which picks
-// the queue backend (io_uring, storage/uring_io_queue.cc, or the thread fallback,
-// storage/thread_io_queue.cc).
+// The POSIX file system (see io/file_system.h): PosixFile, and PosixFileSystem, which picks
+// the queue backend (io_uring, io/uring_io_queue.cc, or the thread fallback,
+// io/thread_io_queue.cc).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -23,10 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
-#include "storage/file_system.h"
-#include "storage/uring_io_queue.h"
+#include "io/file_system.h"
+#include "io/uring_io_queue.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 // Bounds the retries of a transfer that keeps failing with EINTR/EAGAIN without progress.
@@ -375,4 +375,4 @@ FileSystem* PosixFileSystem(IoBackend backend) {
   return auto_fs;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

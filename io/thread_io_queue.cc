@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The thread fallback of the I/O layer (NewThreadIoQueue, storage/file_system.h), and the
+// The thread fallback of the I/O layer (NewThreadIoQueue, io/file_system.h), and the
 // defaults of IoQueue's batched and reaping calls.
 //
 // Life cycle. Submit takes a Request from a fixed table of `depth` entries (reaping first when
@@ -20,11 +20,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/assert.h"
 #include "ckv/status.h"
-#include "storage/file_system.h"
+#include "common/assert.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 absl::Status IoQueue::SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done) {
   if (ops.size() != done.size()) {
@@ -239,4 +239,4 @@ absl::StatusOr<std::unique_ptr<IoQueue>> NewThreadIoQueue(uint32_t depth) {
   return std::unique_ptr<IoQueue>(new ThreadIoQueue(depth));
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/clock.h: the clock seam.
+// common/clock.h: the clock seam.
 //
 // Code under engine/, storage/ and prefetch/ reads time only through a Clock, so that tests can
 // step time instead of sleeping (LevelDB's Env::NowMicros and SleepForMicroseconds, TigerBeetle's
@@ -7,8 +7,8 @@
 // moves only when a test advances it or something sleeps on it.
 //
 // Thread-safety: every method of both is thread-safe.
-#ifndef CKV_STORAGE_CLOCK_H_
-#define CKV_STORAGE_CLOCK_H_
+#ifndef CKV_COMMON_CLOCK_H_
+#define CKV_COMMON_CLOCK_H_
 
 #include <cstdint>
 
@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace ckv::storage {
+namespace ckv {
 
 class Clock {
  public:
@@ -62,6 +62,6 @@ class FakeClock final : public Clock {
   int64_t elapsed_ns_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv
 
-#endif  // CKV_STORAGE_CLOCK_H_
+#endif  // CKV_COMMON_CLOCK_H_

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/uring_io_queue.h: internals of the POSIX file system, shared by posix_file_system.cc
+// io/uring_io_queue.h: internals of the POSIX file system, shared by posix_file_system.cc
 // (PosixFile, PosixFileSystem) and uring_io_queue.cc (the io_uring queue).
-// Not part of the public API: everything else reaches files through storage/file_system.h.
+// Not part of the public API: everything else reaches files through io/file_system.h.
 //
 // Thread-safety: PosixFile is thread-safe (positioned I/O on one descriptor). A queue is used by
 // one thread at a time, as every IoQueue.
-#ifndef CKV_STORAGE_URING_IO_QUEUE_H_
-#define CKV_STORAGE_URING_IO_QUEUE_H_
+#ifndef CKV_IO_URING_IO_QUEUE_H_
+#define CKV_IO_URING_IO_QUEUE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -16,11 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
 struct io_uring;
 
-namespace ckv::storage {
+namespace ckv::io {
 
 // For ThreadSanitizer builds (no-ops in others): call AnnotateNewRing after io_uring_queue_init*
 // and AnnotateRingGone before io_uring_queue_exit. liburing maps and unmaps rings with raw
@@ -77,6 +77,6 @@ class PosixFile final : public File {
 // ErrnoToStatus.
 absl::StatusOr<std::unique_ptr<IoQueue>> NewUringIoQueue(uint32_t depth);
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_URING_IO_QUEUE_H_
+#endif  // CKV_IO_URING_IO_QUEUE_H_

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// StagingPool (see storage/staging_pool.h).
-#include "storage/staging_pool.h"
+// StagingPool (see io/staging_pool.h).
+#include "io/staging_pool.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include "common/assert.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 struct StagingPool::Lane {
   std::vector<std::byte*> buffers;
@@ -123,4 +123,4 @@ uint32_t StagingPool::Lease::buffer_index(size_t i) const {
   return lane_->registered ? static_cast<uint32_t>(i) : kNoIoSlot;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

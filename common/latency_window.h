@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/latency_window.h: percentiles of the latest operation latencies, in bounded memory.
+// common/latency_window.h: percentiles of the latest operation latencies, in bounded memory.
 //
 // Keeps the last kWindow latencies in a ring and the largest ever recorded; p50 and p99 are over
 // the ring (nearest rank), so they describe recent behaviour and the memory stays fixed.
 //
 // Thread-safety: thread-safe.
-#ifndef CKV_STORAGE_LATENCY_WINDOW_H_
-#define CKV_STORAGE_LATENCY_WINDOW_H_
+#ifndef CKV_COMMON_LATENCY_WINDOW_H_
+#define CKV_COMMON_LATENCY_WINDOW_H_
 
 #include <algorithm>
 #include <array>
@@ -17,7 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace ckv::storage {
+namespace ckv {
 
 class LatencyWindow {
  public:
@@ -70,6 +70,6 @@ class LatencyWindow {
   uint64_t max_us_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv
 
-#endif  // CKV_STORAGE_LATENCY_WINDOW_H_
+#endif  // CKV_COMMON_LATENCY_WINDOW_H_

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// storage/file_system.h: the seam between ckv's data path and the operating system.
+// io/file_system.h: the seam between ckv's data path and the operating system.
 //
 // Segment files are reached only through FileSystem and File, and their bulk reads and writes
 // through an IoQueue, so that tests can substitute a fault-injecting wrapper (EIO, short reads,
@@ -11,8 +11,8 @@
 //
 // Thread-safety: FileSystem and File methods are thread-safe. An IoQueue is used by one thread at
 // a time (see IoQueue for the exceptions).
-#ifndef CKV_STORAGE_FILE_SYSTEM_H_
-#define CKV_STORAGE_FILE_SYSTEM_H_
+#ifndef CKV_IO_FILE_SYSTEM_H_
+#define CKV_IO_FILE_SYSTEM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +32,7 @@ namespace rocksdb {
 class FileSystem;
 }  // namespace rocksdb
 
-namespace ckv::storage {
+namespace ckv::io {
 
 // The named crash seams of the data path (FileSystem::CrashSeam), in the order a Put passes them.
 // A Put's records are written and synced (fdatasync of every segment it wrote), its catalog batch
@@ -286,6 +286,6 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
 
-#endif  // CKV_STORAGE_FILE_SYSTEM_H_
+#endif  // CKV_IO_FILE_SYSTEM_H_

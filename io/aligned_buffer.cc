@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// AlignedBuffer (see storage/file_system.h): heap memory aligned for direct I/O.
+// AlignedBuffer (see io/file_system.h): heap memory aligned for direct I/O.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -7,9 +7,9 @@
 #include <new>
 #include <utility>
 
-#include "storage/file_system.h"
+#include "io/file_system.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 namespace {
 
 constexpr size_t kMinMemoryAlignment = 4096;
@@ -52,4 +52,4 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   return *this;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The in-memory file system (see storage/mem_file_system.h).
-#include "storage/mem_file_system.h"
+// The in-memory file system (see io/mem_file_system.h).
+#include "io/mem_file_system.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
-#include "storage/uring_io_queue.h"
+#include "io/uring_io_queue.h"
 
-namespace ckv::storage {
+namespace ckv::io {
 
 // A sparse file: its logical size, and the 4096-byte blocks that hold storage. A block that was
 // allocated but never written holds no memory (nullptr) and reads as zeros, as does a hole.
@@ -306,4 +306,4 @@ uint64_t MemFileSystem::used_bytes() const {
   return usage_->blocks.load(std::memory_order_relaxed) * kBlock;
 }
 
-}  // namespace ckv::storage
+}  // namespace ckv::io
