@@ -63,6 +63,7 @@
 
 #if defined(CKV_HAVE_CUDA)
 #include "bench/gpu_check_device.h"
+#include "common/status_macros.h"
 #endif
 
 namespace ckv::bench {

@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 #include "prefetch/read_engine.h"
 #include "tools/cli.h"

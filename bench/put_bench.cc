@@ -50,11 +50,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ckv/status.h"
 #include "ckv/engine.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
+#include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
 #include "tools/store_stats_json.h"

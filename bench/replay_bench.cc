@@ -41,6 +41,7 @@
 #include "ckv/engine.h"
 #include "ckv/session.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/block_trace.h"
 #include "tools/cli.h"
 #include "tools/json_reader.h"

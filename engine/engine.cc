@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "engine/metrics.h"
 #include "engine/remote_tier.h"

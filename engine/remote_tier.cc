@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/summaries.h"
 #include "remote/chunk_value.h"
 

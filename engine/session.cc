@@ -14,6 +14,7 @@
 #include "ckv/codec.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "engine/remote_tier.h"
 #include "engine/summaries.h"
 #include "kernels/estimate.h"

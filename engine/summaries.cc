@@ -3,6 +3,7 @@
 
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 
 namespace ckv::engine {
 

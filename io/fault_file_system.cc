@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "io/io_op_narrow.h"
 #include "rocksdb/file_system.h"
 

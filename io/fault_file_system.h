@@ -100,6 +100,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 
 namespace ckv::io {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "io/uring_io_queue.h"
 
 namespace ckv::io {

@@ -30,6 +30,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 
 namespace ckv::io {

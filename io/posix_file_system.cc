@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 #include "io/uring_io_queue.h"
 

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 
 namespace ckv::io {

@@ -67,6 +67,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "io/file_system.h"
 
 #if defined(__SANITIZE_THREAD__)

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kernels/simd.h"

@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "prefetch/read_engine_internal.h"
 
 namespace ckv::prefetch::internal {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "prefetch/read_engine_internal.h"
 #include "storage/record_checksum.h"
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "storage/record_checksum.h"
 
 namespace ckv::remote {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "io/private_file_system.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/env.h"

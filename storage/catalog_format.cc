@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 
 namespace ckv::storage {
 namespace {

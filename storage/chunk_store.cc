@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "storage/chunk_store_internal.h"
 #include "storage/record_checksum.h"
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "storage/chunk_store.h"
 #include "storage/chunk_store_internal.h"
 

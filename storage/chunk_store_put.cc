@@ -13,6 +13,7 @@
 #include "ckv/codec.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 #include "storage/chunk_store.h"
 #include "storage/chunk_store_internal.h"
 #include "storage/record_checksum.h"

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "storage/chunk_store.h"
 
 namespace ckv::storage {

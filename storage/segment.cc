@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "ckv/status.h"
 #include "common/assert.h"
+#include "common/status_macros.h"
 
 namespace ckv::storage {
 

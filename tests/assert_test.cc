@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "io/mem_file_system.h"
 #include "prefetch/read_engine.h"
 #include "storage/chunk_store.h"

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "gmock/gmock.h"
 #include "io/fault_file_system.h"

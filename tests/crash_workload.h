@@ -50,11 +50,12 @@
 #include "ckv/chunk_key.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "storage/chunk_store.h"
 #include "tests/crash_spec.h"
-#include "tools/synthetic_kv.h"
 #include "tests/served_bytes.h"
+#include "tools/synthetic_kv.h"
 
 namespace ckv::crash {
 

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"

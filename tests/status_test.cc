@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/status.h"

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::synth {
 namespace {

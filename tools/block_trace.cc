@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_reader.h"
 #include "tools/synthetic_kv.h"
 

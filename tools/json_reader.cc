@@ -22,6 +22,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_writer.h"
 
 namespace ckv::tools {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/status_macros.h"
 
 namespace ckv::tools {
 

@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::tools {
 namespace {

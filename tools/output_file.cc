@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::tools {
 namespace {

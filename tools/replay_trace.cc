@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_reader.h"
 #include "tools/synthetic_kv.h"
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_reader.h"
 #include "tools/json_writer.h"
 #include "tools/output_file.h"

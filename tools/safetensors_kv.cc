@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_reader.h"
 #include "tools/safetensors.h"
 #include "tools/safetensors_internal.h"

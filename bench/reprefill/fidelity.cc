@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckv/codec.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "kernels/estimate.h"
 #include "kernels/fidelity.h"
 #include "tools/synthetic_attention.h"

@@ -42,6 +42,7 @@
 #include "bench/reprefill/workload.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "tools/attention_profile_file.h"
 #include "tools/cli.h"

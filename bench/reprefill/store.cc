@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "kernels/half.h"
 #include "storage/record_checksum.h"
 #include "tools/json_reader.h"

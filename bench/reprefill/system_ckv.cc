@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/systems.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "kernels/summary.h"
 
 namespace ckv::bench {

@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::bench {
 namespace {

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "kernels/selector.h"
 

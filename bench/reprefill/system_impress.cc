@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "bench/reprefill/baseline.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "kernels/selector.h"
 #include "storage/record_checksum.h"
 

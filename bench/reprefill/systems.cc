@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::bench {
 

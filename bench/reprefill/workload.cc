@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "tools/json_writer.h"
 
 namespace ckv::bench {

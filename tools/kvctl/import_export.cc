@@ -6,10 +6,11 @@
 #include <new>
 #include <system_error>
 
-#include "storage/catalog.h"
 #include "ckv/codec.h"
 #include "ckv/log.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
+#include "storage/catalog.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
 #include "tools/kvctl/progress.h"

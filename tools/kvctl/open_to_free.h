@@ -27,6 +27,7 @@
 #include "ckv/chunk_key.h"
 #include "ckv/engine.h"
 #include "ckv/status.h"
+#include "common/status_macros.h"
 
 namespace ckv::kvctl {
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "ckv/status.h"
+#include "common/status_macros.h"
 #include "engine/internal.h"
 #include "tools/kvctl/command.h"
 #include "tools/kvctl/format.h"
