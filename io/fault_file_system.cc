@@ -704,7 +704,9 @@ void FaultInjectingFileSystem::Remember(File* inner, uint64_t offset, size_t len
   w.offset = offset;
   w.length = length;
   w.granule = granule;
-  // The write is aligned for direct I/O, so the same range reads back with an aligned buffer.
+  // The write is aligned for direct I/O, so the same range reads back with an aligned buffer (of
+  // the size of a write just made; this file system is a test seam, where running out of memory
+  // is a CKV_CHECK failure).
   AlignedBuffer old(length, std::max(inner->alignment(), kDirectIoAlignment));
   if (inner->ReadAt(offset, old.span()).ok()) {
     w.old_bytes.assign(old.data(), old.data() + length);
@@ -768,7 +770,9 @@ absl::StatusOr<FaultInjectingFileSystem::CrashReport> FaultInjectingFileSystem::
     if (kept == w.length) continue;
     CKV_ASSIGN_OR_RETURN(File * file, file_of(w.path));
     const size_t n = w.length - kept;
-    AlignedBuffer buf(n, std::max(file->alignment(), kDirectIoAlignment));
+    CKV_ASSIGN_OR_RETURN(
+        AlignedBuffer buf,
+        AlignedBuffer::Allocate(n, std::max(file->alignment(), kDirectIoAlignment)));
     std::copy(w.old_bytes.begin() + static_cast<std::ptrdiff_t>(kept), w.old_bytes.end(),
               buf.data());
     CKV_RETURN_IF_ERROR(file->WriteAt(w.offset + kept, buf.span()));

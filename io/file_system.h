@@ -269,7 +269,14 @@ std::string UringUnavailableReason();
 // serialises direct writes from buffers aligned below its block size).
 class AlignedBuffer {
  public:
+  // A buffer of `size` bytes rounded up to `alignment` (0 bytes: an empty buffer), or
+  // ResourceExhausted naming the size when the memory cannot be had. How the library sizes its
+  // buffers: a size from options, a file or a request may be more than the machine has.
+  static absl::StatusOr<AlignedBuffer> Allocate(size_t size, size_t alignment = kDirectIoAlignment);
+
   AlignedBuffer() = default;
+  // As Allocate, where running out of memory is a CKV_CHECK failure: for fixed small buffers
+  // and tests, never for a size the library is handed.
   explicit AlignedBuffer(size_t size, size_t alignment = kDirectIoAlignment);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;

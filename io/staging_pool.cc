@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/assert.h"
+#include "common/status_macros.h"
 
 namespace ckv::io {
 
@@ -45,8 +46,9 @@ StagingPool::~StagingPool() {
   lanes_.clear();
 }
 
-void StagingPool::AllocateLocked() {
-  memory_ = AlignedBuffer(buffer_bytes_ * buffer_count_, kBufferAlignment);
+absl::Status StagingPool::AllocateLocked() {
+  CKV_ASSIGN_OR_RETURN(memory_,
+                       AlignedBuffer::Allocate(buffer_bytes_ * buffer_count_, kBufferAlignment));
   // Pre-fault: every page is touched once here, not by the first copies of every Put.
   std::memset(memory_.data(), 0, memory_.size());
   const size_t per_lane = buffer_count_ / lane_count_;
@@ -59,13 +61,14 @@ void StagingPool::AllocateLocked() {
     free_.push_back(lane.get());
     lanes_.push_back(std::move(lane));
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StagingPool::Lease> StagingPool::LeaseLane() {
   Lane* lane = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (lanes_.empty()) AllocateLocked();
+    if (lanes_.empty()) CKV_RETURN_IF_ERROR(AllocateLocked());
     if (free_.empty()) ++waits_;
     while (free_.empty()) lane_free_.Wait(&mu_);
     lane = free_.back();

@@ -87,8 +87,9 @@ class StagingPool {
   uint64_t waits() const;
 
  private:
-  // Allocates and pre-faults the memory and makes the lanes. REQUIRES: mu_ held.
-  void AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates and pre-faults the memory and makes the lanes; ResourceExhausted, with no lane
+  // made, when the memory cannot be had. REQUIRES: mu_ held.
+  absl::Status AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(Lane* lane);
 
   FileSystem* const fs_;

@@ -149,7 +149,7 @@ class IoThreads final : public Backend {
     CKV_ASSIGN_OR_RETURN(t.queue, fs_->NewIoQueue(o.queue_depth));
     t.queue->SetPollBeforeSleep(o.poll_before_sleep_us);
     const uint32_t buffers = 2 * o.queue_depth;
-    t.arena = io::AlignedBuffer(size_t{buffers} * o.max_io_bytes, io::kDirectIoAlignment);
+    CKV_ASSIGN_OR_RETURN(t.arena, io::AlignedBuffer::Allocate(size_t{buffers} * o.max_io_bytes));
     t.slots.resize(buffers);
     std::vector<std::span<std::byte>> spans(buffers);
     for (uint32_t i = 0; i < buffers; ++i) {

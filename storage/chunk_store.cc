@@ -592,7 +592,7 @@ absl::Status ChunkStore::ReadAndVerify(Segment* seg, uint32_t slot, uint32_t rec
   thread_local io::AlignedBuffer buffer;
   const size_t alignment = seg->file()->alignment();
   if (buffer.size() < stride || reinterpret_cast<uintptr_t>(buffer.data()) % alignment != 0) {
-    buffer = io::AlignedBuffer(stride, alignment);
+    CKV_ASSIGN_OR_RETURN(buffer, io::AlignedBuffer::Allocate(stride, alignment));
   }
   CKV_RETURN_IF_ERROR(seg->file()->ReadAt(seg->RecordOffset(slot, record),
                                           std::span<std::byte>(buffer.data(), stride)));
@@ -969,10 +969,11 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
       free_buffers.pop_back();
     } else {
       bi = buffers.size();
-      buffers.emplace_back(io_bytes, first.seg->file()->alignment());
+      buffers.emplace_back();
     }
     if (buffers[bi].size() < io_bytes) {
-      buffers[bi] = io::AlignedBuffer(io_bytes, first.seg->file()->alignment());
+      CKV_ASSIGN_OR_RETURN(buffers[bi],
+                           io::AlignedBuffer::Allocate(io_bytes, first.seg->file()->alignment()));
     }
     io::IoOp op;
     op.kind = io::IoOp::Kind::kRead;

@@ -860,7 +860,12 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
           buf = buffers[bi];
         } else {
           if (absl::Status s = queue->Drain(); !s.ok()) return fail_queue(s);
-          if (own.size() < io_bytes) own = io::AlignedBuffer(io_bytes, alignment);
+          if (own.size() < io_bytes) {
+            absl::StatusOr<io::AlignedBuffer> bigger =
+                io::AlignedBuffer::Allocate(io_bytes, alignment);
+            if (!bigger.ok()) return fail_queue(bigger.status());
+            own = std::move(*bigger);
+          }
           buf = own.data();
         }
         io::IoOp op;

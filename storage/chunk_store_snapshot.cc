@@ -97,8 +97,9 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
   CKV_RETURN_IF_ERROR(file->Truncate(0));
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  io::AlignedBuffer buffer(
-      std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
+  CKV_ASSIGN_OR_RETURN(io::AlignedBuffer buffer,
+                       io::AlignedBuffer::Allocate(std::min<uint64_t>(
+                           kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes))));
   uint64_t offset = header_bytes;
   size_t filled = 0;
   absl::Status s;
@@ -133,7 +134,7 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
   XXH3_freeState(state);
   CKV_RETURN_IF_ERROR(s);
 
-  io::AlignedBuffer header(header_bytes);
+  CKV_ASSIGN_OR_RETURN(io::AlignedBuffer header, io::AlignedBuffer::Allocate(header_bytes));
   std::memset(header.data(), 0, header_bytes);
   std::byte* h = header.data();
   std::memcpy(h, kMagic, sizeof kMagic);
@@ -193,9 +194,10 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
   if (identity != catalog_->Identity() || sequence != catalog_->LatestSequence()) {
     return absl::OkStatus();  // the catalog changed since it was written
   }
-  io::AlignedBuffer header(header_bytes);
-  if (absl::Status s = (*file)->ReadAt(0, header.span()); !s.ok()) return skip(s.message());
-  h = header.data();
+  absl::StatusOr<io::AlignedBuffer> header = io::AlignedBuffer::Allocate(header_bytes);
+  if (!header.ok()) return skip(header.status().message());
+  if (absl::Status s = (*file)->ReadAt(0, header->span()); !s.ok()) return skip(s.message());
+  h = header->data();
   const size_t checked = kFingerprintsOffset + 16 * size_t{fingerprints};
   if (RecordChecksum(h, checked) != GetLe<uint64_t>(h + checked)) return skip("header checksum");
   const uint64_t n = GetLe<uint64_t>(h + 16);
@@ -224,8 +226,9 @@ absl::Status ChunkStore::LoadIndexSnapshotLocked(bool* loaded) {
     XXH3_state_t* s;
     ~FreeState() { XXH3_freeState(s); }
   } free_state{state};
-  io::AlignedBuffer buffer(
-      std::min<uint64_t>(kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes)));
+  CKV_ASSIGN_OR_RETURN(io::AlignedBuffer buffer,
+                       io::AlignedBuffer::Allocate(std::min<uint64_t>(
+                           kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes))));
   uint64_t done = 0;
   uint64_t children = 0, linked = 0;  // must agree: every link is one parent's child
   while (done < n) {

@@ -85,6 +85,29 @@ class FakeFile final : public File {
 // ---------------------------------------------------------------------------------------------
 // AlignedBuffer
 
+// A size the machine cannot give is ResourceExhausted, naming the size: never an exception.
+TEST(AlignedBufferTest, AllocateRefusesWhatCannotBeHadWithAStatus) {
+  absl::StatusOr<AlignedBuffer> rounded_past_the_end = AlignedBuffer::Allocate(SIZE_MAX - 10);
+  ASSERT_TRUE(absl::IsResourceExhausted(rounded_past_the_end.status()))
+      << rounded_past_the_end.status();
+  EXPECT_THAT(rounded_past_the_end.status().message(),
+              ::testing::HasSubstr(absl::StrCat(SIZE_MAX - 10, " bytes")));
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // More than any machine has (a sanitizer's allocator reports such a request as its own error
+  // instead of failing it).
+  absl::StatusOr<AlignedBuffer> petabyte = AlignedBuffer::Allocate(size_t{1} << 50);
+  ASSERT_TRUE(absl::IsResourceExhausted(petabyte.status())) << petabyte.status();
+  EXPECT_THAT(petabyte.status().message(), ::testing::HasSubstr("1125899906842624 bytes"));
+#endif
+  absl::StatusOr<AlignedBuffer> empty = AlignedBuffer::Allocate(0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->data(), nullptr);
+  absl::StatusOr<AlignedBuffer> block = AlignedBuffer::Allocate(1, 512);
+  ASSERT_TRUE(block.ok());
+  EXPECT_EQ(block->size(), 512u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(block->data()) % kBlock, 0u);
+}
+
 TEST(AlignedBufferTest, RoundsSizeUpAndAligns) {
   AlignedBuffer empty;
   EXPECT_EQ(empty.data(), nullptr);
