@@ -50,6 +50,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -496,7 +497,7 @@ class ChunkStore {
   absl::flat_hash_map<ChunkKey, uint32_t> put_pins_ ABSL_GUARDED_BY(mu_);
   void PutUnpinLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases a Put's pin of keys[m - 1] (m > 0), or, when `s` says the file system was full,
-  // keeps it and sets put.pin_handed_over (PutTimed releases it once its retries are done).
+  // keeps it and sets put.pin_handed_over (RetryOnFullDisk releases it once its retries are done).
   void ReleaseOrHandOverPinLocked(PendingPut& put, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The parents named by chunks whose parent is not stored (ChunkEntry::kLostParent).
@@ -706,9 +707,6 @@ class ChunkStore {
   uint64_t inline_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // ---- end of the background reclaimer ----
   // ---- Put staging and latency (chunk_store_put.cc) ----
-  // Put's work; Put times it into put_latency_.
-  absl::StatusOr<PutResult> PutTimed(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                     const KvTensors& kv, const AuxRecords* aux);
   // What one try of a Put needed: the bytes of the chunks it had to write (0 before it knew),
   // and of those, the ones it had found no room for when the file system said it was full (all
   // of them unless the block reservation got part of the way).
@@ -719,9 +717,16 @@ class ChunkStore {
     uint64_t still_needed = 0;
     std::optional<ChunkKey> pinned;
   };
-  absl::StatusOr<PutResult> PutOnce(const ModelSpec& spec, std::span<const int32_t> tokens,
-                                    const KvTensors& kv, const AuxRecords* aux,
-                                    PutShortfall* shortfall);
+  // One try of a Put: validates it, reserves room (evicting under the cap), writes and commits.
+  absl::StatusOr<PutResult> TryPut(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                   const KvTensors& kv, const AuxRecords* aux,
+                                   PutShortfall* shortfall);
+  // Put's one retry policy: runs `try_put`, and while it fails because the file system is full
+  // (IsNoSpace) with bytes still to place, gives back about that much disk (FreeDiskLocked) and
+  // runs it again, up to kNoSpaceRetries times. Keeps the chains a failed try pinned until it
+  // returns. Put times the whole of it.
+  absl::StatusOr<PutResult> RetryOnFullDisk(
+      const ModelSpec& spec, absl::FunctionRef<absl::StatusOr<PutResult>(PutShortfall*)> try_put);
   // After a Put found the file system full (IsNoSpace): gives back the blocks of about `bytes`
   // bytes, first from free slots that still hold them, then by evicting chunks in score order
   // (their slots punched). Evicts nothing when eviction could not reach `at_least` bytes

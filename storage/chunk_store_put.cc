@@ -92,7 +92,8 @@ struct ChunkStore::PendingPut {
   std::optional<io::FileSystemSpace> space;  // the file system's size, where it states one
   PutResult result;
   // Set when the Put failed for a full file system with keys[m - 1] pinned: the pin is not
-  // released but handed to PutTimed (PutShortfall::pinned), which keeps it across its retries.
+  // released but handed to RetryOnFullDisk (PutShortfall::pinned), which keeps it across its
+  // retries.
   bool pin_handed_over = false;
 };
 
@@ -118,7 +119,8 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
                                           int64_t* latency_ns) {
   CKV_RETURN_IF_ERROR(RefuseIfReadOnly("Put"));
   const int64_t start_ns = options_.clock->MonotonicNanos();
-  absl::StatusOr<PutResult> result = PutTimed(spec, tokens, kv, aux);
+  absl::StatusOr<PutResult> result = RetryOnFullDisk(
+      spec, [&](PutShortfall* shortfall) { return TryPut(spec, tokens, kv, aux, shortfall); });
   if (result.ok()) {
     const int64_t ns = std::max<int64_t>(options_.clock->MonotonicNanos() - start_ns, 0);
     put_latency_.Record(static_cast<uint64_t>(ns) / 1000);
@@ -127,9 +129,8 @@ absl::StatusOr<PutResult> ChunkStore::Put(const ModelSpec& spec, std::span<const
   return result;
 }
 
-absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
-                                               std::span<const int32_t> tokens, const KvTensors& kv,
-                                               const AuxRecords* aux) {
+absl::StatusOr<PutResult> ChunkStore::RetryOnFullDisk(
+    const ModelSpec& spec, absl::FunctionRef<absl::StatusOr<PutResult>(PutShortfall*)> try_put) {
   PutShortfall shortfall;
   // The chains a failed try counted as stored stay pinned until the Put returns: the eviction
   // below, the background reclaimer and other Puts' evictions must not take them, or a retry
@@ -144,7 +145,7 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
   auto keep_pin = [&pinned](const PutShortfall& s) {
     if (s.pinned.has_value()) pinned.push_back(*s.pinned);
   };
-  absl::StatusOr<PutResult> result = PutOnce(spec, tokens, kv, aux, &shortfall);
+  absl::StatusOr<PutResult> result = try_put(&shortfall);
   keep_pin(shortfall);
   if (result.ok() || !IsNoSpace(result.status()) || shortfall.need == 0) return result;
   // The file system is full below the cap: the cap was set above what the disk holds, or
@@ -202,7 +203,7 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                               " bytes: evicted ", evicted_now, " chunks and gave back ", *freed,
                               " bytes; trying again (", retry, " of ", kNoSpaceRetries, ")"));
     shortfall = PutShortfall{};
-    result = PutOnce(spec, tokens, kv, aux, &shortfall);
+    result = try_put(&shortfall);
     keep_pin(shortfall);
     if (result.ok()) {
       result->chunks_evicted += evicted;
@@ -220,9 +221,9 @@ absl::StatusOr<PutResult> ChunkStore::PutTimed(const ModelSpec& spec,
                                   " chunks were evicted to make room)"));
 }
 
-absl::StatusOr<PutResult> ChunkStore::PutOnce(const ModelSpec& spec,
-                                              std::span<const int32_t> tokens, const KvTensors& kv,
-                                              const AuxRecords* aux, PutShortfall* shortfall) {
+absl::StatusOr<PutResult> ChunkStore::TryPut(const ModelSpec& spec, std::span<const int32_t> tokens,
+                                             const KvTensors& kv, const AuxRecords* aux,
+                                             PutShortfall* shortfall) {
   CKV_RETURN_IF_ERROR(ValidatePut(spec, tokens, kv));
   CKV_RETURN_IF_ERROR(ValidateAux(aux));
   PendingPut put(spec, tokens, aux != nullptr ? aux->record_bytes : std::vector<uint32_t>{});
@@ -374,7 +375,7 @@ absl::Status ChunkStore::ReservePutLocked(PendingPut& put, bool* all_stored) {
 
 void ChunkStore::ReleaseOrHandOverPinLocked(PendingPut& put, const absl::Status& s) {
   if (!s.ok() && IsNoSpace(s)) {
-    // PutTimed may retry after evicting: it keeps the chain pinned until the Put returns.
+    // RetryOnFullDisk may retry after evicting: it keeps the chain pinned until the Put returns.
     put.pin_handed_over = true;
     return;
   }
@@ -769,7 +770,8 @@ absl::Status ChunkStore::WriteChunks(const ModelSpec& spec, const KvTensors& kv,
                                      uint64_t* bytes_written, uint64_t* still_needed) {
   // Reserve the blocks first: one fallocate per band run instead of block-by-block allocation
   // under each direct write, and a full disk is found before any data moves. When it is full,
-  // the blocks not yet reserved are what the Put still needs (PutTimed makes that much room).
+  // the blocks not yet reserved are what the Put still needs (RetryOnFullDisk makes that much
+  // room).
   uint64_t new_bytes = 0;
   for (const PlannedRun& r : plan) {
     if (!r.kept) new_bytes += r.run.count * r.segment->chunk_bytes();
