@@ -459,18 +459,10 @@ class Ledger {
 
 // Runs the real kvctl verify (with the generator's check of every record) on a closed store.
 void KvctlVerify(const std::string& store) {
-  const std::string cmd = "KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH) + " verify " + store +
-                          " --synthetic --json 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  ASSERT_TRUE(WIFEXITED(status)) << out;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
-  ASSERT_NE(out.find("\"ok\":true"), std::string::npos) << out;
+  const ::ckv::testing::ProgramRun r =
+      ::ckv::testing::RunKvctl("verify " + store + " --synthetic --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NE(r.output.find("\"ok\":true"), std::string::npos) << r.output;
 }
 
 int KillsFromEnv(int default_kills) {

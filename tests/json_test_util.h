@@ -4,6 +4,7 @@
 #define CKV_TESTS_JSON_TEST_UTIL_H_
 
 #include <cmath>
+#include <cstdint>
 #include <string_view>
 
 #include "gtest/gtest.h"
@@ -24,6 +25,13 @@ inline double JsonNumber(const tools::JsonValue& v, std::string_view key) {
   if (x->AsDouble() != nullptr) return *x->AsDouble();
   ADD_FAILURE() << key << " is a " << x->TypeName() << ", not a number";
   return NAN;
+}
+
+// The integer at `key` of a JSON object; -1 when it is missing or not an integer (the counts
+// the tests read are never negative, so -1 fails any check of one).
+inline int64_t JsonInt(const tools::JsonValue& v, std::string_view key) {
+  const tools::JsonValue* x = v.Find(key);
+  return x != nullptr && x->AsInt() != nullptr ? *x->AsInt() : -1;
 }
 
 }  // namespace ckv::testing

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gmock/gmock.h"
+#include "tests/json_test_util.h"
 #include "tests/prom_text.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
@@ -24,32 +25,19 @@ namespace {
 using ::ckv::testing::ParsePromText;
 using ::ckv::testing::ProgramRun;
 using ::ckv::testing::PromText;
-using ::ckv::testing::RunProgram;
 using ::ckv::testing::TempDir;
 using ::testing::HasSubstr;
 
-struct KvctlRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
-
 // kvctl `args`, progress off, stdout and stderr together.
-KvctlRun Kvctl(const std::string& args) {
-  const ProgramRun run = RunProgram("KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH), args);
-  return {run.exit_code, run.output};
-}
+ProgramRun Kvctl(const std::string& args) { return ::ckv::testing::RunKvctl(args); }
 
 // kvctl `args`: its stdout alone (a log line on stderr, such as an io_uring fallback, is not part
 // of the text a collector reads).
 ProgramRun KvctlStdout(const std::string& args) {
-  return RunProgram("KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH), args,
-                    /*merge_stderr=*/false);
+  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/false);
 }
 
-int64_t IntOf(const tools::JsonValue& object, std::string_view key) {
-  const tools::JsonValue* v = object.Find(key);
-  return v != nullptr && v->AsInt() != nullptr ? *v->AsInt() : -1;
-}
+constexpr auto IntOf = ::ckv::testing::JsonInt;
 
 // stats --format prom: the store's figures at rest in the Prometheus text format, the same
 // figures the table and --json print, under the names Engine::Metrics() gives them.
@@ -89,13 +77,13 @@ TEST(KvctlStatsPromTest, PrintsTheStoreAtRestForTheTextfileCollector) {
   EXPECT_EQ(p.help.count("ckv_io_backend_info"), 0u);
 
   // The same figures as the table and --json.
-  KvctlRun r = Kvctl("stats " + quoted);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(": 20 chunks, 2 prefixes, 1 segment\n")) << r.out;
+  ProgramRun r = Kvctl("stats " + quoted);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(": 20 chunks, 2 prefixes, 1 segment\n")) << r.output;
   r = Kvctl("stats " + quoted + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   const tools::JsonValue& stats = *json->Find("stats");
   EXPECT_EQ(p.Value("ckv_disk_used_bytes", label),
             static_cast<double>(IntOf(stats, "disk_bytes_used")));
@@ -105,16 +93,16 @@ TEST(KvctlStatsPromTest, PrintsTheStoreAtRestForTheTextfileCollector) {
   EXPECT_EQ(p.Value("ckv_index_memory_bytes", label),
             static_cast<double>(IntOf(stats, "index_memory_bytes")));
   // --format json is --json; --format table is the default.
-  EXPECT_EQ(Kvctl("stats " + quoted + " --format json").out, r.out);
-  EXPECT_EQ(Kvctl("stats " + quoted + " --format table").out, Kvctl("stats " + quoted).out);
+  EXPECT_EQ(Kvctl("stats " + quoted + " --format json").output, r.output);
+  EXPECT_EQ(Kvctl("stats " + quoted + " --format table").output, Kvctl("stats " + quoted).output);
 
   // Both on stdout, or a format kvctl does not know: usage errors.
   r = Kvctl("stats " + quoted + " --format prom --json");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--format prom and --json both write stdout"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--format prom and --json both write stdout"));
   r = Kvctl("stats " + quoted + " --format xml");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--format: 'xml' is not table, json or prom")) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--format: 'xml' is not table, json or prom")) << r.output;
   // --json PATH beside --format prom: the JSON goes to PATH, the text to stdout.
   const std::string path = dir.Sub("stats.json");
   const ProgramRun both = KvctlStdout("stats " + quoted + " --format prom --json " + path);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "remote/chunk_value.h"
+#include "tests/json_test_util.h"
 #include "tests/redis_cluster.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
@@ -27,20 +28,16 @@ namespace {
 
 using ckv::testing::ProgramRun;
 using ckv::testing::RedisCluster;
-using ckv::testing::RunProgram;
 using ckv::testing::TempDir;
 
 // kvctl's stdout alone (--json goes there), progress off.
 ProgramRun Kvctl(const std::string& args) {
-  return RunProgram("KVCTL_PROGRESS=off " + std::string(CKV_KVCTL_PATH), args,
-                    /*merge_stderr=*/false);
+  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/false);
 }
 
 int64_t IntAt(const tools::JsonValue& v, std::string_view object, std::string_view key) {
   const tools::JsonValue* o = object.empty() ? &v : v.Find(object);
-  if (o == nullptr) return -1;
-  const tools::JsonValue* x = o->Find(key);
-  return x != nullptr && x->AsInt() != nullptr ? *x->AsInt() : -1;
+  return o == nullptr ? -1 : ::ckv::testing::JsonInt(*o, key);
 }
 
 TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {

@@ -19,6 +19,7 @@
 #include "ckv/engine.h"
 #include "gmock/gmock.h"
 #include "storage/chunk_store.h"
+#include "tests/json_test_util.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 #include "tools/safetensors.h"
@@ -34,30 +35,14 @@ using ::ckv::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct KvctlRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using KvctlRun = ::ckv::testing::ProgramRun;
 
-// Runs kvctl with `args`; progress is off (it would go into `out`) unless `progress` says.
+// Runs kvctl with `args`, stdout and stderr together; progress is off unless `progress` says.
 KvctlRun Kvctl(const std::string& args, const std::string& progress = "off") {
-  KvctlRun r;
-  const std::string cmd =
-      "KVCTL_PROGRESS=" + progress + " " + std::string(CKV_KVCTL_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/true, progress);
 }
 
-int64_t IntOf(const tools::JsonValue& object, std::string_view key) {
-  const tools::JsonValue* v = object.Find(key);
-  return v != nullptr && v->AsInt() != nullptr ? *v->AsInt() : -1;
-}
+constexpr auto IntOf = ::ckv::testing::JsonInt;
 
 // A store is a cache: without --max-disk-bytes, init caps it at 90% of the space free on its file
 // system (rather than leaving it unlimited, when a full disk would fail every Put), and says so.
@@ -68,57 +53,57 @@ TEST(KvctlTest, InitWithoutACapTakesNinetyPercentOfTheFreeSpace) {
   ASSERT_EQ(::statvfs(dir.path().c_str(), &fs), 0);
   const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
   KvctlRun r = Kvctl("init " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("90% of the "), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("90% of the "), std::string::npos) << r.output;
   r = Kvctl("stats " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   const double cap = static_cast<double>(IntOf(*json->Find("stats"), "max_disk_bytes"));
   // 90% of what was free then; the file system's use moves a little meanwhile.
-  EXPECT_GT(cap, 0.85 * free_bytes) << r.out;
-  EXPECT_LT(cap, 0.95 * free_bytes) << r.out;
+  EXPECT_GT(cap, 0.85 * free_bytes) << r.output;
+  EXPECT_LT(cap, 0.95 * free_bytes) << r.output;
   // 0 still means unlimited.
   r = Kvctl("init " + dir.Sub("unlimited") + " --max-disk-bytes 0");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("cap unlimited"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cap unlimited"), std::string::npos) << r.output;
 }
 
 TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
   TempDir dir;
   const std::string store = dir.Sub("store");
   KvctlRun r = Kvctl("init " + store + " --max-disk-bytes 64M");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   r = Kvctl("init " + store);
-  EXPECT_EQ(r.exit_code, 3) << r.out;  // a store is there already
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // a store is there already
 
   r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 256 --seed 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"chunks_written\":16"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"chunks_written\":16"), std::string::npos) << r.output;
   // 192 of its 256 tokens shared with the first: only the last 4 chunks are written.
   r = Kvctl("put " + store +
             " --model qwen2.5-0.5b --tokens 256 --seed 2 --shared-tokens 192 --shared-seed 1 "
             "--json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
 
   r = Kvctl("ls " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"prefixes\":2"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"prefixes\":2"), std::string::npos) << r.output;
   // Under its 64 MiB cap the store keeps the reclaimer's default margin: 1/8 of the data cap.
-  auto listed = tools::ParseJson(r.out);
-  ASSERT_TRUE(listed.ok()) << r.out;
+  auto listed = tools::ParseJson(r.output);
+  ASSERT_TRUE(listed.ok()) << r.output;
   const tools::JsonValue& listed_stats = *listed->Find("stats");
   const int64_t margin = *listed_stats.Find("reclaim_margin_bytes")->AsInt();
-  EXPECT_GT(margin, 7 << 20) << r.out;
-  EXPECT_LE(margin, 8 << 20) << r.out;
-  EXPECT_EQ(*listed_stats.Find("inline_evictions")->AsInt(), 0) << r.out;
+  EXPECT_GT(margin, 7 << 20) << r.output;
+  EXPECT_LE(margin, 8 << 20) << r.output;
+  EXPECT_EQ(*listed_stats.Find("inline_evictions")->AsInt(), 0) << r.output;
   r = Kvctl("stats " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("reclaimer      keeps ")) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("reclaimer      keeps ")) << r.output;
 
   r = Kvctl("verify " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"ok\":true"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"ok\":true"), std::string::npos) << r.output;
 
   // Flip one byte of one record.
   {
@@ -137,9 +122,9 @@ TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
     f.put('\x7f');
   }
   r = Kvctl("verify " + store);
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("/L7"), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("checksum"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/L7"), std::string::npos) << r.output;
 }
 
 // Off a terminal, progress is plain lines: one per phase at least, ending with what it did.
@@ -148,15 +133,15 @@ TEST(KvctlTest, ProgressIsPlainLinesOffATerminal) {
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
   KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1", "lines");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("generate: 768.0 KiB in ")) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("write 768.0 KiB: done in ")) << r.out;
-  EXPECT_EQ(r.out.find('\r'), std::string::npos) << "no bar redraws: " << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("generate: 768.0 KiB in ")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("write 768.0 KiB: done in ")) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << "no bar redraws: " << r.output;
   r = Kvctl("verify " + store, "lines");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
   r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 2");
-  EXPECT_EQ(r.out.find("generate:"), std::string::npos) << "KVCTL_PROGRESS=off: " << r.out;
+  EXPECT_EQ(r.output.find("generate:"), std::string::npos) << "KVCTL_PROGRESS=off: " << r.output;
 }
 
 TEST(KvctlTest, UsageAndStoreErrorsHaveTheirExitCodes) {
@@ -164,21 +149,21 @@ TEST(KvctlTest, UsageAndStoreErrorsHaveTheirExitCodes) {
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
   KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 250 --seed 1");
-  EXPECT_EQ(r.exit_code, 2) << r.out;  // not a whole number of chunks
-  EXPECT_NE(r.out.find("multiple of the chunk size 16"), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // not a whole number of chunks
+  EXPECT_NE(r.output.find("multiple of the chunk size 16"), std::string::npos) << r.output;
   r = Kvctl("put " + store + " --model no-such-model --tokens 32 --seed 1");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 12abc --seed 1");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   r = Kvctl("frobnicate " + store);
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   r = Kvctl("ls " + dir.Sub("missing"));
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_NE(r.out.find("missing"), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("missing"), std::string::npos) << r.output;
   // None of this touched the store.
   r = Kvctl("ls " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"prefixes\":[]"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"prefixes\":[]"), std::string::npos) << r.output;
 }
 
 std::string ReadFileBytes(const std::string& path) {
@@ -222,29 +207,29 @@ TEST_P(KvctlImportTest, ImportListExportRoundTripIsBitExact) {
 
   // A bare preset: dtype and model id come from the file.
   KvctlRun r = Kvctl("import " + store + " " + file + " --model " + preset + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"chunks_written\":3"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"tail_tokens\":0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"dtype\":\"bf16\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"layout\":\"tokens-first\""), std::string::npos) << r.out;
-  const std::string id = JsonString(r.out, "prefix_id");
-  ASSERT_EQ(id.size(), 32u) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"chunks_written\":3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"tail_tokens\":0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"dtype\":\"bf16\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"layout\":\"tokens-first\""), std::string::npos) << r.output;
+  const std::string id = JsonString(r.output, "prefix_id");
+  ASSERT_EQ(id.size(), 32u) << r.output;
 
   r = Kvctl("ls " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find(id.substr(0, 16) + "  Org/Model-0.5B"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(id.substr(0, 16) + "  Org/Model-0.5B"), std::string::npos) << r.output;
 
   // Export by the id ls prints: the same file, byte for byte.
   const std::string out = dir.Sub("out.safetensors");
   r = Kvctl("export " + store + " " + id.substr(0, 16) + " " + out + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"tokens\":48"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"tokens\":48"), std::string::npos) << r.output;
   EXPECT_EQ(ReadFileBytes(out), ReadFileBytes(file));
 
   // Importing it again stores nothing new.
   r = Kvctl("import " + store + " " + out + " --model " + preset + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"chunks_deduplicated\":3"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"chunks_deduplicated\":3"), std::string::npos) << r.output;
 }
 
 TEST_P(KvctlImportTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
@@ -282,14 +267,15 @@ TEST_P(KvctlImportTest, ImportsHeadsFirstKvWithATailAndSidecarTokens) {
 
   KvctlRun r = Kvctl("import " + store + " " + file + " --model " + preset + " --tokens-file " +
                      dir.Sub("ids.json"));
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("chunks written       2"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("tail tokens          3"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("[kv_heads, tokens, head_dim], transposed"), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("chunks written       2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tail tokens          3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[kv_heads, tokens, head_dim], transposed"), std::string::npos)
+      << r.output;
 
   // The stored chunks are the synthetic KV of the first 32 tokens.
   r = Kvctl("ls " + store + " --json");
-  const std::string id = JsonString(r.out, "id");
+  const std::string id = JsonString(r.output, "id");
   const std::string out = dir.Sub("out.safetensors");
   ASSERT_EQ(Kvctl("export " + store + " " + id + " " + out).exit_code, 0);
   const std::string expected = dir.Sub("expected.safetensors");
@@ -308,7 +294,7 @@ TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
   ASSERT_EQ(Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 32 --seed 1").exit_code, 0);
-  const std::string before = Kvctl("ls " + store + " --json").out;
+  const std::string before = Kvctl("ls " + store + " --json").output;
 
   const ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   const std::string good = dir.Sub("good.safetensors");
@@ -367,11 +353,11 @@ TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
     }
     const std::string model = c.extra_args.rfind("--spec", 0) == 0 ? "" : " --model qwen2.5-0.5b";
     const KvctlRun r = Kvctl("import " + store + " " + file + model + " " + c.extra_args);
-    EXPECT_EQ(r.exit_code, 3) << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-    EXPECT_EQ(r.out.rfind("kvctl: import", 0), 0u) << r.out;
-    EXPECT_NE(r.out.find(c.message), std::string::npos) << r.out;
-    EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_EQ(r.output.rfind("kvctl: import", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    EXPECT_EQ(Kvctl("ls " + store + " --json").output, before);
   }
 
   // Usage errors are exit 2, a prefix that is not stored exit 3.
@@ -384,7 +370,7 @@ TEST(KvctlTest, MalformedImportsExitThreeAndLeaveTheStoreUnchanged) {
   EXPECT_EQ(Kvctl("export " + store + " " + std::string(32, '0') + " " + dir.Sub("o.safetensors"))
                 .exit_code,
             3);
-  EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
+  EXPECT_EQ(Kvctl("ls " + store + " --json").output, before);
 }
 
 // Regression: export to a missing directory or onto a directory read the whole prefix first
@@ -394,23 +380,23 @@ TEST(KvctlTest, ExportFailuresNameTheFileAndLeaveItAsItWas) {
   const std::string store = dir.Sub("store");
   ASSERT_EQ(Kvctl("init " + store).exit_code, 0);
   KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const std::string id = JsonString(r.out, "prefix_id");
-  ASSERT_FALSE(id.empty()) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string id = JsonString(r.output, "prefix_id");
+  ASSERT_FALSE(id.empty()) << r.output;
 
   r = Kvctl("export " + store + " " + id + " " + dir.Sub("no-such-dir/out.safetensors"));
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("directory " + dir.Sub("no-such-dir") + " does not exist"));
-  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("directory " + dir.Sub("no-such-dir") + " does not exist"));
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 
   ASSERT_EQ(::mkdir(dir.Sub("a-dir").c_str(), 0755), 0);
   r = Kvctl("export " + store + " " + id + " " + dir.Sub("a-dir"));
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(dir.Sub("a-dir") + " is a directory"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(dir.Sub("a-dir") + " is a directory"));
 
   r = Kvctl("import " + store + " " + dir.Sub("a-dir") + " --model qwen2.5-0.5b");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(dir.Sub("a-dir") + " is not a regular file"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(dir.Sub("a-dir") + " is not a regular file"));
 
   // A write that fails part way (as on a full disk; here a file size limit, EFBIG) leaves the
   // old OUT as it was and no OUT.tmp behind.
@@ -451,9 +437,9 @@ TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
          "{\"conversation\": \"a\", \"turn\": 3, \"tokens\": [5, 6, 7]}\n";
   KvctlRun r = Kvctl("replay " + store + " " + trace +
                      " --model qwen2.5-0.5b --selector mean-key --gpu-tier-bytes 8M --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   const tools::JsonValue::Array* turns = json->Find("turns")->AsArray();
   ASSERT_NE(turns, nullptr);
   ASSERT_EQ(turns->size(), 5u);
@@ -477,17 +463,17 @@ TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
 
   // Again without storing: every turn's context is stored now.
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   EXPECT_EQ(IntOf(*json, "matched_chunks"), IntOf(*json, "prompt_chunks"));
   EXPECT_EQ(IntOf(*json, "chunks_written"), 0);
 
   // Another model's keys match nothing.
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b --no-put --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   EXPECT_EQ(IntOf(*json, "matched_chunks"), 0);
 }
 
@@ -505,9 +491,9 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
          "9]}\n";
   KvctlRun r = Kvctl("replay " + store + " " + trace +
                      " --model qwen2.5-0.5b --block-tokens 32 --speed 1000 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   EXPECT_EQ(*json->Find("format")->AsString(), "mooncake");
   const tools::JsonValue::Array* turns = json->Find("turns")->AsArray();
   ASSERT_EQ(turns->size(), 3u);
@@ -530,9 +516,9 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
          " \"output_length\": 3, \"type\": \"text\", \"turn\": 2, \"hash_ids\": [5, 6, 8]}\n";
   r = Kvctl("replay " + store + " " + bailian +
             " --model qwen2.5-0.5b --format bailian --max-requests 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  json = tools::ParseJson(r.out);
-  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << json.status() << r.output;
   turns = json->Find("turns")->AsArray();
   ASSERT_EQ(turns->size(), 1u);
   EXPECT_EQ(*(*turns)[0].Find("conversation")->AsString(), "7");
@@ -542,19 +528,19 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
   std::ofstream(trace, std::ios::app)
       << "{\"timestamp\": 30, \"input_length\": 5000, \"output_length\": 5, \"hash_ids\": [1]}\n";
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(trace + ":4: \"input_length\" 5000 does not fit 1 blocks of 512 "
-                                       "tokens (1..512)"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(trace + ":4: \"input_length\" 5000 does not fit 1 blocks of 512 "
+                                          "tokens (1..512)"));
   r = Kvctl("replay " + store + " " + bailian + " --model qwen2.5-0.5b --format ckv");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(bailian + ":1: unknown member"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(bailian + ":1: unknown member"));
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --format sharegpt");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   const std::string ckv = dir.Sub("ckv.jsonl");
   std::ofstream(ckv) << "{\"conversation\": \"a\", \"turn\": 1, \"tokens\": [1, 2]}\n";
   r = Kvctl("replay " + store + " " + ckv + " --model qwen2.5-0.5b --block-tokens 32");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--block-tokens and --speed need a trace of hash blocks"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--block-tokens and --speed need a trace of hash blocks"));
 }
 
 TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
@@ -565,22 +551,22 @@ TEST(KvctlTest, ReplayRejectsBadTracesAndOptionsWithClearMessages) {
   std::ofstream(trace) << "{\"conversation\": \"a\", \"turn\": 1, \"tokens\": [1, 2]}\n"
                           "{\"conversation\": \"a\", \"turn\": 3, \"tokens\": [3]}\n";
   KvctlRun r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(trace + ":2: turn 3 of conversation \"a\" follows turn 1"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(trace + ":2: turn 3 of conversation \"a\" follows turn 1"));
   EXPECT_EQ(Kvctl("replay " + store + " " + trace).exit_code, 2);  // no --model
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --selector h2o");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--selector: 'h2o'"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--selector: 'h2o'"));
   r = Kvctl("replay " + dir.Sub("nothing") + " " + trace + " --model qwen2.5-0.5b");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
   // A request too large to hold in memory is refused before anything runs.
   std::ofstream(trace) << "{\"conversation\": \"a\", \"turn\": 1, \"generate\": {\"seed\": 1, "
                           "\"tokens\": 600000}}\n";
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b");
-  EXPECT_EQ(r.exit_code, 3) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
-                               ":1: turn 1 of \"a\": 600000 tokens, 32.0 GiB of KV"));
-  EXPECT_THAT(r.out, HasSubstr("per request (--max-request-kv-bytes)"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
+                                  ":1: turn 1 of \"a\": 600000 tokens, 32.0 GiB of KV"));
+  EXPECT_THAT(r.output, HasSubstr("per request (--max-request-kv-bytes)"));
 }
 
 // Member `key` of `object` as a number (JsonWriter writes whole doubles as integers; NaN when
@@ -595,7 +581,7 @@ double NumberOf(const tools::JsonValue& object, std::string_view key) {
 // The id of the prefix `ls --json` lists with `chunks` chunks ("" when none or several).
 std::string PrefixWithChunks(const std::string& store, int64_t chunks) {
   const KvctlRun r = Kvctl("ls " + store + " --json");
-  auto json = tools::ParseJson(r.out);
+  auto json = tools::ParseJson(r.output);
   if (!json.ok()) return "";
   std::string id;
   for (const tools::JsonValue& p : *json->Find("prefixes")->AsArray()) {
@@ -626,8 +612,8 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
                 .exit_code,
             0);
   KvctlRun r = Kvctl("ls " + store + " --json");
-  auto ls = tools::ParseJson(r.out);
-  ASSERT_TRUE(ls.ok()) << r.out;
+  auto ls = tools::ParseJson(r.output);
+  ASSERT_TRUE(ls.ok()) << r.output;
   const tools::JsonValue::Array& listed = *ls->Find("prefixes")->AsArray();
   ASSERT_EQ(listed.size(), 2u);
   const auto tokens_a = synth::Tokens(1, 256);
@@ -638,13 +624,13 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   for (const tools::JsonValue& p : listed) {
     if (*p.Find("id")->AsString() != id_a) id_b = *p.Find("id")->AsString();
   }
-  ASSERT_EQ(id_b.size(), 32u) << r.out;
+  ASSERT_EQ(id_b.size(), 32u) << r.output;
 
   // show: 16 chunks, each at its own place; the text names segment and heat strip.
   r = Kvctl("show " + store + " " + id_a.substr(0, 16) + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto shown = tools::ParseJson(r.out);
-  ASSERT_TRUE(shown.ok()) << shown.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto shown = tools::ParseJson(r.output);
+  ASSERT_TRUE(shown.ok()) << shown.status() << r.output;
   const tools::JsonValue::Array& chunks = *shown->Find("chunks")->AsArray();
   ASSERT_EQ(chunks.size(), 16u);
   std::set<std::pair<int64_t, int64_t>> places;
@@ -652,56 +638,56 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
     places.insert({IntOf(c, "segment"), IntOf(c, "offset")});
     EXPECT_EQ(*c.Find("tier")->AsString(), "nvme");
   }
-  EXPECT_EQ(places.size(), 16u) << r.out;
+  EXPECT_EQ(places.size(), 16u) << r.output;
   const std::string segment_file = store + "/" + *chunks[14].Find("segment_file")->AsString();
   const int64_t offset14 = IntOf(chunks[14], "offset");
   const std::string key14 = *chunks[14].Find("key")->AsString();
   r = Kvctl("show " + store + " " + id_a.substr(0, 16));
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("256 tokens (16 chunks)"));
-  EXPECT_THAT(r.out, HasSubstr("segments/seg-"));
-  EXPECT_THAT(r.out, HasSubstr("     0 |                |"));  // no session: I = 0 everywhere
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("256 tokens (16 chunks)"));
+  EXPECT_THAT(r.output, HasSubstr("segments/seg-"));
+  EXPECT_THAT(r.output, HasSubstr("     0 |                |"));  // no session: I = 0 everywhere
 
   r = Kvctl("verify " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("clean"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("clean"));
 
   // A flipped byte in A's chunk 14 (not shared with B): verify names it, repair removes it and
   // chunk 15 after it, and the store is clean again.
   FlipByte(segment_file, static_cast<uint64_t>(offset14) + 100);
   r = Kvctl("verify " + store);
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(key14.substr(0, 16) + "/L0"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(key14.substr(0, 16) + "/L0"));
   r = Kvctl("verify " + store + " --repair");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("repair removed 2 chunks"));
-  EXPECT_THAT(r.out, HasSubstr("chunk " + key14 + " (depth 14): failed a check"));
-  EXPECT_THAT(r.out, HasSubstr("nothing left to repair"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("repair removed 2 chunks"));
+  EXPECT_THAT(r.output, HasSubstr("chunk " + key14 + " (depth 14): failed a check"));
+  EXPECT_THAT(r.output, HasSubstr("nothing left to repair"));
   r = Kvctl("verify " + store + " --json");
-  EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("\"ok\":true"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"ok\":true"));
   const std::string id_a14 = PrefixWithChunks(store, 14);  // A now ends at its chunk 13
   ASSERT_EQ(id_a14.size(), 32u);
 
   // rm B: its 4 own chunks go, the 12 it shares with A stay.
   r = Kvctl("show " + store + " " + id_b + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  shown = tools::ParseJson(r.out);
-  ASSERT_TRUE(shown.ok()) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  shown = tools::ParseJson(r.output);
+  ASSERT_TRUE(shown.ok()) << r.output;
   const int64_t offset_b15 = IntOf((*shown->Find("chunks")->AsArray())[15], "offset");
   r = Kvctl("rm " + store + " " + id_b.substr(0, 16) + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("\"chunks_freed\":4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"chunks_freed\":4"));
   r = Kvctl("ls " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, Not(HasSubstr(id_b.substr(0, 16))));
-  EXPECT_THAT(r.out, HasSubstr(id_a14.substr(0, 16)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr(id_b.substr(0, 16))));
+  EXPECT_THAT(r.output, HasSubstr(id_a14.substr(0, 16)));
 
   // rm punched B's slots already: gc finds nothing. Blocks left in a free slot (as a crash or a
   // failed punch leaves them) are reclaimed, and a segment with no chunk is deleted.
   r = Kvctl("gc " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("\"bytes_reclaimed\":0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"bytes_reclaimed\":0"));
   {
     std::fstream f(segment_file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(offset_b15));
@@ -709,19 +695,20 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
     f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
   r = Kvctl("gc " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   // Open logs what it reclaimed to stderr, before the JSON on stdout.
-  EXPECT_THAT(r.out, HasSubstr("reclaimed 65536 bytes of segment space no committed chunk names"));
-  auto gc = tools::ParseJson(r.out.substr(r.out.find('{')));
-  ASSERT_TRUE(gc.ok()) << r.out;
-  EXPECT_EQ(IntOf(*gc, "bytes_reclaimed"), 64 * 1024) << r.out;
+  EXPECT_THAT(r.output,
+              HasSubstr("reclaimed 65536 bytes of segment space no committed chunk names"));
+  auto gc = tools::ParseJson(r.output.substr(r.output.find('{')));
+  ASSERT_TRUE(gc.ok()) << r.output;
+  EXPECT_EQ(IntOf(*gc, "bytes_reclaimed"), 64 * 1024) << r.output;
   EXPECT_EQ(Kvctl("verify " + store).exit_code, 0);
 
   // stats: the figures of ls and show, and the ranking once a session has scored the chunks.
   r = Kvctl("stats " + store + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto stats = tools::ParseJson(r.out);
-  ASSERT_TRUE(stats.ok()) << stats.status() << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto stats = tools::ParseJson(r.output);
+  ASSERT_TRUE(stats.ok()) << stats.status() << r.output;
   EXPECT_EQ(IntOf(*stats->Find("stats"), "chunks"), 14);
   EXPECT_EQ(IntOf(*stats->Find("stats"), "prefixes"), 1);
   EXPECT_EQ(IntOf(*stats->Find("stats"), "segments"), 1);
@@ -729,7 +716,7 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   EXPECT_EQ(IntOf(*stats->Find("score"), "chunks"), 14);
   EXPECT_EQ(IntOf(*stats->Find("score"), "zero"), 14);
   EXPECT_EQ(stats->Find("tiers")->AsObject()->size(), 0u);  // no budgets given
-  ls = tools::ParseJson(Kvctl("ls " + store + " --json").out);
+  ls = tools::ParseJson(Kvctl("ls " + store + " --json").output);
   ASSERT_TRUE(ls.ok());
   EXPECT_EQ(IntOf(*ls->Find("stats"), "disk_bytes_used"),
             IntOf(*stats->Find("stats"), "disk_bytes_used"));
@@ -743,9 +730,9 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   const uint64_t record = spec.RecordBytes();
   r = Kvctl("stats " + store + " --json --gpu-tier-bytes " + std::to_string(5 * 24 * record) +
             " --cpu-tier-bytes 4M");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  stats = tools::ParseJson(r.out);
-  ASSERT_TRUE(stats.ok()) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  stats = tools::ParseJson(r.output);
+  ASSERT_TRUE(stats.ok()) << r.output;
   const tools::JsonValue& score = *stats->Find("score");
   EXPECT_LT(IntOf(score, "zero"), 14);
   EXPECT_GT(NumberOf(score, "max"), 0);
@@ -761,15 +748,15 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   EXPECT_GT(gpu_share, 5.0 / 14);  // the top 5 of 14 chunks by S
   EXPECT_NEAR(gpu_share + cpu_share, 1.0, 1e-9);
   r = Kvctl("stats " + store + " --gpu-tier-bytes 1M");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("gpu tier 1.0 MiB"));
-  EXPECT_THAT(r.out, HasSubstr("serving process"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("gpu tier 1.0 MiB"));
+  EXPECT_THAT(r.output, HasSubstr("serving process"));
 
   // The last prefix goes; gc deletes the segment file that holds nothing now.
   ASSERT_EQ(Kvctl("rm " + store + " " + id_a14).exit_code, 0);
   r = Kvctl("gc " + store);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("1 segment file removed, 0 left"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("1 segment file removed, 0 left"));
   EXPECT_FALSE(std::filesystem::exists(segment_file));
 }
 
@@ -782,45 +769,45 @@ TEST(KvctlTest, ShowRmAndGcRejectBadInputWithOneLine) {
   for (int seed = 1; seed <= 17; ++seed) {
     const KvctlRun r = Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 16 --seed " +
                              std::to_string(seed) + " --json");
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-    first_digits[JsonString(r.out, "prefix_id")[0]]++;
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    first_digits[JsonString(r.output, "prefix_id")[0]]++;
   }
   char shared = 0;
   for (const auto& [digit, n] : first_digits) {
     if (n > 1) shared = digit;
   }
   ASSERT_NE(shared, 0);
-  const std::string before = Kvctl("ls " + store + " --json").out;
+  const std::string before = Kvctl("ls " + store + " --json").output;
   for (const std::string cmd : {"show", "rm"}) {
     SCOPED_TRACE(cmd);
     KvctlRun r = Kvctl(cmd + " " + store + " " + std::string(1, shared));
-    EXPECT_EQ(r.exit_code, 2) << r.out;
-    EXPECT_THAT(r.out, HasSubstr("is ambiguous"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("is ambiguous"));
     r = Kvctl(cmd + " " + store + " " + std::string(32, '0'));
-    EXPECT_EQ(r.exit_code, 3) << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-    EXPECT_THAT(r.out, HasSubstr("no stored prefix id starts with " + std::string(32, '0')));
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("no stored prefix id starts with " + std::string(32, '0')));
     r = Kvctl(cmd + " " + store + " not-hex");
-    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_EQ(r.exit_code, 2) << r.output;
     r = Kvctl(cmd + " " + dir.Sub("missing") + " 00");
-    EXPECT_EQ(r.exit_code, 3) << r.out;
-    EXPECT_THAT(r.out, HasSubstr("missing"));
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("missing"));
     EXPECT_EQ(Kvctl(cmd + " " + store).exit_code, 2);  // no PREFIX
   }
   for (const std::string cmd : {"gc", "stats", "verify --repair"}) {
     SCOPED_TRACE(cmd);
     const KvctlRun r = Kvctl(cmd + " " + dir.Sub("missing"));
-    EXPECT_EQ(r.exit_code, 3) << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
   EXPECT_EQ(Kvctl("stats " + store + " --gpu-tier-bytes lots").exit_code, 2);
   EXPECT_EQ(Kvctl("verify " + store + " --repair --synthetic").exit_code, 2);
   for (const std::string cmd : {"show", "stats", "rm", "gc"}) {
     SCOPED_TRACE(cmd);
     EXPECT_EQ(Kvctl(cmd + " --help").exit_code, 0);
-    EXPECT_THAT(Kvctl("help").out, HasSubstr("  " + cmd + " "));
+    EXPECT_THAT(Kvctl("help").output, HasSubstr("  " + cmd + " "));
   }
-  EXPECT_EQ(Kvctl("ls " + store + " --json").out, before);
+  EXPECT_EQ(Kvctl("ls " + store + " --json").output, before);
 }
 
 }  // namespace

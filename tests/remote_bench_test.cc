@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/json_test_util.h"
 #include "tests/redis_cluster.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
@@ -17,13 +18,7 @@ namespace {
 using ckv::testing::RedisCluster;
 using ckv::testing::TempDir;
 
-[[maybe_unused]] double NumberAt(const tools::JsonValue& v, std::string_view key) {
-  const tools::JsonValue* x = v.Find(key);
-  if (x == nullptr) return -1;
-  if (const double* d = x->AsDouble()) return *d;
-  if (const int64_t* i = x->AsInt()) return static_cast<double>(*i);
-  return -1;
-}
+[[maybe_unused]] constexpr auto NumberAt = ::ckv::testing::JsonNumber;
 
 TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
 #ifndef CKV_REMOTE_BENCH_PATH

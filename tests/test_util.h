@@ -214,6 +214,16 @@ inline ProgramRun RunProgram(const std::string& program, const std::string& args
   return r;
 }
 
+#ifdef CKV_KVCTL_PATH
+// Runs the kvctl this build made with `args`, as RunProgram does, its progress display set to
+// `progress` ("off" by default: progress lines would go into the output).
+inline ProgramRun RunKvctl(const std::string& args, bool merge_stderr = true,
+                           const std::string& progress = "off") {
+  return RunProgram("KVCTL_PROGRESS=" + progress + " " + std::string(CKV_KVCTL_PATH), args,
+                    merge_stderr);
+}
+#endif
+
 }  // namespace ckv::testing
 
 #endif  // CKV_TESTS_TEST_UTIL_H_
