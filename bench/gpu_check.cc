@@ -79,8 +79,8 @@ constexpr int kKernelsPerLayer = 9;
 constexpr double kContextShares[] = {0.05, 0.10, 0.25, 0.50, 1.0};
 // The layer whose summaries the selectors read (any layer: the data are random).
 constexpr uint32_t kLayer = 2;
-// Tolerances. Scores: a share of the largest score, as tests/kernels_cuda_test.cc allows (the
-// reductions run in another order). Attention outputs: a share of the largest |output| (sums
+// Tolerances. Scores: a share of the largest score, as tests/kernels/kernels_cuda_test.cc allows
+// (the reductions run in another order). Attention outputs: a share of the largest |output| (sums
 // over thousands of tokens, expf against the CPU's exp). Gather: bit-exact.
 constexpr double kScoreTolerance = 1e-4;
 constexpr double kAttentionTolerance = 1e-3;

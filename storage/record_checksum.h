@@ -7,7 +7,7 @@
 // the CPU has it (XXH3_64bits itself is the SSE2 build); elsewhere (aarch64) plain XXH3_64bits,
 // NEON or scalar as libxxhash was built. XXH3 is defined independently of the instructions that
 // compute it, so the values, and a store's bytes, are identical on every path
-// (tests/record_checksum_test.cc checks them against the scalar reference).
+// (tests/storage/record_checksum_test.cc checks them against the scalar reference).
 //
 // Thread-safety: pure functions.
 #ifndef CKV_STORAGE_RECORD_CHECKSUM_H_

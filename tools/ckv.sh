@@ -199,7 +199,7 @@ build_demo() {
     -DCMAKE_BUILD_TYPE=Release -DCKV_BUILD_TESTS=OFF -DCKV_BUILD_BENCH=ON
 }
 
-# What the machine let the suite cover (tests/coverage_test.cc): where $TMPDIR refuses O_DIRECT
+# What the machine let the suite cover (tests/engine/coverage_test.cc): where $TMPDIR refuses O_DIRECT
 # or io_uring is disabled, the engine falls back quietly and the whole suite tests the fallback;
 # the summary line says so.
 coverage_of() {

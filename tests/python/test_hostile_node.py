@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Python module against a Redis Cluster node that lies (tests/hostile_node.h, run as the
+"""The Python module against a Redis Cluster node that lies (tests/remote/hostile_node.h, run as the
 program ckv_hostile_node): a process that put with the remote tier on died with SIGABRT when a
 node answered CLUSTER SLOTS with 13 bytes. Every behaviour must leave the process alive, each
 call ending within its stated deadline (docs/remote.md): put and its publishing, lookup (a

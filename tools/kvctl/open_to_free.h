@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // tools/kvctl/open_to_free.h: how kvctl rm and gc open a store whose file system is too full for
 // it to open (RocksDB writes files when it opens). Header-only, with the open and the freeing
-// passed in, so that a test drives it through the engine's seams (tests/chunk_store_fault_test.cc,
-// FullDiskOpenTest) exactly as kvctl does through the real file system.
+// passed in, so that a test drives it through the engine's seams
+// (tests/storage/chunk_store_fault_test.cc, FullDiskOpenTest) exactly as kvctl does through the
+// real file system.
 //
 // The blocks are given back without writing (engine::FreeSpaceToOpen), in two steps:
 //   1. the free slots' and the index snapshot's blocks, which nothing catalogued uses, then

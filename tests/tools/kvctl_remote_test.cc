@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvctl's --remote (put, lookup, replay, verify) and remote-stats against a real Redis Cluster on
-// loopback (tests/redis_cluster.h): a store filled on one "machine" is published, another store
-// is filled from the cluster, verify --remote finds a value corrupted in the cluster, and
+// loopback (tests/remote/redis_cluster.h): a store filled on one "machine" is published, another
+// store is filled from the cluster, verify --remote finds a value corrupted in the cluster, and
 // remote-stats reports the masters; a trace replayed on one store is replayed on an empty one
 // from the cluster. Skipped, saying why, where redis-server is absent.
 
@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "remote/chunk_value.h"
 #include "tests/json_test_util.h"
-#include "tests/redis_cluster.h"
+#include "tests/remote/redis_cluster.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 #include "tools/synthetic_kv.h"

@@ -4,9 +4,9 @@
 //   ckv_crash_child STORE SEED [MODE CAP_BYTES KNOWN_FILE]
 //
 // Opens STORE (with the cap CAP_BYTES when it is not 0) and runs a crash::Workload
-// (tests/crash_workload.h) forever: MODE "puts" (the default) Puts and now and then Deletes,
-// "mixed" also runs Re-Prefill sessions and Gc. KNOWN_FILE lists the prefixes stored by earlier
-// children, one crash::Format line each ("known <seed> <chunks> <shared> <leading chunks
+// (tests/reliability/crash_workload.h) forever: MODE "puts" (the default) Puts and now and then
+// Deletes, "mixed" also runs Re-Prefill sessions and Gc. KNOWN_FILE lists the prefixes stored by
+// earlier children, one crash::Format line each ("known <seed> <chunks> <shared> <leading chunks
 // stored>"), so that this child deletes and reads them too. Each acknowledged operation is one
 // line on stdout, written before the next operation begins; the parent treats a printed line as
 // acknowledged.
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "ckv/engine.h"
-#include "tests/crash_spec.h"
-#include "tests/crash_workload.h"
+#include "tests/reliability/crash_spec.h"
+#include "tests/reliability/crash_workload.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/crash_workload.h: the seeded mix of operations that crash tests interrupt.
+// tests/reliability/crash_workload.h: the seeded mix of operations that crash tests interrupt.
 //
 // A Workload drives an Engine one operation at a time and reports every operation through `say`
 // (one line, crash_spec.h's Format) as soon as the call returned OK, before the next begins; the
@@ -53,7 +53,7 @@
 #include "common/status_macros.h"
 #include "engine/internal.h"
 #include "storage/chunk_store.h"
-#include "tests/crash_spec.h"
+#include "tests/reliability/crash_spec.h"
 #include "tests/served_bytes.h"
 #include "tools/synthetic_kv.h"
 

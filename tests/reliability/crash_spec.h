@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/crash_spec.h: the model and prefixes that the crash child writes and the crash test checks.
+// tests/reliability/crash_spec.h: the model and prefixes that the crash child writes and the crash
+// test checks.
 #ifndef CKV_TESTS_CRASH_SPEC_H_
 #define CKV_TESTS_CRASH_SPEC_H_
 

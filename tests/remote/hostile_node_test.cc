@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every remote entry point against a cluster node that lies (tests/hostile_node.h): huge counts
-// and lengths, replies dripped a byte at a time, endless streams, wrong types, MOVED and ASK
+// Every remote entry point against a cluster node that lies (tests/remote/hostile_node.h): huge
+// counts and lengths, replies dripped a byte at a time, endless streams, wrong types, MOVED and ASK
 // loops, an invalid slot map, replies out of order. Each call must end within its stated
 // deadline, as a miss or a clear error, never a crash, with no allocation sized by what the
 // node announced, and never serve bytes other than the ones stored.
@@ -10,7 +10,7 @@
 //     Re-Prefill session, and closing the engine (docs/remote.md states each one's deadline);
 //   - kvctl put and lookup with --remote, the reproduction of the 13-byte reply included.
 // The Python entry point has its own test (tests/python/test_hostile_node.py).
-#include "tests/hostile_node.h"
+#include "tests/remote/hostile_node.h"
 
 #include <sys/resource.h>
 

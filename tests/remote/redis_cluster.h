@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/redis_cluster.h: a real Redis Cluster on loopback, started by a test and torn down by it.
+// tests/remote/redis_cluster.h: a real Redis Cluster on loopback, started by a test and torn down
+// by it.
 //
 // RedisCluster::Start runs `masters` redis-server processes (and `replicas_per_master` replicas
 // of each) on free loopback ports, each with cluster-enabled yes, no persistence (--save '',

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/attention_profile_writer.h"
+#include "tests/tools/attention_profile_writer.h"
 #include "tests/json_test_util.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"

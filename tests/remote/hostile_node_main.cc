@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// ckv_hostile_node: tests/hostile_node.h as a program, for the tests that run kvctl or Python
-// against a lying cluster node.
+// ckv_hostile_node: tests/remote/hostile_node.h as a program, for the tests that run kvctl or
+// Python against a lying cluster node.
 //
 //   ckv_hostile_node BEHAVIOR [--honest-slot-map] [--seconds N]
 //
 // Prints "port N" on stdout once it listens on 127.0.0.1, then serves for N seconds (default
 // 60, at most 600) or until its standard input closes, and exits 0. BEHAVIOR is one of
-// tests/hostile_node.h's names (huge-array, huge-bulk, drip, endless, wrong-types, moved-loop,
-// ask-loop, bad-slot-map, out-of-order, honest).
+// tests/remote/hostile_node.h's names (huge-array, huge-bulk, drip, endless, wrong-types,
+// moved-loop, ask-loop, bad-slot-map, out-of-order, honest).
 #include <poll.h>
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "absl/time/clock.h"
-#include "tests/hostile_node.h"
+#include "tests/remote/hostile_node.h"
 
 int main(int argc, char** argv) {
   using ckv::testing::HostileNode;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/hostile_node.h: a Redis Cluster node that lies, for tests of everything that talks to
-// one (the cluster client, the remote tier, kvctl, Python).
+// tests/remote/hostile_node.h: a Redis Cluster node that lies, for tests of everything that talks
+// to one (the cluster client, the remote tier, kvctl, Python).
 //
 // A loopback server that speaks enough RESP to be taken for a one-node cluster, and that can be
 // told to misbehave (Behavior below): announce huge counts and lengths, drip its replies one

@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
-#include "tests/crash_spec.h"
+#include "tests/reliability/crash_spec.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
 

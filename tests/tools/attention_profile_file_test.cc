@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/attention_profile_writer.h"
+#include "tests/tools/attention_profile_writer.h"
 #include "tests/test_util.h"
 
 namespace ckv::synth {

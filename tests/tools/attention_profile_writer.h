@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/attention_profile_writer.h: writes attention profile files (tools/attention_profile_file.h)
-// of seeded random data for tests, with knobs to make them wrong in one way at a time.
+// tests/tools/attention_profile_writer.h: writes attention profile files
+// (tools/attention_profile_file.h) of seeded random data for tests, with knobs to make them wrong
+// in one way at a time.
 #ifndef CKV_TESTS_ATTENTION_PROFILE_WRITER_H_
 #define CKV_TESTS_ATTENTION_PROFILE_WRITER_H_
 

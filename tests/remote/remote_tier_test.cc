@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The remote tier (EngineOptions::remote, engine/remote_tier.h) against a real Redis Cluster on
-// loopback (tests/redis_cluster.h). Two Engines on two directories play two machines: what A
+// loopback (tests/remote/redis_cluster.h). Two Engines on two directories play two machines: what A
 // stores, B re-prefills bit-exact from the cluster and then serves locally. A value corrupted
 // with SETRANGE, or one of another model, is DataLoss and never served; an unreachable or
 // stopped cluster is a miss within the timeout; a full publish queue drops, counted, without
@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "remote/chunk_value.h"
 #include "remote/cluster_client.h"
-#include "tests/redis_cluster.h"
+#include "tests/remote/redis_cluster.h"
 #include "tests/served_bytes.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"

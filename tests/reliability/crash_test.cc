@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Crash tests: the crash matrix of docs/reliability.md.
 //
-// SIGKILL cells: a child process (tests/crash_child.cc) runs a seeded workload
-// (tests/crash_workload.h) and acknowledges each operation on a pipe; the parent kills it with
-// SIGKILL at random moments, reopens the store and checks that every acknowledged Put is present
-// and bit-exact (or, under a cap, shortened only by evictions the child reported), that the F of
-// acknowledged sessions is durable, that nothing partial is visible, that Verify is clean, that no
-// orphaned space remains and that the disk is within the cap. Once per cell, the real `kvctl
-// verify --synthetic` checks the closed store.
+// SIGKILL cells: a child process (tests/reliability/crash_child.cc) runs a seeded workload
+// (tests/reliability/crash_workload.h) and acknowledges each operation on a pipe; the parent kills
+// it with SIGKILL at random moments, reopens the store and checks that every acknowledged Put is
+// present and bit-exact (or, under a cap, shortened only by evictions the child reported), that the
+// F of acknowledged sessions is durable, that nothing partial is visible, that Verify is clean,
+// that no orphaned space remains and that the disk is within the cap. Once per cell, the real
+// `kvctl verify --synthetic` checks the closed store.
 //
 // Simulated power loss (SimulatedPowerLoss...): in process, the fault file system stops the store
 // at a chosen operation and drops or tears every segment write not covered by a completed
@@ -36,8 +36,8 @@
 #include "engine/internal.h"
 #include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
-#include "tests/crash_spec.h"
-#include "tests/crash_workload.h"
+#include "tests/reliability/crash_spec.h"
+#include "tests/reliability/crash_workload.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/prefetch_planner_test.cc: prefetch::PlanAfterSelection, the cross-layer prefetch plan.
+// tests/prefetch/prefetch_planner_test.cc: prefetch::PlanAfterSelection, the cross-layer prefetch
+// plan.
 #include "prefetch/planner.h"
 
 #include <vector>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// remote/cluster_client.h against a real Redis Cluster on loopback (tests/redis_cluster.h):
+// remote/cluster_client.h against a real Redis Cluster on loopback (tests/remote/redis_cluster.h):
 // routing by slot, pipelined reads and writes across masters, MOVED and ASK while a slot
 // migrates, a stopped master (a timeout, not a hang), a killed master (the replica takes over
 // and the client follows), and eviction under maxmemory (a miss, not an error). Skipped, saying
@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "remote/key_slot.h"
-#include "tests/redis_cluster.h"
+#include "tests/remote/redis_cluster.h"
 
 namespace ckv::remote {
 namespace {

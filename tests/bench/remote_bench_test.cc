@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench/remote_bench, run as a user would, on a small prefix against a real Redis Cluster on
-// loopback (tests/redis_cluster.h): it completes and reports figures that make sense, for the
-// whole-prefix fill (period-exact) and for a session that selects (quest). Skipped,
-// saying why, where redis-server is absent or the benchmarks are not built.
+// loopback (tests/remote/redis_cluster.h): it completes and reports figures that make sense, for
+// the whole-prefix fill (period-exact) and for a session that selects (quest). Skipped, saying why,
+// where redis-server is absent or the benchmarks are not built.
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/json_test_util.h"
-#include "tests/redis_cluster.h"
+#include "tests/remote/redis_cluster.h"
 #include "tests/test_util.h"
 #include "tools/json_reader.h"
 
