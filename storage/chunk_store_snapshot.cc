@@ -95,11 +95,12 @@ absl::Status ChunkStore::WriteIndexSnapshot() {
                        fs_->Open(path, io::FileSystem::OpenMode::kCreateReadWrite));
   // Records first, the header last: a close cut short leaves a header that does not check.
   CKV_RETURN_IF_ERROR(file->Truncate(0));
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
+  // The buffer before the hash state: a failed allocation returns with nothing to free.
   CKV_ASSIGN_OR_RETURN(io::AlignedBuffer buffer,
                        io::AlignedBuffer::Allocate(std::min<uint64_t>(
                            kIoBytes, RoundUp(std::max<uint64_t>(1, n) * kRecordBytes))));
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
   uint64_t offset = header_bytes;
   size_t filled = 0;
   absl::Status s;
