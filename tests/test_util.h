@@ -191,6 +191,24 @@ inline absl::StatusOr<PutResult> PutSynthetic(Engine& engine, const ModelSpec& s
   return engine.Put(spec, tokens, kv.tensors());
 }
 
+// The addresses of `records`, in order, as the kernels take them.
+inline std::vector<const std::byte*> Pointers(const std::vector<std::vector<std::byte>>& records) {
+  std::vector<const std::byte*> out;
+  out.reserve(records.size());
+  for (const auto& r : records) out.push_back(r.data());
+  return out;
+}
+
+// The value of the first `"key":"..."` in the JSON text `json` (a string without escapes), or ""
+// when there is none: enough for the ids and names kvctl prints.
+inline std::string JsonString(const std::string& json, const std::string& key) {
+  const std::string open = "\"" + key + "\":\"";
+  const size_t at = json.find(open);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + open.size();
+  return json.substr(begin, json.find('"', begin) - begin);
+}
+
 // What a program run through the shell printed (stdout and stderr together) and its exit status
 // (-1 when it did not exit normally or could not be started).
 struct ProgramRun {
@@ -221,6 +239,17 @@ inline ProgramRun RunKvctl(const std::string& args, bool merge_stderr = true,
                            const std::string& progress = "off") {
   return RunProgram("KVCTL_PROGRESS=" + progress + " " + std::string(CKV_KVCTL_PATH), args,
                     merge_stderr);
+}
+
+// kvctl `args`, stdout and stderr together, progress set to `progress`.
+inline ProgramRun Kvctl(const std::string& args, const std::string& progress = "off") {
+  return RunKvctl(args, /*merge_stderr=*/true, progress);
+}
+
+// kvctl `args`: its stdout alone (what --json writes and a collector reads; a log line on stderr,
+// such as an io_uring fallback, is not part of it), progress off.
+inline ProgramRun KvctlStdout(const std::string& args) {
+  return RunKvctl(args, /*merge_stderr=*/false);
 }
 #endif
 

@@ -30,7 +30,7 @@ using tools::JsonValue;
   return ::ckv::testing::RunProgram(CKV_GPU_CHECK_PATH, args);
 }
 
-constexpr auto Num = ::ckv::testing::JsonNumber;
+using ::ckv::testing::JsonNumber;
 
 bool IsNull(const JsonValue& v, const std::string& key) {
   const JsonValue* x = v.Find(key);
@@ -58,23 +58,24 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
   EXPECT_EQ(*json->Find("program")->AsString(), "gpu_check");
   EXPECT_EQ(*json->Find("mode")->AsString(), "dry-run");
   EXPECT_TRUE(IsNull(*json, "device"));
-  EXPECT_EQ(Num(*json, "failed"), 0);
+  EXPECT_EQ(JsonNumber(*json, "failed"), 0);
 
   const JsonValue& params = *json->Find("params");
   const std::string model = *params.Find("model")->AsString();
   const ModelSpec spec = *ModelSpec::Preset(model);
   const bench::Arch arch = *bench::ArchOf(model);
-  EXPECT_EQ(Num(params, "prefix_tokens"), prefix);
-  EXPECT_EQ(Num(params, "suffix_tokens"), suffix);
-  const double s = Num(params, "suffix_tokens");
-  const size_t chunks = static_cast<size_t>(Num(params, "prefix_tokens")) / spec.chunk_tokens;
+  EXPECT_EQ(JsonNumber(params, "prefix_tokens"), prefix);
+  EXPECT_EQ(JsonNumber(params, "suffix_tokens"), suffix);
+  const double s = JsonNumber(params, "suffix_tokens");
+  const size_t chunks =
+      static_cast<size_t>(JsonNumber(params, "prefix_tokens")) / spec.chunk_tokens;
   const double qd = double(spec.q_heads) * spec.head_dim;
-  EXPECT_EQ(Num(params, "pcie_gb_s"), gpu.pcie_bytes_per_s / 1e9);
-  EXPECT_EQ(Num(params, "launch_us"), gpu.launch_s * 1e6);
+  EXPECT_EQ(JsonNumber(params, "pcie_gb_s"), gpu.pcie_bytes_per_s / 1e9);
+  EXPECT_EQ(JsonNumber(params, "launch_us"), gpu.launch_s * 1e6);
 
   kernels::SelectorInput in;
   in.shape = kernels::KvShape::Of(spec);
-  in.window = static_cast<uint32_t>(Num(params, "window"));
+  in.window = static_cast<uint32_t>(JsonNumber(params, "window"));
   in.chunks = chunks;
 
   const std::set<std::string> checks = {"n/a", "skipped: no device", "skipped: dry run"};
@@ -91,17 +92,17 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
     }
     for (const char* key : {"modelled", "max_abs_error", "tolerance"}) {
       ASSERT_NE(row.Find(key), nullptr) << key;
-      if (!IsNull(row, key)) Num(row, key);
+      if (!IsNull(row, key)) JsonNumber(row, key);
     }
     ASSERT_NE(row.Find("extra"), nullptr);
     ASSERT_NE(row.Find("extra")->AsObject(), nullptr);
     // Nothing is measured, passed or timed without a device.
     EXPECT_TRUE(IsNull(row, "measured"));
     EXPECT_TRUE(IsNull(row, "ratio"));
-    EXPECT_EQ(Num(row, "reps"), 0);
+    EXPECT_EQ(JsonNumber(row, "reps"), 0);
     EXPECT_TRUE(checks.contains(*row.Find("check")->AsString())) << *row.Find("check")->AsString();
-    const double bytes = Num(row, "bytes");
-    const double modelled = IsNull(row, "modelled") ? NAN : Num(row, "modelled");
+    const double bytes = JsonNumber(row, "bytes");
+    const double modelled = IsNull(row, "modelled") ? NAN : JsonNumber(row, "modelled");
     const JsonValue& extra = *row.Find("extra");
 
     if (name.starts_with("kernels.")) {
@@ -126,7 +127,7 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
       ExpectSame(modelled, spec.RecordBytes() / gpu.pcie_bytes_per_s * 1e3, name);
     } else if (name.starts_with("pcie.")) {
       ExpectSame(modelled, gpu.pcie_bytes_per_s / 1e9, name);
-      ExpectSame(Num(extra, "modelled_ms"), bytes / gpu.pcie_bytes_per_s * 1e3, name);
+      ExpectSame(JsonNumber(extra, "modelled_ms"), bytes / gpu.pcie_bytes_per_s * 1e3, name);
       EXPECT_TRUE(IsNull(extra, "measured_ms"));
     } else if (name == "launch.layer") {
       ExpectSame(modelled, gpu.launch_s * 1e3, name);
@@ -144,20 +145,22 @@ void CheckDryRun(const std::string& flags, const bench::GpuParams& gpu, double p
       so.budget_fraction = share;
       const double context =
           static_cast<double>(kernels::BudgetChunks(chunks, so) * spec.chunk_tokens);
-      ExpectSame(Num(extra, "tokens"), context, name);
+      ExpectSame(JsonNumber(extra, "tokens"), context, name);
       ExpectSame(bytes, context / spec.chunk_tokens * spec.RecordBytes(), name);
       // QK^T and AV: 4 FLOPs per q head dimension per (query, key) pair; K and V from HBM.
       const double flops = 4 * s * (context + s) * qd;
       const double kv = (context + s) * spec.TokenBytesPerLayer() * 2;
-      ExpectSame(Num(extra, "modelled_attention_flops_ms"), flops / gpu.flops_per_s * 1e3, name);
-      ExpectSame(Num(extra, "modelled_attention_hbm_ms"), kv / gpu.hbm_bytes_per_s * 1e3, name);
+      ExpectSame(JsonNumber(extra, "modelled_attention_flops_ms"), flops / gpu.flops_per_s * 1e3,
+                 name);
+      ExpectSame(JsonNumber(extra, "modelled_attention_hbm_ms"), kv / gpu.hbm_bytes_per_s * 1e3,
+                 name);
       ExpectSame(modelled, std::max(flops / gpu.flops_per_s, kv / gpu.hbm_bytes_per_s) * 1e3, name);
       const double layer = bench::LayerSeconds(spec, arch, gpu, s, context);
-      ExpectSame(Num(extra, "modelled_layer_ms"), layer * 1e3, name);
-      ExpectSame(Num(extra, "modelled_marginal_ms"),
+      ExpectSame(JsonNumber(extra, "modelled_layer_ms"), layer * 1e3, name);
+      ExpectSame(JsonNumber(extra, "modelled_marginal_ms"),
                  (layer - bench::LayerSeconds(spec, arch, gpu, s, 0)) * 1e3, name);
-      ExpectSame(Num(extra, "modelled_launch_ms"), gpu.launch_s * 1e3, name);
-      ExpectSame(Num(extra, "modelled_pcie_ms"), bytes / gpu.pcie_bytes_per_s * 1e3, name);
+      ExpectSame(JsonNumber(extra, "modelled_launch_ms"), gpu.launch_s * 1e3, name);
+      ExpectSame(JsonNumber(extra, "modelled_pcie_ms"), bytes / gpu.pcie_bytes_per_s * 1e3, name);
     }
   }
   const std::set<std::string> want = {"kernels.quest",

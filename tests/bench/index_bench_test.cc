@@ -21,7 +21,7 @@ using tools::JsonValue;
 
 #ifdef CKV_INDEX_BENCH_PATH
 
-constexpr auto Num = ::ckv::testing::JsonNumber;
+using ::ckv::testing::JsonNumber;
 
 TEST(IndexBenchTest, TwoTinySizesReportSaneFiguresThatGrowWithN) {
   TempDir dir;
@@ -47,41 +47,41 @@ TEST(IndexBenchTest, TwoTinySizesReportSaneFiguresThatGrowWithN) {
   ASSERT_EQ(sizes->size(), 2u);
   const JsonValue& small = (*sizes)[0];
   const JsonValue& large = (*sizes)[1];
-  EXPECT_EQ(Num(small, "chunks"), 2000);
-  EXPECT_EQ(Num(large, "chunks"), 40000);
+  EXPECT_EQ(JsonNumber(small, "chunks"), 2000);
+  EXPECT_EQ(JsonNumber(large, "chunks"), 40000);
   for (const JsonValue* s : {&small, &large}) {
     // The probe's one-chunk prefix and prefixes of 100 chunks.
-    const auto chunks = static_cast<uint64_t>(Num(*s, "chunks"));
-    EXPECT_EQ(Num(*s, "prefixes"), static_cast<double>(1 + (chunks - 1 + 99) / 100));
-    EXPECT_GE(Num(*s, "segments"), 2);
-    EXPECT_GT(Num(*s, "open_seconds"), 0);
-    EXPECT_GT(Num(*s, "rss_after_open_bytes"), Num(*s, "rss_before_open_bytes"));
-    EXPECT_GE(Num(*s, "rss_peak_bytes"), Num(*s, "rss_after_open_bytes"));
-    EXPECT_GT(Num(*s, "rss_bytes_per_chunk"), 0);
-    EXPECT_EQ(Num(*s, "lookup_chain_chunks"), 100);
-    EXPECT_EQ(Num(*s, "cold_chains"), 8);
-    EXPECT_EQ(Num(*s, "hot_lookups"), 20);
-    EXPECT_GT(Num(*s, "lookup_cold_p50_ms"), 0);
-    EXPECT_LE(Num(*s, "lookup_cold_p50_ms"), Num(*s, "lookup_cold_p99_ms"));
-    EXPECT_GT(Num(*s, "lookup_hot_p50_ms"), 0);
-    EXPECT_LE(Num(*s, "lookup_hot_p50_ms"), Num(*s, "lookup_hot_p99_ms"));
+    const auto chunks = static_cast<uint64_t>(JsonNumber(*s, "chunks"));
+    EXPECT_EQ(JsonNumber(*s, "prefixes"), static_cast<double>(1 + (chunks - 1 + 99) / 100));
+    EXPECT_GE(JsonNumber(*s, "segments"), 2);
+    EXPECT_GT(JsonNumber(*s, "open_seconds"), 0);
+    EXPECT_GT(JsonNumber(*s, "rss_after_open_bytes"), JsonNumber(*s, "rss_before_open_bytes"));
+    EXPECT_GE(JsonNumber(*s, "rss_peak_bytes"), JsonNumber(*s, "rss_after_open_bytes"));
+    EXPECT_GT(JsonNumber(*s, "rss_bytes_per_chunk"), 0);
+    EXPECT_EQ(JsonNumber(*s, "lookup_chain_chunks"), 100);
+    EXPECT_EQ(JsonNumber(*s, "cold_chains"), 8);
+    EXPECT_EQ(JsonNumber(*s, "hot_lookups"), 20);
+    EXPECT_GT(JsonNumber(*s, "lookup_cold_p50_ms"), 0);
+    EXPECT_LE(JsonNumber(*s, "lookup_cold_p50_ms"), JsonNumber(*s, "lookup_cold_p99_ms"));
+    EXPECT_GT(JsonNumber(*s, "lookup_hot_p50_ms"), 0);
+    EXPECT_LE(JsonNumber(*s, "lookup_hot_p50_ms"), JsonNumber(*s, "lookup_hot_p99_ms"));
     // Every Put wrote its chunks and evicted as many to stay under a cap at the store's use.
-    EXPECT_EQ(Num(*s, "puts"), 5);
-    EXPECT_EQ(Num(*s, "put_chunks_written"), 10);
-    EXPECT_GE(Num(*s, "put_chunks_evicted"), 10);
-    EXPECT_GT(Num(*s, "puts_per_second"), 0);
-    EXPECT_GT(Num(*s, "evicted_chunks_per_second"), 0);
-    EXPECT_GT(Num(*s, "catalog_bytes"), 0);
+    EXPECT_EQ(JsonNumber(*s, "puts"), 5);
+    EXPECT_EQ(JsonNumber(*s, "put_chunks_written"), 10);
+    EXPECT_GE(JsonNumber(*s, "put_chunks_evicted"), 10);
+    EXPECT_GT(JsonNumber(*s, "puts_per_second"), 0);
+    EXPECT_GT(JsonNumber(*s, "evicted_chunks_per_second"), 0);
+    EXPECT_GT(JsonNumber(*s, "catalog_bytes"), 0);
     // The index holds at least each chunk's key and a checksum, and is in the RSS the open added.
-    EXPECT_GE(Num(*s, "index_memory_bytes"), static_cast<double>(chunks) * (16 + 8));
-    EXPECT_LE(Num(*s, "index_memory_bytes"),
-              Num(*s, "rss_after_open_bytes") - Num(*s, "rss_before_open_bytes"));
-    EXPECT_DOUBLE_EQ(Num(*s, "index_bytes_per_chunk"),
-                     Num(*s, "index_memory_bytes") / static_cast<double>(chunks));
+    EXPECT_GE(JsonNumber(*s, "index_memory_bytes"), static_cast<double>(chunks) * (16 + 8));
+    EXPECT_LE(JsonNumber(*s, "index_memory_bytes"),
+              JsonNumber(*s, "rss_after_open_bytes") - JsonNumber(*s, "rss_before_open_bytes"));
+    EXPECT_DOUBLE_EQ(JsonNumber(*s, "index_bytes_per_chunk"),
+                     JsonNumber(*s, "index_memory_bytes") / static_cast<double>(chunks));
   }
-  EXPECT_GT(Num(large, "rss_after_open_bytes") - Num(large, "rss_before_open_bytes"),
-            Num(small, "rss_after_open_bytes") - Num(small, "rss_before_open_bytes"));
-  EXPECT_GT(Num(large, "catalog_bytes"), Num(small, "catalog_bytes"));
+  EXPECT_GT(JsonNumber(large, "rss_after_open_bytes") - JsonNumber(large, "rss_before_open_bytes"),
+            JsonNumber(small, "rss_after_open_bytes") - JsonNumber(small, "rss_before_open_bytes"));
+  EXPECT_GT(JsonNumber(large, "catalog_bytes"), JsonNumber(small, "catalog_bytes"));
 }
 
 TEST(IndexBenchTest, RefusesACountBelowTwo) {

@@ -28,7 +28,7 @@ Ran RunPutBench(const std::string& args) {
   return ::ckv::testing::RunProgram(CKV_PUT_BENCH_PATH, args);
 }
 
-constexpr auto Num = ::ckv::testing::JsonNumber;
+using ::ckv::testing::JsonNumber;
 
 TEST(PutBenchTest, SteadyStateTinyRunEvictsOnEveryPutAndReportsLatency) {
   TempDir dir;
@@ -49,10 +49,10 @@ TEST(PutBenchTest, SteadyStateTinyRunEvictsOnEveryPutAndReportsLatency) {
   ASSERT_TRUE(v.ok()) << v.status() << text.str();
   ASSERT_NE(v->Find("mode"), nullptr);
   EXPECT_EQ(*v->Find("mode")->AsString(), "steady-state");
-  EXPECT_EQ(Num(*v, "puts"), 7);
-  EXPECT_EQ(Num(*v, "warmup_puts"), 2);
-  EXPECT_EQ(Num(*v, "measured_puts"), 5);
-  EXPECT_EQ(Num(*v, "puts_evicting"), 5);
+  EXPECT_EQ(JsonNumber(*v, "puts"), 7);
+  EXPECT_EQ(JsonNumber(*v, "warmup_puts"), 2);
+  EXPECT_EQ(JsonNumber(*v, "measured_puts"), 5);
+  EXPECT_EQ(JsonNumber(*v, "puts_evicting"), 5);
   ASSERT_NE(v->Find("every_put_evicted"), nullptr);
   ASSERT_NE(v->Find("every_put_evicted")->AsBool(), nullptr);
   EXPECT_TRUE(*v->Find("every_put_evicted")->AsBool());
@@ -62,31 +62,31 @@ TEST(PutBenchTest, SteadyStateTinyRunEvictsOnEveryPutAndReportsLatency) {
   for (size_t i = 0; i < runs->size(); ++i) {
     const JsonValue& run = (*runs)[i];
     EXPECT_EQ(*run.Find("warmup")->AsBool(), i < 2) << i;
-    EXPECT_GT(Num(run, "bytes_written"), 0) << i;
+    EXPECT_GT(JsonNumber(run, "bytes_written"), 0) << i;
     // The warm-up fills the store; each Put after it must make room.
     if (i >= 2) {
-      EXPECT_GT(Num(run, "chunks_evicted"), 0) << i;
+      EXPECT_GT(JsonNumber(run, "chunks_evicted"), 0) << i;
     } else {
-      EXPECT_EQ(Num(run, "chunks_evicted"), 0) << i;
+      EXPECT_EQ(JsonNumber(run, "chunks_evicted"), 0) << i;
     }
   }
-  const double p50 = Num(*v, "latency_p50_ms");
-  const double p99 = Num(*v, "latency_p99_ms");
-  const double max = Num(*v, "latency_max_ms");
+  const double p50 = JsonNumber(*v, "latency_p50_ms");
+  const double p99 = JsonNumber(*v, "latency_p99_ms");
+  const double max = JsonNumber(*v, "latency_max_ms");
   EXPECT_GT(p50, 0);
   EXPECT_LE(p50, p99);
   EXPECT_LE(p99, max);
-  EXPECT_GT(Num(*v, "median_gbps"), 0);
-  EXPECT_LE(Num(*v, "min_gbps"), Num(*v, "median_gbps"));
-  EXPECT_GT(Num(*v->Find("uncapped"), "median_gbps"), 0);
+  EXPECT_GT(JsonNumber(*v, "median_gbps"), 0);
+  EXPECT_LE(JsonNumber(*v, "min_gbps"), JsonNumber(*v, "median_gbps"));
+  EXPECT_GT(JsonNumber(*v->Find("uncapped"), "median_gbps"), 0);
   // The store's own figures (EngineStats) cover all 7 Puts of the capped store.
   const JsonValue* st = v->Find("store_stats");
   ASSERT_NE(st, nullptr);
-  EXPECT_EQ(Num(*st, "put_latency_window"), 7);
-  EXPECT_GT(Num(*st, "put_latency_p50_us"), 0);
-  EXPECT_LE(Num(*st, "put_latency_p50_us"), Num(*st, "put_latency_p99_us"));
-  EXPECT_LE(Num(*st, "put_latency_p99_us"), Num(*st, "put_latency_max_us"));
-  EXPECT_LE(Num(*st, "disk_bytes_used"), Num(*v, "cap_bytes"));
+  EXPECT_EQ(JsonNumber(*st, "put_latency_window"), 7);
+  EXPECT_GT(JsonNumber(*st, "put_latency_p50_us"), 0);
+  EXPECT_LE(JsonNumber(*st, "put_latency_p50_us"), JsonNumber(*st, "put_latency_p99_us"));
+  EXPECT_LE(JsonNumber(*st, "put_latency_p99_us"), JsonNumber(*st, "put_latency_max_us"));
+  EXPECT_LE(JsonNumber(*st, "disk_bytes_used"), JsonNumber(*v, "cap_bytes"));
 }
 
 TEST(PutBenchTest, SteadyStateRefusesAWarmupAsLongAsTheRun) {

@@ -18,7 +18,7 @@ namespace {
 using ckv::testing::RedisCluster;
 using ckv::testing::TempDir;
 
-[[maybe_unused]] constexpr auto NumberAt = ::ckv::testing::JsonNumber;
+using ::ckv::testing::JsonNumber;
 
 TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
 #ifndef CKV_REMOTE_BENCH_PATH
@@ -36,18 +36,18 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
           .output;
   auto json = tools::ParseJson(out.substr(out.find('{')));
   ASSERT_TRUE(json.ok()) << out;
-  EXPECT_EQ(NumberAt(*json, "chunks"), 8);
-  EXPECT_EQ(NumberAt(*json, "masters"), 3);
-  EXPECT_EQ(NumberAt(*json, "value_bytes"), 206376);  // qwen2.5-0.5b: head 9,768 + 24 x 8 KiB
-  EXPECT_GT(NumberAt(*json, "reprefill_local_s"), 0);
-  EXPECT_GT(NumberAt(*json, "reprefill_cold_remote_s"), NumberAt(*json, "cold_fill_s"));
-  EXPECT_EQ(NumberAt(*json, "fetched_bytes"), 8 * 206376);
-  EXPECT_GT(NumberAt(*json, "ckv_gets_per_s"), 0);
-  EXPECT_GT(NumberAt(*json, "ckv_fresh_gets_per_s"), 0);
+  EXPECT_EQ(JsonNumber(*json, "chunks"), 8);
+  EXPECT_EQ(JsonNumber(*json, "masters"), 3);
+  EXPECT_EQ(JsonNumber(*json, "value_bytes"), 206376);  // qwen2.5-0.5b: head 9,768 + 24 x 8 KiB
+  EXPECT_GT(JsonNumber(*json, "reprefill_local_s"), 0);
+  EXPECT_GT(JsonNumber(*json, "reprefill_cold_remote_s"), JsonNumber(*json, "cold_fill_s"));
+  EXPECT_EQ(JsonNumber(*json, "fetched_bytes"), 8 * 206376);
+  EXPECT_GT(JsonNumber(*json, "ckv_gets_per_s"), 0);
+  EXPECT_GT(JsonNumber(*json, "ckv_fresh_gets_per_s"), 0);
   if (!ckv::testing::FindOnPath("redis-benchmark").empty()) {
-    EXPECT_GT(NumberAt(*json, "redis_benchmark_gets_per_s"), 0);
-    EXPECT_GT(NumberAt(*json, "ratio"), 0);
-    EXPECT_GT(NumberAt(*json, "fresh_ratio"), 0);
+    EXPECT_GT(JsonNumber(*json, "redis_benchmark_gets_per_s"), 0);
+    EXPECT_GT(JsonNumber(*json, "ratio"), 0);
+    EXPECT_GT(JsonNumber(*json, "fresh_ratio"), 0);
   }
   // quest selects: the cold session takes the 8 heads (9,768 bytes each) and its selected
   // records from the cluster (budget 0.25: 2 chunks of 8 per layer, 24 layers of 8 KiB, and
@@ -64,9 +64,9 @@ TEST(RemoteBenchTest, ReportsReprefillAndThroughputFigures) {
   const tools::JsonValue* selecting = q->Find("selecting");
   ASSERT_TRUE(selecting != nullptr && selecting->AsBool() != nullptr) << quest;
   EXPECT_TRUE(*selecting->AsBool());
-  EXPECT_EQ(NumberAt(*q, "cold_fill_s"), 0);
-  EXPECT_GE(NumberAt(*q, "fetched_bytes"), 8 * 9768 + 2 * 24 * 8192);
-  EXPECT_LE(NumberAt(*q, "fetched_bytes"), 8 * 9768 + 2 * 2 * 24 * 8192);
+  EXPECT_EQ(JsonNumber(*q, "cold_fill_s"), 0);
+  EXPECT_GE(JsonNumber(*q, "fetched_bytes"), 8 * 9768 + 2 * 24 * 8192);
+  EXPECT_LE(JsonNumber(*q, "fetched_bytes"), 8 * 9768 + 2 * 2 * 24 * 8192);
 #endif
 }
 

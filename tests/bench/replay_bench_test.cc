@@ -20,7 +20,7 @@ namespace {
 
 using Ran = ::ckv::testing::ProgramRun;
 
-Ran RunBench(const std::string& args) {
+Ran RunReplayBench(const std::string& args) {
   return ::ckv::testing::RunProgram(CKV_REPLAY_BENCH_PATH, args);
 }
 
@@ -47,10 +47,11 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
     unsetenv("TMPDIR");
   }
   const std::string trace = dir.Sub("synthetic.jsonl");
-  Ran r = RunBench("--synthetic 80 --write-trace " + trace);
+  Ran r = RunReplayBench("--synthetic 80 --write-trace " + trace);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = RunBench("--store " + dir.Sub("stores") + " --trace " + trace +
-               " --block-tokens 16 --caps 0.1,0.5 --selector mean-key --reclaim-margin 0 --json");
+  r = RunReplayBench(
+      "--store " + dir.Sub("stores") + " --trace " + trace +
+      " --block-tokens 16 --caps 0.1,0.5 --selector mean-key --reclaim-margin 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto json = tools::ParseJson(r.output.substr(r.output.find('{')));
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
@@ -74,7 +75,7 @@ TEST(ReplayBenchTest, StoreEvictionMatchesSimulatedLruAndStaysUnderTheInfiniteCa
   EXPECT_LT(Rate((*caps)[0], "lru"), Rate((*caps)[1], "lru")) << "a larger cap holds more";
   EXPECT_GT(*(*caps)[0].Find("chunks_evicted")->AsInt(), 0) << "the 10% cap never evicted";
 
-  r = RunBench("--store " + dir.Sub("stores") + " --synthetic 5 --trace " + trace);
+  r = RunReplayBench("--store " + dir.Sub("stores") + " --synthetic 5 --trace " + trace);
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 

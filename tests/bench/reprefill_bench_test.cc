@@ -29,11 +29,11 @@ using tools::JsonValue;
 
 using Ran = ::ckv::testing::ProgramRun;
 
-Ran RunBench(const std::string& args) {
+Ran RunReprefillBench(const std::string& args) {
   return ::ckv::testing::RunProgram(CKV_REPREFILL_BENCH_PATH, args);
 }
 
-constexpr auto Num = ::ckv::testing::JsonNumber;
+using ::ckv::testing::JsonNumber;
 
 bool IsInt(const JsonValue& v, const char* key) {
   const JsonValue* x = v.Find(key);
@@ -64,7 +64,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
       "--conversations 2 --turns 2 --budgets 10,50 --systems " +
       kSystems + " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio --rounds 2 --json " +
       json;
-  const Ran first = RunBench(args + " --plot " + plot);
+  const Ran first = RunReprefillBench(args + " --plot " + plot);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("making a new store"), std::string::npos) << first.output;
   // The table names every system, the modelled recompute and the equal-recall comparison.
@@ -87,7 +87,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
         "window", "gpu_tier_bytes", "cpu_tier_bytes", "seed", "store_bytes"}) {
     EXPECT_TRUE(IsInt(*workload, k)) << k;
   }
-  EXPECT_EQ(Num(*workload, "prefix_tokens"), 256);
+  EXPECT_EQ(JsonNumber(*workload, "prefix_tokens"), 256);
   const JsonValue* results = doc->Find("results");
   ASSERT_NE(results, nullptr);
   ASSERT_NE(results->AsArray(), nullptr);
@@ -98,7 +98,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   for (const JsonValue& r : *results->AsArray()) {
     ASSERT_NE(r.Find("system"), nullptr);
     const std::string system = *r.Find("system")->AsString();
-    const double budget = Num(r, "budget");
+    const double budget = JsonNumber(r, "budget");
     SCOPED_TRACE(system + " at " + std::to_string(budget));
     by[{system, budget}] = &r;
     budgets_of[system].insert(budget);
@@ -112,47 +112,48 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     if (system == "recompute") {
       // Modelled: no I/O, the whole prompt prefilled, exact.
       EXPECT_TRUE(*r.Find("modelled")->AsBool());
-      EXPECT_EQ(Num(r, "bytes_read"), 0);
-      EXPECT_GT(Num(*r.Find("latency_ms"), "mean"), 0);
-      EXPECT_EQ(Num(r, "attention_recall"), 1.0);
+      EXPECT_EQ(JsonNumber(r, "bytes_read"), 0);
+      EXPECT_GT(JsonNumber(*r.Find("latency_ms"), "mean"), 0);
+      EXPECT_EQ(JsonNumber(r, "attention_recall"), 1.0);
       continue;
     }
     EXPECT_FALSE(*r.Find("modelled")->AsBool());
     // Recall counts what a system attends to; a token-level system attends to its selected
     // tokens only, never to more than the blocks it read.
-    EXPECT_LE(Num(r, "attention_recall"), Num(r, "attention_recall_loaded") + 1e-9);
+    EXPECT_LE(JsonNumber(r, "attention_recall"), JsonNumber(r, "attention_recall_loaded") + 1e-9);
     if (system == "full" || system == "ckv" || system == "ckv-paper") {
-      EXPECT_NEAR(Num(r, "attention_recall"), Num(r, "attention_recall_loaded"), 1e-9);
+      EXPECT_NEAR(JsonNumber(r, "attention_recall"), JsonNumber(r, "attention_recall_loaded"),
+                  1e-9);
     }
-    EXPECT_GT(Num(r, "h2d_bytes"), 0) << "every byte loaded crosses PCIe with no tiers";
-    EXPECT_EQ(Num(r, "requests"), 2);  // 2 conversations x (2 turns - 1 warm-up turn)
+    EXPECT_GT(JsonNumber(r, "h2d_bytes"), 0) << "every byte loaded crosses PCIe with no tiers";
+    EXPECT_EQ(JsonNumber(r, "requests"), 2);  // 2 conversations x (2 turns - 1 warm-up turn)
     const JsonValue* lat = r.Find("latency_ms");
     ASSERT_NE(lat, nullptr);
-    EXPECT_GT(Num(*lat, "mean"), 0);
-    EXPECT_GT(Num(*lat, "p50"), 0);
-    EXPECT_LE(Num(*lat, "p50"), Num(*lat, "p95"));
-    EXPECT_GE(Num(r, "wall_ms"),
-              Num(*lat, "mean") - 1e-9);  // the modelled GPU takes CPU scoring out
-    EXPECT_GE(Num(r, "scoring_cpu_ms"), 0);
-    EXPECT_GE(Num(r, "bubble_ms"), 0);
+    EXPECT_GT(JsonNumber(*lat, "mean"), 0);
+    EXPECT_GT(JsonNumber(*lat, "p50"), 0);
+    EXPECT_LE(JsonNumber(*lat, "p50"), JsonNumber(*lat, "p95"));
+    EXPECT_GE(JsonNumber(r, "wall_ms"),
+              JsonNumber(*lat, "mean") - 1e-9);  // the modelled GPU takes CPU scoring out
+    EXPECT_GE(JsonNumber(r, "scoring_cpu_ms"), 0);
+    EXPECT_GE(JsonNumber(r, "bubble_ms"), 0);
     EXPECT_TRUE(IsInt(r, "bytes_needed"));
     EXPECT_TRUE(IsInt(r, "bytes_read"));
     EXPECT_TRUE(IsInt(r, "wasted_prefetch_bytes"));
     EXPECT_TRUE(IsInt(r, "dominant_io_bytes"));
-    const double needed = Num(r, "bytes_needed"), read = Num(r, "bytes_read");
+    const double needed = JsonNumber(r, "bytes_needed"), read = JsonNumber(r, "bytes_read");
     EXPECT_GT(needed, 0);
     EXPECT_GT(read, 0);  // no tiers: everything comes from NVMe
-    EXPECT_NEAR(Num(r, "read_amplification"), read / needed, 1e-9);
-    EXPECT_GT(Num(r, "device_mb_s"), 0);
-    EXPECT_EQ(Num(r, "fio_mb_s"), 0);  // --no-fio
-    const double recall = Num(r, "attention_recall");
+    EXPECT_NEAR(JsonNumber(r, "read_amplification"), read / needed, 1e-9);
+    EXPECT_GT(JsonNumber(r, "device_mb_s"), 0);
+    EXPECT_EQ(JsonNumber(r, "fio_mb_s"), 0);  // --no-fio
+    const double recall = JsonNumber(r, "attention_recall");
     EXPECT_GT(recall, 0);
     EXPECT_LE(recall, 1 + 1e-5);
-    EXPECT_GE(Num(r, "output_rel_error"), 0);
+    EXPECT_GE(JsonNumber(r, "output_rel_error"), 0);
     const JsonValue* hits = r.Find("hit_rate");
     ASSERT_NE(hits, nullptr);
-    EXPECT_EQ(Num(*hits, "gpu"), 0);  // tiers of 0 bytes
-    EXPECT_EQ(Num(*hits, "cpu"), 0);
+    EXPECT_EQ(JsonNumber(*hits, "gpu"), 0);  // tiers of 0 bytes
+    EXPECT_EQ(JsonNumber(*hits, "cpu"), 0);
   }
   ASSERT_EQ(by.size(), 12u);
   // Every system has its budget sweep.
@@ -162,15 +163,15 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   // impress reorders to convergence before measuring: the warm-up pass, then at least one that
   // rewrote nothing.
   for (double b : {0.1, 0.5}) {
-    EXPECT_GE(Num(*by.at({"impress", b}), "reorder_passes"), 2);
+    EXPECT_GE(JsonNumber(*by.at({"impress", b}), "reorder_passes"), 2);
     EXPECT_TRUE(*by.at({"impress", b})->Find("reorder_converged")->AsBool());
-    EXPECT_EQ(Num(*by.at({"ckv", b}), "reorder_passes"), 0);
+    EXPECT_EQ(JsonNumber(*by.at({"ckv", b}), "reorder_passes"), 0);
   }
   // A token-level system attends to fewer tokens than its blocks hold: its recall over them is
   // below the recall over everything it read (here, at 10%, strictly).
   for (const char* s : {"h2o", "impress"}) {
-    EXPECT_LT(Num(*by.at({s, 0.1}), "attention_recall"),
-              Num(*by.at({s, 0.1}), "attention_recall_loaded"))
+    EXPECT_LT(JsonNumber(*by.at({s, 0.1}), "attention_recall"),
+              JsonNumber(*by.at({s, 0.1}), "attention_recall_loaded"))
         << s;
   }
   // The headline: ckv against each baseline at the baseline's recall at its reference budget
@@ -186,23 +187,24 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     EXPECT_EQ(*e.Find("ckv_system")->AsString(), "ckv");
     EXPECT_EQ(*e.Find("tiers")->AsString(), "default");
     if (base == "full") {
-      EXPECT_EQ(Num(e, "recall"), 0.95);
+      EXPECT_EQ(JsonNumber(e, "recall"), 0.95);
     } else {
-      EXPECT_EQ(Num(e, "baseline_budget"), 0.1);
-      EXPECT_NEAR(Num(e, "recall"), Num(*by.at({base, 0.1}), "attention_recall"), 1e-12);
-      EXPECT_NEAR(Num(e, "baseline_latency_ms"),
-                  Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+      EXPECT_EQ(JsonNumber(e, "baseline_budget"), 0.1);
+      EXPECT_NEAR(JsonNumber(e, "recall"), JsonNumber(*by.at({base, 0.1}), "attention_recall"),
+                  1e-12);
+      EXPECT_NEAR(JsonNumber(e, "baseline_latency_ms"),
+                  JsonNumber(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
     }
     for (const char* k :
          {"ckv_latency_ms", "speedup", "speedup_min", "speedup_max", "ckv_budget"}) {
       ASSERT_NE(e.Find(k), nullptr) << k;
     }
     if (e.Find("speedup")->AsDouble() != nullptr || e.Find("speedup")->AsInt() != nullptr) {
-      EXPECT_GT(Num(e, "speedup"), 0);
-      EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup_round_median") + 1e-12);
-      EXPECT_GE(Num(e, "speedup_max"), Num(e, "speedup_round_median") - 1e-12);
-      EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"),
-                  1e-9);
+      EXPECT_GT(JsonNumber(e, "speedup"), 0);
+      EXPECT_LE(JsonNumber(e, "speedup_min"), JsonNumber(e, "speedup_round_median") + 1e-12);
+      EXPECT_GE(JsonNumber(e, "speedup_max"), JsonNumber(e, "speedup_round_median") - 1e-12);
+      EXPECT_NEAR(JsonNumber(e, "speedup"),
+                  JsonNumber(e, "baseline_latency_ms") / JsonNumber(e, "ckv_latency_ms"), 1e-9);
     } else {
       EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
     }
@@ -212,9 +214,10 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   // Every row's quality is over both distinct measured requests: a mean, a p95, the worst layer.
   for (const JsonValue& r : *results->AsArray()) {
     SCOPED_TRACE(*r.Find("system")->AsString());
-    EXPECT_EQ(Num(r, "quality_requests"), *r.Find("system")->AsString() == "recompute" ? 0 : 2);
-    EXPECT_GE(Num(r, "output_rel_error_p95") + 1e-12, Num(r, "output_rel_error"));
-    EXPECT_GE(Num(r, "worst_layer_error") + 1e-12, Num(r, "output_rel_error"));
+    EXPECT_EQ(JsonNumber(r, "quality_requests"),
+              *r.Find("system")->AsString() == "recompute" ? 0 : 2);
+    EXPECT_GE(JsonNumber(r, "output_rel_error_p95") + 1e-12, JsonNumber(r, "output_rel_error"));
+    EXPECT_GE(JsonNumber(r, "worst_layer_error") + 1e-12, JsonNumber(r, "output_rel_error"));
   }
   // The headline: at equal output error, every baseline (full and recompute included) at each of
   // 0.05, 0.1 and 0.2; a system's latency there lies on its own curve, never beyond it.
@@ -234,7 +237,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     bool reaches = false;
     double lo = 1e300, hi = 0;
     for (const JsonValue* r : c) {
-      reaches |= Num(*r, "output_rel_error") <= error + 1e-12;
+      reaches |= JsonNumber(*r, "output_rel_error") <= error + 1e-12;
       for (const JsonValue& m : *r->Find("latency_ms")->Find("rounds")->AsArray()) {
         const double ms = m.AsDouble() ? *m.AsDouble() : double(*m.AsInt());
         lo = std::min(lo, ms);
@@ -244,19 +247,19 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     EXPECT_EQ(*point.Find("reached")->AsBool(), reaches);
     if (!reaches) {
       EXPECT_TRUE(latency->IsNull()) << "not reached is never extrapolated";
-      EXPECT_GT(Num(point, "closest_error"), error);
+      EXPECT_GT(JsonNumber(point, "closest_error"), error);
       return;
     }
-    EXPECT_GE(Num(point, "latency_ms"), lo - 1e-9);
-    EXPECT_LE(Num(point, "latency_ms"), hi + 1e-9);
+    EXPECT_GE(JsonNumber(point, "latency_ms"), lo - 1e-9);
+    EXPECT_LE(JsonNumber(point, "latency_ms"), hi + 1e-9);
     if (!point.Find("budget")->IsNull()) {
-      EXPECT_GE(Num(point, "budget"), 0.1 - 1e-12);
-      EXPECT_LE(Num(point, "budget"), 0.5 + 1e-12);
+      EXPECT_GE(JsonNumber(point, "budget"), 0.1 - 1e-12);
+      EXPECT_LE(JsonNumber(point, "budget"), 0.5 + 1e-12);
     }
   };
   for (const JsonValue& e : *ee->AsArray()) {
     const std::string base = *e.Find("baseline")->AsString();
-    const double error = Num(e, "error");
+    const double error = JsonNumber(e, "error");
     SCOPED_TRACE(base + " at error " + std::to_string(error));
     seen.insert({base, error});
     EXPECT_EQ(*e.Find("ckv_system")->AsString(), "ckv");
@@ -268,16 +271,17 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
     on_curve("ckv", *e.Find("points")->Find("ckv"), error, e.Find("ckv_latency_ms"));
     if (base == "full" || base == "recompute") {
       // Exact: error 0, so reached at every error, at its one latency.
-      EXPECT_NEAR(Num(e, "baseline_latency_ms"),
-                  Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+      EXPECT_NEAR(JsonNumber(e, "baseline_latency_ms"),
+                  JsonNumber(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
     }
     if (e.Find("speedup")->IsNull()) {
       EXPECT_FALSE(e.Find("note")->AsString()->empty()) << "a missing ratio says why";
       continue;
     }
     // The ratio of the medians; the per-round ratios beside it.
-    EXPECT_NEAR(Num(e, "speedup"), Num(e, "baseline_latency_ms") / Num(e, "ckv_latency_ms"), 1e-9);
-    EXPECT_LE(Num(e, "speedup_min"), Num(e, "speedup_max"));
+    EXPECT_NEAR(JsonNumber(e, "speedup"),
+                JsonNumber(e, "baseline_latency_ms") / JsonNumber(e, "ckv_latency_ms"), 1e-9);
+    EXPECT_LE(JsonNumber(e, "speedup_min"), JsonNumber(e, "speedup_max"));
   }
   for (const char* base : {"impress", "ckv-paper", "h2o", "full", "recompute"}) {
     for (double error : {0.05, 0.1, 0.2}) {
@@ -292,33 +296,35 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
   for (const JsonValue& e : *anchored->AsArray()) {
     const std::string base = *e.Find("baseline")->AsString();
     SCOPED_TRACE(base);
-    EXPECT_EQ(Num(e, "anchor_budget"), 0.1);
-    EXPECT_EQ(Num(*e.Find("points")->Find("baseline"), "budget"), 0.1);
-    EXPECT_NEAR(Num(e, "error"), Num(*by.at({base, 0.1}), "output_rel_error"), 1e-12);
-    EXPECT_NEAR(Num(e, "baseline_latency_ms"),
-                Num(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
+    EXPECT_EQ(JsonNumber(e, "anchor_budget"), 0.1);
+    EXPECT_EQ(JsonNumber(*e.Find("points")->Find("baseline"), "budget"), 0.1);
+    EXPECT_NEAR(JsonNumber(e, "error"), JsonNumber(*by.at({base, 0.1}), "output_rel_error"), 1e-12);
+    EXPECT_NEAR(JsonNumber(e, "baseline_latency_ms"),
+                JsonNumber(*by.at({base, 0.1})->Find("latency_ms"), "round_median"), 1e-9);
   }
   for (double b : {0.1, 0.5}) {
     // full loads everything: recall 1, the exact output, and it reads exactly what it needs.
     const JsonValue& full = *by.at({"full", b});
-    EXPECT_NEAR(Num(full, "attention_recall"), 1.0, 1e-6);
-    EXPECT_LT(Num(full, "output_rel_error"), 1e-5);
-    EXPECT_EQ(Num(full, "bytes_read"), Num(full, "bytes_needed"));
+    EXPECT_NEAR(JsonNumber(full, "attention_recall"), 1.0, 1e-6);
+    EXPECT_LT(JsonNumber(full, "output_rel_error"), 1e-5);
+    EXPECT_EQ(JsonNumber(full, "bytes_read"), JsonNumber(full, "bytes_needed"));
     // The block baselines read at least what their tokens need (keys to identify, whole blocks);
     // period-exact reads its head layers whole to score them.
     for (const char* s : {"h2o", "impress", "ckv-paper"}) {
-      EXPECT_GE(Num(*by.at({s, b}), "bytes_read"), Num(*by.at({s, b}), "bytes_needed")) << s;
+      EXPECT_GE(JsonNumber(*by.at({s, b}), "bytes_read"),
+                JsonNumber(*by.at({s, b}), "bytes_needed"))
+          << s;
     }
   }
   // A larger budget keeps a superset of the chunks (same scores, larger top-k): recall only grows.
   for (const char* s : {"h2o", "impress", "ckv-paper", "ckv"}) {
-    EXPECT_GE(Num(*by.at({s, 0.5}), "attention_recall") + 1e-9,
-              Num(*by.at({s, 0.1}), "attention_recall"))
+    EXPECT_GE(JsonNumber(*by.at({s, 0.5}), "attention_recall") + 1e-9,
+              JsonNumber(*by.at({s, 0.1}), "attention_recall"))
         << s;
   }
 
   // The same workload again reuses the store.
-  const Ran second = RunBench(args);
+  const Ran second = RunReprefillBench(args);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("reusing the store"), std::string::npos) << second.output;
 }
@@ -329,7 +335,7 @@ TEST(ReprefillBenchTest, TinyRunHasTheSchemaAndSaneFigures) {
 TEST(ReprefillBenchTest, BaselinesAdmitAtTheRequestsEndAndHitOnTheNextTurn) {
   TempDir dir;
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench(
+  const Ran ran = RunReprefillBench(
       "--store " + dir.path() +
       "/store --model qwen2.5-0.5b --prefix-tokens 256 "
       "--suffix-tokens 16 --conversations 2 --turns 2 --request-shift 0 --budgets 50 "
@@ -345,7 +351,7 @@ TEST(ReprefillBenchTest, BaselinesAdmitAtTheRequestsEndAndHitOnTheNextTurn) {
     if (system == "recompute") continue;
     const JsonValue* hits = r.Find("hit_rate");
     ASSERT_NE(hits, nullptr) << system;
-    EXPECT_GT(Num(*hits, "gpu") + Num(*hits, "cpu"), 0.5) << system << " hit nothing";
+    EXPECT_GT(JsonNumber(*hits, "gpu") + JsonNumber(*hits, "cpu"), 0.5) << system << " hit nothing";
   }
 }
 
@@ -365,7 +371,7 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
       "--conversations 2 --turns 3 --request-shift 0 --gpu-tier-bytes 0 --cpu-tier-bytes 0 "
       "--no-fio --rounds 1 --json " +
       json;
-  const Ran ran = RunBench(args + " --budgets 5,10 --systems full,impress");
+  const Ran ran = RunReprefillBench(args + " --budgets 5,10 --systems full,impress");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -375,11 +381,12 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   }
   for (double b : {0.05, 0.1}) {
     ASSERT_TRUE(by.count({"impress", b}) && by.count({"full", b})) << b;
-    EXPECT_LT(Num(*by.at({"impress", b}), "bytes_read"), Num(*by.at({"full", b}), "bytes_read"))
+    EXPECT_LT(JsonNumber(*by.at({"impress", b}), "bytes_read"),
+              JsonNumber(*by.at({"full", b}), "bytes_read"))
         << "impress reads more than full at budget " << b;
   }
   // Read amplification: bytes read (probe keys and 64-token blocks) over the selected tokens'.
-  const double amp = Num(*by.at({"impress", 0.05}), "read_amplification");
+  const double amp = JsonNumber(*by.at({"impress", 0.05}), "read_amplification");
   EXPECT_GT(amp, 1.0);
   EXPECT_LE(amp, 16.0);
   EXPECT_TRUE(*by.at({"impress", 0.05})->Find("reorder_converged")->AsBool());
@@ -388,18 +395,19 @@ TEST(ReprefillBenchTest, ImpressAnchorsHoldAndItsFilesAreVerifiedOnRead) {
   ASSERT_NE(anchors, nullptr);
   ASSERT_EQ(anchors->AsArray()->size(), 2u);
   for (const JsonValue& a : *anchors->AsArray()) {
-    const double b = Num(a, "budget");
-    EXPECT_NEAR(Num(a, "bytes_vs_full"),
-                Num(*by.at({"impress", b}), "bytes_read") / Num(*by.at({"full", b}), "bytes_read"),
+    const double b = JsonNumber(a, "budget");
+    EXPECT_NEAR(JsonNumber(a, "bytes_vs_full"),
+                JsonNumber(*by.at({"impress", b}), "bytes_read") /
+                    JsonNumber(*by.at({"full", b}), "bytes_read"),
                 1e-9);
-    EXPECT_GT(Num(a, "speedup_vs_full"), 0);
+    EXPECT_GT(JsonNumber(a, "speedup_vs_full"), 0);
   }
 
   // A flipped byte in a file the baselines read: the run fails, naming it.
   auto flip = [&](const std::string& name) { FlipByte(store + "/" + name, 0); };
   for (const char* name : {"impress.bin", "keys.bin"}) {
     flip(name);
-    const Ran bad = RunBench(args + " --budgets 5 --systems impress");
+    const Ran bad = RunReprefillBench(args + " --budgets 5 --systems impress");
     EXPECT_NE(bad.exit_code, 0) << name << ": " << bad.output;
     EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
     EXPECT_NE(bad.output.find("checksum"), std::string::npos) << bad.output;
@@ -425,7 +433,8 @@ TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
       "--store " + store +
       " --model qwen2.5-0.5b --prefix-tokens 512 --suffix-tokens 16 "
       "--conversations 2 --turns 2 --gpu-tier-bytes 0 --cpu-tier-bytes 0 --no-fio --rounds 1 ";
-  const Ran ran = RunBench(args + "--budgets 10 --fidelity --systems ckv-paper,h2o --json " + json);
+  const Ran ran =
+      RunReprefillBench(args + "--budgets 10 --fidelity --systems ckv-paper,h2o --json " + json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   auto doc = tools::ReadJsonFile(json);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -433,7 +442,7 @@ TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
   for (const JsonValue& r : *doc->Find("results")->AsArray()) {
     if (*r.Find("system")->AsString() != "ckv-paper") continue;
     found = true;
-    EXPECT_GT(Num(r, "attention_recall"), 0.5) << "ckv-paper at 10%";
+    EXPECT_GT(JsonNumber(r, "attention_recall"), 0.5) << "ckv-paper at 10%";
   }
   EXPECT_TRUE(found);
   // qwen2.5-0.5b: 24 layers; a half (16 tokens x 2 kv heads x 64 x 2 bytes) is one 4 KiB page.
@@ -448,7 +457,7 @@ TEST(ReprefillBenchTest, CkvPaperAndH2oReadVerifiedFilesOfTheirOwn) {
     ASSERT_GT(chunks, 20u) << name;
     const long at = static_cast<long>(((1 * kLayers + 16) * chunks + 20) * kHalf + 100);
     FlipByte(path, at);
-    const Ran bad = RunBench(args + "--budgets 90 --systems " + system);
+    const Ran bad = RunReprefillBench(args + "--budgets 90 --systems " + system);
     EXPECT_NE(bad.exit_code, 0) << system << ": " << bad.output;
     EXPECT_NE(bad.output.find(name + ": conversation 1, layer 16, chunk 20"), std::string::npos)
         << bad.output;
@@ -465,11 +474,11 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   TempDir dir;
   const std::string store = dir.path() + "/store";
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench("--store " + store +
-                           " --model qwen2.5-0.5b --prefix-tokens 1024 "
-                           "--suffix-tokens 16 --conversations 2 --turns 2 --budgets 10 "
-                           "--systems full,ckv --fio-seconds 1 --json " +
-                           json);
+  const Ran ran = RunReprefillBench("--store " + store +
+                                    " --model qwen2.5-0.5b --prefix-tokens 1024 "
+                                    "--suffix-tokens 16 --conversations 2 --turns 2 --budgets 10 "
+                                    "--systems full,ckv --fio-seconds 1 --json " +
+                                    json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   struct stat fio_st {};
   ASSERT_EQ(::stat((store + "/fio.dat").c_str(), &fio_st), 0) << ran.output;
@@ -493,8 +502,8 @@ TEST(ReprefillBenchTest, FioReadsADenseFileNotTheHolesOfASegment) {
   ASSERT_TRUE(doc.ok()) << doc.status();
   for (const JsonValue& r : *doc->Find("results")->AsArray()) {
     if (*r.Find("modelled")->AsBool()) continue;  // recompute does no I/O
-    EXPECT_GT(Num(r, "fio_mb_s"), 0) << *r.Find("system")->AsString();
-    EXPECT_GT(Num(r, "fio_engine_depth_mb_s"), 0) << *r.Find("system")->AsString();
+    EXPECT_GT(JsonNumber(r, "fio_mb_s"), 0) << *r.Find("system")->AsString();
+    EXPECT_GT(JsonNumber(r, "fio_engine_depth_mb_s"), 0) << *r.Find("system")->AsString();
   }
 }
 
@@ -510,14 +519,15 @@ TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
                            "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 10 "
                            "--systems full,ckv";
   const bool have_fio = std::system("fio --version >/dev/null 2>&1") == 0;
-  const Ran first = RunBench(args + (have_fio ? " --fio-seconds 1 --json " + json : " --no-fio"));
+  const Ran first =
+      RunReprefillBench(args + (have_fio ? " --fio-seconds 1 --json " + json : " --no-fio"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   if (have_fio) {
     auto doc = tools::ReadJsonFile(json);
     ASSERT_TRUE(doc.ok()) << doc.status();
     for (const JsonValue& r : *doc->Find("results")->AsArray()) {
       if (*r.Find("modelled")->AsBool()) continue;  // recompute does no I/O
-      EXPECT_GT(Num(r, "fio_mb_s"), 0) << first.output;
+      EXPECT_GT(JsonNumber(r, "fio_mb_s"), 0) << first.output;
     }
   }
   // Another workload: the store is cleared and made anew, and a file of the user's stays.
@@ -525,7 +535,7 @@ TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
   std::FILE* f = std::fopen(mine.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fclose(f);
-  const Ran other = RunBench(args + " --no-fio --seed 2");
+  const Ran other = RunReprefillBench(args + " --no-fio --seed 2");
   ASSERT_EQ(other.exit_code, 0) << other.output;
   EXPECT_NE(other.output.find("making a new store"), std::string::npos) << other.output;
   struct stat st {};
@@ -534,14 +544,15 @@ TEST(ReprefillBenchTest, AStorePathWithAQuoteIsClearedAndRebuilt) {
 
 TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
   TempDir dir;
-  const Ran bad_system = RunBench("--store " + dir.path() + "/s --systems full,bogus --no-fio");
+  const Ran bad_system =
+      RunReprefillBench("--store " + dir.path() + "/s --systems full,bogus --no-fio");
   EXPECT_EQ(bad_system.exit_code, 2);
   EXPECT_NE(bad_system.output.find("unknown system 'bogus'"), std::string::npos)
       << bad_system.output;
-  const Ran bad_budget = RunBench("--store " + dir.path() + "/s --budgets 5,0 --no-fio");
+  const Ran bad_budget = RunReprefillBench("--store " + dir.path() + "/s --budgets 5,0 --no-fio");
   EXPECT_EQ(bad_budget.exit_code, 2);
   EXPECT_NE(bad_budget.output.find("--budgets: '0'"), std::string::npos) << bad_budget.output;
-  const Ran bad_model = RunBench("--store " + dir.path() + "/s --model gpt-9 --no-fio");
+  const Ran bad_model = RunReprefillBench("--store " + dir.path() + "/s --model gpt-9 --no-fio");
   EXPECT_EQ(bad_model.exit_code, 2);
   EXPECT_NE(bad_model.output.find("gpt-9"), std::string::npos) << bad_model.output;
   // Nothing was made for a refused run.
@@ -552,11 +563,11 @@ TEST(ReprefillBenchTest, BadFlagsAreRefusedByName) {
 // A tiny run with the fidelity (qwen2.5-0.5b, one conversation of a 256-token prefix and two
 // 16-token turns, 50%, one round) of `systems`, its JSON into `json`.
 Ran RunTinyFidelity(const TempDir& dir, const std::string& systems, const std::string& json) {
-  return RunBench("--store " + dir.path() +
-                  "/s --model qwen2.5-0.5b --prefix-tokens 256 "
-                  "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 50 --rounds 1 "
-                  "--fidelity --no-fio --systems " +
-                  systems + " --json " + json);
+  return RunReprefillBench("--store " + dir.path() +
+                           "/s --model qwen2.5-0.5b --prefix-tokens 256 "
+                           "--suffix-tokens 16 --conversations 1 --turns 2 --budgets 50 --rounds 1 "
+                           "--fidelity --no-fio --systems " +
+                           systems + " --json " + json);
 }
 
 // The ckv variants with an estimate, a target mass and rescored layers run, the fidelity
@@ -572,15 +583,15 @@ TEST(ReprefillBenchTest, EstimateTargetAndRescoreVariantsRunAndTheServedTokensCh
   ASSERT_TRUE(doc.ok()) << doc.status();
   std::map<std::string, double> error;
   for (const JsonValue& r : *doc->Find("results")->AsArray()) {
-    error[*r.Find("system")->AsString()] = Num(r, "output_rel_error");
+    error[*r.Find("system")->AsString()] = JsonNumber(r, "output_rel_error");
   }
   ASSERT_EQ(error.count("ckv-est"), 1u) << ran.output;
   ASSERT_EQ(error.count("ckv:mean-key:period-major:2:estimate:target:rescore"), 1u) << ran.output;
   EXPECT_GT(error["ckv"], 0);
   EXPECT_LT(error["ckv-est"], error["ckv"]) << "the same selections, the rest estimated";
-  const Ran bad = RunBench("--store " + dir.path() +
-                           "/s --systems ckv:quest:layer-major:rescore "
-                           "--no-fio");
+  const Ran bad = RunReprefillBench("--store " + dir.path() +
+                                    "/s --systems ckv:quest:layer-major:rescore "
+                                    "--no-fio");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("rescore needs quest, mean-key or outlier-key with a period"),
             std::string::npos)
@@ -605,32 +616,34 @@ TEST(ReprefillBenchTest, CodecSuffixesRunBesideTheDtypeInOneRun) {
   for (const char* name : {"full", "full@int8", "full@int4", "ckv@int8"}) {
     ASSERT_EQ(row.count(name), 1u) << name << "\n" << ran.output;
   }
-  EXPECT_EQ(Num(*row["full"], "output_rel_error"), 0);
-  const double int8_error = Num(*row["full@int8"], "output_rel_error");
+  EXPECT_EQ(JsonNumber(*row["full"], "output_rel_error"), 0);
+  const double int8_error = JsonNumber(*row["full@int8"], "output_rel_error");
   EXPECT_GT(int8_error, 0) << "the codec's rounding is served";
-  EXPECT_LT(int8_error, Num(*row["full@int4"], "output_rel_error"));
-  EXPECT_GT(Num(*row["ckv@int8"], "output_rel_error"), int8_error) << "half the chunks, at int8";
+  EXPECT_LT(int8_error, JsonNumber(*row["full@int4"], "output_rel_error"));
+  EXPECT_GT(JsonNumber(*row["ckv@int8"], "output_rel_error"), int8_error)
+      << "half the chunks, at int8";
   // qwen2.5-0.5b's 16-token record fills an 8 KiB slot in fp16 and a 4 KiB one at int4 (2,688
   // bytes); at int8 (4,416 bytes) it still takes 8 KiB.
-  const double fp16_read = Num(*row["full"], "bytes_read");
+  const double fp16_read = JsonNumber(*row["full"], "bytes_read");
   EXPECT_GT(fp16_read, 0);
-  EXPECT_EQ(Num(*row["full@int4"], "bytes_read"), fp16_read / 2);
+  EXPECT_EQ(JsonNumber(*row["full@int4"], "bytes_read"), fp16_read / 2);
   EXPECT_NE(row["full@int8"]->Find("config")->AsString()->find("stored int8"), std::string::npos);
   for (const char* name : {"layer-major", "layer-major-int8", "layer-major-int4"}) {
     EXPECT_TRUE(std::filesystem::is_directory(dir.path() + "/s/" + name)) << name;
   }
   const Ran suffixed =
-      RunBench("--store " + dir.path() + "/s --systems full,impress@int8 --no-fio");
+      RunReprefillBench("--store " + dir.path() + "/s --systems full,impress@int8 --no-fio");
   EXPECT_EQ(suffixed.exit_code, 2);
   EXPECT_NE(suffixed.output.find("impress keeps its own files in the dtype"), std::string::npos)
       << suffixed.output;
-  const Ran defaulted = RunBench("--store " + dir.path() +
-                                 "/s --systems full,h2o --codec fp8 "
-                                 "--no-fio");
+  const Ran defaulted = RunReprefillBench("--store " + dir.path() +
+                                          "/s --systems full,h2o --codec fp8 "
+                                          "--no-fio");
   EXPECT_EQ(defaulted.exit_code, 2);
   EXPECT_NE(defaulted.output.find("system h2o keeps its own files"), std::string::npos)
       << defaulted.output;
-  const Ran unknown = RunBench("--store " + dir.path() + "/s --systems full@int3 --no-fio");
+  const Ran unknown =
+      RunReprefillBench("--store " + dir.path() + "/s --systems full@int3 --no-fio");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.output.find("full@int3"), std::string::npos) << unknown.output;
 }
@@ -643,9 +656,10 @@ TEST(ReprefillBenchTest, AnEndlessManifestIsNotReadWholeAndTheStoreIsRebuilt) {
   const std::string store = dir.path() + "/store";
   ASSERT_EQ(::mkdir(store.c_str(), 0700), 0);
   ASSERT_EQ(::symlink("/dev/zero", (store + "/manifest.json").c_str()), 0);
-  const Ran ran = RunBench("--store " + store +
-                           " --model qwen2.5-0.5b --prefix-tokens 64 --suffix-tokens 16 "
-                           "--conversations 1 --turns 2 --budgets 50 --systems ckv --no-fio");
+  const Ran ran =
+      RunReprefillBench("--store " + store +
+                        " --model qwen2.5-0.5b --prefix-tokens 64 --suffix-tokens 16 "
+                        "--conversations 1 --turns 2 --budgets 50 --systems ckv --no-fio");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   EXPECT_NE(ran.output.find("making a new store"), std::string::npos) << ran.output;
   struct stat st {};
@@ -666,11 +680,12 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
   ASSERT_TRUE(p.Write(profile).ok());
   const std::string store = dir.path() + "/store";
   const std::string json = dir.path() + "/out.json";
-  const Ran ran = RunBench("--store " + store + " --attention-profile trained-tiny " +
-                           "--profile-file " + profile + " --budgets 10,50 --systems " + kSystems +
-                           " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio "
-                           "--rounds 1 --json " +
-                           json);
+  const Ran ran =
+      RunReprefillBench("--store " + store + " --attention-profile trained-tiny " +
+                        "--profile-file " + profile + " --budgets 10,50 --systems " + kSystems +
+                        " --gpu-tier-bytes 0 --cpu-tier-bytes 0 --fidelity --no-fio "
+                        "--rounds 1 --json " +
+                        json);
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   EXPECT_NE(ran.output.find("attention profile " + profile + ": test/trained-tiny"),
             std::string::npos)
@@ -684,21 +699,21 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
   EXPECT_EQ(*workload->Find("attention_profile")->AsString(), "trained-tiny");
   EXPECT_EQ(*workload->Find("profile_file")->AsString(), profile);
   EXPECT_EQ(workload->Find("request_shift"), nullptr);  // the generator's alone
-  EXPECT_EQ(Num(*workload, "prefix_tokens"), 128);
-  EXPECT_EQ(Num(*workload, "suffix_tokens"), 32);
-  EXPECT_EQ(Num(*workload, "conversations"), 2);
-  EXPECT_EQ(Num(*workload, "turns"), 3);
-  EXPECT_EQ(Num(*workload, "window"), 8);
+  EXPECT_EQ(JsonNumber(*workload, "prefix_tokens"), 128);
+  EXPECT_EQ(JsonNumber(*workload, "suffix_tokens"), 32);
+  EXPECT_EQ(JsonNumber(*workload, "conversations"), 2);
+  EXPECT_EQ(JsonNumber(*workload, "turns"), 3);
+  EXPECT_EQ(JsonNumber(*workload, "window"), 8);
   const JsonValue* results = doc->Find("results");
   ASSERT_NE(results, nullptr);
   std::set<std::string> systems;
   for (const JsonValue& r : *results->AsArray()) {
     const std::string sys = *r.Find("system")->AsString();
     systems.insert(sys);
-    const double recall = Num(r, "attention_recall");
+    const double recall = JsonNumber(r, "attention_recall");
     EXPECT_GE(recall, 0) << sys;
     EXPECT_LE(recall, 1 + 1e-6) << sys;
-    const double error = Num(r, "output_rel_error");
+    const double error = JsonNumber(r, "output_rel_error");
     EXPECT_GE(error, 0) << sys;
     if (sys == "full") {
       EXPECT_NEAR(recall, 1, 1e-5);
@@ -715,13 +730,13 @@ TEST(ReprefillBenchTest, TrainedProfileFileRunsEverySystemOnTheFilesAttention) {
                             profile +
                             " --budgets 50 --systems ckv --no-fio "
                             "--rounds 1";
-  const Ran reused = RunBench(again);
+  const Ran reused = RunReprefillBench(again);
   ASSERT_EQ(reused.exit_code, 0) << reused.output;
   EXPECT_NE(reused.output.find("reusing the store"), std::string::npos) << reused.output;
   p.seed = 2;
   p.prefix_tokens = 160;
   ASSERT_TRUE(p.Write(profile).ok());
-  const Ran rebuilt = RunBench(again);
+  const Ran rebuilt = RunReprefillBench(again);
   ASSERT_EQ(rebuilt.exit_code, 0) << rebuilt.output;
   EXPECT_NE(rebuilt.output.find("making a new store"), std::string::npos) << rebuilt.output;
 }
@@ -749,13 +764,14 @@ TEST(ReprefillBenchTest, ProfileFileFlagsAreRefusedByName) {
            {"--attention-profile trained-tiny --profile-file " + profile + " --head-agreement 0.95",
             "--head-agreement is the synthetic generator's"},
            {"--attention-profile bogus", "or trained-tiny (with --profile-file)"}}) {
-    const Ran ran = RunBench(base + c.args);
+    const Ran ran = RunReprefillBench(base + c.args);
     EXPECT_EQ(ran.exit_code, 2) << c.args << "\n" << ran.output;
     EXPECT_NE(ran.output.find(c.message), std::string::npos) << c.args << "\n" << ran.output;
   }
   // Flags that agree with the file are accepted (checked by a run that gets past them).
-  const Ran agreeing = RunBench(base + "--attention-profile trained-tiny --profile-file " +
-                                profile + " --turns 2 --window 4 --budgets 50 --systems ckv");
+  const Ran agreeing =
+      RunReprefillBench(base + "--attention-profile trained-tiny --profile-file " + profile +
+                        " --turns 2 --window 4 --budgets 50 --systems ckv");
   EXPECT_EQ(agreeing.exit_code, 0) << agreeing.output;
 }
 

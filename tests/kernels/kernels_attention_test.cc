@@ -10,11 +10,12 @@
 #include "kernels/cpu_path.h"
 #include "kernels/fidelity.h"
 #include "kernels/half.h"
+#include "tests/test_util.h"
 
 namespace ckv::kernels {
 namespace {
 
-KvShape Shape(DType dtype) { return KvShape{6, 2, 32, 16, dtype}; }
+KvShape AttentionShape(DType dtype) { return KvShape{6, 2, 32, 16, dtype}; }
 
 std::vector<std::vector<std::byte>> RandomRecords(const KvShape& s, size_t chunks, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -29,11 +30,7 @@ std::vector<std::vector<std::byte>> RandomRecords(const KvShape& s, size_t chunk
   return out;
 }
 
-std::vector<const std::byte*> Pointers(const std::vector<std::vector<std::byte>>& r) {
-  std::vector<const std::byte*> p;
-  for (const auto& x : r) p.push_back(x.data());
-  return p;
-}
+using ::ckv::testing::Pointers;
 
 std::vector<float> RandomQueries(const KvShape& s, uint32_t window, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -51,7 +48,7 @@ class AttentionTest : public ::testing::TestWithParam<CpuPath> {
 
 TEST_P(AttentionTest, GatherIsBitExactWithPositions) {
   for (DType dtype : {DType::kFp16, DType::kBf16, DType::kFp32}) {
-    const KvShape s = Shape(dtype);
+    const KvShape s = AttentionShape(dtype);
     const auto records = RandomRecords(s, 9, 1);
     const std::vector<uint32_t> chosen = {7, 0, 4};
     auto kv = Gather(s, Pointers(records), chosen);
@@ -67,14 +64,14 @@ TEST_P(AttentionTest, GatherIsBitExactWithPositions) {
       for (uint32_t t = 0; t < 16; ++t) EXPECT_EQ(kv->positions[i * 16 + t], chosen[i] * 16 + t);
     }
   }
-  const KvShape s = Shape(DType::kFp16);
+  const KvShape s = AttentionShape(DType::kFp16);
   const auto records = RandomRecords(s, 2, 1);
   EXPECT_EQ(Gather(s, Pointers(records), std::vector<uint32_t>{2}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(AttentionTest, ReferenceAttentionMatchesANaiveDoublePrecisionOne) {
-  const KvShape s = Shape(DType::kFp32);
+  const KvShape s = AttentionShape(DType::kFp32);
   const uint32_t window = 5;
   const auto records = RandomRecords(s, 12, 2);
   const auto q = RandomQueries(s, window, 3);
@@ -114,7 +111,7 @@ TEST_P(AttentionTest, ReferenceAttentionMatchesANaiveDoublePrecisionOne) {
 }
 
 TEST_P(AttentionTest, GatherOrderDoesNotChangeTheOutputAndBadKvIsRejected) {
-  const KvShape s = Shape(DType::kBf16);
+  const KvShape s = AttentionShape(DType::kBf16);
   const auto records = RandomRecords(s, 20, 5);
   const auto q = RandomQueries(s, 4, 6);
   std::vector<uint32_t> ascending(20), shuffled(20);

@@ -10,6 +10,7 @@
 #include "kernels/fidelity.h"
 #include "kernels/half.h"
 #include "kernels/summary.h"
+#include "tests/test_util.h"
 
 namespace ckv::kernels {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 constexpr EstimateKind kKinds[] = {EstimateKind::kMean, EstimateKind::kGaussian,
                                    EstimateKind::kGaussianWindow, EstimateKind::kGaussianCapped};
 
-KvShape Shape(DType dtype) { return KvShape{8, 2, 32, 16, dtype}; }
+KvShape EstimateShape(DType dtype) { return KvShape{8, 2, 32, 16, dtype}; }
 
 // Chunks whose keys and values are drawn per token (`repeated`: one draw per chunk and kv head,
 // repeated over the chunk's tokens), keys scaled by `key_scale`.
@@ -47,11 +48,7 @@ std::vector<std::vector<std::byte>> Records(const KvShape& s, size_t chunks, boo
   return out;
 }
 
-std::vector<const std::byte*> Pointers(const std::vector<std::vector<std::byte>>& r) {
-  std::vector<const std::byte*> p;
-  for (const auto& x : r) p.push_back(x.data());
-  return p;
-}
+using ::ckv::testing::Pointers;
 
 std::vector<float> Queries(const KvShape& s, uint32_t window, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -92,7 +89,7 @@ std::map<EstimateKind, double> Errors(const KvShape& s, const std::vector<const 
 
 TEST(EstimateTest, ChunksOfOneRepeatedTokenAreEstimatedExactly) {
   for (DType dtype : {DType::kFp32, DType::kFp16}) {
-    const KvShape s = Shape(dtype);
+    const KvShape s = EstimateShape(dtype);
     const auto records = Records(s, 20, /*repeated=*/true, 1.0f, 7);
     const auto q = Queries(s, 4, 2.0f, 8);
     const auto e = Errors(s, Pointers(records), q, 4, SplitEvery(20, 5));
@@ -107,7 +104,7 @@ TEST(EstimateTest, EveryEstimateBeatsDroppingAndTheVarianceBeatsTheMeanOnGaussia
   // Keys drawn per token around nothing: every chunk holds a similar share, so dropping 3 of 4
   // loses about 3/4 of the mass, and the logits' spread (variance 0.5 at key scale 0.5 and
   // query scale sqrt(2)) is what the mean alone misses.
-  const KvShape s = Shape(DType::kFp32);
+  const KvShape s = EstimateShape(DType::kFp32);
   const auto records = Records(s, 64, /*repeated=*/false, 0.5f, 11);
   const auto q = Queries(s, 8, std::sqrt(2.0f), 12);
   const auto e = Errors(s, Pointers(records), q, 8, SplitEvery(64, 4));
@@ -122,7 +119,7 @@ TEST(EstimateTest, TheBoxCapsTheGaussianWhereBimodalKeysOverstateIt) {
   // share grows with (qA)^2 while no logit exceeds the box bound qA * sqrt(d). Chunk 1: one key
   // repeated at 0.99 of +A, estimated exactly. Values are one-hot: channel 0 for chunk 0,
   // channel 1 for chunk 1, so the output's first two channels are the two chunks' weights.
-  const KvShape s = Shape(DType::kFp32);
+  const KvShape s = EstimateShape(DType::kFp32);
   const size_t row = size_t{s.kv_heads} * s.head_dim;
   constexpr float kA = 4.0f, kQ = 4.0f;
   std::vector<std::vector<std::byte>> records;
@@ -156,7 +153,7 @@ TEST(EstimateTest, TheBoxCapsTheGaussianWhereBimodalKeysOverstateIt) {
 }
 
 TEST(EstimateTest, NoEstimateIsTheReferenceAttentionOverTheLoadedChunks) {
-  const KvShape s = Shape(DType::kFp16);
+  const KvShape s = EstimateShape(DType::kFp16);
   const auto records = Records(s, 10, false, 1.0f, 3);
   const auto q = Queries(s, 3, 1.0f, 4);
   const Split split = SplitEvery(10, 3);
@@ -174,7 +171,7 @@ TEST(EstimateTest, NoEstimateIsTheReferenceAttentionOverTheLoadedChunks) {
 }
 
 TEST(EstimateTest, StatisticsAreExactAndTheirEightBitFormKeepsTheBox) {
-  const KvShape s = Shape(DType::kFp32);
+  const KvShape s = EstimateShape(DType::kFp32);
   const auto records = Records(s, 3, false, 3.0f, 5);
   auto stats = ChunkStats::Of(s, Pointers(records), std::vector<uint32_t>{2, 0});
   ASSERT_TRUE(stats.ok());
@@ -211,7 +208,7 @@ TEST(EstimateTest, StatisticsAreExactAndTheirEightBitFormKeepsTheBox) {
 }
 
 TEST(EstimateTest, VirtualTokensGiveTheEstimateToAKernelThatKnowsNothingOfIt) {
-  const KvShape s = Shape(DType::kFp16);
+  const KvShape s = EstimateShape(DType::kFp16);
   const auto records = Records(s, 24, /*repeated=*/false, 0.7f, 21);
   const auto q = Queries(s, 6, 1.5f, 22);
   const Split split = SplitEvery(24, 3);
@@ -282,7 +279,7 @@ TEST(EstimateTest, TheStoredPartHoldsTheValueMeanInEightBits) {
 }
 
 TEST(EstimateTest, BadInputsAreRefusedWithTheirSizes) {
-  const KvShape s = Shape(DType::kFp16);
+  const KvShape s = EstimateShape(DType::kFp16);
   const auto records = Records(s, 4, false, 1.0f, 1);
   EXPECT_EQ(ChunkStats::Of(s, Pointers(records), std::vector<uint32_t>{4}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -71,7 +71,7 @@ struct Case {
   bool honest_slot_map;  // the lie meets the data commands, not CLUSTER SLOTS
 };
 
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+std::string HostileCaseName(const ::testing::TestParamInfo<Case>& info) {
   std::string name = HostileNode::Name(info.param.behavior);
   for (char& c : name) {
     if (c == '-') c = '_';
@@ -244,7 +244,8 @@ TEST_P(HostileClientTest, EveryCallEndsWithinItsDeadlineAsAnErrorOrAMiss) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Behaviors, HostileClientTest, ::testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Behaviors, HostileClientTest, ::testing::ValuesIn(AllCases()),
+                         HostileCaseName);
 
 class HostileEngineTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -340,7 +341,8 @@ TEST_P(HostileEngineTest, EntryPointsEndInTimeAndServeOnlyStoredBytes) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Behaviors, HostileEngineTest, ::testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Behaviors, HostileEngineTest, ::testing::ValuesIn(AllCases()),
+                         HostileCaseName);
 
 #ifdef CKV_KVCTL_PATH
 int64_t IntAt(const tools::JsonValue& v, std::string_view object, std::string_view key) {

@@ -28,16 +28,10 @@ using ::ckv::testing::PromText;
 using ::ckv::testing::TempDir;
 using ::testing::HasSubstr;
 
-// kvctl `args`, progress off, stdout and stderr together.
-ProgramRun Kvctl(const std::string& args) { return ::ckv::testing::RunKvctl(args); }
+using ::ckv::testing::Kvctl;
+using ::ckv::testing::KvctlStdout;
 
-// kvctl `args`: its stdout alone (a log line on stderr, such as an io_uring fallback, is not part
-// of the text a collector reads).
-ProgramRun KvctlStdout(const std::string& args) {
-  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/false);
-}
-
-constexpr auto IntOf = ::ckv::testing::JsonInt;
+using ::ckv::testing::JsonInt;
 
 // stats --format prom: the store's figures at rest in the Prometheus text format, the same
 // figures the table and --json print, under the names Engine::Metrics() gives them.
@@ -86,12 +80,12 @@ TEST(KvctlStatsPromTest, PrintsTheStoreAtRestForTheTextfileCollector) {
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
   const tools::JsonValue& stats = *json->Find("stats");
   EXPECT_EQ(p.Value("ckv_disk_used_bytes", label),
-            static_cast<double>(IntOf(stats, "disk_bytes_used")));
+            static_cast<double>(JsonInt(stats, "disk_bytes_used")));
   EXPECT_GT(p.Value("ckv_disk_used_bytes", label), 0);
   EXPECT_EQ(p.Value("ckv_written_bytes_total", label),
-            static_cast<double>(IntOf(stats, "bytes_written")));
+            static_cast<double>(JsonInt(stats, "bytes_written")));
   EXPECT_EQ(p.Value("ckv_index_memory_bytes", label),
-            static_cast<double>(IntOf(stats, "index_memory_bytes")));
+            static_cast<double>(JsonInt(stats, "index_memory_bytes")));
   // --format json is --json; --format table is the default.
   EXPECT_EQ(Kvctl("stats " + quoted + " --format json").output, r.output);
   EXPECT_EQ(Kvctl("stats " + quoted + " --format table").output, Kvctl("stats " + quoted).output);

@@ -30,10 +30,7 @@ using ckv::testing::ProgramRun;
 using ckv::testing::RedisCluster;
 using ckv::testing::TempDir;
 
-// kvctl's stdout alone (--json goes there), progress off.
-ProgramRun Kvctl(const std::string& args) {
-  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/false);
-}
+using ::ckv::testing::KvctlStdout;
 
 int64_t IntAt(const tools::JsonValue& v, std::string_view object, std::string_view key) {
   const tools::JsonValue* o = object.empty() ? &v : v.Find(object);
@@ -49,10 +46,10 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
                                           (*cluster)->endpoint(1).ToString());
   TempDir dir;
   const std::string a = dir.Sub("a"), b = dir.Sub("b");
-  ASSERT_EQ(Kvctl("init " + a).exit_code, 0);
-  ASSERT_EQ(Kvctl("init " + b).exit_code, 0);
+  ASSERT_EQ(KvctlStdout("init " + a).exit_code, 0);
+  ASSERT_EQ(KvctlStdout("init " + b).exit_code, 0);
 
-  ProgramRun put = Kvctl(
+  ProgramRun put = KvctlStdout(
       absl::StrCat("put ", a, " --model qwen2.5-0.5b --tokens 256 --seed 9 ", remote, " --json"));
   ASSERT_EQ(put.exit_code, 0) << put.output;
   auto put_json = tools::ParseJson(put.output);
@@ -64,18 +61,18 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   const std::vector<int32_t> tokens = synth::Tokens(9, 256);
   const std::string tokens_file = dir.Sub("tokens.json");
   std::ofstream(tokens_file) << "[" << absl::StrJoin(tokens, ",") << "]";
-  ProgramRun lookup = Kvctl(absl::StrCat("lookup ", b, " --model qwen2.5-0.5b --tokens-file ",
-                                         tokens_file, " ", remote, " --json"));
+  ProgramRun lookup = KvctlStdout(absl::StrCat("lookup ", b, " --model qwen2.5-0.5b --tokens-file ",
+                                               tokens_file, " ", remote, " --json"));
   ASSERT_EQ(lookup.exit_code, 0) << lookup.output;
   auto lookup_json = tools::ParseJson(lookup.output);
   ASSERT_TRUE(lookup_json.ok()) << lookup.output;
   EXPECT_EQ(IntAt(*lookup_json, "", "stored_chunks"), 16);
   EXPECT_EQ(IntAt(*lookup_json, "remote", "fetched_chunks"), 16);
   // What b now holds is bit-exact: the generator's records.
-  ProgramRun verify_b = Kvctl("verify " + b + " --synthetic");
+  ProgramRun verify_b = KvctlStdout("verify " + b + " --synthetic");
   EXPECT_EQ(verify_b.exit_code, 0) << verify_b.output;
 
-  ProgramRun verify_a = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
+  ProgramRun verify_a = KvctlStdout(absl::StrCat("verify ", a, " ", remote, " --json"));
   ASSERT_EQ(verify_a.exit_code, 0) << verify_a.output;
   auto va = tools::ParseJson(verify_a.output);
   ASSERT_TRUE(va.ok()) << verify_a.output;
@@ -87,14 +84,14 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   const std::string key = remote::ChunkValueKey("ckv", spec.Fingerprint(), keys[3]);
   (*cluster)->Cli(0, absl::StrCat("-c SETRANGE ", key, " 5000 X"));
-  ProgramRun verify_bad = Kvctl(absl::StrCat("verify ", a, " ", remote, " --json"));
+  ProgramRun verify_bad = KvctlStdout(absl::StrCat("verify ", a, " ", remote, " --json"));
   EXPECT_EQ(verify_bad.exit_code, 1) << verify_bad.output;
   auto vb = tools::ParseJson(verify_bad.output);
   ASSERT_TRUE(vb.ok()) << verify_bad.output;
   EXPECT_EQ(IntAt(*vb, "remote", "corrupt"), 1);
   EXPECT_EQ(IntAt(*vb, "remote", "present"), 15);
 
-  ProgramRun stats = Kvctl(absl::StrCat("remote-stats ", remote, " --json"));
+  ProgramRun stats = KvctlStdout(absl::StrCat("remote-stats ", remote, " --json"));
   ASSERT_EQ(stats.exit_code, 0) << stats.output;
   auto sj = tools::ParseJson(stats.output);
   ASSERT_TRUE(sj.ok()) << stats.output;
@@ -103,12 +100,12 @@ TEST(KvctlRemoteTest, PutPublishesLookupFillsVerifyFindsCorruption) {
   ASSERT_NE(masters, nullptr);
   ASSERT_NE(masters->AsArray(), nullptr);
   EXPECT_EQ(masters->AsArray()->size(), 3u);
-  ProgramRun text = Kvctl(absl::StrCat("remote-stats ", remote));
+  ProgramRun text = KvctlStdout(absl::StrCat("remote-stats ", remote));
   EXPECT_NE(text.output.find("3 masters, 16 keys"), std::string::npos) << text.output;
 
   // A cluster that does not answer: remote-stats says so (exit 3), and a bad --remote is usage.
-  EXPECT_EQ(Kvctl("remote-stats --remote 127.0.0.1:1 2>/dev/null").exit_code, 3);
-  EXPECT_EQ(Kvctl("remote-stats --remote nonsense 2>/dev/null").exit_code, 2);
+  EXPECT_EQ(KvctlStdout("remote-stats --remote 127.0.0.1:1 2>/dev/null").exit_code, 3);
+  EXPECT_EQ(KvctlStdout("remote-stats --remote nonsense 2>/dev/null").exit_code, 2);
 }
 
 // One store replays a trace and publishes what it stores; a second, empty store replays the same
@@ -122,8 +119,8 @@ TEST(KvctlRemoteTest, ReplayPublishesThenAnEmptyStoreReplaysFromTheCluster) {
   const std::string remote = absl::StrCat("--remote ", (*cluster)->endpoint(2).ToString());
   TempDir dir;
   const std::string a = dir.Sub("a"), b = dir.Sub("b");
-  ASSERT_EQ(Kvctl("init " + a).exit_code, 0);
-  ASSERT_EQ(Kvctl("init " + b).exit_code, 0);
+  ASSERT_EQ(KvctlStdout("init " + a).exit_code, 0);
+  ASSERT_EQ(KvctlStdout("init " + b).exit_code, 0);
   const std::string trace = dir.Sub("trace.jsonl");
   // Turn 1: 256 tokens (16 chunks); turn 2 adds 136 (8 more whole chunks, and a tail).
   std::ofstream(trace)
@@ -131,7 +128,7 @@ TEST(KvctlRemoteTest, ReplayPublishesThenAnEmptyStoreReplaysFromTheCluster) {
          "{\"conversation\": \"c\", \"turn\": 2, \"generate\": {\"seed\": 5, \"tokens\": 136}}\n";
   const std::string replay = " --model qwen2.5-0.5b " + remote + " --json";
 
-  ProgramRun first = Kvctl("replay " + a + " " + trace + replay);
+  ProgramRun first = KvctlStdout("replay " + a + " " + trace + replay);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   auto fj = tools::ParseJson(first.output);
   ASSERT_TRUE(fj.ok()) << first.output;
@@ -141,7 +138,7 @@ TEST(KvctlRemoteTest, ReplayPublishesThenAnEmptyStoreReplaysFromTheCluster) {
   EXPECT_EQ(IntAt(*fj, "remote", "publish_failures"), 0);
   EXPECT_EQ(IntAt(*fj, "remote", "fetched_chunks"), 0);
 
-  ProgramRun second = Kvctl("replay " + b + " " + trace + replay);
+  ProgramRun second = KvctlStdout("replay " + b + " " + trace + replay);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   auto sj = tools::ParseJson(second.output);
   ASSERT_TRUE(sj.ok()) << second.output;
@@ -166,9 +163,10 @@ TEST(KvctlRemoteTest, ReplayPublishesThenAnEmptyStoreReplaysFromTheCluster) {
   EXPECT_EQ(IntAt(*sj, "remote", "errors"), 0);
   EXPECT_EQ(IntAt(*sj->Find("engine"), "", "chunks"), 24);
   // b now holds the generator's bytes for every chunk, and serves the trace without the cluster.
-  ProgramRun verify_b = Kvctl("verify " + b + " --synthetic");
+  ProgramRun verify_b = KvctlStdout("verify " + b + " --synthetic");
   EXPECT_EQ(verify_b.exit_code, 0) << verify_b.output;
-  ProgramRun local = Kvctl("replay " + b + " " + trace + " --model qwen2.5-0.5b --no-put --json");
+  ProgramRun local =
+      KvctlStdout("replay " + b + " " + trace + " --model qwen2.5-0.5b --no-put --json");
   ASSERT_EQ(local.exit_code, 0) << local.output;
   auto lj = tools::ParseJson(local.output);
   ASSERT_TRUE(lj.ok()) << local.output;

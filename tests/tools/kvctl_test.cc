@@ -37,12 +37,9 @@ using ::testing::Not;
 
 using KvctlRun = ::ckv::testing::ProgramRun;
 
-// Runs kvctl with `args`, stdout and stderr together; progress is off unless `progress` says.
-KvctlRun Kvctl(const std::string& args, const std::string& progress = "off") {
-  return ::ckv::testing::RunKvctl(args, /*merge_stderr=*/true, progress);
-}
+using ::ckv::testing::Kvctl;
 
-constexpr auto IntOf = ::ckv::testing::JsonInt;
+using ::ckv::testing::JsonInt;
 
 // A store is a cache: without --max-disk-bytes, init caps it at 90% of the space free on its file
 // system (rather than leaving it unlimited, when a full disk would fail every Put), and says so.
@@ -59,7 +56,7 @@ TEST(KvctlTest, InitWithoutACapTakesNinetyPercentOfTheFreeSpace) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto json = tools::ParseJson(r.output);
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
-  const double cap = static_cast<double>(IntOf(*json->Find("stats"), "max_disk_bytes"));
+  const double cap = static_cast<double>(JsonInt(*json->Find("stats"), "max_disk_bytes"));
   // 90% of what was free then; the file system's use moves a little meanwhile.
   EXPECT_GT(cap, 0.85 * free_bytes) << r.output;
   EXPECT_LT(cap, 0.95 * free_bytes) << r.output;
@@ -176,14 +173,7 @@ void WriteFileBytes(const std::string& path, const std::string& bytes) {
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// The value of the first "key":"..." string member in `json`.
-std::string JsonString(const std::string& json, const std::string& key) {
-  const std::string open = "\"" + key + "\":\"";
-  const size_t at = json.find(open);
-  if (at == std::string::npos) return "";
-  const size_t begin = at + open.size();
-  return json.substr(begin, json.find('"', begin) - begin);
-}
+using ::ckv::testing::JsonString;
 
 // A KV file as ExportKv writes it, of `tokens` synthetic tokens of `spec`.
 void ExportSynthetic(const std::string& path, const ModelSpec& spec, size_t tokens, uint64_t seed) {
@@ -450,31 +440,31 @@ TEST(KvctlTest, ReplayRunsTurnsMatchingWhatEarlierTurnsStored) {
   for (size_t i = 0; i < 5; ++i) {
     const tools::JsonValue& t = (*turns)[i];
     SCOPED_TRACE(i);
-    EXPECT_EQ(IntOf(t, "prompt_chunks"), want[i][0]);
-    EXPECT_EQ(IntOf(t, "matched_chunks"), want[i][1]);
-    EXPECT_EQ(IntOf(t, "chunks_written"), want[i][2]);
+    EXPECT_EQ(JsonInt(t, "prompt_chunks"), want[i][0]);
+    EXPECT_EQ(JsonInt(t, "matched_chunks"), want[i][1]);
+    EXPECT_EQ(JsonInt(t, "chunks_written"), want[i][2]);
     // 10% of the matched chunks (at least the sink and the last) at each of the 24 layers.
     const int64_t per_layer = want[i][1] == 0 ? 0 : std::max<int64_t>(2, (want[i][1] + 5) / 10);
-    EXPECT_EQ(IntOf(t, "records_served"), per_layer * spec.layers);
-    EXPECT_EQ(IntOf(t, "bytes_needed"), IntOf(t, "records_served") * spec.RecordBytes());
+    EXPECT_EQ(JsonInt(t, "records_served"), per_layer * spec.layers);
+    EXPECT_EQ(JsonInt(t, "bytes_needed"), JsonInt(t, "records_served") * spec.RecordBytes());
   }
-  EXPECT_GT(IntOf((*turns)[4], "gpu_hits"), 0) << "a's third turn finds its records in the tier";
-  EXPECT_EQ(IntOf(*json->Find("engine"), "chunks"), 32 + 6 + 3);
+  EXPECT_GT(JsonInt((*turns)[4], "gpu_hits"), 0) << "a's third turn finds its records in the tier";
+  EXPECT_EQ(JsonInt(*json->Find("engine"), "chunks"), 32 + 6 + 3);
 
   // Again without storing: every turn's context is stored now.
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --no-put --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json = tools::ParseJson(r.output);
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
-  EXPECT_EQ(IntOf(*json, "matched_chunks"), IntOf(*json, "prompt_chunks"));
-  EXPECT_EQ(IntOf(*json, "chunks_written"), 0);
+  EXPECT_EQ(JsonInt(*json, "matched_chunks"), JsonInt(*json, "prompt_chunks"));
+  EXPECT_EQ(JsonInt(*json, "chunks_written"), 0);
 
   // Another model's keys match nothing.
   r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-7b --no-put --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json = tools::ParseJson(r.output);
   ASSERT_TRUE(json.ok()) << json.status() << r.output;
-  EXPECT_EQ(IntOf(*json, "matched_chunks"), 0);
+  EXPECT_EQ(JsonInt(*json, "matched_chunks"), 0);
 }
 
 TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
@@ -500,10 +490,10 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
   const int64_t want[3][4] = {{64, 4, 0, 4}, {69, 4, 4, 0}, {64, 4, 2, 2}};
   for (size_t i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
-    EXPECT_EQ(IntOf((*turns)[i], "prompt_tokens"), want[i][0]);
-    EXPECT_EQ(IntOf((*turns)[i], "prompt_chunks"), want[i][1]);
-    EXPECT_EQ(IntOf((*turns)[i], "matched_chunks"), want[i][2]);
-    EXPECT_EQ(IntOf((*turns)[i], "chunks_written"), want[i][3]);
+    EXPECT_EQ(JsonInt((*turns)[i], "prompt_tokens"), want[i][0]);
+    EXPECT_EQ(JsonInt((*turns)[i], "prompt_chunks"), want[i][1]);
+    EXPECT_EQ(JsonInt((*turns)[i], "matched_chunks"), want[i][2]);
+    EXPECT_EQ(JsonInt((*turns)[i], "chunks_written"), want[i][3]);
   }
   EXPECT_EQ(*(*turns)[2].Find("conversation")->AsString(), "r2");
 
@@ -522,7 +512,7 @@ TEST(KvctlTest, ReplayReadsMooncakeAndBailianTracesOfHashBlocks) {
   turns = json->Find("turns")->AsArray();
   ASSERT_EQ(turns->size(), 1u);
   EXPECT_EQ(*(*turns)[0].Find("conversation")->AsString(), "7");
-  EXPECT_EQ(IntOf((*turns)[0], "prompt_chunks"), 2);
+  EXPECT_EQ(JsonInt((*turns)[0], "prompt_chunks"), 2);
 
   // Errors: a bad request names file:line and the value; options that need hash blocks.
   std::ofstream(trace, std::ios::app)
@@ -585,7 +575,7 @@ std::string PrefixWithChunks(const std::string& store, int64_t chunks) {
   if (!json.ok()) return "";
   std::string id;
   for (const tools::JsonValue& p : *json->Find("prefixes")->AsArray()) {
-    if (IntOf(p, "chunks") != chunks) continue;
+    if (JsonInt(p, "chunks") != chunks) continue;
     if (!id.empty()) return "";
     id = *p.Find("id")->AsString();
   }
@@ -635,12 +625,12 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   ASSERT_EQ(chunks.size(), 16u);
   std::set<std::pair<int64_t, int64_t>> places;
   for (const tools::JsonValue& c : chunks) {
-    places.insert({IntOf(c, "segment"), IntOf(c, "offset")});
+    places.insert({JsonInt(c, "segment"), JsonInt(c, "offset")});
     EXPECT_EQ(*c.Find("tier")->AsString(), "nvme");
   }
   EXPECT_EQ(places.size(), 16u) << r.output;
   const std::string segment_file = store + "/" + *chunks[14].Find("segment_file")->AsString();
-  const int64_t offset14 = IntOf(chunks[14], "offset");
+  const int64_t offset14 = JsonInt(chunks[14], "offset");
   const std::string key14 = *chunks[14].Find("key")->AsString();
   r = Kvctl("show " + store + " " + id_a.substr(0, 16));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -674,7 +664,7 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   shown = tools::ParseJson(r.output);
   ASSERT_TRUE(shown.ok()) << r.output;
-  const int64_t offset_b15 = IntOf((*shown->Find("chunks")->AsArray())[15], "offset");
+  const int64_t offset_b15 = JsonInt((*shown->Find("chunks")->AsArray())[15], "offset");
   r = Kvctl("rm " + store + " " + id_b.substr(0, 16) + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("\"chunks_freed\":4"));
@@ -701,7 +691,7 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
               HasSubstr("reclaimed 65536 bytes of segment space no committed chunk names"));
   auto gc = tools::ParseJson(r.output.substr(r.output.find('{')));
   ASSERT_TRUE(gc.ok()) << r.output;
-  EXPECT_EQ(IntOf(*gc, "bytes_reclaimed"), 64 * 1024) << r.output;
+  EXPECT_EQ(JsonInt(*gc, "bytes_reclaimed"), 64 * 1024) << r.output;
   EXPECT_EQ(Kvctl("verify " + store).exit_code, 0);
 
   // stats: the figures of ls and show, and the ranking once a session has scored the chunks.
@@ -709,17 +699,17 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto stats = tools::ParseJson(r.output);
   ASSERT_TRUE(stats.ok()) << stats.status() << r.output;
-  EXPECT_EQ(IntOf(*stats->Find("stats"), "chunks"), 14);
-  EXPECT_EQ(IntOf(*stats->Find("stats"), "prefixes"), 1);
-  EXPECT_EQ(IntOf(*stats->Find("stats"), "segments"), 1);
-  EXPECT_EQ(IntOf(*stats->Find("stats"), "chunks_deleted"), 6);  // 2 repaired, 4 removed
-  EXPECT_EQ(IntOf(*stats->Find("score"), "chunks"), 14);
-  EXPECT_EQ(IntOf(*stats->Find("score"), "zero"), 14);
+  EXPECT_EQ(JsonInt(*stats->Find("stats"), "chunks"), 14);
+  EXPECT_EQ(JsonInt(*stats->Find("stats"), "prefixes"), 1);
+  EXPECT_EQ(JsonInt(*stats->Find("stats"), "segments"), 1);
+  EXPECT_EQ(JsonInt(*stats->Find("stats"), "chunks_deleted"), 6);  // 2 repaired, 4 removed
+  EXPECT_EQ(JsonInt(*stats->Find("score"), "chunks"), 14);
+  EXPECT_EQ(JsonInt(*stats->Find("score"), "zero"), 14);
   EXPECT_EQ(stats->Find("tiers")->AsObject()->size(), 0u);  // no budgets given
   ls = tools::ParseJson(Kvctl("ls " + store + " --json").output);
   ASSERT_TRUE(ls.ok());
-  EXPECT_EQ(IntOf(*ls->Find("stats"), "disk_bytes_used"),
-            IntOf(*stats->Find("stats"), "disk_bytes_used"));
+  EXPECT_EQ(JsonInt(*ls->Find("stats"), "disk_bytes_used"),
+            JsonInt(*stats->Find("stats"), "disk_bytes_used"));
 
   const std::string trace = dir.Sub("trace.jsonl");
   std::ofstream(trace)
@@ -734,15 +724,15 @@ TEST(KvctlTest, ShowVerifyRepairRmGcAndStatsOfAStore) {
   stats = tools::ParseJson(r.output);
   ASSERT_TRUE(stats.ok()) << r.output;
   const tools::JsonValue& score = *stats->Find("score");
-  EXPECT_LT(IntOf(score, "zero"), 14);
+  EXPECT_LT(JsonInt(score, "zero"), 14);
   EXPECT_GT(NumberOf(score, "max"), 0);
   EXPECT_LE(NumberOf(score, "q1"), NumberOf(score, "median"));
   EXPECT_LE(NumberOf(score, "median"), NumberOf(score, "q3"));
   const tools::JsonValue& gpu = *stats->Find("tiers")->Find("gpu");
   const tools::JsonValue& cpu = *stats->Find("tiers")->Find("cpu");
-  EXPECT_EQ(IntOf(gpu, "records"), 5 * 24);
-  EXPECT_EQ(IntOf(gpu, "chunks"), 5);
-  EXPECT_EQ(IntOf(cpu, "records"), 9 * 24);
+  EXPECT_EQ(JsonInt(gpu, "records"), 5 * 24);
+  EXPECT_EQ(JsonInt(gpu, "chunks"), 5);
+  EXPECT_EQ(JsonInt(cpu, "records"), 9 * 24);
   const double gpu_share = NumberOf(gpu, "score_share");
   const double cpu_share = NumberOf(cpu, "score_share");
   EXPECT_GT(gpu_share, 5.0 / 14);  // the top 5 of 14 chunks by S

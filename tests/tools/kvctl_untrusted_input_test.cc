@@ -74,7 +74,7 @@ ShellRun Shell(const std::string& command, const std::string& dir) {
   return r;
 }
 
-ShellRun Kvctl(const std::string& args, const std::string& dir) {
+ShellRun KvctlTimed(const std::string& args, const std::string& dir) {
   return Shell("exec timeout 60 " + std::string(CKV_KVCTL_PATH) + " " + args, dir);
 }
 
@@ -83,20 +83,13 @@ std::string Slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// The value of the first "key":"..." string member in `json`.
-std::string JsonString(const std::string& json, const std::string& key) {
-  const std::string open = "\"" + key + "\":\"";
-  const size_t at = json.find(open);
-  if (at == std::string::npos) return "";
-  const size_t begin = at + open.size();
-  return json.substr(begin, json.find('"', begin) - begin);
-}
+using ::ckv::testing::JsonString;
 
 // A store holding one prefix of 64 tokens of qwen2.5-0.5b; returns its id.
 std::string StoreWithOnePrefix(const TempDir& dir, const std::string& store) {
-  EXPECT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  EXPECT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
   const ShellRun r =
-      Kvctl("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1 --json", dir.path());
+      KvctlTimed("put " + store + " --model qwen2.5-0.5b --tokens 64 --seed 1 --json", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return JsonString(r.out, "prefix_id");
 }
@@ -121,7 +114,7 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
   const std::string json = dir.Sub("export.json");
   ASSERT_EQ(::symlink(victim.c_str(), (json + ".tmp").c_str()), 0);
 
-  ShellRun r = Kvctl("export " + store + " " + id + " " + out + " --json " + json, dir.path());
+  ShellRun r = KvctlTimed("export " + store + " " + id + " " + out + " --json " + json, dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(Slurp(victim), "precious");
   EXPECT_TRUE(S_ISREG(ModeOf(out)));
@@ -132,7 +125,7 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
   // A link at --json PATH itself is replaced by the file, not written through.
   const std::string linked = dir.Sub("ls.json");
   ASSERT_EQ(::symlink(victim.c_str(), linked.c_str()), 0);
-  r = Kvctl("ls " + store + " --json " + linked, dir.path());
+  r = KvctlTimed("ls " + store + " --json " + linked, dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(Slurp(victim), "precious");
   EXPECT_TRUE(S_ISREG(ModeOf(linked)));
@@ -153,13 +146,14 @@ TEST(KvctlUntrustedInputTest, OutputFilesDoNotFollowPlantedLinksAndAreMode0600) 
 TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocating) {
   TempDir dir;
   const std::string store = dir.Sub("store");
-  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ASSERT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
   const std::string trace = dir.Sub("m.jsonl");
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [7]}\n";
-  ShellRun r = Kvctl("replay " + store + " " + trace +
-                         " --model qwen2.5-0.5b --block-tokens 65536 --max-request-kv-bytes 256M",
-                     dir.path());
+  ShellRun r =
+      KvctlTimed("replay " + store + " " + trace +
+                     " --model qwen2.5-0.5b --block-tokens 65536 --max-request-kv-bytes 256M",
+                 dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: " + trace +
                                ":1: turn 1 of \"r0\": 65536 tokens, 768.0 MiB of KV"));
@@ -169,8 +163,8 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   }
   // Under the default limit, the request is still more than this 64 MiB store could hold: it is
   // refused before its KV is generated, as the store would refuse its Put after.
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --block-tokens 65536",
-            dir.path());
+  r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b --block-tokens 65536",
+                 dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: Put of 4096 new chunks: 768.0 MiB of KV, more "
                                "than the store's cap of 64.0 MiB (max_disk_bytes); not generated"));
@@ -179,10 +173,10 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   }
 
   // put and import state the same limit.
-  r = Kvctl("put " + store +
-                " --model qwen2.5-0.5b --tokens 65536 --seed 1 "
-                "--max-request-kv-bytes 256M",
-            dir.path());
+  r = KvctlTimed("put " + store +
+                     " --model qwen2.5-0.5b --tokens 65536 --seed 1 "
+                     "--max-request-kv-bytes 256M",
+                 dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: the prefix: 65536 tokens, 768.0 MiB of KV"));
   if (!::ckv::testing::kSanitizerBuild) {
@@ -194,15 +188,16 @@ TEST(KvctlUntrustedInputTest, RequestsOverTheMemoryLimitAreRefusedBeforeAllocati
   const synth::SyntheticKv kv(spec, ids);
   const std::string file = dir.Sub("kv.safetensors");
   CKV_ASSERT_OK(safetensors::ExportKv(file, spec, ids, kv.tensors()));
-  r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b --max-request-kv-bytes 64K",
-            dir.path());
+  r = KvctlTimed(
+      "import " + store + " " + file + " --model qwen2.5-0.5b --max-request-kv-bytes 64K",
+      dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("over the import limit of 65536 bytes (--max-request-kv-bytes"));
   // ... and the limit is a byte count, at most 1T.
-  r = Kvctl("put " + store +
-                " --model qwen2.5-0.5b --tokens 16 --seed 1 "
-                "--max-request-kv-bytes 2T",
-            dir.path());
+  r = KvctlTimed("put " + store +
+                     " --model qwen2.5-0.5b --tokens 16 --seed 1 "
+                     "--max-request-kv-bytes 2T",
+                 dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--max-request-kv-bytes: '2T' is not a byte count up to 1T"));
 }
@@ -216,7 +211,7 @@ TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbor
   TempDir dir;
   const std::string store = dir.Sub("store");
   // A cap the request fits (nothing is written: the cap only lets the replay get that far).
-  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 16G", dir.path()).exit_code, 0);
+  ASSERT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 16G", dir.path()).exit_code, 0);
   // 262144 tokens of qwen2.5-0.5b are 3 GiB of KV, under the 8 GiB limit given, over the 2 GiB of
   // address space the shell allows.
   const std::string limit = "ulimit -v 2097152 && exec " + std::string(CKV_KVCTL_PATH);
@@ -237,7 +232,7 @@ TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbor
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("RESOURCE_EXHAUSTED: out of memory"));
   // The store is as it was: nothing of either was stored.
-  r = Kvctl("verify " + store + " --json", dir.path());
+  r = KvctlTimed("verify " + store + " --json", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\"chunks_checked\":0"));
 }
@@ -247,8 +242,8 @@ TEST(KvctlUntrustedInputTest, ARequestLargerThanTheAddressSpaceExitsThreeNotAbor
 TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
   TempDir dir;
   const std::string store = dir.Sub("store");
-  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
-  ShellRun r = Kvctl("replay " + store + " /dev/zero --model qwen2.5-0.5b", dir.path());
+  ASSERT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ShellRun r = KvctlTimed("replay " + store + " /dev/zero --model qwen2.5-0.5b", dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr("/dev/zero:1: a NUL byte at byte 0 of the file: binary data, not a "
                                "JSON Lines trace"));
@@ -258,7 +253,7 @@ TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
   // Text that is no trace: refused at its first character, not at the end of the file.
   const std::string text = dir.Sub("notes.txt");
   std::ofstream(text) << "\n  hello\n" << std::string(1 << 20, 'x') << "\n";
-  r = Kvctl("replay " + store + " " + text + " --model qwen2.5-0.5b", dir.path());
+  r = KvctlTimed("replay " + store + " " + text + " --model qwen2.5-0.5b", dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out, HasSubstr(text + ":2: the line starts with 'h', not '{'"));
   // A line that never ends is refused once it passes the line limit (16 MiB), not the file's.
@@ -275,7 +270,7 @@ TEST(KvctlUntrustedInputTest, AFileThatIsNoTraceIsRefusedAtOnce) {
 TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed) {
   TempDir dir;
   const std::string store = dir.Sub("store");
-  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ASSERT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
   ModelSpec spec = *ModelSpec::Preset("qwen2.5-0.5b");
   spec.model_id = "evil\x1b]0;pwned\x07";
   const std::vector<int32_t> ids = synth::Tokens(3, 32);
@@ -283,34 +278,34 @@ TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed
   const std::string file = dir.Sub("evil.safetensors");
   CKV_ASSERT_OK(safetensors::ExportKv(file, spec, ids, kv.tensors()));
 
-  ShellRun r = Kvctl("import " + store + " " + file + " --model qwen2.5-0.5b", dir.path());
+  ShellRun r = KvctlTimed("import " + store + " " + file + " --model qwen2.5-0.5b", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find('\x07'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("evil\\x1b]0;pwned\\x07 (24 layers"));
-  r = Kvctl("ls " + store, dir.path());
+  r = KvctlTimed("ls " + store, dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("evil\\x1b]0;pwned\\x07"));
-  r = Kvctl("ls " + store + " --json", dir.path());
+  r = KvctlTimed("ls " + store + " --json", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("evil\\u001b]0;pwned\\u0007"));
   const std::string id = JsonString(r.out, "id");
-  r = Kvctl("show " + store + " " + id, dir.path());
+  r = KvctlTimed("show " + store + " " + id, dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
 
   // A trace's label, in the replay table and in an error message.
   const std::string trace = dir.Sub("t.jsonl");
   std::ofstream(trace) << "{\"conversation\": \"\\u001b[2J\", \"turn\": 1, \"tokens\": [1, 2]}\n";
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
+  r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\\x1b[2J"));
   std::ofstream(trace, std::ios::app)
       << "{\"conversation\": \"\\u001b[2J\", \"turn\": 3, \"tokens\": [1, 2]}\n";
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
+  r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b", dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
   EXPECT_THAT(r.out, HasSubstr("turn 3 of conversation \"\\x1b[2J\" follows turn 1"));
@@ -321,21 +316,21 @@ TEST(KvctlUntrustedInputTest, EscapeSequencesFromFilesAndStoresAreShownNotObeyed
 TEST(KvctlUntrustedInputTest, ReplaySpeedsAndTimestampGapsThatWouldSleepForAgesAreRefused) {
   TempDir dir;
   const std::string store = dir.Sub("store");
-  ASSERT_EQ(Kvctl("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
+  ASSERT_EQ(KvctlTimed("init " + store + " --max-disk-bytes 64M", dir.path()).exit_code, 0);
   const std::string trace = dir.Sub("m.jsonl");
   std::ofstream(trace)
       << "{\"timestamp\": 0, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n"
          "{\"timestamp\": 9, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
-  ShellRun r =
-      Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1e-20", dir.path());
+  ShellRun r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1e-20",
+                          dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--speed: 1e-20 is not 0 or a number in [0.001, 1e+06]"));
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 2e6", dir.path());
+  r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 2e6", dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out;
 
   std::ofstream(trace, std::ios::app)
       << "{\"timestamp\": 1e15, \"input_length\": 32, \"output_length\": 1, \"hash_ids\": [1]}\n";
-  r = Kvctl("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1", dir.path());
+  r = KvctlTimed("replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 1", dir.path());
   EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_THAT(r.out,
               HasSubstr(trace + ":3: request \"r2\" arrives 1e+12 s after the one before "
@@ -343,7 +338,7 @@ TEST(KvctlUntrustedInputTest, ReplaySpeedsAndTimestampGapsThatWouldSleepForAgesA
                                 "3600 s between requests"));
   EXPECT_LT(r.seconds, 30) << r.out;
   // Slowed down within the bounds, the first two requests replay (9 ms apart, at half speed).
-  r = Kvctl(
+  r = KvctlTimed(
       "replay " + store + " " + trace + " --model qwen2.5-0.5b --speed 0.5 --max-requests 2 --json",
       dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out;
