@@ -71,14 +71,22 @@ root = os.path.realpath(root)
 WITH_VALUE = ("-I", "-isystem", "-iquote", "-idirafter", "-include", "-D", "-U")
 n = 0
 pchs = {}  # (cmake_pch.hxx, flags) -> the clang precompiled header made of it
+UNITY = re.compile(r"unity_[0-9]+_cxx\.cxx$")
 for entry in json.load(open(db)):
     src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
     rel = os.path.relpath(src, root)
-    if rel.startswith("..") or rel.split(os.sep)[0].startswith("build"):
+    members = [rel]
+    if UNITY.search(src) and os.path.basename(os.path.dirname(src)) == "Unity":
+        # A unity bundle (CKV_UNITY_BUILD): generated, but only a list of the repository's
+        # sources, each #included whole; it is checked as g++ compiles it, named by its members.
+        members = [os.path.relpath(m, root) for m in
+                   re.findall(r'^#include "([^"]+)"', open(src).read(), re.M)]
+        rel = " + ".join(members)
+    elif rel.startswith("..") or rel.split(os.sep)[0].startswith("build"):
         continue  # third-party or generated
-    if os.path.splitext(src)[1] not in (".cc", ".cpp", ".cxx"):
+    elif os.path.splitext(src)[1] not in (".cc", ".cpp", ".cxx"):
         continue  # .cu: nvcc's
-    if only and not re.search(only, rel):
+    if only and not any(re.search(only, m) for m in members):
         continue
     args = entry.get("arguments") or shlex.split(entry["command"])
     kept, i = [], 1
