@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "common/status_macros.h"
 #include "io/io_op_narrow.h"
 #include "rocksdb/file_system.h"
@@ -194,6 +195,7 @@ class FaultIoQueue final : public IoQueue {
       : fs_(fs), inner_(std::move(inner)), depth_(depth) {}
 
   absl::Status Submit(const IoOp& op, Callback done) override {
+    CKV_RETURN_IF_ERROR(fs_->io_queues_broken());
     if (op.file == nullptr) return absl::InvalidArgumentError("IoQueue(fault): op has no file");
     FaultFile* file = Unwrap(op.file);
     if (file == nullptr) {
@@ -215,6 +217,7 @@ class FaultIoQueue final : public IoQueue {
   }
 
   absl::Status SubmitBatch(std::span<const IoOp> ops, std::span<Callback> done) override {
+    CKV_RETURN_IF_ERROR(fs_->io_queues_broken());
     // A file of another file system (InvalidArgument) refuses the whole batch before any of it
     // is queued.
     for (const IoOp& op : ops) {
@@ -235,6 +238,7 @@ class FaultIoQueue final : public IoQueue {
     }
     // Callbacks of either kind may submit more of either kind.
     while (true) {
+      CKV_RETURN_IF_ERROR(fs_->io_queues_broken());
       CKV_RETURN_IF_ERROR(inner_->Drain());
       if (injected_.empty()) return absl::OkStatus();
       RunInjected();
@@ -242,6 +246,7 @@ class FaultIoQueue final : public IoQueue {
   }
 
   absl::Status Reap(bool wait) override {
+    CKV_RETURN_IF_ERROR(fs_->io_queues_broken());
     // An op failed here completes without the target queue: do not sleep while one waits.
     absl::Status status = inner_->Reap(wait && injected_.empty());
     RunInjected();
@@ -399,6 +404,17 @@ void FaultInjectingFileSystem::ClearRules() {
 void FaultInjectingFileSystem::SetOpHook(OpHook hook) {
   absl::MutexLock lock(&mu_);
   op_hook_ = std::move(hook);
+}
+
+void FaultInjectingFileSystem::BreakIoQueues(absl::Status status) {
+  CKV_CHECK(!status.ok());
+  absl::MutexLock lock(&mu_);
+  queues_broken_ = std::move(status);
+}
+
+absl::Status FaultInjectingFileSystem::io_queues_broken() const {
+  absl::MutexLock lock(&mu_);
+  return queues_broken_;
 }
 
 std::optional<FaultInjectingFileSystem::OpFault> FaultInjectingFileSystem::HookFault(

@@ -195,6 +195,14 @@ class FaultInjectingFileSystem final : public FileSystem {
   using OpHook = std::function<OpFault(const OpInfo&)>;
   void SetOpHook(OpHook hook);
 
+  // Breaks every queue of this file system, made before or after: from now on each Submit,
+  // SubmitBatch, Reap and Drain fails with `status` (it must not be OK), as a queue whose ring
+  // the kernel no longer serves would (io_uring_enter failing with EBADF, say). The ops already
+  // in a queue stay there, unreaped: their buffers may still be written, as a kernel's could.
+  void BreakIoQueues(absl::Status status);
+  // OK until BreakIoQueues.
+  absl::Status io_queues_broken() const;
+
   // Faults injected into queued ops (rules' and the hook's, latency included), by the backend of
   // the queue they went through ("io_uring", "threads"): which I/O path the faults reached.
   struct QueueFaults {
@@ -349,6 +357,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   std::optional<FileSystemSpace> space_ ABSL_GUARDED_BY(mu_);  // SetSpace
   Sleeper sleeper_ ABSL_GUARDED_BY(mu_);
   OpHook op_hook_ ABSL_GUARDED_BY(mu_);
+  absl::Status queues_broken_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, QueueFaults> queue_faults_ ABSL_GUARDED_BY(mu_);
   std::array<uint64_t, kNumFaultKinds> injected_ ABSL_GUARDED_BY(mu_){};
 };

@@ -32,6 +32,12 @@
 //  7. Shutdown: the engine cancels what is queued and sets stopping_; a thread leaves its loop
 //     only when none of its reads is in the queue; then the queue is destroyed and the arena
 //     freed (after the pin hook's unpin).
+//  8. A broken queue (a submission or a reap fails as a whole, not one op: it does not happen on a
+//     healthy kernel): the thread verifies what already landed, fails the reads still in the
+//     queue and everything queued in the engine, which refuses every later read with the same
+//     error (BreakLocked), logs it, and leaves its loop. The kernel may still write into the
+//     buffers of the reads it held, and the queue's destructor could wait on a ring that no
+//     longer answers: the thread's queue, arena and slots are never freed (Abandon).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -69,8 +75,18 @@ struct IoThread {
   io::IoQueue::Counters counted{};  // the queue's counters already added to the stats
   bool sleeping_with_room = false;  // guarded by the engine's mu_
   bool wake_sent = false;           // guarded by the engine's mu_
+  absl::Status broken;              // the queue's failure (step 8); owned by the thread
   std::thread thread;
 };
+
+// Keeps a thread whose queue broke alive until the process ends (step 8): reachable, so that a
+// leak checker does not report it.
+void Abandon(std::unique_ptr<IoThread> t) {
+  static std::mutex mu;
+  static auto* abandoned = new std::vector<std::unique_ptr<IoThread>>;
+  std::lock_guard<std::mutex> lock(mu);
+  abandoned->push_back(std::move(t));
+}
 
 class IoThreads final : public Backend {
  public:
@@ -79,6 +95,10 @@ class IoThreads final : public Backend {
   ~IoThreads() override {
     Join();
     for (auto& t : threads_) {
+      if (!t->broken.ok()) {
+        Abandon(std::move(t));
+        continue;
+      }
       t->queue.reset();  // waits for what the kernel holds before the arena goes
       if (pinned_ && engine_->options().unpin_memory) {
         engine_->options().unpin_memory(t->arena.data(), t->arena.size());
@@ -253,10 +273,13 @@ class IoThreads final : public Backend {
     if (!s.ok()) {
       // A refused batch (a file the queue cannot read, e.g. of another file system with
       // register_with_ring off): none of it was queued, so its reads fail with the error.
-      if (!absl::IsInvalidArgument(s)) Broken(s);
+      // Any other failure is the queue's own (step 8).
+      const bool queue_failed = !absl::IsInvalidArgument(s);
+      if (queue_failed && t.broken.ok()) t.broken = s;
+      const absl::Status failure = queue_failed ? QueueFailure(t) : s;
       for (size_t i = first; i < first + n; ++i) {
         Slot* slot = t.free[i];
-        slot->status = s;
+        slot->status = failure;
         slot->in_queue = false;
         --t.in_queue;
         t.finished.push_back(slot);
@@ -267,11 +290,43 @@ class IoThreads final : public Backend {
     return true;
   }
 
-  // The queue itself failed (not an op; it does not happen on a healthy kernel).
-  [[noreturn]] static void Broken(const absl::Status& status) {
-    std::fprintf(stderr, "ckv: read engine: I/O queue failed: %s\n",
-                 std::string(status.message()).c_str());
-    std::abort();  // cannot fail reads the kernel may still be writing into
+  // The error every read gets once the thread's queue broke (step 8).
+  static absl::Status QueueFailure(const IoThread& t) {
+    return absl::Status(
+        t.broken.code(),
+        absl::StrCat("read engine: its I/O queue (", t.queue->backend(),
+                     ") failed: ", t.broken.message(), "; every read fails from now on"));
+  }
+
+  // Reap, remembering a failure of the queue itself (step 8).
+  void Reap(IoThread& t, bool wait) {
+    if (!t.broken.ok()) return;
+    if (absl::Status s = t.queue->Reap(wait); !s.ok()) t.broken = s;
+  }
+
+  // Step 8, after the reads that landed were verified and called back: fails the reads still in
+  // the queue (their slots are never released: the kernel may still write into their buffers)
+  // and, through the engine, everything queued and every later submission.
+  void Stop(IoThread& t, std::vector<Slot*>& landed) {
+    const absl::Status why = QueueFailure(t);
+    const ReadEngineOptions& o = engine_->options();
+    (o.logger != nullptr ? o.logger : StderrLogger())
+        ->Log(LogLevel::kError, std::string(why.message()));
+    std::vector<Completion> failed;
+    std::vector<Slot*> held;
+    for (Slot& s : t.slots) {
+      if (s.in_queue) held.push_back(&s);
+    }
+    for (Slot* s : held) engine_->FinishGroup(s->group, nullptr, why, failed);
+    {
+      absl::MutexLock lock(&engine_->mu_);
+      for (Slot* s : landed) engine_->ReleaseLocked(s->group);
+      for (Slot* s : held) engine_->ReleaseLocked(s->group);
+      engine_->BreakLocked(why, failed);
+      t.sleeping_with_room = false;
+    }
+    landed.clear();
+    ReadEngine::Impl::RunCallbacks(failed);
   }
 
   void Loop(IoThread& t) {
@@ -281,10 +336,10 @@ class IoThreads final : public Backend {
     while (true) {
       if (!TakeAndSubmit(t, landed, /*hand_over=*/false)) break;
       // Step 3b: sleep until a read lands or a wake-up comes, unless one already finished.
-      if (absl::Status s = t.queue->Reap(/*wait=*/t.finished.empty()); !s.ok()) Broken(s);
+      Reap(t, /*wait=*/t.finished.empty());
       // Refill the device before verifying: the slots that just landed keep their buffers until
       // their callbacks have run, so new reads go to the spare staging buffers.
-      if (!t.finished.empty()) {
+      if (!t.finished.empty() && t.broken.ok()) {
         if (!TakeAndSubmit(t, landed)) break;
       }
       // Step 5: verify; reads that land meanwhile are reaped and the device refilled between two
@@ -293,10 +348,10 @@ class IoThreads final : public Backend {
         Slot* s = t.finished[i];
         engine_->FinishGroup(s->group, s->buffer, s->status, completions);
         landed.push_back(s);
-        if (t.queue->HasCompletions()) {
+        if (t.broken.ok() && t.queue->HasCompletions()) {
           const size_t before = t.finished.size();
-          if (absl::Status st = t.queue->Reap(/*wait=*/false); !st.ok()) Broken(st);
-          if (t.finished.size() > before) {
+          Reap(t, /*wait=*/false);
+          if (t.broken.ok() && t.finished.size() > before) {
             std::vector<Slot*> none;  // nothing is released before its callback has run
             TakeAndSubmit(t, none);
           }
@@ -304,6 +359,10 @@ class IoThreads final : public Backend {
       }
       t.finished.clear();
       ReadEngine::Impl::RunCallbacks(completions);
+      if (!t.broken.ok()) {
+        Stop(t, landed);
+        break;
+      }
     }
   }
 

@@ -29,6 +29,15 @@ using internal::Completion;
 using internal::IoGroup;
 using internal::Request;
 
+namespace {
+// The request's name, else "<path>@<offset>" (`f` its file, or nullptr: "file N@<offset>").
+std::string RequestName(const ReadRequest& r, const io::File* f) {
+  if (!r.name.empty()) return r.name;
+  return f != nullptr ? absl::StrCat(f->path(), "@", r.offset)
+                      : absl::StrCat("file ", r.file, "@", r.offset);
+}
+}  // namespace
+
 const char* PriorityName(Priority priority) {
   switch (priority) {
     case Priority::kDemand:
@@ -126,27 +135,52 @@ void ReadEngine::Impl::Shutdown() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     TickLocked();
-    for (Request& r : table_) {
-      if (r.state != Request::State::kQueued) continue;
-      UnindexLocked(&r);
-      CKV_DCHECK(queued_ > 0);
-      --queued_;
-      ++stats_.requests_cancelled;
-      Completion c;
-      c.result.id = r.id();
-      c.result.status = absl::CancelledError(
-          absl::StrCat("read ", r.r.name.empty() ? absl::StrCat("request ", r.id()) : r.r.name,
-                       " cancelled: the read engine is shutting down"));
-      c.callback = std::move(r.r.callback);
-      cancelled.push_back(std::move(c));
-      FreeLocked(&r);
-    }
-    for (auto& q : queues_) q.clear();
+    stats_.requests_cancelled += DropQueuedLocked(
+        [](const Request& r, const io::File*) {
+          return absl::CancelledError(
+              absl::StrCat("read ", r.r.name.empty() ? absl::StrCat("request ", r.id()) : r.r.name,
+                           " cancelled: the read engine is shutting down"));
+        },
+        cancelled);
     backend_->WakeLocked();
   }
   RunCallbacks(cancelled);
   backend_->Join();
   backend_.reset();
+}
+
+template <typename StatusOf>
+uint64_t ReadEngine::Impl::DropQueuedLocked(StatusOf status_of, std::vector<Completion>& out) {
+  uint64_t dropped = 0;
+  for (Request& r : table_) {
+    if (r.state != Request::State::kQueued) continue;
+    UnindexLocked(&r);
+    CKV_DCHECK(queued_ > 0);
+    --queued_;
+    ++dropped;
+    Completion c;
+    c.result.id = r.id();
+    c.result.status = status_of(r, files_[r.r.file]);
+    c.callback = std::move(r.r.callback);
+    out.push_back(std::move(c));
+    FreeLocked(&r);
+  }
+  for (auto& q : queues_) q.clear();
+  return dropped;
+}
+
+void ReadEngine::Impl::BreakLocked(const absl::Status& why, std::vector<Completion>& out) {
+  CKV_CHECK(!why.ok());
+  TickLocked();
+  if (broken_.ok()) broken_ = why;
+  requests_failed_.fetch_add(DropQueuedLocked(
+                                 [&](const Request& r, const io::File* f) {
+                                   return absl::Status(
+                                       why.code(),
+                                       absl::StrCat(why.message(), " [", RequestName(r.r, f), "]"));
+                                 },
+                                 out),
+                             std::memory_order_relaxed);
 }
 
 absl::StatusOr<FileId> ReadEngine::Impl::RegisterFile(io::File* file) {
@@ -225,6 +259,7 @@ absl::StatusOr<std::vector<RequestId>> ReadEngine::Impl::SubmitBatch(
   ids.reserve(requests.size());
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("read engine is shutting down");
+  if (!broken_.ok()) return broken_;
   for (const ReadRequest& r : requests) CKV_RETURN_IF_ERROR(ValidateLocked(r));
   if (requests.size() > free_.size()) {
     return absl::ResourceExhaustedError(
@@ -417,13 +452,6 @@ std::string ReadEngine::Impl::Describe(const IoGroup& g) {
                       " bytes, ", g.requests.size(), " request", g.requests.size() == 1 ? "" : "s",
                       ")");
 }
-
-namespace {
-std::string RequestName(const ReadRequest& r, const io::File* f) {
-  if (!r.name.empty()) return r.name;
-  return absl::StrCat(f->path(), "@", r.offset);
-}
-}  // namespace
 
 void ReadEngine::Impl::FinishGroup(IoGroup& g, const std::byte* buffer,
                                    const absl::Status& io_status, std::vector<Completion>& out) {

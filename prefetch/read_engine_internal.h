@@ -104,6 +104,10 @@ class ReadEngine::Impl {
   size_t TakeLocked(std::span<internal::IoGroup* const> groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read landed (or failed): releases its requests, counts it out of flight.
   void ReleaseLocked(internal::IoGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An I/O queue failed (`why`, not OK): every queued request fails with it (appended to `out`),
+  // and so does every later SubmitBatch. The reads other threads hold still land.
+  void BreakLocked(const absl::Status& why, std::vector<internal::Completion>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts device transfers (each SQE / ReadAt, as the I/O queue counts them) and their bytes.
   void CountIoLocked(uint64_t ios, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountIo(uint64_t ios, uint64_t bytes) {
@@ -133,6 +137,11 @@ class ReadEngine::Impl {
   // Advances the time-weighted counters to now.
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   internal::Request* PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes every queued request out of the queues, each with the status `status_of(request,
+  // its file)` (completions appended to `out`); returns how many.
+  template <typename StatusOf>
+  uint64_t DropQueuedLocked(StatusOf status_of, std::vector<internal::Completion>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLocked(size_t priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReadEngineOptions options_;
@@ -150,6 +159,7 @@ class ReadEngine::Impl {
   absl::Mutex ids_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::flat_hash_map<io::File*, FileId> ids_ ABSL_GUARDED_BY(ids_mu_);
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // set by BreakLocked
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // device reads
   uint64_t issue_seq_ ABSL_GUARDED_BY(mu_) = 0;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -631,6 +632,58 @@ TEST_P(ReadEngineTest, DestroyingWithReadsInFlightCompletesOrCancelsEach) {
   }
   EXPECT_EQ(calls.load(), 256);
   EXPECT_EQ(ok.load() + cancelled.load(), 256);
+}
+
+// A queue that fails as a whole (its submission or reap, not one op) fails the reads it held and
+// everything queued with its error, the engine refuses later reads with it, and shutdown neither
+// hangs nor frees the buffers the kernel may still hold.
+TEST_P(ReadEngineTest, ABrokenIoQueueFailsEveryReadAndEveryLaterSubmissionWithItsError) {
+  ReadEngineOptions o = Options();
+  io::FaultInjectingFileSystem* fs = FaultFs(o);
+  TestFile f(fs, dir_.Sub("data"), 64);
+  o.queue_depth = 2;
+  o.coalesce = false;
+  // The first read issued breaks every queue: it goes into the queue and is never reaped.
+  std::atomic<int> issued{0};
+  fs->SetOpHook([&](const OpInfo&) {
+    if (issued.fetch_add(1) == 0) fs->BreakIoQueues(absl::InternalError("ring gone (test)"));
+    return IoFault{};
+  });
+  Counter called;
+  std::atomic<int> failed{0}, refused{0};
+  {
+    auto engine = Make(o);
+    ASSERT_NE(engine, nullptr);
+    auto id = engine->RegisterFile(f.file.get());
+    ASSERT_TRUE(id.ok()) << id.status();
+    for (uint32_t i = 0; i < f.records; ++i) {
+      ReadRequest r = RecordRequest(*id, f, i);
+      r.callback = [&, i](const ReadResult& res) {
+        if (res.status.code() == absl::StatusCode::kInternal &&
+            absl::StrContains(res.status.message(), "I/O queue") &&
+            absl::StrContains(res.status.message(), "ring gone (test)")) {
+          ++failed;
+        } else {
+          ADD_FAILURE() << "record " << i << ": " << res.status;
+        }
+        ++called;
+      };
+      // Submissions after the break are refused with its error instead of being queued.
+      const absl::Status s = engine->Submit(std::move(r)).status();
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+        EXPECT_TRUE(absl::StrContains(s.message(), "ring gone (test)")) << s;
+        ++refused;
+      }
+    }
+    ASSERT_TRUE(WaitFor(called, static_cast<int>(f.records) - refused.load()));
+    const absl::Status later = engine->Submit(RecordRequest(*id, f, 0)).status();
+    EXPECT_EQ(later.code(), absl::StatusCode::kInternal) << later;
+    EXPECT_TRUE(absl::StrContains(later.message(), "ring gone (test)")) << later;
+  }  // the engine shuts down: it must not wait for the read the broken queue holds
+  EXPECT_EQ(failed.load() + refused.load(), static_cast<int>(f.records));
+  EXPECT_EQ(called.load(), failed.load());
+  EXPECT_GE(issued.load(), 1);
 }
 
 TEST_P(ReadEngineTest, WaitsAreBoundedAndRequestsAreValidated) {
