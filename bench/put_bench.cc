@@ -55,6 +55,7 @@
 #include "ckv/model_spec.h"
 #include "ckv/options.h"
 #include "ckv/status.h"
+#include "common/assert.h"
 #include "common/status_macros.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
@@ -175,7 +176,7 @@ class BenchKv {
         const size_t rounded = (t.size() + 4095) / 4096 * 4096;
         std::byte* p =
             static_cast<std::byte*>(std::aligned_alloc(4096, std::max<size_t>(rounded, 4096)));
-        if (p == nullptr) throw std::bad_alloc();
+        CKV_CHECK(p != nullptr);  // a benchmark without memory for its input stops here
         memory_.emplace_back(p, &std::free);
         std::memcpy(p, t.data(), t.size());
         t = std::span<const std::byte>(p, t.size());

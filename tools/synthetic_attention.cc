@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/assert.h"
 #include "kernels/half.h"
 #include "tools/synthetic_kv.h"
 
@@ -102,10 +103,8 @@ void FillNormals(uint64_t s, uint64_t first, float scale, float* out, size_t cou
   }
 }
 
-[[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "ckv synthetic_attention: precondition failed: %s\n", what);
-  std::abort();
-}
+// A broken precondition of the generator's caller: stops the process as CKV_CHECK does.
+[[noreturn]] void Fail(const char* what) { ::ckv::internal::CheckFailed(__FILE__, __LINE__, what); }
 
 bool IsProbability(double p) { return p >= 0 && p <= 1; }
 bool IsSpread(double s) { return std::isfinite(s) && s >= 0; }

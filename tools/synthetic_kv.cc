@@ -35,6 +35,7 @@
 #include "ckv/codec.h"
 #include "ckv/kv.h"
 #include "ckv/model_spec.h"
+#include "common/assert.h"
 
 namespace ckv::synth {
 namespace {
@@ -47,10 +48,8 @@ constexpr uint64_t kTailDomain = 0x636b762d7461696cULL;    // "ckv-tail"
 // Which half of a record: K rows come first, then V rows.
 enum class Part : uint64_t { kK = 0, kV = 1 };
 
-[[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "ckv synthetic_kv: precondition failed: %s\n", what);
-  std::abort();
-}
+// A broken precondition of the generator's caller: stops the process as CKV_CHECK does.
+[[noreturn]] void Fail(const char* what) { ::ckv::internal::CheckFailed(__FILE__, __LINE__, what); }
 
 // Turns 64 random bits into packed finite values of `dtype`: (r & mask) + add, lane by lane.
 // In every lane the mask keeps the sign bit, the mantissa and the low 3 bits of the exponent
