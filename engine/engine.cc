@@ -837,20 +837,14 @@ class ReadOnlyEngine final : public Engine {
         }
       }
       if (all_moved) {
-        // Every failure was of a chunk the writer took away or moved: its lines go (a problem
-        // names its record by the chunk key's first 16 hex digits, "record 0bf6.../L0"); the
-        // rest stay.
-        absl::flat_hash_set<std::string> gone;
-        for (const ChunkKey& key : failed) gone.insert(key.ToHex().substr(0, 16));
-        std::erase_if(report.problems, [&](const std::string& p) {
-          for (const std::string& hex : gone) {
-            if (p.find(hex) == std::string::npos) continue;
-            if (p.find("checksum") != std::string::npos && report.checksum_failures > 0) {
-              report.checksum_failures--;
-            }
-            return true;
+        // Every failure was of a chunk the writer took away or moved: its problems go; the rest
+        // stay.
+        std::erase_if(report.problems, [&](const VerifyProblem& p) {
+          if (!failed.contains(p.chunk)) return false;
+          if (p.kind == VerifyProblem::Kind::kChecksum && report.checksum_failures > 0) {
+            report.checksum_failures--;
           }
-          return false;
+          return true;
         });
         return report;
       }

@@ -173,7 +173,10 @@ class Engine:
     def list_prefixes(self) -> list[dict[str, Any]]:
         """The stored prefixes, newest first."""
     def verify(self) -> dict[str, Any]:
-        """Checks every record's checksum and the catalog's chains."""
+        """Checks every record's checksum and the catalog's chains: ok, chunks_checked,
+        records_checked, bytes_checked, checksum_failures, and problems, each a dict of kind
+        ('checksum', 'unreadable', 'damaged' or 'inconsistent'), chunk (hex, or None), layer (or
+        None) and message."""
     def begin_reprefill(self, spec: ModelSpec, tokens: Tokens, *, selector: str = "period-exact",
                         budget_fraction: float = 0.1, window: int = 32, period_layers: int = 8,
                         period_selection: bool = False, sink_chunks: int = 1,

@@ -1084,11 +1084,25 @@ PYBIND11_MODULE(ckv, m) {
             d["records_checked"] = r.records_checked;
             d["bytes_checked"] = r.bytes_checked;
             d["checksum_failures"] = r.checksum_failures;
-            d["problems"] = r.problems;
+            py::list problems;
+            for (const ckv::VerifyProblem& p : r.problems) {
+              py::dict problem;
+              problem["kind"] = ckv::VerifyProblemKindName(p.kind);
+              problem["chunk"] =
+                  p.chunk.IsZero() ? py::object(py::none()) : py::object(py::str(p.chunk.ToHex()));
+              problem["layer"] = p.layer == ckv::VerifyProblem::kNoLayer
+                                     ? py::object(py::none())
+                                     : py::object(py::int_(p.layer));
+              problem["message"] = p.message;
+              problems.append(problem);
+            }
+            d["problems"] = problems;
             return d;
           },
           "Reads every record and checks its checksum and the catalog's chains; returns a dict "
-          "(ok, chunks_checked, records_checked, bytes_checked, checksum_failures, problems).")
+          "(ok, chunks_checked, records_checked, bytes_checked, checksum_failures, problems: a "
+          "list of dicts with kind ('checksum', 'unreadable', 'damaged', 'inconsistent'), chunk "
+          "(hex, or None), layer (or None) and message).")
       .def(
           "begin_reprefill",
           [](PyEngine& e, const ckv::ModelSpec& spec, const py::object& tokens,

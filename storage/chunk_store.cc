@@ -304,8 +304,10 @@ absl::Status ChunkStore::Load(const Catalog::Contents& c, bool use_snapshot,
   for (const auto& [key, p] : c.prefixes) {
     auto chunk = chunks_.find(key);
     if (chunk == chunks_.end()) {
-      open_problems_.push_back(
-          absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored"));
+      open_problems_.push_back(VerifyProblem{
+          .kind = VerifyProblem::Kind::kInconsistent,
+          .chunk = key,
+          .message = absl::StrCat("prefix ", key.ToHex(), " ends at a chunk that is not stored")});
       dropped_prefixes_.push_back(key);
       continue;
     }
@@ -351,8 +353,11 @@ absl::Status ChunkStore::ScanCatalogLocked() {
     if (parent_key.IsZero()) continue;  // kRoot
     auto parent = chunks_.find(parent_key);
     if (parent == chunks_.end()) {
-      open_problems_.push_back(
-          absl::StrCat("chunk ", key.ToHex(), " has no stored parent ", parent_key.ToHex()));
+      open_problems_.push_back(VerifyProblem{
+          .kind = VerifyProblem::Kind::kDamaged,
+          .chunk = key,
+          .message =
+              absl::StrCat("chunk ", key.ToHex(), " has no stored parent ", parent_key.ToHex())});
       e.parent = ChunkEntry::kLostParent;
       lost_parents_.emplace(key, parent_key);
       continue;
@@ -386,7 +391,8 @@ void ChunkStore::LoadChunkLocked(const ChunkKey& key, const ChunkRecord& r,
   }
   if (!problem.empty()) {
     // Such a chunk cannot be served safely; keep it out of the index and let Verify say so.
-    open_problems_.push_back(problem);
+    open_problems_.push_back(
+        VerifyProblem{.kind = VerifyProblem::Kind::kDamaged, .chunk = key, .message = problem});
     dropped_chunks_.push_back(key);
     logger_->Log(LogLevel::kError, problem);
     return;
@@ -906,15 +912,15 @@ absl::Status ChunkStore::ReadAux(const ModelSpec& spec, const PinnedChunks& pinn
         BandRead{c.segment, c.slot, c.segment->band_of(record), &c.key, c.checksums, i});
   }
   absl::Status first_error;
-  CKV_RETURN_IF_ERROR(
-      ReadBands(std::move(reads), max_io_bytes,
-                [&](const BandRead& read, uint32_t, const absl::Status& st, const std::byte* data) {
-                  if (!st.ok()) {
-                    if (first_error.ok()) first_error = st;
-                    return;
-                  }
-                  std::memcpy(out.data() + read.tag * bytes, data, bytes);
-                }));
+  CKV_RETURN_IF_ERROR(ReadBands(
+      std::move(reads), max_io_bytes,
+      [&](const BandRead& read, uint32_t, const absl::Status& st, bool, const std::byte* data) {
+        if (!st.ok()) {
+          if (first_error.ok()) first_error = st;
+          return;
+        }
+        std::memcpy(out.data() + read.tag * bytes, data, bytes);
+      }));
   if (absl::IsDataLoss(first_error)) {
     logger_->Log(LogLevel::kError, std::string(first_error.message()));
   }
@@ -996,12 +1002,12 @@ absl::Status ChunkStore::ReadBands(std::vector<BandRead> reads, uint64_t max_io_
           records_read_.fetch_add(1, std::memory_order_relaxed);
           const std::byte* data = chunk + j * stride;
           if (!st.ok()) {
-            on_record(r, record, st, nullptr);
+            on_record(r, record, st, /*read_failed=*/true, nullptr);
             continue;
           }
           absl::Status check =
               CheckRecord(*r.seg, r.slot, record, r.checksums[record], *r.key, data);
-          on_record(r, record, check, check.ok() ? data : nullptr);
+          on_record(r, record, check, /*read_failed=*/false, check.ok() ? data : nullptr);
         }
       }
     }));

@@ -578,10 +578,11 @@ class ChunkStore {
     std::span<const uint64_t> checksums;  // the chunk's, all records
     size_t tag = 0;                       // the caller's
   };
-  // Called for every record of every band read: its status (the read's error, or the checksum
-  // check's result) and, when OK, its bytes.
-  using RecordFn = std::function<void(const BandRead& read, uint32_t record,
-                                      const absl::Status& status, const std::byte* data)>;
+  // Called for every record of every band read: its status (the read's error, `read_failed`
+  // true, or the checksum check's result) and, when OK, its bytes.
+  using RecordFn =
+      std::function<void(const BandRead& read, uint32_t record, const absl::Status& status,
+                         bool read_failed, const std::byte* data)>;
   // Reads the given bands, the bands of consecutive slots of one segment together (up to
   // max_io_bytes per read, io_queue_depth reads in flight), and checks every record. The caller
   // pins the slots. Returns an error only when the reads could not be issued.
@@ -659,8 +660,8 @@ class ChunkStore {
   void RebaseUseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t put_seq_ ABSL_GUARDED_BY(mu_) = 0;
   StoredCounters counters_ ABSL_GUARDED_BY(mu_);
-  uint64_t orphan_bytes_reclaimed_ = 0;     // set during Open
-  std::vector<std::string> open_problems_;  // found while loading; reported by Verify
+  uint64_t orphan_bytes_reclaimed_ = 0;       // set during Open
+  std::vector<VerifyProblem> open_problems_;  // found while loading; reported by Verify
   // Catalog entries Load could not serve (damaged); Repair deletes them.
   std::vector<ChunkKey> dropped_chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkKey> dropped_prefixes_ ABSL_GUARDED_BY(mu_);  // ending at no stored chunk

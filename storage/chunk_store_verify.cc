@@ -9,6 +9,13 @@
 #include "storage/chunk_store.h"
 
 namespace ckv::storage {
+namespace {
+
+VerifyProblem Problem(VerifyProblem::Kind kind, const ChunkKey& chunk, std::string message) {
+  return VerifyProblem{.kind = kind, .chunk = chunk, .message = std::move(message)};
+}
+
+}  // namespace
 
 absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
   return VerifyInternal(progress, nullptr, nullptr);
@@ -77,14 +84,18 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<
     const auto [key, e] = *it;
     if (!specs_.contains(FingerprintOf(e))) {
       report.problems.push_back(
-          absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec"));
+          Problem(VerifyProblem::Kind::kInconsistent, key,
+                  absl::StrCat("chunk ", key.ToHex(), " names an unknown model spec")));
     }
     if (e.parent == ChunkEntry::kLostParent) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " has no stored parent"));
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kDamaged, key,
+                  absl::StrCat("chunk ", key.ToHex(), " has no stored parent")));
       if (corrupt != nullptr) corrupt->insert(key);
     } else if (depth[it.id()] == kLoop) {
       report.problems.push_back(
-          absl::StrCat("chunk ", key.ToHex(), " is on a loop of parent links"));
+          Problem(VerifyProblem::Kind::kDamaged, key,
+                  absl::StrCat("chunk ", key.ToHex(), " is on a loop of parent links")));
       if (corrupt != nullptr) corrupt->insert(key);
     } else if (depth[it.id()] != kLost) {
       depths->emplace(key, depth[it.id()]);
@@ -100,26 +111,31 @@ void ChunkStore::CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<
     auto linked = linked_children.find(key);
     const uint32_t want = linked == linked_children.end() ? 0 : linked->second;
     if (e.children != want) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " counts ", e.children,
-                                             " children; ", want, " stored chunks name it"));
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kInconsistent, key,
+                  absl::StrCat("chunk ", key.ToHex(), " counts ", e.children, " children; ", want,
+                               " stored chunks name it")));
     }
     if ((e.children == 0) != leaves_.contains(key)) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " with ", e.children,
-                                             " children is ", e.children == 0 ? "not " : "",
-                                             "in the set of leaves eviction picks from"));
+      report.problems.push_back(Problem(
+          VerifyProblem::Kind::kInconsistent, key,
+          absl::StrCat("chunk ", key.ToHex(), " with ", e.children, " children is ",
+                       e.children == 0 ? "not " : "", "in the set of leaves eviction picks from")));
     }
   }
   if (leaves_.size() > chunks_.size()) {
     report.problems.push_back(
-        absl::StrCat(leaves_.size(), " leaves for ", chunks_.size(), " stored chunks"));
+        Problem(VerifyProblem::Kind::kInconsistent, ChunkKey{},
+                absl::StrCat(leaves_.size(), " leaves for ", chunks_.size(), " stored chunks")));
   }
   for (const auto& [id, p] : prefixes_) {
     auto it = chunks_.find(id);
     auto d = depths->find(id);
     if (it == chunks_.end() || d == depths->end() || d->second + 1 != p.chunks) {
-      report.problems.push_back(absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
-                                             " chunks does not end at a stored chunk of that "
-                                             "depth"));
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kInconsistent, id,
+                  absl::StrCat("prefix ", id.ToHex(), " of ", p.chunks,
+                               " chunks does not end at a stored chunk of that depth")));
     }
   }
 }
@@ -132,22 +148,25 @@ void ChunkStore::CheckKeys(std::span<const ChunkKey> keys,
     auto record = catalog_->GetChunk(key);
     if (!record.ok()) {
       if (!absl::IsNotFound(record.status())) {  // NotFound: removed while we verified
-        report.problems.push_back(std::string(record.status().message()));
+        report.problems.push_back(
+            Problem(VerifyProblem::Kind::kUnreadable, key, std::string(record.status().message())));
       }
       continue;
     }
     if (!(ChainChunkKey(record->parent, record->fingerprint, record->tokens) == key)) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(),
-                                             ": key does not match the hash of its parent, "
-                                             "model and tokens"));
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kDamaged, key,
+                  absl::StrCat("chunk ", key.ToHex(),
+                               ": key does not match the hash of its parent, model and tokens")));
       if (corrupt != nullptr) corrupt->insert(key);
     }
     // The record's depth against its chain's: the index derives depths from the links.
     auto depth = depths.find(key);
     if (depth != depths.end() && record->depth != depth->second) {
-      report.problems.push_back(absl::StrCat("chunk ", key.ToHex(), " at depth ", record->depth,
-                                             " in its record is at depth ", depth->second,
-                                             " of its chain"));
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kInconsistent, key,
+                  absl::StrCat("chunk ", key.ToHex(), " at depth ", record->depth,
+                               " in its record is at depth ", depth->second, " of its chain")));
     }
   }
 }
@@ -186,7 +205,9 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
     for (const auto& [i, status] : unusable) {
       skip[i] = true;
       if (absl::IsNotFound(status)) continue;
-      report.problems.push_back(std::string(status.message()));
+      // Its checksum table or entry could not be read back: damage, as Repair counts it.
+      report.problems.push_back(
+          Problem(VerifyProblem::Kind::kDamaged, pinned[i].key, std::string(status.message())));
       if (corrupt != nullptr) corrupt->insert(pinned[i].key);
     }
     std::vector<BandRead> reads;
@@ -197,21 +218,27 @@ absl::Status ChunkStore::VerifyRecords(std::span<const ChunkKey> keys, uint64_t 
                                  pinned[i].checksums, i});
       }
     }
-    absl::Status s = ReadBands(
-        std::move(reads), kMaxIoBytes,
-        [&](const BandRead& read, uint32_t record, const absl::Status& st, const std::byte*) {
-          report.records_checked++;
-          report.bytes_checked += read.seg->record_bytes(record);
-          done_bytes += read.seg->record_stride(read.band);
-          if (st.ok()) return;
-          if (absl::IsDataLoss(st) && st.message().find("checksum") != std::string_view::npos) {
-            report.checksum_failures++;
-            if (corrupt != nullptr) corrupt->insert(*read.key);
-          } else if (unreadable != nullptr) {
-            unreadable->push_back(std::string(st.message()));
-          }
-          report.problems.push_back(std::string(st.message()));
-        });
+    absl::Status s = ReadBands(std::move(reads), kMaxIoBytes,
+                               [&](const BandRead& read, uint32_t record, const absl::Status& st,
+                                   bool read_failed, const std::byte*) {
+                                 report.records_checked++;
+                                 report.bytes_checked += read.seg->record_bytes(record);
+                                 done_bytes += read.seg->record_stride(read.band);
+                                 if (st.ok()) return;
+                                 if (!read_failed) {
+                                   report.checksum_failures++;
+                                   if (corrupt != nullptr) corrupt->insert(*read.key);
+                                 } else if (unreadable != nullptr) {
+                                   unreadable->push_back(std::string(st.message()));
+                                 }
+                                 VerifyProblem p =
+                                     Problem(read_failed ? VerifyProblem::Kind::kUnreadable
+                                                         : VerifyProblem::Kind::kChecksum,
+                                             *read.key, std::string(st.message()));
+                                 if (record < read.seg->geometry().layers)
+                                   p.layer = record;  // not a summary
+                                 report.problems.push_back(std::move(p));
+                               });
     CKV_RETURN_IF_ERROR(s);
     report.chunks_checked += std::count(skip.begin(), skip.end(), false);
     if (progress) progress(done_bytes, total_bytes);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,14 +17,53 @@
 
 namespace ckv {
 
+// One problem Verify found.
+struct VerifyProblem {
+  enum class Kind : uint8_t {
+    kChecksum,      // a record's bytes do not match its checksum (counted in checksum_failures)
+    kUnreadable,    // a record or catalog entry could not be read (an I/O error; it may pass)
+    kDamaged,       // a chunk's catalog entry is unusable: it names no valid slot or spec, its key
+                    // is not the hash of its parent and tokens, its parent is not stored, or its
+                    // parent links loop (such a chunk is not served)
+    kInconsistent,  // derived state disagrees with what it derives from: child counts, the set
+                    // of leaves, a prefix's length, a record's depth, an unknown model spec
+  };
+  // `layer` when the problem is not one layer's record: the chunk's, or a summary record's.
+  static constexpr uint32_t kNoLayer = UINT32_MAX;
+
+  Kind kind = Kind::kInconsistent;
+  ChunkKey chunk;             // the chunk (or prefix) it concerns; zero when it is no one chunk's
+  uint32_t layer = kNoLayer;  // the record's layer, for kChecksum and kUnreadable
+  std::string message;        // one line naming the record or entry and the values that disagree
+};
+
+// "checksum", "unreadable", "damaged", "inconsistent".
+inline const char* VerifyProblemKindName(VerifyProblem::Kind kind) {
+  switch (kind) {
+    case VerifyProblem::Kind::kChecksum:
+      return "checksum";
+    case VerifyProblem::Kind::kUnreadable:
+      return "unreadable";
+    case VerifyProblem::Kind::kDamaged:
+      return "damaged";
+    case VerifyProblem::Kind::kInconsistent:
+      return "inconsistent";
+  }
+  return "?";
+}
+
+// The problem's message.
+inline std::ostream& operator<<(std::ostream& os, const VerifyProblem& p) {
+  return os << p.message;
+}
+
 // What Verify found.
 struct VerifyReport {
   uint64_t chunks_checked = 0;
   uint64_t records_checked = 0;
   uint64_t bytes_checked = 0;
   uint64_t checksum_failures = 0;
-  // One line per problem, naming the record or catalog entry and the values that disagree.
-  std::vector<std::string> problems;
+  std::vector<VerifyProblem> problems;
   bool ok() const { return problems.empty(); }
 };
 

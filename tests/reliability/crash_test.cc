@@ -969,7 +969,8 @@ class CrashSeamTest : public ::testing::Test {
     if (reopened == nullptr) return nullptr;
     auto verify = reopened->Verify();
     EXPECT_TRUE(verify.ok() && verify->ok())
-        << (verify.ok() && !verify->ok() ? verify->problems.front() : std::string("verify failed"));
+        << (verify.ok() && !verify->ok() ? verify->problems.front().message
+                                         : std::string("verify failed"));
     const EngineStats stats = reopened->Stats();
     EXPECT_EQ(stats.disk_bytes_used, stats.chunks * ChunkDiskBytes(crash::Spec()));
     return reopened;

@@ -210,9 +210,16 @@ TEST_F(StoreFaultTest, ATornWriteTheDiskCalledGoodIsCaughtOnRead) {
   EXPECT_EQ(engine_->Stats().checksum_failures, static_cast<uint64_t>(data_loss));
   auto report = engine_->Verify();
   ASSERT_TRUE(report.ok());
-  // Verify also checks each chunk's three auxiliary records ("<key>/aux<n>"), torn like the rest.
+  // Verify also checks each chunk's three auxiliary records ("<key>/aux<n>", no layer), torn like
+  // the rest.
   int layer_problems = 0;
-  for (const std::string& p : report->problems) layer_problems += p.find("/L") != std::string::npos;
+  for (const VerifyProblem& p : report->problems) {
+    EXPECT_EQ(p.kind, VerifyProblem::Kind::kChecksum) << p;
+    if (p.layer != VerifyProblem::kNoLayer) {
+      ++layer_problems;
+      EXPECT_NE(p.message.find("/L" + std::to_string(p.layer)), std::string::npos) << p;
+    }
+  }
   EXPECT_EQ(layer_problems, data_loss);
   EXPECT_GE(report->checksum_failures, static_cast<uint64_t>(data_loss));
   EXPECT_LE(report->checksum_failures, static_cast<uint64_t>(data_loss) + 3 * keys.size());

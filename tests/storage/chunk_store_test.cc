@@ -202,9 +202,11 @@ TEST(ChunkStoreTest, FlippedByteFailsExactlyThatRecordWithDataLoss) {
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->checksum_failures, 1u);
   ASSERT_EQ(report->problems.size(), 1u);
-  EXPECT_NE(report->problems[0].find(keys[bad_chunk].ToHex().substr(0, 16) + "/L5"),
-            std::string::npos)
-      << report->problems[0];
+  const VerifyProblem& p = report->problems[0];
+  EXPECT_EQ(p.kind, VerifyProblem::Kind::kChecksum) << p;
+  EXPECT_EQ(p.chunk, keys[bad_chunk]) << p;
+  EXPECT_EQ(p.layer, 5u) << p;
+  EXPECT_NE(p.message.find(keys[bad_chunk].ToHex().substr(0, 16) + "/L5"), std::string::npos) << p;
 }
 
 // Pins read the chunks' checksums from the catalog after the store's lock is released: a chunk
@@ -301,6 +303,43 @@ TEST(ChunkStoreTest, AStaleCatalogEntryNamingAReusedSlotIsDataLossNeverTheOtherC
   auto report = engine->Verify();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->checksum_failures, RecordsPerChunk(spec));
+}
+
+// Verify's problems carry their kind, chunk and layer as fields: a chunk whose parent's entry is
+// gone is damaged (it is not served), a flipped byte is a checksum failure of its record's layer.
+TEST(ChunkStoreTest, VerifyNamesTheKindChunkAndLayerOfEachProblem) {
+  auto spec = *ModelSpec::Preset("qwen2.5-0.5b");
+  TempDir dir;
+  const auto tokens = synth::Tokens(31, 3 * spec.chunk_tokens);
+  const auto keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
+  {
+    auto engine = OpenOrDie(dir.path());
+    ASSERT_TRUE(PutSynthetic(*engine, spec, tokens).ok());
+  }
+  {
+    storage::Catalog::Contents contents;
+    auto catalog = storage::Catalog::Open(dir.path() + "/catalog", false, false, &contents);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    storage::Catalog::Batch batch = (*catalog)->NewBatch();
+    batch.DeleteChunk(keys[1]);
+    CKV_ASSERT_OK((*catalog)->Commit(batch));
+  }
+  auto engine = OpenOrDie(dir.path());
+  auto report = engine->Verify();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->checksum_failures, 0u);
+  bool damaged = false;
+  for (const VerifyProblem& p : report->problems) {
+    EXPECT_NE(p.kind, VerifyProblem::Kind::kChecksum) << p;
+    EXPECT_EQ(p.layer, VerifyProblem::kNoLayer) << p;
+    if (p.kind == VerifyProblem::Kind::kDamaged && p.chunk == keys[2]) {
+      damaged = true;
+      EXPECT_NE(p.message.find("has no stored parent"), std::string::npos) << p;
+      EXPECT_STREQ(VerifyProblemKindName(p.kind), "damaged");
+    }
+  }
+  EXPECT_TRUE(damaged) << "no problem names chunk 2 as damaged; " << report->problems.size()
+                       << " problems";
 }
 
 TEST(ChunkStoreTest, CapHoldsUnderAStreamOfPutsFiveTimesLarger) {

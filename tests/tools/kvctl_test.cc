@@ -38,6 +38,7 @@ using ::testing::Not;
 using KvctlRun = ::ckv::testing::ProgramRun;
 
 using ::ckv::testing::Kvctl;
+using ::ckv::testing::KvctlStdout;
 
 using ::ckv::testing::JsonInt;
 
@@ -122,6 +123,21 @@ TEST(KvctlTest, InitPutListVerifyAndCatchACorruptRecord) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("checksum"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("/L7"), std::string::npos) << r.output;
+  // --json names the problem's kind, chunk and layer as fields.
+  r = KvctlStdout("verify " + store + " --json");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  auto json = tools::ParseJson(r.output);
+  ASSERT_TRUE(json.ok()) << r.output;
+  const auto* problems = json->Find("problems")->AsArray();
+  ASSERT_NE(problems, nullptr) << r.output;
+  ASSERT_EQ(problems->size(), 1u) << r.output;
+  const tools::JsonValue& p = (*problems)[0];
+  EXPECT_EQ(*p.Find("kind")->AsString(), "checksum") << r.output;
+  const auto keys =
+      ChainChunkKeys((*ModelSpec::Preset("qwen2.5-0.5b")).Fingerprint(), 16, synth::Tokens(1, 256));
+  EXPECT_EQ(*p.Find("chunk")->AsString(), keys[3].ToHex()) << r.output;
+  EXPECT_EQ(JsonInt(p, "layer"), 7) << r.output;
+  EXPECT_THAT(*p.Find("message")->AsString(), HasSubstr("/L7")) << r.output;
 }
 
 // Off a terminal, progress is plain lines: one per phase at least, ending with what it did.

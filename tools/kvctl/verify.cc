@@ -26,10 +26,27 @@ struct VerifyOptions {
   cli::JsonOutput json;
 };
 
+// One problem verify reports: the store's (Engine::Verify's kinds: "checksum", "unreadable",
+// "damaged", "inconsistent"), the comparison with the generator's ("generator"), or the
+// cluster's ("remote").
+struct Problem {
+  std::string kind;
+  std::optional<ChunkKey> chunk;
+  std::optional<uint32_t> layer;
+  std::string message;
+};
+
+Problem FromStore(const VerifyProblem& p) {
+  Problem out{VerifyProblemKindName(p.kind), std::nullopt, std::nullopt, p.message};
+  if (!p.chunk.IsZero()) out.chunk = p.chunk;
+  if (p.layer != VerifyProblem::kNoLayer) out.layer = p.layer;
+  return out;
+}
+
 struct ContentReport {
   uint64_t records_compared = 0;
   uint64_t bytes_compared = 0;
-  std::vector<std::string> problems;
+  std::vector<Problem> problems;
 };
 
 // Reads every record of every stored prefix once and compares it with synth::FillRecord.
@@ -70,8 +87,10 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
         // A checksum mismatch is already among Verify's problems: do not list it twice.
         if (absl::IsDataLoss(read)) continue;
         if (!read.ok()) {
-          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) +
-                                    " of prefix " + w.prefix.ToHex() + ": " + read.ToString());
+          report.problems.push_back(
+              Problem{"unreadable", w.chunks[i], layer,
+                      absl::StrCat("record ", w.chunks[i].ToHex(), "/L", layer, " of prefix ",
+                                   w.prefix.ToHex(), ": ", read.ToString())});
           continue;
         }
         synth::FillStoredRecord(w.spec, w.chunks[i], layer, expected);
@@ -79,10 +98,12 @@ absl::StatusOr<ContentReport> CompareWithGenerator(Engine& engine) {
         report.bytes_compared += stored.size();
         if (stored != expected) {
           const auto mismatch = std::mismatch(stored.begin(), stored.end(), expected.begin());
-          report.problems.push_back("record " + w.chunks[i].ToHex() + "/L" + std::to_string(layer) +
-                                    " of prefix " + w.prefix.ToHex() + " (chunk " +
-                                    std::to_string(i) + "): differs from the generator at byte " +
-                                    std::to_string(mismatch.first - stored.begin()));
+          report.problems.push_back(
+              Problem{"generator", w.chunks[i], layer,
+                      absl::StrCat("record ", w.chunks[i].ToHex(), "/L", layer, " of prefix ",
+                                   w.prefix.ToHex(), " (chunk ", i,
+                                   "): differs from the generator at byte ",
+                                   mismatch.first - stored.begin())});
         }
       }
     }
@@ -97,7 +118,7 @@ struct VerifyFigures {
   std::optional<RepairReport> repaired;
   ContentReport content;
   std::optional<engine::RemoteCheckReport> remote;  // with --remote
-  std::vector<std::string> problems;                // all of them
+  std::vector<Problem> problems;                    // all of them
   double seconds = 0;
 };
 
@@ -159,7 +180,21 @@ int PrintVerifyJson(const VerifyOptions& o, const VerifyFigures& f) {
         .EndObject();
   }
   w.Key("seconds").Double(f.seconds).Key("problems").BeginArray();
-  for (const std::string& p : f.problems) w.String(p);
+  for (const Problem& p : f.problems) {
+    w.BeginObject().Key("kind").String(p.kind).Key("chunk");
+    if (p.chunk) {
+      w.String(p.chunk->ToHex());
+    } else {
+      w.Null();
+    }
+    w.Key("layer");
+    if (p.layer) {
+      w.Uint(*p.layer);
+    } else {
+      w.Null();
+    }
+    w.Key("message").String(p.message).EndObject();
+  }
   w.EndArray();
   if (f.repaired) {
     w.Key("repair").BeginObject().Key("chunks_removed").Uint(f.repaired->chunks_removed);
@@ -175,7 +210,7 @@ int PrintVerifyJson(const VerifyOptions& o, const VerifyFigures& f) {
 
 void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
   const VerifyReport& report = f.report;
-  const std::vector<std::string>& problems = f.problems;
+  const std::vector<Problem>& problems = f.problems;
   std::printf("verified %s: %llu chunks, %llu records, %s in %.2fs; %llu checksum failure%s\n",
               o.store.c_str(), static_cast<unsigned long long>(report.chunks_checked),
               static_cast<unsigned long long>(report.records_checked),
@@ -202,7 +237,7 @@ void PrintVerifyText(const VerifyOptions& o, const VerifyFigures& f) {
     std::printf("clean\n");
   } else {
     std::printf("%zu problem%s:\n", problems.size(), problems.size() == 1 ? "" : "s");
-    for (const std::string& p : problems) std::printf("  %s\n", Printable(p).c_str());
+    for (const Problem& p : problems) std::printf("  %s\n", Printable(p.message).c_str());
   }
   if (f.repaired && !problems.empty()) {
     const RepairReport& repaired = *f.repaired;
@@ -232,7 +267,7 @@ int RunVerify(const VerifyOptions& o) {
   if (absl::Status s = CheckStore(**engine, o.repair, &f); !s.ok()) {
     return StoreError((o.repair ? "repair " : "verify ") + o.store, s);
   }
-  f.problems = f.report.problems;
+  for (const VerifyProblem& p : f.report.problems) f.problems.push_back(FromStore(p));
   if (o.synthetic) {
     auto compared = CompareWithGenerator(**engine);
     if (!compared.ok()) return StoreError("verify " + o.store, compared.status());
@@ -245,10 +280,14 @@ int RunVerify(const VerifyOptions& o) {
     auto checked = engine::VerifyRemote(**engine);
     if (!checked.ok()) return StoreError("verify --remote " + o.remote, checked.status());
     f.remote = *std::move(checked);
-    f.problems.insert(f.problems.end(), f.remote->problems.begin(), f.remote->problems.end());
+    for (const std::string& p : f.remote->problems) {
+      f.problems.push_back(Problem{"remote", std::nullopt, std::nullopt, p});
+    }
     if (f.remote->unreachable > 0) {
-      f.problems.push_back(absl::StrCat(
-          f.remote->unreachable, " chunks could not be checked: the cluster did not answer"));
+      f.problems.push_back(
+          Problem{"remote", std::nullopt, std::nullopt,
+                  absl::StrCat(f.remote->unreachable,
+                               " chunks could not be checked: the cluster did not answer")});
     }
   }
   f.seconds = SecondsSince(start);
