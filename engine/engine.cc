@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -507,33 +508,13 @@ std::string EngineImpl::Metrics() {
   // The store, since Open.
   engine::StoreMetricsSinceOpen(s, out);
 
-  // Re-Prefill sessions, summed when they finish.
-  out.Counter("ckv_sessions_total", "Re-Prefill sessions finished, since Open.", s.sessions);
-  out.Counter("ckv_session_records_served_total",
-              "Records finished sessions served in their views, since Open.",
-              s.session_records_served);
-  out.Counter("ckv_session_needed_bytes_total",
-              "Record bytes finished sessions served (what they needed), since Open.",
-              s.session_bytes_needed);
-  out.Counter("ckv_session_read_bytes_total",
-              "Bytes finished sessions read from NVMe (data and summaries), since Open.",
-              s.session_bytes_read);
+  // The engine's own figures (CKV_ENGINE_STATS_FIELDS: Re-Prefill sessions, summed when they
+  // finish, and the remote tier), then what the list has no line for: the tier hits by tier.
+  engine::EngineMetricsSinceOpen(s, out);
   out.Family("ckv_session_tier_hits_total", "counter",
              "Records finished sessions found in a tier instead of reading them, since Open.");
   out.Sample("ckv_session_tier_hits_total", {{"tier", "gpu"}}, s.gpu_hits);
   out.Sample("ckv_session_tier_hits_total", {{"tier", "cpu"}}, s.cpu_hits);
-  out.Counter("ckv_session_summary_cache_hits_total",
-              "Summary parts (per chunk) finished sessions found in the CPU tier, since Open.",
-              s.summary_cache_hits);
-  out.Counter("ckv_prefetched_used_bytes_total",
-              "Prefetched (or speculated) bytes that a view then served, since Open.",
-              s.prefetched_bytes_used);
-  out.Counter("ckv_prefetched_wasted_bytes_total",
-              "Prefetched (or speculated) bytes that no view served, since Open.",
-              s.prefetched_bytes_wasted);
-  out.Counter("ckv_await_blocked_seconds_total",
-              "Time finished sessions' AwaitLayer calls waited for I/O, since Open.",
-              s.await_blocked_seconds);
 
   // The tiers.
   struct TierFamily {
@@ -589,108 +570,60 @@ std::string EngineImpl::Metrics() {
             "disabled.",
             uint64_t{gpu_tier_on_device_ ? 1u : 0u});
 
-  // The remote tier on a Redis Cluster (EngineOptions::remote; zeros when off).
-  out.Gauge("ckv_remote_enabled", "1 when the engine has a remote tier (EngineOptions::remote).",
-            uint64_t{s.remote_enabled ? 1u : 0u});
-  out.Gauge("ckv_remote_budget_bytes",
-            "The bytes this store is meant to occupy in the cluster (not enforced by ckv).",
-            s.remote_budget_bytes);
-  out.Gauge("ckv_remote_publish_queue_chunks", "Chunks waiting to be published now.",
-            s.remote_publish_queue_depth);
-  out.Counter("ckv_remote_publish_queued_total", "Chunks queued for publishing, since Open.",
-              s.remote_publish_queued);
-  out.Counter("ckv_remote_publish_dropped_total",
-              "Chunks not published: turned away by a full queue, or queued behind a call the "
-              "cluster failed whole, since Open.",
-              s.remote_publish_dropped);
-  out.Counter("ckv_remote_published_chunks_total", "Chunks SET in the cluster, since Open.",
-              s.remote_published_chunks);
-  out.Counter("ckv_remote_published_bytes_total", "Value bytes SET in the cluster, since Open.",
-              s.remote_published_bytes);
-  out.Counter("ckv_remote_publish_failures_total",
-              "Chunks whose SET failed (unreachable cluster, OOM, ...), since Open.",
-              s.remote_publish_failures);
-  out.Counter("ckv_remote_fills_total",
-              "Fills from the cluster (a Lookup's local miss, a BeginReprefill's that reads every "
-              "chunk, a selecting session's after its Finish), since Open.",
-              s.remote_fills);
-  out.Counter("ckv_remote_fill_misses_total",
-              "Of those, the ones the cluster had nothing to give for, since Open.",
-              s.remote_fill_misses);
-  out.Counter("ckv_remote_fetched_chunks_total",
-              "Chunks fetched from the cluster, verified and stored locally, since Open.",
-              s.remote_fetched_chunks);
-  out.Counter("ckv_remote_fetched_bytes_total", "Value bytes of those chunks, since Open.",
-              s.remote_fetched_bytes);
-  out.Counter("ckv_remote_head_reads_total",
-              "Local misses of selecting Re-Prefill sessions that asked the cluster for chunk "
-              "heads, since Open.",
-              s.remote_head_reads);
-  out.Counter("ckv_remote_head_misses_total",
-              "Of those, the ones the cluster had no chunk for, since Open.", s.remote_head_misses);
-  out.Counter("ckv_remote_head_chunks_total",
-              "Chunk heads (header and summaries) Re-Prefill sessions read from the cluster, "
-              "verified, since Open.",
-              s.remote_head_chunks);
-  out.Counter("ckv_remote_session_records_total",
-              "Records Re-Prefill sessions read from the cluster (those they selected), verified, "
-              "since Open.",
-              s.remote_session_records);
-  out.Counter("ckv_remote_session_record_bytes_total", "Bytes of those records, since Open.",
-              s.remote_session_record_bytes);
-  out.Counter("ckv_remote_fills_queued_total",
-              "Whole-prefix fills queued after sessions that read from the cluster, since Open.",
-              s.remote_fills_queued);
-  out.Counter("ckv_remote_fills_dropped_total",
-              "Of those, the ones a full fill queue turned away, since Open.",
-              s.remote_fills_dropped);
-  out.Counter("ckv_remote_corrupt_chunks_total",
-              "Values that failed verification (checksum, model or key): never served, since "
-              "Open.",
-              s.remote_corrupt_chunks);
-  out.Counter("ckv_remote_errors_total",
-              "Calls to the cluster that failed (unreachable, timed out, redirected too often), "
-              "since Open.",
-              s.remote_errors);
-  out.Counter("ckv_remote_timeouts_total", "Of those, the ones that timed out, since Open.",
-              s.remote_timeouts);
-
-  // The read engine (made by the first Re-Prefill session; zeros before).
-  out.Counter("ckv_read_requests_submitted_total",
-              "Requests submitted to the read engine, since Open.", r.requests_submitted);
+  // The read engine (made by the first Re-Prefill session; zeros before), since Open.
+  using RS = prefetch::ReadEngineStats;
+  struct ReadFamily {
+    const char* name;
+    StatKind kind;
+    const char* help;
+    std::variant<uint64_t RS::*, double RS::*> field;
+  };
+  static const ReadFamily kReadFamilies[] = {
+      {"ckv_read_requests_submitted_total", StatKind::kCounter,
+       "Requests submitted to the read engine, since Open.", &RS::requests_submitted},
+      {"ckv_read_checksum_failures_total", StatKind::kCounter,
+       "Read engine requests whose checksum did not match, since Open.", &RS::checksum_failures},
+      {"ckv_read_requests_coalesced_total", StatKind::kCounter,
+       "Requests that rode in another request's device read, since Open.", &RS::requests_coalesced},
+      {"ckv_read_requested_bytes_total", StatKind::kCounter,
+       "Lengths of the requests issued to the device, since Open.", &RS::bytes_requested},
+      {"ckv_read_device_bytes_total", StatKind::kCounter,
+       "Bytes the device transferred for the read engine (retries included), since Open.",
+       &RS::bytes_read},
+      {"ckv_read_device_ios_total", StatKind::kCounter,
+       "Transfers the read engine's I/O queues issued (requeued remainders and retries "
+       "included), since Open.",
+       &RS::ios_issued},
+      {"ckv_read_busy_seconds_total", StatKind::kCounter,
+       "Time at least one device read was in flight, since the read engine started.",
+       &RS::busy_seconds},
+      {"ckv_read_idle_with_pending_seconds_total", StatKind::kCounter,
+       "Time no device read was in flight while requests were queued (bubbles), since the read "
+       "engine started.",
+       &RS::idle_with_pending_seconds},
+      {"ckv_read_elapsed_seconds_total", StatKind::kCounter, "Time since the read engine started.",
+       &RS::elapsed_seconds},
+      {"ckv_read_mean_queue_depth", StatKind::kGauge,
+       "Time-weighted mean of device reads in flight since the read engine started.",
+       &RS::mean_queue_depth},
+  };
+  for (const ReadFamily& f : kReadFamilies) {
+    std::visit(
+        [&](auto field) {
+          if (f.kind == StatKind::kCounter) {
+            out.Counter(f.name, f.help, r.*field);
+          } else {
+            out.Gauge(f.name, f.help, r.*field);
+          }
+        },
+        f.field);
+  }
   out.Family("ckv_read_requests_completed_total", "counter",
              "Read engine requests by outcome (failed: I/O error or checksum mismatch; "
              "cancelled: by Cancel or shutdown), since Open.");
   out.Sample("ckv_read_requests_completed_total", {{"outcome", "ok"}}, r.requests_ok);
   out.Sample("ckv_read_requests_completed_total", {{"outcome", "failed"}}, r.requests_failed);
   out.Sample("ckv_read_requests_completed_total", {{"outcome", "cancelled"}}, r.requests_cancelled);
-  out.Counter("ckv_read_checksum_failures_total",
-              "Read engine requests whose checksum did not match, since Open.",
-              r.checksum_failures);
-  out.Counter("ckv_read_requests_coalesced_total",
-              "Requests that rode in another request's device read, since Open.",
-              r.requests_coalesced);
-  out.Counter("ckv_read_requested_bytes_total",
-              "Lengths of the requests issued to the device, since Open.", r.bytes_requested);
-  out.Counter("ckv_read_device_bytes_total",
-              "Bytes the device transferred for the read engine (retries included), since Open.",
-              r.bytes_read);
-  out.Counter("ckv_read_device_ios_total",
-              "Transfers the read engine's I/O queues issued (requeued remainders and retries "
-              "included), since Open.",
-              r.ios_issued);
-  out.Counter("ckv_read_busy_seconds_total",
-              "Time at least one device read was in flight, since the read engine started.",
-              r.busy_seconds);
-  out.Counter("ckv_read_idle_with_pending_seconds_total",
-              "Time no device read was in flight while requests were queued (bubbles), since "
-              "the read engine started.",
-              r.idle_with_pending_seconds);
-  out.Counter("ckv_read_elapsed_seconds_total", "Time since the read engine started.",
-              r.elapsed_seconds);
-  out.Gauge("ckv_read_mean_queue_depth",
-            "Time-weighted mean of device reads in flight since the read engine started.",
-            r.mean_queue_depth);
 
   // Latencies of the calls that returned OK, and failures.
   out.Histogram("ckv_put_latency_seconds",

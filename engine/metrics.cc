@@ -4,6 +4,7 @@
 #include <bit>
 #include <charconv>
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -203,19 +204,29 @@ void MetricsText::Failures(std::string_view name, std::string_view help,
 
 namespace {
 
+// One family of a stats field, when its scope is `scope`: a double as it is, a count or a bool
+// (1/0) as an integer.
+template <typename T>
+void FieldFamily(MetricsText& out, StatScope scope, StatKind kind, StatScope of,
+                 std::string_view name, std::string_view help, T value) {
+  if (of != scope) return;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (kind == StatKind::kCounter) {
+      out.Counter(name, help, static_cast<double>(value));
+    } else {
+      out.Gauge(name, help, static_cast<double>(value));
+    }
+  } else if (kind == StatKind::kCounter) {
+    out.Counter(name, help, static_cast<uint64_t>(value));
+  } else {
+    out.Gauge(name, help, static_cast<uint64_t>(value));
+  }
+}
+
 // The families of the CKV_STORE_STATS_FIELDS entries of scope `scope`, in their order.
 void StoreFamilies(const StoreStats& s, StatScope scope, MetricsText& out) {
-  const auto family = [&out, scope](StatKind kind, StatScope of, std::string_view name,
-                                    std::string_view help, uint64_t value) {
-    if (of != scope) return;
-    if (kind == StatKind::kCounter) {
-      out.Counter(name, help, value);
-    } else {
-      out.Gauge(name, help, value);
-    }
-  };
-#define CKV_STORE_FAMILY_(type, name, kind, scope, metric, help) \
-  family(StatKind::kind, StatScope::scope, metric, help, static_cast<uint64_t>(s.name));
+#define CKV_STORE_FAMILY_(type, name, kind, of, metric, help) \
+  FieldFamily(out, scope, StatKind::kind, StatScope::of, metric, help, s.name);
   CKV_STORE_STATS_FIELDS(CKV_STORE_FAMILY_)
 #undef CKV_STORE_FAMILY_
 }
@@ -228,6 +239,13 @@ void StoreMetrics(const StoreStats& s, MetricsText& out) {
 
 void StoreMetricsSinceOpen(const StoreStats& s, MetricsText& out) {
   StoreFamilies(s, StatScope::kSinceOpen, out);
+}
+
+void EngineMetricsSinceOpen(const EngineStats& s, MetricsText& out) {
+#define CKV_ENGINE_FAMILY_(type, name, kind, of, metric, help) \
+  FieldFamily(out, StatScope::kSinceOpen, StatKind::kind, StatScope::of, metric, help, s.name);
+  CKV_ENGINE_STATS_FIELDS(CKV_ENGINE_FAMILY_)
+#undef CKV_ENGINE_FAMILY_
 }
 
 }  // namespace ckv::engine

@@ -151,6 +151,8 @@ class MetricsText {
 void StoreMetrics(const StoreStats& stats, MetricsText& out);
 // The store's since-Open families of `stats` (see the banner), into `out`.
 void StoreMetricsSinceOpen(const StoreStats& stats, MetricsText& out);
+// The families of the engine's own figures (CKV_ENGINE_STATS_FIELDS, in its order), into `out`.
+void EngineMetricsSinceOpen(const EngineStats& stats, MetricsText& out);
 
 }  // namespace ckv::engine
 

@@ -338,43 +338,9 @@ py::dict EngineStatsDict(const ckv::EngineStats& s) {
 #define CKV_STORE_FIELD_(type, name, kind, scope, metric, help) CKV_FIELD(name);
   CKV_STORE_STATS_FIELDS(CKV_STORE_FIELD_)
 #undef CKV_STORE_FIELD_
-  CKV_FIELD(sessions);
-  CKV_FIELD(session_records_served);
-  CKV_FIELD(session_bytes_needed);
-  CKV_FIELD(session_bytes_read);
-  CKV_FIELD(gpu_hits);
-  CKV_FIELD(cpu_hits);
-  CKV_FIELD(summary_cache_hits);
-  CKV_FIELD(prefetched_bytes_used);
-  CKV_FIELD(prefetched_bytes_wasted);
-  CKV_FIELD(await_blocked_seconds);
-  CKV_FIELD(read_idle_with_pending_seconds);
-  CKV_FIELD(gpu_tier_budget_bytes);
-  CKV_FIELD(gpu_tier_resident_bytes);
-  CKV_FIELD(cpu_tier_budget_bytes);
-  CKV_FIELD(cpu_tier_resident_bytes);
-  CKV_FIELD(remote_enabled);
-  CKV_FIELD(remote_publish_queued);
-  CKV_FIELD(remote_publish_dropped);
-  CKV_FIELD(remote_published_chunks);
-  CKV_FIELD(remote_published_bytes);
-  CKV_FIELD(remote_publish_failures);
-  CKV_FIELD(remote_fills);
-  CKV_FIELD(remote_fill_misses);
-  CKV_FIELD(remote_fetched_chunks);
-  CKV_FIELD(remote_fetched_bytes);
-  CKV_FIELD(remote_head_reads);
-  CKV_FIELD(remote_head_misses);
-  CKV_FIELD(remote_head_chunks);
-  CKV_FIELD(remote_session_records);
-  CKV_FIELD(remote_session_record_bytes);
-  CKV_FIELD(remote_fills_queued);
-  CKV_FIELD(remote_fills_dropped);
-  CKV_FIELD(remote_corrupt_chunks);
-  CKV_FIELD(remote_errors);
-  CKV_FIELD(remote_timeouts);
-  CKV_FIELD(remote_publish_queue_depth);
-  CKV_FIELD(remote_budget_bytes);
+#define CKV_ENGINE_FIELD_(type, name, kind, scope, metric, help) CKV_FIELD(name);
+  CKV_ENGINE_STATS_FIELDS(CKV_ENGINE_FIELD_)
+#undef CKV_ENGINE_FIELD_
   return d;
 }
 

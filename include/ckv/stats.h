@@ -138,54 +138,100 @@ struct StoreStats {
 #undef CKV_STORE_STATS_MEMBER_
 };
 
+// CKV_ENGINE_STATS_FIELDS(X): what the engine counts beside its store, each listed once, as
+// CKV_STORE_STATS_FIELDS lists the store's (the same X arguments; a type may also be double).
+// It makes EngineStats's own fields below, Engine::Metrics()'s families of them (engine/
+// engine.cc), the Python dict, and kvctl's "remote" JSON object (its remote_* fields, without
+// the prefix). Families a field has no line of its own in (kNone) are said where they are.
+#define CKV_ENGINE_STATS_FIELDS(X)                                                                \
+  /* ---- Re-Prefill sessions finished since Open, their figures summed (see SessionStats). */    \
+  X(uint64_t, sessions, kCounter, kSinceOpen, "ckv_sessions_total",                               \
+    "Re-Prefill sessions finished, since Open.")                                                  \
+  X(uint64_t, session_records_served, kCounter, kSinceOpen, "ckv_session_records_served_total",   \
+    "Records finished sessions served in their views, since Open.")                               \
+  X(uint64_t, session_bytes_needed, kCounter, kSinceOpen, "ckv_session_needed_bytes_total",       \
+    "Record bytes finished sessions served (what they needed), since Open.")                      \
+  X(uint64_t, session_bytes_read, kCounter, kSinceOpen, "ckv_session_read_bytes_total",           \
+    "Bytes finished sessions read from NVMe (data and summaries), since Open.")                   \
+  /* Records found in the GPU and the CPU tier: the family ckv_session_tier_hits_total,           \
+     labelled by tier. */                                                                         \
+  X(uint64_t, gpu_hits, kCounter, kNone, "", "")                                                  \
+  X(uint64_t, cpu_hits, kCounter, kNone, "", "")                                                  \
+  X(uint64_t, summary_cache_hits, kCounter, kSinceOpen, "ckv_session_summary_cache_hits_total",   \
+    "Summary parts (per chunk) finished sessions found in the CPU tier, since Open.")             \
+  X(uint64_t, prefetched_bytes_used, kCounter, kSinceOpen, "ckv_prefetched_used_bytes_total",     \
+    "Prefetched (or speculated) bytes that a view then served, since Open.")                      \
+  X(uint64_t, prefetched_bytes_wasted, kCounter, kSinceOpen, "ckv_prefetched_wasted_bytes_total", \
+    "Prefetched (or speculated) bytes that no view served, since Open.")                          \
+  X(double, await_blocked_seconds, kCounter, kSinceOpen, "ckv_await_blocked_seconds_total",       \
+    "Time finished sessions' AwaitLayer calls waited for I/O, since Open.")                       \
+  /* Seconds the read engine had no read in flight while requests were queued (since Open);       \
+     Prometheus has the read engine's own figures (ckv_read_*). */                                \
+  X(double, read_idle_with_pending_seconds, kCounter, kNone, "", "")                              \
+  /* ---- The tiers now (0 when disabled); Prometheus has them as ckv_tier_*{tier=...}. */        \
+  X(uint64_t, gpu_tier_budget_bytes, kGauge, kNone, "", "")                                       \
+  X(uint64_t, gpu_tier_resident_bytes, kGauge, kNone, "", "")                                     \
+  X(uint64_t, cpu_tier_budget_bytes, kGauge, kNone, "", "")                                       \
+  X(uint64_t, cpu_tier_resident_bytes, kGauge, kNone, "", "")                                     \
+  /* ---- The remote tier on a Redis Cluster (EngineOptions::remote; all 0 when it is off),       \
+     since Open. docs/remote.md says what each counts. */                                         \
+  X(bool, remote_enabled, kGauge, kSinceOpen, "ckv_remote_enabled",                               \
+    "1 when the engine has a remote tier (EngineOptions::remote).")                               \
+  X(uint64_t, remote_publish_queued, kCounter, kSinceOpen, "ckv_remote_publish_queued_total",     \
+    "Chunks queued for publishing, since Open.")                                                  \
+  X(uint64_t, remote_publish_dropped, kCounter, kSinceOpen, "ckv_remote_publish_dropped_total",   \
+    "Chunks not published: turned away by a full queue, or queued behind a call the cluster "     \
+    "failed whole, since Open.")                                                                  \
+  X(uint64_t, remote_published_chunks, kCounter, kSinceOpen, "ckv_remote_published_chunks_total", \
+    "Chunks SET in the cluster, since Open.")                                                     \
+  X(uint64_t, remote_published_bytes, kCounter, kSinceOpen, "ckv_remote_published_bytes_total",   \
+    "Value bytes SET in the cluster, since Open.")                                                \
+  X(uint64_t, remote_publish_failures, kCounter, kSinceOpen, "ckv_remote_publish_failures_total", \
+    "Chunks whose SET failed (unreachable cluster, OOM, ...), since Open.")                       \
+  X(uint64_t, remote_fills, kCounter, kSinceOpen, "ckv_remote_fills_total",                       \
+    "Fills from the cluster (a Lookup's local miss, a BeginReprefill's that reads every chunk, "  \
+    "a selecting session's after its Finish), since Open.")                                       \
+  X(uint64_t, remote_fill_misses, kCounter, kSinceOpen, "ckv_remote_fill_misses_total",           \
+    "Of those, the ones the cluster had nothing to give for, since Open.")                        \
+  X(uint64_t, remote_fetched_chunks, kCounter, kSinceOpen, "ckv_remote_fetched_chunks_total",     \
+    "Chunks fetched from the cluster, verified and stored locally, since Open.")                  \
+  X(uint64_t, remote_fetched_bytes, kCounter, kSinceOpen, "ckv_remote_fetched_bytes_total",       \
+    "Value bytes of those chunks, since Open.")                                                   \
+  X(uint64_t, remote_head_reads, kCounter, kSinceOpen, "ckv_remote_head_reads_total",             \
+    "Local misses of selecting Re-Prefill sessions that asked the cluster for chunk heads, "      \
+    "since Open.")                                                                                \
+  X(uint64_t, remote_head_misses, kCounter, kSinceOpen, "ckv_remote_head_misses_total",           \
+    "Of those, the ones the cluster had no chunk for, since Open.")                               \
+  X(uint64_t, remote_head_chunks, kCounter, kSinceOpen, "ckv_remote_head_chunks_total",           \
+    "Chunk heads (header and summaries) Re-Prefill sessions read from the cluster, verified, "    \
+    "since Open.")                                                                                \
+  X(uint64_t, remote_session_records, kCounter, kSinceOpen, "ckv_remote_session_records_total",   \
+    "Records Re-Prefill sessions read from the cluster (those they selected), verified, since "   \
+    "Open.")                                                                                      \
+  X(uint64_t, remote_session_record_bytes, kCounter, kSinceOpen,                                  \
+    "ckv_remote_session_record_bytes_total", "Bytes of those records, since Open.")               \
+  X(uint64_t, remote_fills_queued, kCounter, kSinceOpen, "ckv_remote_fills_queued_total",         \
+    "Whole-prefix fills queued after sessions that read from the cluster, since Open.")           \
+  X(uint64_t, remote_fills_dropped, kCounter, kSinceOpen, "ckv_remote_fills_dropped_total",       \
+    "Of those, the ones a full fill queue turned away, since Open.")                              \
+  X(uint64_t, remote_corrupt_chunks, kCounter, kSinceOpen, "ckv_remote_corrupt_chunks_total",     \
+    "Values that failed verification (checksum, model or key): never served, since Open.")        \
+  X(uint64_t, remote_errors, kCounter, kSinceOpen, "ckv_remote_errors_total",                     \
+    "Calls to the cluster that failed (unreachable, timed out, redirected too often), since "     \
+    "Open.")                                                                                      \
+  X(uint64_t, remote_timeouts, kCounter, kSinceOpen, "ckv_remote_timeouts_total",                 \
+    "Of those, the ones that timed out, since Open.")                                             \
+  X(uint64_t, remote_publish_queue_depth, kGauge, kSinceOpen, "ckv_remote_publish_queue_chunks",  \
+    "Chunks waiting to be published now.")                                                        \
+  X(uint64_t, remote_budget_bytes, kGauge, kSinceOpen, "ckv_remote_budget_bytes",                 \
+    "The bytes this store is meant to occupy in the cluster (not enforced by ckv).")
+
 // The store's figures (the StoreStats it derives from: stats.chunks, stats.puts, ...) and the
-// engine's own.
+// engine's own: one field per CKV_ENGINE_STATS_FIELDS entry.
 struct EngineStats : StoreStats {
-  // Re-Prefill sessions finished since Open, their figures summed (see SessionStats).
-  uint64_t sessions = 0;
-  uint64_t session_records_served = 0;
-  uint64_t session_bytes_needed = 0;
-  uint64_t session_bytes_read = 0;
-  uint64_t gpu_hits = 0;
-  uint64_t cpu_hits = 0;
-  uint64_t summary_cache_hits = 0;
-  uint64_t prefetched_bytes_used = 0;
-  uint64_t prefetched_bytes_wasted = 0;
-  double await_blocked_seconds = 0;
-  // Seconds the read engine had no read in flight while requests were queued (since Open).
-  double read_idle_with_pending_seconds = 0;
-  // The tiers now (0 when disabled).
-  uint64_t gpu_tier_budget_bytes = 0;
-  uint64_t gpu_tier_resident_bytes = 0;
-  uint64_t cpu_tier_budget_bytes = 0;
-  uint64_t cpu_tier_resident_bytes = 0;
-  // The remote tier on a Redis Cluster (EngineOptions::remote; all 0 when it is off), since
-  // Open. docs/remote.md says what each counts.
-  bool remote_enabled = false;
-  uint64_t remote_publish_queued = 0;  // chunks queued for publishing
-  // Chunks turned away by a full publish queue, or dropped behind a call the cluster failed whole.
-  uint64_t remote_publish_dropped = 0;
-  uint64_t remote_published_chunks = 0;  // chunks SET in the cluster
-  uint64_t remote_published_bytes = 0;
-  uint64_t remote_publish_failures = 0;  // chunks whose SET failed
-  uint64_t remote_fills = 0;             // local misses that asked the cluster
-  uint64_t remote_fill_misses = 0;       // of which the cluster had nothing to give
-  uint64_t remote_fetched_chunks = 0;    // chunks fetched, verified and stored locally
-  uint64_t remote_fetched_bytes = 0;
-  // Re-Prefill sessions that select (docs/remote.md): chunk heads read, records read.
-  uint64_t remote_head_reads = 0;       // their local misses that asked the cluster
-  uint64_t remote_head_misses = 0;      // of which the cluster had no chunk to give
-  uint64_t remote_head_chunks = 0;      // chunks whose head (header, summaries) was read
-  uint64_t remote_session_records = 0;  // records read for sessions, verified
-  uint64_t remote_session_record_bytes = 0;
-  uint64_t remote_fills_queued = 0;         // whole-prefix fills queued after such sessions
-  uint64_t remote_fills_dropped = 0;        // of those, turned away by a full queue
-  uint64_t remote_corrupt_chunks = 0;       // values, heads or records that failed verification:
-                                            // never served
-  uint64_t remote_errors = 0;               // cluster calls that failed (unreachable, timed out)
-  uint64_t remote_timeouts = 0;             // of which timed out
-  uint64_t remote_publish_queue_depth = 0;  // chunks waiting to be published now
-  uint64_t remote_budget_bytes = 0;         // RemoteTierOptions::budget_bytes (not enforced)
+#define CKV_ENGINE_STATS_MEMBER_(type, name, kind, scope, metric, help) type name{};
+  CKV_ENGINE_STATS_FIELDS(CKV_ENGINE_STATS_MEMBER_)
+#undef CKV_ENGINE_STATS_MEMBER_
 };
 
 }  // namespace ckv

@@ -82,6 +82,9 @@ absl::StatusOr<std::unique_ptr<Engine>> OpenExisting(const std::string& path,
 // verify, lookup), which thus work while a serving process holds the store, and change nothing.
 absl::StatusOr<std::unique_ptr<Engine>> OpenToRead(const std::string& path);
 void WriteStatsJson(tools::JsonWriter& w, const EngineStats& s);
+// A spec's model_id, dtype, codec (under `codec_key`) and chunk_tokens, as JSON keys.
+void WriteSpecJson(tools::JsonWriter& w, const ModelSpec& spec,
+                   std::string_view codec_key = "codec");
 
 // --remote HOST:PORT[,HOST:PORT...] (put, lookup, replay, verify, remote-stats): any nodes of a
 // Redis Cluster, the remote tier's seeds.

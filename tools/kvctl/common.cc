@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <string_view>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -77,34 +79,43 @@ bool AwaitRemotePublished(Engine& engine) {
   return engine::WaitUntilRemotePublished(engine, absl::Seconds(60));
 }
 
+namespace {
+
+// Field `name` of EngineStats under its name without "remote_", when it has that prefix.
+template <typename T>
+void RemoteField(tools::JsonWriter& w, std::string_view name, T value) {
+  constexpr std::string_view kPrefix = "remote_";
+  if (!name.starts_with(kPrefix)) return;
+  w.Key(name.substr(kPrefix.size()));
+  if constexpr (std::is_same_v<T, bool>) {
+    w.Bool(value);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    w.Double(value);
+  } else {
+    w.Uint(value);
+  }
+}
+
+}  // namespace
+
+void WriteSpecJson(tools::JsonWriter& w, const ModelSpec& spec, std::string_view codec_key) {
+  w.Key("model_id")
+      .String(spec.model_id)
+      .Key("dtype")
+      .String(DTypeName(spec.dtype))
+      .Key(codec_key)
+      .String(KvCodecName(spec.codec))
+      .Key("chunk_tokens")
+      .Uint(spec.chunk_tokens);
+}
+
 void WriteRemoteJson(tools::JsonWriter& w, const EngineStats& s) {
-  w.Key("remote")
-      .BeginObject()
-      .Key("published_chunks")
-      .Uint(s.remote_published_chunks)
-      .Key("published_bytes")
-      .Uint(s.remote_published_bytes)
-      .Key("publish_failures")
-      .Uint(s.remote_publish_failures)
-      .Key("publish_dropped")
-      .Uint(s.remote_publish_dropped)
-      .Key("fetched_chunks")
-      .Uint(s.remote_fetched_chunks)
-      .Key("fetched_bytes")
-      .Uint(s.remote_fetched_bytes)
-      .Key("head_chunks")
-      .Uint(s.remote_head_chunks)
-      .Key("session_records")
-      .Uint(s.remote_session_records)
-      .Key("session_record_bytes")
-      .Uint(s.remote_session_record_bytes)
-      .Key("corrupt_chunks")
-      .Uint(s.remote_corrupt_chunks)
-      .Key("errors")
-      .Uint(s.remote_errors)
-      .Key("timeouts")
-      .Uint(s.remote_timeouts)
-      .EndObject();
+  // Every remote_* figure of CKV_ENGINE_STATS_FIELDS (include/ckv/stats.h), in its order.
+  w.Key("remote").BeginObject();
+#define CKV_REMOTE_FIELD_(type, name, kind, scope, metric, help) RemoteField(w, #name, s.name);
+  CKV_ENGINE_STATS_FIELDS(CKV_REMOTE_FIELD_)
+#undef CKV_REMOTE_FIELD_
+  w.EndObject();
 }
 
 void PrintRemoteLine(const EngineStats& s) {

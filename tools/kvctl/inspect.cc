@@ -172,21 +172,10 @@ int RunShow(const ShowOptions& o) {
 
   if (o.json.enabled) {
     tools::JsonWriter w;
-    w.BeginObject()
-        .Key("store")
-        .String(store)
-        .Key("prefix_id")
-        .String(prefix_id.ToHex())
-        .Key("model_id")
-        .String(spec.model_id)
-        .Key("dtype")
-        .String(DTypeName(spec.dtype))
-        .Key("codec")
-        .String(KvCodecName(spec.codec))
-        .Key("layers")
+    w.BeginObject().Key("store").String(store).Key("prefix_id").String(prefix_id.ToHex());
+    WriteSpecJson(w, spec);
+    w.Key("layers")
         .Uint(spec.layers)
-        .Key("chunk_tokens")
-        .Uint(spec.chunk_tokens)
         .Key("tokens")
         .Uint(d->chunks.size() * spec.chunk_tokens)
         .Key("bytes")

@@ -85,19 +85,9 @@ int PrintPut(const PutOptions& o, const ModelSpec& spec, const PutResult& result
         .Key("prefix_id")
         .String(result.prefix_id.ToHex())
         .Key("model")
-        .String(o.preset.model)
-        .Key("model_id")
-        .String(spec.model_id)
-        .Key("dtype")
-        .String(DTypeName(spec.dtype))
-        .Key("codec")
-        .String(KvCodecName(spec.codec))
-        .Key("chunk_tokens")
-        .Uint(spec.chunk_tokens)
-        .Key("tokens")
-        .Uint(o.tokens)
-        .Key("seed")
-        .Uint(o.seed);
+        .String(o.preset.model);
+    WriteSpecJson(w, spec);
+    w.Key("tokens").Uint(o.tokens).Key("seed").Uint(o.seed);
     if (o.shared) {
       w.Key("shared_tokens").Uint(o.shared_tokens).Key("shared_seed").Uint(o.shared_seed);
     }
