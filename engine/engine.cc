@@ -367,8 +367,11 @@ class EngineImpl final : public Engine, public engine::SessionHost {
       absl::StatusOr<uint64_t> local = store_->Lookup(spec, tokens);
       if (local.ok()) FillFromRemote(spec, tokens, *local);
     }
+    // The session gets the engine's parts now and never calls back into the engine.
+    const absl::StatusOr<engine::SessionParts> parts = engine::PartsOf(*this);
     absl::StatusOr<std::unique_ptr<ReprefillSession>> session =
-        engine::BeginSession(*this, spec, tokens, options);
+        parts.ok() ? engine::BeginSession(*parts, spec, tokens, options)
+                   : absl::StatusOr<std::unique_ptr<ReprefillSession>>(parts.status());
     if (!session.ok()) {
       metrics_.failures.Record(engine::Op::kBeginReprefill, session.status());
       return session.status();

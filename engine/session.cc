@@ -158,21 +158,21 @@ class SessionImpl final : public ReprefillSession {
  public:
   // `keys`: the pinned chunks' keys, then those of `remote` (the chunks that continue the prefix
   // in the shared tier; empty without one).
-  SessionImpl(SessionHost& host, const ModelSpec& spec, const ReprefillOptions& options,
+  SessionImpl(const SessionParts& parts, const ModelSpec& spec, const ReprefillOptions& options,
               std::vector<ChunkKey> keys, std::unique_ptr<storage::PinnedChunks> pinned,
-              prefetch::ReadEngine* reads, RemoteHeads remote, std::vector<int32_t> fill_tokens)
-      : host_(host),
+              RemoteHeads remote, std::vector<int32_t> fill_tokens)
+      : parts_(parts),
         spec_(spec),
         options_(options),
         kind_(KindOf(options.selector)),
         keys_(std::move(keys)),
         pinned_(std::move(pinned)),
         local_(pinned_->chunks().size()),
-        reads_(reads),
+        reads_(parts.reads),
         remote_(std::move(remote)),
         fill_tokens_(std::move(fill_tokens)),
         selections_(spec.layers),
-        defer_admissions_(host.selector_clock() != nullptr && host.tiers() != nullptr),
+        defer_admissions_(parts.selector_clock != nullptr && parts.tiers != nullptr),
         scores_(spec.layers),
         submitted_(spec.layers, false),
         queryless_(spec.layers, false),
@@ -226,7 +226,7 @@ class SessionImpl final : public ReprefillSession {
   // local chunk written before it existed, or kEstimate of a remote chunk).
   absl::Status LoadPart(SummaryPart part, bool optional, std::vector<const std::byte*>& ptrs) {
     const auto part_index = static_cast<uint32_t>(part);
-    TierCache* tiers = host_.tiers();
+    TierCache* tiers = parts_.tiers;
     ptrs.assign(keys_.size(), nullptr);
     for (size_t j = local_; j < keys_.size(); ++j) {  // from the shared tier's verified heads
       const remote::DecodedChunkHead& head = remote_.heads[j - local_];
@@ -248,7 +248,7 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     if (missing_index.empty()) return absl::OkStatus();
-    CKV_ASSIGN_OR_RETURN(ChunkSummaries read, engine::LoadSummaries(host_.store(), spec_, *pinned_,
+    CKV_ASSIGN_OR_RETURN(ChunkSummaries read, engine::LoadSummaries(*parts_.store, spec_, *pinned_,
                                                                     missing_index, part));
     stats_.summary_bytes_read += read.data.size();
     stats_.bytes_read += read.data.size();
@@ -367,8 +367,9 @@ class SessionImpl final : public ReprefillSession {
       selections_[layer] = std::move(both);
       scores_[layer] = std::move(sel->scores);
     }
-    CancelUnneeded(layer, selections_[layer]);
-    CKV_RETURN_IF_ERROR(Request(layer, selections_[layer], prefetch::Priority::kDemand));
+    CancelUnneeded(layer, Part::kRecord, selections_[layer]);
+    CKV_RETURN_IF_ERROR(
+        Request(layer, Part::kRecord, selections_[layer], prefetch::Priority::kDemand));
     BuildVirtualTokens(layer, selections_[layer]);
     return absl::OkStatus();
   }
@@ -382,7 +383,7 @@ class SessionImpl final : public ReprefillSession {
       chosen.resize(n);
       for (uint32_t j = 0; j < n; ++j) chosen[j] = j;
       queryless_[layer] = true;
-      CancelUnneeded(layer | kKeysOnly, {});  // keys an earlier head prefetched to score this one
+      CancelUnneeded(layer, Part::kKeys, {});  // keys an earlier head prefetched to score this one
     } else if (kernels::ReadsSummaries(kind_)) {
       CKV_ASSIGN_OR_RETURN(kernels::Selection sel, Select(layer, queries, {}));
       chosen = std::move(sel.chunks);
@@ -395,9 +396,8 @@ class SessionImpl final : public ReprefillSession {
       // the selection, never the bytes a view serves, which are read whole and verified.
       std::vector<uint32_t> all(n);
       for (uint32_t j = 0; j < n; ++j) all[j] = j;
-      CKV_RETURN_IF_ERROR(Request(layer | kKeysOnly, all, prefetch::Priority::kDemand,
-                                  /*need_host=*/true));
-      CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer | kKeysOnly, all));
+      CKV_RETURN_IF_ERROR(Request(layer, Part::kKeys, all, prefetch::Priority::kDemand));
+      CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, Part::kKeys, all));
       {
         absl::MutexLock lock(&mu_);
         for (const auto& slot : slots) {
@@ -426,8 +426,8 @@ class SessionImpl final : public ReprefillSession {
     }
     CKV_DCHECK(IsSelection(chosen, keys_.size()));  // only the session's chunks are read
     selections_[layer] = chosen;
-    CancelUnneeded(layer, chosen);
-    CKV_RETURN_IF_ERROR(Request(layer, chosen, prefetch::Priority::kDemand));
+    CancelUnneeded(layer, Part::kRecord, chosen);
+    CKV_RETURN_IF_ERROR(Request(layer, Part::kRecord, chosen, prefetch::Priority::kDemand));
     if (!options_.prefetch) {
       BuildVirtualTokens(layer, chosen);
       return absl::OkStatus();
@@ -441,12 +441,14 @@ class SessionImpl final : public ReprefillSession {
       if (r.keys_only) {
         std::vector<uint32_t> all(n);
         for (uint32_t j = 0; j < n; ++j) all[j] = j;
-        CKV_RETURN_IF_ERROR(Request(r.layer | kKeysOnly, all, r.priority, /*need_host=*/true));
+        CKV_RETURN_IF_ERROR(Request(r.layer, Part::kKeys, all, r.priority));
         continue;
       }
       // A layer of this period now needs this selection: reads queued for another go.
-      if (r.priority == prefetch::Priority::kIntraPeriod) CancelUnneeded(r.layer, chosen);
-      CKV_RETURN_IF_ERROR(Request(r.layer, chosen, r.priority));
+      if (r.priority == prefetch::Priority::kIntraPeriod) {
+        CancelUnneeded(r.layer, Part::kRecord, chosen);
+      }
+      CKV_RETURN_IF_ERROR(Request(r.layer, Part::kRecord, chosen, r.priority));
     }
     BuildVirtualTokens(layer, chosen);
     return absl::OkStatus();
@@ -463,9 +465,10 @@ class SessionImpl final : public ReprefillSession {
       return LayerView(layer, {}, nullptr);
     }
     const std::vector<uint32_t>& chosen = selections_[layer];
-    Clock& clock = *host_.store().clock();  // the store's: tests may step it
+    Clock& clock = *parts_.store->clock();  // the store's: tests may step it
     const int64_t start_ns = clock.MonotonicNanos();
-    CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots, Wait(layer, chosen));
+    CKV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slot>> slots,
+                         Wait(layer, Part::kRecord, chosen));
     stats_.await_blocked_seconds += static_cast<double>(clock.MonotonicNanos() - start_ns) * 1e-9;
     std::vector<LayerView::Record> records;
     records.reserve(chosen.size());
@@ -547,10 +550,10 @@ class SessionImpl final : public ReprefillSession {
       }
     }
     stats_.device_idle_seconds = reads_->stats().idle_with_pending_seconds - idle_at_begin_;
-    if (!remote_.keys.empty()) host_.remote_tier()->FillLater(spec_, fill_tokens_);
-    host_.RecordSession(stats_);
-    CKV_RETURN_IF_ERROR(host_.store().AddUsage(usage));
-    if (TierCache* tiers = host_.tiers()) {
+    if (!remote_.keys.empty()) parts_.remote->FillLater(spec_, fill_tokens_);
+    if (parts_.record_session) parts_.record_session(stats_);
+    CKV_RETURN_IF_ERROR(parts_.store->AddUsage(usage));
+    if (TierCache* tiers = parts_.tiers) {
       for (size_t i = 0; i < usage.size(); ++i) {
         const auto& c = pinned_->chunks()[chunk_of[i]];
         tiers->UpdateScore(usage[i].key,
@@ -562,9 +565,16 @@ class SessionImpl final : public ReprefillSession {
   }
 
  private:
-  using SlotKey = std::pair<uint32_t, uint32_t>;  // layer (| kKeysOnly), chunk
-  // Marks the slots of a layer's K halves, read for scoring (layers are < 1024).
-  static constexpr uint32_t kKeysOnly = 1u << 31;
+  // What part of a record a read wants: the whole record (what a view serves, verified), or its
+  // K half alone (scoring reads, on the host, unverified: see SubmitHead), in slots of their own.
+  enum class Part : uint8_t { kRecord, kKeys };
+  // A slot's key, ordered so that the slots of one layer and part are adjacent.
+  struct SlotKey {
+    uint32_t layer;
+    Part part;
+    uint32_t chunk;
+    auto operator<=>(const SlotKey&) const = default;
+  };
 
   absl::StatusOr<kernels::Selection> Select(uint32_t layer, std::span<const float> queries,
                                             std::span<const std::byte* const> records) {
@@ -581,7 +591,7 @@ class SessionImpl final : public ReprefillSession {
     }
     if (kind_ == kernels::SelectorKind::kOutlierKey) in.outlier = outlier_ptrs_;
     in.records = records;
-    SelectorClock* clock = host_.selector_clock();
+    SelectorClock* clock = parts_.selector_clock;
     if (clock == nullptr) return kernels::Select(kind_, in, select_options_);
     clock->Begin();
     auto selection = kernels::Select(kind_, in, select_options_);
@@ -591,11 +601,9 @@ class SessionImpl final : public ReprefillSession {
 
   // Requests (layer, chunk) for each chunk not requested yet; a queued request of lower priority
   // that is now needed on demand is resubmitted as a demand read.
-  // `layer` | kKeysOnly requests the K halves alone (scoring reads), in slots of their own.
-  absl::Status Request(uint32_t layer, std::span<const uint32_t> chunks,
-                       prefetch::Priority priority, bool need_host = false) {
-    const bool keys_only = (layer & kKeysOnly) != 0;
-    const uint32_t real_layer = layer & ~kKeysOnly;
+  absl::Status Request(uint32_t layer, Part part, std::span<const uint32_t> chunks,
+                       prefetch::Priority priority) {
+    const bool keys_only = part == Part::kKeys;
     std::vector<prefetch::ReadRequest> batch;
     std::vector<std::shared_ptr<Slot>> new_slots;
     std::vector<RemoteRecordFetch> remote_batch;
@@ -603,7 +611,7 @@ class SessionImpl final : public ReprefillSession {
     {
       absl::MutexLock lock(&mu_);
       for (uint32_t j : chunks) {
-        auto it = slots_.find(SlotKey{layer, j});
+        auto it = slots_.find(SlotKey{layer, part, j});
         if (it != slots_.end()) {
           Slot& s = *it->second;
           const bool upgrade = priority == prefetch::Priority::kDemand &&
@@ -626,16 +634,16 @@ class SessionImpl final : public ReprefillSession {
             const absl::Status cancelled = reads_->Cancel(id);
             mu_.Lock();
             if (!cancelled.ok()) continue;
-            it = slots_.find(SlotKey{layer, j});
+            it = slots_.find(SlotKey{layer, part, j});
           }
         }
         auto slot = std::make_shared<Slot>();
         slot->priority = priority;
-        slots_[SlotKey{layer, j}] = slot;
-        if (TierCache* tiers = host_.tiers()) {
-          TierCache::Handle hit = tiers->Lookup(RecordId{keys_[j], real_layer});
+        slots_[SlotKey{layer, part, j}] = slot;
+        if (TierCache* tiers = parts_.tiers) {
+          TierCache::Handle hit = tiers->Lookup(RecordId{keys_[j], layer});
           // Scoring reads a head layer's bytes on the host: a device pointer will not do.
-          if (hit && !(hit.device_pointer() && need_host)) {
+          if (hit && !(hit.device_pointer() && keys_only)) {
             slot->tier = std::move(hit);
             slot->state = Slot::State::kLanded;
             slot->hit = true;
@@ -652,12 +660,12 @@ class SessionImpl final : public ReprefillSession {
             slot->promoted = std::make_shared<std::atomic<bool>>(false);
           }
           remote_batch.push_back(RemoteRecordFetch{
-              keys_[j], real_layer, &remote_.heads[j - local_], slot->data,
+              keys_[j], layer, &remote_.heads[j - local_], slot->data,
               [this, slot](const absl::Status& status) {
                 absl::MutexLock lock(&mu_);
                 CKV_DCHECK(slot->state == Slot::State::kQueued);  // each fetch completes once
                 if (status.ok()) {
-                  slot->to_admit = host_.tiers() != nullptr;
+                  slot->to_admit = parts_.tiers != nullptr;
                   slot->state = Slot::State::kLanded;
                   stats_.remote_records++;
                   stats_.remote_bytes_read += slot->read_bytes;
@@ -674,8 +682,8 @@ class SessionImpl final : public ReprefillSession {
         }
         new_slots.push_back(slot);
         absl::StatusOr<prefetch::ReadRequest> read =
-            keys_only ? KeysRead(j, real_layer, priority, slot->data)
-                      : RecordRead(host_, *pinned_, j, real_layer, priority, slot->data);
+            keys_only ? KeysRead(j, layer, priority, slot->data)
+                      : RecordRead(*reads_, *pinned_, j, layer, priority, slot->data);
         if (!read.ok()) {
           // None of this call's local reads is submitted: their slots fail, so that no one
           // waits for them (the remote ones queued so far go ahead).
@@ -697,7 +705,7 @@ class SessionImpl final : public ReprefillSession {
           absl::MutexLock lock(&mu_);
           CKV_DCHECK(slot->state == Slot::State::kQueued);  // each read completes once
           if (result.status.ok()) {
-            slot->to_admit = host_.tiers() != nullptr && !keys_only;
+            slot->to_admit = parts_.tiers != nullptr && !keys_only;
             slot->state = Slot::State::kLanded;
             stats_.bytes_read += slot->read_bytes;
             if (!keys_only) stats_.nvme_records++;
@@ -712,7 +720,7 @@ class SessionImpl final : public ReprefillSession {
         batch.push_back(std::move(r));
       }
     }
-    if (!remote_batch.empty()) host_.remote_tier()->FetchRecords(spec_, std::move(remote_batch));
+    if (!remote_batch.empty()) parts_.remote->FetchRecords(spec_, std::move(remote_batch));
     if (!request_error.ok()) return request_error;
     if (batch.empty()) return absl::OkStatus();
     auto ids = reads_->SubmitBatch(batch);
@@ -735,17 +743,17 @@ class SessionImpl final : public ReprefillSession {
                                                  prefetch::Priority priority,
                                                  std::span<std::byte> dest) {
     // A key source holds keys in the dtype; a spec with a codec scores its records' K parts.
-    if (ScoringKeys* source = spec_.codec == KvCodec::kNone ? host_.scoring_keys() : nullptr) {
+    if (ScoringKeys* source = spec_.codec == KvCodec::kNone ? parts_.scoring_keys : nullptr) {
       absl::StatusOr<prefetch::ReadRequest> r = source->KeysRead(keys_[j], layer, priority, dest);
       if (!absl::IsNotFound(r.status())) return r;
     }
-    return RecordRead(host_, *pinned_, j, layer, priority, dest,
+    return RecordRead(*reads_, *pinned_, j, layer, priority, dest,
                       static_cast<uint32_t>(dest.size()));
   }
 
   // Waits for (layer, chunk) of every chunk to land. A cancelled one, or a failed prefetch, is
   // requested again on demand. Errors: the first failed demand read's.
-  absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer,
+  absl::StatusOr<std::vector<std::shared_ptr<Slot>>> Wait(uint32_t layer, Part part,
                                                           std::span<const uint32_t> chunks) {
     for (;;) {
       std::vector<uint32_t> again;
@@ -757,7 +765,7 @@ class SessionImpl final : public ReprefillSession {
           pending = false;
           again.clear();
           for (uint32_t j : chunks) {
-            auto it = slots_.find(SlotKey{layer, j});
+            auto it = slots_.find(SlotKey{layer, part, j});
             if (it == slots_.end() || it->second->state == Slot::State::kCancelled) {
               again.push_back(j);
             } else if (it->second->state == Slot::State::kFailed) {
@@ -776,7 +784,7 @@ class SessionImpl final : public ReprefillSession {
         }
         if (again.empty()) {
           out.reserve(chunks.size());
-          for (uint32_t j : chunks) out.push_back(slots_.at(SlotKey{layer, j}));
+          for (uint32_t j : chunks) out.push_back(slots_.at(SlotKey{layer, part, j}));
         }
       }
       if (again.empty()) {
@@ -784,7 +792,7 @@ class SessionImpl final : public ReprefillSession {
                                     // them for Finish under a benchmark's clock)
         return out;
       }
-      CKV_RETURN_IF_ERROR(Request(layer, again, prefetch::Priority::kDemand));
+      CKV_RETURN_IF_ERROR(Request(layer, part, again, prefetch::Priority::kDemand));
     }
   }
 
@@ -793,7 +801,7 @@ class SessionImpl final : public ReprefillSession {
   // Under a benchmark's clock it only holds them for Finish (SelectorClock): served from ours.
   void Admit(uint32_t layer, std::span<const uint32_t> chunks,
              std::span<const std::shared_ptr<Slot>> slots) {
-    TierCache* tiers = host_.tiers();
+    TierCache* tiers = parts_.tiers;
     if (tiers == nullptr) return;
     for (size_t i = 0; i < slots.size(); ++i) {
       Slot& s = *slots[i];
@@ -821,8 +829,8 @@ class SessionImpl final : public ReprefillSession {
   // read of the session is in flight (Finish). One bracket, not one per record: holding and
   // releasing the reads (a wake of the read engine's thread) stays on the clock.
   void AdmitDeferred() {
-    TierCache* tiers = host_.tiers();
-    SelectorClock* clock = host_.selector_clock();
+    TierCache* tiers = parts_.tiers;
+    SelectorClock* clock = parts_.selector_clock;
     if (tiers == nullptr || deferred_.empty()) return;
     if (clock != nullptr) clock->Begin();
     for (const Deferred& d : deferred_) {
@@ -839,15 +847,15 @@ class SessionImpl final : public ReprefillSession {
     deferred_.clear();
   }
 
-  // Cancels queued requests of `layer` for chunks not in `chosen` (sorted).
-  void CancelUnneeded(uint32_t layer, std::span<const uint32_t> chosen) {
+  // Cancels queued requests of `part` of `layer` for chunks not in `chosen` (sorted).
+  void CancelUnneeded(uint32_t layer, Part part, std::span<const uint32_t> chosen) {
     std::vector<prefetch::RequestId> ids;
     {
       absl::MutexLock lock(&mu_);
-      for (auto it = slots_.lower_bound(SlotKey{layer, 0});
-           it != slots_.end() && it->first.first == layer; ++it) {
+      for (auto it = slots_.lower_bound(SlotKey{layer, part, 0});
+           it != slots_.end() && it->first.layer == layer && it->first.part == part; ++it) {
         if (it->second->state == Slot::State::kQueued && !it->second->remote &&
-            !std::binary_search(chosen.begin(), chosen.end(), it->first.second)) {
+            !std::binary_search(chosen.begin(), chosen.end(), it->first.chunk)) {
           ids.push_back(it->second->id);
         }
       }
@@ -867,7 +875,7 @@ class SessionImpl final : public ReprefillSession {
     for (prefetch::RequestId id : ids) reads_->Cancel(id).IgnoreError();  // see CancelUnneeded
     // The shared tier's reads still queued are taken back; those in a call end within its
     // deadline.
-    if (!remote_.keys.empty()) host_.remote_tier()->CancelFetches(this);
+    if (!remote_.keys.empty()) parts_.remote->CancelFetches(this);
     // Callbacks capture `this`: wait for every read of this session before it goes.
     absl::MutexLock lock(&mu_);
     auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -879,7 +887,7 @@ class SessionImpl final : public ReprefillSession {
     while (!settled()) cv_.Wait(&mu_);
   }
 
-  SessionHost& host_;
+  const SessionParts parts_;
   const ModelSpec spec_;
   const ReprefillOptions options_;
   const kernels::SelectorKind kind_;
@@ -925,16 +933,15 @@ class SessionImpl final : public ReprefillSession {
 
 }  // namespace
 
-absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
+absl::StatusOr<prefetch::ReadRequest> RecordRead(prefetch::ReadEngine& reads,
                                                  const storage::PinnedChunks& pinned, size_t chunk,
                                                  uint32_t record, prefetch::Priority priority,
                                                  std::span<std::byte> dest, uint32_t bytes) {
-  CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   const bool part = bytes != 0;
   CKV_ASSIGN_OR_RETURN(
       prefetch::ReadRequest r,
-      reads->RequestFor(
-          part ? pinned.PartOf(chunk, record, 0, bytes) : pinned.ReadOf(chunk, record), priority));
+      reads.RequestFor(part ? pinned.PartOf(chunk, record, 0, bytes) : pinned.ReadOf(chunk, record),
+                       priority));
   r.name = absl::StrCat("record ", pinned.chunks()[chunk].key.ToHex().substr(0, 16), "/L", record,
                         part ? " (keys)" : "");
   CKV_DCHECK(ReadFitsRecord(pinned, chunk, record, r, dest.size()));
@@ -946,7 +953,19 @@ bool SelectsRemoteRecords(const ReprefillOptions& options) {
   return kernels::ReadsSummaries(KindOf(options.selector)) && ChoosesChunks(options);
 }
 
-absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
+absl::StatusOr<SessionParts> PartsOf(SessionHost& host) {
+  SessionParts parts;
+  parts.store = &host.store();
+  CKV_ASSIGN_OR_RETURN(parts.reads, host.reads());
+  parts.tiers = host.tiers();
+  parts.remote = host.remote_tier();
+  parts.selector_clock = host.selector_clock();
+  parts.scoring_keys = host.scoring_keys();
+  parts.record_session = [&host](const SessionStats& stats) { host.RecordSession(stats); };
+  return parts;
+}
+
+absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(const SessionParts& parts,
                                                                const ModelSpec& spec,
                                                                std::span<const int32_t> tokens,
                                                                const ReprefillOptions& options) {
@@ -975,20 +994,19 @@ absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host
   }
   std::vector<ChunkKey> keys = ChainChunkKeys(spec.Fingerprint(), spec.chunk_tokens, tokens);
   CKV_ASSIGN_OR_RETURN(std::unique_ptr<storage::PinnedChunks> pinned,
-                       host.store().PinLeading(spec, keys));
+                       parts.store->PinLeading(spec, keys));
   const uint64_t local = pinned->chunks().size();
   RemoteHeads remote;
   std::vector<int32_t> fill_tokens;
-  if (host.remote_tier() != nullptr && SelectsRemoteRecords(options) && local < keys.size()) {
-    remote = host.remote_tier()->FindHeads(spec, tokens, local, kMaxRemoteSessionChunks);
+  if (parts.remote != nullptr && SelectsRemoteRecords(options) && local < keys.size()) {
+    remote = parts.remote->FindHeads(spec, tokens, local, kMaxRemoteSessionChunks);
     const size_t chunks = local + remote.size();
     fill_tokens.assign(tokens.begin(), tokens.begin() + chunks * spec.chunk_tokens);
   }
   keys.resize(local);
   keys.insert(keys.end(), remote.keys.begin(), remote.keys.end());
-  CKV_ASSIGN_OR_RETURN(prefetch::ReadEngine * reads, host.reads());
   auto session =
-      std::make_unique<SessionImpl>(host, spec, options, std::move(keys), std::move(pinned), reads,
+      std::make_unique<SessionImpl>(parts, spec, options, std::move(keys), std::move(pinned),
                                     std::move(remote), std::move(fill_tokens));
   CKV_RETURN_IF_ERROR(session->LoadSummaries());
   return session;

@@ -43,6 +43,7 @@
 #ifndef CKV_ENGINE_SESSION_H_
 #define CKV_ENGINE_SESSION_H_
 
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -89,7 +90,9 @@ class ScoringKeys {
                                                          std::span<std::byte> dest) = 0;
 };
 
-// What a session needs of the engine: the store, a read engine, and file registration.
+// What the engine lends its sessions, and the benchmark harness (HostOf, engine/internal.h): the
+// store, the read engine, the tiers and the seams. A session does not keep it: BeginSession takes
+// the parts it names (SessionParts), so that a session never calls back into the engine.
 class SessionHost {
  public:
   virtual ~SessionHost() = default;
@@ -108,6 +111,22 @@ class SessionHost {
   virtual RemoteTier* remote_tier() { return nullptr; }
 };
 
+// What a session works with, given at BeginSession. The engine keeps each alive longer than any
+// session it begins.
+struct SessionParts {
+  storage::ChunkStore* store = nullptr;     // required
+  prefetch::ReadEngine* reads = nullptr;    // required
+  TierCache* tiers = nullptr;               // the GPU and CPU tiers, or null
+  RemoteTier* remote = nullptr;             // the shared tier on a Redis Cluster, or null
+  SelectorClock* selector_clock = nullptr;  // SetSelectorClock's (engine/internal.h), or null
+  ScoringKeys* scoring_keys = nullptr;      // SetScoringKeys's (engine/internal.h), or null
+  // Adds a finished session's figures to the engine's; may be empty.
+  std::function<void(const SessionStats&)> record_session;
+};
+
+// The parts `host` lends now (its read engine made, on first use).
+absl::StatusOr<SessionParts> PartsOf(SessionHost& host);
+
 // Whether a session with `options`, on a local miss, reads the chunks that continue its prefix
 // in the shared tier record by record, only those it selects (a selector that reads summaries,
 // below budget 1), rather than having the engine fill the whole prefix into the local store
@@ -120,15 +139,15 @@ inline constexpr uint64_t kMaxRemoteSessionChunks = 8192;
 
 // The read of record `record` (a layer, or an auxiliary record) of pinned chunk `chunk` into
 // `dest`: the pinned location's ready read (PinnedChunks::ReadOf: offset, length padded to the
-// file's alignment, checksum) as a request of the host's read engine, named after the record.
+// file's alignment, checksum) as a request of `reads`, named after the record.
 // `bytes` > 0 reads only the record's first `bytes` bytes (PartOf), unverified. Sessions and the
 // benchmark's baselines build their record reads with it, so both read alike.
-absl::StatusOr<prefetch::ReadRequest> RecordRead(SessionHost& host,
+absl::StatusOr<prefetch::ReadRequest> RecordRead(prefetch::ReadEngine& reads,
                                                  const storage::PinnedChunks& pinned, size_t chunk,
                                                  uint32_t record, prefetch::Priority priority,
                                                  std::span<std::byte> dest, uint32_t bytes = 0);
 
-absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(SessionHost& host,
+absl::StatusOr<std::unique_ptr<ReprefillSession>> BeginSession(const SessionParts& parts,
                                                                const ModelSpec& spec,
                                                                std::span<const int32_t> tokens,
                                                                const ReprefillOptions& options);

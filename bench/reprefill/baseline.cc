@@ -130,7 +130,6 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
                                             RequestResult& out, bool lru_touch) {
   const auto& keys = pinned.chunks();
   if (!L.batch) L.batch = std::make_unique<ReadBatch>(ctx_.reads, ctx_.gpu);
-  engine::SessionHost& host = engine::HostOf(*ctx_.engine);
   for (uint32_t j : chunks) {
     if (auto h = Lookup(keys[j].key, layer, out, lru_touch)) {
       L.rec[j] = h.data();
@@ -145,7 +144,7 @@ absl::Status BaselineRunner::RequestRecords(const storage::PinnedChunks& pinned,
     L.filled[j] = true;
     CKV_ASSIGN_OR_RETURN(
         prefetch::ReadRequest q,
-        engine::RecordRead(host, pinned, j, layer, prefetch::Priority::kDemand, buf));
+        engine::RecordRead(*ctx_.reads, pinned, j, layer, prefetch::Priority::kDemand, buf));
     out.bytes_read += q.length;
     out.nvme_records++;
     L.h2d_bytes += spec_.RecordBytes();
