@@ -13,21 +13,14 @@
 #include "kernels/fidelity.h"
 #include "kernels/selector.h"
 #include "kernels/summary.h"
+#include "tests/shaped_spec.h"
 
 namespace ckv::kernels {
 namespace {
 
 // A small GQA model: 4 q heads over 2 kv heads, head dim 64, 16-token chunks, 3 layers.
 ModelSpec SmallSpec(DType dtype = DType::kFp16) {
-  ModelSpec s;
-  s.model_id = "small";
-  s.layers = 3;
-  s.q_heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.dtype = dtype;
-  s.chunk_tokens = 16;
-  return s;
+  return ::ckv::testing::ShapedSpec("small", 3, 4, 2, 64, 16, dtype);
 }
 
 // One layer of a prefix: records (as ckv stores them), summaries of every layer (only `layer`

@@ -11,23 +11,14 @@
 
 #include "ckv/model_spec.h"
 #include "ckv/session.h"
+#include "tests/shaped_spec.h"
 #include "tools/synthetic_kv.h"
 
 namespace ckv::crash {
 
 // A small model (8 layers, 2 KV heads of 64, fp16: 8 KiB records, 64 KiB chunks), so that a
 // crash run does many Puts in little time.
-inline ModelSpec Spec() {
-  ModelSpec spec;
-  spec.model_id = "crash-test-model";
-  spec.layers = 8;
-  spec.q_heads = 4;
-  spec.kv_heads = 2;
-  spec.head_dim = 64;
-  spec.dtype = DType::kFp16;
-  spec.chunk_tokens = 16;
-  return spec;
-}
+inline ModelSpec Spec() { return ::ckv::testing::ShapedSpec("crash-test-model", 8, 4, 2, 64); }
 
 struct Prefix {
   uint64_t seed = 0;

@@ -10,19 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/summary.h"
+#include "tests/shaped_spec.h"
 
 namespace ckv::remote {
 namespace {
 
 ModelSpec SmallSpec(const std::string& id = "tiny") {
-  ModelSpec s;
-  s.model_id = id;
-  s.layers = 3;
-  s.q_heads = 2;
-  s.kv_heads = 1;
-  s.head_dim = 8;
-  s.chunk_tokens = 4;
-  return s;
+  return ::ckv::testing::ShapedSpec(id, 3, 2, 1, 8, 4);
 }
 
 struct Records {

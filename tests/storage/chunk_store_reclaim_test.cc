@@ -19,6 +19,7 @@
 #include "ckv/log.h"
 #include "io/fault_file_system.h"
 #include "storage/chunk_store.h"
+#include "tests/shaped_spec.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_kv.h"
 
@@ -33,17 +34,7 @@ using ::ckv::storage::StoreOptions;
 using ::ckv::testing::TempDir;
 
 // 8 layers of 8 KiB records: a 64 KiB chunk, one band per layer (layer-major).
-ModelSpec SmallSpec() {
-  ModelSpec spec;
-  spec.model_id = "reclaim-test-model";
-  spec.layers = 8;
-  spec.q_heads = 4;
-  spec.kv_heads = 2;
-  spec.head_dim = 64;
-  spec.dtype = DType::kFp16;
-  spec.chunk_tokens = 16;
-  return spec;
-}
+ModelSpec SmallSpec() { return ::ckv::testing::ShapedSpec("reclaim-test-model", 8, 4, 2, 64); }
 constexpr uint64_t kChunk = 8 * 8192;
 
 // max_disk_bytes whose data cap (DataCapLocked, docs/format.md) is exactly `chunks` chunks once

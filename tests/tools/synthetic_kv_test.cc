@@ -15,6 +15,7 @@
 #include "ckv/chunk_key.h"
 #include "ckv/model_spec.h"
 #include "gtest/gtest.h"
+#include "tests/shaped_spec.h"
 #include "xxhash.h"
 
 namespace ckv::synth {
@@ -28,14 +29,7 @@ ModelSpec Preset(const char* name, DType dtype = DType::kFp16, uint32_t c = 16) 
 
 // Odd sizes everywhere, so K and V parts end in the middle of a 64-bit draw.
 ModelSpec SmallSpec(DType dtype) {
-  ModelSpec spec;
-  spec.model_id = "test-small";
-  spec.layers = 3;
-  spec.q_heads = 6;
-  spec.kv_heads = 3;
-  spec.head_dim = 5;
-  spec.dtype = dtype;
-  spec.chunk_tokens = 7;
+  const ModelSpec spec = ::ckv::testing::ShapedSpec("test-small", 3, 6, 3, 5, 7, dtype);
   EXPECT_TRUE(spec.Validate().ok()) << spec.Validate();
   return spec;
 }
