@@ -272,8 +272,14 @@ run_sanitized() {
   # run one thread over the generator (tools/synthetic_attention.cc starts none), where TSan
   # can find no race, and took 180 s of the pass under its instrumentation (4 s in Release).
   # The Release and ASan+UBSan passes run them.
+  # And the two scripted tests of the installed package and of a full file system (install_test,
+  # full_disk_test: 42 s and 40 s of the pass, its two longest): what they check is packaging
+  # and the kernel's ENOSPC on a real file system, which no thread interleaving changes; the
+  # engine's threads under a full disk run under TSan in the fault tests (StoreFaultTest,
+  # FaultMatrixTest), and the Release and ASan+UBSan passes run both scripts.
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$REPO_ROOT/tests/tsan.supp" \
-    ctest_in "$TSAN_BUILD_DIR" "TSan" -E '^(CrashTest|SyntheticAttentionTest)\.'
+    ctest_in "$TSAN_BUILD_DIR" "TSan" \
+    -E '^(CrashTest\.|SyntheticAttentionTest\.|install_test$|full_disk_test$)'
 }
 
 # The libFuzzer target is built by clang outside CMake (tests/fuzz/run_fuzz.sh), so the default
