@@ -514,7 +514,5 @@ int Run(const Flags& f) {
 }  // namespace ckv::bench
 
 int main(int argc, char** argv) {
-  ckv::bench::Flags flags;
-  if (const std::optional<int> exit = ckv::bench::ParseFlags(argc, argv, &flags)) return *exit;
-  return ckv::bench::Run(flags);
+  return ckv::cli::Main(argc, argv, ckv::bench::ParseFlags, ckv::bench::Run);
 }

@@ -63,6 +63,16 @@ std::optional<int> Parse(CLI::App& app, int argc, char** argv);
 // Same for arguments already split (kvctl: after its command name).
 std::optional<int> Parse(CLI::App& app, std::vector<std::string> args);
 
+// The main() of a program whose flags `parse` reads into a Flags (returning an exit code when
+// the program should stop there: --help, a usage error) and that `run` then runs.
+template <typename Flags>
+int Main(int argc, char** argv, std::optional<int> (*parse)(int, char**, Flags*),
+         int (*run)(const Flags&)) {
+  Flags flags;
+  if (const std::optional<int> exit = parse(argc, argv, &flags)) return *exit;
+  return run(flags);
+}
+
 // Prints "PROGRAM: MESSAGE" and the --help hint to stderr; returns kExitUsage. `command` is the
 // name shown in the hint ("kvctl put"); empty: the hint names `program` alone.
 int UsageError(std::string_view program, std::string_view message, std::string_view command = "");
