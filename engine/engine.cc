@@ -489,6 +489,94 @@ std::string EngineImpl::IoBackendInUse() {
   return io_backend_;
 }
 
+namespace {
+
+// The families of the tiers' figures, a sample per tier, in Engine::Metrics().
+struct TierFamily {
+  const char* name;
+  const char* type;
+  const char* help;
+  uint64_t engine::TierStats::*field;
+};
+constexpr TierFamily kTierFamilies[] = {
+    {"ckv_tier_budget_bytes", "gauge",
+     "The tier's byte budget for records (the CPU tier's without the summary cache's share); "
+     "0 = disabled.",
+     &engine::TierStats::budget_bytes},
+    {"ckv_tier_allocated_bytes", "gauge",
+     "Slab bytes the tier took from its memory: resident and free slots.",
+     &engine::TierStats::allocated_bytes},
+    {"ckv_tier_resident_bytes", "gauge",
+     "Bytes of the records the tier holds, erased-but-pinned ones included.",
+     &engine::TierStats::resident_bytes},
+    {"ckv_tier_records", "gauge", "Records the tier holds, erased-but-pinned ones included.",
+     &engine::TierStats::records},
+    {"ckv_tier_hits_total", "counter", "Lookups the tier served, since Open.",
+     &engine::TierStats::hits},
+    {"ckv_tier_misses_total", "counter",
+     "Lookups that reached the tier and found nothing (a CPU hit is a GPU miss), since Open.",
+     &engine::TierStats::misses},
+    {"ckv_tier_admissions_total", "counter",
+     "Records placed in the tier: admitted, or demoted into it, since Open.",
+     &engine::TierStats::admissions},
+    {"ckv_tier_demotions_total", "counter",
+     "Records displaced from the tier into the next tier, since Open.",
+     &engine::TierStats::demotions},
+    {"ckv_tier_drops_total", "counter",
+     "Records displaced from the tier and cached nowhere, since Open.", &engine::TierStats::drops},
+    {"ckv_tier_evictions_total", "counter",
+     "Records removed because their chunk left the store, since Open.",
+     &engine::TierStats::evictions},
+    {"ckv_tier_refusals_total", "counter",
+     "Records offered to the tier and not taken (outranked, or too much pinned), since Open.",
+     &engine::TierStats::refusals},
+    {"ckv_tier_errors_total", "counter",
+     "Records not cached because an allocation or copy failed, since Open.",
+     &engine::TierStats::errors},
+};
+
+// The read engine's families in Engine::Metrics(), since Open.
+using ReadStats = prefetch::ReadEngineStats;
+struct ReadFamily {
+  const char* name;
+  StatKind kind;
+  const char* help;
+  std::variant<uint64_t ReadStats::*, double ReadStats::*> field;
+};
+const ReadFamily kReadFamilies[] = {
+    {"ckv_read_requests_submitted_total", StatKind::kCounter,
+     "Requests submitted to the read engine, since Open.", &ReadStats::requests_submitted},
+    {"ckv_read_checksum_failures_total", StatKind::kCounter,
+     "Read engine requests whose checksum did not match, since Open.",
+     &ReadStats::checksum_failures},
+    {"ckv_read_requests_coalesced_total", StatKind::kCounter,
+     "Requests that rode in another request's device read, since Open.",
+     &ReadStats::requests_coalesced},
+    {"ckv_read_requested_bytes_total", StatKind::kCounter,
+     "Lengths of the requests issued to the device, since Open.", &ReadStats::bytes_requested},
+    {"ckv_read_device_bytes_total", StatKind::kCounter,
+     "Bytes the device transferred for the read engine (retries included), since Open.",
+     &ReadStats::bytes_read},
+    {"ckv_read_device_ios_total", StatKind::kCounter,
+     "Transfers the read engine's I/O queues issued (requeued remainders and retries "
+     "included), since Open.",
+     &ReadStats::ios_issued},
+    {"ckv_read_busy_seconds_total", StatKind::kCounter,
+     "Time at least one device read was in flight, since the read engine started.",
+     &ReadStats::busy_seconds},
+    {"ckv_read_idle_with_pending_seconds_total", StatKind::kCounter,
+     "Time no device read was in flight while requests were queued (bubbles), since the read "
+     "engine started.",
+     &ReadStats::idle_with_pending_seconds},
+    {"ckv_read_elapsed_seconds_total", StatKind::kCounter, "Time since the read engine started.",
+     &ReadStats::elapsed_seconds},
+    {"ckv_read_mean_queue_depth", StatKind::kGauge,
+     "Time-weighted mean of device reads in flight since the read engine started.",
+     &ReadStats::mean_queue_depth},
+};
+
+}  // namespace
+
 std::string EngineImpl::Metrics() {
   CKV_OPEN_OR_RETURN(std::string());
   const EngineStats s = StatsOpen();
@@ -520,49 +608,6 @@ std::string EngineImpl::Metrics() {
   out.Sample("ckv_session_tier_hits_total", {{"tier", "cpu"}}, s.cpu_hits);
 
   // The tiers.
-  struct TierFamily {
-    const char* name;
-    const char* type;
-    const char* help;
-    uint64_t engine::TierStats::*field;
-  };
-  static constexpr TierFamily kTierFamilies[] = {
-      {"ckv_tier_budget_bytes", "gauge",
-       "The tier's byte budget for records (the CPU tier's without the summary cache's share); "
-       "0 = disabled.",
-       &engine::TierStats::budget_bytes},
-      {"ckv_tier_allocated_bytes", "gauge",
-       "Slab bytes the tier took from its memory: resident and free slots.",
-       &engine::TierStats::allocated_bytes},
-      {"ckv_tier_resident_bytes", "gauge",
-       "Bytes of the records the tier holds, erased-but-pinned ones included.",
-       &engine::TierStats::resident_bytes},
-      {"ckv_tier_records", "gauge", "Records the tier holds, erased-but-pinned ones included.",
-       &engine::TierStats::records},
-      {"ckv_tier_hits_total", "counter", "Lookups the tier served, since Open.",
-       &engine::TierStats::hits},
-      {"ckv_tier_misses_total", "counter",
-       "Lookups that reached the tier and found nothing (a CPU hit is a GPU miss), since Open.",
-       &engine::TierStats::misses},
-      {"ckv_tier_admissions_total", "counter",
-       "Records placed in the tier: admitted, or demoted into it, since Open.",
-       &engine::TierStats::admissions},
-      {"ckv_tier_demotions_total", "counter",
-       "Records displaced from the tier into the next tier, since Open.",
-       &engine::TierStats::demotions},
-      {"ckv_tier_drops_total", "counter",
-       "Records displaced from the tier and cached nowhere, since Open.",
-       &engine::TierStats::drops},
-      {"ckv_tier_evictions_total", "counter",
-       "Records removed because their chunk left the store, since Open.",
-       &engine::TierStats::evictions},
-      {"ckv_tier_refusals_total", "counter",
-       "Records offered to the tier and not taken (outranked, or too much pinned), since Open.",
-       &engine::TierStats::refusals},
-      {"ckv_tier_errors_total", "counter",
-       "Records not cached because an allocation or copy failed, since Open.",
-       &engine::TierStats::errors},
-  };
   for (const TierFamily& f : kTierFamilies) {
     out.Family(f.name, f.type, f.help);
     out.Sample(f.name, {{"tier", "gpu"}}, tiers[0].*f.field);
@@ -574,42 +619,6 @@ std::string EngineImpl::Metrics() {
             uint64_t{gpu_tier_on_device_ ? 1u : 0u});
 
   // The read engine (made by the first Re-Prefill session; zeros before), since Open.
-  using RS = prefetch::ReadEngineStats;
-  struct ReadFamily {
-    const char* name;
-    StatKind kind;
-    const char* help;
-    std::variant<uint64_t RS::*, double RS::*> field;
-  };
-  static const ReadFamily kReadFamilies[] = {
-      {"ckv_read_requests_submitted_total", StatKind::kCounter,
-       "Requests submitted to the read engine, since Open.", &RS::requests_submitted},
-      {"ckv_read_checksum_failures_total", StatKind::kCounter,
-       "Read engine requests whose checksum did not match, since Open.", &RS::checksum_failures},
-      {"ckv_read_requests_coalesced_total", StatKind::kCounter,
-       "Requests that rode in another request's device read, since Open.", &RS::requests_coalesced},
-      {"ckv_read_requested_bytes_total", StatKind::kCounter,
-       "Lengths of the requests issued to the device, since Open.", &RS::bytes_requested},
-      {"ckv_read_device_bytes_total", StatKind::kCounter,
-       "Bytes the device transferred for the read engine (retries included), since Open.",
-       &RS::bytes_read},
-      {"ckv_read_device_ios_total", StatKind::kCounter,
-       "Transfers the read engine's I/O queues issued (requeued remainders and retries "
-       "included), since Open.",
-       &RS::ios_issued},
-      {"ckv_read_busy_seconds_total", StatKind::kCounter,
-       "Time at least one device read was in flight, since the read engine started.",
-       &RS::busy_seconds},
-      {"ckv_read_idle_with_pending_seconds_total", StatKind::kCounter,
-       "Time no device read was in flight while requests were queued (bubbles), since the read "
-       "engine started.",
-       &RS::idle_with_pending_seconds},
-      {"ckv_read_elapsed_seconds_total", StatKind::kCounter, "Time since the read engine started.",
-       &RS::elapsed_seconds},
-      {"ckv_read_mean_queue_depth", StatKind::kGauge,
-       "Time-weighted mean of device reads in flight since the read engine started.",
-       &RS::mean_queue_depth},
-  };
   for (const ReadFamily& f : kReadFamilies) {
     std::visit(
         [&](auto field) {
