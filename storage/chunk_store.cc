@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // storage/chunk_store.cc: ChunkStore open and load, lookup, pins and checked reads, prefix
 // listings and stats. Put is in chunk_store_put.cc, eviction, removal and usage in
-// chunk_store_evict.cc, verify and repair in chunk_store_verify.cc, gc in chunk_store_gc.cc.
+// chunk_store_evict.cc; verify, repair and gc are the StoreChecker's (store_checker.cc).
 #include "storage/chunk_store.h"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "storage/chunk_store_internal.h"
 #include "storage/record_checksum.h"
+#include "storage/store_checker.h"
 
 namespace ckv::storage {
 
@@ -1143,5 +1144,20 @@ StoreStats ChunkStore::Stats() {
   s.put_direct_bytes = put_direct_bytes_.load(std::memory_order_relaxed);
   return s;
 }
+
+absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress) {
+  return StoreChecker(*this).Verify(progress, nullptr, nullptr);
+}
+
+absl::StatusOr<VerifyReport> ChunkStore::Verify(const ProgressFn& progress,
+                                                absl::flat_hash_set<ChunkKey>* failed) {
+  return StoreChecker(*this).Verify(progress, failed, nullptr);
+}
+
+absl::StatusOr<RepairReport> ChunkStore::Repair(const ProgressFn& progress) {
+  return StoreChecker(*this).Repair(progress);
+}
+
+absl::StatusOr<GcReport> ChunkStore::Gc() { return StoreChecker(*this).Gc(); }
 
 }  // namespace ckv::storage

@@ -9,8 +9,10 @@
 //
 // The implementation is split by concern: chunk_store.cc (open, lookup, pins, checked reads,
 // listings), chunk_store_put.cc, chunk_store_evict.cc (capacity, eviction, removal, usage),
-// chunk_store_verify.cc (verify, repair), chunk_store_gc.cc, chunk_store_reclaim.cc (the
-// background reclaimer that evicts ahead of need, so step 1 below rarely has to evict).
+// chunk_store_reclaim.cc (the background reclaimer that evicts ahead of need, so step 1 below
+// rarely has to evict), chunk_store_snapshot.cc (the index a clean close leaves), and the
+// StoreChecker (store_checker.h: verify, repair, gc), a class of its own that works on the
+// store's state under its lock.
 //
 // Life of a Put:
 //   1. under mu_: find the stored leading chunks; mark the new ones in flight (a concurrent Put of
@@ -133,6 +135,7 @@ struct AuxRecords {
 };
 
 class ChunkStore;
+class StoreChecker;
 
 // Chunks pinned for reading: while the handle lives, their slots are not reused, even if the
 // chunks are deleted or evicted meanwhile, so the locations it gives stay valid. Thread-safe to
@@ -174,6 +177,7 @@ class PinnedChunks {
 
  private:
   friend class ChunkStore;
+  friend class StoreChecker;
   PinnedChunks(ChunkStore* store, std::vector<Chunk> chunks)
       : store_(store), chunks_(std::move(chunks)) {}
   ChunkStore* store_;
@@ -221,13 +225,12 @@ class ChunkStore {
   std::vector<PrefixInfo> ListPrefixes();
   absl::StatusOr<std::vector<ChunkKey>> PrefixChunks(const ChunkKey& prefix_id, ModelSpec* spec);
   absl::StatusOr<PrefixDescription> DescribePrefix(const ChunkKey& prefix_id);
+  // Verify, Repair and Gc run a StoreChecker (storage/store_checker.h).
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress);
   // Verify, with `failed` given the chunks that failed a check (a read-only view checks them
   // again against a newer view: the writer may have evicted them while they were read).
   absl::StatusOr<VerifyReport> Verify(const ProgressFn& progress,
-                                      absl::flat_hash_set<ChunkKey>* failed) {
-    return VerifyInternal(progress, failed, nullptr);
-  }
+                                      absl::flat_hash_set<ChunkKey>* failed);
   absl::StatusOr<RepairReport> Repair(const ProgressFn& progress);
   absl::StatusOr<GcReport> Gc();
   StoreStats Stats();
@@ -324,6 +327,7 @@ class ChunkStore {
   void WaitForReclaimIdle();
 
  private:
+  friend class StoreChecker;  // Verify, Repair and Gc (storage/store_checker.h)
   // One per stored chunk, 32 bytes (48 with its key in chunks_): what lookup, eviction order and
   // the cap need, and nothing else. The records' checksums are not kept in memory: a read takes
   // them from the catalog (ReadChecksums); nor is the depth, which the parent links give. Puts
@@ -448,25 +452,6 @@ class ChunkStore {
   absl::Status RemoveChunksLocked(const std::vector<ChunkKey>& victims, Catalog::Batch& batch,
                                   Removal why, std::vector<SlotId>* unpunched = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Verify's work; with `corrupt`, also the chunks that failed a check that Repair may act on,
-  // and in `unreadable` the records whose read failed otherwise (EIO may pass: not repaired).
-  absl::StatusOr<VerifyReport> VerifyInternal(const ProgressFn& progress,
-                                              absl::flat_hash_set<ChunkKey>* corrupt,
-                                              std::vector<std::string>* unreadable);
-  // Verify's steps: the in-memory structure (parents, depths, child counts, prefix ends); each
-  // catalog record's key against the hash of its parent, spec and tokens; every record's
-  // checksum, read in slot order.
-  // Sets `depths` to the depth of each chunk whose parent links reach a first chunk.
-  void CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt,
-                            absl::flat_hash_map<ChunkKey, uint32_t>* depths)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckKeys(std::span<const ChunkKey> keys,
-                 const absl::flat_hash_map<ChunkKey, uint32_t>& depths, VerifyReport& report,
-                 absl::flat_hash_set<ChunkKey>* corrupt);
-  absl::Status VerifyRecords(std::span<const ChunkKey> keys, uint64_t total_bytes,
-                             const ProgressFn& progress, VerifyReport& report,
-                             absl::flat_hash_set<ChunkKey>* corrupt,
-                             std::vector<std::string>* unreadable);
   void FreeSlotLocked(uint32_t segment, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a Put extends the chunk, a Put is writing it, or a reader holds its slot.
   bool HeldLocked(const ChunkKey& key, const ChunkEntry& e) const
