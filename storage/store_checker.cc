@@ -24,10 +24,9 @@ VerifyProblem Problem(VerifyProblem::Kind kind, const ChunkKey& chunk, std::stri
 
 }  // namespace
 
-
 absl::StatusOr<VerifyReport> StoreChecker::Verify(const ProgressFn& progress,
-                                                        absl::flat_hash_set<ChunkKey>* corrupt,
-                                                        std::vector<std::string>* unreadable) {
+                                                  absl::flat_hash_set<ChunkKey>* corrupt,
+                                                  std::vector<std::string>* unreadable) {
   VerifyReport report;
   std::vector<ChunkKey> keys;
   absl::flat_hash_map<ChunkKey, uint32_t> depths;  // of the chunks on a rooted chain
@@ -48,8 +47,9 @@ absl::StatusOr<VerifyReport> StoreChecker::Verify(const ProgressFn& progress,
   return report;
 }
 
-void StoreChecker::CheckStructureLocked(VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt,
-                                      absl::flat_hash_map<ChunkKey, uint32_t>* depths) {
+void StoreChecker::CheckStructureLocked(VerifyReport& report,
+                                        absl::flat_hash_set<ChunkKey>* corrupt,
+                                        absl::flat_hash_map<ChunkKey, uint32_t>* depths) {
   // Each chunk's depth, from the parent links (memoised by id), for the prefixes' lengths here and
   // the records' depths in CheckKeys. A chain whose first chunk's parent is not stored has none.
   constexpr uint32_t kUnknown = UINT32_MAX, kLost = UINT32_MAX - 1, kLoop = UINT32_MAX - 2;
@@ -128,9 +128,9 @@ void StoreChecker::CheckStructureLocked(VerifyReport& report, absl::flat_hash_se
     }
   }
   if (store_.leaves_.size() > store_.chunks_.size()) {
-    report.problems.push_back(
-        Problem(VerifyProblem::Kind::kInconsistent, ChunkKey{},
-                absl::StrCat(store_.leaves_.size(), " leaves for ", store_.chunks_.size(), " stored chunks")));
+    report.problems.push_back(Problem(VerifyProblem::Kind::kInconsistent, ChunkKey{},
+                                      absl::StrCat(store_.leaves_.size(), " leaves for ",
+                                                   store_.chunks_.size(), " stored chunks")));
   }
   for (const auto& [id, p] : store_.prefixes_) {
     auto it = store_.chunks_.find(id);
@@ -145,8 +145,8 @@ void StoreChecker::CheckStructureLocked(VerifyReport& report, absl::flat_hash_se
 }
 
 void StoreChecker::CheckKeys(std::span<const ChunkKey> keys,
-                           const absl::flat_hash_map<ChunkKey, uint32_t>& depths,
-                           VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt) {
+                             const absl::flat_hash_map<ChunkKey, uint32_t>& depths,
+                             VerifyReport& report, absl::flat_hash_set<ChunkKey>* corrupt) {
   // The catalog's own record: its key must be the hash of its parent, spec and tokens.
   for (const ChunkKey& key : keys) {
     auto record = store_.catalog_->GetChunk(key);
@@ -176,9 +176,9 @@ void StoreChecker::CheckKeys(std::span<const ChunkKey> keys,
 }
 
 absl::Status StoreChecker::VerifyRecords(std::span<const ChunkKey> keys, uint64_t total_bytes,
-                                       const ProgressFn& progress, VerifyReport& report,
-                                       absl::flat_hash_set<ChunkKey>* corrupt,
-                                       std::vector<std::string>* unreadable) {
+                                         const ProgressFn& progress, VerifyReport& report,
+                                         absl::flat_hash_set<ChunkKey>* corrupt,
+                                         std::vector<std::string>* unreadable) {
   // Every record, read in batches of chunks in slot order, so that the bands of neighbouring
   // slots are read together; a batch's chunks are pinned while it is read.
   constexpr size_t kBatchChunks = 1024;
@@ -218,31 +218,31 @@ absl::Status StoreChecker::VerifyRecords(std::span<const ChunkKey> keys, uint64_
     for (size_t i = 0; i < pinned.size(); ++i) {
       if (skip[i]) continue;
       for (uint32_t band = 0; band < pinned[i].segment->bands(); ++band) {
-        reads.push_back(ChunkStore::BandRead{pinned[i].segment, pinned[i].slot, band, &pinned[i].key,
-                                 pinned[i].checksums, i});
+        reads.push_back(ChunkStore::BandRead{pinned[i].segment, pinned[i].slot, band,
+                                             &pinned[i].key, pinned[i].checksums, i});
       }
     }
-    absl::Status s = store_.ReadBands(std::move(reads), kMaxIoBytes,
-                               [&](const ChunkStore::BandRead& read, uint32_t record, const absl::Status& st,
-                                   bool read_failed, const std::byte*) {
-                                 report.records_checked++;
-                                 report.bytes_checked += read.seg->record_bytes(record);
-                                 done_bytes += read.seg->record_stride(read.band);
-                                 if (st.ok()) return;
-                                 if (!read_failed) {
-                                   report.checksum_failures++;
-                                   if (corrupt != nullptr) corrupt->insert(*read.key);
-                                 } else if (unreadable != nullptr) {
-                                   unreadable->push_back(std::string(st.message()));
-                                 }
-                                 VerifyProblem p =
-                                     Problem(read_failed ? VerifyProblem::Kind::kUnreadable
-                                                         : VerifyProblem::Kind::kChecksum,
-                                             *read.key, std::string(st.message()));
-                                 if (record < read.seg->geometry().layers)
-                                   p.layer = record;  // not a summary
-                                 report.problems.push_back(std::move(p));
-                               });
+    absl::Status s =
+        store_.ReadBands(std::move(reads), kMaxIoBytes,
+                         [&](const ChunkStore::BandRead& read, uint32_t record,
+                             const absl::Status& st, bool read_failed, const std::byte*) {
+                           report.records_checked++;
+                           report.bytes_checked += read.seg->record_bytes(record);
+                           done_bytes += read.seg->record_stride(read.band);
+                           if (st.ok()) return;
+                           if (!read_failed) {
+                             report.checksum_failures++;
+                             if (corrupt != nullptr) corrupt->insert(*read.key);
+                           } else if (unreadable != nullptr) {
+                             unreadable->push_back(std::string(st.message()));
+                           }
+                           VerifyProblem p = Problem(read_failed ? VerifyProblem::Kind::kUnreadable
+                                                                 : VerifyProblem::Kind::kChecksum,
+                                                     *read.key, std::string(st.message()));
+                           if (record < read.seg->geometry().layers)
+                             p.layer = record;  // not a summary
+                           report.problems.push_back(std::move(p));
+                         });
     CKV_RETURN_IF_ERROR(s);
     report.chunks_checked += std::count(skip.begin(), skip.end(), false);
     if (progress) progress(done_bytes, total_bytes);
@@ -266,8 +266,8 @@ absl::StatusOr<RepairReport> StoreChecker::Repair(const ProgressFn& progress) {
   std::vector<ChunkKey> victims;
   absl::flat_hash_set<ChunkKey> taken;
   absl::flat_hash_set<ChunkKey> visiting;  // on the current path: a loop of links ends here
-  std::function<bool(const ChunkKey&)> take = [&](const ChunkKey& key)
-                                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_.mu_) -> bool {
+  std::function<bool(const ChunkKey&)> take =
+      [&](const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_.mu_) -> bool {
     if (taken.contains(key) || !visiting.insert(key).second) return true;
     if (store_.put_pins_.contains(key) || store_.inflight_.contains(key)) {
       report.remaining.push_back(
@@ -311,12 +311,11 @@ absl::StatusOr<RepairReport> StoreChecker::Repair(const ProgressFn& progress) {
   store_.dropped_prefixes_.clear();
   store_.open_problems_.clear();
   if (!report.removed.empty()) {
-    store_.logger_->Log(LogLevel::kWarning,
-                 absl::StrCat("repair of ", store_.path_, " removed ", report.removed.size(), " entries"));
+    store_.logger_->Log(LogLevel::kWarning, absl::StrCat("repair of ", store_.path_, " removed ",
+                                                         report.removed.size(), " entries"));
   }
   return report;
 }
-
 
 absl::StatusOr<GcReport> StoreChecker::Gc() {
   CKV_RETURN_IF_ERROR(store_.RefuseIfReadOnly("Gc"));
@@ -342,8 +341,8 @@ absl::StatusOr<GcReport> StoreChecker::Gc() {
     CKV_CHECK(std::find(empty.begin(), empty.end(), slot.first) == empty.end());
   }
   // A segment with no used slot has no chunk, no Put writing into it (allocation marks slots
-  // used under store_.mu_) and no reader (a pinned slot stays used until unpinned). The catalog forgets
-  // it first, so a crash in between leaves a file Open reclaims as an orphan.
+  // used under store_.mu_) and no reader (a pinned slot stays used until unpinned). The catalog
+  // forgets it first, so a crash in between leaves a file Open reclaims as an orphan.
   Catalog::Batch batch = store_.catalog_->NewBatch();
   for (uint32_t id : empty) batch.DeleteSegment(id);
   CKV_RETURN_IF_ERROR(store_.catalog_->Commit(batch));
