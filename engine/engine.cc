@@ -620,15 +620,7 @@ std::string EngineImpl::Metrics() {
 
   // The read engine (made by the first Re-Prefill session; zeros before), since Open.
   for (const ReadFamily& f : kReadFamilies) {
-    std::visit(
-        [&](auto field) {
-          if (f.kind == StatKind::kCounter) {
-            out.Counter(f.name, f.help, r.*field);
-          } else {
-            out.Gauge(f.name, f.help, r.*field);
-          }
-        },
-        f.field);
+    std::visit([&](auto field) { out.Single(f.kind, f.name, f.help, r.*field); }, f.field);
   }
   out.Family("ckv_read_requests_completed_total", "counter",
              "Read engine requests by outcome (failed: I/O error or checksum mismatch; "

@@ -4,7 +4,6 @@
 #include <bit>
 #include <charconv>
 #include <cmath>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -209,18 +208,7 @@ namespace {
 template <typename T>
 void FieldFamily(MetricsText& out, StatScope scope, StatKind kind, StatScope of,
                  std::string_view name, std::string_view help, T value) {
-  if (of != scope) return;
-  if constexpr (std::is_floating_point_v<T>) {
-    if (kind == StatKind::kCounter) {
-      out.Counter(name, help, static_cast<double>(value));
-    } else {
-      out.Gauge(name, help, static_cast<double>(value));
-    }
-  } else if (kind == StatKind::kCounter) {
-    out.Counter(name, help, static_cast<uint64_t>(value));
-  } else {
-    out.Gauge(name, help, static_cast<uint64_t>(value));
-  }
+  if (of == scope) out.Single(kind, name, help, value);
 }
 
 // The families of the CKV_STORE_STATS_FIELDS entries of scope `scope`, in their order.

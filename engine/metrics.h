@@ -34,6 +34,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -125,6 +126,17 @@ class MetricsText {
   void Counter(std::string_view name, std::string_view help, double value);
   void Gauge(std::string_view name, std::string_view help, uint64_t value);
   void Gauge(std::string_view name, std::string_view help, double value);
+  // Counter or Gauge as `kind` says: a floating-point value as it is, any other (a count, a
+  // bool) as an integer.
+  template <typename T>
+  void Single(StatKind kind, std::string_view name, std::string_view help, T value) {
+    using V = std::conditional_t<std::is_floating_point_v<T>, double, uint64_t>;
+    if (kind == StatKind::kCounter) {
+      Counter(name, help, static_cast<V>(value));
+    } else {
+      Gauge(name, help, static_cast<V>(value));
+    }
+  }
   // A histogram family: cumulative _bucket{le=...} lines, _sum and _count.
   void Histogram(std::string_view name, std::string_view help,
                  const LatencyHistogram::Snapshot& snapshot);
